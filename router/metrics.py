@@ -1,0 +1,148 @@
+"""Every Prometheus metric speclane exports, defined in this one module.
+
+A ``Metrics`` object owns its own registry so that each app (and each test) has
+independent series. Label sets are small and fixed: backend and lane names come from
+configuration, clients from policy files, workloads from configured classes, and
+reasons from a closed vocabulary; nothing here is labelled with free text.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+TOKS_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+
+        # --- the proxy core ---------------------------------------------------------
+        self.requests = Counter(
+            "speclane_requests_total",
+            "Requests answered, by endpoint, backend (or 'none') and HTTP status.",
+            ["endpoint", "backend", "status"], registry=r)
+        self.request_duration = Histogram(
+            "speclane_request_duration_seconds",
+            "Time from request arrival to the last byte sent to the client.",
+            ["endpoint", "backend"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "speclane_ttft_seconds",
+            "Time from request arrival to the first body byte relayed to the client.",
+            ["endpoint", "backend"], buckets=LATENCY_BUCKETS, registry=r)
+        self.overhead = Histogram(
+            "speclane_overhead_seconds",
+            "Time spent inside speclane before the request was sent upstream.",
+            ["endpoint"], buckets=OVERHEAD_BUCKETS, registry=r)
+        self.inflight = Gauge(
+            "speclane_inflight_requests",
+            "Requests currently being relayed, per backend.",
+            ["backend"], registry=r)
+        self.backend_up = Gauge(
+            "speclane_backend_up",
+            "1 when the backend answered its last health check, else 0.",
+            ["backend"], registry=r)
+        self.retries = Counter(
+            "speclane_upstream_retries_total",
+            "Attempts repeated on another candidate before the first byte reached the client.",
+            ["backend", "reason"], registry=r)
+        self.cooldowns = Counter(
+            "speclane_backend_cooldowns_total",
+            "Times a backend was cooled down after repeated failures.",
+            ["backend"], registry=r)
+        self.stream_errors = Counter(
+            "speclane_stream_errors_total",
+            "Streams ended with an error event after bytes had reached the client.",
+            ["backend", "reason"], registry=r)
+        self.client_disconnects = Counter(
+            "speclane_client_disconnects_total",
+            "Requests whose client went away before the answer was complete.",
+            ["backend"], registry=r)
+
+        # --- the MLX lanes (supervisor) ----------------------------------------------
+        self.worker_up = Gauge(
+            "speclane_worker_up", "1 while the lane's worker process is ready.",
+            ["lane"], registry=r)
+        self.worker_restarts = Counter(
+            "speclane_worker_restarts_total", "Worker processes restarted after dying.",
+            ["lane", "reason"], registry=r)
+        self.worker_given_up = Gauge(
+            "speclane_worker_given_up",
+            "1 when the supervisor stopped restarting a lane's worker that kept dying.",
+            ["lane"], registry=r)
+
+        # --- classification and policy -------------------------------------------------
+        self.decisions = Counter(
+            "speclane_decisions_total", "Routing decisions by client, lane and reason.",
+            ["client", "lane", "reason"], registry=r)
+        self.queue_depth = Gauge(
+            "speclane_queue_depth", "Requests waiting for a client's concurrency slot.",
+            ["client"], registry=r)
+        self.queue_wait = Histogram(
+            "speclane_queue_wait_seconds", "Time requests waited for a concurrency slot.",
+            ["client"], buckets=LATENCY_BUCKETS, registry=r)
+        self.rejections = Counter(
+            "speclane_rejections_total",
+            "Requests refused before routing (429 queue timeout, 401, 403), by client.",
+            ["client", "status"], registry=r)
+        self.policy_reloads = Counter(
+            "speclane_policy_reloads_total", "Policy reloads by result (ok or error).",
+            ["result"], registry=r)
+
+        # --- speculative telemetry ----------------------------------------------------
+        spec_labels = ["backend", "model", "workload"]
+        self.spec_draft_tokens = Counter(
+            "speclane_spec_draft_tokens_total", "Draft tokens proposed.",
+            spec_labels, registry=r)
+        self.spec_accepted_tokens = Counter(
+            "speclane_spec_accepted_tokens_total", "Draft tokens accepted by the target.",
+            spec_labels, registry=r)
+        self.spec_rejected_tokens = Counter(
+            "speclane_spec_rejected_tokens_total", "Draft tokens rejected by the target.",
+            spec_labels, registry=r)
+        self.spec_ignored_tokens = Counter(
+            "speclane_spec_ignored_tokens_total",
+            "Draft tokens neither accepted nor rejected (e.g. past a stop).",
+            spec_labels, registry=r)
+        self.spec_acceptance_ratio = Gauge(
+            "speclane_spec_acceptance_ratio",
+            "Accepted / drafted over the sliding window.", spec_labels, registry=r)
+        self.spec_enabled = Gauge(
+            "speclane_spec_enabled",
+            "1 while speculation is used for the workload, 0 while auto-disabled.",
+            spec_labels, registry=r)
+        self.spec_state_changes = Counter(
+            "speclane_spec_state_changes_total",
+            "Auto-disable state changes, by new state and reason.",
+            [*spec_labels, "state", "reason"], registry=r)
+        self.spec_probes = Counter(
+            "speclane_spec_probes_total", "Probe requests sent through speculation while off.",
+            spec_labels, registry=r)
+        self.spec_telemetry_unavailable = Counter(
+            "speclane_spec_telemetry_unavailable_total",
+            "Responses without usable speculative statistics (not_reported or malformed).",
+            ["backend", "reason"], registry=r)
+        self.decode_tps = Histogram(
+            "speclane_decode_tokens_per_second",
+            "Per-request decode speed (output tokens after the first / time after the first).",
+            ["lane", "speculative"], buckets=TOKS_BUCKETS, registry=r)
+
+        # --- capability gating ----------------------------------------------------------
+        self.spec_requested = Gauge(
+            "speclane_spec_requested", "1 when speculation is configured for the lane/backend.",
+            ["backend"], registry=r)
+        self.spec_active = Gauge(
+            "speclane_spec_active", "1 when speculation is actually running on the lane.",
+            ["backend"], registry=r)
+        self.spec_observed = Gauge(
+            "speclane_spec_observed",
+            "1 when draft counts were observed from the backend in the recent window.",
+            ["backend"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

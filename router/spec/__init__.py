@@ -1,0 +1,1 @@
+"""Speculative-decoding telemetry: normalized records, sliding windows, auto-disable (pure)."""
