@@ -1,4 +1,5 @@
-"""Configuration of the speculative auto-disable (``[spec]`` in speclane.toml)."""
+"""Configuration of the speculative auto-disable (``[spec]`` in speclane.toml, and the
+per-policy ``[spec]`` overrides)."""
 
 from __future__ import annotations
 
@@ -6,4 +7,10 @@ from pydantic import BaseModel, ConfigDict
 
 
 class SpecSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SpecOverrides(BaseModel):
+    """Per-policy overrides of SpecSettings: every field optional (None = inherit)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -1,0 +1,40 @@
+"""Pick a fast BLAS for MLX's CPU backend on Linux.
+
+The ``mlx-cpu`` wheel bundles the reference BLAS (~3 GFLOP/s here); Debian's OpenBLAS
+is ~30x faster. It must be preloaded before the worker process starts, so the
+supervisor puts it into the worker's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+_CANDIDATES = (
+    "/usr/lib/{arch}-linux-gnu/openblas-pthread/libblas.so.3",
+    "/usr/lib/{arch}-linux-gnu/openblas-openmp/libblas.so.3",
+    "/usr/lib/{arch}-linux-gnu/libopenblas.so.0",
+)
+
+
+def openblas_path() -> str | None:
+    if platform.system() != "Linux":
+        return None  # macOS uses Accelerate/Metal; nothing to preload
+    arch = platform.machine()
+    for pattern in _CANDIDATES:
+        path = pattern.format(arch=arch)
+        if Path(path).exists():
+            return path
+    return None
+
+
+def preload_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """A copy of ``base`` (default: os.environ) with OpenBLAS preloaded when available."""
+    env = dict(os.environ if base is None else base)
+    if env.get("SPECLANE_NO_OPENBLAS") == "1":
+        return env
+    path = openblas_path()
+    if path and path not in env.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = f"{path} {env['LD_PRELOAD']}".strip() if env.get("LD_PRELOAD") else path
+    return env
