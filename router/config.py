@@ -11,13 +11,23 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from router.presets import DEFAULT_PRESETS, PresetSpec
 from router.spec.settings import SpecSettings
 
-BackendKind = Literal["openai", "mlx_lm", "lmstudio", "llamacpp", "ollama", "vllm", "vllm_mlx", "sglang"]
+BackendKind = Literal[
+    "openai", "mlx_lm", "lmstudio", "llamacpp", "ollama", "vllm", "vllm_mlx", "sglang"
+]
 LANE_NAMES = ("speculative", "batching")
 
 
@@ -149,11 +159,19 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
             raise ConfigError(f"{path}: file not found") from e
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML: {e}") from e
-    data.update(overrides)
+    _deep_merge(data, overrides)
     try:
         return Settings(**data)
     except ValidationError as e:
         raise ConfigError(format_validation_error(where, e)) from e
+
+
+def _deep_merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
 
 
 def format_validation_error(where: str, err: ValidationError) -> str:

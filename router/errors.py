@@ -1,7 +1,8 @@
 """Errors carry their whole HTTP answer; this module is the one place that renders them.
 
 This module imports no HTTP framework, so the pure decision modules may raise these
-errors too. Every error body uses the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``
+errors too.
+Every error body uses the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``
 and says through ``type`` (and the ``X-Speclane-Error-Source`` header) whether speclane
 itself or the upstream backend failed.
 """
@@ -49,7 +50,9 @@ class RouterError(Exception):
         }
 
 
-def bad_request(message: str, *, param: str | None = None, code: str = "invalid_request") -> RouterError:
+def bad_request(
+    message: str, *, param: str | None = None, code: str = "invalid_request"
+) -> RouterError:
     return RouterError(400, message, param=param, code=code)
 
 
@@ -62,10 +65,13 @@ def unavailable(message: str, *, code: str = "no_backend_available") -> RouterEr
 
 
 def upstream_timeout(message: str) -> RouterError:
-    return RouterError(504, message, type="upstream_error", code="upstream_timeout", source="upstream")
+    return RouterError(504, message, type="upstream_error", code="upstream_timeout",
+                       source="upstream")
 
 
-def upstream_failed(message: str, *, status: int = 502, code: str = "upstream_error") -> RouterError:
+def upstream_failed(
+    message: str, *, status: int = 502, code: str = "upstream_error"
+) -> RouterError:
     return RouterError(status, message, type="upstream_error", code=code, source="upstream")
 
 

@@ -1,0 +1,52 @@
+"""The set of backends the router knows, by name."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from router.backends.base import Backend
+from router.decision import BackendView
+
+
+class BackendPool:
+    def __init__(self, backends: list[Backend] | None = None) -> None:
+        self._by_name: dict[str, Backend] = {}
+        for b in backends or []:
+            self.add(b)
+
+    def add(self, backend: Backend) -> None:
+        if backend.name in self._by_name:
+            raise ValueError(f"backend '{backend.name}' is already registered")
+        self._by_name[backend.name] = backend
+
+    def get(self, name: str) -> Backend | None:
+        return self._by_name.get(name)
+
+    def __getitem__(self, name: str) -> Backend:
+        return self._by_name[name]
+
+    def __iter__(self) -> Iterator[Backend]:
+        return iter(self._by_name.values())
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def names(self) -> frozenset[str]:
+        return frozenset(self._by_name)
+
+    def snapshot(self) -> tuple[BackendView, ...]:
+        now = time.monotonic()
+        return tuple(b.view(now) for b in self._by_name.values())
+
+    def any_ready(self) -> bool:
+        return any(b.ready for b in self._by_name.values())
+
+    def models(self) -> list[tuple[str, str]]:
+        """(model id, owning backend) over ready backends, each model once, sorted."""
+        seen: dict[str, str] = {}
+        for b in self._by_name.values():
+            if b.ready:
+                for m in sorted(b.models):
+                    seen.setdefault(m, b.name)
+        return sorted(seen.items())

@@ -1,0 +1,43 @@
+"""The error middleware: the single place where failures become HTTP responses."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from router import errors
+from router.errors import RouterError
+
+log = logging.getLogger("speclane.errors")
+
+
+
+def to_response(err: RouterError) -> web.Response:
+    status, body, headers = errors.render(err)
+    return web.Response(status=status, body=body, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    try:
+        return await handler(request)
+    except RouterError as e:
+        return to_response(e)
+    except web.HTTPRequestEntityTooLarge as e:
+        return to_response(RouterError(413, f"request body is larger than the limit: {e.text}",
+                                       code="body_too_large"))
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = {404: "unknown_endpoint", 405: "method_not_allowed"}.get(e.status, "http_error")
+        message = f"{request.method} {request.path}: {e.reason}"
+        return to_response(RouterError(e.status, message, code=code))
+    except (ConnectionResetError, TimeoutError) as e:
+        # The client vanished while we read its body: nobody is left to answer.
+        log.debug("client connection lost: %s", e)
+        raise
+    except Exception:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return to_response(RouterError(500, "internal error in speclane (see its log)",
+                                       type="internal_error", code="internal_error"))

@@ -1,0 +1,103 @@
+"""``speclane serve``: run the router until SIGINT/SIGTERM, then shut down gracefully.
+
+Shutdown order: stop accepting connections, let in-flight requests finish for up to
+``shutdown_grace`` seconds, cancel what is left (streams end with an error event), then
+the cleanup contexts stop the lane workers and close the client session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from router.app import make_app
+from router.config import ConfigError, Settings, load_settings
+
+log = logging.getLogger("speclane")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="speclane serve", description="Run the speclane router.")
+    p.add_argument("--config", type=Path, help="TOML configuration file (default: none)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8080; 0 picks a free one)")
+    p.add_argument("--no-lanes", action="store_true", help="do not start the two MLX lanes")
+    p.add_argument("--policies", type=Path, help="policy directory (default ./policies)")
+    return p.parse_args(argv)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, object] = {}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port is not None:
+        overrides["port"] = args.port
+    if args.policies:
+        overrides["policies_dir"] = args.policies
+    if args.no_lanes:
+        overrides["lanes"] = {"enabled": False}
+    return load_settings(args.config, **overrides)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
+    app = make_app(settings)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=settings.shutdown_grace,
+                           access_log=None)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.host, settings.port,
+                           shutdown_timeout=settings.shutdown_grace)
+        await site.start()
+        port = runner.addresses[0][1]
+        base = f"http://{_display_host(settings.host)}:{port}/v1"
+        print(f"speclane listening on {base}", flush=True)
+        log.info("listening on %s", base)
+        if ready:
+            ready.set()
+        await stop.wait()
+        log.info("shutting down: finishing in-flight requests (up to %.0fs)",
+                 settings.shutdown_grace)
+    finally:
+        await runner.cleanup()
+        log.info("stopped")
+
+
+def _display_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else (f"[{host}]" if ":" in host else host)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as e:
+        print(f"speclane: invalid configuration\n{e}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_level)
+    try:
+        asyncio.run(run(settings))
+    except StartupError as e:
+        print(f"speclane: could not start: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+class StartupError(Exception):
+    """Raised by a cleanup context that cannot bring the router up (lanes, policies)."""

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import orjson
+
+from router.protocol import SSETail, looks_like_sse, parse_request
+
+
+def test_unchanged_request_is_forwarded_byte_for_byte() -> None:
+    raw = b'{"model":"m",  "messages":[{"role":"user","content":"hi"}], "x_custom": 1}'
+    parsed = parse_request("chat", raw)
+    assert parsed.body() is raw
+    parsed.set_field("model", "other")
+    assert orjson.loads(parsed.body())["model"] == "other"
+
+
+def test_route_facts() -> None:
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "abcd"}],
+                        "stream": True, "n": 2, "max_tokens": 9, "temperature": 1})
+    route = parse_request("chat", raw).route
+    assert (route.stream, route.n, route.max_tokens, route.temperature, route.prompt_chars) == (
+        True, 2, 9, 1.0, 4)
+
+
+def test_sse_tail_keeps_only_the_end_and_finds_done() -> None:
+    tail = SSETail(limit=200)
+    for i in range(100):
+        tail.feed(b'data: {"i": %d}\n\n' % i)
+    tail.feed(b'data: {"usage": {"completion_tokens": 3}}\n\ndata: [DONE]\n\n')
+    events, bad = tail.last_events(2)
+    assert events == [{"i": 99}, {"usage": {"completion_tokens": 3}}]
+    assert bad == 0
+    assert tail.saw_done()
+
+
+def test_sse_tail_split_across_chunks_and_crlf() -> None:
+    tail = SSETail()
+    for piece in (b'data: {"a"', b': 1}\r\n\r\nda', b"ta: [DONE]\r\n\r\n"):
+        tail.feed(piece)
+    assert tail.last_events() == ([{"a": 1}], 0)
+    assert tail.saw_done()
+
+
+def test_sse_tail_counts_malformed_events() -> None:
+    tail = SSETail()
+    tail.feed(b"data: {broken\n\ndata: 5\n\n")
+    assert tail.last_events() == ([], 2)
+    assert not tail.saw_done()
+
+
+def test_first_chunk_framing() -> None:
+    assert looks_like_sse(b"data: {}\n\n")
+    assert looks_like_sse(b": keep-alive\n\n")
+    assert looks_like_sse(b"\nevent: x\n")
+    assert not looks_like_sse(b"<html>")
+    assert not looks_like_sse(b'{"choices": []}')
