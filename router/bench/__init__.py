@@ -1,0 +1,1 @@
+"""Benchmarks: the speculative readiness scorecard and the proxy overhead measurement."""

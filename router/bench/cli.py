@@ -1,0 +1,13 @@
+"""``speclane bench [overhead] ...``: dispatch to the benchmark asked for."""
+
+from __future__ import annotations
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "overhead":
+        from router.bench.overhead import main as overhead
+
+        return overhead(argv[1:])
+    from router.bench.scorecard_cli import main as scorecard
+
+    return scorecard(argv)

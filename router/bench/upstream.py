@@ -1,0 +1,81 @@
+"""A synthetic OpenAI-shaped upstream used only as the load target of ``bench overhead``.
+
+It answers instantly with a fixed stream (role chunk, 7 content chunks, finish chunk:
+9 events, then [DONE]) so that what the benchmark measures is the proxy, not a model.
+It is a measuring instrument, never a backend speclane routes real traffic to.
+
+    python -m router.bench.upstream --port 0   # prints "UPSTREAM_READY <port>"
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import orjson
+from aiohttp import web
+
+CONTENT_CHUNKS = 7
+
+
+def _event(delta: dict, finish: str | None = None) -> bytes:
+    chunk = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0,
+             "model": "bench-model",
+             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+STREAM_EVENTS = [
+    _event({"role": "assistant", "content": ""}),
+    *[_event({"content": f"tok{i} "}) for i in range(CONTENT_CHUNKS)],
+    _event({}, "stop"),
+    b"data: [DONE]\n\n",
+]
+BODY = orjson.dumps({
+    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench-model",
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "tok " * CONTENT_CHUNKS}}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": CONTENT_CHUNKS, "total_tokens": 12},
+})
+MODELS = orjson.dumps({"object": "list", "data": [{"id": "bench-model", "object": "model"}]})
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    body = await request.json(loads=orjson.loads)
+    if not body.get("stream"):
+        return web.Response(body=BODY, content_type="application/json")
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for event in STREAM_EVENTS:
+        await resp.write(event)  # one write per event, as a real server flushes per token
+    await resp.write_eof()
+    return resp
+
+
+async def models(request: web.Request) -> web.Response:
+    return web.Response(body=MODELS, content_type="application/json")
+
+
+def make_app() -> web.Application:
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    return app
+
+
+async def serve(port: int) -> None:
+    runner = web.AppRunner(make_app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    print(f"UPSTREAM_READY {runner.addresses[0][1]}", flush=True)
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, default=0)
+    asyncio.run(serve(p.parse_args().port))
+
+
+if __name__ == "__main__":
+    main()
