@@ -50,7 +50,8 @@ class Level:
         return {
             "target": self.target, "concurrency": self.concurrency,
             "requests": self.requests, "errors": self.errors,
-            "ttft_p50_ms": percentile(self.ttft_ms, 50), "ttft_p99_ms": percentile(self.ttft_ms, 99),
+            "ttft_p50_ms": percentile(self.ttft_ms, 50),
+            "ttft_p99_ms": percentile(self.ttft_ms, 99),
             "total_p50_ms": percentile(self.total_ms, 50),
             "total_p99_ms": percentile(self.total_ms, 99),
             "chunks_per_s": self.chunks / self.seconds if self.seconds else None,

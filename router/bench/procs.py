@@ -15,19 +15,23 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 
-async def spawn_until_line(argv: list[str], pattern: str, timeout: float = 60.0,
-                           env: dict[str, str] | None = None) -> tuple[asyncio.subprocess.Process, re.Match[str]]:
+Spawned = tuple[asyncio.subprocess.Process, re.Match[str]]
+
+
+async def spawn_until_line(argv: list[str], pattern: str, deadline: float = 60.0,
+                           env: dict[str, str] | None = None) -> Spawned:
     """Start a process and wait for a stdout line matching ``pattern``; kill it on failure."""
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
         env=env, start_new_session=True)
     assert proc.stdout is not None
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(deadline):
             while True:
                 line = (await proc.stdout.readline()).decode()
                 if not line:
-                    raise RuntimeError(f"{argv[0]} exited with {await proc.wait()} before it was ready")
+                    code = await proc.wait()
+                    raise RuntimeError(f"{argv[0]} exited with {code} before it was ready")
                 if match := re.search(pattern, line):
                     return proc, match
     except BaseException:
@@ -134,8 +138,8 @@ async def nginx_proxy(upstream_base: str) -> AsyncIterator[str]:
             await stop(proc)
 
 
-async def _wait_port(port: int, proc: asyncio.subprocess.Process, timeout: float = 10) -> None:
-    async with asyncio.timeout(timeout):
+async def _wait_port(port: int, proc: asyncio.subprocess.Process, deadline: float = 10) -> None:
+    async with asyncio.timeout(deadline):
         while True:
             if proc.returncode is not None:
                 raise RuntimeError(f"nginx exited with {proc.returncode}")
