@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
 
-from router.appkeys import METRICS, POOL, RELAY, SESSION, SETTINGS
+from router.admission import ConcurrencyLimiter
+from router.appkeys import (
+    LIMITER,
+    METRICS,
+    POLICIES,
+    POOL,
+    RELAY,
+    ROUTING,
+    SESSION,
+    SETTINGS,
+    RoutingState,
+)
 from router.backends.base import Backend
 from router.backends.health import HealthMonitor
 from router.backends.pool import BackendPool
@@ -15,18 +29,57 @@ from router.config import Settings
 from router.handlers import setup_routes
 from router.metrics import Metrics
 from router.middleware import error_middleware
+from router.mlx_lanes import lanes_context
+from router.policy import PolicySet, load_policies
+from router.policy_watch import PolicyWatcher
 from router.relay import Relay
+
+log = logging.getLogger("speclane")
 
 
 def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Application:
+    """Build the app; raises PolicyError when the policy set is invalid (serve refuses)."""
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
     app[SETTINGS] = settings
-    app[METRICS] = metrics or Metrics()
+    app[METRICS] = metrics = metrics or Metrics()
     app[POOL] = BackendPool([Backend.from_spec(b, settings.cooldown) for b in settings.backends])
+    app[POLICIES] = PolicyWatcher(settings.policies_dir, initial_policies(settings),
+                                  presets=settings.presets.keys(), metrics=metrics,
+                                  interval=settings.policy_poll_interval)
+    app[LIMITER] = ConcurrencyLimiter(metrics)
+    app[ROUTING] = RoutingState(gate=settings.routing.new_gate())
     setup_routes(app)
     app.cleanup_ctx.append(client_session)
     app.cleanup_ctx.append(health_monitor)
+    app.cleanup_ctx.append(policy_reloads)
+    app.cleanup_ctx.append(lanes_context)
     return app
+
+
+def initial_policies(settings: Settings) -> PolicySet:
+    directory = settings.policies_dir
+    if not directory.exists() and "policies_dir" not in settings.model_fields_set:
+        log.warning("no policies directory at %s: every client gets the permissive default",
+                    directory.resolve())
+        return PolicySet.implied()
+    policies = load_policies(directory, presets=settings.presets.keys())
+    for warning in policies.warnings:
+        log.warning("policies: %s", warning)
+    return policies
+
+
+async def policy_reloads(app: web.Application) -> AsyncIterator[None]:
+    watcher = app[POLICIES]
+    task = None
+    if watcher.directory.is_dir():
+        task = asyncio.create_task(watcher.run(), name="speclane-policy-watch")
+        watcher.install_sighup()
+    yield
+    if task:
+        watcher.remove_sighup()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def client_session(app: web.Application) -> AsyncIterator[None]:

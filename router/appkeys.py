@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import aiohttp
 from aiohttp import web
 
+from router.admission import ConcurrencyLimiter
 from router.backends.pool import BackendPool
 from router.config import Settings
+from router.lanes import LoadGate
 from router.metrics import Metrics
+from router.policy_watch import PolicyWatcher
 from router.relay import Relay
+from router.supervisor import LaneSupervisor
+
+
+@dataclass
+class RoutingState:
+    """What one decision leaves for the next: the load gate's hysteresis state."""
+
+    gate: LoadGate = field(default_factory=LoadGate)
+
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 POOL = web.AppKey("pool", BackendPool)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 RELAY = web.AppKey("relay", Relay)
+POLICIES = web.AppKey("policies", PolicyWatcher)
+LIMITER = web.AppKey("limiter", ConcurrencyLimiter)
+ROUTING = web.AppKey("routing", RoutingState)
+SUPERVISORS = web.AppKey("supervisors", list[LaneSupervisor])

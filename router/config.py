@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from router.classify import RoutingRules
 from router.presets import DEFAULT_PRESETS, PresetSpec
 from router.spec.settings import SpecSettings
 
@@ -78,6 +79,7 @@ class LanesSettings(Frozen):
 
     enabled: bool = True
     model: str | None = None  # None: the embedded default model (speclane models prepare)
+    model_name: str | None = None  # the id clients send; default: the model dir's name / repo id
     draft_model: str | None = None  # None: the default draft derived from the default model
     num_draft_tokens: int = Field(3, ge=1, le=16)
     max_batch_size: int = Field(8, ge=1, le=256)
@@ -121,6 +123,8 @@ class Settings(BaseSettings):
     backends: tuple[BackendSpec, ...] = ()
     lanes: LanesSettings = LanesSettings()
     presets: dict[str, PresetSpec] = Field(default_factory=lambda: dict(DEFAULT_PRESETS))
+    routing: RoutingRules = RoutingRules()
+    policy_poll_interval: float = Field(2.0, gt=0)  # seconds between policy file checks
     spec: SpecSettings = SpecSettings()
 
     @classmethod

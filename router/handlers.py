@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
+import orjson
 from aiohttp import web
 
-from router import errors, lanes, observe
-from router.appkeys import METRICS, POOL, RELAY, SETTINGS
+from router import errors, observe
+from router.appkeys import LIMITER, METRICS, POLICIES, POOL, RELAY, ROUTING, SETTINGS
 from router.backends.base import Backend
-from router.decision import Candidate, Decision, Endpoint
+from router.classify import (
+    LANE_HEADER,
+    PRESET_HEADER,
+    Classification,
+    RequestFacts,
+    classify,
+    log_line,
+    response_headers,
+)
+from router.decision import Candidate, Endpoint
 from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
+from router.policy import CLIENT_HEADER, Policy, bearer_token
 from router.protocol import ParsedRequest, parse_request
-from router.relay import Outcome
+from router.relay import BodyFor, Outcome
+
+log = logging.getLogger("speclane.route")
 
 UPSTREAM_PATHS: dict[Endpoint, str] = {
     "chat": "/chat/completions",
@@ -23,17 +37,38 @@ UPSTREAM_PATHS: dict[Endpoint, str] = {
 }
 
 
-def decide(request: web.Request, parsed: ParsedRequest) -> Decision:
-    try:
-        return lanes.choose(parsed.route, request.app[POOL].snapshot())
-    except lanes.NoRoute as e:
-        if e.unknown_model:
-            raise errors.not_found(e.reason, param="model", code="model_not_found") from None
-        raise errors.unavailable(e.reason) from None
+def identify(request: web.Request) -> Policy:
+    headers = request.headers
+    return request.app[POLICIES].current.identify(
+        bearer_token(headers.get("Authorization")), headers.get(CLIENT_HEADER),
+        headers.get("User-Agent"))
 
 
-def body_for(parsed: ParsedRequest):  # type: ignore[no-untyped-def]
+def decide(request: web.Request, parsed: ParsedRequest, policy: Policy) -> Classification:
+    app = request.app
+    settings = app[SETTINGS]
+    facts = RequestFacts(
+        parsed.route,
+        preset_header=request.headers.get(PRESET_HEADER),
+        lane_header=request.headers.get(LANE_HEADER),
+        body_keys=frozenset(parsed.data),
+    )
+    result = classify(facts, policy, settings.presets, app[POOL].snapshot(),
+                      gate=app[ROUTING].gate, rules=settings.routing)
+    app[ROUTING].gate = result.gate
+    for key, value in result.body_changes.items():
+        parsed.set_field(key, value)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s client=%s %s", parsed.route.endpoint, result.client, log_line(result))
+    return result
+
+
+def body_for(parsed: ParsedRequest) -> BodyFor:
     def build(backend: Backend, cand: Candidate) -> bytes:
+        if backend.lane == "speculative" and not cand.speculative:
+            # Same lane, same model, plain decoding: how the lane serves a workload
+            # where speculation is off (and the baseline it is compared against).
+            return orjson.dumps({**parsed.data, "num_draft_tokens": 0})
         return parsed.body()
 
     return build
@@ -42,18 +77,31 @@ def body_for(parsed: ParsedRequest):  # type: ignore[no-untyped-def]
 async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     arrival = time.monotonic()
     outcome = Outcome(endpoint=endpoint, arrival=arrival)
-    metrics = request.app[METRICS]
+    app = request.app
+    metrics = app[METRICS]
+    client = "unidentified"
     try:
+        policy = identify(request)
+        client = policy.client
         parsed = parse_request(endpoint, await request.read())
-        decision = decide(request, parsed)
-        overhead = time.monotonic() - arrival
-        metrics.overhead.labels(endpoint).observe(overhead)
-        headers = {"X-Speclane-Overhead-Ms": f"{overhead * 1000:.3f}"}
-        return await request.app[RELAY].forward(
-            request, parsed, decision, path=UPSTREAM_PATHS[endpoint], outcome=outcome,
-            body_for=body_for(parsed), headers=headers)
+        limiter = app[LIMITER]
+        async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
+            result = decide(request, parsed, policy)
+            metrics.decisions.labels(client, result.decision.candidates[0].lane,
+                                     result.decision.labels.get("rule", "none")).inc()
+            overhead = time.monotonic() - arrival - waited
+            metrics.overhead.labels(endpoint).observe(overhead)
+            headers = {**response_headers(result),
+                       "X-Speclane-Overhead-Ms": f"{overhead * 1000:.3f}",
+                       "X-Speclane-Queue-Ms": f"{waited * 1000:.3f}"}
+            return await app[RELAY].forward(
+                request, parsed, result.decision, path=UPSTREAM_PATHS[endpoint],
+                outcome=outcome, body_for=body_for(parsed), headers=headers)
     except RouterError as e:
         outcome.status, outcome.error = e.status, e
+        client = e.headers.setdefault(CLIENT_HEADER, client)
+        if e.status in (401, 403):
+            metrics.rejections.labels(client, str(e.status)).inc()
         raise
     except asyncio.CancelledError:
         outcome.client_gone = True

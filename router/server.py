@@ -18,6 +18,8 @@ from aiohttp import web
 
 from router.app import make_app
 from router.config import ConfigError, Settings, load_settings
+from router.mlx_lanes import LaneStartupError
+from router.policy import PolicyError
 
 log = logging.getLogger("speclane")
 
@@ -53,14 +55,21 @@ def setup_logging(level: str) -> None:
 
 
 async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
-    app = make_app(settings)
+    try:
+        app = make_app(settings)
+    except PolicyError as e:
+        raise StartupError(f"invalid policies in {settings.policies_dir}:\n{e}") from e
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=settings.shutdown_grace,
                            access_log=None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await runner.setup()
+    try:
+        await runner.setup()
+    except LaneStartupError as e:
+        await runner.cleanup()
+        raise StartupError(str(e)) from None
     try:
         site = web.TCPSite(runner, settings.host, settings.port,
                            shutdown_timeout=settings.shutdown_grace)
@@ -68,6 +77,7 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
         port = runner.addresses[0][1]
         base = f"http://{_display_host(settings.host)}:{port}/v1"
         print(f"speclane listening on {base}", flush=True)
+        print(curl_example(base, app), flush=True)
         log.info("listening on %s", base)
         if ready:
             ready.set()
@@ -77,6 +87,28 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
     finally:
         await runner.cleanup()
         log.info("stopped")
+
+
+def curl_example(base: str, app: web.Application) -> str:
+    from router.appkeys import POOL
+
+    models = app[POOL].models()
+    model = models[0][0] if models else "MODEL"
+    return (
+        "try it:\n"
+        f"  curl -s {base}/chat/completions -H 'Content-Type: application/json' \\\n"
+        f"    -d '{{\"model\": \"{model}\", \"messages\": "
+        "[{\"role\": \"user\", \"content\": \"What is the capital of France?\"}]}'"
+    )
+
+
+def event_loop_factory():  # type: ignore[no-untyped-def]
+    """uvloop when installed: it roughly halves the relay's per-chunk socket cost."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def _display_host(host: str) -> str:
@@ -92,7 +124,8 @@ def main(argv: list[str]) -> int:
         return 2
     setup_logging(settings.log_level)
     try:
-        asyncio.run(run(settings))
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(run(settings))
     except StartupError as e:
         print(f"speclane: could not start: {e}", file=sys.stderr)
         return 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ def router_settings(*fakes: FakeUpstream, **overrides: Any) -> Settings:
         "retry": {"attempts": 3, "backoff_initial": 0.001, "backoff_max": 0.01},
         "health_interval": 60,
         "shutdown_grace": 2,
+        # an empty directory: the implied permissive default policy
+        "policies_dir": tempfile.mkdtemp(prefix="speclane-policies-"),
     }
     return load_settings(None, **{**data, **overrides})
 

@@ -30,7 +30,8 @@ async def test_chat_non_streaming_passes_the_body_through(fake: FakeUpstream) ->
     assert orjson.loads(raw.content)["stats"] == {"total_draft_tokens_count": 9}
     assert raw.headers["x-speclane-backend"] == "fake"
     assert raw.headers["x-speclane-lane"] == "fake"
-    assert raw.headers["x-speclane-decision"] == "least-busy"
+    assert raw.headers["x-speclane-decision"] == "preset=none,external->fake"
+    assert raw.headers["x-speclane-client"] == "default"
     assert float(raw.headers["x-speclane-overhead-ms"]) >= 0
     assert fake.requests[0].body["messages"] == CHAT
 

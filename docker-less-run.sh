@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# speclane without Docker: set up everything on a fresh machine, then run it.
+#
+#   ./docker-less-run.sh                 # router + both MLX lanes on the embedded default model
+#   ./docker-less-run.sh --port 9000     # any `speclane serve` flag passes through
+#   ./docker-less-run.sh test            # the whole test suite (what CI runs)
+#   ./docker-less-run.sh test -k relay   # pytest flags pass through
+#
+# Steps, each skipped when already done: system packages (OpenBLAS for MLX's CPU backend
+# on Linux, nginx for the overhead comparison), a virtual environment in .venv, speclane
+# and its dependencies, the default model (`speclane models prepare`).
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV="${SPECLANE_VENV:-.venv}"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+pick_python() {
+  for candidate in "${PYTHON:-}" python3.13 python3.12 python3.11 python3; do
+    [ -n "$candidate" ] || continue
+    if command -v "$candidate" >/dev/null 2>&1 &&
+       "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+      echo "$candidate"; return 0
+    fi
+  done
+  echo "speclane needs Python 3.11 or newer (set PYTHON=/path/to/python3.11)" >&2
+  return 1
+}
+
+install_system_packages() {
+  [ "$(uname -s)" = "Linux" ] || return 0
+  local wanted=()
+  ls /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3 >/dev/null 2>&1 || wanted+=(libopenblas0-pthread)
+  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || wanted+=(nginx-light)
+  [ ${#wanted[@]} -gt 0 ] || return 0
+  if ! command -v apt-get >/dev/null 2>&1; then
+    say "not a Debian/Ubuntu system: install OpenBLAS yourself for ~30x faster MLX on the CPU (wanted: ${wanted[*]})"
+    return 0
+  fi
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; else
+      say "cannot install ${wanted[*]} without root: MLX will use its slow bundled BLAS"
+      return 0
+    fi
+  fi
+  say "installing system packages: ${wanted[*]}"
+  $sudo apt-get update -qq >/dev/null || true
+  if ! DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${wanted[@]}" >/dev/null; then
+    say "apt-get could not install ${wanted[*]}: continuing without (MLX on the CPU will be slow)"
+  fi
+}
+
+setup_venv() {
+  local py stamp want
+  py="$(pick_python)"
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "creating virtual environment $VENV"
+    "$py" -m venv "$VENV"
+  fi
+  stamp="$VENV/.speclane-installed"
+  want="$(cat pyproject.toml | cksum)"
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    say "installing speclane and its dependencies into $VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+    "$VENV/bin/python" -m pip install -q -e ".[test,plot]"
+    echo "$want" > "$stamp"
+  fi
+}
+
+install_system_packages
+setup_venv
+say "preparing the default model (cached after the first run)"
+"$VENV/bin/speclane" models prepare
+
+if [ "${1:-}" = "test" ]; then
+  shift
+  say "running the tests"
+  exec "$VENV/bin/python" -m pytest "$@"
+fi
+exec "$VENV/bin/speclane" serve "$@"
