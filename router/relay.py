@@ -142,8 +142,21 @@ class Relay:
     async def _open_with_retries(self, parsed: ParsedRequest, decision: Decision, path: str,
                                  outcome: Outcome, body_for: BodyFor) -> Opened:
         candidates = decision.candidates
+
+        async def attempt_next() -> Opened:
+            cand = candidates[outcome.attempts % len(candidates)]
+            outcome.attempts += 1
+            return await self._open(self._pool[cand.backend], cand, parsed, path, body_for)
+
+        # The first try runs without tenacity: its bookkeeping is measurable on the hot path.
+        try:
+            return await attempt_next()
+        except Retryable as first:
+            if self._retry.attempts <= 1:
+                raise first.error from None
+            log.info("retrying after %s: %s", first.reason, first.error.message)
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._retry.attempts),
+            stop=stop_after_attempt(self._retry.attempts - 1),
             wait=wait_random_exponential(multiplier=self._retry.backoff_initial,
                                          max=self._retry.backoff_max),
             retry=retry_if_exception_type(Retryable),
@@ -152,12 +165,7 @@ class Relay:
         try:
             async for attempt in retrying:
                 with attempt:
-                    cand = candidates[outcome.attempts % len(candidates)]
-                    outcome.attempts += 1
-                    backend = self._pool[cand.backend]
-                    if outcome.attempts > 1:
-                        log.info("retrying on %s (attempt %d)", backend.name, outcome.attempts)
-                    return await self._open(backend, cand, parsed, path, body_for)
+                    return await attempt_next()
         except Retryable as e:
             raise e.error from None
         raise AssertionError("unreachable: tenacity either returned or raised")

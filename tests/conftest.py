@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -56,8 +57,11 @@ def router_settings(*fakes: FakeUpstream, **overrides: Any) -> Settings:
 
 
 @asynccontextmanager
-async def run_router(settings: Settings, **app_kwargs: Any) -> AsyncIterator[RunningRouter]:
+async def run_router(settings: Settings, setup: Any = None,
+                     **app_kwargs: Any) -> AsyncIterator[RunningRouter]:
     app = make_app(settings, **app_kwargs)
+    if setup is not None:
+        setup(app)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=settings.shutdown_grace)
     await runner.setup()
@@ -85,3 +89,38 @@ async def fake_upstreams(*names: str, **kwargs: Any) -> AsyncIterator[list[FakeU
 async def fake() -> AsyncIterator[FakeUpstream]:
     async with fake_upstreams("fake") as (f,):
         yield f
+
+
+def add_fake_lane(app: web.Application, lane: str, fake: FakeUpstream, *,
+                  speculative: bool = True, capacity: int | None = None) -> None:
+    """Register a fake upstream as one of speclane's lanes (what the supervisor does for a
+    real worker), so routing between lanes can be tested without MLX."""
+    from router.appkeys import POOL, SETTINGS
+    from router.mlx_lanes import lane_backend
+
+    settings = app[SETTINGS]
+    backend = lane_backend(lane, settings, fake.models[0])  # type: ignore[arg-type]
+    backend.base_url = fake.base_url
+    backend.ready = True
+    backend.speculative_active = speculative and lane == "speculative"
+    backend.reported = {"capacity": capacity or (1 if lane == "speculative" else 8)}
+    app[POOL].add(backend)
+
+
+@asynccontextmanager
+async def lanes_router(spec: FakeUpstream, batch: FakeUpstream,
+                       **overrides: Any) -> AsyncIterator[RunningRouter]:
+    """A router whose two lanes are fake upstreams (and no external backends)."""
+    settings = router_settings(**{"backends": [], **overrides})
+    async with run_router(settings, setup=lambda app: (
+            add_fake_lane(app, "speculative", spec), add_fake_lane(app, "batching", batch))) as r:
+        yield r
+
+
+async def wait_until(predicate: Any, deadline: float = 5.0) -> None:
+    """Poll a cheap in-process condition (state we cannot await an event for)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    while not predicate():
+        assert loop.time() < end, "condition not reached"
+        await asyncio.sleep(0.01)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 import openai
+import orjson
 import pytest
 
 from router.appkeys import POOL
@@ -61,7 +62,8 @@ async def test_bad_chat_requests(fake: FakeUpstream, payload: bytes, status: int
 
 async def test_body_over_the_limit_is_413(fake: FakeUpstream) -> None:
     async with run_router(router_settings(fake, max_body_bytes=2048)) as r:
-        big = b'{"model": "fake-model", "messages": [{"role": "user", "content": "' + b"x" * 4096 + b'"}]}'
+        big = orjson.dumps({"model": "fake-model",
+                            "messages": [{"role": "user", "content": "x" * 4096}]})
         status, body, _ = await post(f"{r.base_url}/chat/completions", big)
     assert status == 413
     assert assert_openai_error(body)["code"] == "body_too_large"

@@ -12,7 +12,7 @@ import pytest
 
 from router.appkeys import METRICS, POOL, SESSION
 from router.backends.health import check_once
-from tests.conftest import fake_upstreams, router_settings, run_router
+from tests.conftest import fake_upstreams, router_settings, run_router, wait_until
 from tests.fakes.upstream import Behaviour, FakeUpstream
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -212,7 +212,8 @@ async def test_repeated_failures_cool_a_backend_down() -> None:
 # --- failures after the first byte: an error event, never a retry ----------------------------
 
 async def read_sse(base_url: str, body: dict) -> tuple[int, list[bytes]]:
-    async with aiohttp.ClientSession() as s, s.post(f"{base_url}/chat/completions", json=body) as resp:
+    url = f"{base_url}/chat/completions"
+    async with aiohttp.ClientSession() as s, s.post(url, json=body) as resp:
         raw = await resp.read()
     events = [e[6:] for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
     return resp.status, events
@@ -247,7 +248,7 @@ async def test_stall_mid_stream_ends_with_timeout_event_within_read_timeout() ->
         backend = settings.backends[0].model_copy(update={"read_timeout": 0.5})
         async with run_router(router_settings(a, backends=[backend.model_dump()])) as r:
             start = time.monotonic()
-            status, events = await read_sse(r.base_url, {"model": "fake-model", "messages": CHAT,
+            _, events = await read_sse(r.base_url, {"model": "fake-model", "messages": CHAT,
                                                          "stream": True})
             elapsed = time.monotonic() - start
         assert a.cancelled == 1  # the stalled upstream request was closed
@@ -312,7 +313,7 @@ async def test_client_disconnect_mid_stream_cancels_upstream(fake: FakeUpstream)
             async with s.post(f"{r.base_url}/chat/completions", json=body) as resp:
                 await resp.content.readany()
         await asyncio.wait_for(fake.request_cancelled.wait(), 5)
-        await _until(lambda: r.app[POOL]["fake"].inflight == 0)
+        await wait_until(lambda: r.app[POOL]["fake"].inflight == 0)
 
 
 async def test_client_disconnect_while_waiting_non_streaming_cancels_upstream(
@@ -326,9 +327,3 @@ async def test_client_disconnect_while_waiting_non_streaming_cancels_upstream(
             task.cancel()
         await asyncio.wait_for(fake.request_cancelled.wait(), 5)
 
-
-async def _until(predicate, timeout: float = 5) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)

@@ -34,6 +34,11 @@ class Backend:
     reported: dict[str, Any] = field(default_factory=dict)  # a lane worker's /health
     speculative_active: bool = False
     last_error: str | None = None
+    # speculation status (capability gating and telemetry), shown at /admin/lanes
+    draft: str | None = None
+    spec_mode: str | None = None  # strict | graceful, for lanes
+    spec_reason: str | None = None  # why speculation is not active / not observed
+    spec_observed: bool | None = None  # draft counts seen recently (None: nothing to judge)
 
     @classmethod
     def from_spec(cls, spec: BackendSpec, cooldown: CooldownSettings) -> Backend:

@@ -14,7 +14,6 @@ import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-
 Spawned = tuple[asyncio.subprocess.Process, re.Match[str]]
 
 

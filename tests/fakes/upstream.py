@@ -52,7 +52,8 @@ class Seen:
 
 
 class FakeUpstream:
-    def __init__(self, models: tuple[str, ...] = ("fake-model",), behaviour: Behaviour | None = None,
+    def __init__(self, models: tuple[str, ...] = ("fake-model",),
+                 behaviour: Behaviour | None = None,
                  name: str = "fake") -> None:
         self.models = models
         self.behaviour = behaviour or Behaviour()
@@ -126,7 +127,8 @@ class FakeUpstream:
         finally:
             self.active -= 1
 
-    async def _answer(self, request: web.Request, body: dict[str, Any], b: Behaviour) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, body: dict[str, Any],
+                      b: Behaviour) -> web.StreamResponse:
         if b.delay_headers:
             await asyncio.sleep(b.delay_headers)
         if b.status >= 400:
@@ -153,7 +155,8 @@ class FakeUpstream:
             "usage": self._usage(b),
             **b.body_extra,
         }
-        return web.Response(body=orjson.dumps(answer), content_type=b.content_type or "application/json")
+        return web.Response(body=orjson.dumps(answer),
+                            content_type=b.content_type or "application/json")
 
     def _usage(self, b: Behaviour) -> dict[str, Any]:
         return {"prompt_tokens": b.prompt_tokens, "completion_tokens": b.chunks,
@@ -208,7 +211,8 @@ class FakeUpstream:
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()
-        self.requests.append(Seen(request.path, body, dict(request.headers), time.monotonic(), True))
+        seen = Seen(request.path, body, dict(request.headers), time.monotonic(), finished=True)
+        self.requests.append(seen)
         inputs = body.get("input")
         items = inputs if isinstance(inputs, list) else [inputs]
         data = [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}

@@ -1,0 +1,97 @@
+"""Admin endpoints: lanes and backends, speculative state, policy reload.
+
+Access: with ``admin_key`` configured, ``Authorization: Bearer <admin_key>`` is required
+from any address (401 without, 403 with a wrong key). Without an admin key they answer
+loopback clients only, so a router bound to 0.0.0.0 never exposes them by accident.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from aiohttp import web
+
+from router.appkeys import POLICIES, POOL, SETTINGS, SPEC, SUPERVISORS
+from router.backends.base import Backend
+from router.errors import RouterError
+from router.policy import bearer_token
+
+
+def is_loopback(request: web.Request) -> bool:
+    peer = request.remote or ""
+    return peer.startswith("127.") or peer in ("::1", "::ffff:127.0.0.1")
+
+
+def require_admin(request: web.Request) -> None:
+    key = request.app[SETTINGS].admin_key
+    if key is None:
+        if not is_loopback(request):
+            raise RouterError(403, "admin endpoints answer loopback clients only unless "
+                              "admin_key is configured", type="permission_error",
+                              code="admin_loopback_only")
+        return
+    presented = bearer_token(request.headers.get("Authorization"))
+    if presented is None:
+        raise RouterError(401, "admin endpoints require 'Authorization: Bearer <admin_key>'",
+                          type="authentication_error", code="missing_admin_key",
+                          headers={"WWW-Authenticate": "Bearer"})
+    if not hmac.compare_digest(presented.encode(), key.get_secret_value().encode()):
+        raise RouterError(403, "wrong admin key", type="permission_error",
+                          code="invalid_admin_key")
+
+
+def backend_state(backend: Backend, supervised: dict[str, str]) -> str:
+    if backend.lane is not None:
+        return supervised.get(backend.name, "not_ready")
+    return "ready" if backend.ready else "not_ready"
+
+
+def backend_status(backend: Backend, supervised: dict[str, str]) -> dict[str, Any]:
+    models = sorted(backend.models)
+    return {
+        "name": backend.name,
+        "kind": backend.kind,
+        "lane": backend.lane,
+        "url": backend.base_url,
+        "model": models[0] if backend.lane is not None and models else None,
+        "models": models,
+        "draft": backend.draft,
+        "state": backend_state(backend, supervised),
+        "inflight": backend.inflight,
+        "cooled_down": backend.view().cooled_down,
+        "last_error": backend.last_error,
+        "speculation": {
+            "mode": backend.spec_mode,
+            "requested": backend.speculative_requested,
+            "active": backend.speculative_active if backend.lane is not None else None,
+            "observed": backend.spec_observed,
+            "reason": backend.spec_reason,
+        },
+    }
+
+
+async def lanes(request: web.Request) -> web.Response:
+    require_admin(request)
+    supervised = {s.lane: s.status.state.value for s in request.app[SUPERVISORS]}
+    data = [backend_status(b, supervised) for b in request.app[POOL]]
+    return web.json_response({"backends": data})
+
+
+async def spec(request: web.Request) -> web.Response:
+    require_admin(request)
+    return web.json_response(request.app[SPEC].admin_snapshot())
+
+
+async def reload_policies(request: web.Request) -> web.Response:
+    require_admin(request)
+    result = request.app[POLICIES].reload("admin")
+    body = {"ok": result.ok, "error": result.error,
+            "clients": [p.client for p in request.app[POLICIES].current]}
+    return web.json_response(body, status=200 if result.ok else 422)
+
+
+def setup_admin_routes(app: web.Application) -> None:
+    app.router.add_get("/admin/lanes", lanes)
+    app.router.add_get("/admin/spec", spec)
+    app.router.add_post("/admin/reload", reload_policies)
