@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
+from router.admin import setup_admin_routes
 from router.admission import ConcurrencyLimiter
 from router.appkeys import (
     LIMITER,
@@ -20,11 +21,13 @@ from router.appkeys import (
     ROUTING,
     SESSION,
     SETTINGS,
+    SPEC,
     RoutingState,
 )
 from router.backends.base import Backend
 from router.backends.health import HealthMonitor
 from router.backends.pool import BackendPool
+from router.backends.scrape import CumulativeScraper
 from router.config import Settings
 from router.handlers import setup_routes
 from router.metrics import Metrics
@@ -33,6 +36,7 @@ from router.mlx_lanes import lanes_context
 from router.policy import PolicySet, load_policies
 from router.policy_watch import PolicyWatcher
 from router.relay import Relay
+from router.telemetry import SpecTelemetry
 
 log = logging.getLogger("speclane")
 
@@ -48,9 +52,12 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
                                   interval=settings.policy_poll_interval)
     app[LIMITER] = ConcurrencyLimiter(metrics)
     app[ROUTING] = RoutingState(gate=settings.routing.new_gate())
+    app[SPEC] = SpecTelemetry(settings, metrics, app[POOL], lambda: app[POLICIES].current)
     setup_routes(app)
+    setup_admin_routes(app)
     app.cleanup_ctx.append(client_session)
     app.cleanup_ctx.append(health_monitor)
+    app.cleanup_ctx.append(cumulative_scraper)
     app.cleanup_ctx.append(policy_reloads)
     app.cleanup_ctx.append(lanes_context)
     return app
@@ -94,6 +101,14 @@ async def client_session(app: web.Application) -> AsyncIterator[None]:
     yield
     await app[RELAY].close()
     await session.close()
+
+
+async def cumulative_scraper(app: web.Application) -> AsyncIterator[None]:
+    scraper = CumulativeScraper(app[POOL], app[SESSION], app[SETTINGS].spec.scrape_interval,
+                                app[SPEC].observe_cumulative)
+    scraper.start()
+    yield
+    await scraper.stop()
 
 
 async def health_monitor(app: web.Application) -> AsyncIterator[None]:

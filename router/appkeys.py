@@ -15,6 +15,7 @@ from router.metrics import Metrics
 from router.policy_watch import PolicyWatcher
 from router.relay import Relay
 from router.supervisor import LaneSupervisor
+from router.telemetry import SpecTelemetry
 
 
 @dataclass
@@ -33,3 +34,4 @@ POLICIES = web.AppKey("policies", PolicyWatcher)
 LIMITER = web.AppKey("limiter", ConcurrencyLimiter)
 ROUTING = web.AppKey("routing", RoutingState)
 SUPERVISORS = web.AppKey("supervisors", list[LaneSupervisor])
+SPEC = web.AppKey("spec", SpecTelemetry)

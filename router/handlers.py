@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -10,7 +11,7 @@ import orjson
 from aiohttp import web
 
 from router import errors, observe
-from router.appkeys import LIMITER, METRICS, POLICIES, POOL, RELAY, ROUTING, SETTINGS
+from router.appkeys import LIMITER, METRICS, POLICIES, POOL, RELAY, ROUTING, SETTINGS, SPEC
 from router.backends.base import Backend
 from router.classify import (
     LANE_HEADER,
@@ -27,6 +28,7 @@ from router.metrics import CONTENT_TYPE
 from router.policy import CLIENT_HEADER, Policy, bearer_token
 from router.protocol import ParsedRequest, parse_request
 from router.relay import BodyFor, Outcome
+from router.telemetry import SpecClaim
 
 log = logging.getLogger("speclane.route")
 
@@ -44,7 +46,8 @@ def identify(request: web.Request) -> Policy:
         headers.get("User-Agent"))
 
 
-def decide(request: web.Request, parsed: ParsedRequest, policy: Policy) -> Classification:
+def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
+           claim: SpecClaim) -> Classification:
     app = request.app
     settings = app[SETTINGS]
     facts = RequestFacts(
@@ -53,9 +56,14 @@ def decide(request: web.Request, parsed: ParsedRequest, policy: Policy) -> Class
         lane_header=request.headers.get(LANE_HEADER),
         body_keys=frozenset(parsed.data),
     )
+    telemetry = app[SPEC]
     result = classify(facts, policy, settings.presets, app[POOL].snapshot(),
-                      gate=app[ROUTING].gate, rules=settings.routing)
+                      gate=app[ROUTING].gate, spec=telemetry.advisor(claim),
+                      rules=settings.routing)
     app[ROUTING].gate = result.gate
+    decision = telemetry.claim_route(result.decision, claim)
+    if decision is not result.decision:
+        result = dataclasses.replace(result, decision=decision)
     for key, value in result.body_changes.items():
         parsed.set_field(key, value)
     if log.isEnabledFor(logging.DEBUG):
@@ -80,13 +88,14 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     app = request.app
     metrics = app[METRICS]
     client = "unidentified"
+    claim = SpecClaim()
     try:
         policy = identify(request)
         client = policy.client
         parsed = parse_request(endpoint, await request.read())
         limiter = app[LIMITER]
         async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
-            result = decide(request, parsed, policy)
+            result = decide(request, parsed, policy, claim)
             metrics.decisions.labels(client, result.decision.candidates[0].lane,
                                      result.decision.labels.get("rule", "none")).inc()
             overhead = time.monotonic() - arrival - waited
@@ -109,6 +118,7 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     finally:
         outcome.finished_at = time.monotonic()
         observe.record(metrics, outcome)
+        app[SPEC].observe(outcome, claim)
 
 
 async def chat(request: web.Request) -> web.StreamResponse:

@@ -127,6 +127,10 @@ class Metrics:
             "speclane_spec_telemetry_unavailable_total",
             "Responses without usable speculative statistics (not_reported or malformed).",
             ["backend", "reason"], registry=r)
+        self.spec_counter_resets = Counter(
+            "speclane_spec_counter_resets_total",
+            "Scraped speculative counters that went down: the backend restarted.",
+            ["backend"], registry=r)
         self.decode_tps = Histogram(
             "speclane_decode_tokens_per_second",
             "Per-request decode speed (output tokens after the first / time after the first).",

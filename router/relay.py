@@ -81,6 +81,8 @@ class Outcome:
     body_json: dict[str, Any] | None = None  # non-streaming answer
     tail_events: list[dict[str, Any]] = field(default_factory=list)  # last events of a stream
     tail_malformed: int = 0
+    solo: bool = True  # no other request was in flight on the backend meanwhile
+    _epoch: int = 0
 
     @property
     def ttft(self) -> float | None:
@@ -129,7 +131,7 @@ class Relay:
             "X-Speclane-Decision": decision.reason,
             "X-Speclane-Attempts": str(outcome.attempts),
         }
-        self._begin(backend)
+        self._begin(backend, outcome)
         try:
             if parsed.route.stream:
                 return await self._relay_stream(request, opened, outcome, headers)
@@ -332,11 +334,16 @@ class Relay:
 
     # --- bookkeeping --------------------------------------------------------------------
 
-    def _begin(self, backend: Backend) -> None:
+    def _begin(self, backend: Backend, outcome: Outcome) -> None:
+        outcome.solo = backend.inflight == 0
+        backend.started += 1
+        outcome._epoch = backend.started
         backend.inflight += 1
         self._metrics.inflight.labels(backend.name).inc()
 
     def _end(self, backend: Backend, resp: aiohttp.ClientResponse, outcome: Outcome) -> None:
+        # Solo: nothing was running when it began and nothing began after it.
+        outcome.solo = outcome.solo and backend.started == outcome._epoch
         backend.inflight -= 1
         self._metrics.inflight.labels(backend.name).dec()
         if outcome.completed or not backend.drain_on_abort:

@@ -17,6 +17,7 @@ from pathlib import Path
 from aiohttp import web
 
 from router.app import make_app
+from router.appkeys import POLICIES, POOL
 from router.config import ConfigError, Settings, load_settings
 from router.mlx_lanes import LaneStartupError
 from router.policy import PolicyError
@@ -65,6 +66,7 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    warn_if_exposed(settings, app)
     try:
         await runner.setup()
     except LaneStartupError as e:
@@ -89,9 +91,33 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
         log.info("stopped")
 
 
-def curl_example(base: str, app: web.Application) -> str:
-    from router.appkeys import POOL
+def is_loopback_host(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
 
+
+def warn_if_exposed(settings: Settings, app: web.Application) -> None:
+    """A router on the network that lets anyone in without a key must say so loudly."""
+    if is_loopback_host(settings.host):
+        return
+    default = app[POLICIES].current.default
+    if default.require_api_key and settings.admin_key is not None:
+        return
+    problems = []
+    if not default.require_api_key:
+        problems.append("any client without an API key is served (the 'default' policy does "
+                        "not set require_api_key)")
+    if settings.admin_key is None:
+        problems.append("admin endpoints stay loopback-only because no admin_key is set")
+    banner = "!" * 78
+    lines = [banner, f"WARNING: speclane is listening on {settings.host}, "
+             "reachable from other machines,", *[f"  - {p}" for p in problems],
+             "  Set require_api_key = true in policies/default.toml (and keys per client),",
+             "  or bind to 127.0.0.1 (the default).", banner]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    log.warning("listening on a non-loopback address without API keys")
+
+
+def curl_example(base: str, app: web.Application) -> str:
     models = app[POOL].models()
     model = models[0][0] if models else "MODEL"
     return (

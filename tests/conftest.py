@@ -108,12 +108,13 @@ def add_fake_lane(app: web.Application, lane: str, fake: FakeUpstream, *,
 
 
 @asynccontextmanager
-async def lanes_router(spec: FakeUpstream, batch: FakeUpstream,
+async def lanes_router(spec_lane: FakeUpstream, batch_lane: FakeUpstream,
                        **overrides: Any) -> AsyncIterator[RunningRouter]:
     """A router whose two lanes are fake upstreams (and no external backends)."""
     settings = router_settings(**{"backends": [], **overrides})
     async with run_router(settings, setup=lambda app: (
-            add_fake_lane(app, "speculative", spec), add_fake_lane(app, "batching", batch))) as r:
+            add_fake_lane(app, "speculative", spec_lane),
+            add_fake_lane(app, "batching", batch_lane))) as r:
         yield r
 
 
@@ -124,3 +125,14 @@ async def wait_until(predicate: Any, deadline: float = 5.0) -> None:
     while not predicate():
         assert loop.time() < end, "condition not reached"
         await asyncio.sleep(0.01)
+
+
+def metric_value(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in Prometheus text, matched by name and (a subset of) labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None

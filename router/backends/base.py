@@ -31,6 +31,7 @@ class Backend:
     ready: bool = False
     discovered_models: frozenset[str] = frozenset()
     inflight: int = 0
+    started: int = 0  # requests begun, ever: tells whether another began during one
     reported: dict[str, Any] = field(default_factory=dict)  # a lane worker's /health
     speculative_active: bool = False
     last_error: str | None = None

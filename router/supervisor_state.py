@@ -1,0 +1,109 @@
+"""Pure parts of the lane supervisor: lane states, the status snapshot, the restart budget.
+
+No I/O here: time and randomness come in as arguments so the restart policy can be
+tested without processes or clocks.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+READY_PREFIX = "SPECLANE_WORKER_READY "
+
+# Why a worker was restarted (the ``reason`` label of speclane_worker_restarts_total).
+RestartReason = Literal["exited", "hung", "start_failed"]
+
+
+class LaneState(enum.Enum):
+    STARTING = "starting"  # a worker process is spawned and not yet answering /health
+    READY = "ready"  # the worker answers /health; requests may be sent to base_url
+    DOWN = "down"  # the worker died or hung; a restart is pending (backoff)
+    STOPPED = "stopped"  # not started yet, or stopped on purpose
+    FAILED = "failed"  # could not start, or restarted too often: given up
+
+
+@dataclass(frozen=True)
+class LaneStatus:
+    lane: str
+    state: LaneState = LaneState.STOPPED
+    base_url: str | None = None  # http://127.0.0.1:PORT/v1 while the worker is up
+    pid: int | None = None
+    health: dict[str, Any] | None = None  # the last GET /health body of the current worker
+    restarts: int = 0
+    last_error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state is LaneState.READY
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lane": self.lane,
+            "state": self.state.value,
+            "base_url": self.base_url,
+            "pid": self.pid,
+            "health": self.health,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+        }
+
+
+def parse_ready_line(line: str) -> int | None:
+    """The port announced by a worker's ready line, or None if ``line`` is not one."""
+    if not line.startswith(READY_PREFIX):
+        return None
+    try:
+        payload = json.loads(line[len(READY_PREFIX):])
+    except ValueError:
+        return None
+    port = payload.get("port") if isinstance(payload, dict) else None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        return None
+    return port
+
+
+class RestartBudget:
+    """At most ``max_restarts`` restarts within any ``window`` seconds.
+
+    A worker that keeps dying is given up instead of being restarted forever
+    (llama-swap users asked for restarts; nobody wants a hot crash loop).
+    """
+
+    def __init__(self, max_restarts: int, window: float) -> None:
+        if max_restarts < 0 or window <= 0:
+            raise ValueError("max_restarts must be >= 0 and window > 0")
+        self.max_restarts = max_restarts
+        self.window = window
+        self._times: deque[float] = deque()
+
+    def _forget_before(self, now: float) -> None:
+        while self._times and self._times[0] <= now - self.window:
+            self._times.popleft()
+
+    def recent(self, now: float) -> int:
+        """Restarts within the window ending at ``now``."""
+        self._forget_before(now)
+        return len(self._times)
+
+    def exhausted(self, now: float) -> bool:
+        """True when one more restart would exceed the budget."""
+        return self.recent(now) >= self.max_restarts
+
+    def record(self, now: float) -> None:
+        self._times.append(now)
+
+
+def backoff_delay(recent_restarts: int, initial: float, maximum: float, rand: float) -> float:
+    """Jittered exponential delay before the next restart.
+
+    The exponent is the number of restarts inside the window rather than a lifetime
+    attempt counter, so a worker that ran well for a whole window restarts quickly
+    again. ``rand`` in [0, 1) spreads the delay over [base/2, base] ("equal jitter"):
+    never immediate, never synchronised with the other lane.
+    """
+    base = min(maximum, initial * 2.0 ** min(recent_restarts, 32))
+    return base * (0.5 + 0.5 * rand)

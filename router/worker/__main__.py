@@ -1,0 +1,3 @@
+from router.worker.main import main
+
+raise SystemExit(main())

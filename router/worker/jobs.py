@@ -1,0 +1,101 @@
+"""A request travelling from the aiohttp loop to the generation thread and its answer coming back.
+
+The loop creates a ``Job`` and puts it into a ``JobQueue``; the generation thread takes it, and
+sends events back through ``Job.emit`` (thread-safe: it schedules ``put_nowait`` on the loop).
+Cancelling is a flag the generation thread reads once per decoding step, plus removal from the
+queue so that a job that never started is gone at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from router.errors import RouterError
+from router.worker.protocol import GenerationRequest
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str  # "stop" | "length"
+    usage: dict[str, object]
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: RouterError
+
+
+Event = TextDelta | Finished | Failed
+
+
+def aborted() -> Failed:
+    error = RouterError(503, "generation aborted", type="service_unavailable", code="aborted")
+    return Failed(error)
+
+
+class Job:
+    def __init__(
+        self, request: GenerationRequest, prompt_ids: list[int], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.request = request
+        self.prompt_ids = prompt_ids
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self._loop = loop
+
+    def emit(self, event: Event) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:
+            pass  # the loop is closed: the worker is exiting and nobody is listening
+
+
+class JobQueue:
+    """A FIFO the generation thread blocks on, from which a cancelled job can be removed."""
+
+    def __init__(self) -> None:
+        self._items: deque[Job] = deque()
+        self._cond = threading.Condition()
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, job: Job) -> None:
+        with self._cond:
+            if self.closed:
+                raise RuntimeError("the worker is shutting down")
+            self._items.append(job)
+            self._cond.notify()
+
+    def get(self, block: bool) -> Job | None:
+        """The next job; None when empty and not blocking, or when closed."""
+        with self._cond:
+            while block and not self._items and not self.closed:
+                self._cond.wait()
+            return self._items.popleft() if self._items and not self.closed else None
+
+    def remove(self, job: Job) -> bool:
+        with self._cond:
+            try:
+                self._items.remove(job)
+            except ValueError:
+                return False
+            return True
+
+    def close(self) -> list[Job]:
+        """Refuse new jobs, wake the waiting thread, and hand back the jobs that never started."""
+        with self._cond:
+            self.closed = True
+            left = list(self._items)
+            self._items.clear()
+            self._cond.notify_all()
+            return left

@@ -1,0 +1,172 @@
+"""``python -m router.worker``: one MLX lane (see /work/helper-notes/worker-contract.md).
+
+Life cycle: load the model(s) on the generation thread; bind; print the one ready line on
+stdout; serve until SIGTERM/SIGINT or until the parent process disappears; then stop
+accepting, abort in-flight generations and exit 0. Logs go to stderr; so does anything a
+library prints, because stdout carries only the ready line the supervisor waits for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from router.worker.engine import BatchingEngine, Engine, LoadError, Models, SpeculativeEngine
+from router.worker.server import WorkerInfo, make_app, start_site
+
+READY_PREFIX = "SPECLANE_WORKER_READY"
+PARENT_POLL_SECONDS = 0.5
+SHUTDOWN_SECONDS = 3.0
+
+log = logging.getLogger("speclane.worker")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="speclane worker", description="Run one MLX lane worker.")
+    p.add_argument("--mode", choices=("speculative", "batching"), required=True)
+    p.add_argument("--model", type=Path, required=True, help="mlx-lm model directory")
+    p.add_argument("--model-name", help="id served in /v1/models (default: the directory name)")
+    p.add_argument("--draft-model", type=Path, help="speculative mode: the draft model directory")
+    p.add_argument("--num-draft-tokens", type=int, default=3)
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--parent-pid", type=int)
+    args = p.parse_args(argv)
+    if not 0 <= args.num_draft_tokens <= 16:
+        p.error("--num-draft-tokens must be between 0 and 16")
+    if args.max_batch_size < 1:
+        p.error("--max-batch-size must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s"
+    )
+    ready_out, sys.stdout = sys.stdout, sys.stderr
+    # Until the event loop takes over the signals, a stop request just ends the process: nothing
+    # has been served yet, and the loading thread cannot be interrupted cleanly.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: os._exit(0))
+    if args.parent_pid is not None:
+        die_with_parent(args.parent_pid)
+    if args.mode == "batching" and args.draft_model:
+        log.warning("--draft-model is ignored in batching mode")
+    engine = build_engine(args)
+    try:
+        models = engine.start()
+    except LoadError as e:
+        print(f"speclane worker: cannot load the model: {e}", file=sys.stderr, flush=True)
+        return 1
+    info = worker_info(args, models)
+    return asyncio.run(serve(args, engine, info, ready_out))
+
+
+def build_engine(args: argparse.Namespace) -> Engine:
+    draft = args.draft_model if args.mode == "speculative" else None
+
+    def load() -> Models:
+        from mlx_lm import load as mlx_load
+
+        model, tokenizer = mlx_load(str(args.model))
+        draft_model = None
+        if draft is not None:
+            draft_model, draft_tokenizer = mlx_load(str(draft))
+            if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
+                raise LoadError(f"{draft}: the draft model's vocabulary differs from the target's")
+        return Models(model, tokenizer, draft_model)
+
+    if args.mode == "speculative":
+        return SpeculativeEngine(load, args.num_draft_tokens)
+    return BatchingEngine(load, args.max_batch_size)
+
+
+def worker_info(args: argparse.Namespace, models: Models) -> WorkerInfo:
+    speculating = models.draft is not None and args.num_draft_tokens > 0
+    config = getattr(models.model, "args", None)
+    return WorkerInfo(
+        mode=args.mode,
+        model_name=args.model_name or _dir_name(args.model),
+        draft_name=_dir_name(args.draft_model) if models.draft is not None else None,
+        num_draft_tokens=args.num_draft_tokens if speculating else 0,
+        context_length=getattr(config, "max_position_embeddings", None),
+    )
+
+
+def _dir_name(path: Path) -> str:
+    return path.name or path.resolve().name  # "." has no name of its own
+
+
+async def serve(args: argparse.Namespace, engine: Engine, info: WorkerInfo, out: TextIO) -> int:
+    try:
+        runner, port = await start_site(make_app(engine, info), args.host, args.port)
+    except OSError as e:
+        print(f"speclane worker: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 1
+    ready = {"port": port, "mode": info.mode, "model": info.model_name}
+    out.write(f"{READY_PREFIX} {json.dumps(ready)}\n")
+    out.flush()
+    log.info("serving %s (%s) on %s:%d", info.model_name, info.mode, args.host, port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    watcher = None
+    if args.parent_pid is not None:
+        watcher = asyncio.create_task(watch_parent(args.parent_pid, os.getppid(), stop))
+    await stop.wait()
+
+    log.info("shutting down")
+    for site in list(runner.sites):
+        await site.stop()  # stop accepting first
+    await asyncio.to_thread(engine.stop, SHUTDOWN_SECONDS)
+    if watcher is not None:
+        watcher.cancel()
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(runner.cleanup(), SHUTDOWN_SECONDS)
+    return 0
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """On Linux, ask the kernel to SIGTERM us when the parent dies (the poll covers other OSes)."""
+    if not parent_alive(parent_pid, os.getppid()):
+        os._exit(0)  # it died before we could watch it
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
+def parent_alive(parent_pid: int, first_ppid: int) -> bool:
+    if os.getppid() != first_ppid:
+        return False  # re-parented: our parent (the router, or a shell it used) is gone
+    try:
+        os.kill(parent_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def watch_parent(parent_pid: int, first_ppid: int, stop: asyncio.Event) -> None:
+    while parent_alive(parent_pid, first_ppid):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), PARENT_POLL_SECONDS)
+            return  # stopping for another reason
+    log.warning("parent process %d is gone; exiting", parent_pid)
+    stop.set()

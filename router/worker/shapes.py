@@ -1,0 +1,67 @@
+"""OpenAI response bodies and stream chunks for chat and text completions (pure)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from router.worker.protocol import Kind
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What stays the same in every chunk of one answer."""
+
+    kind: Kind
+    model: str
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def prefix(self) -> str:
+        return "chatcmpl-" if self.kind == "chat" else "cmpl-"
+
+    def _head(self, object_: str) -> dict[str, object]:
+        return {
+            "id": self.prefix + self.id,
+            "object": object_,
+            "created": self.created,
+            "model": self.model,
+        }
+
+    def body(self, text: str, finish_reason: str, usage: dict[str, object]) -> dict[str, object]:
+        if self.kind == "chat":
+            choice: dict[str, object] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+            return {**self._head("chat.completion"), "choices": [choice], "usage": usage}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {**self._head("text_completion"), "choices": [choice], "usage": usage}
+
+    def chunk(
+        self, text: str | None, *, finish_reason: str | None = None, role: bool = False
+    ) -> dict[str, object]:
+        if self.kind == "chat":
+            delta: dict[str, object] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, object] = {"index": 0, "delta": delta, "logprobs": None}
+            object_ = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None}
+            object_ = "text_completion"
+        choice["finish_reason"] = finish_reason
+        return {**self._head(object_), "choices": [choice]}
+
+    def final_chunk(self, finish_reason: str, usage: dict[str, object]) -> dict[str, object]:
+        """The chunk carrying finish_reason, which (per the worker contract) carries usage too."""
+        return {**self.chunk(None, finish_reason=finish_reason), "usage": usage}
+
+    def usage_chunk(self, usage: dict[str, object]) -> dict[str, object]:
+        """The standard ``stream_options.include_usage`` chunk."""
+        object_ = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {**self._head(object_), "choices": [], "usage": usage}

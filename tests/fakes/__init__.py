@@ -1,0 +1,1 @@
+"""Loopback fake upstreams and a spawnable fake worker for the tests."""

@@ -1,0 +1,81 @@
+"""A scripted engine: the real Engine plumbing (queue, cancel flags, answers, Progress with stop
+strings and counting) around a fake "model" that writes a fixed reply one character per step.
+
+Paced, it takes a step only when the test releases one, so tests can reason about exactly
+which steps ran before and after a cancel.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from router.worker.engine import Engine, Models, Progress, generation_failed
+from router.worker.jobs import Event, Job, aborted
+
+STEP_TIMEOUT = 10.0
+
+
+class CharTokenizer:
+    def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def __len__(self) -> int:
+        return 0x110000
+
+
+class ScriptedEngine(Engine):
+    def __init__(self, reply: str, *, paced: bool = False, capacity: int = 1) -> None:
+        super().__init__(lambda: Models(model=None, tokenizer=CharTokenizer()))
+        self.capacity = capacity
+        self.reply = reply
+        self.fail_at: int | None = None  # step index at which the "model" raises
+        self.steps_taken = 0
+        self.started: list[Job] = []
+        self.job_started = threading.Event()
+        self.job_done = threading.Event()
+        self.submitted = threading.Semaphore(0)  # one release per submitted request
+        self.cancels = threading.Semaphore(0)  # one release per cancel() call
+        self._steps = threading.Semaphore(0) if paced else None
+
+    def release(self, steps: int = 1) -> None:
+        assert self._steps is not None
+        for _ in range(steps):
+            self._steps.release()
+
+    def submit(self, job: Job) -> None:
+        super().submit(job)
+        self.submitted.release()
+
+    def cancel(self, job: Job) -> None:
+        super().cancel(job)
+        self.cancels.release()
+
+    def _serve(self, models: Models) -> None:
+        while (job := self._queue.get(block=True)) is not None:
+            self.active = 1
+            self.started.append(job)
+            self.job_started.set()
+            try:
+                self._answer(job, self._run(job))
+            finally:
+                self.active = 0
+                self.job_done.set()
+
+    def _run(self, job: Job) -> Event:
+        progress = Progress(job, 0)
+        max_tokens = job.request.max_tokens
+        for index, char in enumerate(self.reply[:max_tokens]):
+            if self._steps is not None and not self._steps.acquire(timeout=STEP_TIMEOUT):
+                return aborted()
+            if job.cancelled.is_set():
+                return aborted()
+            self.steps_taken += 1
+            if index == self.fail_at:
+                return generation_failed(RuntimeError("scripted failure"))
+            if progress.token(char, False):
+                return progress.finish("stop")
+        return progress.finish("stop" if len(self.reply) <= max_tokens else "length")

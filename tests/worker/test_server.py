@@ -1,0 +1,187 @@
+"""The worker's HTTP side against a scripted engine: shapes, errors, streaming, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+import openai
+import orjson
+import pytest
+
+from router.worker.server import WorkerInfo, make_app, start_site
+from tests.worker.scripted import ScriptedEngine
+
+MODEL = "scripted-model"
+WAIT = 10.0
+
+
+@asynccontextmanager
+async def serving(engine: ScriptedEngine) -> AsyncIterator[str]:
+    engine.start()
+    info = WorkerInfo(mode="speculative", model_name=MODEL, draft_name=None, num_draft_tokens=0)
+    runner, port = await start_site(make_app(engine, info), "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await asyncio.to_thread(engine.stop, 2.0)
+        await runner.cleanup()
+
+
+def client(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=WAIT)
+
+
+async def waited(event: threading.Event | threading.Semaphore) -> bool:
+    """Wait (off the loop) for something the generation thread signals."""
+    if isinstance(event, threading.Event):
+        return await asyncio.to_thread(event.wait, WAIT)
+    return await asyncio.to_thread(event.acquire, timeout=WAIT)
+
+
+async def health(session: aiohttp.ClientSession, url: str) -> dict[str, object]:
+    async with session.get(f"{url}/health") as r:
+        return await r.json()
+
+
+async def test_chat_answer_shape_and_usage() -> None:
+    async with serving(ScriptedEngine("Hello")) as url:
+        reply = await client(url).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=50
+        )
+    assert reply.choices[0].message.content == "Hello"
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens == 5
+    assert reply.usage.prompt_tokens == len("<user>hi")
+    assert reply.usage.model_extra["speclane_spec"]["num_draft_tokens"] == 0
+
+
+async def test_text_completion_length_and_stop() -> None:
+    async with serving(ScriptedEngine("one two three")) as url:
+        c = client(url)
+        cut = await c.completions.create(model=MODEL, prompt="x", max_tokens=3)
+        stopped = await c.completions.create(model=MODEL, prompt="x", stop=[" t"])
+    assert (cut.choices[0].text, cut.choices[0].finish_reason) == ("one", "length")
+    assert (stopped.choices[0].text, stopped.choices[0].finish_reason) == ("one", "stop")
+
+
+async def test_stream_carries_usage_on_the_finish_chunk_and_the_usage_chunk() -> None:
+    async with serving(ScriptedEngine("abc")) as url:
+        stream = await client(url).chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "abc"
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1
+    assert finish[0].choices[0].finish_reason == "stop"
+    assert finish[0].usage is not None and finish[0].usage.completion_tokens == 3
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 3 + len("<user>hi")
+
+
+async def test_raw_stream_ends_with_done() -> None:
+    async with serving(ScriptedEngine("ab")) as url, aiohttp.ClientSession() as session:
+        body = {"prompt": "x", "stream": True}
+        async with session.post(f"{url}/v1/completions", json=body) as r:
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            raw = await r.read()
+    events = [e for e in raw.decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    last = orjson.loads(events[-2].removeprefix("data: "))
+    assert last["choices"][0]["finish_reason"] == "stop"
+    assert last["usage"]["speclane_spec"]["drafted"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (b'{"messages": [], "model": "scripted-model"}', 400, "messages"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', 400, "max_tokens"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "model": "other"}', 404, "model"),
+    ],
+)
+async def test_errors_use_the_openai_shape(body: bytes, status: int, param: str | None) -> None:
+    async with serving(ScriptedEngine("x")) as url, aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/v1/chat/completions", data=body) as r:
+            assert r.status == status
+            assert r.headers["X-Speclane-Error-Source"] == "router"
+            error = (await r.json())["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param
+
+
+async def test_models_and_health() -> None:
+    async with serving(ScriptedEngine("x")) as url, aiohttp.ClientSession() as session:
+        async with session.get(f"{url}/v1/models") as r:
+            models = await r.json()
+        state = await health(session, url)
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    assert state["status"] == "ok"
+    assert (state["active"], state["queued"], state["capacity"]) == (0, 0, 1)
+    assert state["speculative"] is False
+
+
+async def test_a_failure_after_the_first_token_ends_the_stream_with_an_error_event() -> None:
+    engine = ScriptedEngine("abcdef")
+    engine.fail_at = 2
+    async with serving(engine) as url, aiohttp.ClientSession() as session:
+        body = {"prompt": "x", "stream": True}
+        async with session.post(f"{url}/v1/completions", json=body) as r:
+            raw = (await r.read()).decode()
+    assert '"type":"server_error"' in raw
+    assert raw.endswith("data: [DONE]\n\n")
+
+
+async def test_a_failure_before_the_first_token_is_a_plain_http_error() -> None:
+    engine = ScriptedEngine("abc")
+    engine.fail_at = 0
+    async with serving(engine) as url, aiohttp.ClientSession() as session:
+        body = {"prompt": "x", "stream": True}
+        async with session.post(f"{url}/v1/completions", json=body) as r:
+            assert r.status == 500
+            assert (await r.json())["error"]["type"] == "server_error"
+
+
+async def test_a_disconnected_stream_stops_generation_at_the_next_step() -> None:
+    engine = ScriptedEngine("a" * 100, paced=True)
+    async with serving(engine) as url, aiohttp.ClientSession() as session:
+        body = {"prompt": "x", "stream": True, "max_tokens": 100}
+        engine.release(1)  # headers go out with the first token
+        response = await session.post(f"{url}/v1/completions", json=body)
+        assert (await response.content.readline()).startswith(b"data: ")
+        response.close()  # the client goes away mid-stream
+        assert await waited(engine.started[0].cancelled)
+        engine.release(5)  # the engine may take its next step now: it must not generate
+        assert await waited(engine.job_done)
+        assert (await health(session, url))["active"] == 0
+        assert engine.steps_taken == 1
+
+
+async def test_a_queued_request_that_disconnects_leaves_the_queue_at_once() -> None:
+    engine = ScriptedEngine("abc", paced=True)
+    async with serving(engine) as url, aiohttp.ClientSession() as session:
+        body = {"prompt": "x", "max_tokens": 3}
+        first = asyncio.create_task(session.post(f"{url}/v1/completions", json=body))
+        assert await waited(engine.job_started)
+        second = asyncio.create_task(session.post(f"{url}/v1/completions", json=body))
+        assert await waited(engine.submitted) and await waited(engine.submitted)
+        state = await health(session, url)
+        assert (state["active"], state["queued"]) == (1, 1)
+        second.cancel()  # the waiting client gives up
+        assert await waited(engine.cancels)
+        assert (await health(session, url))["queued"] == 0
+        engine.release(3)
+        answer = await (await first).json()
+        assert answer["choices"][0]["text"] == "abc"
+        assert len(engine.started) == 1  # the cancelled request never reached the engine
