@@ -190,7 +190,7 @@ def test_sigterm_leaves_no_worker_process(tmp_path: Path) -> None:
     assert len(workers) == 2
     stop_router(router)
     assert router.proc.returncode == 0
-    gone, alive = psutil.wait_procs(workers, timeout=20)
+    _, alive = psutil.wait_procs(workers, timeout=20)
     assert not alive, f"workers survived SIGTERM: {[p.pid for p in alive]}"
 
 
@@ -199,5 +199,5 @@ def test_sigkill_of_the_router_leaves_no_worker_process(tmp_path: Path) -> None:
     workers = list(router.workers().values())
     router.proc.kill()
     router.proc.wait(10)
-    gone, alive = psutil.wait_procs(workers, timeout=20)
+    _, alive = psutil.wait_procs(workers, timeout=20)
     assert not alive, f"workers outlived a SIGKILLed router: {[p.pid for p in alive]}"

