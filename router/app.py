@@ -53,6 +53,8 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
     app[LIMITER] = ConcurrencyLimiter(metrics)
     app[ROUTING] = RoutingState(gate=settings.routing.new_gate())
     app[SPEC] = SpecTelemetry(settings, metrics, app[POOL], lambda: app[POLICIES].current)
+    for backend in app[POOL]:
+        metrics.spec_requested.labels(backend.name).set(1 if backend.speculative_requested else 0)
     setup_routes(app)
     setup_admin_routes(app)
     app.cleanup_ctx.append(client_session)

@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from router.classify import RoutingRules
+from router.gating import GatingSettings
 from router.presets import DEFAULT_PRESETS, PresetSpec
 from router.spec.settings import SpecSettings
 
@@ -126,6 +127,7 @@ class Settings(BaseSettings):
     routing: RoutingRules = RoutingRules()
     policy_poll_interval: float = Field(2.0, gt=0)  # seconds between policy file checks
     spec: SpecSettings = SpecSettings()
+    gating: GatingSettings = GatingSettings()  # draft/target pair checks, strict or graceful
 
     @classmethod
     def settings_customise_sources(

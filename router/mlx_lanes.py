@@ -21,6 +21,8 @@ from router.backends.base import SPECLANE_KIND, Backend
 from router.backends.cooldown import Cooldown
 from router.config import LANE_NAMES, LanesSettings, Settings
 from router.decision import LaneName
+from router.gating import GateDecision, check_pair, decide
+from router.metrics import Metrics
 from router.supervisor import (
     LaneStatus,
     LaneSupervisor,
@@ -75,17 +77,38 @@ def lane_backend(lane: LaneName, settings: Settings, model_name: str) -> Backend
     )
 
 
-def apply_status(backend: Backend, status: LaneStatus) -> None:
+def apply_status(backend: Backend, status: LaneStatus, metrics: Metrics | None = None) -> None:
     backend.ready = status.ready
     if status.base_url:
         backend.base_url = status.base_url
     backend.reported = dict(status.health or {})
-    backend.speculative_active = bool(backend.reported.get("speculative"))
     backend.last_error = status.last_error
+    if status.health is not None:  # keep the last known state while the worker restarts
+        backend.speculative_active = bool(backend.reported.get("speculative"))
+        if metrics is not None and backend.speculative_requested:
+            metrics.spec_active.labels(backend.name).set(1 if backend.speculative_active else 0)
+
+
+async def gate_speculation(settings: Settings, models: LaneModels) -> GateDecision:
+    """Check the draft/target pair before the speculative lane starts (issue: speculation
+    configured but silently stripped, or crashing the lane at load)."""
+    report = await asyncio.to_thread(check_pair, models.model, models.draft)
+    presets = [n for n, p in settings.presets.items() if p.lane == "speculative"]
+    gate = decide(report, settings.gating, models.model, models.draft, lane="speculative",
+                  presets=presets)
+    if gate.fatal:
+        raise LaneStartupError(gate.message)
+    if not gate.active:
+        log.warning("speculative lane starts WITHOUT speculation (requested=true, "
+                    "active=false, mode=%s): %s", gate.mode, gate.reason)
+    for warning in gate.warnings:
+        log.warning("speculative lane: %s", warning)
+    return gate
 
 
 async def lanes_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
+    metrics = app[METRICS]
     app[SUPERVISORS] = []
     if not settings.lanes.enabled or not enabled_lanes(settings.lanes):
         yield
@@ -94,12 +117,19 @@ async def lanes_context(app: web.Application) -> AsyncIterator[None]:
     supervisors = []
     for lane in enabled_lanes(settings.lanes):
         backend = lane_backend(lane, settings, models.name)
+        draft = None
+        if lane == "speculative":
+            gate = await gate_speculation(settings, models)
+            backend.draft, backend.spec_mode = models.draft, gate.mode
+            backend.spec_reason = gate.reason
+            draft = Path(models.draft) if gate.active and models.draft else None
+            metrics.spec_requested.labels(lane).set(1)
+            metrics.spec_active.labels(lane).set(0)
         app[POOL].add(backend)
-        draft = Path(models.draft) if lane == "speculative" and models.draft else None
         command = build_worker_command(lane, settings.lanes, Path(models.model), draft, models.name)
         supervisors.append(LaneSupervisor.from_settings(
-            command, settings.lanes, metrics=app[METRICS],
-            on_change=lambda status, b=backend: apply_status(b, status)))
+            command, settings.lanes, metrics=metrics,
+            on_change=lambda status, b=backend: apply_status(b, status, metrics)))
     app[SUPERVISORS] = supervisors
     log.info("starting lanes %s on %s (draft: %s)", enabled_lanes(settings.lanes), models.model,
              models.draft)

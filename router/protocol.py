@@ -139,6 +139,51 @@ def looks_like_sse(first_chunk: bytes) -> bool:
     return not head or head.startswith(SSE_FIELD_PREFIXES)
 
 
+# What ends an event: a line end, then an empty line (LF, CRLF; CR alone is not used by
+# any backend we front, and is only caught by the size valve in split_events).
+_EVENT_ENDS = ((b"\n\n", 2), (b"\n\r\n", 3))
+HELD_LIMIT = 64 * 1024
+
+
+def split_events(data: bytes) -> tuple[bytes, bytes]:
+    """``(complete events, the incomplete event after them)``.
+
+    The relay writes only whole events, so that when an upstream dies in the middle of one
+    the error event it appends is not glued onto half an event (which a client would
+    dispatch as one broken event, never seeing the error). A complete event is never held
+    back; an incomplete one is useless to a client until its end arrives anyway. Past
+    ``HELD_LIMIT`` bytes without an event end everything is released.
+    """
+    if data.endswith(b"\n\n") or len(data) > HELD_LIMIT:
+        return data, b""  # the usual case: one or more whole events per chunk
+    end = max((i + n for sep, n in _EVENT_ENDS if (i := data.rfind(sep)) >= 0), default=0)
+    return data[:end], data[end:]
+
+
+def first_event_is_json(first_chunk: bytes) -> bool:
+    """The first complete event's data is JSON or [DONE] (True while none is complete)."""
+    complete, _ = split_events(first_chunk)
+    for payload in _data_payloads(complete):
+        if payload.strip() == DONE:
+            return True
+        try:
+            orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return False
+        return True
+    return True
+
+
+def _data_payloads(data: bytes) -> list[bytes]:
+    text = data.replace(b"\r\n", b"\n")
+    payloads = []
+    for event in text.split(b"\n\n"):
+        lines = [ln[5:].lstrip(b" ") for ln in event.split(b"\n") if ln.startswith(b"data:")]
+        if lines:
+            payloads.append(b"\n".join(lines))
+    return payloads
+
+
 class SSETail:
     """Keeps the last bytes of a relayed stream so its final events can be parsed after it ends.
 
@@ -156,13 +201,7 @@ class SSETail:
 
     def data_payloads(self) -> list[bytes]:
         """The ``data:`` payloads of the complete events in the tail, oldest first."""
-        text = bytes(self._buf).replace(b"\r\n", b"\n")
-        payloads = []
-        for event in text.split(b"\n\n"):
-            lines = [ln[5:].lstrip(b" ") for ln in event.split(b"\n") if ln.startswith(b"data:")]
-            if lines:
-                payloads.append(b"\n".join(lines))
-        return payloads
+        return _data_payloads(bytes(self._buf))
 
     def saw_done(self) -> bool:
         return any(p.strip() == DONE for p in self.data_payloads()[-2:])

@@ -10,14 +10,21 @@ Rules (why they are what they are):
   as it arrives; only a bounded copy of the tail is kept to read the final statistics.
 - After the first byte nothing is retried: a failure ends the stream with an error event in
   the OpenAI error shape, then ``data: [DONE]``.
+- Only whole events are written: an incomplete event waits for its end (it is useless to a
+  client until then), so an error event is never glued onto half an event.
 - A client that goes away closes the upstream request at once (unless the backend is marked
-  ``drain_on_abort``, for servers that crash on aborts: then the answer is read to its end
-  in the background and discarded).
+  ``drain_on_abort``, for servers that crash on aborts: then the answer, even one that has
+  not started yet, is read to its end in the background and discarded).
+- On shutdown (``shutdown(grace)``, run from the app's on_shutdown) new requests get 503;
+  those in flight have ``grace`` seconds, then each stream still running ends with an error
+  event and each request not yet answered gets a 503. Left to itself, aiohttp would cut them
+  only after twice its shutdown timeout, with no word to the client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -41,7 +48,13 @@ from router.config import RetrySettings
 from router.decision import Candidate, Decision
 from router.errors import RouterError
 from router.metrics import Metrics
-from router.protocol import ParsedRequest, SSETail, looks_like_sse
+from router.protocol import (
+    ParsedRequest,
+    SSETail,
+    first_event_is_json,
+    looks_like_sse,
+    split_events,
+)
 
 log = logging.getLogger("speclane.relay")
 
@@ -100,6 +113,19 @@ class Opened:
     first_chunk: bytes  # streams only: already read, not yet written
 
 
+@dataclass(slots=True, eq=False)
+class _Live:
+    """One request inside ``forward``, as the shutdown sees it."""
+
+    task: asyncio.Task[Any] | None
+    response: aiohttp.ClientResponse | None = None  # set once a stream has begun
+    aborted: bool = False
+
+
+def shutting_down(message: str = "speclane is shutting down") -> RouterError:
+    return errors.unavailable(message, code="shutting_down")
+
+
 class Relay:
     def __init__(self, session: aiohttp.ClientSession, pool: BackendPool, retry: RetrySettings,
                  metrics: Metrics) -> None:
@@ -108,6 +134,9 @@ class Relay:
         self._retry = retry
         self._metrics = metrics
         self._drains: set[asyncio.Task[None]] = set()
+        self._live: set[_Live] = set()
+        self._idle = asyncio.Event()
+        self._closing = False
 
     async def forward(
         self,
@@ -121,23 +150,38 @@ class Relay:
         headers: dict[str, str],
     ) -> web.StreamResponse:
         outcome.stream = parsed.route.stream
-        opened = await self._open_with_retries(parsed, decision, path, outcome, body_for)
-        backend = opened.backend
-        outcome.backend, outcome.candidate = backend, opened.candidate
-        headers = {
-            **headers,
-            "X-Speclane-Backend": backend.name,
-            "X-Speclane-Lane": opened.candidate.lane,
-            "X-Speclane-Decision": decision.reason,
-            "X-Speclane-Attempts": str(outcome.attempts),
-        }
-        self._begin(backend, outcome)
+        if self._closing:
+            raise shutting_down()
+        live = _Live(asyncio.current_task())
+        self._live.add(live)
         try:
-            if parsed.route.stream:
-                return await self._relay_stream(request, opened, outcome, headers)
-            return await self._relay_body(opened, outcome, headers)
+            opened = await self._open_with_retries(parsed, decision, path, outcome, body_for)
+            backend = opened.backend
+            outcome.backend, outcome.candidate = backend, opened.candidate
+            headers = {
+                **headers,
+                "X-Speclane-Backend": backend.name,
+                "X-Speclane-Lane": opened.candidate.lane,
+                "X-Speclane-Decision": decision.reason,
+                "X-Speclane-Attempts": str(outcome.attempts),
+            }
+            self._begin(backend, outcome)
+            try:
+                if parsed.route.stream:
+                    return await self._relay_stream(request, opened, outcome, headers, live)
+                return await self._relay_body(opened, outcome, headers)
+            finally:
+                self._end(backend, opened.response, outcome)
+        except asyncio.CancelledError:
+            # Cancelled by shutdown() before any byte reached the client: answer 503.
+            if live.aborted and live.task is not None and live.task.uncancel() == 0:
+                raise shutting_down("speclane is shutting down; the request was not "
+                                    "answered within the shutdown grace period") from None
+            raise
         finally:
-            self._end(backend, opened.response, outcome)
+            self._live.discard(live)
+            if not self._live:
+                self._idle.set()
 
     # --- opening: the only place that retries ------------------------------------------
 
@@ -178,9 +222,9 @@ class Relay:
                                         sock_read=backend.read_timeout)
         headers = {"Content-Type": "application/json", **backend.auth_headers()}
         try:
-            resp = await self._session.post(f"{backend.base_url}{path}",
-                                            data=body_for(backend, cand),
-                                            headers=headers, timeout=timeout)
+            resp = await self._post(backend, f"{backend.base_url}{path}",
+                                    data=body_for(backend, cand), headers=headers,
+                                    timeout=timeout)
         except TimeoutError as e:
             self._failed(backend, "timeout")
             raise errors.upstream_timeout(
@@ -201,9 +245,32 @@ class Relay:
                 first = await self._first_chunk(backend, resp)
             backend.cooldown.success()
             return Opened(backend, cand, resp, first)
+        except asyncio.CancelledError:
+            self._abandon(backend, resp)
+            raise
         except BaseException:
             resp.close()
             raise
+
+    async def _post(self, backend: Backend, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        if not backend.drain_on_abort:
+            return await self._session.post(url, **kwargs)
+        # A backend that crashes on aborts must not see one even when the client leaves
+        # before the answer starts: the request goes on, and its answer is drained.
+        sending = asyncio.ensure_future(self._session.post(url, **kwargs))
+        try:
+            return await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            self._track(asyncio.create_task(self._drain_when_answered(backend, sending)))
+            raise
+
+    async def _drain_when_answered(self, backend: Backend,
+                                   sending: asyncio.Future[aiohttp.ClientResponse]) -> None:
+        try:
+            resp = await sending
+        except (TimeoutError, *CONNECT_ERRORS):
+            return
+        await self._drain(backend, resp)
 
     async def _first_chunk(self, backend: Backend, resp: aiohttp.ClientResponse) -> bytes:
         ctype = resp.headers.get("Content-Type", "")
@@ -227,6 +294,10 @@ class Relay:
             raise errors.upstream_failed(
                 f"backend '{backend.name}' sent data that is not server-sent events",
                 code="upstream_bad_stream")
+        if not first_event_is_json(first):
+            raise errors.upstream_failed(
+                f"backend '{backend.name}' began its stream with an event that is not JSON",
+                code="upstream_bad_stream")
         return first
 
     def _retryable(self, backend: Backend, reason: str, message: str) -> Retryable:
@@ -244,19 +315,23 @@ class Relay:
     # --- relaying -----------------------------------------------------------------------
 
     async def _relay_stream(self, request: web.Request, opened: Opened, outcome: Outcome,
-                            headers: dict[str, str]) -> web.StreamResponse:
+                            headers: dict[str, str], live: _Live) -> web.StreamResponse:
         backend, resp = opened.backend, opened.response
         outcome.status = resp.status
         out = web.StreamResponse(status=resp.status, headers={**headers, **SSE_HEADERS})
         tail = SSETail()
         chunk = opened.first_chunk
+        held = b""  # the incomplete event at the end of what was read
         outcome.first_byte_at = time.monotonic()
         await out.prepare(request)
+        live.response = resp
         try:
             while chunk:
                 tail.feed(chunk)
+                whole, held = split_events(held + chunk)
                 try:
-                    await out.write(chunk)
+                    if whole:
+                        await out.write(whole)
                 except ConnectionResetError:
                     outcome.client_gone = True  # the client went away; nothing more to send
                     return out
@@ -267,11 +342,17 @@ class Relay:
                 f"backend '{backend.name}' sent nothing for {backend.read_timeout:g}s mid-stream"))
             return out
         except CONNECT_ERRORS as e:
+            if live.aborted:
+                await self._stream_failed(out, backend, outcome, "shutdown", shutting_down(
+                    "speclane is shutting down; the stream was cut after the grace period"))
+                return out
             await self._stream_failed(out, backend, outcome, "disconnect", errors.upstream_failed(
                 f"backend '{backend.name}' closed the stream mid-way: {type(e).__name__}"))
             return out
         outcome.tail_events, outcome.tail_malformed = tail.last_events()
         if tail.saw_done():
+            if held:  # "data: [DONE]" without its blank line: pass it on as it came
+                await self._write(out, held, outcome)
             outcome.completed = True
         elif outcome.tail_events and "error" in outcome.tail_events[-1]:
             outcome.completed = True  # the upstream ended its own stream with an error event
@@ -293,6 +374,12 @@ class Relay:
         if reason in ("timeout", "disconnect"):
             self._failed(backend, reason)
         await self._finish(out, errors.sse_error_event(err), outcome)
+
+    async def _write(self, out: web.StreamResponse, data: bytes, outcome: Outcome) -> None:
+        try:
+            await out.write(data)
+        except ConnectionResetError:
+            outcome.client_gone = True
 
     async def _finish(self, out: web.StreamResponse, trailer: bytes, outcome: Outcome) -> None:
         try:
@@ -346,10 +433,20 @@ class Relay:
         outcome.solo = outcome.solo and backend.started == outcome._epoch
         backend.inflight -= 1
         self._metrics.inflight.labels(backend.name).dec()
-        if outcome.completed or not backend.drain_on_abort:
-            resp.close()  # a no-op when complete; otherwise this is what cancels upstream
-            return
-        task = asyncio.create_task(self._drain(backend, resp))
+        if outcome.completed:
+            resp.close()  # a no-op: the answer arrived whole
+        else:
+            self._abandon(backend, resp)
+
+    def _abandon(self, backend: Backend, resp: aiohttp.ClientResponse) -> None:
+        """Stop reading an answer nobody waits for: close it (which is what cancels the work
+        upstream), or drain it in the background for a backend that crashes on aborts."""
+        if backend.drain_on_abort and not self._closing:
+            self._track(asyncio.create_task(self._drain(backend, resp)))
+        else:
+            resp.close()
+
+    def _track(self, task: asyncio.Task[None]) -> None:
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
 
@@ -363,6 +460,33 @@ class Relay:
         finally:
             resp.close()
             log.debug("drained aborted request on %s", backend.name)
+
+    async def shutdown(self, grace: float, *, settle: float = 2.0) -> None:
+        """Refuse new requests, give those in flight ``grace`` seconds, then end the rest:
+        streams with an error event (their upstream is closed, the relay loop writes it),
+        requests not answered yet with a 503. Waits up to ``settle`` seconds for that."""
+        self._closing = True
+        if self._live:
+            self._idle.clear()
+            try:
+                await asyncio.wait_for(self._idle.wait(), grace)
+                return
+            except TimeoutError:
+                pass
+        if not self._live:
+            return
+        log.warning("shutdown: ending %d request(s) still running after %.1fs",
+                    len(self._live), grace)
+        for live in list(self._live):
+            live.aborted = True
+            if live.response is not None:
+                live.response.close()
+            elif live.task is not None:
+                live.task.cancel()
+        if self._live:
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), settle)
 
     async def close(self) -> None:
         for task in list(self._drains):

@@ -74,10 +74,13 @@ class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
         self.exited: asyncio.Future[int] = loop.create_future()
 
     def process_exited(self) -> None:
+        # Read the code first: when the pipes closed before the exit was noticed (the
+        # usual order under uvloop), the base class drops the transport right here.
+        transport = self._transport
+        code = transport.get_returncode() if transport is not None else None
         super().process_exited()
         if not self.exited.done():
-            assert self._transport is not None
-            self.exited.set_result(self._transport.get_returncode())
+            self.exited.set_result(-1 if code is None else code)
 
 
 @dataclass(eq=False)

@@ -148,6 +148,19 @@ def test_num_draft_tokens_zero_decodes_plainly_on_the_speculative_lane(router: R
                                       "num_draft_tokens": 0}
 
 
+def test_the_default_pair_starts_with_speculation_active(router: Router) -> None:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(router.base_url.removesuffix("/v1") + "/admin/lanes") as resp:
+        lanes = {b["name"]: b for b in json.loads(resp.read())["backends"]}
+    spec = lanes["speculative"]["speculation"]
+    assert spec["requested"] is True and spec["active"] is True and spec["mode"] == "graceful"
+    assert lanes["speculative"]["state"] == "ready" and lanes["batching"]["state"] == "ready"
+    assert lanes["batching"]["speculation"]["requested"] is False
+    assert metric_value(router.metrics(), "speclane_spec_active", backend="speculative") == 1
+
+
 def test_metrics_show_the_speculative_lanes_draft_counters(router: Router) -> None:
     ask(router, "speculative", False)
     text = router.metrics()

@@ -31,6 +31,7 @@ from router.supervisor import (
     WorkerStartError,
     build_worker_command,
     start_all,
+    stop_all,
 )
 
 FAKE_WORKER = Path(__file__).parent / "fakes" / "fake_worker.py"
@@ -370,6 +371,42 @@ async def test_fake_worker_exits_when_its_parent_is_killed():
             parent.kill()
         async with asyncio.timeout(WAIT):  # returns once the worker released our pipe too
             await parent.wait()
+
+
+def test_lifecycle_under_uvloop():
+    # speclane serves on uvloop when it is installed; its subprocess transport orders
+    # pipe EOF and process exit differently from asyncio's.
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> None:
+        options = {"startup_timeout": WAIT, "health_interval": 0.1, "kill_grace": 0.5,
+                   "backoff_initial": 0.02, "backoff_max": 0.1}
+        crash_rec, dying_rec, stubborn_rec = Recorder(), Recorder(), Recorder()
+        crash = LaneSupervisor(fake_command(), on_change=crash_rec, **options)
+        dying = LaneSupervisor(fake_command("--die-after", "0.2", "--close-pipes-first"),
+                               on_change=dying_rec, **options)
+        stubborn = LaneSupervisor(fake_command("--ignore-sigterm", lane="batching"),
+                                  on_change=stubborn_rec, **options)
+        sups = [crash, dying, stubborn]
+        try:
+            await start_all(sups)
+            first = crash.status.pid
+            os.kill(first, signal.SIGKILL)
+            again = await crash_rec.wait_for(LaneState.READY, nth=2)
+            assert again.pid != first and again.restarts == 1
+            down = await dying_rec.wait_for(LaneState.DOWN)
+            assert down.last_error == "worker exited with code 3"
+            started = time.monotonic()
+            await stubborn.stop(grace=0.3)
+            assert 0.3 <= time.monotonic() - started < 3.0
+        finally:
+            async with asyncio.timeout(WAIT):
+                await stop_all(sups, grace=0.5)
+        procs = [p for rec in (crash_rec, dying_rec, stubborn_rec) for p in rec.procs.values()]
+        assert len(procs) >= 4 and all(gone(p) for p in procs)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())
 
 
 # --- the real worker's command line ----------------------------------------------------------
