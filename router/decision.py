@@ -1,7 +1,7 @@
 """The values the routing decision works on: pure data, no I/O.
 
-``lanes.choose`` (and, from the classification issue on, ``classify``) take these in and
-give a ``Decision`` out. The relay tries its candidates in order.
+``router.classify`` takes these in and gives a ``Decision`` out; the relay tries its
+candidates in order.
 """
 
 from __future__ import annotations

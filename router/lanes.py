@@ -1,27 +1,12 @@
-"""Choose where a request goes: pure, (request, backend snapshot) -> ordered candidates.
-
-``choose`` is the core rule set without policies: any ready backend that serves the model,
-least busy first, cooled-down backends only as a last resort. ``router.classify`` refines
-it with policies, presets and the speculative lane's load gate defined here.
-"""
+"""Lane facts for the routing decision (pure): availability, load, and the load gate's
+hysteresis. ``router.classify`` turns them into ordered candidates."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from router.decision import BackendView, Candidate, Decision, RouteRequest
-
-
-class NoRoute(Exception):
-    def __init__(self, reason: str, *, unknown_model: bool) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.unknown_model = unknown_model
-
-
-def serves(view: BackendView, model: str) -> bool:
-    return model in view.models
+from router.decision import BackendView, Candidate
 
 
 def available(view: BackendView) -> bool:
@@ -75,17 +60,3 @@ class LoadGate:
         return self if busy == self.busy else replace(self, busy=busy)
 
 
-def choose(request: RouteRequest, backends: Iterable[BackendView]) -> Decision:
-    serving = [b for b in backends if serves(b, request.model)]
-    if not serving:
-        raise NoRoute(f"no backend serves model '{request.model}'", unknown_model=True)
-    ready = sorted((b for b in serving if b.ready and not b.cooled_down), key=_load)
-    cooled = sorted((b for b in serving if b.ready and b.cooled_down), key=_load)
-    if not ready and not cooled:
-        raise NoRoute(f"no backend serving '{request.model}' is ready", unknown_model=False)
-    reason = "least-busy" if ready else "all-cooled-down->last-resort"
-    return Decision(tuple(candidate_for(b) for b in (*ready, *cooled)), reason)
-
-
-def _load(view: BackendView) -> tuple[int, str]:
-    return (view.inflight + view.queued, view.name)
