@@ -23,6 +23,7 @@ from router.config import LANE_NAMES, LanesSettings, Settings
 from router.decision import LaneName
 from router.gating import GateDecision, check_pair, decide
 from router.metrics import Metrics
+from router.modelprep import DEFAULT_MODEL_NAME, PrepareError, ensure_default_models
 from router.supervisor import (
     LaneStatus,
     LaneSupervisor,
@@ -49,8 +50,6 @@ class LaneModels:
 def resolve_models(lanes: LanesSettings) -> LaneModels:
     """The configured model, or the embedded default prepared on first use."""
     if lanes.model is None:
-        from router.modelprep import DEFAULT_MODEL_NAME, ensure_default_models
-
         model_dir, draft_dir = ensure_default_models()
         draft = lanes.draft_model or str(draft_dir)
         return LaneModels(str(model_dir), draft, lanes.model_name or DEFAULT_MODEL_NAME)
@@ -113,7 +112,10 @@ async def lanes_context(app: web.Application) -> AsyncIterator[None]:
     if not settings.lanes.enabled or not enabled_lanes(settings.lanes):
         yield
         return
-    models = await asyncio.to_thread(resolve_models, settings.lanes)
+    try:
+        models = await asyncio.to_thread(resolve_models, settings.lanes)
+    except PrepareError as e:
+        raise LaneStartupError(f"the default model could not be prepared: {e}") from e
     supervisors = []
     for lane in enabled_lanes(settings.lanes):
         backend = lane_backend(lane, settings, models.name)

