@@ -82,12 +82,25 @@ def render(err: RouterError) -> tuple[int, bytes, dict[str, str]]:
         "Content-Type": "application/json",
         **err.headers,
     }
-    return err.status, orjson.dumps(err.body()), headers
+    return err.status, dump_body(err), headers
 
 
 def sse_error_event(err: RouterError) -> bytes:
     """The terminating event of a stream that failed after bytes reached the client."""
-    return b"data: " + orjson.dumps(err.body()) + b"\n\ndata: [DONE]\n\n"
+    return b"data: " + dump_body(err) + b"\n\ndata: [DONE]\n\n"
+
+
+def dump_body(err: RouterError) -> bytes:
+    """The JSON body; never fails. A message may quote request text that is not valid UTF-8
+    (aiohttp turns undecodable header bytes into lone surrogates, which orjson refuses):
+    those characters are shown escaped instead of turning a 4xx into a crash."""
+    body = err.body()
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        inner = {k: v.encode("utf-8", "backslashreplace").decode("utf-8")
+                 if isinstance(v, str) else v for k, v in body["error"].items()}  # type: ignore[union-attr]
+        return orjson.dumps({"error": inner})
 
 
 def from_upstream_body(status: int, body: bytes) -> RouterError:

@@ -8,7 +8,8 @@ while still over budget, and never a dimension the user set explicitly):
 2. ``max_tokens`` halved, down to ``MIN_MAX_TOKENS``;
 3. the highest concurrency levels dropped, down to two levels;
 4. above the lowest concurrency level, the prompt families after the first dropped;
-5. the concurrency levels down to the lowest one.
+5. the concurrency levels down to the lowest one;
+6. the prompt families down to the first one.
 
 The reductions are written into the scorecard. A machine fast enough runs the whole matrix;
 a slow CPU gets the figures that matter most (every family at concurrency 1, where the
@@ -155,6 +156,15 @@ def _one_family_under_load(plan: Plan) -> Plan | None:
     return _recell(plan, cells, f"families above c={low}: {_csv(loaded)} → {_csv(kept)}")
 
 
+def _one_family(plan: Plan) -> Plan | None:
+    families = plan.families
+    if len(families) <= 1:
+        return None
+    kept = families[:-1]
+    cells = tuple(c for c in plan.cells if c.family in kept)
+    return _recell(plan, cells, f"families {_csv(families)} → {_csv(kept)}")
+
+
 def fit(spec: MatrixSpec, speeds: Speeds | None, budget: float | None,
         fixed: frozenset[str] = frozenset()) -> Plan:
     """The largest plan (by the order above) whose estimate fits ``budget`` seconds; the
@@ -170,6 +180,7 @@ def fit(spec: MatrixSpec, speeds: Speeds | None, budget: float | None,
         ("concurrency", lambda p: _drop_top_level(p, keep=2)),
         ("families", _one_family_under_load),
         ("concurrency", lambda p: _drop_top_level(p, keep=1)),
+        ("families", _one_family),
     ]
     for dimension, step in steps:
         if dimension in fixed:
@@ -203,10 +214,13 @@ def _recell(plan: Plan, cells: tuple[Cell, ...], note: str) -> Plan:
 
 def _merge(notes: tuple[str, ...], note: str) -> tuple[str, ...]:
     """Successive steps on one dimension read as one: 'max_tokens 64 → 32 → 24'."""
-    head = note.split(" ", 1)[0]
-    if notes and notes[-1].split(" ", 1)[0] == head:
+    if notes and _head(notes[-1]) == _head(note):
         return (*notes[:-1], f"{notes[-1]} → {note.rsplit('→ ', 1)[1]}")
     return (*notes, note)
+
+
+def _head(note: str) -> str:
+    return note.split(":", 1)[0] if ":" in note else note.split(" ", 1)[0]
 
 
 def _csv(values: Iterable[object]) -> str:

@@ -13,15 +13,17 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import IO, Any
 
 Spawned = tuple[asyncio.subprocess.Process, re.Match[str]]
 
 
 async def spawn_until_line(argv: list[str], pattern: str, deadline: float = 60.0,
-                           env: dict[str, str] | None = None) -> Spawned:
+                           env: dict[str, str] | None = None,
+                           stderr: int | IO[Any] = asyncio.subprocess.DEVNULL) -> Spawned:
     """Start a process and wait for a stdout line matching ``pattern``; kill it on failure."""
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=stderr,
         env=env, start_new_session=True)
     assert proc.stdout is not None
     try:
@@ -49,6 +51,33 @@ async def stop(proc: asyncio.subprocess.Process, grace: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
+
+
+async def stop_group(proc: asyncio.subprocess.Process, grace: float = 15.0) -> None:
+    """SIGTERM, then after ``grace`` SIGKILL to the whole process group: a process started
+    by ``spawn_until_line`` leads its own session, and its children (lane workers) in it
+    must not outlive it."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+        except TimeoutError:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode is None:
+        await proc.wait()
+
+
+async def drain(stream: asyncio.StreamReader | None, sink: IO[bytes] | None) -> None:
+    """Keep reading a child's stdout after its ready line, so a full pipe never blocks it."""
+    if stream is None:
+        return
+    while chunk := await stream.read(65536):
+        if sink is not None:
+            sink.write(chunk)
+            sink.flush()
 
 
 @contextlib.asynccontextmanager

@@ -22,8 +22,8 @@ BAR_WIDTH = 24
 def clock(seconds: float | None) -> str:
     if seconds is None:
         return "?"
-    seconds = max(0, int(round(seconds)))
-    hours, rest = divmod(seconds, 3600)
+    whole = max(0, round(seconds))
+    hours, rest = divmod(whole, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
