@@ -11,6 +11,7 @@ import orjson
 from aiohttp import web
 
 from router import errors, observe
+from router.admin import is_loopback, require_admin
 from router.appkeys import LIMITER, METRICS, POLICIES, POOL, RELAY, ROUTING, SETTINGS, SPEC
 from router.backends.base import Backend
 from router.classify import (
@@ -156,15 +157,12 @@ async def metrics(request: web.Request) -> web.Response:
     exposure = request.app[SETTINGS].expose_metrics
     if exposure == "off":
         raise errors.not_found("metrics are disabled (expose_metrics = \"off\")")
-    if exposure == "loopback" and not _from_loopback(request):
+    if exposure == "loopback" and not is_loopback(request):
         raise RouterError(403, "metrics are served to loopback clients only", code="forbidden")
+    if exposure == "admin":
+        require_admin(request)
     body = request.app[METRICS].render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
-
-
-def _from_loopback(request: web.Request) -> bool:
-    peer = request.remote or ""
-    return peer.startswith("127.") or peer in ("::1", "localhost")
 
 
 def setup_routes(app: web.Application) -> None:

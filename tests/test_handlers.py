@@ -108,3 +108,15 @@ async def test_metrics_can_be_turned_off(fake: FakeUpstream) -> None:
     async with run_router(router_settings(fake, expose_metrics="off")) as r:
         async with aiohttp.ClientSession() as s, s.get(f"{r.url}/metrics") as resp:
             assert resp.status == 404
+
+
+async def test_metrics_behind_the_admin_key(fake: FakeUpstream) -> None:
+    settings = router_settings(fake, expose_metrics="admin", admin_key="s3cret")
+    async with run_router(settings) as r, aiohttp.ClientSession() as s:
+        async with s.get(f"{r.url}/metrics") as resp:
+            assert resp.status == 401
+        async with s.get(f"{r.url}/metrics", headers={"Authorization": "Bearer nope"}) as resp:
+            assert resp.status == 403
+        async with s.get(f"{r.url}/metrics", headers={"Authorization": "Bearer s3cret"}) as resp:
+            assert resp.status == 200
+            assert "speclane_requests_total" in await resp.text()
