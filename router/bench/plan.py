@@ -31,7 +31,7 @@ from router.bench.records import Measurement
 BATCH_EXPONENT = 0.8
 SERIAL_SCENARIOS = ("spec-on", "spec-off")  # the speculative lane decodes one at a time
 DEFAULT_BUDGET = 480.0  # seconds of measurement; plus start-up and warm-up: under 10 minutes
-QUICK_BUDGET = 60.0
+QUICK_BUDGET = 80.0  # plus start-up and warm-up: under 2 minutes
 
 
 @dataclass(frozen=True)

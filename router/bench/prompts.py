@@ -24,8 +24,8 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "chat": Family("chat", "chat", (
-        "What is the capital of France? Answer in two sentences.",
         "Explain to a child why the sky is blue.",
+        "What is the capital of France? Answer in two sentences.",
         "Give me three tips for sleeping better.",
         "What is the difference between weather and climate?",
         "Describe a cat to someone who has never seen one.",

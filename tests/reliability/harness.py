@@ -288,6 +288,12 @@ class RouterProcess:
             raise
         return cls(proc, listening.result(), stdout, stderr, readers)
 
+    async def exited(self, wait: float) -> int:
+        """Wait (without signalling) for the router to exit; its exit code."""
+        await asyncio.wait_for(self.proc.wait(), wait)
+        await asyncio.wait(self._readers, timeout=5)
+        return self.proc.returncode  # type: ignore[return-value]
+
     async def stop(self, sig: signal.Signals = signal.SIGTERM, wait: float = 30.0) -> int:
         """Signal the router and wait for its exit; SIGKILL the group past ``wait`` seconds."""
         if self.proc.returncode is None:
