@@ -57,12 +57,19 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
         metrics.spec_requested.labels(backend.name).set(1 if backend.speculative_requested else 0)
     setup_routes(app)
     setup_admin_routes(app)
+    app.on_shutdown.append(finish_in_flight)
     app.cleanup_ctx.append(client_session)
     app.cleanup_ctx.append(health_monitor)
     app.cleanup_ctx.append(cumulative_scraper)
     app.cleanup_ctx.append(policy_reloads)
     app.cleanup_ctx.append(lanes_context)
     return app
+
+
+async def finish_in_flight(app: web.Application) -> None:
+    """On shutdown: refuse new requests, give the running ones ``shutdown_grace`` seconds,
+    then end streams with an error event (aiohttp alone would cut them silently)."""
+    await app[RELAY].shutdown(app[SETTINGS].shutdown_grace)
 
 
 def initial_policies(settings: Settings) -> PolicySet:

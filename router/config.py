@@ -8,6 +8,7 @@ override the file (nested keys use ``__``: ``SPECLANE_LANES__ENABLED=false``).
 from __future__ import annotations
 
 import tomllib
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,7 +21,13 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from router.classify import RoutingRules
 from router.gating import GatingSettings
@@ -31,6 +38,8 @@ BackendKind = Literal[
     "openai", "mlx_lm", "lmstudio", "llamacpp", "ollama", "vllm", "vllm_mlx", "sglang"
 ]
 LANE_NAMES = ("speculative", "batching")
+# The parsed TOML file of the load in progress: a settings source below the environment.
+_FILE_DATA: ContextVar[dict[str, Any] | None] = ContextVar("speclane_config_file", default=None)
 
 
 class Frozen(BaseModel):
@@ -138,8 +147,9 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The file arrives as init kwargs; the environment must win over it.
-        return (env_settings, init_settings)
+        # Priority: command-line flags (init kwargs) > SPECLANE_* environment > the file.
+        return (init_settings, env_settings,
+                InitSettingsSource(settings_cls, init_kwargs=_FILE_DATA.get() or {}))
 
     @model_validator(mode="after")
     def _unique_backend_names(self) -> Settings:
@@ -156,6 +166,8 @@ class ConfigError(Exception):
 
 
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from ``path`` (TOML), the environment, and ``overrides`` (command-line
+    flags), each winning over the one before it."""
     data: dict[str, Any] = {}
     where = str(path) if path else "environment"
     if path is not None:
@@ -163,13 +175,19 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError as e:
             raise ConfigError(f"{path}: file not found") from e
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: cannot read: {e}") from e
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML: {e}") from e
-    _deep_merge(data, overrides)
+    token = _FILE_DATA.set(data)
     try:
-        return Settings(**data)
+        return Settings(**overrides)
     except ValidationError as e:
         raise ConfigError(format_validation_error(where, e)) from e
+    except SettingsError as e:
+        raise ConfigError(f"environment: {e}") from e
+    finally:
+        _FILE_DATA.reset(token)
 
 
 def _deep_merge(into: dict[str, Any], extra: dict[str, Any]) -> None:

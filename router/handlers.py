@@ -135,6 +135,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
+    identify(request)  # a router that requires keys does not list its models to strangers
     data = [{"id": m, "object": "model", "created": 0, "owned_by": owner}
             for m, owner in request.app[POOL].models()]
     return web.json_response({"object": "list", "data": data})

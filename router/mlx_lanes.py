@@ -8,7 +8,6 @@ decision step sees lanes exactly like any other backend.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -91,7 +90,9 @@ def apply_status(backend: Backend, status: LaneStatus, metrics: Metrics | None =
 async def gate_speculation(settings: Settings, models: LaneModels) -> GateDecision:
     """Check the draft/target pair before the speculative lane starts (issue: speculation
     configured but silently stripped, or crashing the lane at load)."""
-    report = await asyncio.to_thread(check_pair, models.model, models.draft)
+    # On the event loop thread, not to_thread: MLX arrays built in a short-lived thread
+    # made the process abort at exit. Nothing is served yet, so blocking is harmless.
+    report = check_pair(models.model, models.draft)
     presets = [n for n, p in settings.presets.items() if p.lane == "speculative"]
     gate = decide(report, settings.gating, models.model, models.draft, lane="speculative",
                   presets=presets)
@@ -113,7 +114,7 @@ async def lanes_context(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     try:
-        models = await asyncio.to_thread(resolve_models, settings.lanes)
+        models = resolve_models(settings.lanes)  # may convert with MLX: main thread (above)
     except PrepareError as e:
         raise LaneStartupError(f"the default model could not be prepared: {e}") from e
     supervisors = []

@@ -70,3 +70,19 @@ def test_invalid_file_names_file_and_key(tmp_path: Path, text: str, message: str
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="file not found"):
         load_settings(tmp_path / "absent.toml")
+
+
+def test_command_line_flags_beat_the_environment(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "port = 9000\n")
+    monkeypatch.setenv("SPECLANE_PORT", "9100")
+    assert load_settings(path, port=9200).port == 9200
+
+
+def test_unreadable_file_and_bad_environment_are_clear_errors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(tmp_path)  # a directory
+    monkeypatch.setenv("SPECLANE_LANES", "{not json")
+    with pytest.raises(ConfigError, match="environment"):
+        load_settings()

@@ -1,0 +1,156 @@
+"""A lane worker that crashes or hangs, seen from the client side of the router.
+
+tests/test_supervisor.py proves the supervisor restarts a crashed or hung worker; here the
+supervised worker (tests/fakes/fake_worker.py, a real subprocess) is the speculative lane
+of a running router, wired the way ``router.mlx_lanes`` wires a real one, and the test
+checks what clients see meanwhile: every request is answered, by the batching lane while
+the speculative one is down, and by the speculative lane again once it is back. No worker
+process may outlive the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+from router.appkeys import METRICS, POOL, SETTINGS
+from router.mlx_lanes import apply_status, lane_backend
+from router.supervisor import LaneState, LaneStatus, LaneSupervisor, WorkerCommand
+from tests.conftest import RunningRouter, add_fake_lane, fake_upstreams, router_settings, run_router
+from tests.fakes.upstream import FakeUpstream
+from tests.reliability.harness import TALLY, chat_body, post_stream
+
+FAKE_WORKER = Path(__file__).parents[1] / "fakes" / "fake_worker.py"
+WAIT = 30.0
+SLOW_START = 1.0  # keeps a restarted lane down long enough to see where traffic goes
+
+
+@dataclass
+class Watch:
+    """Every status the supervisor reported, and every worker process it ran."""
+
+    history: list[LaneStatus] = field(default_factory=list)
+    procs: dict[int, psutil.Process] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __call__(self, status: LaneStatus) -> None:
+        self.history.append(status)
+        if status.pid is not None and status.pid not in self.procs:
+            try:
+                self.procs[status.pid] = psutil.Process(status.pid)
+            except psutil.NoSuchProcess:
+                pass
+        self.changed.set()
+
+    async def reach(self, state: LaneState, nth: int) -> LaneStatus:
+        async with asyncio.timeout(WAIT):
+            while True:
+                seen = [s for s in self.history if s.state is state]
+                if len(seen) >= nth:
+                    return seen[nth - 1]
+                self.changed.clear()
+                await self.changed.wait()
+
+    def survivors(self) -> list[int]:
+        alive = []
+        for pid, proc in self.procs.items():
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+
+@asynccontextmanager
+async def supervised_lane(*flags: str) -> AsyncIterator[
+        tuple[RunningRouter, LaneSupervisor, Watch, FakeUpstream]]:
+    """A router whose speculative lane is a supervised fake worker; batching is a fake."""
+    async with fake_upstreams("batch") as (batch,):
+        settings = router_settings(backends=[], cooldown={"allowed_fails": 1, "seconds": 1})
+        spec = lane_backend("speculative", settings, "fake-model")
+        watch = Watch()
+
+        def setup(app):  # type: ignore[no-untyped-def]
+            app[POOL].add(spec)
+            add_fake_lane(app, "batching", batch)
+
+        async with run_router(settings, setup=setup) as r:
+            metrics = r.app[METRICS]
+
+            def on_change(status: LaneStatus) -> None:
+                apply_status(spec, status, metrics)
+                watch(status)
+
+            argv = (sys.executable, str(FAKE_WORKER), "--mode", "speculative",
+                    "--model", "fake-model", "--draft-model", "fake-draft", "--port", "0",
+                    "--parent-pid", str(os.getpid()), "--slow-start", str(SLOW_START), *flags)
+            command = WorkerCommand("speculative", argv, {**os.environ, "PYTHONUNBUFFERED": "1"})
+            sup = LaneSupervisor(
+                command, startup_timeout=WAIT, health_interval=0.1, health_timeout=0.3,
+                unhealthy_after=3, kill_grace=1.0, backoff_initial=0.05, backoff_max=0.2,
+                max_restarts=20, metrics=metrics, on_change=on_change)
+            try:
+                await sup.start()
+                assert r.app[SETTINGS].lanes.enabled is False  # only our supervisor runs
+                yield r, sup, watch, batch
+            finally:
+                await sup.stop(grace=1.0)
+        assert watch.survivors() == [], "a worker process outlived its supervisor"
+
+
+async def lane_of(s: aiohttp.ClientSession, r: RunningRouter, stream: bool = False) -> str:
+    res = await post_stream(s, f"{r.base_url}/chat/completions", chat_body(stream=stream))
+    assert res.status == 200, res.raw[:300]
+    if stream:
+        assert res.completed()
+    return res.headers["X-Speclane-Lane"]
+
+
+async def test_crashed_lane_worker_is_restarted_and_traffic_moves_meanwhile() -> None:
+    async with supervised_lane() as (r, sup, watch, _), aiohttp.ClientSession() as s:
+        assert await lane_of(s, r) == "speculative"
+        victim = sup.status.pid
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        # Straight after the crash, before or after the supervisor noticed: still answered.
+        assert await lane_of(s, r, stream=True) in ("speculative", "batching")
+        await watch.reach(LaneState.DOWN, 1)
+        served_meanwhile = [await lane_of(s, r, stream=i % 2 == 0) for i in range(4)]
+        assert served_meanwhile == ["batching"] * 4
+        back = await watch.reach(LaneState.READY, 2)
+        assert back.pid not in (None, victim)
+        assert victim in watch.procs and victim not in watch.survivors()
+        assert await lane_of(s, r) == "speculative"
+        restarts = r.app[METRICS].registry.get_sample_value(
+            "speclane_worker_restarts_total", {"lane": "speculative", "reason": "exited"})
+        assert restarts == 1
+    TALLY.fault("lane_worker_crash")
+
+
+async def test_hung_lane_worker_is_killed_restarted_and_traffic_moves_meanwhile() -> None:
+    # /health stops answering after 4 answers: alive, listening, but hung.
+    async with supervised_lane("--hang-health-after", "4") as (r, sup, watch, batch), \
+            aiohttp.ClientSession() as s:
+        first = sup.status.pid
+        down = await watch.reach(LaneState.DOWN, 1)
+        assert "hung" in (down.last_error or "")
+        # While the lane is down every request goes to the batching lane, and is answered.
+        assert [await lane_of(s, r, stream=True) for _ in range(3)] == ["batching"] * 3
+        back = await watch.reach(LaneState.READY, 2)
+        assert back.pid not in (None, first)
+        assert first in watch.procs and first not in watch.survivors()  # killed, not left
+        restarts = r.app[METRICS].registry.get_sample_value(
+            "speclane_worker_restarts_total", {"lane": "speculative", "reason": "hung"})
+        assert restarts and restarts >= 1
+    assert len(batch.requests) >= 3
+    TALLY.fault("lane_worker_hang")
