@@ -76,18 +76,23 @@ def _lmstudio_counts(place: Payload) -> SpecResult:
                    ignored=ignored, computed=computed)
 
 
+def _count_pair(source: str, kind: SpecKind, place: Payload, drafted_name: str,
+                accepted_name: str) -> SpecResult:
+    """A drafted/accepted pair that is absent when nothing was drafted, never half there."""
+    drafted, accepted = count(place, drafted_name), count(place, accepted_name)
+    if drafted is None and accepted is None:
+        return NotReported(source, "no_draft")
+    if drafted is None or accepted is None:
+        raise BadField("incomplete", drafted_name if drafted is None else accepted_name)
+    return _result(source, kind, drafted=drafted, accepted=accepted)
+
+
 def parse_llamacpp(body: Payload) -> SpecResult:
     """``timings.draft_n`` / ``draft_n_accepted``, present only when something was drafted."""
     timings = section(body, "timings")
     if timings is None:
         return NotReported("llamacpp", "absent")
-    drafted = count(timings, "draft_n")
-    accepted = count(timings, "draft_n_accepted")
-    if drafted is None and accepted is None:
-        return NotReported("llamacpp", "no_draft")
-    if drafted is None or accepted is None:
-        raise BadField("incomplete", "draft_n" if drafted is None else "draft_n_accepted")
-    return _result("llamacpp", "draft", drafted=drafted, accepted=accepted)
+    return _count_pair("llamacpp", "draft", timings, "draft_n", "draft_n_accepted")
 
 
 def parse_vllm(body: Payload) -> SpecResult:
@@ -176,13 +181,7 @@ def parse_vllm_mlx(body: Payload) -> SpecResult:
     meta = section(body, "generation_metadata")
     if meta is None:
         return NotReported("vllm_mlx", "no_draft")
-    drafted = count(meta, "mtp_drafts")
-    accepted = count(meta, "mtp_accepted")
-    if drafted is None and accepted is None:
-        return NotReported("vllm_mlx", "no_draft")
-    if drafted is None or accepted is None:
-        raise BadField("incomplete", "mtp_drafts" if drafted is None else "mtp_accepted")
-    return _result("vllm_mlx", "mtp", drafted=drafted, accepted=accepted)
+    return _count_pair("vllm_mlx", "mtp", meta, "mtp_drafts", "mtp_accepted")
 
 
 def parse_speclane(body: Payload) -> SpecResult:

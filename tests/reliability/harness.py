@@ -534,3 +534,20 @@ def http_request(method: str, path: str, body: bytes = b"",
              b"Connection: close", b"Content-Length: %d" % len(body)]
     lines += [k + b": " + v for k, v in headers or []]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+async def read_stream(s: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                      headers: dict[str, str], first: asyncio.Event) -> StreamResult:
+    """POST a streaming request and read it whole; ``first`` is set at the first bytes (or
+    at the end, if none came)."""
+    async with s.post(url, json=body, headers=headers) as resp:
+        data = bytearray()
+        terminated = True
+        try:
+            async for piece in resp.content.iter_any():
+                data += piece
+                first.set()
+        except aiohttp.ClientPayloadError:
+            terminated = False
+        first.set()
+        return StreamResult(resp.status, dict(resp.headers), bytes(data), terminated)

@@ -17,7 +17,13 @@ import psutil
 import pytest
 
 from router.modelprep import DEFAULT_MODEL_NAME, ensure_default_models
-from tests.reliability.harness import TALLY, RouterProcess, StreamResult, config_text
+from tests.reliability.harness import (
+    TALLY,
+    RouterProcess,
+    StreamResult,
+    config_text,
+    read_stream,
+)
 from tests.reliability.test_shutdown import judge
 
 pytestmark = pytest.mark.realmodel
@@ -29,18 +35,8 @@ async def stream_on(s: aiohttp.ClientSession, url: str, lane: str,
                     first: asyncio.Event) -> tuple[StreamResult, float]:
     body = {"model": DEFAULT_MODEL_NAME, "stream": True, "max_tokens": 400, "temperature": 0,
             "messages": [{"role": "user", "content": "Count from one to one hundred."}]}
-    async with s.post(url, json=body, headers={"X-Speclane-Lane": lane}) as resp:
-        data = bytearray()
-        terminated = True
-        try:
-            async for piece in resp.content.iter_any():
-                data += piece
-                first.set()
-        except aiohttp.ClientPayloadError:
-            terminated = False
-        first.set()
-        return StreamResult(resp.status, dict(resp.headers), bytes(data), terminated), \
-            time.monotonic()
+    result = await read_stream(s, url, body, {"X-Speclane-Lane": lane}, first)
+    return result, time.monotonic()
 
 
 async def test_sigterm_while_both_lanes_generate_leaves_no_worker(tmp_path: Path) -> None:

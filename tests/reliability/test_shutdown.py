@@ -26,6 +26,7 @@ from tests.reliability.harness import (
     assert_openai_error,
     chat_body,
     config_text,
+    read_stream,
 )
 
 GRACE = 3.0
@@ -35,17 +36,8 @@ SLACK = 4.0  # the settle time after the grace, plus scheduling on a loaded 2-co
 async def stream_through(s: aiohttp.ClientSession, url: str, lane: str,
                          first: asyncio.Event) -> tuple[StreamResult, float]:
     """Read a whole stream; returns it with the monotonic time it ended."""
-    async with s.post(url, json=chat_body(stream=True), headers={"X-Speclane-Lane": lane}) as r:
-        data = bytearray()
-        terminated = True
-        try:
-            async for piece in r.content.iter_any():
-                data += piece
-                first.set()
-        except aiohttp.ClientPayloadError:
-            terminated = False
-        first.set()
-        return StreamResult(r.status, dict(r.headers), bytes(data), terminated), time.monotonic()
+    result = await read_stream(s, url, chat_body(stream=True), {"X-Speclane-Lane": lane}, first)
+    return result, time.monotonic()
 
 
 def judge(res: StreamResult) -> str:

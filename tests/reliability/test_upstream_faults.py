@@ -34,6 +34,7 @@ from tests.reliability.harness import (
     chat_body,
     metric_total,
     post_stream,
+    read_stream,
     sse_payloads,
 )
 
@@ -272,21 +273,6 @@ async def test_malformed_event_mid_stream_is_relayed_and_the_stream_still_ends()
 
 # --- a backend process killed with streams in flight ------------------------------------------
 
-async def open_stream(s: aiohttp.ClientSession, url: str, body: dict, headers: dict[str, str],
-                      first: asyncio.Event) -> StreamResult:
-    async with s.post(url, json=body, headers=headers) as resp:
-        data = bytearray()
-        terminated = True
-        try:
-            async for piece in resp.content.iter_any():
-                data += piece
-                first.set()
-        except aiohttp.ClientPayloadError:
-            terminated = False
-        first.set()
-        return StreamResult(resp.status, dict(resp.headers), bytes(data), terminated)
-
-
 async def test_backend_killed_mid_stream_ends_every_stream_and_traffic_moves_on() -> None:
     streams = 12
     proc, match = await spawn_until_line(
@@ -301,7 +287,7 @@ async def test_backend_killed_mid_stream_ends_every_stream_and_traffic_moves_on(
             async with run_router(settings) as r, aiohttp.ClientSession() as s:
                 url = f"{r.base_url}/chat/completions"
                 firsts = [asyncio.Event() for _ in range(streams)]
-                tasks = [asyncio.create_task(open_stream(
+                tasks = [asyncio.create_task(read_stream(
                     s, url, chat_body(stream=True), {"X-Speclane-Lane": "victim"}, first))
                     for first in firsts]
                 await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 30)
