@@ -25,7 +25,6 @@ from router.config import LanesSettings
 from router.metrics import Metrics
 from router.supervisor import (
     LaneState,
-    LaneStatus,
     LaneSupervisor,
     WorkerCommand,
     WorkerStartError,
@@ -33,6 +32,7 @@ from router.supervisor import (
     start_all,
     stop_all,
 )
+from tests.fakes.lane_status import Recorder
 
 FAKE_WORKER = Path(__file__).parent / "fakes" / "fake_worker.py"
 WAIT = 20.0  # safety net for event waits on a loaded 2-core machine
@@ -68,37 +68,6 @@ async def wait_exit(pid: int) -> None:
         os.close(fd)
 
 
-class Recorder:
-    """on_change callback that remembers every status and wakes waiters."""
-
-    def __init__(self) -> None:
-        self.history: list[LaneStatus] = []
-        self.procs: dict[int, psutil.Process] = {}  # every worker pid seen, create-time safe
-        self._changed = asyncio.Event()
-
-    def __call__(self, status: LaneStatus) -> None:
-        self.history.append(status)
-        if status.pid is not None and status.pid not in self.procs:
-            try:
-                self.procs[status.pid] = psutil.Process(status.pid)
-            except psutil.NoSuchProcess:
-                pass
-        self._changed.set()
-
-    @property
-    def states(self) -> list[LaneState]:
-        return [s.state for s in self.history]
-
-    async def wait_for(self, state: LaneState, nth: int = 1) -> LaneStatus:
-        async with asyncio.timeout(WAIT):
-            while True:
-                matches = [s for s in self.history if s.state is state]
-                if len(matches) >= nth:
-                    return matches[nth - 1]
-                self._changed.clear()
-                await self._changed.wait()
-
-
 Factory = Callable[..., tuple[LaneSupervisor, Recorder]]
 
 
@@ -109,7 +78,7 @@ async def make() -> AsyncIterator[Factory]:
     def factory(
         *flags: str, lane: str = "speculative", **kwargs: object
     ) -> tuple[LaneSupervisor, Recorder]:
-        rec = Recorder()
+        rec = Recorder(WAIT)
         options = {
             "startup_timeout": WAIT, "health_interval": 0.1, "health_timeout": 1.0,
             "kill_grace": 1.0, "backoff_initial": 0.02, "backoff_max": 0.1, **kwargs,
@@ -381,7 +350,7 @@ def test_lifecycle_under_uvloop():
     async def scenario() -> None:
         options = {"startup_timeout": WAIT, "health_interval": 0.1, "kill_grace": 0.5,
                    "backoff_initial": 0.02, "backoff_max": 0.1}
-        crash_rec, dying_rec, stubborn_rec = Recorder(), Recorder(), Recorder()
+        crash_rec, dying_rec, stubborn_rec = Recorder(WAIT), Recorder(), Recorder()
         crash = LaneSupervisor(fake_command(), on_change=crash_rec, **options)
         dying = LaneSupervisor(fake_command("--die-after", "0.2", "--close-pipes-first"),
                                on_change=dying_rec, **options)

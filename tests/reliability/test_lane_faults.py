@@ -10,22 +10,20 @@ process may outlive the test.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import psutil
 
 from router.appkeys import METRICS, POOL, SETTINGS
 from router.mlx_lanes import apply_status, lane_backend
 from router.supervisor import LaneState, LaneStatus, LaneSupervisor, WorkerCommand
 from tests.conftest import RunningRouter, add_fake_lane, fake_upstreams, router_settings, run_router
+from tests.fakes.lane_status import Recorder
 from tests.fakes.upstream import FakeUpstream
 from tests.reliability.harness import TALLY, chat_body, post_stream
 
@@ -34,51 +32,14 @@ WAIT = 30.0
 SLOW_START = 1.0  # keeps a restarted lane down long enough to see where traffic goes
 
 
-@dataclass
-class Watch:
-    """Every status the supervisor reported, and every worker process it ran."""
-
-    history: list[LaneStatus] = field(default_factory=list)
-    procs: dict[int, psutil.Process] = field(default_factory=dict)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def __call__(self, status: LaneStatus) -> None:
-        self.history.append(status)
-        if status.pid is not None and status.pid not in self.procs:
-            try:
-                self.procs[status.pid] = psutil.Process(status.pid)
-            except psutil.NoSuchProcess:
-                pass
-        self.changed.set()
-
-    async def reach(self, state: LaneState, nth: int) -> LaneStatus:
-        async with asyncio.timeout(WAIT):
-            while True:
-                seen = [s for s in self.history if s.state is state]
-                if len(seen) >= nth:
-                    return seen[nth - 1]
-                self.changed.clear()
-                await self.changed.wait()
-
-    def survivors(self) -> list[int]:
-        alive = []
-        for pid, proc in self.procs.items():
-            try:
-                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        return alive
-
-
 @asynccontextmanager
 async def supervised_lane(*flags: str) -> AsyncIterator[
-        tuple[RunningRouter, LaneSupervisor, Watch, FakeUpstream]]:
+        tuple[RunningRouter, LaneSupervisor, Recorder, FakeUpstream]]:
     """A router whose speculative lane is a supervised fake worker; batching is a fake."""
     async with fake_upstreams("batch") as (batch,):
         settings = router_settings(backends=[], cooldown={"allowed_fails": 1, "seconds": 1})
         spec = lane_backend("speculative", settings, "fake-model")
-        watch = Watch()
+        watch = Recorder(WAIT)
 
         def setup(app):  # type: ignore[no-untyped-def]
             app[POOL].add(spec)
@@ -124,10 +85,10 @@ async def test_crashed_lane_worker_is_restarted_and_traffic_moves_meanwhile() ->
         os.kill(victim, signal.SIGKILL)
         # Straight after the crash, before or after the supervisor noticed: still answered.
         assert await lane_of(s, r, stream=True) in ("speculative", "batching")
-        await watch.reach(LaneState.DOWN, 1)
+        await watch.wait_for(LaneState.DOWN, 1)
         served_meanwhile = [await lane_of(s, r, stream=i % 2 == 0) for i in range(4)]
         assert served_meanwhile == ["batching"] * 4
-        back = await watch.reach(LaneState.READY, 2)
+        back = await watch.wait_for(LaneState.READY, 2)
         assert back.pid not in (None, victim)
         assert victim in watch.procs and victim not in watch.survivors()
         assert await lane_of(s, r) == "speculative"
@@ -142,11 +103,11 @@ async def test_hung_lane_worker_is_killed_restarted_and_traffic_moves_meanwhile(
     async with supervised_lane("--hang-health-after", "4") as (r, sup, watch, batch), \
             aiohttp.ClientSession() as s:
         first = sup.status.pid
-        down = await watch.reach(LaneState.DOWN, 1)
+        down = await watch.wait_for(LaneState.DOWN, 1)
         assert "hung" in (down.last_error or "")
         # While the lane is down every request goes to the batching lane, and is answered.
         assert [await lane_of(s, r, stream=True) for _ in range(3)] == ["batching"] * 3
-        back = await watch.reach(LaneState.READY, 2)
+        back = await watch.wait_for(LaneState.READY, 2)
         assert back.pid not in (None, first)
         assert first in watch.procs and first not in watch.survivors()  # killed, not left
         restarts = r.app[METRICS].registry.get_sample_value(
