@@ -165,7 +165,6 @@ class Relay:
                 "X-Speclane-Decision": decision.reason,
                 "X-Speclane-Attempts": str(outcome.attempts),
             }
-            self._begin(backend, outcome)
             try:
                 if parsed.route.stream:
                     return await self._relay_stream(request, opened, outcome, headers, live)
@@ -192,7 +191,16 @@ class Relay:
         async def attempt_next() -> Opened:
             cand = candidates[outcome.attempts % len(candidates)]
             outcome.attempts += 1
-            return await self._open(self._pool[cand.backend], cand, parsed, path, body_for)
+            backend = self._pool[cand.backend]
+            # Counted as in flight from the moment it is sent, not from the upstream's
+            # headers: a lane worker answers only with its first token, and requests
+            # arriving meanwhile must already see the lane as busy.
+            self._begin(backend, outcome)
+            try:
+                return await self._open(backend, cand, parsed, path, body_for)
+            except BaseException:
+                self._unbegin(backend)
+                raise
 
         # The first try runs without tenacity: its bookkeeping is measurable on the hot path.
         try:
@@ -428,11 +436,14 @@ class Relay:
         backend.inflight += 1
         self._metrics.inflight.labels(backend.name).inc()
 
+    def _unbegin(self, backend: Backend) -> None:
+        backend.inflight -= 1
+        self._metrics.inflight.labels(backend.name).dec()
+
     def _end(self, backend: Backend, resp: aiohttp.ClientResponse, outcome: Outcome) -> None:
         # Solo: nothing was running when it began and nothing began after it.
         outcome.solo = outcome.solo and backend.started == outcome._epoch
-        backend.inflight -= 1
-        self._metrics.inflight.labels(backend.name).dec()
+        self._unbegin(backend)
         if outcome.completed:
             resp.close()  # a no-op: the answer arrived whole
         else:

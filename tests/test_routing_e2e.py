@@ -222,3 +222,18 @@ async def test_missing_key_for_protected_client_is_401(tmp_path: Path) -> None:
         with pytest.raises(openai.AuthenticationError):
             await client.chat.completions.create(model=MODEL, messages=CHAT)
 
+
+
+async def test_a_lane_counts_as_busy_before_it_answers(tmp_path: Path) -> None:
+    """A lane worker sends headers only with its first token: a request that arrives while
+    the speculative lane is still prefilling must already see it busy."""
+    async with policy_router(tmp_path) as (r, spec, batch):
+        spec.behaviour = Behaviour(delay_headers=1.0)  # queue + prefill before any header
+        client = r.client(default_headers={"X-Speclane-Client": "openclaw"})
+        first = asyncio.create_task(chat_headers(client))
+        await asyncio.wait_for(spec.request_started.wait(), 5)
+        second = await chat_headers(client)
+        assert (await first)["x-speclane-lane"] == "speculative"
+    assert second["x-speclane-lane"] == "batching"
+    assert "spec-lane-busy" in second["x-speclane-decision"]
+    assert len(spec.requests) == 1 and len(batch.requests) == 1
