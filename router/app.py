@@ -30,6 +30,7 @@ from router.backends.pool import BackendPool
 from router.backends.scrape import CumulativeScraper
 from router.config import Settings
 from router.handlers import setup_routes
+from router.http1 import Http1Pool
 from router.metrics import Metrics
 from router.middleware import error_middleware
 from router.mlx_lanes import lanes_context
@@ -105,10 +106,12 @@ async def client_session(app: web.Application) -> AsyncIterator[None]:
     # Ask upstreams for identity encoding: compressing on loopback only costs CPU.
     session = aiohttp.ClientSession(connector=connector,
                                     skip_auto_headers=("User-Agent", "Accept-Encoding"))
-    app[SESSION] = session
-    app[RELAY] = Relay(session, app[POOL], app[SETTINGS].retry, app[METRICS])
+    app[SESSION] = session  # health checks and scraping
+    client = Http1Pool(keepalive=30.0)  # the relay's own: see router.http1 for why
+    app[RELAY] = Relay(client, app[POOL], app[SETTINGS].retry, app[METRICS])
     yield
     await app[RELAY].close()
+    await client.close()
     await session.close()
 
 

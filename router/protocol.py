@@ -161,9 +161,18 @@ def split_events(data: bytes) -> tuple[bytes, bytes]:
 
 
 def first_event_is_json(first_chunk: bytes) -> bool:
-    """The first complete event's data is JSON or [DONE] (True while none is complete)."""
-    complete, _ = split_events(first_chunk)
-    for payload in _data_payloads(complete):
+    """The first complete event's data is JSON or [DONE] (True while none is complete).
+
+    Only the events up to the first one with data are read: an upstream that answers at
+    once can put a whole long answer in the first chunk.
+    """
+    text = first_chunk.replace(b"\r\n", b"\n") if b"\r" in first_chunk else first_chunk
+    start = 0
+    while (end := text.find(b"\n\n", start)) >= 0:
+        payload = _payload(text[start:end])
+        start = end + 2
+        if payload is None:
+            continue  # a comment or an event without data
         if payload.strip() == DONE:
             return True
         try:
@@ -174,14 +183,30 @@ def first_event_is_json(first_chunk: bytes) -> bool:
     return True
 
 
-def _data_payloads(data: bytes) -> list[bytes]:
-    text = data.replace(b"\r\n", b"\n")
-    payloads = []
-    for event in text.split(b"\n\n"):
-        lines = [ln[5:].lstrip(b" ") for ln in event.split(b"\n") if ln.startswith(b"data:")]
-        if lines:
-            payloads.append(b"\n".join(lines))
-    return payloads
+def _payload(event: bytes) -> bytes | None:
+    """The joined ``data:`` lines of one event (LF line ends), None when it has none."""
+    lines = [ln[5:].lstrip(b" ") for ln in event.split(b"\n") if ln.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
+def _tail_payloads(buf: bytes | bytearray, want: int) -> list[bytes]:
+    """The ``data:`` payloads of the last ``want`` events of ``buf`` that have data (fewer
+    when it holds fewer), oldest first; an unterminated last event counts too.
+
+    Reads a window at the end, widened until it holds enough events, so that finishing a
+    long stream costs a few events' parsing rather than the whole tail's.
+    """
+    window = 4096
+    while True:
+        whole = window >= len(buf)
+        text = bytes(buf if whole else buf[-window:])
+        events = text.replace(b"\r\n", b"\n").split(b"\n\n")
+        if not whole:
+            events = events[1:]  # the window may have cut the first one
+        payloads = [p for p in map(_payload, events) if p is not None]
+        if whole or len(payloads) >= want:
+            return payloads[-want:]
+        window *= 4
 
 
 class SSETail:
@@ -199,18 +224,16 @@ class SSETail:
         if len(self._buf) > 2 * self._limit:
             del self._buf[: len(self._buf) - self._limit]
 
-    def data_payloads(self) -> list[bytes]:
-        """The ``data:`` payloads of the complete events in the tail, oldest first."""
-        return _data_payloads(bytes(self._buf))
-
     def saw_done(self) -> bool:
-        return any(p.strip() == DONE for p in self.data_payloads()[-2:])
+        return any(p.strip() == DONE for p in _tail_payloads(self._buf, 2))
 
     def last_events(self, count: int = 4) -> tuple[list[dict[str, Any]], int]:
         """The last ``count`` JSON events (not [DONE]) and how many of them failed to parse."""
         events: list[dict[str, Any]] = []
         bad = 0
-        for payload in [p for p in self.data_payloads() if p.strip() != DONE][-count:]:
+        # A little more than asked: [DONE] (sent twice by some servers) does not count.
+        payloads = [p for p in _tail_payloads(self._buf, count + 2) if p.strip() != DONE]
+        for payload in payloads[-count:]:
             try:
                 obj = orjson.loads(payload)
             except orjson.JSONDecodeError:

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 from tenacity import (
@@ -47,6 +46,7 @@ from router.backends.pool import BackendPool
 from router.config import RetrySettings
 from router.decision import Candidate, Decision
 from router.errors import RouterError
+from router.http1 import Http1Pool, Response
 from router.metrics import Metrics
 from router.protocol import (
     ParsedRequest,
@@ -59,7 +59,9 @@ from router.protocol import (
 log = logging.getLogger("speclane.relay")
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-CONNECT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)
+# router.http1 raises UpstreamConnectionError (a ConnectionError) for every connection
+# failure; OSError-derived resets are ConnectionErrors too.
+CONNECT_ERRORS = (ConnectionError,)
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -109,7 +111,7 @@ BodyFor = Callable[[Backend, Candidate], bytes]
 class Opened:
     backend: Backend
     candidate: Candidate
-    response: aiohttp.ClientResponse
+    response: Response
     first_chunk: bytes  # streams only: already read, not yet written
 
 
@@ -118,7 +120,7 @@ class _Live:
     """One request inside ``forward``, as the shutdown sees it."""
 
     task: asyncio.Task[Any] | None
-    response: aiohttp.ClientResponse | None = None  # set once a stream has begun
+    response: Response | None = None  # set once a stream has begun
     aborted: bool = False
 
 
@@ -127,9 +129,9 @@ def shutting_down(message: str = "speclane is shutting down") -> RouterError:
 
 
 class Relay:
-    def __init__(self, session: aiohttp.ClientSession, pool: BackendPool, retry: RetrySettings,
+    def __init__(self, client: Http1Pool, pool: BackendPool, retry: RetrySettings,
                  metrics: Metrics) -> None:
-        self._session = session
+        self._client = client
         self._pool = pool
         self._retry = retry
         self._metrics = metrics
@@ -226,13 +228,12 @@ class Relay:
 
     async def _open(self, backend: Backend, cand: Candidate, parsed: ParsedRequest, path: str,
                     body_for: BodyFor) -> Opened:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=backend.connect_timeout,
-                                        sock_read=backend.read_timeout)
         headers = {"Content-Type": "application/json", **backend.auth_headers()}
         try:
             resp = await self._post(backend, f"{backend.base_url}{path}",
-                                    data=body_for(backend, cand), headers=headers,
-                                    timeout=timeout)
+                                    body=body_for(backend, cand), headers=headers,
+                                    connect_timeout=backend.connect_timeout,
+                                    read_timeout=backend.read_timeout)
         except TimeoutError as e:
             self._failed(backend, "timeout")
             raise errors.upstream_timeout(
@@ -242,7 +243,7 @@ class Relay:
                                   f"could not reach backend '{backend.name}': {e}") from e
         try:
             if resp.status >= 400:
-                body = await resp.content.read(64 * 1024)
+                body = await resp.read(limit=64 * 1024)
                 err = errors.from_upstream_body(resp.status, body)
                 if resp.status in RETRY_STATUSES:
                     self._failed(backend, f"status_{resp.status}")
@@ -260,12 +261,12 @@ class Relay:
             resp.close()
             raise
 
-    async def _post(self, backend: Backend, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+    async def _post(self, backend: Backend, url: str, **kwargs: Any) -> Response:
         if not backend.drain_on_abort:
-            return await self._session.post(url, **kwargs)
+            return await self._client.request("POST", url, **kwargs)
         # A backend that crashes on aborts must not see one even when the client leaves
         # before the answer starts: the request goes on, and its answer is drained.
-        sending = asyncio.ensure_future(self._session.post(url, **kwargs))
+        sending = asyncio.ensure_future(self._client.request("POST", url, **kwargs))
         try:
             return await asyncio.shield(sending)
         except asyncio.CancelledError:
@@ -273,21 +274,21 @@ class Relay:
             raise
 
     async def _drain_when_answered(self, backend: Backend,
-                                   sending: asyncio.Future[aiohttp.ClientResponse]) -> None:
+                                   sending: asyncio.Future[Response]) -> None:
         try:
             resp = await sending
         except (TimeoutError, *CONNECT_ERRORS):
             return
         await self._drain(backend, resp)
 
-    async def _first_chunk(self, backend: Backend, resp: aiohttp.ClientResponse) -> bytes:
-        ctype = resp.headers.get("Content-Type", "")
+    async def _first_chunk(self, backend: Backend, resp: Response) -> bytes:
+        ctype = resp.headers.get("Content-Type") or ""
         if "text/event-stream" not in ctype:
             raise errors.upstream_failed(
                 f"backend '{backend.name}' answered a streaming request with content type "
                 f"'{ctype or 'none'}' instead of text/event-stream", code="upstream_bad_stream")
         try:
-            first = await resp.content.readany()
+            first = await resp.readany()
         except TimeoutError as e:
             self._failed(backend, "timeout")
             raise errors.upstream_timeout(
@@ -343,7 +344,7 @@ class Relay:
                 except ConnectionResetError:
                     outcome.client_gone = True  # the client went away; nothing more to send
                     return out
-                chunk = await resp.content.readany()
+                chunk = await resp.readany()
             outcome.last_byte_at = time.monotonic()
         except TimeoutError:
             await self._stream_failed(out, backend, outcome, "timeout", errors.upstream_timeout(
@@ -413,7 +414,7 @@ class Relay:
                 f"backend '{backend.name}' closed the connection before the answer was complete: "
                 f"{type(e).__name__}") from e
         outcome.first_byte_at = outcome.last_byte_at = time.monotonic()
-        ctype = resp.headers.get("Content-Type", "application/json")
+        ctype = resp.headers.get("Content-Type") or "application/json"
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -440,16 +441,16 @@ class Relay:
         backend.inflight -= 1
         self._metrics.inflight.labels(backend.name).dec()
 
-    def _end(self, backend: Backend, resp: aiohttp.ClientResponse, outcome: Outcome) -> None:
+    def _end(self, backend: Backend, resp: Response, outcome: Outcome) -> None:
         # Solo: nothing was running when it began and nothing began after it.
         outcome.solo = outcome.solo and backend.started == outcome._epoch
         self._unbegin(backend)
         if outcome.completed:
-            resp.close()  # a no-op: the answer arrived whole
+            resp.close()  # the answer arrived whole: its connection is kept alive
         else:
             self._abandon(backend, resp)
 
-    def _abandon(self, backend: Backend, resp: aiohttp.ClientResponse) -> None:
+    def _abandon(self, backend: Backend, resp: Response) -> None:
         """Stop reading an answer nobody waits for: close it (which is what cancels the work
         upstream), or drain it in the background for a backend that crashes on aborts."""
         if backend.drain_on_abort and not self._closing:
@@ -461,10 +462,10 @@ class Relay:
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
 
-    async def _drain(self, backend: Backend, resp: aiohttp.ClientResponse) -> None:
+    async def _drain(self, backend: Backend, resp: Response) -> None:
         """Let the backend finish an aborted generation instead of cutting it off."""
         try:
-            while await resp.content.readany():
+            while await resp.readany():
                 pass
         except (TimeoutError, *CONNECT_ERRORS):
             pass

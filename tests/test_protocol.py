@@ -53,3 +53,30 @@ def test_first_chunk_framing() -> None:
     assert looks_like_sse(b"\nevent: x\n")
     assert not looks_like_sse(b"<html>")
     assert not looks_like_sse(b'{"choices": []}')
+
+
+def test_sse_tail_reads_events_larger_than_its_first_window() -> None:
+    big = b'{"content": "' + b"x" * 20_000 + b'"}'
+    tail = SSETail()
+    tail.feed(b"data: " + big + b"\n\n")
+    tail.feed(b'data: {"usage": {"completion_tokens": 3}}\n\n')
+    tail.feed(b"data: [DONE]\n\n")
+    events, bad = tail.last_events(2)
+    assert (events, bad) == ([orjson.loads(big), {"usage": {"completion_tokens": 3}}], 0)
+    assert tail.saw_done()
+
+
+def test_sse_tail_of_a_long_stream_returns_only_the_last_events() -> None:
+    tail = SSETail()
+    for i in range(5000):
+        tail.feed(b'data: {"i": %d}\n\n' % i)
+    tail.feed(b"data: [DONE]\n\n")
+    assert tail.last_events(3) == ([{"i": 4997}, {"i": 4998}, {"i": 4999}], 0)
+    assert tail.saw_done()
+
+
+def test_sse_tail_passes_a_done_without_its_blank_line() -> None:
+    tail = SSETail()
+    tail.feed(b'data: {"a": 1}\n\ndata: [DONE]\n')
+    assert tail.saw_done()
+    assert tail.last_events() == ([{"a": 1}], 0)

@@ -43,6 +43,8 @@ def test_split_events_fast_path_returns_the_same_object() -> None:
     (b"data: {oops}\n\n", False),
     (b"data: hello\n\n" + E, False),
     (b"event: message\ndata: [1, 2]\n\n", True),
+    (E + b"data: {oops}\n\n", True),  # only the first event is judged
+    (b": ping\r\n\r\ndata: {oops}\r\n\r\n", False),
 ])
 def test_first_event_is_json(chunk: bytes, ok: bool) -> None:
     assert first_event_is_json(chunk) is ok

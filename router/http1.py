@@ -1,0 +1,539 @@
+"""A lean HTTP/1.1 client for the relay's hot path: one POST out, its answer read back.
+
+Why not aiohttp's client here: per request it builds a ClientRequest, a ClientResponse,
+trace and cookie machinery and a timeout context, and per relayed chunk it runs a
+StreamReader (flow control, chunk bookkeeping, joins). On the relay path that was most
+of what speclane itself cost per stream (``speclane bench overhead``). This client does
+only what the relay needs: keep-alive connections per (scheme, host, port), one request
+written in one call, status and headers parsed once, the body decoded (Content-Length,
+chunked, or until close) straight from ``data_received`` into a list the relay drains.
+aiohttp's client stays for health checks and scraping, where none of this matters.
+
+Errors: every failure to connect or to read is an ``UpstreamConnectionError`` (a
+``ConnectionError``), silence longer than the read timeout is ``TimeoutError``: the two
+the relay tells apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import cast
+from urllib.parse import urlsplit
+
+MAX_HEAD = 64 * 1024  # status line and headers
+MAX_LINE = 8 * 1024  # a chunk-size or trailer line
+PAUSE_AT = 1 << 20  # unread body bytes that pause reading from the socket
+
+
+class UpstreamConnectionError(ConnectionError):
+    """Could not connect, the connection closed early, or the upstream broke HTTP/1.1."""
+
+
+class Headers(dict[str, str]):
+    """Response headers by lower-cased name (repeated ones joined with ", ")."""
+
+    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        return super().get(key.lower(), default)
+
+    def __getitem__(self, key: str) -> str:
+        return super().__getitem__(key.lower())
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and super().__contains__(key.lower())
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == default else f"{host}:{self.port}"
+
+
+def split_url(url: str) -> tuple[Origin, str]:
+    """``(origin, request target)`` of an http(s) URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    target = parts.path or "/"
+    if parts.query:
+        target += "?" + parts.query
+    return Origin(parts.scheme, parts.hostname, port), target
+
+
+# --- body decoding (pure: bytes in, body pieces out) ------------------------------------
+
+_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
+
+
+class ProtocolViolation(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class ResponseParser:
+    """Incremental parser of one response: ``feed`` returns the body bytes decoded so far."""
+
+    head_only: bool = False  # the request was HEAD: no body whatever the headers say
+    state: int = _HEAD
+    status: int = 0
+    reason: str = ""
+    version: str = ""
+    headers: Headers = field(default_factory=Headers)
+    remaining: int = 0
+    keep_alive: bool = True
+    _buf: bytes = b""
+
+    @property
+    def head_done(self) -> bool:
+        return self.state != _HEAD
+
+    @property
+    def done(self) -> bool:
+        return self.state == _DONE
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf + data if self._buf else data
+        pos = 0
+        out: list[bytes] = []
+        n = len(buf)
+        # (A Content-Length of 0 ends the answer with no byte left to read.)
+        while pos < n or (self.state == _LENGTH and self.remaining == 0):
+            state = self.state
+            if state == _CHUNK_DATA:
+                take = min(self.remaining, n - pos)
+                out.append(buf[pos:pos + take])
+                pos += take
+                self.remaining -= take
+                if self.remaining:
+                    break
+                self.state = _CHUNK_END
+            elif state == _CHUNK_SIZE:
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    if n - pos > MAX_LINE:
+                        raise ProtocolViolation("chunk size line too long")
+                    break
+                size_field = buf[pos:end].split(b";", 1)[0].strip()
+                try:
+                    size = int(size_field, 16)
+                except ValueError:
+                    raise ProtocolViolation(f"bad chunk size {size_field[:20]!r}") from None
+                if size < 0:
+                    raise ProtocolViolation("negative chunk size")
+                pos = end + 2
+                self.remaining = size
+                self.state = _CHUNK_DATA if size else _TRAILERS
+            elif state == _CHUNK_END:
+                if n - pos < 2:
+                    break
+                if buf[pos:pos + 2] != b"\r\n":
+                    raise ProtocolViolation("chunk data not followed by CRLF")
+                pos += 2
+                self.state = _CHUNK_SIZE
+            elif state == _LENGTH:
+                if self.remaining == 0:
+                    self.state = _DONE
+                    continue
+                take = min(self.remaining, n - pos)
+                out.append(buf[pos:pos + take])
+                pos += take
+                self.remaining -= take
+                if self.remaining == 0:
+                    self.state = _DONE
+            elif state == _UNTIL_CLOSE:
+                out.append(buf[pos:] if pos else buf)
+                pos = n
+            elif state == _TRAILERS:
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    if n - pos > MAX_LINE:
+                        raise ProtocolViolation("trailer line too long")
+                    break
+                line_empty = end == pos
+                pos = end + 2
+                if line_empty:
+                    self.state = _DONE
+            elif state == _HEAD:
+                end = buf.find(b"\r\n\r\n", pos)
+                if end < 0:
+                    if n - pos > MAX_HEAD:
+                        raise ProtocolViolation("response head too large")
+                    break
+                self._parse_head(buf[pos:end])
+                pos = end + 4
+            else:  # _DONE: anything after the answer is not ours to read
+                if pos < n:
+                    self.keep_alive = False
+                pos = n
+        self._buf = buf[pos:] if pos < n else b""
+        return out
+
+    def feed_eof(self) -> None:
+        """The connection closed: fine only for a body read until close."""
+        if self.state == _UNTIL_CLOSE:
+            self.state = _DONE
+        elif self.state != _DONE:
+            raise ProtocolViolation("connection closed before the answer was complete")
+
+    def _parse_head(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        status_line = lines[0].decode("latin-1")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise ProtocolViolation(f"bad status line {status_line[:60]!r}")
+        status = int(parts[1])
+        headers = Headers()
+        for raw in lines[1:]:
+            name, sep, value = raw.decode("latin-1").partition(":")
+            if not sep or not name or name != name.strip():
+                raise ProtocolViolation(f"bad header line {raw[:60]!r}")
+            key = name.lower()
+            value = value.strip()
+            prev = dict.get(headers, key)
+            dict.__setitem__(headers, key, value if prev is None else f"{prev}, {value}")
+        if 100 <= status < 200:
+            return  # an interim answer (100 Continue, 103 Early Hints): the real one follows
+        self.status, self.version = status, parts[0]
+        self.reason = parts[2] if len(parts) > 2 else ""
+        self.headers = headers
+        connection = headers.get("connection", "").lower()
+        self.keep_alive = (parts[0] == "HTTP/1.1" and "close" not in connection) or (
+            parts[0] == "HTTP/1.0" and "keep-alive" in connection)
+        te = headers.get("transfer-encoding", "").lower()
+        if self.head_only or status in (204, 304):
+            self.state = _DONE
+        elif te:
+            if not te.endswith("chunked"):
+                raise ProtocolViolation(f"unsupported transfer-encoding {te!r}")
+            self.state = _CHUNK_SIZE
+        elif (length := headers.get("content-length")) is not None:
+            if not length.isdigit():
+                raise ProtocolViolation(f"bad content-length {length[:20]!r}")
+            self.remaining = int(length)
+            self.state = _LENGTH
+        else:
+            self.state = _UNTIL_CLOSE
+            self.keep_alive = False
+
+
+# --- connections ------------------------------------------------------------------------
+
+
+class _Connection(asyncio.Protocol):
+    """One socket; carries one request at a time."""
+
+    def __init__(self, open_set: set[_Connection]) -> None:
+        self._open_set = open_set  # the pool's: a connection leaves it when it closes
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self.used = False  # has carried a request before (may be stale when reused)
+        self._response: Response | None = None
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self.transport = cast(asyncio.Transport, transport)
+        self._open_set.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._response is None:
+            self.close()  # bytes nobody asked for: the connection can't be trusted
+            return
+        self._response._data(data)
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: HTTP/1.1 has no half-closed use here
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._open_set.discard(self)
+        if self._response is not None:
+            self._response._lost(exc)
+
+    def pause_writing(self) -> None:  # request bodies are small; nothing to pace
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class Response:
+    """An upstream answer: ``status``, ``headers``, then ``readany()``/``read()`` its body.
+
+    ``close()`` gives the connection back when the body was read whole, and otherwise
+    aborts it, which is what tells the upstream to stop generating.
+    """
+
+    def __init__(self, pool: Http1Pool, origin: Origin, conn: _Connection,
+                 read_timeout: float | None, head_only: bool = False) -> None:
+        self._pool = pool
+        self._origin = origin
+        self._conn: _Connection | None = conn
+        self._read_timeout = read_timeout
+        self._parser = ResponseParser(head_only=head_only)
+        self._body: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self.got_bytes = False
+
+    # what the relay reads
+    @property
+    def status(self) -> int:
+        return self._parser.status
+
+    @property
+    def headers(self) -> Headers:
+        return self._parser.headers
+
+    @property
+    def complete(self) -> bool:
+        return self._parser.done and not self._body
+
+    async def readany(self) -> bytes:
+        """Body bytes as they come (b"" at the end of the body)."""
+        while not self._body:
+            if self._parser.done:
+                self._release()
+                return b""
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body.clear()
+        self._buffered = 0
+        if self._paused and self._conn is not None and self._conn.transport is not None:
+            self._paused = False
+            self._conn.transport.resume_reading()
+        if self._parser.done:
+            self._release()
+        return data
+
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body (or its first ``limit`` bytes; then the connection is dropped)."""
+        parts: list[bytes] = []
+        size = 0
+        while chunk := await self.readany():
+            parts.append(chunk)
+            size += len(chunk)
+            if limit is not None and size >= limit:
+                self.close()
+                return b"".join(parts)[:limit]
+        return b"".join(parts)
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        conn._response = None
+        if self._parser.done and self._parser.keep_alive and not conn.closed:
+            self._pool._give_back(self._origin, conn)
+        else:
+            conn.abort()
+        if self._error is None and not self._parser.done:
+            self._error = UpstreamConnectionError("the upstream answer was closed")
+        self._wake()
+
+    # internals
+    async def _start(self) -> None:
+        """Wait for the status and headers."""
+        while not self._parser.head_done:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    def _release(self) -> None:
+        if self._conn is not None:
+            self.close()
+
+    async def _wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = None
+        if self._read_timeout is not None:
+            timer = loop.call_later(self._read_timeout, _time_out, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _data(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            pieces = self._parser.feed(data)
+        except ProtocolViolation as e:
+            self._fail(UpstreamConnectionError(f"invalid HTTP/1.1 answer: {e}"))
+            return
+        for piece in pieces:
+            if piece:
+                self._body.append(piece)
+                self._buffered += len(piece)
+        if (self._buffered > PAUSE_AT and not self._paused and self._conn is not None
+                and self._conn.transport is not None):
+            self._paused = True  # nobody is reading: stop taking bytes from the socket
+            self._conn.transport.pause_reading()
+        self._wake()
+
+    def _lost(self, exc: Exception | None) -> None:
+        try:
+            self._parser.feed_eof()
+        except ProtocolViolation as e:
+            detail = f": {exc}" if exc else ""
+            self._error = UpstreamConnectionError(f"upstream closed the connection ({e}){detail}")
+        if self._conn is not None:
+            self._conn._response = None
+            self._conn = None
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn._response = None
+            conn.abort()
+        self._wake()
+
+
+def _time_out(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+class Http1Pool:
+    """Keep-alive connections per origin; ``post`` sends one request on one of them."""
+
+    def __init__(self, *, keepalive: float = 30.0, max_idle: int = 256,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self._keepalive = keepalive
+        self._max_idle = max_idle
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._ssl = ssl_context
+        self._open: set[_Connection] = set()
+
+    async def request(self, method: str, url: str, *, body: bytes = b"",
+                      headers: Mapping[str, str] | None = None,
+                      connect_timeout: float | None = None,
+                      read_timeout: float | None = None) -> Response:
+        """Send the request and return once the answer's status and headers arrived."""
+        origin, target = split_url(url)
+        head = _request_head(method, target, origin, headers or {}, len(body))
+        payload = head + body
+        for reused in (True, False):
+            conn = self._checkout(origin) if reused else None
+            if conn is None:
+                reused = False
+                conn = await self._connect(origin, connect_timeout)
+            resp = Response(self, origin, conn, read_timeout, head_only=method == "HEAD")
+            conn._response = resp
+            conn.used = True
+            assert conn.transport is not None
+            conn.transport.write(payload)
+            try:
+                await resp._start()
+                return resp
+            except UpstreamConnectionError:
+                resp.close()
+                # A kept-alive connection the server closed meanwhile fails before any byte
+                # of an answer: the request never ran, so sending it again is safe.
+                if reused and not resp.got_bytes:
+                    continue
+                raise
+            except BaseException:
+                resp.close()
+                raise
+        raise AssertionError("unreachable: the fresh connection either answered or raised")
+
+    def _checkout(self, origin: Origin) -> _Connection | None:
+        idle = self._idle.get(origin)
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and now - conn.idle_since < self._keepalive:
+                return conn
+            conn.close()
+        return None
+
+    def _give_back(self, origin: Origin, conn: _Connection) -> None:
+        idle = self._idle.setdefault(origin, [])
+        if len(idle) >= self._max_idle:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        idle.append(conn)
+
+    async def _connect(self, origin: Origin, connect_timeout: float | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        ssl_arg: ssl.SSLContext | None = None
+        if origin.scheme == "https":
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            ssl_arg = self._ssl
+        try:
+            async with asyncio.timeout(connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self._open), origin.host, origin.port, ssl=ssl_arg)
+        except TimeoutError:
+            # Nothing was sent: as safe to try elsewhere as a refused connection.
+            raise UpstreamConnectionError(f"cannot connect to {origin.host}:{origin.port} "
+                                          f"within {connect_timeout:g}s") from None
+        except (OSError, ssl.SSLError) as e:
+            raise UpstreamConnectionError(
+                f"cannot connect to {origin.host}:{origin.port}: {e.strerror or e}"
+                if isinstance(e, OSError) else f"TLS to {origin.host}:{origin.port} failed: {e}"
+            ) from e
+        return conn
+
+    async def close(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.close()
+        self._idle.clear()
+        for conn in list(self._open):
+            conn.abort()
+        await asyncio.sleep(0)  # let the transports run their close callbacks
+
+
+def _request_head(method: str, target: str, origin: Origin, headers: Mapping[str, str],
+                  length: int) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {origin.host_header}",
+             f"Content-Length: {length}", "Accept-Encoding: identity"]
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+            raise ValueError(f"header {name!r} contains a line break")
+        if name.lower() not in ("host", "content-length", "accept-encoding", "connection",
+                                "transfer-encoding"):
+            lines.append(f"{name}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+__all__ = ["Headers", "Http1Pool", "Response", "ResponseParser", "UpstreamConnectionError",
+           "split_url"]

@@ -1,0 +1,307 @@
+"""router.http1: the relay's HTTP/1.1 client, its parser alone and against real servers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+from aiohttp import web
+
+from router.http1 import (
+    Http1Pool,
+    ProtocolViolation,
+    ResponseParser,
+    UpstreamConnectionError,
+    split_url,
+)
+from tests.conftest import wait_until
+
+CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+           b"Transfer-Encoding: chunked\r\nX-Twice: a\r\nX-Twice: b\r\n\r\n"
+           b"6;ext=1\r\ndata: \r\n5\r\nhello\r\n0\r\nX-Trailer: t\r\n\r\n")
+
+
+def _feed_in_pieces(raw: bytes, size: int) -> tuple[ResponseParser, bytes]:
+    parser = ResponseParser()
+    body = b"".join(b"".join(parser.feed(raw[i:i + size])) for i in range(0, len(raw), size))
+    return parser, body
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+def test_chunked_body_is_the_same_however_the_bytes_are_split(size: int) -> None:
+    parser, body = _feed_in_pieces(CHUNKED, size)
+    assert body == b"data: hello"
+    assert parser.done and parser.keep_alive
+    assert parser.status == 200
+    assert parser.headers.get("content-type") == "text/event-stream"
+    assert parser.headers.get("X-TWICE") == "a, b"
+
+
+def test_content_length_body_and_what_follows_it() -> None:
+    parser, body = _feed_in_pieces(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcEXTRA", 4)
+    assert body == b"abc" and parser.done
+    assert not parser.keep_alive  # bytes after the answer: the connection is not reused
+
+
+def test_empty_bodies() -> None:
+    for raw in (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+                b"HTTP/1.1 204 No Content\r\n\r\n"):
+        parser, body = _feed_in_pieces(raw, 5)
+        assert body == b"" and parser.done
+
+
+def test_body_until_close_ends_at_eof() -> None:
+    parser = ResponseParser()
+    assert parser.feed(b"HTTP/1.0 200 OK\r\n\r\nsome") == [b"some"]
+    assert not parser.done and not parser.keep_alive
+    parser.feed_eof()
+    assert parser.done
+
+
+def test_eof_before_the_end_is_a_violation() -> None:
+    parser = ResponseParser()
+    parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+    with pytest.raises(ProtocolViolation):
+        parser.feed_eof()
+
+
+def test_interim_answers_are_skipped() -> None:
+    parser, body = _feed_in_pieces(
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok", 3)
+    assert (parser.status, body) == (201, b"ok")
+
+
+def test_connection_close_is_honoured() -> None:
+    raw = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    parser, _ = _feed_in_pieces(raw, 100)
+    assert parser.done and not parser.keep_alive
+
+
+@pytest.mark.parametrize("raw", [
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"SPDY 200 OK\r\n\r\n",
+    b"HTTP/1.1 abc OK\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+])
+def test_broken_answers_are_violations(raw: bytes) -> None:
+    with pytest.raises(ProtocolViolation):
+        ResponseParser().feed(raw)
+
+
+def test_split_url() -> None:
+    origin, target = split_url("http://127.0.0.1:8000/v1/chat/completions?x=1")
+    assert (origin.host, origin.port, target) == ("127.0.0.1", 8000, "/v1/chat/completions?x=1")
+    assert split_url("https://example.com/v1")[0].host_header == "example.com"
+    with pytest.raises(ValueError):
+        split_url("ftp://example.com/")
+
+
+# --- against real servers ---------------------------------------------------------------
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@asynccontextmanager
+async def aiohttp_server(handler: Handler) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    # Cancelled handlers are how a server sees its client go (as speclane's own app does).
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
+async def raw_server(
+        serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[str]:
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    return head + await reader.readexactly(length)
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[Http1Pool]:
+    p = Http1Pool()
+    yield p
+    await p.close()
+
+
+async def test_request_sends_the_body_and_headers_and_reuses_the_connection(
+        pool: Http1Pool) -> None:
+    peers: list[object] = []
+
+    async def echo(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        body = await request.read()
+        return web.Response(body=body, headers={"X-Auth": request.headers.get("Authorization", ""),
+                                                "X-Host": request.host})
+
+    async with aiohttp_server(echo) as base:
+        for i in range(3):
+            resp = await pool.request("POST", f"{base}/v1/x", body=b"payload%d" % i,
+                                      headers={"Authorization": "Bearer k"}, read_timeout=5)
+            assert resp.status == 200
+            assert await resp.read() == b"payload%d" % i
+            assert resp.headers["x-auth"] == "Bearer k"
+            assert resp.headers["X-Host"] == base.split("//")[1]
+            resp.close()
+    assert len(peers) == 3 and len(set(peers)) == 1  # one kept-alive connection
+
+
+async def test_streamed_body_arrives_in_order_and_pauses_a_slow_reader(pool: Http1Pool) -> None:
+    piece = b"x" * 65536
+
+    async def big(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for i in range(64):  # 4 MiB, more than the pause threshold
+            await resp.write(bytes([65 + i % 26]) + piece[1:])
+        await resp.write_eof()
+        return resp
+
+    async with aiohttp_server(big) as base:
+        resp = await pool.request("POST", f"{base}/", read_timeout=5)
+        await wait_until(lambda: resp._paused)  # nobody read: the socket is paused
+        assert resp._conn is not None and resp._conn.transport is not None
+        assert not resp._conn.transport.is_reading()
+        body = await resp.read()
+    assert len(body) == 64 * 65536
+    assert [body[i * 65536] for i in range(64)] == [65 + i % 26 for i in range(64)]
+
+
+async def test_silence_is_a_timeout_and_closing_tells_the_server(pool: Http1Pool) -> None:
+    gone = asyncio.Event()
+
+    async def stall(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b"first")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            gone.set()
+            raise
+        return resp
+
+    async with aiohttp_server(stall) as base:
+        resp = await pool.request("POST", f"{base}/", read_timeout=0.3)
+        assert await resp.readany() == b"first"
+        with pytest.raises(TimeoutError):
+            await resp.readany()
+        resp.close()
+        await asyncio.wait_for(gone.wait(), 5)  # the upstream handler saw the disconnect
+
+
+async def test_close_wakes_a_pending_reader(pool: Http1Pool) -> None:
+    async def stall(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b"x")
+        await asyncio.sleep(30)
+        return resp
+
+    async with aiohttp_server(stall) as base:
+        resp = await pool.request("POST", f"{base}/", read_timeout=30)
+        await resp.readany()
+        reading = asyncio.create_task(resp.readany())
+        await asyncio.sleep(0)
+        resp.close()
+        with pytest.raises(UpstreamConnectionError):
+            await asyncio.wait_for(reading, 5)
+
+
+async def test_refused_and_unanswered_connections(pool: Http1Pool) -> None:
+    async with raw_server(lambda r, w: asyncio.sleep(0)) as base:
+        pass  # closed: nothing listens there any more
+    with pytest.raises(UpstreamConnectionError):
+        await pool.request("POST", f"{base}/", connect_timeout=2)
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.close()
+
+    async with raw_server(hang_up) as base:
+        with pytest.raises(UpstreamConnectionError):
+            await pool.request("POST", f"{base}/", read_timeout=5)
+
+
+async def test_cut_body_is_an_error_not_an_end(pool: Http1Pool) -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await writer.drain()
+        writer.close()
+
+    async with raw_server(cut) as base:
+        resp = await pool.request("POST", f"{base}/", read_timeout=5)
+        assert await resp.readany() == b"abc"
+        with pytest.raises(UpstreamConnectionError):
+            await resp.readany()
+
+
+async def test_a_stale_kept_alive_connection_is_replaced_once(pool: Http1Pool) -> None:
+    """The server closes an idle connection just as it is reused: the request never ran,
+    so it goes again on a fresh connection."""
+    connections = 0
+
+    async def answer_once_then_drop(reader: asyncio.StreamReader,
+                                    writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        try:
+            await _read_request(reader)  # the second request on this connection: dropped
+        except asyncio.IncompleteReadError:
+            pass
+        writer.close()
+
+    async with raw_server(answer_once_then_drop) as base:
+        for _ in range(2):
+            resp = await pool.request("POST", f"{base}/", read_timeout=5)
+            assert await resp.read() == b"ok"
+            resp.close()
+    assert connections == 2
+
+
+async def test_bytes_after_the_answer_are_not_reused(pool: Http1Pool) -> None:
+    connections = 0
+
+    async def extra(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokJUNK")
+            await writer.drain()
+
+    async with raw_server(extra) as base:
+        for _ in range(2):
+            resp = await pool.request("POST", f"{base}/", read_timeout=5)
+            assert await resp.read() == b"ok"
+            resp.close()
+    assert connections == 2
