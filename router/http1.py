@@ -17,6 +17,7 @@ the relay tells apart.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 import time
 from collections.abc import Mapping
@@ -59,6 +60,7 @@ class Origin:
         return host if self.port == default else f"{host}:{self.port}"
 
 
+@functools.lru_cache(maxsize=1024)  # the relay asks for the same few URLs on every request
 def split_url(url: str) -> tuple[Origin, str]:
     """``(origin, request target)`` of an http(s) URL."""
     parts = urlsplit(url)

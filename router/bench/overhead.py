@@ -2,10 +2,12 @@
 
 A synthetic upstream answers instantly; a load generator in this process drives closed
 loops of streaming requests at each concurrency for a fixed time, then non-streaming ones.
-Reported per target: TTFT (to the first body bytes) and total latency p50/p99, relayed
-chunks/s, non-streaming requests/s; and for the proxies, what they add over direct.
-Load generator, upstream and proxy share the machine's cores: compare proxies measured
-in the same run, not against figures from elsewhere.
+Two stream lengths (``--tokens``): short answers (7 tokens, 10 events), where the cost of
+each request dominates, and long ones (256 tokens), where the cost of relaying each chunk
+does, as in a real LLM answer. Reported per target: TTFT (to the first body bytes) and
+total latency p50/p99, relayed chunks/s, non-streaming requests/s; and for the proxies,
+what they add over direct. Load generator, upstream and proxy share the machine's cores:
+compare proxies measured in the same run, not against figures from elsewhere.
 """
 
 from __future__ import annotations
@@ -27,8 +29,15 @@ from router import __version__
 from router.bench import procs
 from router.bench.stats import percentile
 
-STREAM_BODY = json.dumps({"model": "bench-model", "stream": True,
-                          "messages": [{"role": "user", "content": "hi"}]}).encode()
+DEFAULT_TOKENS = (7, 256)
+
+
+def stream_body(tokens: int) -> bytes:
+    """A streaming request; the bench upstream answers with ``max_tokens`` content chunks."""
+    return json.dumps({"model": "bench-model", "stream": True, "max_tokens": tokens,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
 PLAIN_BODY = json.dumps({"model": "bench-model",
                          "messages": [{"role": "user", "content": "hi"}]}).encode()
 
@@ -37,6 +46,7 @@ PLAIN_BODY = json.dumps({"model": "bench-model",
 class Level:
     target: str
     concurrency: int
+    tokens: int = DEFAULT_TOKENS[0]
     requests: int = 0
     errors: int = 0
     chunks: int = 0
@@ -48,7 +58,7 @@ class Level:
 
     def summary(self) -> dict[str, float | int | str | None]:
         return {
-            "target": self.target, "concurrency": self.concurrency,
+            "target": self.target, "concurrency": self.concurrency, "tokens": self.tokens,
             "requests": self.requests, "errors": self.errors,
             "ttft_p50_ms": percentile(self.ttft_ms, 50),
             "ttft_p99_ms": percentile(self.ttft_ms, 99),
@@ -60,11 +70,12 @@ class Level:
         }
 
 
-async def _stream_once(session: aiohttp.ClientSession, url: str, level: Level) -> None:
+async def _stream_once(session: aiohttp.ClientSession, url: str, body: bytes,
+                       level: Level) -> None:
     start = time.perf_counter()
     first = None
     chunks = 0
-    async with session.post(url, data=STREAM_BODY,
+    async with session.post(url, data=body,
                             headers={"Content-Type": "application/json"}) as resp:
         if resp.status != 200:
             level.errors += 1
@@ -108,17 +119,19 @@ async def _closed_loop(concurrency: int, seconds: float,
 
 
 async def measure(target: str, base_url: str, concurrency: int, seconds: float,
-                  warmup: float) -> Level:
-    level = Level(target, concurrency)
+                  warmup: float, tokens: int = DEFAULT_TOKENS[0], plain: bool = True) -> Level:
+    level = Level(target, concurrency, tokens)
     url = f"{base_url}/chat/completions"
+    body = stream_body(tokens)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
-        warm = Level(target, concurrency)
-        await _closed_loop(concurrency, warmup, lambda: _stream_once(session, url, warm))
+        warm = Level(target, concurrency, tokens)
+        await _closed_loop(concurrency, warmup, lambda: _stream_once(session, url, body, warm))
         level.seconds = await _closed_loop(concurrency, seconds,
-                                           lambda: _stream_once(session, url, level))
-        level.plain_seconds = await _closed_loop(concurrency, seconds / 2,
-                                                 lambda: _plain_once(session, url, level))
+                                           lambda: _stream_once(session, url, body, level))
+        if plain:
+            level.plain_seconds = await _closed_loop(concurrency, seconds / 2,
+                                                     lambda: _plain_once(session, url, level))
     return level
 
 
@@ -133,34 +146,39 @@ async def _targets(with_nginx: bool) -> AsyncIterator[dict[str, str]]:
 
 
 async def run(concurrencies: list[int], seconds: float, warmup: float,
-              nginx: str) -> dict[str, object]:
+              nginx: str, tokens: tuple[int, ...] = DEFAULT_TOKENS) -> dict[str, object]:
     with_nginx = nginx == "on" or (nginx == "auto" and procs.nginx_binary() is not None)
     rows: list[dict[str, object]] = []
     async with _targets(with_nginx) as targets:
-        for c in concurrencies:
-            for name, url in targets.items():
-                level = await measure(name, url, c, seconds, warmup)
-                rows.append(level.summary())
-                print(f"  measured {name:<8} c={c:<3} {level.requests} streams", flush=True)
-    return {
+        for n, length in enumerate(tokens):
+            for c in concurrencies:
+                for name, url in targets.items():
+                    # Non-streaming requests/s does not depend on the stream length.
+                    level = await measure(name, url, c, seconds, warmup, length, plain=n == 0)
+                    rows.append(level.summary())
+                    print(f"  measured {name:<8} c={c:<3} {length:>4} tokens: "
+                          f"{level.requests} streams", flush=True)
+    result: dict[str, object] = {
         "benchmark": "overhead", "speclane": __version__,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpus": _cpus()},
-        "seconds_per_level": seconds, "nginx": with_nginx,
+        "seconds_per_level": seconds, "nginx": with_nginx, "tokens": list(tokens),
         "rows": rows, "added": added_over_direct(rows),
     }
+    result["targets"] = judge_targets(result)
+    return result
 
 
 def added_over_direct(rows: list[dict[str, object]]) -> list[dict[str, object]]:
-    direct = {r["concurrency"]: r for r in rows if r["target"] == "direct"}
+    direct = {(r["concurrency"], r.get("tokens")): r for r in rows if r["target"] == "direct"}
     added = []
     for r in rows:
-        d = direct.get(r["concurrency"])
+        d = direct.get((r["concurrency"], r.get("tokens")))
         if r["target"] == "direct" or d is None:
             continue
         added.append({
-            "target": r["target"], "concurrency": r["concurrency"],
+            "target": r["target"], "concurrency": r["concurrency"], "tokens": r.get("tokens"),
             **{f"added_{k}": _diff(r[k], d[k]) for k in
                ("ttft_p50_ms", "ttft_p99_ms", "total_p50_ms", "total_p99_ms")},
             "chunks_vs_direct": _ratio(r["chunks_per_s"], d["chunks_per_s"]),
@@ -187,22 +205,57 @@ def render_table(result: dict[str, object]) -> str:
     def f(v: object, spec: str = ".2f") -> str:
         return "-" if v is None else format(v, spec)
 
-    lines = ["| target | conc | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms |"
-             " chunks/s | non-stream req/s | errors |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| target | conc | tokens | TTFT p50 ms | TTFT p99 ms | total p50 ms |"
+             " total p99 ms | chunks/s | non-stream req/s | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:  # type: ignore[attr-defined]
-        lines.append(f"| {r['target']} | {r['concurrency']} | {f(r['ttft_p50_ms'])} | "
+        lines.append(f"| {r['target']} | {r['concurrency']} | {r.get('tokens', '-')} | "
+                     f"{f(r['ttft_p50_ms'])} | "
                      f"{f(r['ttft_p99_ms'])} | {f(r['total_p50_ms'])} | {f(r['total_p99_ms'])} | "
                      f"{f(r['chunks_per_s'], '.0f')} | {f(r['plain_requests_per_s'], '.0f')} | "
                      f"{r['errors']} |")
-    lines += ["", "| proxy | conc | added TTFT p50 ms | added TTFT p99 ms | added total p50 ms |"
-              " added total p99 ms | chunks/s vs direct | req/s vs direct |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| proxy | conc | tokens | added TTFT p50 ms | added TTFT p99 ms |"
+              " added total p50 ms | added total p99 ms | chunks/s vs direct | req/s vs direct |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for a in result["added"]:  # type: ignore[attr-defined]
-        lines.append(f"| {a['target']} | {a['concurrency']} | {f(a['added_ttft_p50_ms'])} | "
+        lines.append(f"| {a['target']} | {a['concurrency']} | {a.get('tokens', '-')} | "
+                     f"{f(a['added_ttft_p50_ms'])} | "
                      f"{f(a['added_ttft_p99_ms'])} | {f(a['added_total_p50_ms'])} | "
                      f"{f(a['added_total_p99_ms'])} | {f(a['chunks_vs_direct'], '.2f')} | "
                      f"{f(a['plain_vs_direct'], '.2f')} |")
+    return "\n".join(lines)
+
+
+TTFT_TARGET_MS = 1.0  # added TTFT p50 at concurrency 1
+THROUGHPUT_TARGET = 0.8  # relayed chunks/s at 64 streams, as a share of direct
+
+
+def judge_targets(result: dict[str, object]) -> list[dict[str, object]]:
+    """speclane's figures against the two targets, one entry per stream length."""
+    out: list[dict[str, object]] = []
+    added = [a for a in result["added"] if a["target"] == "speclane"]  # type: ignore[attr-defined]
+    for a in added:
+        if a["concurrency"] == 1:
+            v = a["added_ttft_p50_ms"]
+            out.append({"target": "added TTFT p50 at concurrency 1", "tokens": a["tokens"],
+                        "value": v, "goal": f"< {TTFT_TARGET_MS:g} ms",
+                        "met": isinstance(v, int | float) and v < TTFT_TARGET_MS})
+        if a["concurrency"] == 64:
+            v = a["chunks_vs_direct"]
+            out.append({"target": "relayed chunks/s at 64 streams vs direct",
+                        "tokens": a["tokens"], "value": v, "goal": f">= {THROUGHPUT_TARGET:g}x",
+                        "met": isinstance(v, int | float) and v >= THROUGHPUT_TARGET})
+    return out
+
+
+def render_targets(entries: list[dict[str, object]]) -> str:
+    lines = []
+    for e in entries:
+        v = e["value"]
+        shown = "-" if not isinstance(v, int | float) else (
+            f"{v:.2f} ms" if "TTFT" in str(e["target"]) else f"{v:.2f}x")
+        lines.append(f"{e['target']}, {e['tokens']}-token streams: {shown} "
+                     f"(target {e['goal']}): {'met' if e['met'] else 'NOT met'}")
     return "\n".join(lines)
 
 
@@ -210,6 +263,8 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="speclane bench overhead",
                                 description="Measure the latency and throughput speclane adds.")
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated (default 1,16,64)")
+    p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)),
+                   help="comma-separated stream lengths in tokens (default 7,256)")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level")
     p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per level")
     p.add_argument("--nginx", choices=("auto", "on", "off"), default="auto",
@@ -217,13 +272,26 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=Path("bench-results/overhead.json"))
     args = p.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
-    print(f"speclane bench overhead: levels {levels}, {args.seconds:g}s each", flush=True)
-    result = asyncio.run(run(levels, args.seconds, args.warmup, args.nginx))
+    tokens = tuple(int(x) for x in args.tokens.split(",") if x.strip())
+    print(f"speclane bench overhead: levels {levels}, streams of {list(tokens)} tokens, "
+          f"{args.seconds:g}s each", flush=True)
+    result = asyncio.run(run(levels, args.seconds, args.warmup, args.nginx, tokens))
     print(render_table(result))
+    print()
+    print(render_targets(result["targets"]))  # type: ignore[arg-type]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"\nsaved {args.out}")
     return 0
 
 
-__all__ = ["Level", "asdict", "main", "measure", "render_table", "run"]
+__all__ = [
+    "Level",
+    "asdict",
+    "judge_targets",
+    "main",
+    "measure",
+    "render_table",
+    "render_targets",
+    "run",
+]

@@ -1,8 +1,9 @@
 """A synthetic OpenAI-shaped upstream used only as the load target of ``bench overhead``.
 
-It answers instantly with a fixed stream (role chunk, 7 content chunks, finish chunk:
-9 events, then [DONE]) so that what the benchmark measures is the proxy, not a model.
-It is a measuring instrument, never a backend speclane routes real traffic to.
+It answers instantly with a fixed stream (role chunk, ``max_tokens`` content chunks (7
+when not given), finish chunk, then [DONE]) so that what the benchmark measures is the
+proxy, not a model. It is a measuring instrument, never a backend speclane routes real
+traffic to.
 
     python -m router.bench.upstream --port 0   # prints "UPSTREAM_READY <port>"
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 
 import orjson
 from aiohttp import web
@@ -25,12 +27,17 @@ def _event(delta: dict, finish: str | None = None) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
-STREAM_EVENTS = [
-    _event({"role": "assistant", "content": ""}),
-    *[_event({"content": f"tok{i} "}) for i in range(CONTENT_CHUNKS)],
-    _event({}, "stop"),
-    b"data: [DONE]\n\n",
-]
+MAX_CHUNKS = 4096
+
+
+@functools.lru_cache(maxsize=16)
+def stream_events(content_chunks: int) -> tuple[bytes, ...]:
+    return (
+        _event({"role": "assistant", "content": ""}),
+        *[_event({"content": f"tok{i} "}) for i in range(content_chunks)],
+        _event({}, "stop"),
+        b"data: [DONE]\n\n",
+    )
 BODY = orjson.dumps({
     "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench-model",
     "choices": [{"index": 0, "finish_reason": "stop",
@@ -44,9 +51,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body = await request.json(loads=orjson.loads)
     if not body.get("stream"):
         return web.Response(body=BODY, content_type="application/json")
+    chunks = body.get("max_tokens")
+    if not isinstance(chunks, int) or not 0 <= chunks <= MAX_CHUNKS:
+        chunks = CONTENT_CHUNKS
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    for event in STREAM_EVENTS:
+    for event in stream_events(chunks):
         await resp.write(event)  # one write per event, as a real server flushes per token
     await resp.write_eof()
     return resp
