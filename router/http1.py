@@ -112,6 +112,11 @@ class ResponseParser:
         # (A Content-Length of 0 ends the answer with no byte left to read.)
         while pos < n or (self.state == _LENGTH and self.remaining == 0):
             state = self.state
+            if state == _CHUNK_SIZE:
+                pos = self._whole_chunks(buf, pos, out)
+                if pos >= n or self.state != _CHUNK_SIZE:
+                    continue
+                # what is left is a chunk that has not fully arrived: the general path
             if state == _CHUNK_DATA:
                 take = min(self.remaining, n - pos)
                 out.append(buf[pos:pos + take])
@@ -180,6 +185,36 @@ class ResponseParser:
                 pos = n
         self._buf = buf[pos:] if pos < n else b""
         return out
+
+    def _whole_chunks(self, buf: bytes, pos: int, out: list[bytes]) -> int:
+        """Decode every complete chunk from ``pos`` on, in one tight loop over locals.
+
+        Upstreams flush one chunk per token, so a read holds many small chunks: this loop
+        is where a long stream's relay spends its time. It stops before a chunk that has not
+        fully arrived, and at the last chunk (the general path reads the trailers).
+        """
+        find = buf.find
+        n = len(buf)
+        append = out.append
+        while True:
+            end = find(b"\r\n", pos)
+            if end < 0 or end == pos:
+                return pos
+            size_field = buf[pos:end]
+            if b";" in size_field:
+                size_field = size_field.split(b";", 1)[0]
+            try:
+                size = int(size_field, 16)
+            except ValueError:
+                raise ProtocolViolation(f"bad chunk size {size_field[:20]!r}") from None
+            start = end + 2
+            stop = start + size
+            if size <= 0 or stop + 2 > n:
+                return pos  # the last chunk, a negative size, or one still arriving
+            if buf[stop:stop + 2] != b"\r\n":
+                raise ProtocolViolation("chunk data not followed by CRLF")
+            append(buf[start:stop])
+            pos = stop + 2
 
     def feed_eof(self) -> None:
         """The connection closed: fine only for a body read until close."""

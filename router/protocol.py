@@ -196,7 +196,7 @@ def _tail_payloads(buf: bytes | bytearray, want: int) -> list[bytes]:
     Reads a window at the end, widened until it holds enough events, so that finishing a
     long stream costs a few events' parsing rather than the whole tail's.
     """
-    window = 4096
+    window = 1024  # a few token events; widened for bigger ones
     while True:
         whole = window >= len(buf)
         text = bytes(buf if whole else buf[-window:])
@@ -225,14 +225,22 @@ class SSETail:
             del self._buf[: len(self._buf) - self._limit]
 
     def saw_done(self) -> bool:
-        return any(p.strip() == DONE for p in _tail_payloads(self._buf, 2))
+        return self.finish(1)[2]
 
     def last_events(self, count: int = 4) -> tuple[list[dict[str, Any]], int]:
         """The last ``count`` JSON events (not [DONE]) and how many of them failed to parse."""
+        events, bad, _ = self.finish(count)
+        return events, bad
+
+    def finish(self, count: int = 4) -> tuple[list[dict[str, Any]], int, bool]:
+        """``(last_events(count), how many of those were malformed, saw_done())`` in one
+        reading of the tail: the relay asks all three as each stream ends."""
         events: list[dict[str, Any]] = []
         bad = 0
         # A little more than asked: [DONE] (sent twice by some servers) does not count.
-        payloads = [p for p in _tail_payloads(self._buf, count + 2) if p.strip() != DONE]
+        tail = _tail_payloads(self._buf, count + 2)
+        done = any(p.strip() == DONE for p in tail[-2:])
+        payloads = [p for p in tail if p.strip() != DONE]
         for payload in payloads[-count:]:
             try:
                 obj = orjson.loads(payload)
@@ -243,7 +251,7 @@ class SSETail:
                 events.append(obj)
             else:
                 bad += 1
-        return events, bad
+        return events, bad, done
 
 
 def is_error_event(event: dict[str, Any]) -> bool:

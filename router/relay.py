@@ -358,8 +358,8 @@ class Relay:
             await self._stream_failed(out, backend, outcome, "disconnect", errors.upstream_failed(
                 f"backend '{backend.name}' closed the stream mid-way: {type(e).__name__}"))
             return out
-        outcome.tail_events, outcome.tail_malformed = tail.last_events()
-        if tail.saw_done():
+        outcome.tail_events, outcome.tail_malformed, saw_done = tail.finish()
+        if saw_done:
             if held:  # "data: [DONE]" without its blank line: pass it on as it came
                 await self._write(out, held, outcome)
             outcome.completed = True

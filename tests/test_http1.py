@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -37,6 +38,22 @@ def test_chunked_body_is_the_same_however_the_bytes_are_split(size: int) -> None
     assert parser.status == 200
     assert parser.headers.get("content-type") == "text/event-stream"
     assert parser.headers.get("X-TWICE") == "a, b"
+
+
+def test_many_small_chunks_in_reads_of_any_size() -> None:
+    """The tight loop for whole chunks and the general path agree wherever reads split."""
+    events = [b'data: {"t": %d}\n\n' % i for i in range(300)]
+    raw = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+           + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n")
+    rng = random.Random(7)
+    for _ in range(50):
+        parser = ResponseParser()
+        pos, body = 0, []
+        while pos < len(raw):
+            step = rng.choice((1, 5, 17, 300, 4096, 100_000))
+            body += parser.feed(raw[pos:pos + step])
+            pos += step
+        assert b"".join(body) == b"".join(events) and parser.done
 
 
 def test_content_length_body_and_what_follows_it() -> None:

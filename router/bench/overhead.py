@@ -56,6 +56,17 @@ class Level:
     plain_requests: int = 0
     plain_seconds: float = 0.0
 
+    def add(self, other: Level) -> None:
+        """Pool another round of the same cell into this one."""
+        self.requests += other.requests
+        self.errors += other.errors
+        self.chunks += other.chunks
+        self.seconds += other.seconds
+        self.ttft_ms += other.ttft_ms
+        self.total_ms += other.total_ms
+        self.plain_requests += other.plain_requests
+        self.plain_seconds += other.plain_seconds
+
     def summary(self) -> dict[str, float | int | str | None]:
         return {
             "target": self.target, "concurrency": self.concurrency, "tokens": self.tokens,
@@ -146,24 +157,35 @@ async def _targets(with_nginx: bool) -> AsyncIterator[dict[str, str]]:
 
 
 async def run(concurrencies: list[int], seconds: float, warmup: float,
-              nginx: str, tokens: tuple[int, ...] = DEFAULT_TOKENS) -> dict[str, object]:
+              nginx: str, tokens: tuple[int, ...] = DEFAULT_TOKENS,
+              rounds: int = 1) -> dict[str, object]:
+    """Each (stream length, concurrency) cell is measured in ``rounds`` rounds that visit
+    the targets in turn, starting with a different one each round, and the rounds are
+    pooled: on a shared machine a burst of someone else's work then lands on every target
+    alike instead of on whichever was being measured."""
     with_nginx = nginx == "on" or (nginx == "auto" and procs.nginx_binary() is not None)
     rows: list[dict[str, object]] = []
     async with _targets(with_nginx) as targets:
+        names = list(targets)
         for n, length in enumerate(tokens):
             for c in concurrencies:
-                for name, url in targets.items():
-                    # Non-streaming requests/s does not depend on the stream length.
-                    level = await measure(name, url, c, seconds, warmup, length, plain=n == 0)
-                    rows.append(level.summary())
+                pooled = {name: Level(name, c, length) for name in names}
+                for r in range(rounds):
+                    for name in names[r % len(names):] + names[:r % len(names)]:
+                        # Non-streaming requests/s does not depend on the stream length.
+                        pooled[name].add(await measure(name, targets[name], c, seconds, warmup,
+                                                       length, plain=n == 0))
+                for name in names:
+                    rows.append(pooled[name].summary())
                     print(f"  measured {name:<8} c={c:<3} {length:>4} tokens: "
-                          f"{level.requests} streams", flush=True)
+                          f"{pooled[name].requests} streams", flush=True)
     result: dict[str, object] = {
         "benchmark": "overhead", "speclane": __version__,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpus": _cpus()},
-        "seconds_per_level": seconds, "nginx": with_nginx, "tokens": list(tokens),
+        "seconds_per_level": seconds, "rounds": rounds, "nginx": with_nginx,
+        "tokens": list(tokens),
         "rows": rows, "added": added_over_direct(rows),
     }
     result["targets"] = judge_targets(result)
@@ -265,8 +287,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated (default 1,16,64)")
     p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)),
                    help="comma-separated stream lengths in tokens (default 7,256)")
-    p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level")
-    p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per level")
+    p.add_argument("--seconds", type=float, default=3.0,
+                   help="measured seconds per target, level and round (default 3)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved rounds pooled per level (default 3)")
+    p.add_argument("--warmup", type=float, default=0.5,
+                   help="warm-up seconds before each measurement (default 0.5)")
     p.add_argument("--nginx", choices=("auto", "on", "off"), default="auto",
                    help="also measure nginx as a plain reverse proxy (auto: when installed)")
     p.add_argument("--out", type=Path, default=Path("bench-results/overhead.json"))
@@ -274,8 +300,9 @@ def main(argv: list[str]) -> int:
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     tokens = tuple(int(x) for x in args.tokens.split(",") if x.strip())
     print(f"speclane bench overhead: levels {levels}, streams of {list(tokens)} tokens, "
-          f"{args.seconds:g}s each", flush=True)
-    result = asyncio.run(run(levels, args.seconds, args.warmup, args.nginx, tokens))
+          f"{args.rounds} x {args.seconds:g}s each", flush=True)
+    result = asyncio.run(run(levels, args.seconds, args.warmup, args.nginx, tokens,
+                             max(1, args.rounds)))
     print(render_table(result))
     print()
     print(render_targets(result["targets"]))  # type: ignore[arg-type]
