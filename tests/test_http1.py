@@ -322,3 +322,20 @@ async def test_bytes_after_the_answer_are_not_reused(pool: Http1Pool) -> None:
             assert await resp.read() == b"ok"
             resp.close()
     assert connections == 2
+
+
+async def test_an_http10_stream_read_until_close(pool: Http1Pool) -> None:
+    """mlx_lm.server (Python's http.server) answers in HTTP/1.0 and ends a stream by closing."""
+    async def http10(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+        for i in range(3):
+            writer.write(b'data: {"i": %d}\n\n' % i)
+            await writer.drain()
+        writer.close()
+
+    async with raw_server(http10) as base:
+        resp = await pool.request("POST", f"{base}/", read_timeout=5)
+        assert resp.headers.get("content-type") == "text/event-stream"
+        assert await resp.read() == b"".join(b'data: {"i": %d}\n\n' % i for i in range(3))
+        assert resp.complete
