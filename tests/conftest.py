@@ -57,20 +57,27 @@ def router_settings(*fakes: FakeUpstream, **overrides: Any) -> Settings:
 
 
 @asynccontextmanager
+async def serve_app(app: web.Application, **runner_kwargs: Any) -> AsyncIterator[int]:
+    """Serve ``app`` on 127.0.0.1, a free port (yielded), until the block ends."""
+    runner = web.AppRunner(app, access_log=None, **runner_kwargs)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
 async def run_router(settings: Settings, setup: Any = None,
                      **app_kwargs: Any) -> AsyncIterator[RunningRouter]:
     app = make_app(settings, **app_kwargs)
     if setup is not None:
         setup(app)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=settings.shutdown_grace)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield RunningRouter(app, runner.addresses[0][1])
-    finally:
-        await runner.cleanup()
+    async with serve_app(app, handler_cancellation=True,
+                         shutdown_timeout=settings.shutdown_grace) as port:
+        yield RunningRouter(app, port)
 
 
 @asynccontextmanager

@@ -17,7 +17,7 @@ from router.http1 import (
     UpstreamConnectionError,
     split_url,
 )
-from tests.conftest import wait_until
+from tests.conftest import serve_app, wait_until
 
 CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
            b"Transfer-Encoding: chunked\r\nX-Twice: a\r\nX-Twice: b\r\n\r\n"
@@ -128,14 +128,8 @@ async def aiohttp_server(handler: Handler) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
     # Cancelled handlers are how a server sees its client go (as speclane's own app does).
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(app, handler_cancellation=True) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @asynccontextmanager
@@ -295,10 +289,7 @@ async def test_a_stale_kept_alive_connection_is_replaced_once(pool: Http1Pool) -
         writer.close()
 
     async with raw_server(answer_once_then_drop) as base:
-        for _ in range(2):
-            resp = await pool.request("POST", f"{base}/", read_timeout=5)
-            assert await resp.read() == b"ok"
-            resp.close()
+        await _two_ok_answers(pool, base)
     assert connections == 2
 
 
@@ -317,11 +308,15 @@ async def test_bytes_after_the_answer_are_not_reused(pool: Http1Pool) -> None:
             await writer.drain()
 
     async with raw_server(extra) as base:
-        for _ in range(2):
-            resp = await pool.request("POST", f"{base}/", read_timeout=5)
-            assert await resp.read() == b"ok"
-            resp.close()
+        await _two_ok_answers(pool, base)
     assert connections == 2
+
+
+async def _two_ok_answers(pool: Http1Pool, base: str) -> None:
+    for _ in range(2):
+        resp = await pool.request("POST", f"{base}/", read_timeout=5)
+        assert await resp.read() == b"ok"
+        resp.close()
 
 
 async def test_an_http10_stream_read_until_close(pool: Http1Pool) -> None:

@@ -13,7 +13,13 @@ import pytest
 from aiohttp import web
 
 from router.status_cli import COLUMNS, main
-from tests.conftest import add_fake_lane, fake_upstreams, router_settings, run_router
+from tests.conftest import (
+    add_fake_lane,
+    fake_upstreams,
+    router_settings,
+    run_router,
+    serve_app,
+)
 
 KEY = "s3cret"
 
@@ -60,14 +66,8 @@ async def fake_admin(body: Any = LANES, key: str | None = KEY,
 
     app = web.Application()
     app.router.add_get("/admin/lanes", lanes)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 async def run(*argv: str) -> int:
