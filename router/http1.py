@@ -20,9 +20,10 @@ import asyncio
 import functools
 import ssl
 import time
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 MAX_HEAD = 64 * 1024  # status line and headers
@@ -333,6 +334,8 @@ class Response:
         self._body: list[bytes] = []
         self._buffered = 0
         self._paused = False
+        self._encoding: str | None = None  # Content-Encoding, read once the head is in
+        self._decoder: Any = None  # a zlib decompressor for gzip/deflate answers
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self.got_bytes = False
@@ -353,16 +356,17 @@ class Response:
     async def readany(self) -> bytes:
         """Body bytes as they come (b"" at the end of the body)."""
         while not self._body:
+            if self._error is not None:
+                raise self._error
             if self._parser.done:
                 self._release()
                 return b""
-            if self._error is not None:
-                raise self._error
             await self._wait()
         data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body.clear()
         self._buffered = 0
-        if self._paused and self._conn is not None and self._conn.transport is not None:
+        if (self._paused and self._conn is not None and self._conn.transport is not None
+                and not self._conn.closed):
             self._paused = False
             self._conn.transport.resume_reading()
         if self._parser.done:
@@ -397,9 +401,11 @@ class Response:
     # internals
     async def _start(self) -> None:
         """Wait for the status and headers."""
-        while not self._parser.head_done:
+        while True:
             if self._error is not None:
                 raise self._error
+            if self._parser.head_done:
+                return
             await self._wait()
 
     def _release(self) -> None:
@@ -427,6 +433,10 @@ class Response:
         self.got_bytes = True
         try:
             pieces = self._parser.feed(data)
+            if self._encoding is None and self._parser.head_done:
+                self._start_decoding()
+            if self._decoder is not None:
+                pieces = self._decode(pieces)
         except ProtocolViolation as e:
             self._fail(UpstreamConnectionError(f"invalid HTTP/1.1 answer: {e}"))
             return
@@ -439,6 +449,24 @@ class Response:
             self._paused = True  # nobody is reading: stop taking bytes from the socket
             self._conn.transport.pause_reading()
         self._wake()
+
+    def _start_decoding(self) -> None:
+        """speclane asks for identity encoding; a server (or a proxy in front of it) that
+        compresses anyway is decoded here rather than relayed as bytes no client expects."""
+        self._encoding = (self._parser.headers.get("content-encoding") or "identity").lower()
+        if self._encoding in ("gzip", "x-gzip", "deflate"):
+            self._decoder = zlib.decompressobj(wbits=47)  # gzip or zlib header, detected
+        elif self._encoding != "identity":
+            raise ProtocolViolation(f"unsupported content-encoding {self._encoding!r}")
+
+    def _decode(self, pieces: list[bytes]) -> list[bytes]:
+        try:
+            out = [self._decoder.decompress(p) for p in pieces]
+            if self._parser.done:
+                out.append(self._decoder.flush())
+        except zlib.error as e:
+            raise ProtocolViolation(f"{self._encoding} body does not decode: {e}") from None
+        return out
 
     def _lost(self, exc: Exception | None) -> None:
         try:

@@ -334,3 +334,36 @@ async def test_an_http10_stream_read_until_close(pool: Http1Pool) -> None:
         assert resp.headers.get("content-type") == "text/event-stream"
         assert await resp.read() == b"".join(b'data: {"i": %d}\n\n' % i for i in range(3))
         assert resp.complete
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_compressed_answer_is_decoded(pool: Http1Pool, stream: bool) -> None:
+    """speclane asks for identity; a server that gzips anyway is still understood."""
+    payload = b'data: {"i": 1}\n\n' * 200
+
+    async def gzipped(request: web.Request) -> web.StreamResponse:
+        resp: web.StreamResponse = web.StreamResponse() if stream else web.Response(body=payload)
+        resp.enable_compression(web.ContentCoding.gzip)
+        if stream:
+            await resp.prepare(request)
+            for i in range(0, len(payload), 1000):
+                await resp.write(payload[i:i + 1000])
+            await resp.write_eof()
+        return resp
+
+    async with aiohttp_server(gzipped) as base:
+        resp = await pool.request("POST", f"{base}/", read_timeout=5)
+        assert resp.headers.get("content-encoding") == "gzip"
+        assert await resp.read() == payload
+
+
+async def test_an_unknown_encoding_is_an_error(pool: Http1Pool) -> None:
+    async def brotli(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 3\r\n\r\nabc")
+        await writer.drain()
+
+    async with raw_server(brotli) as base:
+        with pytest.raises(UpstreamConnectionError, match="content-encoding"):
+            resp = await pool.request("POST", f"{base}/", read_timeout=5)
+            await resp.read()
