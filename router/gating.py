@@ -172,8 +172,8 @@ def lane_mode(settings: GatingSettings, lane: str, presets: Iterable[str] = ()) 
 
 
 def preset_mode(settings: GatingSettings, preset: str | None) -> GateMode:
-    """A preset's mode, for request-time use (a strict preset may refuse a request that would
-    run without speculation)."""
+    """A preset's mode (its own, else the global one). Used at lane start, through
+    ``lane_mode``: requests are not refused one by one when speculation is off for them."""
     if preset is None:
         return settings.mode
     return settings.preset_modes.get(preset, settings.mode)
