@@ -334,8 +334,19 @@ class Relay:
         outcome.first_byte_at = time.monotonic()
         await out.prepare(request)
         live.response = resp
+        # Keep-alive comments are bytes, not progress: a backend that sends only those for
+        # its read timeout has stalled as surely as one that sends nothing.
+        last_data = outcome.first_byte_at
         try:
             while chunk:
+                if b"data:" in chunk:
+                    last_data = time.monotonic()
+                elif time.monotonic() - last_data > backend.read_timeout:
+                    await self._stream_failed(
+                        out, backend, outcome, "timeout", errors.upstream_timeout(
+                            f"backend '{backend.name}' sent only keep-alive comments for "
+                            f"{backend.read_timeout:g}s mid-stream"))
+                    return out
                 tail.feed(chunk)
                 whole, held = split_events(held + chunk)
                 try:

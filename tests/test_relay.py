@@ -256,6 +256,21 @@ async def test_stall_mid_stream_ends_with_timeout_event_within_read_timeout() ->
     assert orjson.loads(events[-2])["error"]["code"] == "upstream_timeout"
 
 
+async def test_keep_alive_comments_alone_do_not_keep_a_stalled_stream_open() -> None:
+    async with fake_upstreams("a") as (a,):
+        a.behaviour = Behaviour(chunks=5, stall_after=1, ping_every=0.05)
+        backend = router_settings(a).backends[0].model_copy(update={"read_timeout": 0.5})
+        async with run_router(router_settings(a, backends=[backend.model_dump()])) as r:
+            start = time.monotonic()
+            _, events = await read_sse(r.base_url, {"model": "fake-model", "messages": CHAT,
+                                                         "stream": True})
+            elapsed = time.monotonic() - start
+            await wait_until(lambda: a.cancelled == 1)  # the stalled upstream request was closed
+    assert elapsed < 3
+    error = orjson.loads(events[-2])["error"]
+    assert error["code"] == "upstream_timeout" and "keep-alive" in error["message"]
+
+
 async def test_stall_before_headers_is_a_504() -> None:
     async with fake_upstreams("a") as (a,):
         a.behaviour = Behaviour(delay_headers=30)

@@ -31,6 +31,7 @@ class Behaviour:
     interval: float = 0.0  # seconds between stream chunks
     delay_headers: float = 0.0  # sleep before answering at all
     stall_after: int | None = None  # stream: stop sending (forever) after N chunks
+    ping_every: float | None = None  # while stalled: send ": ping" comments this often
     die_after: int | None = None  # stream: cut the TCP connection after N chunks
     content_type: str | None = None  # override the content type
     raw_body: bytes | None = None  # send exactly these bytes (malformed JSON/SSE)
@@ -190,6 +191,9 @@ class FakeUpstream:
         await resp.write(event({"role": "assistant", "content": ""}))
         for i in range(b.chunks):
             if b.stall_after is not None and i >= b.stall_after:
+                while b.ping_every is not None:  # sse-starlette's keep-alive, forever
+                    await resp.write(b": ping\n\n")
+                    await asyncio.sleep(b.ping_every)
                 await asyncio.Event().wait()  # stall forever (until cancelled)
             if b.die_after is not None and i >= b.die_after:
                 assert request.transport is not None
