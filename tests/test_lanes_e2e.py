@@ -158,6 +158,9 @@ def test_the_default_pair_starts_with_speculation_active(router: Router) -> None
     assert spec["requested"] is True and spec["active"] is True and spec["mode"] == "graceful"
     assert lanes["speculative"]["state"] == "ready" and lanes["batching"]["state"] == "ready"
     assert lanes["batching"]["speculation"]["requested"] is False
+    # the draft the speculative lane loaded is named; the batching lane has none
+    assert lanes["speculative"]["draft"].endswith("SmolLM2-135M-Instruct-draft")
+    assert lanes["batching"]["draft"] is None
     assert metric_value(router.metrics(), "speclane_spec_active", backend="speculative") == 1
 
 
