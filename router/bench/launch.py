@@ -103,7 +103,9 @@ def router_env() -> dict[str, str]:
 
 
 def _open_log(path: Path) -> IO[bytes]:
-    return path.open("ab")
+    # Truncated per run: the log sits next to the scorecard it explains, and
+    # that scorecard is rewritten by every run, not appended to.
+    return path.open("wb")
 
 
 @contextlib.asynccontextmanager
