@@ -13,9 +13,17 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 Spawned = tuple[asyncio.subprocess.Process, re.Match[str]]
+
+
+class Served(NamedTuple):
+    """A benchmarked server: its base URL and the id of the session it leads (its own
+    process and any workers it starts), for CPU accounting and pinning."""
+
+    url: str
+    sid: int
 
 
 async def spawn_until_line(argv: list[str], pattern: str, deadline: float = 60.0,
@@ -81,17 +89,17 @@ async def drain(stream: asyncio.StreamReader | None, sink: IO[bytes] | None) -> 
 
 
 @contextlib.asynccontextmanager
-async def bench_upstream() -> AsyncIterator[str]:
+async def bench_upstream() -> AsyncIterator[Served]:
     proc, m = await spawn_until_line([sys.executable, "-m", "router.bench.upstream"],
                                      r"UPSTREAM_READY (\d+)")
     try:
-        yield f"http://127.0.0.1:{m.group(1)}/v1"
+        yield Served(f"http://127.0.0.1:{m.group(1)}/v1", proc.pid)
     finally:
         await stop(proc)
 
 
 @contextlib.asynccontextmanager
-async def speclane_router(upstream_base: str) -> AsyncIterator[str]:
+async def speclane_router(upstream_base: str) -> AsyncIterator[Served]:
     """speclane without lanes, one backend: the upstream."""
     with tempfile.TemporaryDirectory(prefix="speclane-bench-") as tmp:
         config = Path(tmp) / "speclane.toml"
@@ -104,7 +112,7 @@ async def speclane_router(upstream_base: str) -> AsyncIterator[str]:
             [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"],
             r"listening on (http://\S+)", env=env)
         try:
-            yield m.group(1)
+            yield Served(m.group(1), proc.pid)
         finally:
             await stop(proc)
 
@@ -145,7 +153,7 @@ http {{
 
 
 @contextlib.asynccontextmanager
-async def nginx_proxy(upstream_base: str) -> AsyncIterator[str]:
+async def nginx_proxy(upstream_base: str) -> AsyncIterator[Served]:
     """nginx as a plain reverse proxy (1 worker, no buffering, upstream keepalive)."""
     binary = nginx_binary()
     if binary is None:
@@ -161,7 +169,7 @@ async def nginx_proxy(upstream_base: str) -> AsyncIterator[str]:
             start_new_session=True)
         try:
             await _wait_port(port, proc)
-            yield f"http://127.0.0.1:{port}/v1"
+            yield Served(f"http://127.0.0.1:{port}/v1", proc.pid)
         finally:
             await stop(proc)
 

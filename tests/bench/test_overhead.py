@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from router.bench import overhead
+from router.bench import cpu, overhead, procs
 
 
 async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -> None:
@@ -17,6 +18,11 @@ async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -
         (t, c, n) for t in ("direct", "speclane") for c in (1, 64) for n in (7, 40)}
     for r in rows:
         assert r["errors"] == 0 and r["requests"] > 0
+        assert r["cpus"] == "shared"
+        roles = {"upstream", "loadgen"} | ({"proxy"} if r["target"] == "speclane" else set())
+        if cpu.supported():
+            assert set(r["cpu_us_per_stream"]) == roles
+            assert all(v > 0 for v in r["cpu_us_per_stream"].values())
         # role chunk + tokens + finish chunk + [DONE], every one relayed
         per_stream = r["tokens"] + 3
         assert r["chunks_per_s"] == pytest.approx(
@@ -27,8 +33,53 @@ async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -
     assert [(t["target"].split()[0], t["tokens"]) for t in targets] == [
         ("added", 7), ("relayed", 7), ("added", 40), ("relayed", 40)]
     table = overhead.render_table(result)
-    assert "| speclane | 64 | 40 |" in table
+    assert "| speclane | shared | 64 | 40 |" in table
     assert "target < 1 ms" in overhead.render_targets(targets)
+    assert all(a["proxy_cpu_us_per_stream"] for a in result["added"]) or not cpu.supported()
+
+
+@pytest.mark.skipif(not overhead.layouts_for("own-core"), reason="needs Linux and two cores")
+async def test_own_core_layout_pins_the_proxy_apart_and_gives_this_process_its_cores_back(
+        ) -> None:
+    everything = cpu.allowed_cpus()
+    proxy_cores, rest = cpu.split(everything)  # type: ignore[misc]
+    targets: dict[str, procs.Served] = {}
+    seen: dict[str, dict[str, set[int]]] = {}
+    arrange, measure = overhead._arrange, overhead.measure
+
+    def recording(layout: str, served: dict[str, procs.Served], cores: set[int]) -> None:
+        targets.update(served)
+        arrange(layout, served, cores)
+
+    async def watching(target: str, *args: object, **kwargs: object) -> overhead.Level:
+        # While a cell is measured: where each process may run, every thread of it.
+        seen[target] = {"loadgen": cpu.allowed_cpus(),
+                        **{name: _cores_of(s.sid) for name, s in targets.items()}}
+        return await measure(target, *args, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(overhead, "_arrange", recording)
+        mp.setattr(overhead, "measure", watching)
+        result = await overhead.run([1], seconds=0.3, warmup=0.1, nginx="off", tokens=(7,),
+                                    cpus="both")
+    # Measured in the second layout: both targets saw the same placement.
+    pinned = {"loadgen": rest, "direct": rest, "speclane": proxy_cores}
+    assert seen == {"direct": pinned, "speclane": pinned}
+    assert cpu.allowed_cpus() == everything  # the test process has its cores back
+    assert [(r["target"], r["cpus"]) for r in result["rows"]] == [
+        ("direct", "shared"), ("speclane", "shared"),
+        ("direct", "own-core"), ("speclane", "own-core")]
+    assert [(t["cpus"], t["tokens"]) for t in result["targets"]] == [
+        ("shared", 7), ("own-core", 7)]
+    assert result["layouts"] == ["shared", "own-core"]
+
+
+def _cores_of(sid: int) -> set[int]:
+    """The cores a session's threads may use; they must agree."""
+    found = {frozenset(os.sched_getaffinity(int(task)))
+             for pid in cpu.session_pids(sid) for task in os.listdir(f"/proc/{pid}/task")}
+    assert len(found) == 1, found
+    return set(next(iter(found)))
 
 
 def overhead_seconds(result: dict[str, object]) -> float:
@@ -55,8 +106,8 @@ def test_main_prints_the_table_and_saves_json(tmp_path: Path,
     out = tmp_path / "o.json"
     assert overhead.main(["--concurrency", "1", "--tokens", "7", "--seconds", "0.3",
                           "--rounds", "1", "--warmup", "0.1", "--nginx", "off",
-                          "--out", str(out)]) == 0
+                          "--cpus", "shared", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "| direct | 1 | 7 |" in printed
+    assert "| direct | shared | 1 | 7 |" in printed
     assert "added TTFT p50 at concurrency 1, 7-token streams" in printed
     assert out.exists()
