@@ -44,7 +44,7 @@ async def test_own_core_layout_pins_the_proxy_apart_and_gives_this_process_its_c
     everything = cpu.allowed_cpus()
     proxy_cores, rest = cpu.split(everything)  # type: ignore[misc]
     targets: dict[str, procs.Served] = {}
-    seen: dict[str, dict[str, set[int]]] = {}
+    seen: dict[tuple[str, str], dict[str, set[int]]] = {}
     arrange, measure = overhead._arrange, overhead.measure
 
     def recording(layout: str, served: dict[str, procs.Served], cores: set[int]) -> None:
@@ -53,8 +53,9 @@ async def test_own_core_layout_pins_the_proxy_apart_and_gives_this_process_its_c
 
     async def watching(target: str, *args: object, **kwargs: object) -> overhead.Level:
         # While a cell is measured: where each process may run, every thread of it.
-        seen[target] = {"loadgen": cpu.allowed_cpus(),
-                        **{name: _cores_of(s.sid) for name, s in targets.items()}}
+        seen[(str(kwargs["cpus"]), target)] = {
+            "loadgen": cpu.allowed_cpus(),
+            **{name: _cores_of(s.sid) for name, s in targets.items()}}
         return await measure(target, *args, **kwargs)  # type: ignore[arg-type]
 
     with pytest.MonkeyPatch.context() as mp:
@@ -62,9 +63,11 @@ async def test_own_core_layout_pins_the_proxy_apart_and_gives_this_process_its_c
         mp.setattr(overhead, "measure", watching)
         result = await overhead.run([1], seconds=0.3, warmup=0.1, nginx="off", tokens=(7,),
                                     cpus="both")
-    # Measured in the second layout: both targets saw the same placement.
+    # Each target of a layout is measured with the same placement, direct included.
+    shared = {"loadgen": everything, "direct": everything, "speclane": everything}
     pinned = {"loadgen": rest, "direct": rest, "speclane": proxy_cores}
-    assert seen == {"direct": pinned, "speclane": pinned}
+    assert seen == {("shared", "direct"): shared, ("shared", "speclane"): shared,
+                    ("own-core", "direct"): pinned, ("own-core", "speclane"): pinned}
     assert cpu.allowed_cpus() == everything  # the test process has its cores back
     assert [(r["target"], r["cpus"]) for r in result["rows"]] == [
         ("direct", "shared"), ("speclane", "shared"),
