@@ -6,7 +6,7 @@ import asyncio
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import openai
@@ -22,6 +22,10 @@ from tests.fakes.upstream import FakeUpstream
 class RunningRouter:
     app: web.Application
     port: int
+    # Clients handed out, closed when the router stops: an AsyncOpenAI left open is closed
+    # by its finaliser whenever the GC finds it, often in a later test on another (closed)
+    # event loop, where it logs "Event loop is closed" errors into that test's log capture.
+    clients: list[openai.AsyncOpenAI] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -35,7 +39,9 @@ class RunningRouter:
         kwargs.setdefault("api_key", "test-key")
         kwargs.setdefault("max_retries", 0)
         kwargs.setdefault("timeout", 30)
-        return openai.AsyncOpenAI(base_url=self.base_url, **kwargs)
+        made = openai.AsyncOpenAI(base_url=self.base_url, **kwargs)
+        self.clients.append(made)
+        return made
 
 
 def router_settings(*fakes: FakeUpstream, **overrides: Any) -> Settings:
@@ -77,7 +83,12 @@ async def run_router(settings: Settings, setup: Any = None,
         setup(app)
     async with serve_app(app, handler_cancellation=True,
                          shutdown_timeout=settings.shutdown_grace) as port:
-        yield RunningRouter(app, port)
+        running = RunningRouter(app, port)
+        try:
+            yield running
+        finally:
+            for made in running.clients:
+                await made.close()
 
 
 @asynccontextmanager

@@ -272,7 +272,9 @@ async def test_worker_that_keeps_dying_is_given_up(make, caplog):
     assert sample(metrics, "speclane_worker_up", lane="speculative") == 0
     assert sample(metrics, "speclane_worker_restarts_total", lane="speculative",
                   reason="exited") == 2
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    # Only the supervisor's own records: other libraries' errors are not this test's subject.
+    errors = [r for r in caplog.records
+              if r.levelno >= logging.ERROR and r.name.startswith("router.")]
     assert len(errors) == 1 and "given up" in errors[0].getMessage()
     # No more restarts: the monitor has finished and every worker is gone.
     assert not sup.supervising

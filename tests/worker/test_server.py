@@ -27,12 +27,21 @@ async def serving(engine: ScriptedEngine) -> AsyncIterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
+        while _open_clients:
+            await _open_clients.pop().close()
         await asyncio.to_thread(engine.stop, 2.0)
         await runner.cleanup()
 
 
+# Clients made inside a `serving` block, closed when it ends (an AsyncOpenAI left to the GC
+# closes itself later on whatever event loop is running then: errors in another test's log).
+_open_clients: list[openai.AsyncOpenAI] = []
+
+
 def client(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=WAIT)
+    made = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=WAIT)
+    _open_clients.append(made)
+    return made
 
 
 async def waited(event: threading.Event | threading.Semaphore) -> bool:

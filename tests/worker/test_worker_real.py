@@ -171,23 +171,24 @@ def test_stop_strings_truncate_the_output(lane: str, request: pytest.FixtureRequ
 
 
 async def test_batching_lane_decodes_two_requests_together(batch_worker: WorkerProcess) -> None:
-    api = openai.AsyncOpenAI(base_url=f"{batch_worker.url}/v1", api_key="x", max_retries=0)
+    async with openai.AsyncOpenAI(base_url=f"{batch_worker.url}/v1", api_key="x",
+                                  max_retries=0) as api:
 
-    async def ask(content: str) -> str:
-        reply = await api.chat.completions.create(
-            model=DEFAULT_MODEL_NAME,
-            messages=[{"role": "user", "content": content}],
-            max_tokens=16,
-            temperature=0,
-        )
-        return reply.choices[0].message.content or ""
+        async def ask(content: str) -> str:
+            reply = await api.chat.completions.create(
+                model=DEFAULT_MODEL_NAME,
+                messages=[{"role": "user", "content": content}],
+                max_tokens=16,
+                temperature=0,
+            )
+            return reply.choices[0].message.content or ""
 
-    both = asyncio.gather(ask("What is the capital of France?"), ask("Name a color."))
-    state = await wait_for(batch_worker, lambda s: s["active"] == 2, "two active sequences")
-    assert state["queued"] == 0
-    answers = await both
-    assert all(answers)
-    assert "Paris" in answers[0]
+        both = asyncio.gather(ask("What is the capital of France?"), ask("Name a color."))
+        state = await wait_for(batch_worker, lambda s: s["active"] == 2, "two active sequences")
+        assert state["queued"] == 0
+        answers = await both
+        assert all(answers)
+        assert "Paris" in answers[0]
 
 
 @pytest.mark.parametrize("lane", ["spec_worker", "batch_worker"])
