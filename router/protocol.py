@@ -185,6 +185,8 @@ def first_event_is_json(first_chunk: bytes) -> bool:
 
 def _payload(event: bytes) -> bytes | None:
     """The joined ``data:`` lines of one event (LF line ends), None when it has none."""
+    if b"\n" not in event:  # the usual event, one line: no list to build
+        return event[5:].lstrip(b" ") if event.startswith(b"data:") else None
     lines = [ln[5:].lstrip(b" ") for ln in event.split(b"\n") if ln.startswith(b"data:")]
     return b"\n".join(lines) if lines else None
 

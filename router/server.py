@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -141,6 +142,14 @@ def _display_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "") else (f"[{host}]" if ":" in host else host)
 
 
+# With the default first-generation threshold (700 net container allocations) the
+# collector runs very often under load, while many requests' objects are alive; 10,000
+# keeps the same collector with far fewer runs: 3% fewer instructions per relayed short
+# stream (counted under callgrind, which unlike timings is not moved by the machine's
+# neighbours), for at most a few MB more garbage waiting.
+GC_THRESHOLDS = (10_000, 10, 10)
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
@@ -149,6 +158,7 @@ def main(argv: list[str]) -> int:
         print(f"speclane: invalid configuration\n{e}", file=sys.stderr)
         return 2
     setup_logging(settings.log_level)
+    gc.set_threshold(*GC_THRESHOLDS)
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(run(settings))

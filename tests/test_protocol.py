@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from router.protocol import SSETail, looks_like_sse, parse_request
 
@@ -80,3 +82,26 @@ def test_sse_tail_passes_a_done_without_its_blank_line() -> None:
     tail.feed(b'data: {"a": 1}\n\ndata: [DONE]\n')
     assert tail.saw_done()
     assert tail.last_events() == ([{"a": 1}], 0)
+
+
+def tail_payloads_by_split(buf: bytes, want: int) -> list[bytes]:
+    """The straightforward reading the windowed tail must agree with: every event
+    of the whole buffer, then the last ``want`` that have data."""
+    from router.protocol import _payload
+
+    events = buf.replace(b"\r\n", b"\n").split(b"\n\n")
+    return [p for p in map(_payload, events) if p is not None][-want:]
+
+
+sse_pieces = st.sampled_from([b"data: ", b"data:", b"{\"a\":1}", b"[DONE]", b"\n", b"\r\n",
+                              b"\n\n", b": keep-alive", b"event: x", b"x" * 300, b" "])
+
+
+@settings(max_examples=400, deadline=None)
+@given(pieces=st.lists(sse_pieces, max_size=60), want=st.integers(1, 8))
+def test_the_tail_window_reads_the_same_payloads_as_splitting_everything(
+        pieces: list[bytes], want: int) -> None:
+    from router.protocol import _tail_payloads
+
+    buf = b"".join(pieces)
+    assert _tail_payloads(bytearray(buf), want) == tail_payloads_by_split(buf, want)

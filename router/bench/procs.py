@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -99,8 +99,10 @@ async def bench_upstream() -> AsyncIterator[Served]:
 
 
 @contextlib.asynccontextmanager
-async def speclane_router(upstream_base: str) -> AsyncIterator[Served]:
-    """speclane without lanes, one backend: the upstream."""
+async def speclane_router(upstream_base: str, prefix: Sequence[str] = (),
+                          deadline: float = 60.0) -> AsyncIterator[Served]:
+    """speclane without lanes, one backend: the upstream. ``prefix`` runs it under another
+    program (``valgrind --tool=callgrind ...``)."""
     with tempfile.TemporaryDirectory(prefix="speclane-bench-") as tmp:
         config = Path(tmp) / "speclane.toml"
         (Path(tmp) / "policies").mkdir()
@@ -109,8 +111,8 @@ async def speclane_router(upstream_base: str) -> AsyncIterator[Served]:
             f'[[backends]]\nname = "bench"\nkind = "openai"\nbase_url = "{upstream_base}"\n')
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
         proc, m = await spawn_until_line(
-            [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"],
-            r"listening on (http://\S+)", env=env)
+            [*prefix, sys.executable, "-m", "router", "serve", "--config", str(config),
+             "--port", "0"], r"listening on (http://\S+)", deadline=deadline, env=env)
         try:
             yield Served(m.group(1), proc.pid)
         finally:

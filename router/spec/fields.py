@@ -14,6 +14,10 @@ from typing import Any
 from router.spec.record import MalformedReason
 
 Payload = Mapping[str, Any]
+# For isinstance: JSON objects are dicts, and a dict matches the first entry at C speed;
+# ``isinstance(x, Mapping)`` alone runs the ABC check, a Python-level call, every time
+# (measured: a visible share of reading each stream's statistics).
+MAPPING = (dict, Mapping)
 
 
 class BadField(Exception):
@@ -32,7 +36,7 @@ def section(obj: Payload, name: str) -> Payload | None:
     value = obj.get(name)
     if value is None:
         return None
-    if not isinstance(value, Mapping):
+    if not isinstance(value, MAPPING):
         raise BadField("not_object", name)
     return value
 
@@ -73,7 +77,7 @@ def ratio(obj: Payload, name: str) -> float | None:
 
 def histogram(value: Any) -> dict[int, int] | None:
     """``{accepted_count: rounds}`` from a dict (keys maybe strings) or a list; None if bad."""
-    if isinstance(value, Mapping):
+    if isinstance(value, MAPPING):
         items = list(value.items())
     elif isinstance(value, list):
         items = list(enumerate(value))

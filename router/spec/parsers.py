@@ -10,10 +10,11 @@ figures: /work/shared/notes/backend-stats.md. Neither function raises: bad input
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from router.spec.fields import (
+    MAPPING,
     BadField,
     Payload,
     count,
@@ -221,14 +222,14 @@ def _recognised(parser: Parser, body: Payload) -> bool:
     """Only let a backend's parser speak for a generic server when its fields are there."""
     if parser is parse_speclane:
         usage = body.get("usage")
-        return isinstance(usage, Mapping) and "speclane_spec" in usage
+        return isinstance(usage, MAPPING) and "speclane_spec" in usage
     if parser is parse_lmstudio:
         return any(
-            isinstance(place, Mapping) and any(n in place for n in _LMS_COUNTS)
+            isinstance(place, MAPPING) and any(n in place for n in _LMS_COUNTS)
             for place in (body.get("stats"), body.get("usage"))
         )
     if parser is parse_vllm_mlx:
-        return isinstance(body.get("generation_metadata"), Mapping)
+        return isinstance(body.get("generation_metadata"), MAPPING)
     return True  # llama.cpp timings and vLLM metrics have unambiguous names
 
 
@@ -273,6 +274,24 @@ PARSERS: dict[str, Parser] = {
 }
 
 
+# The top-level fields each kind's parser reads. An event that has none of them carries no
+# statistics: every parser answers "absent" for it, which never changes a stream's result.
+# Skipping such events (a stream's content chunks) without running the parsers is most of
+# what reading a stream's statistics costs per request (``speclane bench overhead``).
+_STAT_FIELDS: dict[str, frozenset[str]] = {
+    "lmstudio": frozenset({"stats", "usage"}),
+    "llamacpp": frozenset({"timings"}),
+    "vllm": frozenset({"metrics"}),
+    "vllm_mlx": frozenset({"generation_metadata"}),
+    "sglang": frozenset({"meta_info", "usage"}),
+    "speclane": frozenset({"usage"}),
+}
+# parse_openai: speclane's, llama.cpp's, vLLM's, LM Studio's and vllm-mlx's fields, and
+# usage.completion_tokens_details.
+_STAT_FIELDS["openai"] = frozenset({"usage", "timings", "metrics", "stats",
+                                    "generation_metadata"})
+
+
 # --- the two entry points ----------------------------------------------------------------
 
 
@@ -281,7 +300,7 @@ def parse_response(kind: str, body: Any) -> SpecResult:
     parser = PARSERS.get(kind)
     if parser is None or kind in SILENT_KINDS:
         return NotReported(kind, "not_supported")
-    if not isinstance(body, Mapping):
+    if not isinstance(body, MAPPING):
         return Malformed(kind, "not_object")
     try:
         return parser(body)
@@ -302,8 +321,9 @@ def parse_stream_events(kind: str, events: Sequence[Any]) -> SpecResult:
     if kind not in PARSERS or kind in SILENT_KINDS:
         return NotReported(kind, "not_supported")
     fallback: SpecResult = NotReported(kind, "absent")
+    fields = _STAT_FIELDS[kind]
     for event in reversed(events):
-        if not isinstance(event, Mapping):
+        if not isinstance(event, MAPPING) or fields.isdisjoint(event):
             continue
         result = parse_response(kind, event)
         if isinstance(result, SpecRecord):
@@ -316,16 +336,19 @@ def parse_stream_events(kind: str, events: Sequence[Any]) -> SpecResult:
     return fallback
 
 
+_OUTPUT_COUNTS = (
+    ("usage", "completion_tokens"), ("timings", "predicted_n"),
+    ("meta_info", "completion_tokens"), (None, "tokens_predicted"), (None, "eval_count"),
+)
+
+
 def output_tokens(body: Any) -> int | None:
     """The completion token count the backend reports, where any backend puts it."""
-    if not isinstance(body, Mapping):
+    if not isinstance(body, MAPPING):
         return None
-    for where, name in (
-        ("usage", "completion_tokens"), ("timings", "predicted_n"),
-        ("meta_info", "completion_tokens"), (None, "tokens_predicted"), (None, "eval_count"),
-    ):
+    for where, name in _OUTPUT_COUNTS:
         place = body if where is None else body.get(where)
-        if isinstance(place, Mapping):
+        if place is not None and isinstance(place, MAPPING):
             try:
                 value = count(place, name)
             except BadField:

@@ -128,3 +128,41 @@ def test_nearly_valid_bodies_never_raise(kind: str, data: st.DataObject) -> None
 @given(kind=kinds, events=st.lists(st.one_of(any_mutated_body, json_values), max_size=5))
 def test_streams_never_raise(kind: str, events: list) -> None:
     check(parse_stream_events(kind, events))
+
+
+def every_event_parsed(kind: str, events: list) -> Any:
+    """parse_stream_events without its skipping of events that carry no statistics fields:
+    the result it must keep giving."""
+    if kind not in PARSERS or kind in ("mlx_lm", "ollama"):
+        return NotReported(kind, "not_supported")
+    fallback: Any = NotReported(kind, "absent")
+    for event in reversed(events):
+        if not isinstance(event, dict):
+            continue
+        result = parse_response(kind, event)
+        if isinstance(result, SpecRecord):
+            return result
+        if isinstance(result, Malformed):
+            if not isinstance(fallback, Malformed):
+                fallback = result
+        elif result.reason == "no_draft" and isinstance(fallback, NotReported):
+            fallback = result
+    return fallback
+
+
+@settings(max_examples=400, deadline=None)
+@given(kind=kinds, events=st.lists(st.one_of(any_mutated_body, json_objects), max_size=5))
+def test_skipping_events_without_statistics_fields_changes_no_result(kind: str,
+                                                                     events: list) -> None:
+    assert parse_stream_events(kind, events) == every_event_parsed(kind, events)
+
+
+@pytest.mark.parametrize("kind", sorted(p.ALL_BODIES))
+def test_every_real_body_is_read_in_a_stream(kind: str) -> None:
+    # The skip must not hide any backend's real statistics (each body, alone or after a
+    # content chunk).
+    for body in p.ALL_BODIES[kind]:
+        content = {"choices": [{"index": 0, "delta": {"content": "x"}}]}
+        for events in ([body], [body, content], [content, body]):
+            assert parse_stream_events(kind, events) == every_event_parsed(kind, events)
+            assert parse_stream_events("openai", events) == every_event_parsed("openai", events)
