@@ -37,3 +37,34 @@ def test_example_config_mentions_every_top_level_key() -> None:
 def test_shipped_policies_are_valid() -> None:
     policies = load_policies(ROOT / "policies", presets=load_settings().presets.keys())
     assert {p.client for p in policies} >= {"default", "openclaw", "opta-cli"}
+
+
+def _count_instructions():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "count_instructions", ROOT / "examples" / "count_instructions.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_count_instructions_reads_the_last_callgrind_dump(tmp_path: Path) -> None:
+    tool = _count_instructions()
+    for n, total in ((1, 5), (2, 7), (10, 123456)):  # .10 sorts before .2 as text
+        (tmp_path / f"callgrind.out.{n}").write_text(
+            f"# callgrind format\nevents: Ir\n\nsummary: {total}\ntotals: {total}\n")
+    last = tool.latest_dump(tmp_path)
+    assert last.name == "callgrind.out.10"
+    assert tool.callgrind_total(last) == 123456
+
+
+async def test_count_instructions_load_reads_streams_to_the_end_and_fails_loudly() -> None:
+    from router.bench import procs
+
+    tool = _count_instructions()
+    async with procs.bench_upstream() as upstream:
+        await tool.relay_streams(upstream.url, 5, 2, 3)  # raises on any unfinished stream
+        with pytest.raises(Exception, match="stream failed"):
+            await tool.relay_streams(upstream.url.replace("/v1", "/nowhere"), 1, 1, 3)
