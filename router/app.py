@@ -123,9 +123,13 @@ async def cumulative_scraper(app: web.Application) -> AsyncIterator[None]:
     await scraper.stop()
 
 
+# How long start-up waits for the first health check of the external backends (they are
+# probed together): long enough for any backend that is up, short of a hung one's timeout.
+STARTUP_HEALTH_WAIT = 2.0
+
+
 async def health_monitor(app: web.Application) -> AsyncIterator[None]:
     monitor = HealthMonitor(app[POOL], app[SESSION], app[METRICS], app[SETTINGS].health_interval)
-    await monitor.check_all()  # so /v1/models and routing work from the first request
-    monitor.start()
+    await monitor.start(wait=STARTUP_HEALTH_WAIT)
     yield
     await monitor.stop()

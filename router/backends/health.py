@@ -70,12 +70,32 @@ class HealthMonitor:
         self.first_round.set()
 
     async def _run(self) -> None:
-        while True:  # the first pass already ran before start()
-            await asyncio.sleep(self._interval)
+        while True:
             await self.check_all()
+            await asyncio.sleep(self._interval)
 
-    def start(self) -> None:
+    async def start(self, wait: float) -> None:
+        """Start polling; return when the first round is done or after ``wait`` seconds.
+
+        Waiting lets /v1/models and routing work from the first request for the backends
+        that answer at once; the bound keeps one that accepts connections but never answers
+        from holding up start-up for its whole probe timeout. Its probe goes on, and it
+        stays not ready until it answers.
+        """
         self._task = asyncio.create_task(self._run(), name="speclane-health")
+        first = asyncio.ensure_future(self.first_round.wait())
+        try:
+            await asyncio.wait({first, self._task}, timeout=wait,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            first.cancel()
+        if self._task.done():
+            self._task.result()  # a bug in the probing: fail start-up loudly, as before
+        if not self.first_round.is_set():
+            waiting = [b.name for b in self._pool if b.lane is None and not b.ready
+                       and b.last_error is None]
+            log.warning("not waiting longer than %gs for the first health check of %s; "
+                        "serving the others", wait, ", ".join(waiting) or "some backends")
 
     async def stop(self) -> None:
         if self._task:

@@ -64,6 +64,10 @@ class FakeUpstream:
         self.request_started = asyncio.Event()
         self.request_cancelled = asyncio.Event()
         self.models_status = 200
+        # When set, GET /v1/models answers only once this is set: a backend that accepts
+        # connections but does not answer its health check.
+        self.models_gate: asyncio.Event | None = None
+        self.models_asked = asyncio.Event()
         self.active = 0
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
@@ -102,6 +106,9 @@ class FakeUpstream:
     # --- handlers -------------------------------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.Response:
+        self.models_asked.set()
+        if self.models_gate is not None:
+            await self.models_gate.wait()
         if self.models_status != 200:
             return web.json_response({"error": {"message": "down"}}, status=self.models_status)
         data = [{"id": m, "object": "model", "owned_by": self.name} for m in self.models]
