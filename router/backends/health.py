@@ -94,8 +94,8 @@ class HealthMonitor:
         if not self.first_round.is_set():
             waiting = [b.name for b in self._pool if b.lane is None and not b.ready
                        and b.last_error is None]
-            log.warning("not waiting longer than %gs for the first health check of %s; "
-                        "serving the others", wait, ", ".join(waiting) or "some backends")
+            log.warning("not waiting longer than %gs for the first health check of %s: "
+                        "not ready until it answers", wait, ", ".join(waiting) or "a backend")
 
     async def stop(self) -> None:
         if self._task:
