@@ -23,6 +23,7 @@ import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -81,6 +82,35 @@ _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _
 
 class ProtocolViolation(Exception):
     pass
+
+
+_LAST_CHUNK = b"\r\n0\r\n\r\n"  # the end of a chunk, then the last chunk, no trailers
+
+
+def _split_chunks(buf: bytes, pos: int) -> tuple[bytes, int] | None:
+    """The common read decoded with C loops: complete chunks from ``pos`` to the end of
+    ``buf`` (or to a last chunk that ends it), no extensions, no CRLF inside chunk data.
+    Returns ``(their data joined, where decoding goes on)``, or None for anything else,
+    which the chunk-by-chunk loop then reads (and judges).
+
+    Why it is sound: split at every CRLF, the pieces alternate size line, data. If some
+    chunk's data held a CRLF, the first such chunk's size would be compared with the part
+    of its data before that CRLF, which is shorter, so the sizes could not all match.
+    """
+    stop = len(buf) - 5 if buf.endswith(_LAST_CHUNK) else len(buf)
+    if stop <= pos:
+        return None
+    parts = (buf if pos == 0 and stop == len(buf) else buf[pos:stop]).split(b"\r\n")
+    if not len(parts) & 1 or parts[-1]:
+        return None  # does not end right after a chunk's CRLF
+    datas = parts[1::2]
+    lengths = list(map(len, datas))
+    try:
+        if list(map(int, parts[0:-1:2], repeat(16))) != lengths or 0 in lengths:
+            return None
+    except ValueError:
+        return None  # an extension or a bad size: the loop tells which
+    return b"".join(datas), stop
 
 
 @dataclass(slots=True)
@@ -188,12 +218,18 @@ class ResponseParser:
         return out
 
     def _whole_chunks(self, buf: bytes, pos: int, out: list[bytes]) -> int:
-        """Decode every complete chunk from ``pos`` on, in one tight loop over locals.
+        """Decode every complete chunk from ``pos`` on.
 
-        Upstreams flush one chunk per token, so a read holds many small chunks: this loop
-        is where a long stream's relay spends its time. It stops before a chunk that has not
-        fully arrived, and at the last chunk (the general path reads the trailers).
+        Upstreams flush one chunk per token, so a read holds many small chunks: this is
+        where a long stream's relay spends its time. The usual read is taken whole by
+        ``_split_chunks``; anything else goes through one tight loop over locals. Either
+        stops before a chunk that has not fully arrived, and at the last chunk (the general
+        path reads the trailers).
         """
+        whole = _split_chunks(buf, pos)
+        if whole is not None:
+            out.append(whole[0])
+            return whole[1]
         find = buf.find
         n = len(buf)
         append = out.append
@@ -338,6 +374,8 @@ class Response:
         self._decoder: Any = None  # a zlib decompressor for gzip/deflate answers
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._quiet_since = 0.0  # loop time the current wait began
+        self._timer: asyncio.TimerHandle | None = None  # checks the current wait's silence
         self.got_bytes = False
 
     # what the relay reads
@@ -386,6 +424,7 @@ class Response:
         return b"".join(parts)
 
     def close(self) -> None:
+        self._stop_timer()
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -415,15 +454,36 @@ class Response:
     async def _wait(self) -> None:
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = None
         if self._read_timeout is not None:
-            timer = loop.call_later(self._read_timeout, _time_out, waiter)
+            # One timer per answer, moved on only when it fires during a later wait: arming
+            # and cancelling a timer for every wait (every relayed read of a stream) cost
+            # more than the rest of a read's bookkeeping.
+            self._quiet_since = loop.time()
+            if self._timer is None:
+                self._timer = loop.call_at(self._quiet_since + self._read_timeout,
+                                           self._check_silence)
         try:
             await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
+
+    def _check_silence(self) -> None:
+        """A wait that has lasted the read timeout fails with TimeoutError."""
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self._read_timeout is None:
+            return  # nobody is waiting: the next wait arms the timer again
+        due = self._quiet_since + self._read_timeout
+        loop = waiter.get_loop()
+        if loop.time() >= due:
+            waiter.set_exception(TimeoutError())
+        else:  # this wait began after the timer was armed: check again at its own end
+            self._timer = loop.call_at(due, self._check_silence)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -440,10 +500,11 @@ class Response:
         except ProtocolViolation as e:
             self._fail(UpstreamConnectionError(f"invalid HTTP/1.1 answer: {e}"))
             return
-        for piece in pieces:
-            if piece:
-                self._body.append(piece)
-                self._buffered += len(piece)
+        # One piece per read, however many chunks it held: the relay takes them all at once.
+        piece = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        if piece:
+            self._body.append(piece)
+            self._buffered += len(piece)
         if (self._buffered > PAUSE_AT and not self._paused and self._conn is not None
                 and self._conn.transport is not None):
             self._paused = True  # nobody is reading: stop taking bytes from the socket
@@ -477,20 +538,17 @@ class Response:
         if self._conn is not None:
             self._conn._response = None
             self._conn = None
+        self._stop_timer()  # no wait follows: the answer has ended or failed
         self._wake()
 
     def _fail(self, error: BaseException) -> None:
         self._error = error
+        self._stop_timer()
         conn, self._conn = self._conn, None
         if conn is not None:
             conn._response = None
             conn.abort()
         self._wake()
-
-
-def _time_out(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 class Http1Pool:

@@ -9,12 +9,15 @@ from contextlib import asynccontextmanager
 
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from router.http1 import (
     Http1Pool,
     ProtocolViolation,
     ResponseParser,
     UpstreamConnectionError,
+    _split_chunks,
     split_url,
 )
 from tests.conftest import serve_app, wait_until
@@ -54,6 +57,46 @@ def test_many_small_chunks_in_reads_of_any_size() -> None:
             body += parser.feed(raw[pos:pos + step])
             pos += step
         assert b"".join(body) == b"".join(events) and parser.done
+
+
+# Chunk data drawn from bytes that make framing hard: CR, LF, hex digits, ';'.
+_HARD = b"\r\n0a;F x"
+_DATA = st.binary(min_size=1, max_size=24).map(
+    lambda b: bytes(_HARD[v % len(_HARD)] for v in b))
+
+
+def _chunked(chunks: list[bytes], upper: bool, ext: bool) -> bytes:
+    size = b"%X" if upper else b"%x"
+    return b"".join(size % len(c) + (b";e=1" if ext else b"") + b"\r\n" + c + b"\r\n"
+                    for c in chunks) + b"0\r\n\r\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks=st.lists(_DATA, min_size=1, max_size=30), upper=st.booleans(), ext=st.booleans(),
+       cuts=st.lists(st.integers(min_value=1, max_value=200), max_size=12))
+def test_chunked_decoding_matches_the_chunks_for_any_data_and_reads(
+        chunks: list[bytes], upper: bool, ext: bool, cuts: list[int]) -> None:
+    """Whatever the data holds (CRLF, digits) and wherever reads end, the body is the
+    chunks' data: the split-at-CRLF shortcut never accepts a framing it misreads."""
+    raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(chunks, upper, ext)
+    parser, body, pos = ResponseParser(), [], 0
+    for step in [*cuts, len(raw)]:
+        body += parser.feed(raw[pos:pos + step])
+        pos += step
+    assert b"".join(body) == b"".join(chunks) and parser.done
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks=st.lists(_DATA, min_size=1, max_size=30), last=st.booleans())
+def test_the_shortcut_reads_exactly_the_whole_chunks_or_declines(
+        chunks: list[bytes], last: bool) -> None:
+    raw = _chunked(chunks, False, False)
+    buf = raw if last else raw[:-5]
+    split = _split_chunks(buf, 0)
+    if any(b"\r\n" in c for c in chunks):
+        assert split is None
+    else:  # the usual stream: taken in one go, up to the last chunk
+        assert split == (b"".join(chunks), len(raw) - 5)
 
 
 def test_content_length_body_and_what_follows_it() -> None:
@@ -221,6 +264,29 @@ async def test_silence_is_a_timeout_and_closing_tells_the_server(pool: Http1Pool
             await resp.readany()
         resp.close()
         await asyncio.wait_for(gone.wait(), 5)  # the upstream handler saw the disconnect
+
+
+async def test_the_timeout_is_per_wait_not_per_answer(pool: Http1Pool) -> None:
+    """A stream that keeps talking outlives its read timeout many times over, and time the
+    reader spends away between reads does not count: only a wait that lasts the timeout
+    fails (one timer serves the whole answer, moved on as waits begin)."""
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for i in range(12):
+            await resp.write(b"%d," % i)
+            await asyncio.sleep(0.1)
+        await resp.write_eof()
+        return resp
+
+    async with aiohttp_server(trickle) as base:
+        resp = await pool.request("POST", f"{base}/", read_timeout=0.5)
+        body = await resp.readany()
+        await asyncio.sleep(0.7)  # away longer than the timeout, while bytes keep coming
+        body += await resp.read()
+        assert body == b"".join(b"%d," % i for i in range(12))
+        assert resp._timer is None  # nothing outlives the answer
+        resp.close()
 
 
 async def test_close_wakes_a_pending_reader(pool: Http1Pool) -> None:
