@@ -23,7 +23,7 @@ import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
+from operator import ne
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -84,33 +84,73 @@ class ProtocolViolation(Exception):
     pass
 
 
-_LAST_CHUNK = b"\r\n0\r\n\r\n"  # the end of a chunk, then the last chunk, no trailers
+_HEX = b"0123456789abcdefABCDEF"
+
+
+def _chunk_size(line: bytes) -> int:
+    """A chunk-size line's size: hex digits only (RFC 9112 ``1*HEXDIG``), then optional
+    whitespace and extensions. ``int(x, 16)`` alone would also take ``0x1f``, ``+1f``,
+    ``1_f`` or leading spaces: forms no server sends and a framing check must not guess at.
+    """
+    digits = line.split(b";", 1)[0].rstrip(b" \t")
+    if not digits or digits.translate(None, _HEX):
+        raise ProtocolViolation(f"bad chunk size {line[:20]!r}")
+    return int(digits, 16)
+
+
+# Size lines already read, by their bytes: a stream's events have a few lengths, and a
+# dict look-up costs a fifth of parsing the hex again. Only short lines of plain hex
+# digits get in, and only so many: an upstream can't make it grow without bound.
+_SIZES: dict[bytes, int] = {}
+_SIZES_MAX = 4096
+_SIZE_KEY_MAX = 8
+
+
+def _plain_size(piece: bytes) -> int | None:
+    """The value of a size line that is only hex digits (remembered), else None."""
+    if not piece or piece.translate(None, _HEX):
+        return None
+    value = int(piece, 16)
+    if len(piece) <= _SIZE_KEY_MAX and len(_SIZES) < _SIZES_MAX:
+        _SIZES[piece] = value
+    return value
 
 
 def _split_chunks(buf: bytes, pos: int) -> tuple[bytes, int] | None:
-    """The common read decoded with C loops: complete chunks from ``pos`` to the end of
-    ``buf`` (or to a last chunk that ends it), no extensions, no CRLF inside chunk data.
-    Returns ``(their data joined, where decoding goes on)``, or None for anything else,
-    which the chunk-by-chunk loop then reads (and judges).
+    """The usual read decoded with C loops instead of a Python loop per chunk: the
+    complete chunks from ``pos`` on, up to the first one that is cut by the end of the
+    read, carries CRLF in its data or an extension on its size, or is the last chunk.
+    Returns ``(their data joined, where decoding goes on)``, or None when not even the
+    first chunk qualifies; the chunk-by-chunk loop reads (and judges) whatever is left.
 
-    Why it is sound: split at every CRLF, the pieces alternate size line, data. If some
-    chunk's data held a CRLF, the first such chunk's size would be compared with the part
-    of its data before that CRLF, which is shorter, so the sizes could not all match.
+    Why it is sound: split at every CRLF, the pieces alternate size line, data. While each
+    size matches the length of the piece after it, that piece is exactly the chunk's data
+    (it holds no CRLF and a CRLF follows it), so the next pair starts at the next chunk. The
+    first chunk whose data holds a CRLF is compared with the part before that CRLF, which
+    is shorter: the run of accepted chunks stops there.
     """
-    stop = len(buf) - 5 if buf.endswith(_LAST_CHUNK) else len(buf)
-    if stop <= pos:
-        return None
-    parts = (buf if pos == 0 and stop == len(buf) else buf[pos:stop]).split(b"\r\n")
-    if not len(parts) & 1 or parts[-1]:
-        return None  # does not end right after a chunk's CRLF
-    datas = parts[1::2]
+    parts = (buf[pos:] if pos else buf).split(b"\r\n")
+    pairs = (len(parts) - 1) // 2  # pairs whose data piece is followed by a CRLF
+    datas = parts[1:2 * pairs:2]
     lengths = list(map(len, datas))
-    try:
-        if list(map(int, parts[0:-1:2], repeat(16))) != lengths or 0 in lengths:
+    if 0 in lengths:  # the last chunk (or a misread): only a chunk's data is never empty
+        pairs = lengths.index(0)
+        del datas[pairs:], lengths[pairs:]
+    if not pairs:
+        return None
+    sizes = parts[0:2 * pairs:2]
+    values = list(map(_SIZES.get, sizes))
+    if None in values:
+        values = [_plain_size(s) if v is None else v for s, v in zip(sizes, values, strict=True)]
+    if values != lengths:
+        pairs = list(map(ne, values, lengths)).index(True)
+        if not pairs:
             return None
-    except ValueError:
-        return None  # an extension or a bad size: the loop tells which
-    return b"".join(datas), stop
+        del datas[pairs:]
+    rest = parts[2 * pairs:]  # what follows the CRLF after the last chunk taken
+    end = len(buf) if len(rest) == 1 and not rest[0] else (
+        len(buf) - sum(map(len, rest)) - 2 * (len(rest) - 1))
+    return b"".join(datas), end
 
 
 @dataclass(slots=True)
@@ -162,13 +202,7 @@ class ResponseParser:
                     if n - pos > MAX_LINE:
                         raise ProtocolViolation("chunk size line too long")
                     break
-                size_field = buf[pos:end].split(b";", 1)[0].strip()
-                try:
-                    size = int(size_field, 16)
-                except ValueError:
-                    raise ProtocolViolation(f"bad chunk size {size_field[:20]!r}") from None
-                if size < 0:
-                    raise ProtocolViolation("negative chunk size")
+                size = _chunk_size(buf[pos:end])
                 pos = end + 2
                 self.remaining = size
                 self.state = _CHUNK_DATA if size else _TRAILERS
@@ -221,15 +255,16 @@ class ResponseParser:
         """Decode every complete chunk from ``pos`` on.
 
         Upstreams flush one chunk per token, so a read holds many small chunks: this is
-        where a long stream's relay spends its time. The usual read is taken whole by
-        ``_split_chunks``; anything else goes through one tight loop over locals. Either
-        stops before a chunk that has not fully arrived, and at the last chunk (the general
-        path reads the trailers).
+        where a long stream's relay spends its time. ``_split_chunks`` takes the usual read
+        whole; what it leaves (a chunk with CRLF in its data, an extension) goes through one
+        tight loop over locals, without trying the shortcut again: that would split the
+        rest of the read once more after every such chunk. It stops before a chunk that has
+        not fully arrived, and at the last chunk (the general path reads the trailers).
         """
-        whole = _split_chunks(buf, pos)
-        if whole is not None:
-            out.append(whole[0])
-            return whole[1]
+        taken = _split_chunks(buf, pos)
+        if taken is not None:
+            out.append(taken[0])
+            pos = taken[1]
         find = buf.find
         n = len(buf)
         append = out.append
@@ -237,17 +272,11 @@ class ResponseParser:
             end = find(b"\r\n", pos)
             if end < 0 or end == pos:
                 return pos
-            size_field = buf[pos:end]
-            if b";" in size_field:
-                size_field = size_field.split(b";", 1)[0]
-            try:
-                size = int(size_field, 16)
-            except ValueError:
-                raise ProtocolViolation(f"bad chunk size {size_field[:20]!r}") from None
+            size = _chunk_size(buf[pos:end])
             start = end + 2
             stop = start + size
-            if size <= 0 or stop + 2 > n:
-                return pos  # the last chunk, a negative size, or one still arriving
+            if size == 0 or stop + 2 > n:
+                return pos  # the last chunk, or one still arriving
             if buf[stop:stop + 2] != b"\r\n":
                 raise ProtocolViolation("chunk data not followed by CRLF")
             append(buf[start:stop])

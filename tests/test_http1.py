@@ -12,6 +12,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from router import http1
 from router.http1 import (
     Http1Pool,
     ProtocolViolation,
@@ -87,16 +88,24 @@ def test_chunked_decoding_matches_the_chunks_for_any_data_and_reads(
 
 
 @settings(max_examples=300, deadline=None)
-@given(chunks=st.lists(_DATA, min_size=1, max_size=30), last=st.booleans())
-def test_the_shortcut_reads_exactly_the_whole_chunks_or_declines(
-        chunks: list[bytes], last: bool) -> None:
+@given(chunks=st.lists(_DATA, min_size=1, max_size=30), last=st.booleans(),
+       cut=st.integers(min_value=0, max_value=40))
+def test_the_shortcut_takes_the_chunks_before_the_first_it_cannot_read(
+        chunks: list[bytes], last: bool, cut: int) -> None:
+    """It takes exactly the chunks before the first one with CRLF in its data, the first
+    one cut by the end of the read, or the last chunk, and says where the next one begins;
+    None when that is the very first chunk."""
     raw = _chunked(chunks, False, False)
-    buf = raw if last else raw[:-5]
-    split = _split_chunks(buf, 0)
-    if any(b"\r\n" in c for c in chunks):
-        assert split is None
-    else:  # the usual stream: taken in one go, up to the last chunk
-        assert split == (b"".join(chunks), len(raw) - 5)
+    buf = raw if last else raw[:len(raw) - 5 - cut]
+    whole, at = [], 0
+    for c in chunks:
+        framed = b"%x\r\n%s\r\n" % (len(c), c)
+        if b"\r\n" in c or at + len(framed) > len(buf):
+            break
+        whole.append(c)
+        at += len(framed)
+    assert _split_chunks(buf, 0) == ((b"".join(whole), at) if whole else None)
+    assert _split_chunks(b"junk" + buf, 4) == ((b"".join(whole), at + 4) if whole else None)
 
 
 def test_content_length_body_and_what_follows_it() -> None:
@@ -137,6 +146,61 @@ def test_connection_close_is_honoured() -> None:
     raw = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
     parser, _ = _feed_in_pieces(raw, 100)
     assert parser.done and not parser.keep_alive
+
+
+def test_crlf_events_are_decoded_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend whose SSE lines end in CRLF puts CRLF in every chunk's data: the shortcut
+    declines at the first chunk and is not tried again after each of the others (which
+    would split the rest of the read again per chunk: quadratic in the read)."""
+    calls = []
+    split = http1._split_chunks
+
+    def counted(buf: bytes, pos: int) -> tuple[bytes, int] | None:
+        calls.append(pos)
+        return split(buf, pos)
+
+    monkeypatch.setattr(http1, "_split_chunks", counted)
+    events = [b'data: {"t": %d}\r\n\r\n' % i for i in range(500)]
+    raw = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+           + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n")
+    parser = ResponseParser()
+    assert b"".join(parser.feed(raw)) == b"".join(events) and parser.done
+    assert len(calls) == 1
+
+
+def test_the_size_memo_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Size lines are remembered to skip parsing them again, but only short plain-hex ones
+    and only up to a limit: a broken upstream's junk does not pile up."""
+    monkeypatch.setattr(http1, "_SIZES", {})  # this test fills it; the others get it back
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    long_line = b"0" * 5000 + b"5"
+    parser, body = _feed_in_pieces(head + long_line + b"\r\nhello\r\n0\r\n\r\n", 100_000)
+    assert body == b"hello" and parser.done
+    assert http1._SIZES == {}  # the long line was read, not remembered
+    for size in range(1, http1._SIZES_MAX + 100):
+        http1._split_chunks(b"%x\r\n%s\r\n" % (size, b"x" * size), 0)
+    assert len(http1._SIZES) == http1._SIZES_MAX
+
+
+@pytest.mark.parametrize("size", [b"0x5", b"+5", b"-5", b"5_0", b" 5", b"", b"5 5", b"g"])
+def test_chunk_sizes_are_hex_digits_only(size: bytes) -> None:
+    """Forms ``int(x, 16)`` would take but no server sends are framing errors, however the
+    read is cut (whole, or the size line on its own)."""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    body = b"5\r\nhello\r\n" + size + b"\r\nworld\r\n0\r\n\r\n"
+    for cut in (len(body), 10, 11):
+        parser = ResponseParser()
+        with pytest.raises(ProtocolViolation):
+            parser.feed(head + body[:cut])
+            parser.feed(body[cut:])
+
+
+@pytest.mark.parametrize("size", [b"5", b"0" * 20 + b"5", b"5 ", b"5;x=1", b"5 ;x=1"])
+def test_chunk_sizes_may_have_leading_zeros_whitespace_and_extensions(size: bytes) -> None:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    parser, body = _feed_in_pieces(head + b"5\r\nhello\r\n" + size + b"\r\nworld\r\n0\r\n\r\n",
+                                   1000)
+    assert body == b"helloworld" and parser.done
 
 
 @pytest.mark.parametrize("raw", [
