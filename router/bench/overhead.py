@@ -213,7 +213,7 @@ def layouts_for(choice: str) -> tuple[str, ...]:
 
 async def run(concurrencies: list[int], seconds: float, warmup: float,
               nginx: str, tokens: tuple[int, ...] = DEFAULT_TOKENS,
-              rounds: int = 1, cpus: str = "shared") -> dict[str, object]:
+              rounds: int = 1, cpus: str = "both") -> dict[str, object]:
     """Each (stream length, concurrency) cell is measured in ``rounds`` rounds that visit
     the targets in turn, starting with a different one each round, and the rounds are
     pooled: on a shared machine a burst of someone else's work then lands on every target

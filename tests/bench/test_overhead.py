@@ -12,7 +12,7 @@ from router.bench import cpu, overhead, procs
 
 async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -> None:
     result = await overhead.run([1, 64], seconds=0.4, warmup=0.1, nginx="off", tokens=(7, 40),
-                                rounds=2)
+                                rounds=2, cpus="shared")
     rows = result["rows"]
     assert {(r["target"], r["concurrency"], r["tokens"]) for r in rows} == {
         (t, c, n) for t in ("direct", "speclane") for c in (1, 64) for n in (7, 40)}
