@@ -1,12 +1,13 @@
 """Instructions the router executes per relayed stream, counted by valgrind's callgrind.
 
 Timings on a shared machine move with its neighbours by 10-20% from one run to the next;
-an instruction count does not (two runs of the same code agree within 0.1%). This is how
-a change to the hot path is judged before ``speclane bench overhead`` measures it in time:
-count before, count after. It runs the same synthetic upstream and the same speclane
-configuration as that benchmark, with speclane under callgrind (about 50x slower, so the
-load generator keeps ``--concurrency`` streams in flight at all times), warms it up, then
-counts only the ``--streams`` measured ones.
+an instruction count barely does (two runs of the same code agree within about 0.5%, as
+reads coalesce a little differently). This is how a change to the hot path is judged
+before ``speclane bench overhead`` measures it in time: count before, count after. It
+runs the same synthetic upstream and the same speclane configuration as that benchmark,
+with speclane under callgrind (about 50x slower, so the load generator keeps
+``--concurrency`` streams in flight at all times), warms it up, then counts only the
+``--streams`` measured ones.
 
     sudo apt-get install valgrind
     .venv/bin/python examples/count_instructions.py [--streams 600] [--concurrency 64]
