@@ -87,17 +87,6 @@ class ProtocolViolation(Exception):
 _HEX = b"0123456789abcdefABCDEF"
 
 
-def _chunk_size(line: bytes) -> int:
-    """A chunk-size line's size: hex digits only (RFC 9112 ``1*HEXDIG``), then optional
-    whitespace and extensions. ``int(x, 16)`` alone would also take ``0x1f``, ``+1f``,
-    ``1_f`` or leading spaces: forms no server sends and a framing check must not guess at.
-    """
-    digits = line.split(b";", 1)[0].rstrip(b" \t")
-    if not digits or digits.translate(None, _HEX):
-        raise ProtocolViolation(f"bad chunk size {line[:20]!r}")
-    return int(digits, 16)
-
-
 # Size lines already read, by their bytes: a stream's events have a few lengths, and a
 # dict look-up costs a fifth of parsing the hex again. Only short lines of plain hex
 # digits get in, and only so many: an upstream can't make it grow without bound.
@@ -114,6 +103,17 @@ def _plain_size(piece: bytes) -> int | None:
     if len(piece) <= _SIZE_KEY_MAX and len(_SIZES) < _SIZES_MAX:
         _SIZES[piece] = value
     return value
+
+
+def _chunk_size(line: bytes) -> int:
+    """A chunk-size line's size: hex digits only (RFC 9112 ``1*HEXDIG``), then optional
+    whitespace and extensions. ``int(x, 16)`` alone would also take ``0x1f``, ``+1f``,
+    ``1_f`` or leading spaces: forms no server sends and a framing check must not guess at.
+    """
+    size = _plain_size(line.split(b";", 1)[0].rstrip(b" \t"))
+    if size is None:
+        raise ProtocolViolation(f"bad chunk size {line[:20]!r}")
+    return size
 
 
 def _split_chunks(buf: bytes, pos: int) -> tuple[bytes, int] | None:
@@ -500,8 +500,9 @@ class Response:
         """A wait that has lasted the read timeout fails with TimeoutError."""
         self._timer = None
         waiter = self._waiter
-        if waiter is None or waiter.done() or self._read_timeout is None:
+        if waiter is None or waiter.done():
             return  # nobody is waiting: the next wait arms the timer again
+        assert self._read_timeout is not None  # the timer is only armed with one
         due = self._quiet_since + self._read_timeout
         loop = waiter.get_loop()
         if loop.time() >= due:
