@@ -23,8 +23,8 @@ from typing import Any
 
 import aiohttp
 
-from router.blas import openblas_path, preload_env
-from router.modelprep import ensure_default_models
+from router.lanes.blas import openblas_path, preload_env
+from router.lanes.modelprep import ensure_default_models
 from router.worker.main import READY_PREFIX
 
 PROMPTS = {

@@ -14,8 +14,8 @@ from aiohttp import web
 
 from router.appkeys import POLICIES, POOL, SETTINGS, SPEC, SUPERVISORS
 from router.backends.base import Backend
+from router.config.policies import bearer_token
 from router.errors import RouterError
-from router.policy import bearer_token
 
 
 def is_loopback(request: web.Request) -> bool:

@@ -11,7 +11,6 @@ import aiohttp
 from aiohttp import web
 
 from router.admin import setup_admin_routes
-from router.admission import ConcurrencyLimiter
 from router.appkeys import (
     LIMITER,
     METRICS,
@@ -28,16 +27,17 @@ from router.backends.base import Backend
 from router.backends.health import HealthMonitor
 from router.backends.pool import BackendPool
 from router.backends.scrape import CumulativeScraper
-from router.config import Settings
-from router.handlers import setup_routes
-from router.http1 import Http1Pool
+from router.config.policies import PolicySet, load_policies
+from router.config.settings import Settings
+from router.config.watch import PolicyWatcher
+from router.lanes.group import lanes_context
 from router.metrics import Metrics
-from router.middleware import error_middleware
-from router.mlx_lanes import lanes_context
-from router.policy import PolicySet, load_policies
-from router.policy_watch import PolicyWatcher
-from router.relay import Relay
-from router.telemetry import SpecTelemetry
+from router.proxy.admission import ConcurrencyLimiter
+from router.proxy.handlers import setup_routes
+from router.proxy.middleware import error_middleware
+from router.proxy.relay import Relay
+from router.proxy.telemetry import SpecTelemetry
+from router.proxy.upstream import Http1Pool
 
 log = logging.getLogger("speclane")
 
@@ -107,7 +107,7 @@ async def client_session(app: web.Application) -> AsyncIterator[None]:
     session = aiohttp.ClientSession(connector=connector,
                                     skip_auto_headers=("User-Agent", "Accept-Encoding"))
     app[SESSION] = session  # health checks and scraping
-    client = Http1Pool(keepalive=30.0)  # the relay's own: see router.http1 for why
+    client = Http1Pool(keepalive=30.0)  # the relay's own: see router.proxy.upstream for why
     app[RELAY] = Relay(client, app[POOL], app[SETTINGS].retry, app[METRICS])
     yield
     await app[RELAY].close()

@@ -7,15 +7,15 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from router.admission import ConcurrencyLimiter
 from router.backends.pool import BackendPool
-from router.config import Settings
-from router.lanes import LoadGate
+from router.config.settings import Settings
+from router.config.watch import PolicyWatcher
+from router.lanes.supervisor import LaneSupervisor
 from router.metrics import Metrics
-from router.policy_watch import PolicyWatcher
-from router.relay import Relay
-from router.supervisor import LaneSupervisor
-from router.telemetry import SpecTelemetry
+from router.proxy.admission import ConcurrencyLimiter
+from router.proxy.relay import Relay
+from router.proxy.telemetry import SpecTelemetry
+from router.routing.load import LoadGate
 
 
 @dataclass

@@ -19,9 +19,9 @@ from aiohttp import web
 
 from router.app import make_app
 from router.appkeys import POLICIES, POOL
-from router.config import ConfigError, Settings, load_settings
-from router.mlx_lanes import LaneStartupError
-from router.policy import PolicyError
+from router.config.policies import PolicyError
+from router.config.settings import ConfigError, Settings, load_settings
+from router.lanes.group import LaneStartupError
 
 log = logging.getLogger("speclane")
 

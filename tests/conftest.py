@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from router.app import make_app
-from router.config import Settings, load_settings
+from router.config.settings import Settings, load_settings
 from tests.fakes.upstream import FakeUpstream
 
 
@@ -114,7 +114,7 @@ def add_fake_lane(app: web.Application, lane: str, fake: FakeUpstream, *,
     """Register a fake upstream as one of speclane's lanes (what the supervisor does for a
     real worker), so routing between lanes can be tested without MLX."""
     from router.appkeys import POOL, SETTINGS
-    from router.mlx_lanes import lane_backend
+    from router.lanes.group import lane_backend
 
     settings = app[SETTINGS]
     backend = lane_backend(lane, settings, fake.models[0])  # type: ignore[arg-type]

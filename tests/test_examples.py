@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from router.config import load_settings
-from router.policy import load_policies
+from router.config.policies import load_policies
+from router.config.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.backends.cooldown import Cooldown
-from router.config import BackendSpec, CooldownSettings
-from router.decision import BackendView, LaneName
+from router.config.settings import BackendSpec, CooldownSettings
+from router.routing.types import BackendView, LaneName
 
 SPECLANE_KIND = "speclane"  # the parser/quirks kind of speclane's own lane workers
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator
 
 from router.backends.base import Backend
-from router.decision import BackendView
+from router.routing.types import BackendView
 
 
 class BackendPool:

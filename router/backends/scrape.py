@@ -17,7 +17,7 @@ import orjson
 
 from router.backends.base import Backend
 from router.backends.pool import BackendPool
-from router.spec.cumulative import (
+from router.speculation.cumulative import (
     CounterDelta,
     CounterDiffer,
     CounterKey,

@@ -37,7 +37,7 @@ def hardware() -> dict[str, Any]:
         "mlx_device": _mlx_device(),
     }
     if platform.system() == "Linux":
-        from router.blas import openblas_path
+        from router.lanes.blas import openblas_path
 
         preload = None if os.environ.get("SPECLANE_NO_OPENBLAS") == "1" else openblas_path()
         info["openblas_preloaded"] = preload

@@ -89,7 +89,7 @@ def config_text(policies_dir: Path, lanes: LaneOptions) -> str:
 def router_env() -> dict[str, str]:
     """This environment without ``SPECLANE_*`` settings overrides (the temporary file must
     be what runs); process-level switches such as SPECLANE_HOME stay."""
-    from router.config import Settings
+    from router.config.settings import Settings
 
     fields = {name.lower() for name in Settings.model_fields}
     env = {}

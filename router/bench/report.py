@@ -15,7 +15,7 @@ from router.bench.records import CellRun
 from router.bench.result import Result, pair, to_json
 from router.bench.score import Evaluation, Gate
 from router.bench.summary import Summary, cell_summary
-from router.gating import pair_rule_from_bench, rules_to_toml
+from router.lanes.gating.rules import pair_rule_from_bench, rules_to_toml
 
 CHARTS = {
     "ttft_by_concurrency.png": "TTFT by concurrency",

@@ -9,7 +9,7 @@ from router.backends.base import Backend
 from router.backends.cooldown import Cooldown
 from router.backends.pool import BackendPool
 from router.backends.scrape import CumulativeScraper
-from router.spec.cumulative import CounterDelta
+from router.speculation.cumulative import CounterDelta
 
 VLLM_METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter

@@ -7,7 +7,7 @@ import asyncio
 
 import psutil
 
-from router.supervisor import LaneState, LaneStatus
+from router.lanes.supervisor import LaneState, LaneStatus
 
 
 class Recorder:

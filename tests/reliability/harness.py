@@ -38,7 +38,7 @@ import psutil
 from aiohttp import web
 
 from router.app import make_app
-from router.config import Settings
+from router.config.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")

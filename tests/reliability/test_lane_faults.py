@@ -2,7 +2,7 @@
 
 tests/test_supervisor.py proves the supervisor restarts a crashed or hung worker; here the
 supervised worker (tests/fakes/fake_worker.py, a real subprocess) is the speculative lane
-of a running router, wired the way ``router.mlx_lanes`` wires a real one, and the test
+of a running router, wired the way ``router.lanes.group`` wires a real one, and the test
 checks what clients see meanwhile: every request is answered, by the batching lane while
 the speculative one is down, and by the speculative lane again once it is back. No worker
 process may outlive the test.
@@ -20,8 +20,8 @@ from pathlib import Path
 import aiohttp
 
 from router.appkeys import METRICS, POOL, SETTINGS
-from router.mlx_lanes import apply_status, lane_backend
-from router.supervisor import LaneState, LaneStatus, LaneSupervisor, WorkerCommand
+from router.lanes.group import apply_status, lane_backend
+from router.lanes.supervisor import LaneState, LaneStatus, LaneSupervisor, WorkerCommand
 from tests.conftest import RunningRouter, add_fake_lane, fake_upstreams, router_settings, run_router
 from tests.fakes.lane_status import Recorder
 from tests.fakes.upstream import FakeUpstream

@@ -16,7 +16,7 @@ import aiohttp
 import psutil
 import pytest
 
-from router.modelprep import DEFAULT_MODEL_NAME, ensure_default_models
+from router.lanes.modelprep import DEFAULT_MODEL_NAME, ensure_default_models
 from tests.reliability.harness import (
     TALLY,
     RouterProcess,

@@ -1,10 +1,10 @@
-"""The relay's SSE framing helpers (router.protocol): whole events only, first event checked."""
+"""The relay's SSE framing helpers (router.proxy.request): whole events, first event checked."""
 
 from __future__ import annotations
 
 import pytest
 
-from router.protocol import HELD_LIMIT, first_event_is_json, split_events
+from router.proxy.request import HELD_LIMIT, first_event_is_json, split_events
 
 E = b'data: {"a": 1}\n\n'
 

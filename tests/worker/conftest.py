@@ -15,8 +15,8 @@ from typing import IO, Any
 
 import pytest
 
-from router.blas import preload_env
-from router.modelprep import ensure_default_models
+from router.lanes.blas import preload_env
+from router.lanes.modelprep import ensure_default_models
 from router.worker.main import READY_PREFIX
 
 READY_TIMEOUT = 180.0  # loading competes for 2 shared cores

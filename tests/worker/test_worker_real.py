@@ -18,8 +18,8 @@ import openai
 import psutil
 import pytest
 
-from router.blas import preload_env
-from router.modelprep import DEFAULT_DRAFT_NAME, DEFAULT_MODEL_NAME
+from router.lanes.blas import preload_env
+from router.lanes.modelprep import DEFAULT_DRAFT_NAME, DEFAULT_MODEL_NAME
 from tests.worker.conftest import (
     BATCH_SIZE,
     WorkerProcess,

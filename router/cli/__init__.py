@@ -1,0 +1,1 @@
+"""The speclane command and its subcommands."""

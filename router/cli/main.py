@@ -1,0 +1,43 @@
+"""The ``speclane`` command: each subcommand lives in its own module and parses its own flags."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module:function taking argv, one-line help). Imported lazily so that
+# `speclane policy check` does not pay for importing MLX.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("router.server:main", "run the router (and its two MLX lanes by default)"),
+    "worker": ("router.worker.main:main", "run one MLX lane worker (spawned by serve)"),
+    "models": ("router.lanes.modelprep:main", "models prepare: fetch, convert the default model"),
+    "policy": ("router.cli.policy:main", "policy check [DIR]: validate policies, print the table"),
+    "bench": ("router.bench.cli:main", "the speculative readiness scorecard; bench overhead"),
+    "status": ("router.cli.status:main", "print lanes, backends and speculation state"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: speclane COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "speclane COMMAND --help for a command's flags."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    if args[0] in ("-V", "--version"):
+        from router import __version__
+
+        print(f"speclane {__version__}")
+        return 0
+    entry = COMMANDS.get(args[0])
+    if entry is None:
+        print(f"speclane: unknown command '{args[0]}'\n\n{usage()}", file=sys.stderr)
+        return 2
+    module_name, func_name = entry[0].split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(args[1:]) or 0)

@@ -1,0 +1,4 @@
+"""Configuration, the ground floor: settings, presets, policies.
+
+Imports nothing of ours above it.
+"""

@@ -1,0 +1,1 @@
+"""The two MLX lanes: supervision, process states, gating, the default model."""

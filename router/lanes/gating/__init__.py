@@ -1,0 +1,1 @@
+"""Whether a target/draft pair may speculate: inspect, compare, decide."""

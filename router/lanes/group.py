@@ -1,0 +1,144 @@
+"""speclane's own two MLX lanes as backends of the pool.
+
+The supervisor owns the worker processes; this module resolves which model they serve,
+registers one ``Backend`` per enabled lane, and mirrors every supervisor status change
+(ready, port, the worker's reported load, speculation active) into that backend, so the
+decision step sees lanes exactly like any other backend.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from router.appkeys import METRICS, POOL, SETTINGS, SUPERVISORS
+from router.backends.base import SPECLANE_KIND, Backend
+from router.backends.cooldown import Cooldown
+from router.config.settings import LANE_NAMES, LanesSettings, Settings
+from router.lanes.gating.rules import GateDecision, check_pair, decide
+from router.lanes.modelprep import DEFAULT_MODEL_NAME, PrepareError, ensure_default_models
+from router.lanes.supervisor import (
+    LaneStatus,
+    LaneSupervisor,
+    WorkerStartError,
+    build_worker_command,
+    start_all,
+    stop_all,
+)
+from router.metrics import Metrics
+from router.routing.types import LaneName
+
+log = logging.getLogger("speclane.lanes")
+
+
+class LaneStartupError(Exception):
+    """A lane could not be brought up; serve refuses to start and shows why."""
+
+
+@dataclass(frozen=True)
+class LaneModels:
+    model: str  # a local mlx-lm directory, or a Hugging Face repo id (on a Mac)
+    draft: str | None
+    name: str  # the id clients send in "model"
+
+
+def resolve_models(lanes: LanesSettings) -> LaneModels:
+    """The configured model, or the embedded default prepared on first use."""
+    if lanes.model is None:
+        model_dir, draft_dir = ensure_default_models()
+        draft = lanes.draft_model or str(draft_dir)
+        return LaneModels(str(model_dir), draft, lanes.model_name or DEFAULT_MODEL_NAME)
+    local = Path(lanes.model).expanduser()
+    name = lanes.model_name or (local.name if local.exists() else lanes.model)
+    return LaneModels(str(local) if local.exists() else lanes.model, lanes.draft_model, name)
+
+
+def enabled_lanes(lanes: LanesSettings) -> list[LaneName]:
+    return [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]  # type: ignore[misc]
+
+
+def lane_backend(lane: LaneName, settings: Settings, model_name: str) -> Backend:
+    return Backend(
+        name=lane,
+        kind=SPECLANE_KIND,
+        base_url="http://127.0.0.1:0/v1",  # replaced by the worker's port once it is ready
+        cooldown=Cooldown(settings.cooldown.allowed_fails, settings.cooldown.seconds),
+        lane=lane,
+        configured_models=frozenset({model_name}),
+        connect_timeout=5.0,
+        read_timeout=settings.lanes.read_timeout,
+        speculative_requested=lane == "speculative",
+    )
+
+
+def apply_status(backend: Backend, status: LaneStatus, metrics: Metrics | None = None) -> None:
+    backend.ready = status.ready
+    if status.base_url:
+        backend.base_url = status.base_url
+    backend.reported = dict(status.health or {})
+    backend.last_error = status.last_error
+    if status.health is not None:  # keep the last known state while the worker restarts
+        backend.speculative_active = bool(backend.reported.get("speculative"))
+        if metrics is not None and backend.speculative_requested:
+            metrics.spec_active.labels(backend.name).set(1 if backend.speculative_active else 0)
+
+
+async def gate_speculation(settings: Settings, models: LaneModels) -> GateDecision:
+    """Check the draft/target pair before the speculative lane starts (issue: speculation
+    configured but silently stripped, or crashing the lane at load)."""
+    # On the event loop thread, not to_thread: MLX arrays built in a short-lived thread
+    # made the process abort at exit. Nothing is served yet, so blocking is harmless.
+    report = check_pair(models.model, models.draft)
+    presets = [n for n, p in settings.presets.items() if p.lane == "speculative"]
+    gate = decide(report, settings.gating, models.model, models.draft, lane="speculative",
+                  presets=presets)
+    if gate.fatal:
+        raise LaneStartupError(gate.message)
+    if not gate.active:
+        log.warning("speculative lane starts WITHOUT speculation (requested=true, "
+                    "active=false, mode=%s): %s", gate.mode, gate.reason)
+    for warning in gate.warnings:
+        log.warning("speculative lane: %s", warning)
+    return gate
+
+
+async def lanes_context(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    metrics = app[METRICS]
+    app[SUPERVISORS] = []
+    if not settings.lanes.enabled or not enabled_lanes(settings.lanes):
+        yield
+        return
+    try:
+        models = resolve_models(settings.lanes)  # may convert with MLX: main thread (above)
+    except PrepareError as e:
+        raise LaneStartupError(f"the default model could not be prepared: {e}") from e
+    supervisors = []
+    for lane in enabled_lanes(settings.lanes):
+        backend = lane_backend(lane, settings, models.name)
+        draft = None
+        if lane == "speculative":
+            gate = await gate_speculation(settings, models)
+            backend.draft, backend.spec_mode = models.draft, gate.mode
+            backend.spec_reason = gate.reason
+            draft = Path(models.draft) if gate.active and models.draft else None
+            metrics.spec_requested.labels(lane).set(1)
+            metrics.spec_active.labels(lane).set(0)
+        app[POOL].add(backend)
+        command = build_worker_command(lane, settings.lanes, Path(models.model), draft, models.name)
+        supervisors.append(LaneSupervisor.from_settings(
+            command, settings.lanes, metrics=metrics,
+            on_change=lambda status, b=backend: apply_status(b, status, metrics)))
+    app[SUPERVISORS] = supervisors
+    log.info("starting lanes %s on %s (draft: %s)", enabled_lanes(settings.lanes), models.model,
+             models.draft)
+    try:
+        await start_all(supervisors)
+    except WorkerStartError as e:
+        raise LaneStartupError(str(e)) from e
+    yield
+    await stop_all(supervisors, grace=max(5.0, settings.shutdown_grace / 2))

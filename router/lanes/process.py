@@ -1,0 +1,201 @@
+"""One lane worker process: its command line, spawning it, reading its pipes, killing it.
+
+The supervisor decides *when*; this module knows *how*. A WorkerProcess runs in its own
+session (so a terminal's Ctrl-C reaches only the router, which then stops the workers
+in order) and is always signalled as a process group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from router.config.settings import LANE_NAMES, LanesSettings
+from router.lanes.blas import preload_env
+from router.lanes.status import parse_ready_line
+
+log = logging.getLogger("router.lanes.supervisor")
+
+STDERR_TAIL_LINES = 50
+_STREAM_LIMIT = 1 << 20  # MLX/tqdm progress lines can be long
+_PIPE_DRAIN_TIMEOUT = 1.0  # to collect the last stderr lines of an exited worker
+
+
+@dataclass(frozen=True)
+class WorkerCommand:
+    lane: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+
+def build_worker_command(
+    lane: str,
+    settings: LanesSettings,
+    model_dir: Path,
+    draft_dir: Path | None,
+    model_name: str,
+    python: str = sys.executable,
+) -> WorkerCommand:
+    if lane not in LANE_NAMES:
+        raise ValueError(f"unknown lane {lane!r}; expected one of {LANE_NAMES}")
+    argv = [python, "-m", "router.worker", "--mode", lane,
+            "--model", str(model_dir), "--model-name", model_name]
+    if draft_dir is not None and lane == "speculative":
+        argv += ["--draft-model", str(draft_dir)]
+    argv += [
+        "--num-draft-tokens", str(settings.num_draft_tokens),
+        "--max-batch-size", str(settings.max_batch_size),
+        "--host", "127.0.0.1", "--port", "0",
+        "--parent-pid", str(os.getpid()),
+    ]
+    env = preload_env()
+    env.update(settings.env)
+    env["PYTHONUNBUFFERED"] = "1"  # stderr lines must reach the ring buffer as they happen
+    return WorkerCommand(lane=lane, argv=tuple(argv), env=env)
+
+
+class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """Resolves ``exited`` as soon as the process is reaped.
+
+    ``Process.wait()`` also waits until every pipe is closed (CPython 3.11), so a
+    grandchild that inherited stderr would hide the worker's death from the monitor.
+    """
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[int] = loop.create_future()
+
+    def process_exited(self) -> None:
+        # Read the code first: when the pipes closed before the exit was noticed (the
+        # usual order under uvloop), the base class drops the transport right here.
+        transport = self._transport
+        code = transport.get_returncode() if transport is not None else None
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(-1 if code is None else code)
+
+
+@dataclass(eq=False)
+class WorkerProcess:
+    """One spawned worker and the tasks that read its pipes.
+
+    ``ready`` resolves to the port of the ready line; ``exited`` to the exit code.
+    """
+
+    lane: str
+    proc: asyncio.subprocess.Process
+    ready: asyncio.Future[int]
+    exited: asyncio.Future[int]
+    readers: list[asyncio.Task[None]]
+    stderr_tail: deque[str]
+    _group_killed: bool = False
+
+    @classmethod
+    async def spawn(cls, command: WorkerCommand) -> WorkerProcess:
+        """Start the process (raises OSError if it cannot be executed)."""
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _ExitAwareProtocol(_STREAM_LIMIT, loop),
+            *command.argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(command.env),
+            start_new_session=True,
+        )
+        proc = asyncio.subprocess.Process(transport, protocol, loop)
+        assert proc.stdout is not None and proc.stderr is not None
+        ready: asyncio.Future[int] = loop.create_future()
+        tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        readers = [
+            asyncio.create_task(_read_stdout(command.lane, proc.pid, proc.stdout, ready)),
+            asyncio.create_task(_read_stderr(command.lane, proc.pid, proc.stderr, tail)),
+        ]
+        return cls(command.lane, proc, ready, protocol.exited, readers, tail)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.exited.result() if self.exited.done() else None
+
+    def tail(self) -> tuple[str, ...]:
+        return tuple(self.stderr_tail)
+
+    async def drain_stderr(self) -> None:
+        """Let the readers collect what the process wrote before it exited."""
+        await asyncio.wait(self.readers, timeout=_PIPE_DRAIN_TIMEOUT)
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Signal the worker's process group (its own session) while the worker lives."""
+        if self.exited.done() or self._group_killed:
+            return
+        self._killpg(sig)
+
+    def _killpg(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    def _kill_group_once(self) -> None:
+        # Right after the worker is gone its group id cannot have been reused yet: any
+        # process still in the group is a straggler the worker left behind.
+        if not self._group_killed:
+            self._group_killed = True
+            self._killpg(signal.SIGKILL)
+
+    async def terminate(self, grace: float) -> None:
+        """SIGTERM, wait ``grace``, SIGKILL; then kill stragglers. Kills even when cancelled."""
+        try:
+            if not self.exited.done():
+                self.signal(signal.SIGTERM)
+                done, _ = await asyncio.wait({self.exited}, timeout=grace)
+                if not done:
+                    log.warning("%s lane: worker pid %d ignored SIGTERM for %gs; sending SIGKILL",
+                                self.lane, self.pid, grace)
+                    self.signal(signal.SIGKILL)
+                    await self.exited
+            self._kill_group_once()
+            await self.drain_stderr()
+        finally:
+            self._kill_group_once()  # only matters when we were interrupted above
+            for task in self.readers:
+                task.cancel()
+
+
+async def _read_stdout(lane: str, pid: int, stream: asyncio.StreamReader,
+                       ready: asyncio.Future[int]) -> None:
+    async for line in _lines(stream):
+        port = parse_ready_line(line)
+        if port is not None and not ready.done():
+            ready.set_result(port)
+        else:
+            log.debug("%s worker[%d] stdout: %s", lane, pid, line)
+
+
+async def _read_stderr(lane: str, pid: int, stream: asyncio.StreamReader,
+                       tail: deque[str]) -> None:
+    async for line in _lines(stream):
+        tail.append(line)
+        log.info("%s worker[%d]: %s", lane, pid, line)
+
+
+async def _lines(stream: asyncio.StreamReader) -> AsyncIterator[str]:
+    while True:
+        try:
+            raw = await stream.readline()
+        except ValueError:  # longer than the limit: asyncio has dropped it
+            yield "<line too long; dropped>"
+            continue
+        if not raw:
+            return
+        yield raw.decode("utf-8", "replace").rstrip("\r\n")

@@ -1,0 +1,517 @@
+"""Forward one request to its candidates and relay the answer back.
+
+Rules (why they are what they are):
+- Retries happen only while nothing has reached the client: connection errors, an upstream
+  that closes before its first byte, and 429/5xx answers move on to the next candidate
+  (tenacity, jittered exponential backoff, bounded). A timeout is not retried: the upstream
+  may still be generating, and a second try would double the work.
+- A stream's headers are sent only once its first upstream chunk has arrived, so a backend
+  that dies before producing anything is still retried. From then on every chunk is written
+  as it arrives; only a bounded copy of the tail is kept to read the final statistics.
+- After the first byte nothing is retried: a failure ends the stream with an error event in
+  the OpenAI error shape, then ``data: [DONE]``.
+- Only whole events are written: an incomplete event waits for its end (it is useless to a
+  client until then), so an error event is never glued onto half an event.
+- A client that goes away closes the upstream request at once (unless the backend is marked
+  ``drain_on_abort``, for servers that crash on aborts: then the answer, even one that has
+  not started yet, is read to its end in the background and discarded).
+- On shutdown (``shutdown(grace)``, run from the app's on_shutdown) new requests get 503;
+  those in flight have ``grace`` seconds, then each stream still running ends with an error
+  event and each request not yet answered gets a 503. Left to itself, aiohttp would cut them
+  only after twice its shutdown timeout, with no word to the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from router import errors
+from router.backends.base import Backend
+from router.backends.pool import BackendPool
+from router.config.settings import RetrySettings
+from router.errors import RouterError
+from router.metrics import Metrics
+from router.proxy.request import (
+    ParsedRequest,
+    SSETail,
+    first_event_is_json,
+    looks_like_sse,
+    split_events,
+)
+from router.proxy.upstream import Http1Pool, Response
+from router.routing.types import Candidate, Decision
+
+log = logging.getLogger("speclane.relay")
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# router.proxy.upstream raises UpstreamConnectionError (a ConnectionError) for every connection
+# failure; OSError-derived resets are ConnectionErrors too.
+CONNECT_ERRORS = (ConnectionError,)
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+
+
+class Retryable(Exception):
+    def __init__(self, error: RouterError, reason: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one relayed request; read by metrics and speculative telemetry."""
+
+    endpoint: str
+    arrival: float
+    status: int = 0
+    backend: Backend | None = None
+    candidate: Candidate | None = None
+    stream: bool = False
+    attempts: int = 0
+    first_byte_at: float | None = None  # first upstream body byte (monotonic)
+    last_byte_at: float | None = None
+    finished_at: float | None = None
+    completed: bool = False  # the upstream answer arrived whole
+    client_gone: bool = False
+    error: RouterError | None = None
+    body_json: dict[str, Any] | None = None  # non-streaming answer
+    tail_events: list[dict[str, Any]] = field(default_factory=list)  # last events of a stream
+    tail_malformed: int = 0
+    solo: bool = True  # no other request was in flight on the backend meanwhile
+    _epoch: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_byte_at is None else self.first_byte_at - self.arrival
+
+
+BodyFor = Callable[[Backend, Candidate], bytes]
+
+
+@dataclass(slots=True)
+class Opened:
+    backend: Backend
+    candidate: Candidate
+    response: Response
+    first_chunk: bytes  # streams only: already read, not yet written
+
+
+@dataclass(slots=True, eq=False)
+class _Live:
+    """One request inside ``forward``, as the shutdown sees it."""
+
+    task: asyncio.Task[Any] | None
+    response: Response | None = None  # set once a stream has begun
+    aborted: bool = False
+
+
+def shutting_down(message: str = "speclane is shutting down") -> RouterError:
+    return errors.unavailable(message, code="shutting_down")
+
+
+class Relay:
+    def __init__(self, client: Http1Pool, pool: BackendPool, retry: RetrySettings,
+                 metrics: Metrics) -> None:
+        self._client = client
+        self._pool = pool
+        self._retry = retry
+        self._metrics = metrics
+        self._drains: set[asyncio.Task[None]] = set()
+        self._live: set[_Live] = set()
+        self._idle = asyncio.Event()
+        self._closing = False
+
+    async def forward(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        decision: Decision,
+        *,
+        path: str,
+        outcome: Outcome,
+        body_for: BodyFor,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        outcome.stream = parsed.route.stream
+        if self._closing:
+            raise shutting_down()
+        live = _Live(asyncio.current_task())
+        self._live.add(live)
+        try:
+            opened = await self._open_with_retries(parsed, decision, path, outcome, body_for)
+            backend = opened.backend
+            outcome.backend, outcome.candidate = backend, opened.candidate
+            headers = {
+                **headers,
+                "X-Speclane-Backend": backend.name,
+                "X-Speclane-Lane": opened.candidate.lane,
+                "X-Speclane-Decision": decision.reason,
+                "X-Speclane-Attempts": str(outcome.attempts),
+            }
+            try:
+                if parsed.route.stream:
+                    return await self._relay_stream(request, opened, outcome, headers, live)
+                return await self._relay_body(opened, outcome, headers)
+            finally:
+                self._end(backend, opened.response, outcome)
+        except asyncio.CancelledError:
+            # Cancelled by shutdown() before any byte reached the client: answer 503.
+            if live.aborted and live.task is not None and live.task.uncancel() == 0:
+                raise shutting_down("speclane is shutting down; the request was not "
+                                    "answered within the shutdown grace period") from None
+            raise
+        finally:
+            self._live.discard(live)
+            if not self._live:
+                self._idle.set()
+
+    # --- opening: the only place that retries ------------------------------------------
+
+    async def _open_with_retries(self, parsed: ParsedRequest, decision: Decision, path: str,
+                                 outcome: Outcome, body_for: BodyFor) -> Opened:
+        candidates = decision.candidates
+
+        async def attempt_next() -> Opened:
+            cand = candidates[outcome.attempts % len(candidates)]
+            outcome.attempts += 1
+            backend = self._pool[cand.backend]
+            # Counted as in flight from the moment it is sent, not from the upstream's
+            # headers: a lane worker answers only with its first token, and requests
+            # arriving meanwhile must already see the lane as busy.
+            self._begin(backend, outcome)
+            try:
+                return await self._open(backend, cand, parsed, path, body_for)
+            except BaseException:
+                self._unbegin(backend)
+                raise
+
+        # The first try runs without tenacity: its bookkeeping is measurable on the hot path.
+        try:
+            return await attempt_next()
+        except Retryable as first:
+            if self._retry.attempts <= 1:
+                raise first.error from None
+            log.info("retrying after %s: %s", first.reason, first.error.message)
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._retry.attempts - 1),
+            wait=wait_random_exponential(multiplier=self._retry.backoff_initial,
+                                         max=self._retry.backoff_max),
+            retry=retry_if_exception_type(Retryable),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await attempt_next()
+        except Retryable as e:
+            raise e.error from None
+        raise AssertionError("unreachable: tenacity either returned or raised")
+
+    async def _open(self, backend: Backend, cand: Candidate, parsed: ParsedRequest, path: str,
+                    body_for: BodyFor) -> Opened:
+        headers = {"Content-Type": "application/json", **backend.auth_headers()}
+        try:
+            resp = await self._post(backend, f"{backend.base_url}{path}",
+                                    body=body_for(backend, cand), headers=headers,
+                                    connect_timeout=backend.connect_timeout,
+                                    read_timeout=backend.read_timeout)
+        except TimeoutError as e:
+            self._failed(backend, "timeout")
+            raise errors.upstream_timeout(
+                f"backend '{backend.name}' did not answer within {backend.read_timeout:g}s") from e
+        except CONNECT_ERRORS as e:
+            raise self._retryable(backend, "connect",
+                                  f"could not reach backend '{backend.name}': {e}") from e
+        try:
+            if resp.status >= 400:
+                body = await resp.read(limit=64 * 1024)
+                err = errors.from_upstream_body(resp.status, body)
+                if resp.status in RETRY_STATUSES:
+                    self._failed(backend, f"status_{resp.status}")
+                    raise Retryable(err, f"status_{resp.status}")
+                raise err
+            first = b""
+            if parsed.route.stream:
+                first = await self._first_chunk(backend, resp)
+            backend.cooldown.success()
+            return Opened(backend, cand, resp, first)
+        except asyncio.CancelledError:
+            self._abandon(backend, resp)
+            raise
+        except BaseException:
+            resp.close()
+            raise
+
+    async def _post(self, backend: Backend, url: str, **kwargs: Any) -> Response:
+        if not backend.drain_on_abort:
+            return await self._client.request("POST", url, **kwargs)
+        # A backend that crashes on aborts must not see one even when the client leaves
+        # before the answer starts: the request goes on, and its answer is drained.
+        sending = asyncio.ensure_future(self._client.request("POST", url, **kwargs))
+        try:
+            return await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            self._track(asyncio.create_task(self._drain_when_answered(backend, sending)))
+            raise
+
+    async def _drain_when_answered(self, backend: Backend,
+                                   sending: asyncio.Future[Response]) -> None:
+        try:
+            resp = await sending
+        except (TimeoutError, *CONNECT_ERRORS):
+            return
+        await self._drain(backend, resp)
+
+    async def _first_chunk(self, backend: Backend, resp: Response) -> bytes:
+        ctype = resp.headers.get("Content-Type") or ""
+        if "text/event-stream" not in ctype:
+            raise errors.upstream_failed(
+                f"backend '{backend.name}' answered a streaming request with content type "
+                f"'{ctype or 'none'}' instead of text/event-stream", code="upstream_bad_stream")
+        try:
+            first = await resp.readany()
+        except TimeoutError as e:
+            self._failed(backend, "timeout")
+            raise errors.upstream_timeout(
+                f"backend '{backend.name}' sent no data for {backend.read_timeout:g}s") from e
+        except CONNECT_ERRORS as e:
+            raise self._retryable(backend, "disconnect",
+                                  f"backend '{backend.name}' closed the stream: {e}") from e
+        if not first:
+            raise self._retryable(backend, "empty",
+                                  f"backend '{backend.name}' closed the stream before any data")
+        if not looks_like_sse(first):
+            raise errors.upstream_failed(
+                f"backend '{backend.name}' sent data that is not server-sent events",
+                code="upstream_bad_stream")
+        if not first_event_is_json(first):
+            raise errors.upstream_failed(
+                f"backend '{backend.name}' began its stream with an event that is not JSON",
+                code="upstream_bad_stream")
+        return first
+
+    def _retryable(self, backend: Backend, reason: str, message: str) -> Retryable:
+        self._failed(backend, reason)
+        return Retryable(errors.upstream_failed(message), reason)
+
+    def _failed(self, backend: Backend, reason: str) -> None:
+        backend.last_error = reason
+        self._metrics.retries.labels(backend.name, reason).inc()
+        if backend.cooldown.failure(time.monotonic()):
+            self._metrics.cooldowns.labels(backend.name).inc()
+            log.warning("backend %s cooled down for %.1fs after repeated failures (%s)",
+                        backend.name, backend.cooldown.seconds, reason)
+
+    # --- relaying -----------------------------------------------------------------------
+
+    async def _relay_stream(self, request: web.Request, opened: Opened, outcome: Outcome,
+                            headers: dict[str, str], live: _Live) -> web.StreamResponse:
+        backend, resp = opened.backend, opened.response
+        outcome.status = resp.status
+        out = web.StreamResponse(status=resp.status, headers={**headers, **SSE_HEADERS})
+        tail = SSETail()
+        chunk = opened.first_chunk
+        held = b""  # the incomplete event at the end of what was read
+        outcome.first_byte_at = time.monotonic()
+        await out.prepare(request)
+        live.response = resp
+        # Keep-alive comments are bytes, not progress: a backend that sends only those for
+        # its read timeout has stalled as surely as one that sends nothing.
+        last_data = outcome.first_byte_at
+        try:
+            while chunk:
+                if b"data:" in chunk:
+                    last_data = time.monotonic()
+                elif time.monotonic() - last_data > backend.read_timeout:
+                    await self._stream_failed(
+                        out, backend, outcome, "timeout", errors.upstream_timeout(
+                            f"backend '{backend.name}' sent only keep-alive comments for "
+                            f"{backend.read_timeout:g}s mid-stream"))
+                    return out
+                tail.feed(chunk)
+                whole, held = split_events(held + chunk)
+                try:
+                    if whole:
+                        await out.write(whole)
+                except ConnectionResetError:
+                    outcome.client_gone = True  # the client went away; nothing more to send
+                    return out
+                chunk = await resp.readany()
+            outcome.last_byte_at = time.monotonic()
+        except TimeoutError:
+            await self._stream_failed(out, backend, outcome, "timeout", errors.upstream_timeout(
+                f"backend '{backend.name}' sent nothing for {backend.read_timeout:g}s mid-stream"))
+            return out
+        except CONNECT_ERRORS as e:
+            if live.aborted:
+                await self._stream_failed(out, backend, outcome, "shutdown", shutting_down(
+                    "speclane is shutting down; the stream was cut after the grace period"))
+                return out
+            await self._stream_failed(out, backend, outcome, "disconnect", errors.upstream_failed(
+                f"backend '{backend.name}' closed the stream mid-way: {type(e).__name__}"))
+            return out
+        outcome.tail_events, outcome.tail_malformed, saw_done = tail.finish()
+        if saw_done:
+            if held:  # "data: [DONE]" without its blank line: pass it on as it came
+                await self._write(out, held, outcome)
+            outcome.completed = True
+        elif outcome.tail_events and "error" in outcome.tail_events[-1]:
+            outcome.completed = True  # the upstream ended its own stream with an error event
+            await self._finish(out, b"data: [DONE]\n\n", outcome)
+            return out
+        else:
+            await self._stream_failed(out, backend, outcome, "no_done", errors.upstream_failed(
+                f"backend '{backend.name}' ended the stream without data: [DONE]",
+                code="upstream_incomplete_stream"))
+            return out
+        await self._finish(out, b"", outcome)
+        return out
+
+    async def _stream_failed(self, out: web.StreamResponse, backend: Backend, outcome: Outcome,
+                             reason: str, err: RouterError) -> None:
+        log.warning("stream from %s failed after first byte: %s", backend.name, err.message)
+        self._metrics.stream_errors.labels(backend.name, reason).inc()
+        outcome.error = err
+        if reason in ("timeout", "disconnect"):
+            self._failed(backend, reason)
+        await self._finish(out, errors.sse_error_event(err), outcome)
+
+    async def _write(self, out: web.StreamResponse, data: bytes, outcome: Outcome) -> None:
+        try:
+            await out.write(data)
+        except ConnectionResetError:
+            outcome.client_gone = True
+
+    async def _finish(self, out: web.StreamResponse, trailer: bytes, outcome: Outcome) -> None:
+        try:
+            if trailer:
+                await out.write(trailer)
+            await out.write_eof()
+        except ConnectionResetError:
+            outcome.client_gone = True
+
+    async def _relay_body(self, opened: Opened, outcome: Outcome,
+                          headers: dict[str, str]) -> web.Response:
+        backend, resp = opened.backend, opened.response
+        try:
+            body = await resp.read()
+        except TimeoutError as e:
+            self._failed(backend, "timeout")
+            raise errors.upstream_timeout(
+                f"backend '{backend.name}' did not finish within {backend.read_timeout:g}s "
+                "of silence") from e
+        except CONNECT_ERRORS as e:
+            self._failed(backend, "disconnect")
+            raise errors.upstream_failed(
+                f"backend '{backend.name}' closed the connection before the answer was complete: "
+                f"{type(e).__name__}") from e
+        outcome.first_byte_at = outcome.last_byte_at = time.monotonic()
+        ctype = resp.headers.get("Content-Type") or "application/json"
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise errors.upstream_failed(
+                f"backend '{backend.name}' answered with {len(body)} bytes of content type "
+                f"'{ctype}' that are not valid JSON", code="upstream_bad_json") from None
+        outcome.body_json = parsed if isinstance(parsed, dict) else None
+        outcome.completed = True
+        outcome.status = resp.status
+        # Passed through byte for byte: nothing here needs re-serialising.
+        return web.Response(status=resp.status, body=body, headers={
+            **headers, "Content-Type": "application/json"})
+
+    # --- bookkeeping --------------------------------------------------------------------
+
+    def _begin(self, backend: Backend, outcome: Outcome) -> None:
+        outcome.solo = backend.inflight == 0
+        backend.started += 1
+        outcome._epoch = backend.started
+        backend.inflight += 1
+        self._metrics.inflight.labels(backend.name).inc()
+
+    def _unbegin(self, backend: Backend) -> None:
+        backend.inflight -= 1
+        self._metrics.inflight.labels(backend.name).dec()
+
+    def _end(self, backend: Backend, resp: Response, outcome: Outcome) -> None:
+        # Solo: nothing was running when it began and nothing began after it.
+        outcome.solo = outcome.solo and backend.started == outcome._epoch
+        self._unbegin(backend)
+        if outcome.completed:
+            resp.close()  # the answer arrived whole: its connection is kept alive
+        else:
+            self._abandon(backend, resp)
+
+    def _abandon(self, backend: Backend, resp: Response) -> None:
+        """Stop reading an answer nobody waits for: close it (which is what cancels the work
+        upstream), or drain it in the background for a backend that crashes on aborts."""
+        if backend.drain_on_abort and not self._closing:
+            self._track(asyncio.create_task(self._drain(backend, resp)))
+        else:
+            resp.close()
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
+
+    async def _drain(self, backend: Backend, resp: Response) -> None:
+        """Let the backend finish an aborted generation instead of cutting it off."""
+        try:
+            while await resp.readany():
+                pass
+        except (TimeoutError, *CONNECT_ERRORS):
+            pass
+        finally:
+            resp.close()
+            log.debug("drained aborted request on %s", backend.name)
+
+    async def shutdown(self, grace: float, *, settle: float = 2.0) -> None:
+        """Refuse new requests, give those in flight ``grace`` seconds, then end the rest:
+        streams with an error event (their upstream is closed, the relay loop writes it),
+        requests not answered yet with a 503. Waits up to ``settle`` seconds for that."""
+        self._closing = True
+        if self._live:
+            self._idle.clear()
+            try:
+                await asyncio.wait_for(self._idle.wait(), grace)
+                return
+            except TimeoutError:
+                pass
+        if not self._live:
+            return
+        log.warning("shutdown: ending %d request(s) still running after %.1fs",
+                    len(self._live), grace)
+        for live in list(self._live):
+            live.aborted = True
+            if live.response is not None:
+                live.response.close()
+            elif live.task is not None:
+                live.task.cancel()
+        if self._live:
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), settle)
+
+    async def close(self) -> None:
+        for task in list(self._drains):
+            task.cancel()
+        await asyncio.gather(*self._drains, return_exceptions=True)

@@ -1,0 +1,264 @@
+"""Speculative telemetry and auto-disable, wired to requests (the I/O side of router/speculation).
+
+Per request:
+1. ``advisor(claim)`` gives classification a side-effect-free view of the workload's
+   state (``AutoDisable.peek``).
+2. ``claim_route`` runs after classification: when the first candidate would speculate it
+   takes the key's verdict for real, so a probe (or a baseline sample, which runs on the
+   same lane with ``num_draft_tokens: 0``) is handed to exactly one request; speculative
+   external backends whose workload is off are moved behind the other candidates.
+3. ``observe(outcome, claim)`` after the response: parses the backend's statistics from
+   the body or the stream's final events, counts them in the metrics, feeds the
+   auto-disable windows (speculative runs) or the baseline (plain runs), and logs and
+   counts every state change once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from router.backends.base import Backend
+from router.backends.pool import BackendPool
+from router.config.policies import PolicySet
+from router.config.settings import Settings
+from router.config.speculation import SpecSettings
+from router.metrics import Metrics
+from router.proxy.relay import Outcome
+from router.routing.classify import SpecAdvice, SpecOracle
+from router.routing.types import Candidate, Decision
+from router.speculation.autodisable import AutoDisable, Transition
+from router.speculation.cumulative import CounterDelta
+from router.speculation.keystate import SpecKey
+from router.speculation.observed import ObservedWindow
+from router.speculation.parsers import output_tokens, parse_response, parse_stream_events
+from router.speculation.record import Observation, SpecRecord, SpecResult, unavailable_reason
+
+log = logging.getLogger("speclane.spec")
+
+
+@dataclass
+class SpecClaim:
+    """What one request was told about speculation; returned when it finishes."""
+
+    model: str = ""
+    workload: str = ""
+    key: SpecKey | None = None  # the key whose verdict was taken
+    ticket: int | None = None
+    probe: bool = False
+    baseline: bool = False
+
+
+class SpecTelemetry:
+    def __init__(self, settings: Settings, metrics: Metrics, pool: BackendPool,
+                 policies: Any) -> None:
+        self._settings = settings.spec
+        self._metrics = metrics
+        self._pool = pool
+        self._policies = policies  # a callable returning the current PolicySet
+        self.auto = AutoDisable(settings.spec, resolve=self._resolve)
+        self._observed: dict[str, ObservedWindow] = {}
+        self._per_request_seen: set[str] = set()
+
+    def _resolve(self, key: SpecKey) -> SpecSettings:
+        policies: PolicySet = self._policies()
+        policy = policies.get(key.workload.split(":", 1)[0])
+        return self._settings.merged(policy.spec if policy else None)
+
+    # --- before routing -----------------------------------------------------------------
+
+    def advisor(self, claim: SpecClaim) -> SpecOracle:
+        def advise(model: str, workload: str) -> SpecAdvice:
+            claim.model, claim.workload = model, workload
+            verdict = self.auto.peek(SpecKey("speculative", model, workload), time.monotonic())
+            return SpecAdvice(use=verdict.use_speculation and not verdict.probe,
+                              probe=verdict.probe)
+
+        return advise
+
+    def claim_route(self, decision: Decision, claim: SpecClaim) -> Decision:
+        candidates = self._external_order(decision.candidates, claim)
+        first = candidates[0]
+        backend = self._pool[first.backend]
+        if not self._speculates(backend, first):
+            return _with(decision, candidates)
+        key = SpecKey(backend.name, claim.model, claim.workload)
+        verdict = self.auto.verdict(key, time.monotonic())
+        claim.key, claim.ticket = key, verdict.ticket
+        claim.probe = verdict.probe
+        if verdict.probe:
+            self._metrics.spec_probes.labels(*key).inc()
+            log.info("probing speculation for %s", "/".join(key))
+        elif not verdict.use_speculation:
+            claim.baseline = verdict.reason == "baseline_sample"
+            if backend.lane == "speculative":
+                # Off (or a baseline sample): the same lane decodes without the draft.
+                candidates = (dataclasses.replace(first, speculative=False), *candidates[1:])
+            elif claim.ticket is not None:
+                self.auto.cancel(claim.ticket, time.monotonic())  # no plain mode out there
+                claim.ticket, claim.baseline = None, False
+        return _with(decision, candidates)
+
+    def _external_order(self, candidates: tuple[Candidate, ...],
+                        claim: SpecClaim) -> tuple[Candidate, ...]:
+        """Speculative external backends whose workload is off go behind the others
+        (they still serve when nothing else can, and take probes when due)."""
+        if len(candidates) < 2 or not claim.model:
+            return candidates
+        now = time.monotonic()
+        keep, later = [], []
+        for c in candidates:
+            b = self._pool[c.backend]
+            off = (b.lane is None and b.speculative_requested and not self.auto.peek(
+                SpecKey(b.name, claim.model, claim.workload), now).use_speculation)
+            (later if off else keep).append(c)
+        return (*keep, *later) if keep else candidates
+
+    @staticmethod
+    def _speculates(backend: Backend, candidate: Candidate) -> bool:
+        if backend.lane == "speculative":
+            return candidate.speculative
+        return backend.lane is None and backend.speculative_requested
+
+    # --- after the response -------------------------------------------------------------
+
+    def observe(self, outcome: Outcome, claim: SpecClaim) -> None:
+        backend, served = outcome.backend, outcome.candidate
+        now = time.monotonic()
+        if backend is None or served is None or not outcome.completed or outcome.client_gone:
+            self._release(claim, now)
+            return
+        result = self._parse(backend, outcome)
+        model = claim.model or _model_of(outcome) or "unknown"
+        workload = claim.workload or "unclassified"
+        self._count(backend, model, workload, result)
+        observation = _observation(outcome)
+        if observation is not None and observation.decode_tps() is not None:
+            speculative = isinstance(result, SpecRecord) and result.drafted > 0
+            self._metrics.decode_tps.labels(served.lane, str(speculative).lower()).observe(
+                observation.decode_tps() or 0.0)
+        key = SpecKey(backend.name, model, workload)
+        if claim.key is not None and claim.key != key:
+            self._release(claim, now)  # a retry moved it to another backend
+            claim.ticket = None
+        if self._speculates(backend, served):
+            transitions = self.auto.record(key, result, observation, now, claim.ticket)
+            self._publish(key, transitions)
+        elif observation is not None:
+            self.auto.record_baseline(model, workload, observation, now,
+                                      claim.ticket if claim.baseline else None)
+        elif claim.ticket is not None:
+            self.auto.cancel(claim.ticket, now)
+
+    def _parse(self, backend: Backend, outcome: Outcome) -> SpecResult:
+        if outcome.body_json is not None:
+            return parse_response(backend.kind, outcome.body_json)
+        return parse_stream_events(backend.kind, outcome.tail_events)
+
+    def _count(self, backend: Backend, model: str, workload: str, result: SpecResult) -> None:
+        m = self._metrics
+        if isinstance(result, SpecRecord):
+            labels = (backend.name, model, workload)
+            m.spec_draft_tokens.labels(*labels).inc(result.drafted)
+            m.spec_accepted_tokens.labels(*labels).inc(result.accepted)
+            m.spec_rejected_tokens.labels(*labels).inc(result.rejected)
+            m.spec_ignored_tokens.labels(*labels).inc(result.ignored)
+            self._per_request_seen.add(backend.name)
+        else:
+            reason = unavailable_reason(result) or "unknown"
+            m.spec_telemetry_unavailable.labels(backend.name, reason).inc()
+        if backend.speculative_requested:
+            window = self._observed.setdefault(backend.name, ObservedWindow())
+            window.add(isinstance(result, SpecRecord) and result.drafted > 0)
+            self.set_observed(backend, window.observed, window.reason())
+
+    def observe_cumulative(self, backend: Backend, deltas: list[CounterDelta]) -> None:
+        """Scraped counter deltas: counted under workload "cumulative", unless the backend
+        also reports per response (then they are the same drafts counted twice)."""
+        m = self._metrics
+        for d in deltas:
+            if d.restarted:
+                m.spec_counter_resets.labels(backend.name).inc()
+            if isinstance(d.result, SpecRecord) and backend.name not in self._per_request_seen:
+                labels = (backend.name, d.key.model or "unknown", "cumulative")
+                m.spec_draft_tokens.labels(*labels).inc(d.result.drafted)
+                m.spec_accepted_tokens.labels(*labels).inc(d.result.accepted)
+                m.spec_rejected_tokens.labels(*labels).inc(d.result.rejected)
+                m.spec_ignored_tokens.labels(*labels).inc(d.result.ignored)
+            elif d.result is not None and not isinstance(d.result, SpecRecord):
+                reason = f"malformed_{d.result.reason}"
+                m.spec_telemetry_unavailable.labels(backend.name, reason).inc()
+        if backend.speculative_requested and any(
+                isinstance(d.result, SpecRecord) and d.result.drafted for d in deltas):
+            self.set_observed(backend, True, None)
+
+    def set_observed(self, backend: Backend, observed: bool | None, reason: str | None) -> None:
+        if observed is backend.spec_observed:
+            return
+        backend.spec_observed = observed
+        if observed is not None:
+            self._metrics.spec_observed.labels(backend.name).set(1 if observed else 0)
+        if observed is False:
+            backend.spec_reason = reason
+            log.warning("backend %s: %s", backend.name, reason)
+        elif backend.spec_reason and backend.spec_reason.startswith("configured as speculative"):
+            backend.spec_reason = None
+
+    def _publish(self, key: SpecKey, transitions: list[Transition]) -> None:
+        m = self._metrics
+        ratio = self.auto.acceptance(key)
+        if ratio is not None:
+            m.spec_acceptance_ratio.labels(*key).set(ratio)
+        m.spec_enabled.labels(*key).set(1 if self.auto.enabled(key) else 0)
+        for t in transitions:
+            m.spec_state_changes.labels(*key, t.state, t.reason).inc()
+            (log.warning if t.state == "off" else log.info)("%s", t.describe())
+
+    def _release(self, claim: SpecClaim, now: float) -> None:
+        if claim.ticket is not None:
+            self.auto.cancel(claim.ticket, now)
+
+    def admin_snapshot(self) -> dict[str, Any]:
+        now = time.monotonic()
+        workloads = self.auto.snapshot(now)
+        for row in workloads:  # monotonic instants mean nothing outside this process
+            row.pop("since", None)
+            if isinstance(row.get("probe"), dict):
+                row["probe"].pop("next_at", None)
+        backends = [{"backend": b.name, "lane": b.lane, "requested": b.speculative_requested,
+                     "active": b.speculative_active if b.lane else None,
+                     "observed": b.spec_observed, "reason": b.spec_reason}
+                    for b in self._pool]
+        return {"settings": self._settings.model_dump(), "workloads": workloads,
+                "backends": backends}
+
+
+def _with(decision: Decision, candidates: tuple[Candidate, ...]) -> Decision:
+    if candidates == decision.candidates:
+        return decision
+    return dataclasses.replace(decision, candidates=candidates)
+
+
+def _model_of(outcome: Outcome) -> str | None:
+    body = outcome.body_json or (outcome.tail_events[-1] if outcome.tail_events else None)
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
+
+
+def _observation(outcome: Outcome) -> Observation | None:
+    """Decode speed is only seen on streams: a non-streaming body arrives all at once."""
+    if not outcome.stream or outcome.first_byte_at is None or outcome.last_byte_at is None:
+        return None
+    tokens = None
+    for event in reversed(outcome.tail_events):
+        tokens = output_tokens(event)
+        if tokens is not None:
+            break
+    if tokens is None:
+        return None
+    return Observation(output_tokens=tokens,
+                       decode_seconds=outcome.last_byte_at - outcome.first_byte_at,
+                       ttft_seconds=outcome.ttft, solo=outcome.solo)

@@ -1,0 +1,1 @@
+"""Pure routing decisions: classification, lane choice, load."""

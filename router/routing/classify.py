@@ -1,0 +1,470 @@
+"""Classify one request: pure, (request facts, policy, presets, backend snapshot, load gate,
+speculative state) -> ``Classification`` (ordered candidates, reason, body changes), or a
+``RouterError``.
+
+The steps, in order (the first failing step answers):
+
+1. Model: a policy alias is resolved; a name that no backend serves as-is but ends in
+   ``@<preset>`` has the suffix taken as the preset hint (``qwen@interactive``). A name that
+   is served as-is is never split, so LM Studio's ``model@q4_k_m`` ids pass through.
+2. Preset: the ``X-Speclane-Preset`` header, else the model suffix, else the policy's
+   ``default_preset``, else none. Unknown: 400 naming the configured presets; not in the
+   policy's ``presets``: 403.
+3. Model allowed by the policy (``models.allow``), else 403.
+4. Body changes (chat and completions only): the preset's ``defaults`` for fields the
+   request did not set, then the policy's caps (clamp, or 400 with ``action = "reject"``).
+5. Backends serving the model (embeddings: external backends only; the MLX lanes do not
+   embed). None: 404.
+6. ``X-Speclane-Lane: auto | speculative | batching | <backend name>``: when the policy
+   allows overrides, the named target is the only candidate, whatever the rules below say;
+   not allowed: 403; not a lane or configured backend: 400; not serving the model: 400;
+   down or cooling down: 503.
+7. The lane preference: the policy's ``lanes[preset]``, else the preset's ``lane``, else
+   ``auto``. ``batching``: the batching lane first. ``speculative`` and ``auto``: the
+   speculative lane first unless one of these rules sends the request to batching (the
+   first that applies names the reason):
+
+   - ``n>1``: the speculative lane decodes one sequence at a time; batching decodes the
+     n choices together.
+   - ``long-prompt`` (more than ``long_prompt_chars``): prefill dominates and speculation
+     only speeds decoding, while the draft model must prefill the prompt too.
+   - ``high-temperature`` (above ``spec_max_temperature``): draft and target sample
+     different tokens, acceptance collapses, and speculation costs more than it saves.
+   - ``short-output`` (``max_tokens`` at most ``short_output_tokens``): too few tokens
+     for the draft to win back its prefill.
+   - ``spec-inactive``: the lane reports no active speculation (e.g. no draft loaded).
+   - ``spec-not-paying``: the per-workload speculative state says it does not pay (a
+     probe request still goes: ``spec-probe``).
+   - ``spec-lane-busy``: the lane is at capacity (default 1): a request never waits
+     behind another on the speculative lane while the batching lane can start it now.
+   - ``low-priority``: a sheddable client (priority < 0) and the lanes are not idle.
+   - ``load-high``: the load gate (``router.routing.load.LoadGate``) is busy; a client with
+     priority > 0 passes it.
+
+   A lane that is down or cooling down is never a candidate: ``spec-lane-down`` /
+   ``no-spec-lane`` send to batching, ``batching-down`` / ``no-batching-lane`` to the
+   speculative lane. A model only external backends serve goes least busy first
+   (``external``). Other available lanes and backends that serve the model follow the
+   first candidate as fallbacks, least busy first.
+
+The reason reads ``preset=<name|none>,<rule>-><lane>`` (``override-><lane>`` for an
+override), plus ``,clamped=<field>`` when a cap lowered a value; ``labels["rule"]`` is
+the bare rule, from the closed vocabulary ``RULES``, for metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from router.config.policies import CLIENT_HEADER, Policy
+from router.config.presets import LanePreference, PresetSpec
+from router.errors import RouterError, bad_request, not_found, unavailable
+from router.routing.load import LoadGate, available, candidate_for, lane_load, lanes_load
+from router.routing.types import BackendView, Candidate, Decision, LaneName, RouteRequest
+
+PRESET_HEADER = "X-Speclane-Preset"
+LANE_HEADER = "X-Speclane-Lane"
+BACKEND_HEADER = "X-Speclane-Backend"
+DECISION_HEADER = "X-Speclane-Decision"
+
+LANES: tuple[LaneName, ...] = ("speculative", "batching")
+SHAPE_RULES = ("n>1", "long-prompt", "high-temperature", "short-output")
+RULES = (
+    "override", "spec-lane-free", "spec-probe", "prefer-batching", "external",
+    *SHAPE_RULES, "spec-inactive", "spec-not-paying", "spec-lane-busy", "low-priority",
+    "load-high", "spec-lane-down", "no-spec-lane", "batching-down", "no-batching-lane",
+)
+
+
+class RoutingRules(BaseModel):
+    """The thresholds of the request-shape rules and of the load gate (configuration)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    long_prompt_chars: int = Field(16_000, ge=0)  # 0: no limit
+    spec_max_temperature: float = Field(1.0, ge=0)
+    short_output_tokens: int = Field(16, ge=0)  # 0: rule off
+    spec_busy_at: int = Field(3, ge=1)
+    spec_free_at: int = Field(1, ge=0)
+
+    @model_validator(mode="after")
+    def _gate_order(self) -> RoutingRules:
+        if self.spec_free_at >= self.spec_busy_at:
+            raise ValueError("spec_free_at must be below spec_busy_at")
+        return self
+
+    def new_gate(self) -> LoadGate:
+        return LoadGate(busy_at=self.spec_busy_at, free_at=self.spec_free_at)
+
+
+DEFAULT_RULES = RoutingRules()
+
+
+@dataclass(frozen=True, slots=True)
+class SpecAdvice:
+    """The speculative state for one (model, workload): use it, or probe it while off."""
+
+    use: bool = True
+    probe: bool = False
+
+
+SPECULATION_PAYS = SpecAdvice()
+# (model, workload) -> advice. A query without side effects: it is asked on every request,
+# and a probe is spent only when the decision says so (``Classification.is_probe``).
+SpecOracle = Callable[[str, str], SpecAdvice]
+
+
+def speculation_pays(model: str, workload: str) -> SpecAdvice:
+    return SPECULATION_PAYS
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    request: RouteRequest
+    preset_header: str | None = None  # X-Speclane-Preset
+    lane_header: str | None = None  # X-Speclane-Lane
+    body_keys: frozenset[str] = frozenset()  # top-level fields present in the JSON body
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    decision: Decision
+    client: str
+    preset: str | None
+    workload: str  # "<client>:<preset or none>", the speculative-state key
+    model: str  # alias and preset suffix resolved
+    body_changes: dict[str, Any] = field(default_factory=dict)  # set these body fields
+    gate: LoadGate = field(default_factory=LoadGate)  # keep for the next decision
+
+    @property
+    def is_probe(self) -> bool:
+        """The speculative lane takes this request to probe a workload where it is off."""
+        return self.decision.labels.get("rule") == "spec-probe"
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    n: int
+    temperature: float | None
+    max_tokens: int | None
+    prompt_chars: int
+
+
+def classify(
+    facts: RequestFacts,
+    policy: Policy,
+    presets: Mapping[str, PresetSpec],
+    backends: Sequence[BackendView],
+    *,
+    gate: LoadGate | None = None,
+    spec: SpecOracle = speculation_pays,
+    rules: RoutingRules = DEFAULT_RULES,
+) -> Classification:
+    request = facts.request
+    model, suffix = resolve_model(request.model, policy, backends)
+    preset, preset_source = _choose_preset(facts.preset_header, suffix, policy, presets)
+    if not policy.allows_model(model):
+        raise RouterError(403, f"client '{policy.client}' may not use model '{model}'",
+                          type="permission_error", param="model", code="model_not_allowed")
+    changes, clamped = _body_changes(request, facts.body_keys, presets.get(preset or ""), policy)
+    if model != request.model:
+        changes["model"] = model
+    serving = [b for b in backends if model in b.models and _serves_endpoint(b, request)]
+    if not serving:
+        raise not_found(f"no backend serves model '{model}'"
+                        + (" for embeddings" if request.endpoint == "embeddings" else ""),
+                        param="model", code="model_not_found")
+    load = lanes_load(backends)
+    gate = (gate or rules.new_gate()).observe(load)
+    workload = f"{policy.client}:{preset or 'none'}"
+    advice = spec(model, workload)
+    pref = policy.lane_for(preset, presets)
+    override = _override_target(facts.lane_header, policy, backends)
+    if override is not None:
+        candidates, rule = _overridden(override, model, request), "override"
+        reason = f"override->{candidates[0].lane}"
+    else:
+        shape = _shape(request, changes)
+        candidates, rule = _route(serving, pref, shape, policy, gate, advice, load, rules)
+        reason = f"preset={preset or 'none'},{rule}->{candidates[0].lane}"
+    if clamped:
+        reason += ",clamped=" + "+".join(clamped)
+    labels = {
+        "client": policy.client, "preset": preset or "none", "preset_source": preset_source,
+        "lane_pref": pref, "rule": rule, "model": model, "requested_model": request.model,
+        "lane_header": facts.lane_header or "", "lanes_load": str(load),
+        "gate": "busy" if gate.busy else "free", "priority": str(policy.priority),
+        "spec_advice": _advice_label(advice), "clamped": ",".join(clamped),
+    }
+    return Classification(Decision(candidates, reason, labels), policy.client, preset,
+                          workload, model, changes, gate)
+
+
+def resolve_model(
+    requested: str, policy: Policy, backends: Sequence[BackendView]
+) -> tuple[str, str | None]:
+    """(model to use, preset suffix or None): aliases first, then ``model@preset``."""
+    aliases = policy.models.aliases
+    if requested in aliases:
+        return aliases[requested], None
+    served = {m for b in backends for m in b.models}
+    if requested in served:
+        return requested, None
+    base, at, suffix = requested.rpartition("@")
+    if at and base and (base in aliases or base in served):
+        return aliases.get(base, base), suffix.strip().lower()
+    return requested, None
+
+
+def response_headers(result: Classification, served: Candidate | None = None) -> dict[str, str]:
+    """The decision headers every response carries; ``served``: the candidate that answered."""
+    candidate = served or result.decision.candidates[0]
+    return {
+        LANE_HEADER: candidate.lane,
+        BACKEND_HEADER: candidate.backend,
+        CLIENT_HEADER: result.client,
+        DECISION_HEADER: result.decision.reason,
+    }
+
+
+def log_line(result: Classification) -> str:
+    """The full inputs and outcome of one decision, for the debug log."""
+    labels = " ".join(f"{k}={v!r}" for k, v in sorted(result.decision.labels.items()))
+    candidates = ",".join(f"{c.backend}{'(spec)' if c.speculative else ''}"
+                          for c in result.decision.candidates)
+    return (f"decision {result.decision.reason!r} candidates=[{candidates}] "
+            f"workload={result.workload!r} changes={sorted(result.body_changes)} {labels}")
+
+
+def _choose_preset(
+    header: str | None, suffix: str | None, policy: Policy, presets: Mapping[str, PresetSpec]
+) -> tuple[str | None, str]:
+    header = (header or "").strip().lower()
+    if header:
+        preset, source = header, "header"
+    elif suffix:
+        preset, source = suffix, "model-suffix"
+    elif policy.default_preset:
+        preset, source = policy.default_preset, "policy"
+    else:
+        return None, "none"
+    if preset not in presets:
+        known = ", ".join(sorted(presets)) or "(none configured)"
+        where = {"header": PRESET_HEADER, "model-suffix": "the model suffix",
+                 "policy": f"policy '{policy.client}' default_preset"}[source]
+        if source == "policy":
+            raise RouterError(500, f"unknown preset '{preset}' in {where}; known presets: "
+                              f"{known}", type="server_error", code="policy_error")
+        raise bad_request(f"unknown preset '{preset}' (from {where}); known presets: {known}",
+                          param="model" if source == "model-suffix" else None,
+                          code="unknown_preset")
+    if not policy.allows_preset(preset):
+        raise RouterError(403, f"client '{policy.client}' may not use preset '{preset}' "
+                          f"(allowed: {', '.join(policy.presets)})",
+                          type="permission_error", code="preset_not_allowed")
+    return preset, source
+
+
+def _is_set(key: str, request: RouteRequest, body_keys: frozenset[str]) -> bool:
+    """Whether the client set ``key``; the parsed fields count too when keys are not given."""
+    if key in body_keys:
+        return True
+    parsed = {"temperature": request.temperature is not None, "n": request.n != 1,
+              "max_tokens": request.max_tokens is not None,
+              "max_completion_tokens": request.max_tokens is not None}
+    return parsed.get(key, False)
+
+
+def _body_changes(
+    request: RouteRequest, body_keys: frozenset[str], preset: PresetSpec | None, policy: Policy
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Preset defaults for unset fields, then the policy's caps; clamped field names."""
+    if request.endpoint == "embeddings":
+        return {}, ()
+    changes: dict[str, Any] = {}
+    if preset is not None:
+        changes = {k: v for k, v in preset.defaults.items() if not _is_set(k, request, body_keys)}
+    caps, clamped = policy.caps, []
+    token_key = "max_completion_tokens" if "max_completion_tokens" in body_keys else "max_tokens"
+    if caps.max_tokens is not None:
+        if request.max_tokens is not None:
+            if _over_cap(policy, token_key, request.max_tokens, caps.max_tokens):
+                changes[token_key] = caps.max_tokens
+                clamped.append(token_key)
+        else:  # a preset default above the cap, or none: the backend's default may be larger
+            default = _int(changes.get(token_key))
+            changes[token_key] = min(default, caps.max_tokens) if default else caps.max_tokens
+    if caps.n is not None:
+        if _is_set("n", request, body_keys):
+            if _over_cap(policy, "n", request.n, caps.n):
+                changes["n"] = caps.n
+                clamped.append("n")
+        elif (_int(changes.get("n")) or 1) > caps.n:
+            changes["n"] = caps.n
+    return changes, tuple(clamped)
+
+
+def _over_cap(policy: Policy, key: str, value: int, cap: int) -> bool:
+    """True when the client's value must be clamped; raises 400 when the policy rejects."""
+    if value <= cap:
+        return False
+    if policy.caps.action == "reject":
+        raise bad_request(f"{key} {value} exceeds the cap of {cap} for client '{policy.client}'",
+                          param=key, code="cap_exceeded")
+    return True
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _shape(request: RouteRequest, changes: Mapping[str, Any]) -> _Shape:
+    """The request as the backend will see it, after defaults and caps."""
+    temperature = request.temperature
+    if temperature is None:
+        default = changes.get("temperature")
+        if isinstance(default, int | float) and not isinstance(default, bool):
+            temperature = float(default)
+    tokens = _int(changes.get("max_tokens", changes.get("max_completion_tokens")))
+    return _Shape(
+        n=_int(changes.get("n")) or request.n,
+        temperature=temperature,
+        max_tokens=tokens if tokens is not None else request.max_tokens,
+        prompt_chars=request.prompt_chars,
+    )
+
+
+def _serves_endpoint(view: BackendView, request: RouteRequest) -> bool:
+    return request.endpoint != "embeddings" or view.lane is None
+
+
+def _override_target(
+    header: str | None, policy: Policy, backends: Sequence[BackendView]
+) -> BackendView | None:
+    value = (header or "").strip()
+    if not value or value.lower() == "auto":
+        return None
+    if not policy.allow_lane_override:
+        raise RouterError(403, f"client '{policy.client}' may not choose the lane "
+                          f"({LANE_HEADER})", type="permission_error",
+                          code="lane_override_forbidden")
+    lane = value.lower()
+    for view in backends:
+        if (view.lane is not None and view.lane == lane) or view.name == value:
+            return view
+    if lane in LANES:
+        raise bad_request(f"{LANE_HEADER}: lane '{lane}' is not configured", code="unknown_lane")
+    known = ["auto", *sorted({v.lane or v.name for v in backends})]
+    raise bad_request(f"{LANE_HEADER}: unknown lane or backend '{value}'; known: "
+                      f"{', '.join(known)}", code="unknown_lane")
+
+
+def _overridden(target: BackendView, model: str, request: RouteRequest) -> tuple[Candidate, ...]:
+    label = target.lane or target.name
+    if not _serves_endpoint(target, request):
+        raise bad_request(f"{LANE_HEADER}: lane '{label}' does not serve embeddings",
+                          code="lane_cannot_serve")
+    if model not in target.models:
+        raise bad_request(f"{LANE_HEADER}: '{label}' does not serve model '{model}'",
+                          param="model", code="model_not_served")
+    if not available(target):
+        state = "cooling down after failures" if target.ready else "down"
+        raise unavailable(f"{LANE_HEADER}: '{label}' is {state}", code="backend_unavailable")
+    return (candidate_for(target),)
+
+
+def _route(
+    serving: Sequence[BackendView],
+    pref: LanePreference,
+    shape: _Shape,
+    policy: Policy,
+    gate: LoadGate,
+    advice: SpecAdvice,
+    load: int,
+    rules: RoutingRules,
+) -> tuple[tuple[Candidate, ...], str]:
+    usable = [b for b in serving if available(b)]
+    if not usable:
+        states = {"cooling down" if b.ready else "down" for b in serving}
+        raise unavailable(f"every backend serving the model is {' or '.join(sorted(states))}",
+                          code="no_backend_available")
+    spec, batch = _lane(usable, "speculative"), _lane(usable, "batching")
+    externals = sorted((b for b in usable if b.lane is None), key=_load_key)
+    if spec is None and batch is None:
+        return tuple(candidate_for(b) for b in externals), "external"
+    if pref == "batching":
+        first, rule = (batch, "prefer-batching") if batch else (spec, _missing(serving, "batching"))
+    elif spec is None:
+        first, rule = batch, _missing(serving, "speculative")
+    elif batch is None:
+        first, rule = spec, _missing(serving, "batching")
+    else:
+        blocker = _spec_blocker(spec, shape, policy, gate, advice, load, rules)
+        first, rule = (batch, blocker) if blocker else (spec, _spec_rule(advice))
+    assert first is not None  # at least one lane is usable here
+    lanes = [first, *sorted((b for b in (spec, batch) if b and b is not first), key=_load_key)]
+    speculative = advice.use or advice.probe
+    return tuple(_lane_candidate(b, speculative) for b in lanes) + tuple(
+        candidate_for(b) for b in externals), rule
+
+
+def _spec_blocker(
+    spec: BackendView, shape: _Shape, policy: Policy, gate: LoadGate, advice: SpecAdvice,
+    load: int, rules: RoutingRules,
+) -> str | None:
+    """Why the speculative lane should not take this request, or None when it should."""
+    if shape.n > 1:
+        return "n>1"
+    if rules.long_prompt_chars and shape.prompt_chars > rules.long_prompt_chars:
+        return "long-prompt"
+    if shape.temperature is not None and shape.temperature > rules.spec_max_temperature:
+        return "high-temperature"
+    if shape.max_tokens is not None and shape.max_tokens <= rules.short_output_tokens:
+        return "short-output"
+    if not spec.speculative:
+        return "spec-inactive"
+    if not advice.use and not advice.probe:
+        return "spec-not-paying"
+    if lane_load(spec) >= (spec.capacity or 1):
+        return "spec-lane-busy"
+    if policy.priority < 0 and load > 0:
+        return "low-priority"
+    if gate.busy and policy.priority <= 0:
+        return "load-high"
+    return None
+
+
+def _spec_rule(advice: SpecAdvice) -> str:
+    return "spec-probe" if not advice.use and advice.probe else "spec-lane-free"
+
+
+def _missing(serving: Sequence[BackendView], lane: LaneName) -> str:
+    present = _lane(serving, lane) is not None
+    if lane == "speculative":
+        return "spec-lane-down" if present else "no-spec-lane"
+    return "batching-down" if present else "no-batching-lane"
+
+
+def _lane(views: Sequence[BackendView], lane: LaneName) -> BackendView | None:
+    return next((v for v in views if v.lane == lane), None)
+
+
+def _lane_candidate(view: BackendView, speculative: bool) -> Candidate:
+    candidate = candidate_for(view)
+    if view.lane == "speculative":
+        return Candidate(candidate.backend, candidate.lane, view.speculative and speculative)
+    return candidate
+
+
+def _load_key(view: BackendView) -> tuple[int, str]:
+    return (lane_load(view), view.name)
+
+
+def _advice_label(advice: SpecAdvice) -> str:
+    if advice.use:
+        return "use"
+    return "probe" if advice.probe else "off"

@@ -1,0 +1,55 @@
+"""The values the routing decision works on: pure data, no I/O.
+
+``router.routing.classify`` takes these in and gives a ``Decision`` out; the relay tries its
+candidates in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+LaneName = Literal["speculative", "batching"]
+Endpoint = Literal["chat", "completions", "embeddings"]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendView:
+    """A snapshot of one backend as the decision sees it."""
+
+    name: str
+    lane: LaneName | None  # None: an external backend
+    models: frozenset[str]
+    ready: bool
+    cooled_down: bool
+    inflight: int = 0  # requests speclane is relaying to it right now
+    queued: int = 0  # requests the backend itself reports as waiting (lanes only)
+    capacity: int | None = None  # concurrent requests it serves at full speed
+    speculative: bool = False  # speculation is active on it
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What the decision needs to know about one request (parsed once by protocol)."""
+
+    endpoint: Endpoint
+    model: str
+    stream: bool = False
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float | None = None
+    prompt_chars: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    backend: str
+    lane: str  # shown in X-Speclane-Lane: the lane name, or the backend name if external
+    speculative: bool = False  # for the speculative lane: decode with the draft model
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    candidates: tuple[Candidate, ...]
+    reason: str
+    labels: dict[str, str] = field(default_factory=dict)  # extra facts for the debug log

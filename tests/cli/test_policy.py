@@ -1,0 +1,85 @@
+"""``speclane policy check``: the resolved table, and errors that name file and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router.cli.main import main as speclane
+from router.cli.policy import main
+
+REPO_POLICIES = Path(__file__).resolve().parents[1] / "policies"
+
+
+def test_shipped_policies_print_the_table(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SPECLANE_BATCH_API_KEY", "batch-secret-value")
+    assert speclane(["policy", "check", str(REPO_POLICIES)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    rows = {line.split()[0]: line for line in out.splitlines() if line and line[0].isalpha()}
+    assert "4 client(s), all valid" in out
+    assert "header: openclaw" in rows["openclaw"]
+    assert "interactive * -> speculative (policy)" in rows["openclaw"]
+    assert "priority 10" in rows["openclaw"]
+    assert "api key: $SPECLANE_BATCH_API_KEY" in rows["batch"]
+    assert "throughput * -> batching (policy)" in rows["batch"]
+    assert "batch-secret-value" not in out
+    assert "every other request" in rows["default"]
+    # The default comes last: it is what is left when nothing else matched.
+    assert [name for name in rows if name in ("batch", "default", "openclaw", "opta-cli")] == [
+        "batch", "openclaw", "opta-cli", "default"]
+
+
+def test_warnings_go_to_stderr(capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPECLANE_BATCH_API_KEY", raising=False)
+    assert main(["check", str(REPO_POLICIES)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "SPECLANE_BATCH_API_KEY is not set" in err
+
+
+def test_invalid_policies_exit_1_naming_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "a.toml").write_text('[match]\nuser_agent = ["(oops"]\n')
+    (tmp_path / "b.toml").write_text("max_concurrency = 0\n")
+    assert main(["check", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert f"{tmp_path / 'a.toml'}: match.user_agent: " in err
+    assert "invalid regular expression" in err
+    assert f"{tmp_path / 'b.toml'}: max_concurrency: " in err
+
+
+def test_inline_keys_are_masked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.toml").write_text('[match]\napi_keys = ["sk-very-secret"]\n')
+    assert main(["check", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "sk-very-secret" not in out and "api key: key#" in out
+    assert "(implied)" in out
+
+
+def test_presets_come_from_the_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policies = tmp_path / "p"
+    policies.mkdir()
+    (policies / "a.toml").write_text('default_preset = "fast"\n')
+    assert main(["check", str(policies)]) == 1
+    assert "unknown preset 'fast' (configured presets: interactive, throughput)" in (
+        capsys.readouterr().err)
+    config = tmp_path / "speclane.toml"
+    config.write_text(f'policies_dir = "{policies}"\n[presets.fast]\nlane = "speculative"\n')
+    assert main(["check", "--config", str(config)]) == 0
+    assert "fast * -> speculative (preset)" in capsys.readouterr().out
+
+
+def test_a_missing_directory_and_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["check", str(tmp_path / "nope")]) == 1
+    assert "not a directory" in capsys.readouterr().err
+    assert main([]) == 2
+    assert main(["check", "--help"]) == 0
+    assert "policies directory" in capsys.readouterr().out

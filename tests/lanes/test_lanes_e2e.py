@@ -1,0 +1,219 @@
+"""The router with its two real MLX lanes on the embedded default model (slow, serial).
+
+One router process (``python -m router serve``) is started for the module; requests go
+through it with the official openai client, as a user's tool would send them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import psutil
+import pytest
+
+from router.lanes.modelprep import DEFAULT_MODEL_NAME, ensure_default_models
+from tests.conftest import metric_value
+
+pytestmark = pytest.mark.realmodel
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@dataclass
+class Router:
+    proc: subprocess.Popen[str]
+    base_url: str
+    output: list[str]
+
+    def client(self, **kw: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key="local", max_retries=0,
+                             timeout=120, **kw)  # type: ignore[arg-type]
+
+    def workers(self) -> dict[str, psutil.Process]:
+        found = {}
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            cmd = child.cmdline()
+            if "router.worker" in cmd:
+                found[cmd[cmd.index("--mode") + 1]] = child
+        return found
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(self.base_url.removesuffix("/v1") + "/metrics") as resp:
+            return resp.read().decode()
+
+
+def start_router(tmp: Path, extra_config: str = "") -> Router:
+    ensure_default_models(quiet=True)
+    (tmp / "policies").mkdir(exist_ok=True)
+    config = tmp / "speclane.toml"
+    config.write_text(f'policies_dir = "{tmp}/policies"\nshutdown_grace = 5\n'
+                      f'[lanes]\nhealth_interval = 0.5\nmax_batch_size = 4\n{extra_config}')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
+    proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", str(config),
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    output: list[str] = []
+    ready = threading.Event()
+    url: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            output.append(line)
+            if m := re.search(r"listening on (http://\S+)", line):
+                url.append(m.group(1))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    ready.wait(300)
+    if not url:
+        proc.kill()
+        raise AssertionError("router did not start:\n" + "".join(output[-40:]))
+    return Router(proc, url[0], output)
+
+
+def stop_router(router: Router) -> None:
+    if router.proc.poll() is None:
+        router.proc.send_signal(signal.SIGTERM)
+        try:
+            router.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            router.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
+    r = start_router(tmp_path_factory.mktemp("lanes"))
+    yield r
+    stop_router(r)
+
+
+def ask(router: Router, lane: str, stream: bool, **body: object) -> tuple[str, dict, dict]:
+    """(text, usage dict, response headers) for one greedy request forced onto ``lane``."""
+    client = router.client()
+    kwargs = dict(model=DEFAULT_MODEL_NAME, messages=QUESTION, max_tokens=12, temperature=0,
+                  extra_headers={"X-Speclane-Lane": lane}, extra_body=body or None)
+    if not stream:
+        raw = client.chat.completions.with_raw_response.create(**kwargs)  # type: ignore[arg-type]
+        done = raw.parse()
+        return done.choices[0].message.content or "", done.usage.model_dump(), dict(raw.headers)
+    raw = client.chat.completions.with_raw_response.create(
+        stream=True, stream_options={"include_usage": True}, **kwargs)  # type: ignore[arg-type]
+    text, usage = "", {}
+    for chunk in raw.parse():
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        if chunk.usage:
+            usage = chunk.usage.model_dump()
+    return text, usage, dict(raw.headers)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_speculative_lane_answers_and_reports_drafts(router: Router, stream: bool) -> None:
+    text, usage, headers = ask(router, "speculative", stream)
+    assert "Paris" in text
+    assert headers["x-speclane-lane"] == "speculative"
+    spec = usage["speclane_spec"]
+    assert spec["drafted"] > 0 and 0 <= spec["accepted"] <= spec["drafted"]
+    assert spec["rejected"] == spec["drafted"] - spec["accepted"]
+    details = usage["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] == spec["accepted"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_batching_lane_answers_without_drafts(router: Router, stream: bool) -> None:
+    text, usage, headers = ask(router, "batching", stream)
+    assert "Paris" in text
+    assert headers["x-speclane-lane"] == "batching"
+    assert usage["speclane_spec"]["drafted"] == 0
+
+
+def test_num_draft_tokens_zero_decodes_plainly_on_the_speculative_lane(router: Router) -> None:
+    text, usage, _ = ask(router, "speculative", False, num_draft_tokens=0)
+    assert "Paris" in text
+    assert usage["speclane_spec"] == {"drafted": 0, "accepted": 0, "rejected": 0, "steps": 0,
+                                      "num_draft_tokens": 0}
+
+
+def test_the_default_pair_starts_with_speculation_active(router: Router) -> None:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(router.base_url.removesuffix("/v1") + "/admin/lanes") as resp:
+        lanes = {b["name"]: b for b in json.loads(resp.read())["backends"]}
+    spec = lanes["speculative"]["speculation"]
+    assert spec["requested"] is True and spec["active"] is True and spec["mode"] == "graceful"
+    assert lanes["speculative"]["state"] == "ready" and lanes["batching"]["state"] == "ready"
+    assert lanes["batching"]["speculation"]["requested"] is False
+    # the draft the speculative lane loaded is named; the batching lane has none
+    assert lanes["speculative"]["draft"].endswith("SmolLM2-135M-Instruct-draft")
+    assert lanes["batching"]["draft"] is None
+    assert metric_value(router.metrics(), "speclane_spec_active", backend="speculative") == 1
+
+
+def test_metrics_show_the_speculative_lanes_draft_counters(router: Router) -> None:
+    ask(router, "speculative", False)
+    text = router.metrics()
+    drafted = metric_value(text, "speclane_spec_draft_tokens_total", backend="speculative")
+    accepted = metric_value(text, "speclane_spec_accepted_tokens_total", backend="speculative")
+    assert drafted and drafted > 0
+    assert accepted is not None and accepted <= drafted
+    assert metric_value(text, "speclane_worker_up", lane="speculative") == 1
+
+
+def test_killed_worker_is_restarted_while_the_other_lane_answers(router: Router) -> None:
+    victim = router.workers()["speculative"]
+    restarts_before = metric_value(router.metrics(), "speclane_worker_restarts_total",
+                                   lane="speculative") or 0
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    # Meanwhile an unforced request is served by the batching lane.
+    client = router.client()
+    raw = client.chat.completions.with_raw_response.create(
+        model=DEFAULT_MODEL_NAME, messages=QUESTION, max_tokens=8, temperature=0)
+    assert raw.headers["x-speclane-lane"] == "batching"
+    deadline = time.monotonic() + 180
+    while True:
+        workers = router.workers()
+        new = workers.get("speculative")
+        if new is not None and new.pid != victim.pid and metric_value(
+                router.metrics(), "speclane_worker_up", lane="speculative") == 1:
+            break
+        assert time.monotonic() < deadline, "speculative worker was not restarted"
+        time.sleep(0.5)
+    assert (metric_value(router.metrics(), "speclane_worker_restarts_total",
+                         lane="speculative") or 0) > restarts_before
+    text, _, headers = ask(router, "speculative", False)
+    assert "Paris" in text and headers["x-speclane-lane"] == "speculative"
+
+
+def test_sigterm_leaves_no_worker_process(tmp_path: Path) -> None:
+    router = start_router(tmp_path)
+    workers = list(router.workers().values())
+    assert len(workers) == 2
+    stop_router(router)
+    assert router.proc.returncode == 0
+    _, alive = psutil.wait_procs(workers, timeout=20)
+    assert not alive, f"workers survived SIGTERM: {[p.pid for p in alive]}"
+
+
+def test_sigkill_of_the_router_leaves_no_worker_process(tmp_path: Path) -> None:
+    router = start_router(tmp_path)
+    workers = list(router.workers().values())
+    router.proc.kill()
+    router.proc.wait(10)
+    _, alive = psutil.wait_procs(workers, timeout=20)
+    assert not alive, f"workers outlived a SIGKILLed router: {[p.pid for p in alive]}"
