@@ -38,6 +38,7 @@ from router.proxy.middleware import error_middleware
 from router.proxy.relay import Relay
 from router.proxy.telemetry import SpecTelemetry
 from router.proxy.upstream import Http1Pool
+from router.routing.load import gate_for
 
 log = logging.getLogger("speclane")
 
@@ -52,7 +53,7 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
                                   presets=settings.presets.keys(), metrics=metrics,
                                   interval=settings.policy_poll_interval)
     app[LIMITER] = ConcurrencyLimiter(metrics)
-    app[ROUTING] = RoutingState(gate=settings.routing.new_gate())
+    app[ROUTING] = RoutingState(gate=gate_for(settings.routing))
     app[SPEC] = SpecTelemetry(settings, metrics, app[POOL], lambda: app[POLICIES].current)
     for backend in app[POOL]:
         metrics.spec_requested.labels(backend.name).set(1 if backend.speculative_requested else 0)

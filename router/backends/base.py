@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.backends.cooldown import Cooldown
+from router.config.names import LaneName
 from router.config.settings import BackendSpec, CooldownSettings
-from router.routing.types import BackendView, LaneName
+from router.routing.types import BackendView
 
 SPECLANE_KIND = "speclane"  # the parser/quirks kind of speclane's own lane workers
 

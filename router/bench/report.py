@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from router.bench.matrix import SCENARIOS
+from router.bench.pair_rules import pair_rule_from_bench, rules_to_toml
 from router.bench.progress import clock
 from router.bench.prompts import FAMILIES
 from router.bench.records import CellRun
 from router.bench.result import Result, pair, to_json
 from router.bench.score import Evaluation, Gate
 from router.bench.summary import Summary, cell_summary
-from router.lanes.gating.rules import pair_rule_from_bench, rules_to_toml
 
 CHARTS = {
     "ttft_by_concurrency.png": "TTFT by concurrency",

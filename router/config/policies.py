@@ -42,8 +42,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -51,19 +49,16 @@ from pydantic import (
     model_validator,
 )
 
+from router.config.base import Frozen, validation_problems
+from router.config.names import CLIENT_HEADER
 from router.config.presets import LanePreference, PresetSpec
 from router.config.speculation import SpecOverrides
 from router.errors import RouterError
 
-CLIENT_HEADER = "X-Speclane-Client"
 DEFAULT_CLIENT = "default"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # also a metrics label value
 
 Via = Literal["api_key", "client_header", "user_agent", "default"]
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 def _one_or_many(value: Any) -> Any:
@@ -322,7 +317,7 @@ def _load_file(path: Path, presets: Collection[str] | None, problems: list[str])
     try:
         policy = Policy.model_validate(data)
     except ValidationError as e:
-        problems.extend(_validation_problems(path, e))
+        problems.extend(validation_problems(str(path), e))
         return None
     if presets is not None:
         problems.extend(_unknown_presets(path, policy, presets))
@@ -332,16 +327,6 @@ def _load_file(path: Path, presets: Collection[str] | None, problems: list[str])
                 problems.append(f"{path}: match.{key}: the default policy catches every "
                                 "request that no other policy matches; remove this rule")
     return policy
-
-
-def _validation_problems(path: Path, err: ValidationError) -> list[str]:
-    # Not router.config.settings's formatter: config may import the classification modules.
-    problems = []
-    for item in err.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        message = item["msg"].removeprefix("Value error, ")
-        problems.append(f"{path}: {key}: {message}")
-    return problems
 
 
 def _unknown_presets(path: Path, policy: Policy, presets: Collection[str]) -> list[str]:

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from router.config.base import Frozen
 
 LanePreference = Literal["speculative", "batching", "auto"]
 
 
-class PresetSpec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class PresetSpec(Frozen):
     lane: LanePreference = "auto"
     # Request defaults applied when the client did not set the field itself.
     defaults: dict[str, float | int | str | bool] = Field(default_factory=dict)

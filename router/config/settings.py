@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -29,21 +27,18 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from router.config.base import Frozen, format_validation_error
+from router.config.gating import GatingSettings
+from router.config.names import LANE_NAMES
 from router.config.presets import DEFAULT_PRESETS, PresetSpec
+from router.config.routing import RoutingRules
 from router.config.speculation import SpecSettings
-from router.lanes.gating.rules import GatingSettings
-from router.routing.classify import RoutingRules
 
 BackendKind = Literal[
     "openai", "mlx_lm", "lmstudio", "llamacpp", "ollama", "vllm", "vllm_mlx", "sglang"
 ]
-LANE_NAMES = ("speculative", "batching")
 # The parsed TOML file of the load in progress: a settings source below the environment.
 _FILE_DATA: ContextVar[dict[str, Any] | None] = ContextVar("speclane_config_file", default=None)
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class BackendSpec(Frozen):
@@ -188,19 +183,3 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         raise ConfigError(f"environment: {e}") from e
     finally:
         _FILE_DATA.reset(token)
-
-
-def _deep_merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _deep_merge(into[key], value)
-        else:
-            into[key] = value
-
-
-def format_validation_error(where: str, err: ValidationError) -> str:
-    lines = []
-    for item in err.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        lines.append(f"{where}: {key}: {item['msg']}")
-    return "\n".join(lines)

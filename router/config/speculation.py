@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from router.config.base import Frozen
 
 WindowUnit = Literal["tokens", "rounds"]
 
@@ -35,10 +37,8 @@ Seconds = Annotated[float, Field(gt=0.0, le=7 * 86_400.0)]
 Backoff = Annotated[float, Field(ge=1.0, le=100.0)]
 
 
-class SpecSettings(BaseModel):
+class SpecSettings(Frozen):
     """Global auto-disable settings; a policy's ``SpecOverrides`` are merged on top."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     # False: speculation stays as configured, statistics are still collected and shown.
     enabled: bool = True
@@ -112,13 +112,11 @@ class SpecSettings(BaseModel):
         return SpecSettings.model_validate({**self.model_dump(), **changes})
 
 
-class SpecOverrides(BaseModel):
+class SpecOverrides(Frozen):
     """Per-policy overrides of SpecSettings: every field optional (None = inherit).
 
     ``scrape_interval`` and ``max_keys`` are global and cannot be overridden.
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool | None = None
     window_unit: WindowUnit | None = None

@@ -18,8 +18,9 @@ from aiohttp import web
 from router.appkeys import METRICS, POOL, SETTINGS, SUPERVISORS
 from router.backends.base import SPECLANE_KIND, Backend
 from router.backends.cooldown import Cooldown
-from router.config.settings import LANE_NAMES, LanesSettings, Settings
-from router.lanes.gating.rules import GateDecision, check_pair, decide
+from router.config.names import LANE_NAMES, LaneName
+from router.config.settings import LanesSettings, Settings
+from router.lanes.gating.decide import GateDecision, check_pair, decide
 from router.lanes.modelprep import DEFAULT_MODEL_NAME, PrepareError, ensure_default_models
 from router.lanes.supervisor import (
     LaneStatus,
@@ -30,7 +31,6 @@ from router.lanes.supervisor import (
     stop_all,
 )
 from router.metrics import Metrics
-from router.routing.types import LaneName
 
 log = logging.getLogger("speclane.lanes")
 

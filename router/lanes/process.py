@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from router.config.settings import LANE_NAMES, LanesSettings
+from router.config.names import LANE_NAMES
+from router.config.settings import LanesSettings
 from router.lanes.blas import preload_env
 from router.lanes.status import parse_ready_line
 

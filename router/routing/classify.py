@@ -58,47 +58,28 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from router.config.policies import CLIENT_HEADER, Policy
+from router.config.names import (
+    BACKEND_HEADER,
+    CLIENT_HEADER,
+    DECISION_HEADER,
+    LANE_HEADER,
+    LANE_NAMES,
+    PRESET_HEADER,
+    LaneName,
+)
+from router.config.policies import Policy
 from router.config.presets import LanePreference, PresetSpec
+from router.config.routing import RoutingRules
 from router.errors import RouterError, bad_request, not_found, unavailable
-from router.routing.load import LoadGate, available, candidate_for, lane_load, lanes_load
-from router.routing.types import BackendView, Candidate, Decision, LaneName, RouteRequest
+from router.routing.load import LoadGate, available, candidate_for, gate_for, lane_load, lanes_load
+from router.routing.types import BackendView, Candidate, Decision, RouteRequest
 
-PRESET_HEADER = "X-Speclane-Preset"
-LANE_HEADER = "X-Speclane-Lane"
-BACKEND_HEADER = "X-Speclane-Backend"
-DECISION_HEADER = "X-Speclane-Decision"
-
-LANES: tuple[LaneName, ...] = ("speculative", "batching")
 SHAPE_RULES = ("n>1", "long-prompt", "high-temperature", "short-output")
 RULES = (
     "override", "spec-lane-free", "spec-probe", "prefer-batching", "external",
     *SHAPE_RULES, "spec-inactive", "spec-not-paying", "spec-lane-busy", "low-priority",
     "load-high", "spec-lane-down", "no-spec-lane", "batching-down", "no-batching-lane",
 )
-
-
-class RoutingRules(BaseModel):
-    """The thresholds of the request-shape rules and of the load gate (configuration)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    long_prompt_chars: int = Field(16_000, ge=0)  # 0: no limit
-    spec_max_temperature: float = Field(1.0, ge=0)
-    short_output_tokens: int = Field(16, ge=0)  # 0: rule off
-    spec_busy_at: int = Field(3, ge=1)
-    spec_free_at: int = Field(1, ge=0)
-
-    @model_validator(mode="after")
-    def _gate_order(self) -> RoutingRules:
-        if self.spec_free_at >= self.spec_busy_at:
-            raise ValueError("spec_free_at must be below spec_busy_at")
-        return self
-
-    def new_gate(self) -> LoadGate:
-        return LoadGate(busy_at=self.spec_busy_at, free_at=self.spec_free_at)
 
 
 DEFAULT_RULES = RoutingRules()
@@ -179,7 +160,7 @@ def classify(
                         + (" for embeddings" if request.endpoint == "embeddings" else ""),
                         param="model", code="model_not_found")
     load = lanes_load(backends)
-    gate = (gate or rules.new_gate()).observe(load)
+    gate = (gate or gate_for(rules)).observe(load)
     workload = f"{policy.client}:{preset or 'none'}"
     advice = spec(model, workload)
     pref = policy.lane_for(preset, presets)
@@ -356,7 +337,7 @@ def _override_target(
     for view in backends:
         if (view.lane is not None and view.lane == lane) or view.name == value:
             return view
-    if lane in LANES:
+    if lane in LANE_NAMES:
         raise bad_request(f"{LANE_HEADER}: lane '{lane}' is not configured", code="unknown_lane")
     known = ["auto", *sorted({v.lane or v.name for v in backends})]
     raise bad_request(f"{LANE_HEADER}: unknown lane or backend '{value}'; known: "

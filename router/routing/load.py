@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from router.config.routing import RoutingRules
 from router.routing.types import BackendView, Candidate
 
 
@@ -60,3 +61,8 @@ class LoadGate:
         return self if busy == self.busy else replace(self, busy=busy)
 
 
+
+
+def gate_for(rules: RoutingRules) -> LoadGate:
+    """A free gate with the configured thresholds."""
+    return LoadGate(busy_at=rules.spec_busy_at, free_at=rules.spec_free_at)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-LaneName = Literal["speculative", "batching"]
+from router.config.names import LaneName
+
 Endpoint = Literal["chat", "completions", "embeddings"]
 
 

@@ -119,7 +119,7 @@ def test_missing_matplotlib_is_a_clear_message(monkeypatch: pytest.MonkeyPatch,
 def test_markdown_records_the_pair_as_a_gating_rule() -> None:
     import tomllib
 
-    from router.lanes.gating.rules import GatingSettings
+    from router.config.gating import GatingSettings
 
     r = result()
     text = report.render(r, r.evaluation())

@@ -53,7 +53,7 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
     ("port = 'x'", "speclane.toml: port: Input should be a valid integer"),
     ("[[backends]]\nname='a'\nkind='nope'\nbase_url='http://x/v1'",
      "speclane.toml: backends.0.kind: Input should be"),
-    ("[[backends]]\nname='a'\nbase_url='ftp://x'", "backends.0.base_url: Value error, must start"),
+    ("[[backends]]\nname='a'\nbase_url='ftp://x'", "backends.0.base_url: must start"),
     ("[[backends]]\nname='speculative'\nbase_url='http://x/v1'",
      "reserved for speclane's own lane"),
     ("[[backends]]\nname='a'\nbase_url='http://x/v1'\n[[backends]]\nname='a'\nbase_url='http://y/v1'",

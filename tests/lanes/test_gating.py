@@ -14,26 +14,18 @@ from typing import Any, get_args
 import pytest
 from pydantic import ValidationError
 
-from router.lanes.gating.compare import render_sample
-from router.lanes.gating.inspect import safetensors_data_bytes
-from router.lanes.gating.rules import (
-    SETTINGS_KEY,
-    Finding,
-    GatingSettings,
-    PairReport,
-    PairRule,
-    ProblemCode,
-    WarningCode,
-    check_pair,
-    decide,
-    lane_mode,
-    matching_rule,
+from router.bench.pair_rules import (
+    BenchFormatError,
     merged_rules,
     pair_rule_from_bench,
     pair_rules_from_bench,
-    preset_mode,
     rules_to_toml,
 )
+from router.config.gating import SETTINGS_KEY, GatingSettings, PairRule
+from router.lanes.gating.compare import render_sample
+from router.lanes.gating.decide import check_pair, decide, lane_mode, matching_rule, preset_mode
+from router.lanes.gating.findings import Finding, PairReport, ProblemCode, WarningCode
+from router.lanes.gating.inspect import safetensors_data_bytes
 from router.lanes.modelprep import ensure_default_models
 
 SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -523,7 +515,6 @@ def test_bench_rules_round_trip_through_toml() -> None:
 
 
 def test_bench_without_pairs_and_merging() -> None:
-    from router.lanes.gating.rules import BenchFormatError
 
     with pytest.raises(BenchFormatError):
         pair_rules_from_bench({"scorecard": {}})

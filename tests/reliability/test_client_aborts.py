@@ -3,7 +3,7 @@
 Each test observes the stop at the fake upstream (its request is cancelled, or for a
 ``drain_on_abort`` backend, finished instead) and checks that every counter returns to zero:
 the backend's in-flight count, the ``speclane_inflight_requests`` and ``speclane_queue_depth``
-gauges and the client's concurrency slots. tests/test_relay.py has the single-stream case;
+gauges and the client's concurrency slots. tests/proxy/test_relay.py has the single-stream case;
 here many streams leave at once and the counters are read back through /metrics.
 """
 

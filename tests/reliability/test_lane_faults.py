@@ -1,6 +1,6 @@
 """A lane worker that crashes or hangs, seen from the client side of the router.
 
-tests/test_supervisor.py proves the supervisor restarts a crashed or hung worker; here the
+tests/lanes/test_supervisor.py proves the supervisor restarts a crashed or hung worker; here the
 supervised worker (tests/fakes/fake_worker.py, a real subprocess) is the speculative lane
 of a running router, wired the way ``router.lanes.group`` wires a real one, and the test
 checks what clients see meanwhile: every request is answered, by the batching lane while

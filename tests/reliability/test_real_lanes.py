@@ -1,6 +1,6 @@
 """SIGTERM with streams running on the two real MLX lanes: no worker process survives.
 
-tests/test_lanes_e2e.py stops an idle router; here both lanes are generating when SIGTERM
+tests/lanes/test_lanes_e2e.py stops an idle router; here both lanes are generating when SIGTERM
 arrives. The workers must all be gone after the router exits (0), and every stream must
 have finished or ended with an error event (once router/app.py runs Relay.shutdown).
 """

@@ -1,6 +1,6 @@
 """Backends that fail: every fault is injected for real and judged by what the client sees.
 
-Complements tests/test_relay.py (which covers a fake dying or stalling mid-stream, a missing
+Complements tests/proxy/test_relay.py (which covers a fake dying or stalling mid-stream, a missing
 [DONE], and garbage bodies): here the faults sit below HTTP (a socket that never answers,
 headers then silence, a body or an event cut in half), a backend process is SIGKILLed with
 streams in flight, and each fault is also checked for its time bound, that the upstream

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from router.lanes.gating.rules import (
+from router.lanes.gating.findings import (
     DRAFT_SETTING,
     TARGET_SETTING,
     Finding,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from router.lanes.gating.compare import Findings, Inspected, compare_pair
-from router.lanes.gating.rules import DRAFT_SETTING, TARGET_SETTING, ModelFacts, PairReport
+from router.lanes.gating.findings import DRAFT_SETTING, TARGET_SETTING, ModelFacts, PairReport
 
 # Model types that are vision/audio models even where mlx-lm can load their text part.
 MULTIMODAL_MODEL_TYPES = frozenset({

@@ -1,0 +1,24 @@
+"""Names that are contracts with the outside: the lanes and the HTTP headers.
+
+Defined once here (the ground floor) so that configuration, routing, the proxy and the
+tests all spell them the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+LaneName = Literal["speculative", "batching"]
+LANE_NAMES: tuple[LaneName, ...] = ("speculative", "batching")
+
+# Request headers.
+CLIENT_HEADER = "X-Speclane-Client"  # also a response header: the policy identified
+PRESET_HEADER = "X-Speclane-Preset"
+LANE_HEADER = "X-Speclane-Lane"  # also a response header: the lane that served
+# Response headers.
+BACKEND_HEADER = "X-Speclane-Backend"
+DECISION_HEADER = "X-Speclane-Decision"
+OVERHEAD_HEADER = "X-Speclane-Overhead-Ms"
+QUEUE_HEADER = "X-Speclane-Queue-Ms"
+ATTEMPTS_HEADER = "X-Speclane-Attempts"
+ERROR_SOURCE_HEADER = "X-Speclane-Error-Source"

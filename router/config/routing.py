@@ -1,0 +1,23 @@
+"""The thresholds of the request-shape rules and of the load gate (the ``[routing]`` table)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from router.config.base import Frozen
+
+
+class RoutingRules(Frozen):
+    """The thresholds of the request-shape rules and of the load gate (configuration)."""
+
+    long_prompt_chars: int = Field(16_000, ge=0)  # 0: no limit
+    spec_max_temperature: float = Field(1.0, ge=0)
+    short_output_tokens: int = Field(16, ge=0)  # 0: rule off
+    spec_busy_at: int = Field(3, ge=1)
+    spec_free_at: int = Field(1, ge=0)
+
+    @model_validator(mode="after")
+    def _gate_order(self) -> RoutingRules:
+        if self.spec_free_at >= self.spec_busy_at:
+            raise ValueError("spec_free_at must be below spec_busy_at")
+        return self
