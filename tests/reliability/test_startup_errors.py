@@ -3,8 +3,8 @@
 Each case runs ``speclane serve`` (``router.server.main``, in-process for speed; two cases
 also as a real subprocess for the exit code) and checks: it refuses to start, exits with 2
 (configuration) or 1 (policies), never prints a traceback, and its message names the file,
-the key and the problem. tests/config/test_settings.py and tests/config/test_policies.py check the loaders;
-this is what a user sees from the command.
+the key and the problem. tests/config/test_settings.py and tests/config/test_policies.py
+check the loaders; this is what a user sees from the command.
 """
 
 from __future__ import annotations
