@@ -61,12 +61,14 @@ def backend_status(backend: Backend, supervised: dict[str, str]) -> dict[str, An
         "inflight": backend.inflight,
         "cooled_down": backend.view().cooled_down,
         "last_error": backend.last_error,
+        "last_failure": backend.last_failure,
         "speculation": {
             "mode": backend.spec_mode,
             "requested": backend.speculative_requested,
             "active": backend.speculative_active if backend.lane is not None else None,
             "observed": backend.spec_observed,
-            "reason": backend.spec_reason,
+            # Why speculation is not active, else why its drafts are not observed.
+            "reason": backend.spec_reason or backend.observed_reason,
         },
     }
 

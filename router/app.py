@@ -51,7 +51,8 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
     app[POOL] = BackendPool([Backend.from_spec(b, settings.cooldown) for b in settings.backends])
     app[POLICIES] = PolicyWatcher(settings.policies_dir, initial_policies(settings),
                                   presets=settings.presets.keys(), metrics=metrics,
-                                  interval=settings.policy_poll_interval)
+                                  interval=settings.policy_poll_interval,
+                                  on_reload=lambda result: app[SPEC].policies_reloaded(result.ok))
     app[LIMITER] = ConcurrencyLimiter(metrics)
     app[ROUTING] = RoutingState(gate=gate_for(settings.routing))
     app[SPEC] = SpecTelemetry(settings, metrics, app[POOL], lambda: app[POLICIES].current)

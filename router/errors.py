@@ -13,6 +13,8 @@ from typing import Literal
 
 import orjson
 
+from router.config.names import ERROR_SOURCE_HEADER
+
 Source = Literal["router", "upstream"]
 
 
@@ -78,7 +80,7 @@ def upstream_failed(
 def render(err: RouterError) -> tuple[int, bytes, dict[str, str]]:
     """Status, JSON body and headers; the HTTP layer wraps them without changing them."""
     headers = {
-        "X-Speclane-Error-Source": err.source,
+        ERROR_SOURCE_HEADER: err.source,
         "Content-Type": "application/json",
         **err.headers,
     }

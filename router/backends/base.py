@@ -1,4 +1,11 @@
-"""One backend's identity, settings and live state."""
+"""One backend's identity, settings and live state.
+
+Live state has one writer per field, through the methods below, so each field has one meaning:
+the health monitor or the lane supervisor says whether it is ready (``last_error``: why not);
+the relay counts requests and their failures (``last_failure``); capability gating says whether
+speculation is active (``spec_reason``: why not); telemetry says whether drafts are seen
+(``observed_reason``: why not).
+"""
 
 from __future__ import annotations
 
@@ -35,12 +42,14 @@ class Backend:
     started: int = 0  # requests begun, ever: tells whether another began during one
     reported: dict[str, Any] = field(default_factory=dict)  # a lane worker's /health
     speculative_active: bool = False
-    last_error: str | None = None
+    last_error: str | None = None  # why it is not ready (health probe or lane supervisor)
+    last_failure: str | None = None  # the reason of the last failed request (the relay)
     # speculation status (capability gating and telemetry), shown at /admin/lanes
     draft: str | None = None
     spec_mode: str | None = None  # strict | graceful, for lanes
-    spec_reason: str | None = None  # why speculation is not active / not observed
+    spec_reason: str | None = None  # why speculation is not active (capability gating)
     spec_observed: bool | None = None  # draft counts seen recently (None: nothing to judge)
+    observed_reason: str | None = None  # why drafts are not observed (telemetry)
 
     @classmethod
     def from_spec(cls, spec: BackendSpec, cooldown: CooldownSettings) -> Backend:
@@ -68,6 +77,58 @@ class Backend:
 
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    # --- writers -------------------------------------------------------------------------
+
+    def probe_succeeded(self, models: frozenset[str]) -> None:
+        """The health monitor reached it (external backends)."""
+        self.ready, self.discovered_models, self.last_error = True, models, None
+
+    def probe_failed(self, error: str) -> None:
+        self.ready, self.last_error = False, error
+
+    def lane_status(self, ready: bool, base_url: str | None, health: dict[str, Any] | None,
+                    error: str | None) -> None:
+        """The lane supervisor's view of its worker (lanes). Without a health answer the
+        last known speculation state is kept while the worker restarts."""
+        self.ready, self.last_error = ready, error
+        if base_url:
+            self.base_url = base_url
+        self.reported = dict(health or {})
+        if health is not None:
+            self.speculative_active = bool(self.reported.get("speculative"))
+
+    def gated(self, draft: str | None, mode: str | None, reason: str | None) -> None:
+        """Capability gating's verdict on the draft/target pair (the speculative lane)."""
+        self.draft, self.spec_mode, self.spec_reason = draft, mode, reason
+
+    def observed(self, observed: bool | None, reason: str | None) -> bool:
+        """Telemetry's verdict on whether drafts are seen; True when it changed."""
+        if observed is self.spec_observed and reason == self.observed_reason:
+            return False
+        self.spec_observed = observed
+        self.observed_reason = reason if observed is False else None
+        return True
+
+    def request_started(self) -> tuple[bool, int]:
+        """(nothing else was running, the start's epoch) for one request sent to it."""
+        solo = self.inflight == 0
+        self.started += 1
+        self.inflight += 1
+        return solo, self.started
+
+    def request_ended(self, epoch: int) -> bool:
+        """True when no other request began while this one ran."""
+        self.inflight -= 1
+        return self.started == epoch
+
+    def request_failed(self, reason: str, now: float) -> bool:
+        """Counts towards the cooldown; True when this failure starts one."""
+        self.last_failure = reason
+        return self.cooldown.failure(now)
+
+    def request_succeeded(self) -> None:
+        self.cooldown.success()
 
     def view(self, now: float | None = None) -> BackendView:
         now = time.monotonic() if now is None else now

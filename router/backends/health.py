@@ -41,14 +41,11 @@ async def check_once(session: aiohttp.ClientSession, backend: Backend, metrics: 
     except (aiohttp.ClientError, TimeoutError, RuntimeError, orjson.JSONDecodeError, KeyError) as e:
         if backend.ready or backend.last_error is None:
             log.warning("backend %s is not ready: %s", backend.name, e or type(e).__name__)
-        backend.ready = False
-        backend.last_error = str(e) or type(e).__name__
+        backend.probe_failed(str(e) or type(e).__name__)
     else:
         if not backend.ready:
             log.info("backend %s is ready (%d models)", backend.name, len(models))
-        backend.ready = True
-        backend.discovered_models = models
-        backend.last_error = None
+        backend.probe_succeeded(models)
     metrics.backend_up.labels(backend.name).set(1 if backend.ready else 0)
 
 

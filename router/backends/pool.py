@@ -32,9 +32,6 @@ class BackendPool:
     def __len__(self) -> int:
         return len(self._by_name)
 
-    def names(self) -> frozenset[str]:
-        return frozenset(self._by_name)
-
     def snapshot(self) -> tuple[BackendView, ...]:
         now = time.monotonic()
         return tuple(b.view(now) for b in self._by_name.values())

@@ -25,7 +25,6 @@ from router.bench.prompts import FAMILIES, prompt_for
 BENCH_CLIENT = "speclane-bench"
 SCENARIO_NAMES = ("spec-on", "spec-off", "batching", "auto")
 FAMILY_NAMES = tuple(FAMILIES)
-FORCED_SCENARIOS = ("spec-on", "spec-off", "batching")
 # Above the router's short-output rule (16 tokens by default): shorter answers go to the
 # batching lane whatever speculation would do, and decode speeds of so few tokens are noise.
 MIN_MAX_TOKENS = 24

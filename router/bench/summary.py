@@ -17,7 +17,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.bench.matrix import Cell
 from router.bench.records import CellRun, Measurement
 from router.bench.stats import mean, percentile
 
@@ -128,6 +127,3 @@ def rule_of(decision: str | None) -> str:
 def levels(runs: Sequence[CellRun]) -> tuple[int, ...]:
     return tuple(sorted({r.cell.concurrency for r in runs}))
 
-
-def cells_of(runs: Sequence[CellRun]) -> dict[Cell, CellRun]:
-    return {r.cell: r for r in runs}

@@ -33,6 +33,7 @@ from router.config.names import LANE_NAMES
 from router.config.presets import DEFAULT_PRESETS, PresetSpec
 from router.config.routing import RoutingRules
 from router.config.speculation import SpecSettings
+from router.worker.contract import DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS
 
 BackendKind = Literal[
     "openai", "mlx_lm", "lmstudio", "llamacpp", "ollama", "vllm", "vllm_mlx", "sglang"
@@ -86,7 +87,7 @@ class LanesSettings(Frozen):
     model: str | None = None  # None: the embedded default model (speclane models prepare)
     model_name: str | None = None  # the id clients send; default: the model dir's name / repo id
     draft_model: str | None = None  # None: the default draft derived from the default model
-    num_draft_tokens: int = Field(3, ge=1, le=16)
+    num_draft_tokens: int = Field(DEFAULT_DRAFT_TOKENS, ge=1, le=MAX_DRAFT_TOKENS)
     max_batch_size: int = Field(8, ge=1, le=256)
     startup_timeout: float = Field(600.0, gt=0)
     health_interval: float = Field(2.0, gt=0)

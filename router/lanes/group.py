@@ -76,13 +76,8 @@ def lane_backend(lane: LaneName, settings: Settings, model_name: str) -> Backend
 
 
 def apply_status(backend: Backend, status: LaneStatus, metrics: Metrics | None = None) -> None:
-    backend.ready = status.ready
-    if status.base_url:
-        backend.base_url = status.base_url
-    backend.reported = dict(status.health or {})
-    backend.last_error = status.last_error
-    if status.health is not None:  # keep the last known state while the worker restarts
-        backend.speculative_active = bool(backend.reported.get("speculative"))
+    backend.lane_status(status.ready, status.base_url, status.health, status.last_error)
+    if status.health is not None:
         if metrics is not None and backend.speculative_requested:
             metrics.spec_active.labels(backend.name).set(1 if backend.speculative_active else 0)
 
@@ -123,8 +118,7 @@ async def lanes_context(app: web.Application) -> AsyncIterator[None]:
         draft = None
         if lane == "speculative":
             gate = await gate_speculation(settings, models)
-            backend.draft, backend.spec_mode = models.draft, gate.mode
-            backend.spec_reason = gate.reason
+            backend.gated(models.draft, gate.mode, gate.reason)
             draft = Path(models.draft) if gate.active and models.draft else None
             metrics.spec_requested.labels(lane).set(1)
             metrics.spec_active.labels(lane).set(0)

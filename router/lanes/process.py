@@ -21,7 +21,7 @@ from pathlib import Path
 from router.config.names import LANE_NAMES
 from router.config.settings import LanesSettings
 from router.lanes.blas import preload_env
-from router.lanes.status import parse_ready_line
+from router.worker.contract import parse_ready_line, worker_argv
 
 log = logging.getLogger("router.lanes.supervisor")
 
@@ -47,16 +47,9 @@ def build_worker_command(
 ) -> WorkerCommand:
     if lane not in LANE_NAMES:
         raise ValueError(f"unknown lane {lane!r}; expected one of {LANE_NAMES}")
-    argv = [python, "-m", "router.worker", "--mode", lane,
-            "--model", str(model_dir), "--model-name", model_name]
-    if draft_dir is not None and lane == "speculative":
-        argv += ["--draft-model", str(draft_dir)]
-    argv += [
-        "--num-draft-tokens", str(settings.num_draft_tokens),
-        "--max-batch-size", str(settings.max_batch_size),
-        "--host", "127.0.0.1", "--port", "0",
-        "--parent-pid", str(os.getpid()),
-    ]
+    argv = worker_argv(python, lane, model_dir, model_name, draft=draft_dir,
+                       num_draft_tokens=settings.num_draft_tokens,
+                       max_batch_size=settings.max_batch_size, parent_pid=os.getpid())
     env = preload_env()
     env.update(settings.env)
     env["PYTHONUNBUFFERED"] = "1"  # stderr lines must reach the ring buffer as they happen

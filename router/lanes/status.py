@@ -7,12 +7,9 @@ tested without processes or clocks.
 from __future__ import annotations
 
 import enum
-import json
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
-
-READY_PREFIX = "SPECLANE_WORKER_READY "
 
 # Why a worker was restarted (the ``reason`` label of speclane_worker_restarts_total).
 RestartReason = Literal["exited", "hung", "start_failed"]
@@ -24,6 +21,27 @@ class LaneState(enum.Enum):
     DOWN = "down"  # the worker died or hung; a restart is pending (backoff)
     STOPPED = "stopped"  # not started yet, or stopped on purpose
     FAILED = "failed"  # could not start, or restarted too often: given up
+
+
+# Every state change a lane may make (llama-swap's isValidTransition is the model). Anything
+# else is a supervisor bug: ``check_transition`` raises, so a test catches it.
+TRANSITIONS: dict[LaneState, frozenset[LaneState]] = {
+    LaneState.STOPPED: frozenset({LaneState.STARTING, LaneState.FAILED}),  # spawn, or spawn fails
+    LaneState.STARTING: frozenset({LaneState.READY, LaneState.DOWN, LaneState.FAILED,
+                                   LaneState.STOPPED}),
+    LaneState.READY: frozenset({LaneState.DOWN, LaneState.STOPPED, LaneState.FAILED}),
+    LaneState.DOWN: frozenset({LaneState.STARTING, LaneState.FAILED, LaneState.STOPPED}),
+    LaneState.FAILED: frozenset({LaneState.STARTING, LaneState.STOPPED}),  # start again, stop
+}
+
+
+class InvalidTransition(RuntimeError):
+    """A lane state change the table does not allow: a bug in the supervisor."""
+
+
+def check_transition(lane: str, old: LaneState, new: LaneState) -> None:
+    if new is not old and new not in TRANSITIONS[old]:
+        raise InvalidTransition(f"{lane} lane: invalid state change {old.value} -> {new.value}")
 
 
 @dataclass(frozen=True)
@@ -50,20 +68,6 @@ class LaneStatus:
             "restarts": self.restarts,
             "last_error": self.last_error,
         }
-
-
-def parse_ready_line(line: str) -> int | None:
-    """The port announced by a worker's ready line, or None if ``line`` is not one."""
-    if not line.startswith(READY_PREFIX):
-        return None
-    try:
-        payload = json.loads(line[len(READY_PREFIX):])
-    except ValueError:
-        return None
-    port = payload.get("port") if isinstance(payload, dict) else None
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        return None
-    return port
 
 
 class RestartBudget:

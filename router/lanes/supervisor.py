@@ -34,6 +34,7 @@ from router.lanes.status import (
     RestartBudget,
     RestartReason,
     backoff_delay,
+    check_transition,
 )
 from router.metrics import Metrics
 
@@ -377,7 +378,9 @@ class LaneSupervisor:
 
     def _update(self, **changes: Any) -> None:
         old = self._status
-        new = self._status = dataclasses.replace(old, **changes)
+        new = dataclasses.replace(old, **changes)
+        check_transition(self.lane, old.state, new.state)
+        self._status = new
         if new.state is old.state:
             return
         self._set_gauge("worker_up", 1 if new.ready else 0)

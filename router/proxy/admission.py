@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from router.config.names import CLIENT_HEADER
 from router.errors import RouterError
 from router.metrics import Metrics
 
@@ -108,7 +109,7 @@ class ConcurrencyLimiter:
             429, f"too many concurrent requests for client '{client}' "
             f"(limit {state.limit}); retry after {retry_after} s",
             type="rate_limit_error", code="concurrency_limit_exceeded",
-            headers={"Retry-After": str(retry_after), "X-Speclane-Client": client},
+            headers={"Retry-After": str(retry_after), CLIENT_HEADER: client},
         )
 
     def _release(self, state: _Client) -> None:

@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import time
 
-import orjson
 from aiohttp import web
 
 from router import errors
@@ -18,7 +17,9 @@ from router.config.policies import CLIENT_HEADER, Policy, bearer_token
 from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
 from router.proxy import observe
-from router.proxy.relay import BodyFor, Outcome
+from router.proxy.headers import decision_headers
+from router.proxy.outcome import Outcome
+from router.proxy.relay import BodyFor
 from router.proxy.request import ParsedRequest, parse_request
 from router.proxy.telemetry import SpecClaim
 from router.routing.classify import (
@@ -28,7 +29,6 @@ from router.routing.classify import (
     RequestFacts,
     classify,
     log_line,
-    response_headers,
 )
 from router.routing.types import Candidate, Endpoint
 
@@ -60,10 +60,9 @@ def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
     )
     telemetry = app[SPEC]
     result = classify(facts, policy, settings.presets, app[POOL].snapshot(),
-                      gate=app[ROUTING].gate, spec=telemetry.advisor(claim),
-                      rules=settings.routing)
+                      gate=app[ROUTING].gate, spec=telemetry.advise, rules=settings.routing)
     app[ROUTING].gate = result.gate
-    decision = telemetry.claim_route(result.decision, claim)
+    decision = telemetry.claim_route(result, claim)
     if decision is not result.decision:
         result = dataclasses.replace(result, decision=decision)
     for key, value in result.body_changes.items():
@@ -75,11 +74,7 @@ def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
 
 def body_for(parsed: ParsedRequest) -> BodyFor:
     def build(backend: Backend, cand: Candidate) -> bytes:
-        if backend.lane == "speculative" and not cand.speculative:
-            # Same lane, same model, plain decoding: how the lane serves a workload
-            # where speculation is off (and the baseline it is compared against).
-            return orjson.dumps({**parsed.data, "num_draft_tokens": 0})
-        return parsed.body()
+        return parsed.body(plain=backend.lane == "speculative" and not cand.speculative)
 
     return build
 
@@ -102,9 +97,7 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
                                      result.decision.labels.get("rule", "none")).inc()
             overhead = time.monotonic() - arrival - waited
             metrics.overhead.labels(endpoint).observe(overhead)
-            headers = {**response_headers(result),
-                       "X-Speclane-Overhead-Ms": f"{overhead * 1000:.3f}",
-                       "X-Speclane-Queue-Ms": f"{waited * 1000:.3f}"}
+            headers = decision_headers(result, overhead, waited)
             return await app[RELAY].forward(
                 request, parsed, result.decision, path=UPSTREAM_PATHS[endpoint],
                 outcome=outcome, body_for=body_for(parsed), headers=headers)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from router.metrics import Metrics
-from router.proxy.relay import Outcome
+from router.proxy.outcome import Outcome
 
 
 def record(metrics: Metrics, outcome: Outcome) -> None:

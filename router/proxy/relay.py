@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -46,6 +46,8 @@ from router.backends.pool import BackendPool
 from router.config.settings import RetrySettings
 from router.errors import RouterError
 from router.metrics import Metrics
+from router.proxy.headers import served_headers
+from router.proxy.outcome import Outcome
 from router.proxy.request import (
     ParsedRequest,
     SSETail,
@@ -74,34 +76,6 @@ class Retryable(Exception):
         super().__init__(error.message)
         self.error = error
         self.reason = reason
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What happened to one relayed request; read by metrics and speculative telemetry."""
-
-    endpoint: str
-    arrival: float
-    status: int = 0
-    backend: Backend | None = None
-    candidate: Candidate | None = None
-    stream: bool = False
-    attempts: int = 0
-    first_byte_at: float | None = None  # first upstream body byte (monotonic)
-    last_byte_at: float | None = None
-    finished_at: float | None = None
-    completed: bool = False  # the upstream answer arrived whole
-    client_gone: bool = False
-    error: RouterError | None = None
-    body_json: dict[str, Any] | None = None  # non-streaming answer
-    tail_events: list[dict[str, Any]] = field(default_factory=list)  # last events of a stream
-    tail_malformed: int = 0
-    solo: bool = True  # no other request was in flight on the backend meanwhile
-    _epoch: int = 0
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_byte_at is None else self.first_byte_at - self.arrival
 
 
 BodyFor = Callable[[Backend, Candidate], bytes]
@@ -160,13 +134,8 @@ class Relay:
             opened = await self._open_with_retries(parsed, decision, path, outcome, body_for)
             backend = opened.backend
             outcome.backend, outcome.candidate = backend, opened.candidate
-            headers = {
-                **headers,
-                "X-Speclane-Backend": backend.name,
-                "X-Speclane-Lane": opened.candidate.lane,
-                "X-Speclane-Decision": decision.reason,
-                "X-Speclane-Attempts": str(outcome.attempts),
-            }
+            headers = served_headers(headers, backend.name, opened.candidate.lane,
+                                     outcome.attempts)
             try:
                 if parsed.route.stream:
                     return await self._relay_stream(request, opened, outcome, headers, live)
@@ -201,7 +170,7 @@ class Relay:
             try:
                 return await self._open(backend, cand, parsed, path, body_for)
             except BaseException:
-                self._unbegin(backend)
+                self._unbegin(backend, outcome)
                 raise
 
         # The first try runs without tenacity: its bookkeeping is measurable on the hot path.
@@ -252,7 +221,7 @@ class Relay:
             first = b""
             if parsed.route.stream:
                 first = await self._first_chunk(backend, resp)
-            backend.cooldown.success()
+            backend.request_succeeded()
             return Opened(backend, cand, resp, first)
         except asyncio.CancelledError:
             self._abandon(backend, resp)
@@ -314,9 +283,8 @@ class Relay:
         return Retryable(errors.upstream_failed(message), reason)
 
     def _failed(self, backend: Backend, reason: str) -> None:
-        backend.last_error = reason
         self._metrics.retries.labels(backend.name, reason).inc()
-        if backend.cooldown.failure(time.monotonic()):
+        if backend.request_failed(reason, time.monotonic()):
             self._metrics.cooldowns.labels(backend.name).inc()
             log.warning("backend %s cooled down for %.1fs after repeated failures (%s)",
                         backend.name, backend.cooldown.seconds, reason)
@@ -369,7 +337,7 @@ class Relay:
             await self._stream_failed(out, backend, outcome, "disconnect", errors.upstream_failed(
                 f"backend '{backend.name}' closed the stream mid-way: {type(e).__name__}"))
             return out
-        outcome.tail_events, outcome.tail_malformed, saw_done = tail.finish()
+        outcome.tail_events, _, saw_done = tail.finish()
         if saw_done:
             if held:  # "data: [DONE]" without its blank line: pass it on as it came
                 await self._write(out, held, outcome)
@@ -442,20 +410,17 @@ class Relay:
     # --- bookkeeping --------------------------------------------------------------------
 
     def _begin(self, backend: Backend, outcome: Outcome) -> None:
-        outcome.solo = backend.inflight == 0
-        backend.started += 1
-        outcome._epoch = backend.started
-        backend.inflight += 1
+        outcome.solo, outcome._epoch = backend.request_started()
         self._metrics.inflight.labels(backend.name).inc()
 
-    def _unbegin(self, backend: Backend) -> None:
-        backend.inflight -= 1
+    def _unbegin(self, backend: Backend, outcome: Outcome) -> bool:
         self._metrics.inflight.labels(backend.name).dec()
+        return backend.request_ended(outcome._epoch)
 
     def _end(self, backend: Backend, resp: Response, outcome: Outcome) -> None:
         # Solo: nothing was running when it began and nothing began after it.
-        outcome.solo = outcome.solo and backend.started == outcome._epoch
-        self._unbegin(backend)
+        alone = self._unbegin(backend, outcome)
+        outcome.solo = outcome.solo and alone
         if outcome.completed:
             resp.close()  # the answer arrived whole: its connection is kept alive
         else:

@@ -11,8 +11,9 @@ from typing import Any
 
 import orjson
 
-from router.errors import RouterError, bad_request
+from router.errors import bad_request
 from router.routing.types import Endpoint, RouteRequest
+from router.worker.contract import DRAFT_TOKENS_FIELD
 
 MAX_N = 128
 MAX_TOKENS_LIMIT = 1_000_000
@@ -30,7 +31,12 @@ class ParsedRequest:
         self.data[key] = value
         self.changed = True
 
-    def body(self) -> bytes:
+    def body(self, *, plain: bool = False) -> bytes:
+        """The body to forward. ``plain``: for the speculative lane decoding without its
+        draft (a workload where speculation is off, or the baseline it is compared against),
+        through the worker's ``num_draft_tokens`` request field."""
+        if plain:
+            return orjson.dumps({**self.data, DRAFT_TOKENS_FIELD: 0})
         return orjson.dumps(self.data) if self.changed else self.raw
 
 
@@ -254,10 +260,3 @@ class SSETail:
             else:
                 bad += 1
         return events, bad, done
-
-
-def is_error_event(event: dict[str, Any]) -> bool:
-    return isinstance(event.get("error"), dict | str)
-
-
-__all__ = ["ParsedRequest", "RouterError", "SSETail", "looks_like_sse", "parse_request"]

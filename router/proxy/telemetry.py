@@ -1,12 +1,12 @@
 """Speculative telemetry and auto-disable, wired to requests (the I/O side of router/speculation).
 
-Per request:
-1. ``advisor(claim)`` gives classification a side-effect-free view of the workload's
-   state (``AutoDisable.peek``).
-2. ``claim_route`` runs after classification: when the first candidate would speculate it
-   takes the key's verdict for real, so a probe (or a baseline sample, which runs on the
-   same lane with ``num_draft_tokens: 0``) is handed to exactly one request; speculative
-   external backends whose workload is off are moved behind the other candidates.
+Whether a request speculates is decided in ``router.routing.speculate`` (pure); this module
+feeds it the workload's state and carries out what it decides. Per request:
+1. ``advise(model, workload)`` gives classification a side-effect-free view of the
+   workload's state (``AutoDisable.peek``).
+2. ``claim_route(result, claim)`` runs after classification: when the first candidate
+   speculates it takes the key's verdict for real, so a probe (or a baseline sample, which
+   runs on the same lane with ``num_draft_tokens: 0``) is handed to exactly one request.
 3. ``observe(outcome, claim)`` after the response: parses the backend's statistics from
    the body or the stream's final events, counts them in the metrics, feeds the
    auto-disable windows (speculative runs) or the baseline (plain runs), and logs and
@@ -27,8 +27,9 @@ from router.config.policies import PolicySet
 from router.config.settings import Settings
 from router.config.speculation import SpecSettings
 from router.metrics import Metrics
-from router.proxy.relay import Outcome
-from router.routing.classify import SpecAdvice, SpecOracle
+from router.proxy.outcome import Outcome
+from router.routing.classify import Classification
+from router.routing.speculate import SpecAdvice, paused_last, settle, speculates
 from router.routing.types import Candidate, Decision
 from router.speculation.autodisable import AutoDisable, Transition
 from router.speculation.cumulative import CounterDelta
@@ -68,60 +69,49 @@ class SpecTelemetry:
         policy = policies.get(key.workload.split(":", 1)[0])
         return self._settings.merged(policy.spec if policy else None)
 
+    def policies_reloaded(self, ok: bool) -> None:
+        """A policy's ``[spec]`` overrides reach the workloads that already have a state
+        (windows resized, states kept); new workloads read them anyway."""
+        if ok:
+            self.auto.reconfigure(self._settings, resolve=self._resolve)
+
     # --- before routing -----------------------------------------------------------------
 
-    def advisor(self, claim: SpecClaim) -> SpecOracle:
-        def advise(model: str, workload: str) -> SpecAdvice:
-            claim.model, claim.workload = model, workload
-            verdict = self.auto.peek(SpecKey("speculative", model, workload), time.monotonic())
-            return SpecAdvice(use=verdict.use_speculation and not verdict.probe,
-                              probe=verdict.probe)
+    def advise(self, model: str, workload: str) -> SpecAdvice:
+        """The workload's state on the speculative lane, peeked: nothing is taken."""
+        verdict = self.auto.peek(SpecKey("speculative", model, workload), time.monotonic())
+        return SpecAdvice(use=verdict.use_speculation and not verdict.probe, probe=verdict.probe)
 
-        return advise
-
-    def claim_route(self, decision: Decision, claim: SpecClaim) -> Decision:
-        candidates = self._external_order(decision.candidates, claim)
+    def claim_route(self, result: Classification, claim: SpecClaim) -> Decision:
+        """Take the verdict for the first candidate when it speculates (a probe or a baseline
+        sample goes to exactly this request); the decision is ``router.routing.speculate``'s."""
+        decision = result.decision
+        claim.model, claim.workload = result.model, result.workload
+        now = time.monotonic()
+        candidates = paused_last(decision.candidates, lambda c: self._paused(c, claim, now))
         first = candidates[0]
         backend = self._pool[first.backend]
-        if not self._speculates(backend, first):
+        if not speculates(backend.lane, backend.speculative_requested, first):
             return _with(decision, candidates)
         key = SpecKey(backend.name, claim.model, claim.workload)
-        verdict = self.auto.verdict(key, time.monotonic())
-        claim.key, claim.ticket = key, verdict.ticket
-        claim.probe = verdict.probe
+        verdict = self.auto.verdict(key, now)
+        settled = settle(candidates, backend.lane, verdict.use_speculation, verdict.probe,
+                         verdict.reason == "baseline_sample")
+        claim.key, claim.probe, claim.baseline = key, verdict.probe, settled.baseline
+        claim.ticket = verdict.ticket
         if verdict.probe:
             self._metrics.spec_probes.labels(*key).inc()
             log.info("probing speculation for %s", "/".join(key))
-        elif not verdict.use_speculation:
-            claim.baseline = verdict.reason == "baseline_sample"
-            if backend.lane == "speculative":
-                # Off (or a baseline sample): the same lane decodes without the draft.
-                candidates = (dataclasses.replace(first, speculative=False), *candidates[1:])
-            elif claim.ticket is not None:
-                self.auto.cancel(claim.ticket, time.monotonic())  # no plain mode out there
-                claim.ticket, claim.baseline = None, False
-        return _with(decision, candidates)
+        if not settled.keep_ticket and claim.ticket is not None:
+            self.auto.cancel(claim.ticket, now)
+            claim.ticket = None
+        return _with(decision, settled.candidates)
 
-    def _external_order(self, candidates: tuple[Candidate, ...],
-                        claim: SpecClaim) -> tuple[Candidate, ...]:
-        """Speculative external backends whose workload is off go behind the others
-        (they still serve when nothing else can, and take probes when due)."""
-        if len(candidates) < 2 or not claim.model:
-            return candidates
-        now = time.monotonic()
-        keep, later = [], []
-        for c in candidates:
-            b = self._pool[c.backend]
-            off = (b.lane is None and b.speculative_requested and not self.auto.peek(
-                SpecKey(b.name, claim.model, claim.workload), now).use_speculation)
-            (later if off else keep).append(c)
-        return (*keep, *later) if keep else candidates
-
-    @staticmethod
-    def _speculates(backend: Backend, candidate: Candidate) -> bool:
-        if backend.lane == "speculative":
-            return candidate.speculative
-        return backend.lane is None and backend.speculative_requested
+    def _paused(self, candidate: Candidate, claim: SpecClaim, now: float) -> bool:
+        """An external backend configured as speculative whose workload is off."""
+        b = self._pool[candidate.backend]
+        return (b.lane is None and b.speculative_requested and not self.auto.peek(
+            SpecKey(b.name, claim.model, claim.workload), now).use_speculation)
 
     # --- after the response -------------------------------------------------------------
 
@@ -144,7 +134,7 @@ class SpecTelemetry:
         if claim.key is not None and claim.key != key:
             self._release(claim, now)  # a retry moved it to another backend
             claim.ticket = None
-        if self._speculates(backend, served):
+        if speculates(backend.lane, backend.speculative_requested, served):
             transitions = self.auto.record(key, result, observation, now, claim.ticket)
             self._publish(key, transitions)
         elif observation is not None:
@@ -196,16 +186,13 @@ class SpecTelemetry:
             self.set_observed(backend, True, None)
 
     def set_observed(self, backend: Backend, observed: bool | None, reason: str | None) -> None:
-        if observed is backend.spec_observed:
+        was = backend.spec_observed
+        if not backend.observed(observed, reason):
             return
-        backend.spec_observed = observed
         if observed is not None:
             self._metrics.spec_observed.labels(backend.name).set(1 if observed else 0)
-        if observed is False:
-            backend.spec_reason = reason
+        if observed is False and was is not False:
             log.warning("backend %s: %s", backend.name, reason)
-        elif backend.spec_reason and backend.spec_reason.startswith("configured as speculative"):
-            backend.spec_reason = None
 
     def _publish(self, key: SpecKey, transitions: list[Transition]) -> None:
         m = self._metrics
@@ -230,7 +217,8 @@ class SpecTelemetry:
                 row["probe"].pop("next_at", None)
         backends = [{"backend": b.name, "lane": b.lane, "requested": b.speculative_requested,
                      "active": b.speculative_active if b.lane else None,
-                     "observed": b.spec_observed, "reason": b.spec_reason}
+                     "observed": b.spec_observed,
+                     "reason": b.spec_reason or b.observed_reason}
                     for b in self._pool]
         return {"settings": self._settings.model_dump(), "workloads": workloads,
                 "backends": backends}

@@ -54,14 +54,11 @@ the bare rule, from the closed vocabulary ``RULES``, for metrics.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from router.config.names import (
-    BACKEND_HEADER,
-    CLIENT_HEADER,
-    DECISION_HEADER,
     LANE_HEADER,
     LANE_NAMES,
     PRESET_HEADER,
@@ -72,7 +69,22 @@ from router.config.presets import LanePreference, PresetSpec
 from router.config.routing import RoutingRules
 from router.errors import RouterError, bad_request, not_found, unavailable
 from router.routing.load import LoadGate, available, candidate_for, gate_for, lane_load, lanes_load
+from router.routing.speculate import (
+    SPECULATION_PAYS,
+    SpecAdvice,
+    SpecOracle,
+    advice_label,
+    advice_rule,
+    free_rule,
+    lane_speculates,
+    speculation_pays,
+)
 from router.routing.types import BackendView, Candidate, Decision, RouteRequest
+
+__all__ = [
+    "DEFAULT_RULES", "RULES", "SPECULATION_PAYS", "Classification", "RequestFacts",
+    "RoutingRules", "SpecAdvice", "SpecOracle", "classify", "log_line", "resolve_model",
+]
 
 SHAPE_RULES = ("n>1", "long-prompt", "high-temperature", "short-output")
 RULES = (
@@ -83,24 +95,6 @@ RULES = (
 
 
 DEFAULT_RULES = RoutingRules()
-
-
-@dataclass(frozen=True, slots=True)
-class SpecAdvice:
-    """The speculative state for one (model, workload): use it, or probe it while off."""
-
-    use: bool = True
-    probe: bool = False
-
-
-SPECULATION_PAYS = SpecAdvice()
-# (model, workload) -> advice. A query without side effects: it is asked on every request,
-# and a probe is spent only when the decision says so (``Classification.is_probe``).
-SpecOracle = Callable[[str, str], SpecAdvice]
-
-
-def speculation_pays(model: str, workload: str) -> SpecAdvice:
-    return SPECULATION_PAYS
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +173,7 @@ def classify(
         "lane_pref": pref, "rule": rule, "model": model, "requested_model": request.model,
         "lane_header": facts.lane_header or "", "lanes_load": str(load),
         "gate": "busy" if gate.busy else "free", "priority": str(policy.priority),
-        "spec_advice": _advice_label(advice), "clamped": ",".join(clamped),
+        "spec_advice": advice_label(advice), "clamped": ",".join(clamped),
     }
     return Classification(Decision(candidates, reason, labels), policy.client, preset,
                           workload, model, changes, gate)
@@ -199,17 +193,6 @@ def resolve_model(
     if at and base and (base in aliases or base in served):
         return aliases.get(base, base), suffix.strip().lower()
     return requested, None
-
-
-def response_headers(result: Classification, served: Candidate | None = None) -> dict[str, str]:
-    """The decision headers every response carries; ``served``: the candidate that answered."""
-    candidate = served or result.decision.candidates[0]
-    return {
-        LANE_HEADER: candidate.lane,
-        BACKEND_HEADER: candidate.backend,
-        CLIENT_HEADER: result.client,
-        DECISION_HEADER: result.decision.reason,
-    }
 
 
 def log_line(result: Classification) -> str:
@@ -385,11 +368,10 @@ def _route(
         first, rule = spec, _missing(serving, "batching")
     else:
         blocker = _spec_blocker(spec, shape, policy, gate, advice, load, rules)
-        first, rule = (batch, blocker) if blocker else (spec, _spec_rule(advice))
+        first, rule = (batch, blocker) if blocker else (spec, free_rule(advice))
     assert first is not None  # at least one lane is usable here
     lanes = [first, *sorted((b for b in (spec, batch) if b and b is not first), key=_load_key)]
-    speculative = advice.use or advice.probe
-    return tuple(_lane_candidate(b, speculative) for b in lanes) + tuple(
+    return tuple(_lane_candidate(b, advice) for b in lanes) + tuple(
         candidate_for(b) for b in externals), rule
 
 
@@ -408,8 +390,8 @@ def _spec_blocker(
         return "short-output"
     if not spec.speculative:
         return "spec-inactive"
-    if not advice.use and not advice.probe:
-        return "spec-not-paying"
+    if off := advice_rule(advice):
+        return off
     if lane_load(spec) >= (spec.capacity or 1):
         return "spec-lane-busy"
     if policy.priority < 0 and load > 0:
@@ -417,10 +399,6 @@ def _spec_blocker(
     if gate.busy and policy.priority <= 0:
         return "load-high"
     return None
-
-
-def _spec_rule(advice: SpecAdvice) -> str:
-    return "spec-probe" if not advice.use and advice.probe else "spec-lane-free"
 
 
 def _missing(serving: Sequence[BackendView], lane: LaneName) -> str:
@@ -434,18 +412,12 @@ def _lane(views: Sequence[BackendView], lane: LaneName) -> BackendView | None:
     return next((v for v in views if v.lane == lane), None)
 
 
-def _lane_candidate(view: BackendView, speculative: bool) -> Candidate:
+def _lane_candidate(view: BackendView, advice: SpecAdvice) -> Candidate:
     candidate = candidate_for(view)
     if view.lane == "speculative":
-        return Candidate(candidate.backend, candidate.lane, view.speculative and speculative)
+        return Candidate(candidate.backend, candidate.lane, lane_speculates(view, advice))
     return candidate
 
 
 def _load_key(view: BackendView) -> tuple[int, str]:
     return (lane_load(view), view.name)
-
-
-def _advice_label(advice: SpecAdvice) -> str:
-    if advice.use:
-        return "use"
-    return "probe" if advice.probe else "off"

@@ -47,9 +47,6 @@ from router.speculation.record import Observation, SpecRecord, SpecResult
 from router.speculation.window import AcceptanceWindow, BaselineSpeeds, SpeedWindow, WindowEntry
 
 TransitionReason = Literal["low_acceptance", "not_faster", "probe_recovered"]
-TRANSITION_REASONS: tuple[TransitionReason, ...] = (
-    "low_acceptance", "not_faster", "probe_recovered"
-)
 VerdictReason = Literal[
     "on", "auto_disable_off", "low_acceptance", "not_faster", "probe", "baseline_sample"
 ]

@@ -1,4 +1,4 @@
-"""``python -m router.worker``: one MLX lane (see /work/helper-notes/worker-contract.md).
+"""``python -m router.worker``: one MLX lane (its contract: ``router.worker.contract``).
 
 Life cycle: load the model(s) on the generation thread; bind; print the one ready line on
 stdout; serve until SIGTERM/SIGINT or until the parent process disappears; then stop
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -19,10 +18,10 @@ import sys
 from pathlib import Path
 from typing import NoReturn, TextIO
 
+from router.worker.contract import add_worker_flags, check_worker_flags, ready_line
 from router.worker.engine import BatchingEngine, Engine, LoadError, Models, SpeculativeEngine
 from router.worker.server import WorkerInfo, make_app, start_site
 
-READY_PREFIX = "SPECLANE_WORKER_READY"
 PARENT_POLL_SECONDS = 0.5
 SHUTDOWN_SECONDS = 3.0
 
@@ -31,20 +30,11 @@ log = logging.getLogger("speclane.worker")
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="speclane worker", description="Run one MLX lane worker.")
-    p.add_argument("--mode", choices=("speculative", "batching"), required=True)
-    p.add_argument("--model", type=Path, required=True, help="mlx-lm model directory")
-    p.add_argument("--model-name", help="id served in /v1/models (default: the directory name)")
-    p.add_argument("--draft-model", type=Path, help="speculative mode: the draft model directory")
-    p.add_argument("--num-draft-tokens", type=int, default=3)
-    p.add_argument("--max-batch-size", type=int, default=8)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--parent-pid", type=int)
+    add_worker_flags(p)
     args = p.parse_args(argv)
-    if not 0 <= args.num_draft_tokens <= 16:
-        p.error("--num-draft-tokens must be between 0 and 16")
-    if args.max_batch_size < 1:
-        p.error("--max-batch-size must be at least 1")
+    check_worker_flags(p, args)
+    args.model = Path(args.model)
+    args.draft_model = Path(args.draft_model) if args.draft_model else None
     return args
 
 
@@ -136,8 +126,7 @@ async def serve(args: argparse.Namespace, engine: Engine, info: WorkerInfo, out:
     except OSError as e:
         print(f"speclane worker: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1
-    ready = {"port": port, "mode": info.mode, "model": info.model_name}
-    out.write(f"{READY_PREFIX} {json.dumps(ready)}\n")
+    out.write(ready_line(port, mode=info.mode, model=info.model_name))
     out.flush()
     log.info("serving %s (%s) on %s:%d", info.model_name, info.mode, args.host, port)
 

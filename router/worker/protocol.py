@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from router.errors import bad_request
+from router.worker.contract import DRAFT_TOKENS_FIELD, MAX_DRAFT_TOKENS
 
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_TEMPERATURE = 0.0
-MAX_DRAFT_TOKENS = 16
 MAX_STOP_STRINGS = 16
 
 Kind = Literal["chat", "completion"]
@@ -74,7 +74,7 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
         seed=_get(body, "seed", int, None),
         stream=_get(body, "stream", bool, False),
         include_usage=_get(stream_options, "include_usage", bool, False),
-        num_draft_tokens=_integer(body, "num_draft_tokens", None, 0, MAX_DRAFT_TOKENS),
+        num_draft_tokens=_integer(body, DRAFT_TOKENS_FIELD, None, 0, MAX_DRAFT_TOKENS),
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, None),

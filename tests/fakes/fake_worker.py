@@ -22,7 +22,8 @@ import time
 
 from aiohttp import web
 
-READY_PREFIX = "SPECLANE_WORKER_READY "
+from router.worker.contract import add_worker_flags, ready_line
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -32,15 +33,8 @@ def log(message: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--mode", choices=("speculative", "batching"), default="speculative")
-    p.add_argument("--model", default="fake-model")
-    p.add_argument("--model-name")
-    p.add_argument("--draft-model")
-    p.add_argument("--num-draft-tokens", type=int, default=3)
-    p.add_argument("--max-batch-size", type=int, default=8)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--parent-pid", type=int)
+    add_worker_flags(p, required=False)  # the real worker's flags, defaulted for tests
+    p.set_defaults(mode="speculative", model="fake-model")
     p.add_argument("--slow-start", type=float, default=0.0, help="seconds before listening")
     p.add_argument("--exit-early", type=int, help="exit with this code before becoming ready")
     p.add_argument("--noise-lines", type=int, default=0, help="stderr lines printed at start")
@@ -165,8 +159,7 @@ async def serve(args: argparse.Namespace) -> None:
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    ready = {"port": port, "mode": args.mode, "model": args.model_name}
-    print(READY_PREFIX + json.dumps(ready), flush=True)
+    print(ready_line(port, mode=args.mode, model=args.model_name), end="", flush=True)
     log(f"listening on {args.host}:{port}")
 
     if args.die_after is not None:

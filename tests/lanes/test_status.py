@@ -1,41 +1,14 @@
 import pytest
 
 from router.lanes.status import (
-    READY_PREFIX,
+    TRANSITIONS,
+    InvalidTransition,
     LaneState,
     LaneStatus,
     RestartBudget,
     backoff_delay,
-    parse_ready_line,
+    check_transition,
 )
-
-# --- ready line ----------------------------------------------------------------------------
-
-
-def test_ready_line_gives_the_port():
-    line = READY_PREFIX + '{"port": 40123, "mode": "speculative", "model": "m"}'
-    assert parse_ready_line(line) == 40123
-
-
-@pytest.mark.parametrize(
-    "line",
-    [
-        "",
-        "SPECLANE_WORKER_READY",
-        "some log line with port 40123",
-        "speclane_worker_ready {\"port\": 1}",
-        READY_PREFIX + "not json",
-        READY_PREFIX + "[40123]",
-        READY_PREFIX + '{"mode": "batching"}',
-        READY_PREFIX + '{"port": "40123"}',
-        READY_PREFIX + '{"port": true}',
-        READY_PREFIX + '{"port": 0}',
-        READY_PREFIX + '{"port": 70000}',
-    ],
-)
-def test_anything_else_is_not_a_ready_line(line):
-    assert parse_ready_line(line) is None
-
 
 # --- restart budget ------------------------------------------------------------------------
 
@@ -101,3 +74,29 @@ def test_status_defaults_and_dict():
         "lane": "batching", "state": "ready", "base_url": "http://127.0.0.1:1/v1", "pid": 42,
         "health": {"capacity": 8}, "restarts": 1, "last_error": "boom",
     }
+
+
+# --- state transitions -------------------------------------------------------------------
+
+
+def test_every_state_has_a_row_and_no_state_returns_to_itself_by_table() -> None:
+    assert set(TRANSITIONS) == set(LaneState)
+    for old, allowed in TRANSITIONS.items():
+        assert old not in allowed
+
+
+@pytest.mark.parametrize("old", list(LaneState))
+@pytest.mark.parametrize("new", list(LaneState))
+def test_a_change_outside_the_table_raises(old: LaneState, new: LaneState) -> None:
+    if new is old or new in TRANSITIONS[old]:
+        check_transition("speculative", old, new)
+    else:
+        with pytest.raises(InvalidTransition, match=f"{old.value} -> {new.value}"):
+            check_transition("speculative", old, new)
+
+
+def test_a_stopped_lane_cannot_be_ready_without_starting() -> None:
+    with pytest.raises(InvalidTransition):
+        check_transition("batching", LaneState.STOPPED, LaneState.READY)
+    with pytest.raises(InvalidTransition):
+        check_transition("batching", LaneState.DOWN, LaneState.READY)

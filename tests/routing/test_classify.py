@@ -15,7 +15,6 @@ from router.config.policies import Policy
 from router.config.presets import DEFAULT_PRESETS, PresetSpec
 from router.errors import RouterError
 from router.routing.classify import (
-    DECISION_HEADER,
     RULES,
     SPECULATION_PAYS,
     Classification,
@@ -24,7 +23,6 @@ from router.routing.classify import (
     SpecAdvice,
     classify,
     log_line,
-    response_headers,
 )
 from router.routing.load import LoadGate
 from router.routing.types import BackendView, RouteRequest
@@ -358,18 +356,6 @@ def test_gate_state_is_returned_for_the_next_decision() -> None:
     still = classify(RequestFacts(RouteRequest("chat", MODEL)), Policy(client="c"), PRESETS,
                      snapshot(batch={"inflight": 2}), gate=busy.gate)
     assert (still.decision.labels["rule"], still.gate.busy) == ("load-high", True)
-
-
-def test_response_headers() -> None:
-    result = run(Case("x", "batching", "spec-lane-busy", preset="interactive",
-                      spec={"inflight": 1}))
-    headers = response_headers(result)
-    assert headers == {
-        "X-Speclane-Lane": "batching", "X-Speclane-Backend": "batching",
-        "X-Speclane-Client": "c", DECISION_HEADER: "preset=interactive,spec-lane-busy->batching",
-    }
-    served = result.decision.candidates[1]
-    assert response_headers(result, served)["X-Speclane-Lane"] == "speculative"
 
 
 def test_routing_rules_thresholds_are_configurable() -> None:

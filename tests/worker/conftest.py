@@ -17,7 +17,7 @@ import pytest
 
 from router.lanes.blas import preload_env
 from router.lanes.modelprep import ensure_default_models
-from router.worker.main import READY_PREFIX
+from router.worker.contract import READY_PREFIX
 
 READY_TIMEOUT = 180.0  # loading competes for 2 shared cores
 BATCH_SIZE = 4
@@ -75,11 +75,11 @@ def spawn(command: list[str], stderr: IO[str]) -> subprocess.Popen[str]:
 def wait_ready(proc: subprocess.Popen[str], stderr: IO[str]) -> WorkerProcess:
     assert proc.stdout is not None
     line = read_line(proc.stdout, READY_TIMEOUT)
-    if not line.startswith(READY_PREFIX + " "):
+    if not line.startswith(READY_PREFIX):
         proc.kill()
         stderr.seek(0)
         pytest.fail(f"worker not ready (stdout {line!r}); stderr:\n{stderr.read()[-3000:]}")
-    ready = json.loads(line[len(READY_PREFIX) + 1 :])
+    ready = json.loads(line[len(READY_PREFIX) :])
     return WorkerProcess(proc, ready, stderr, [line])
 
 

@@ -1,0 +1,38 @@
+"""What happened to one relayed request: written by the relay, read by the metrics
+(``router.proxy.observe``) and by speculative telemetry (``router.proxy.telemetry``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.backends.base import Backend
+from router.errors import RouterError
+from router.routing.types import Candidate
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one relayed request; read by metrics and speculative telemetry."""
+
+    endpoint: str
+    arrival: float
+    status: int = 0
+    backend: Backend | None = None
+    candidate: Candidate | None = None
+    stream: bool = False
+    attempts: int = 0
+    first_byte_at: float | None = None  # first upstream body byte (monotonic)
+    last_byte_at: float | None = None
+    finished_at: float | None = None
+    completed: bool = False  # the upstream answer arrived whole
+    client_gone: bool = False
+    error: RouterError | None = None
+    body_json: dict[str, Any] | None = None  # non-streaming answer
+    tail_events: list[dict[str, Any]] = field(default_factory=list)  # last events of a stream
+    solo: bool = True  # no other request was in flight on the backend meanwhile
+    _epoch: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_byte_at is None else self.first_byte_at - self.arrival

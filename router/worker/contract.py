@@ -1,0 +1,95 @@
+"""The contract between the lane supervisor and a lane worker, defined once.
+
+Used by the worker (``router.worker.main``), the supervisor (``router.lanes.process`` and
+``router.lanes.status``) and the test fakes alike:
+
+- the command line: ``python -m router.worker`` with the flags ``add_worker_flags`` defines,
+  built by ``worker_argv``;
+- the ready line: the one line a worker prints on stdout once it listens
+  (``SPECLANE_WORKER_READY {"port": ..., ...}``), written by ``ready_line`` and read by
+  ``parse_ready_line``;
+- the bounds of a request's ``num_draft_tokens`` field.
+
+Imports nothing of speclane's, so the fakes can use it without MLX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+MODULE = "router.worker"  # python -m MODULE
+MODES = ("speculative", "batching")
+READY_PREFIX = "SPECLANE_WORKER_READY "
+DRAFT_TOKENS_FIELD = "num_draft_tokens"  # request field: 0 decodes without the draft
+MAX_DRAFT_TOKENS = 16  # per verification round, for the flag and the request field
+DEFAULT_DRAFT_TOKENS = 3
+DEFAULT_BATCH_SIZE = 8
+
+
+def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """The flags every worker (and every fake worker) accepts; a fake may default them."""
+    p.add_argument("--mode", choices=MODES, required=required,
+                   help="speculative: one request at a time with a draft; batching: continuous "
+                        "batching")
+    p.add_argument("--model", required=required, help="the model directory (mlx-lm format)")
+    p.add_argument("--model-name", help="the id served in /v1/models (default: the directory "
+                                        "name)")
+    p.add_argument("--draft-model", help="speculative mode: the draft model directory")
+    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS,
+                   help=f"speculative mode: tokens drafted per round, 0 to {MAX_DRAFT_TOKENS} "
+                        f"(default {DEFAULT_DRAFT_TOKENS})")
+    p.add_argument("--max-batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                   help=f"batching mode: sequences decoded together (default "
+                        f"{DEFAULT_BATCH_SIZE})")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0,
+                   help="port to listen on; 0 (the default) picks a free one, announced in the "
+                        "ready line")
+    p.add_argument("--parent-pid", type=int,
+                   help="exit when this process (the supervisor) is gone")
+
+
+def check_worker_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not 0 <= args.num_draft_tokens <= MAX_DRAFT_TOKENS:
+        p.error(f"--num-draft-tokens must be between 0 and {MAX_DRAFT_TOKENS}")
+    if args.max_batch_size < 1:
+        p.error("--max-batch-size must be at least 1")
+
+
+def worker_argv(python: str, mode: str, model: Path, model_name: str, *,
+                draft: Path | None, num_draft_tokens: int, max_batch_size: int,
+                parent_pid: int) -> list[str]:
+    """The command line of a worker on a free loopback port."""
+    argv = [python, "-m", MODULE, "--mode", mode, "--model", str(model),
+            "--model-name", model_name]
+    if draft is not None and mode == "speculative":
+        argv += ["--draft-model", str(draft)]
+    argv += [
+        "--num-draft-tokens", str(num_draft_tokens),
+        "--max-batch-size", str(max_batch_size),
+        "--host", "127.0.0.1", "--port", "0",
+        "--parent-pid", str(parent_pid),
+    ]
+    return argv
+
+
+def ready_line(port: int, **facts: Any) -> str:
+    return READY_PREFIX + json.dumps({"port": port, **facts}) + "\n"
+
+
+def parse_ready_line(line: str) -> int | None:
+    """The port announced by a worker's ready line, or None if ``line`` is not one."""
+    if not line.startswith(READY_PREFIX):
+        return None
+    try:
+        payload = json.loads(line[len(READY_PREFIX):])
+    except ValueError:
+        return None
+    port = payload.get("port") if isinstance(payload, Mapping) else None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        return None
+    return port
