@@ -7,38 +7,13 @@ loopback clients only, so a router bound to 0.0.0.0 never exposes them by accide
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from aiohttp import web
 
-from router.appkeys import POLICIES, POOL, SETTINGS, SPEC, SUPERVISORS
+from router.appkeys import POLICIES, POOL, SPEC, SUPERVISORS
 from router.backends.base import Backend
-from router.config.policies import bearer_token
-from router.errors import RouterError
-
-
-def is_loopback(request: web.Request) -> bool:
-    peer = request.remote or ""
-    return peer.startswith("127.") or peer in ("::1", "::ffff:127.0.0.1")
-
-
-def require_admin(request: web.Request) -> None:
-    key = request.app[SETTINGS].admin_key
-    if key is None:
-        if not is_loopback(request):
-            raise RouterError(403, "admin endpoints answer loopback clients only unless "
-                              "admin_key is configured", type="permission_error",
-                              code="admin_loopback_only")
-        return
-    presented = bearer_token(request.headers.get("Authorization"))
-    if presented is None:
-        raise RouterError(401, "admin endpoints require 'Authorization: Bearer <admin_key>'",
-                          type="authentication_error", code="missing_admin_key",
-                          headers={"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(presented.encode(), key.get_secret_value().encode()):
-        raise RouterError(403, "wrong admin key", type="permission_error",
-                          code="invalid_admin_key")
+from router.proxy.access import require_admin
 
 
 def backend_state(backend: Backend, supervised: dict[str, str]) -> str:

@@ -21,7 +21,7 @@ from router.appkeys import (
     SESSION,
     SETTINGS,
     SPEC,
-    RoutingState,
+    SUPERVISORS,
 )
 from router.backends.base import Backend
 from router.backends.health import HealthMonitor
@@ -30,7 +30,7 @@ from router.backends.scrape import CumulativeScraper
 from router.config.policies import PolicySet, load_policies
 from router.config.settings import Settings
 from router.config.watch import PolicyWatcher
-from router.lanes.group import lanes_context
+from router.lanes.group import start_lanes, stop_lanes
 from router.metrics import Metrics
 from router.proxy.admission import ConcurrencyLimiter
 from router.proxy.handlers import setup_routes
@@ -38,7 +38,7 @@ from router.proxy.middleware import error_middleware
 from router.proxy.relay import Relay
 from router.proxy.telemetry import SpecTelemetry
 from router.proxy.upstream import Http1Pool
-from router.routing.load import gate_for
+from router.routing.load import RoutingState, gate_for
 
 log = logging.getLogger("speclane")
 
@@ -67,6 +67,14 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
     app.cleanup_ctx.append(policy_reloads)
     app.cleanup_ctx.append(lanes_context)
     return app
+
+
+async def lanes_context(app: web.Application) -> AsyncIterator[None]:
+    """speclane's own two MLX lanes (``router.lanes.group``), started before serving."""
+    app[SUPERVISORS] = []
+    app[SUPERVISORS] = await start_lanes(app[SETTINGS], app[POOL], app[METRICS])
+    yield
+    await stop_lanes(app[SUPERVISORS], app[SETTINGS])
 
 
 async def finish_in_flight(app: web.Application) -> None:

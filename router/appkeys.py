@@ -1,37 +1,36 @@
-"""Typed application state keys, shared by the app factory and the handlers."""
+"""Typed application state keys, shared by the app factory and the handlers.
+
+The value types are imported for the type checker only: at run time this module imports
+nothing of speclane's, so the handlers (``router.proxy``) and the app factory can both use
+the keys without an import cycle.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 
-from router.backends.pool import BackendPool
-from router.config.settings import Settings
-from router.config.watch import PolicyWatcher
-from router.lanes.supervisor import LaneSupervisor
-from router.metrics import Metrics
-from router.proxy.admission import ConcurrencyLimiter
-from router.proxy.relay import Relay
-from router.proxy.telemetry import SpecTelemetry
-from router.routing.load import LoadGate
+if TYPE_CHECKING:
+    from router.backends.pool import BackendPool
+    from router.config.settings import Settings
+    from router.config.watch import PolicyWatcher
+    from router.lanes.supervisor import LaneSupervisor
+    from router.metrics import Metrics
+    from router.proxy.admission import ConcurrencyLimiter
+    from router.proxy.relay import Relay
+    from router.proxy.telemetry import SpecTelemetry
+    from router.routing.load import RoutingState
 
 
-@dataclass
-class RoutingState:
-    """What one decision leaves for the next: the load gate's hysteresis state."""
-
-    gate: LoadGate = field(default_factory=LoadGate)
-
-
-SETTINGS = web.AppKey("settings", Settings)
-METRICS = web.AppKey("metrics", Metrics)
-POOL = web.AppKey("pool", BackendPool)
-SESSION = web.AppKey("session", aiohttp.ClientSession)
-RELAY = web.AppKey("relay", Relay)
-POLICIES = web.AppKey("policies", PolicyWatcher)
-LIMITER = web.AppKey("limiter", ConcurrencyLimiter)
-ROUTING = web.AppKey("routing", RoutingState)
-SUPERVISORS = web.AppKey("supervisors", list[LaneSupervisor])
-SPEC = web.AppKey("spec", SpecTelemetry)
+SETTINGS: web.AppKey[Settings] = web.AppKey("settings")
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
+POOL: web.AppKey[BackendPool] = web.AppKey("pool")
+SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("session")
+RELAY: web.AppKey[Relay] = web.AppKey("relay")
+POLICIES: web.AppKey[PolicyWatcher] = web.AppKey("policies")
+LIMITER: web.AppKey[ConcurrencyLimiter] = web.AppKey("limiter")
+ROUTING: web.AppKey[RoutingState] = web.AppKey("routing")
+SUPERVISORS: web.AppKey[list[LaneSupervisor]] = web.AppKey("supervisors")
+SPEC: web.AppKey[SpecTelemetry] = web.AppKey("spec")

@@ -9,15 +9,12 @@ decision step sees lanes exactly like any other backend.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiohttp import web
-
-from router.appkeys import METRICS, POOL, SETTINGS, SUPERVISORS
 from router.backends.base import SPECLANE_KIND, Backend
 from router.backends.cooldown import Cooldown
+from router.backends.pool import BackendPool
 from router.config.names import LANE_NAMES, LaneName
 from router.config.settings import LanesSettings, Settings
 from router.lanes.gating.decide import GateDecision, check_pair, decide
@@ -101,13 +98,12 @@ async def gate_speculation(settings: Settings, models: LaneModels) -> GateDecisi
     return gate
 
 
-async def lanes_context(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
-    metrics = app[METRICS]
-    app[SUPERVISORS] = []
+async def start_lanes(settings: Settings, pool: BackendPool,
+                      metrics: Metrics) -> list[LaneSupervisor]:
+    """Resolve the model, gate the draft, register one backend per enabled lane in ``pool``
+    and start the workers; raises LaneStartupError (serve refuses to start and says why)."""
     if not settings.lanes.enabled or not enabled_lanes(settings.lanes):
-        yield
-        return
+        return []
     try:
         models = resolve_models(settings.lanes)  # may convert with MLX: main thread (above)
     except PrepareError as e:
@@ -122,17 +118,19 @@ async def lanes_context(app: web.Application) -> AsyncIterator[None]:
             draft = Path(models.draft) if gate.active and models.draft else None
             metrics.spec_requested.labels(lane).set(1)
             metrics.spec_active.labels(lane).set(0)
-        app[POOL].add(backend)
+        pool.add(backend)
         command = build_worker_command(lane, settings.lanes, Path(models.model), draft, models.name)
         supervisors.append(LaneSupervisor.from_settings(
             command, settings.lanes, metrics=metrics,
             on_change=lambda status, b=backend: apply_status(b, status, metrics)))
-    app[SUPERVISORS] = supervisors
     log.info("starting lanes %s on %s (draft: %s)", enabled_lanes(settings.lanes), models.model,
              models.draft)
     try:
         await start_all(supervisors)
     except WorkerStartError as e:
         raise LaneStartupError(str(e)) from e
-    yield
+    return supervisors
+
+
+async def stop_lanes(supervisors: list[LaneSupervisor], settings: Settings) -> None:
     await stop_all(supervisors, grace=max(5.0, settings.shutdown_grace / 2))

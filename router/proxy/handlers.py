@@ -10,13 +10,13 @@ import time
 from aiohttp import web
 
 from router import errors
-from router.admin import is_loopback, require_admin
 from router.appkeys import LIMITER, METRICS, POLICIES, POOL, RELAY, ROUTING, SETTINGS, SPEC
 from router.backends.base import Backend
 from router.config.policies import CLIENT_HEADER, Policy, bearer_token
 from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
 from router.proxy import observe
+from router.proxy.access import is_loopback, require_admin
 from router.proxy.headers import decision_headers
 from router.proxy.outcome import Outcome
 from router.proxy.relay import BodyFor

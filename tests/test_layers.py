@@ -1,0 +1,112 @@
+"""The package imports downward only, and no module imports itself back through others.
+
+Each folder of ``router/`` sits on a floor; a module may import one on a lower floor, or one of
+its own folder. Imports the type checker alone sees (``if TYPE_CHECKING:``) do not count.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROUTER = Path(__file__).resolve().parents[1] / "router"
+
+# Longest prefix wins. Floor 0 are leaves: they import nothing of speclane's at run time.
+FLOORS: dict[str, int] = {
+    "router": 0,  # __init__: the version
+    "router.config.names": 0, "router.config.base": 0, "router.worker.contract": 0,
+    "router.metrics": 0, "router.appkeys": 0,
+    "router.errors": 1,
+    "router.config": 2,
+    "router.routing": 3, "router.speculation": 3, "router.worker": 3,
+    "router.backends": 4,
+    "router.lanes": 5, "router.proxy": 5,
+    "router.admin": 6, "router.bench": 6,
+    "router.cli": 7,
+    "router.app": 8,
+    "router.server": 9,
+    "router.__main__": 10,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROUTER.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def floor(module: str) -> tuple[int, str]:
+    """(floor, the prefix that set it: the module's folder for this rule)."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in FLOORS:
+            return FLOORS[prefix], prefix
+    raise AssertionError(f"{module} has no floor in FLOORS")
+
+
+def runtime_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for child in node.body for n in ast.walk(child))
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        is_ours = isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "router"
+        if isinstance(node, ast.ImportFrom) and node.module and is_ours:
+            found.add(node.module)
+            if node.module == "router":
+                found.update(f"router.{a.name}" for a in node.names if a.name != "__version__")
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "router")
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in ROUTER.rglob("*.py")}
+    edges = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in runtime_imports(path):
+            while imported not in modules and "." in imported:  # `from pkg import module`
+                imported = imported.rsplit(".", 1)[0]
+            if imported in modules and imported != name:
+                targets.add(imported)
+        edges[name] = targets
+    return edges
+
+
+def test_every_import_goes_down_a_floor_or_stays_in_its_folder() -> None:
+    wrong = []
+    for source, targets in graph().items():
+        f_source, folder = floor(source)
+        for target in targets:
+            f_target, target_folder = floor(target)
+            if f_target < f_source or target_folder == folder or target == "router":
+                continue
+            wrong.append(f"{source} (floor {f_source}) imports {target} (floor {f_target})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_cycle() -> None:
+    edges = graph()
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycle = [*path[path.index(nxt):], nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
