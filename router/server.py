@@ -97,16 +97,20 @@ def is_loopback_host(host: str) -> bool:
 
 
 def warn_if_exposed(settings: Settings, app: web.Application) -> None:
-    """A router on the network that lets anyone in without a key must say so loudly."""
+    """A router on the network that lets anyone in without a key must say so loudly.
+
+    "Anyone in" is the key rule itself (``PolicySet.keyless``), not a second reading of it.
+    """
     if is_loopback_host(settings.host):
         return
-    default = app[POLICIES].current.default
-    if default.require_api_key and settings.admin_key is not None:
+    keyless = app[POLICIES].current.keyless()
+    if not keyless and settings.admin_key is not None:
         return
     problems = []
-    if not default.require_api_key:
+    if keyless:
+        names = ", ".join(p.client for p in keyless)
         problems.append("any client without an API key is served (the 'default' policy does "
-                        "not set require_api_key)")
+                        f"not set require_api_key; open policies: {names})")
     if settings.admin_key is None:
         problems.append("admin endpoints stay loopback-only because no admin_key is set")
     banner = "!" * 78
