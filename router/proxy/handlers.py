@@ -18,6 +18,7 @@ from router.config.policies import CLIENT_HEADER, Policy, bearer_token
 from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
 from router.proxy import observe
+from router.proxy.connections import read_body
 from router.proxy.relay import BodyFor, Outcome
 from router.proxy.request import ParsedRequest, parse_request
 from router.proxy.telemetry import SpecClaim
@@ -94,7 +95,8 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     try:
         policy = identify(request)
         client = policy.client
-        parsed = parse_request(endpoint, await request.read())
+        body = await read_body(request, app[SETTINGS].client_limits.body_timeout)
+        parsed = parse_request(endpoint, body)
         limiter = app[LIMITER]
         async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
             result = decide(request, parsed, policy, claim)
