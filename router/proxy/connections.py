@@ -92,6 +92,13 @@ def raise_fd_limit(wanted: int) -> int:
     return soft
 
 
+def _describe(exc: BaseException) -> str:
+    """The parser's reason in one short line (it may quote the client's bytes)."""
+    text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    text = str(text).replace("\r", " ").replace("\n", " ")
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 class GuardedHandler(RequestHandler):
     """aiohttp's per-connection protocol with the head deadline and the cap."""
 
@@ -134,6 +141,24 @@ class GuardedHandler(RequestHandler):
         else:
             self._cancel_head_timer()
 
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """A request the HTTP parser refused (a 4xx before speclane's code runs): one
+        rate-limited warning line instead of aiohttp's ERROR traceback per request, and the
+        answer in the OpenAI error shape. Anything else (a 500: a bug) keeps aiohttp's
+        traceback."""
+        if status >= 500 or exc is None:
+            return super().handle_error(request, status, exc, message)
+        self._guard.warn_malformed(request.remote, exc)
+        if request.writer.output_size > 0:
+            raise ConnectionError("answer already started; cannot send the parser's error")
+        err = RouterError(status, f"malformed HTTP request: {_describe(exc)}",
+                          code="malformed_request")
+        code, body, headers = errors.render(err)
+        resp = web.Response(status=code, body=body, headers=headers)
+        resp.force_close()
+        return resp
+
     def _head_timed_out(self) -> None:
         self._head_timer = None
         waiter = self._waiter
@@ -161,7 +186,10 @@ class GuardedServer(Server):
         self.active = 0
         self.refused = 0
         self.head_timeouts = 0
+        self.malformed = 0
         self._last_warning = -1e9
+        self._last_malformed_log = -1e9
+        self._malformed_unlogged = 0
 
     def __call__(self) -> RequestHandler:
         return GuardedHandler(self, loop=self._loop, **self._kwargs)
@@ -174,6 +202,17 @@ class GuardedServer(Server):
 
     def release(self) -> None:
         self.active -= 1
+
+    def warn_malformed(self, remote: str | None, exc: BaseException) -> None:
+        self.malformed += 1
+        now = self._loop.time()
+        if now - self._last_malformed_log < 1.0:  # at most one line a second
+            self._malformed_unlogged += 1
+            return
+        also = (f" ({self._malformed_unlogged} more since the last line)"
+                if self._malformed_unlogged else "")
+        self._last_malformed_log, self._malformed_unlogged = now, 0
+        log.warning("malformed request from %s refused: %s%s", remote, _describe(exc), also)
 
     def warn_refused(self) -> None:
         now = self._loop.time()
