@@ -34,6 +34,11 @@ from router.errors import RouterError
 
 log = logging.getLogger("speclane.clients")
 
+# After an answer given before the request body was read whole (401, 413, 408), the rest of
+# the body is read and dropped for at most this long, so that the client sees the answer
+# rather than a reset; then the connection is closed (aiohttp's default is 10 s).
+LINGER = 2.0
+
 # File descriptors kept aside for everything that is not a client connection (listening
 # sockets, lane worker pipes, log files, policy reads, health checks).
 FD_RESERVE = 64
@@ -102,12 +107,14 @@ def _describe(exc: BaseException) -> str:
 class GuardedHandler(RequestHandler):
     """aiohttp's per-connection protocol with the head deadline and the cap."""
 
-    __slots__ = ("_guard", "_head_timer", "_refused")
+    __slots__ = ("_guard", "_head_count", "_head_timer", "_last_payload", "_refused")
 
     def __init__(self, manager: GuardedServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._guard = manager
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_count = 0  # requests parsed when the head timer was armed
+        self._last_payload: Any = None  # the body stream of the last request parsed
         self._refused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -130,16 +137,26 @@ class GuardedHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        parsed_before = self._request_count
         super().data_received(data)
-        # Still waiting for a request after bytes arrived: a head is in progress. (aiohttp
-        # sets ``_waiter`` while idle between requests and completes it once one is parsed.)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            if self._head_timer is None and data:
-                self._head_timer = self._loop.call_later(
-                    self._guard.limits.head_timeout, self._head_timed_out)
-        else:
+        if self._request_count != parsed_before:  # a head was completed: its deadline is met
             self._cancel_head_timer()
+            self._last_payload = self._messages[-1][1] if self._messages else None
+            return
+        # No new head. The bytes are either the body of the last request (its payload still
+        # open) or the beginning of a next head, whose deadline starts now.
+        body_open = self._last_payload is not None and not self._last_payload.is_eof()
+        if data and not body_open and self._head_timer is None:
+            self._arm_head_timer()
+
+    def _arm_head_timer(self) -> None:
+        deadline = self._guard.limits.head_timeout
+        self._head_count = self._request_count
+        self._head_timer = self._loop.call_later(deadline, self._head_timed_out)
+        # Reading a head is not idling: aiohttp's idle timer (which bytes do not reset)
+        # must not cut it silently before this deadline answers 408.
+        self._next_keepalive_close_time = max(self._next_keepalive_close_time,
+                                              self._loop.time() + deadline + 1.0)
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -161,8 +178,12 @@ class GuardedHandler(RequestHandler):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        waiter = self._waiter
-        if waiter is None or waiter.done() or self.transport is None:
+        if self.transport is None or self._request_count != self._head_count:
+            return  # closed, or the head arrived after all
+        if self._request_in_progress or self._messages:
+            # A pipelined head behind a request still being answered (a long stream):
+            # never cut that answer; the head's deadline runs again from here.
+            self._arm_head_timer()
             return
         self._guard.head_timeouts += 1
         self.transport.write(HEAD_TIMEOUT)
@@ -229,6 +250,7 @@ class GuardedRunner(web.AppRunner):
     def __init__(self, app: web.Application, limits: ClientLimits, cap: int,
                  **kwargs: Any) -> None:
         kwargs.setdefault("keepalive_timeout", limits.keepalive_timeout)
+        kwargs.setdefault("lingering_time", LINGER)
         super().__init__(app, **kwargs)
         self._limits = limits
         self._cap = cap
