@@ -79,7 +79,12 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
         temperature=None if temperature is None else float(temperature),
         prompt_chars=_prompt_chars(endpoint, data),
     )
-    return ParsedRequest(endpoint=endpoint, raw=raw, data=data, route=route)
+    parsed = ParsedRequest(endpoint=endpoint, raw=raw, data=data, route=route)
+    try:
+        parsed.body()  # encoded now: what cannot be forwarded is the client's 400
+    except orjson.JSONEncodeError as e:  # orjson writes 254 levels of nesting, reads 1024
+        raise bad_request(f"request body cannot be forwarded: {e}", code="invalid_json") from e
+    return parsed
 
 
 def _check_payload(endpoint: Endpoint, data: dict[str, Any]) -> None:

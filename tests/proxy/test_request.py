@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from router.errors import RouterError
 from router.proxy.request import SSETail, looks_like_sse, parse_request
 
 
@@ -128,3 +130,11 @@ def test_both_token_limits_are_checked_and_kept_equal() -> None:
     parsed.set_field("max_completion_tokens", 5)  # a cap clamps one name: both follow
     body = orjson.loads(parsed.body())
     assert (body["max_tokens"], body["max_completion_tokens"]) == (5, 5)
+
+
+def test_nesting_too_deep_to_forward_is_a_400() -> None:
+    deep = b"[" * 300 + b"]" * 300
+    raw = b'{"model":"m","messages":[{"role":"user","content":' + deep + b"}]}"
+    with pytest.raises(RouterError) as info:
+        parse_request("chat", raw)
+    assert info.value.status == 400
