@@ -16,6 +16,7 @@ from router.appkeys import POLICIES, POOL, SETTINGS, SPEC, SUPERVISORS
 from router.backends.base import Backend
 from router.config.policies import bearer_token
 from router.errors import RouterError
+from router.proxy.middleware import expect_handler
 
 
 def is_loopback(request: web.Request) -> bool:
@@ -98,6 +99,7 @@ async def reload_policies(request: web.Request) -> web.Response:
 
 
 def setup_admin_routes(app: web.Application) -> None:
-    app.router.add_get("/admin/lanes", lanes)
-    app.router.add_get("/admin/spec", spec)
-    app.router.add_post("/admin/reload", reload_policies)
+    x = {"expect_handler": expect_handler}
+    app.router.add_get("/admin/lanes", lanes, **x)
+    app.router.add_get("/admin/spec", spec, **x)
+    app.router.add_post("/admin/reload", reload_policies, **x)

@@ -25,6 +25,7 @@ import resource
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
@@ -73,6 +74,11 @@ async def read_body(request: web.Request, deadline: float) -> bytes:
     except TimeoutError:
         request.protocol.close()  # not reused: the rest of that body may still come
         raise body_timeout_error(deadline) from None
+    except web.RequestPayloadError as e:  # broken chunked framing, undecodable gzip/deflate
+        request.protocol.close()
+        cause = e.__cause__ or e
+        raise RouterError(400, f"the request body could not be read: {_describe(cause)}",
+                          code="invalid_body", headers={"Connection": "close"}) from None
 
 
 def connection_cap(configured: int, soft_fd_limit: int) -> int:
@@ -148,6 +154,16 @@ class GuardedHandler(RequestHandler):
         body_open = self._last_payload is not None and not self._last_payload.is_eof()
         if data and not body_open and self._head_timer is None:
             self._arm_head_timer()
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp logs a traceback for a body it could not read while draining it after
+        an early answer (bad gzip, broken chunks): that is a malformed request, not a bug."""
+        exc = kw.get("exc_info")
+        if isinstance(exc, web.RequestPayloadError | HttpProcessingError):
+            remote = self.transport.get_extra_info("peername") if self.transport else None
+            self._guard.warn_malformed(remote[0] if remote else None, exc)
+            return
+        super().log_exception(*args, **kw)
 
     def _arm_head_timer(self) -> None:
         deadline = self._guard.limits.head_timeout

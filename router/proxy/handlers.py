@@ -19,6 +19,7 @@ from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
 from router.proxy import observe
 from router.proxy.connections import read_body
+from router.proxy.middleware import expect_handler
 from router.proxy.relay import BodyFor, Outcome
 from router.proxy.request import ParsedRequest, parse_request
 from router.proxy.telemetry import SpecClaim
@@ -170,10 +171,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def setup_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    x = {"expect_handler": expect_handler}
+    app.router.add_post("/v1/chat/completions", chat, **x)
+    app.router.add_post("/v1/completions", completions, **x)
+    app.router.add_post("/v1/embeddings", embeddings, **x)
+    app.router.add_get("/v1/models", models, **x)
+    app.router.add_get("/healthz", healthz, **x)
+    app.router.add_get("/readyz", readyz, **x)
+    app.router.add_get("/metrics", metrics, **x)
