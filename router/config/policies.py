@@ -10,7 +10,10 @@ Who a request is (``PolicySet.identify``), in this order of precedence:
    permissive default: no key required, overrides allowed, no concurrency limit).
 
 The key rule (``PolicySet.admits_without_key``, also what ``serve``'s exposure warning
-asks): a request without a valid key never gets more than the default policy would give it.
+asks): a header or user agent never opens what the default keeps closed. Without a valid
+key a request is served only when the default serves requests without a key, and never
+under a policy that requires one. (On an open router a label still selects a key-less
+policy, with its lanes, presets and priority: that is what labels are for.)
 
 - ``require_api_key = true`` on the default closes the router: every request needs some
   valid key (any policy's); the header and user agent are then ignored, so naming a

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import orjson
 import pytest
 
@@ -98,6 +99,16 @@ async def test_a_key_required_default_closes_the_router_to_every_label(tmp_path:
                     "invalid_api_key" if key else "missing_api_key")
                 assert headers["X-Speclane-Client"] == "default"
                 TALLY.fault("keyless_label_refused")
+        # The official client, as an agent would configure it (it always sends some key).
+        for labels in LABELS[:2]:
+            client = openai.AsyncOpenAI(base_url=r.base_url, api_key="not-a-key", max_retries=0,
+                                        default_headers=labels)
+            try:
+                with pytest.raises(openai.AuthenticationError):
+                    await client.chat.completions.create(
+                        model="fake-model", messages=[{"role": "user", "content": "hi"}])
+            finally:
+                await client.close()
         assert not fake.requests  # nothing reached the backend
         # Every valid key still works, whatever label comes with it.
         for key, client in ((HOUSE_KEY, "default"), (ALICE_KEY, "alice")):
