@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.fakes.upstream import FakeUpstream
+from tests.fakes.upstream import Behaviour, FakeUpstream
 from tests.reliability.harness import (
     TALLY,
     RouterProcess,
@@ -38,8 +38,9 @@ CAP = 24
 
 
 @contextlib.asynccontextmanager
-async def serve(tmp: Path, **limits: float) -> AsyncIterator[RouterProcess]:
-    fake = FakeUpstream(name="fake")
+async def serve(tmp: Path, behaviour: Behaviour | None = None,
+                **limits: float) -> AsyncIterator[RouterProcess]:
+    fake = FakeUpstream(name="fake", behaviour=behaviour or Behaviour())
     await fake.start()
     policies = tmp / "policies"
     policies.mkdir(exist_ok=True)
@@ -191,6 +192,34 @@ def _get(port: int, path: str) -> bytes:
     with connect(port) as sock:
         sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
         return read_until_closed(sock)
+
+
+async def test_a_long_answer_is_not_cut_by_the_head_deadline_of_a_pipelined_request(
+        tmp_path: Path) -> None:
+    """A stream that lasts longer than every client limit, with half of a next request
+    already sent behind it: the stream ends whole; only then is the half head refused."""
+    slow = Behaviour(chunks=12, interval=0.25)  # about 3 s: past head and idle deadlines
+    async with serve(tmp_path, slow, head_timeout=HEAD_TIMEOUT, keepalive_timeout=KEEPALIVE,
+                     body_timeout=BODY_TIMEOUT) as router:
+        body = orjson.dumps({"model": "fake-model", "stream": True,
+                             "messages": [{"role": "user", "content": "hi"}]})
+        request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                   % (len(body), body))
+
+        def pipelined() -> bytes:
+            with connect(router.port) as sock:
+                sock.sendall(request)
+                data = sock.recv(65536)  # the stream has begun: now half a next request
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                return data + read_until_closed(sock)
+
+        data = await in_thread(pipelined)
+    first, _, rest = data.partition(b"0\r\n\r\n")  # the stream's last chunk
+    assert first.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in first, data[-300:]
+    assert first.count(b'"content"') >= 12, first[-500:]  # every chunk arrived
+    assert rest.startswith(b"HTTP/1.1 408"), rest[:200]  # then the half head's deadline
+    TALLY.fault("client_pipelined_half_head")
 
 
 # --- the connection cap --------------------------------------------------------------------------
