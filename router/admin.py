@@ -14,6 +14,7 @@ from aiohttp import web
 from router.appkeys import POLICIES, POOL, SPEC, SUPERVISORS
 from router.backends.base import Backend
 from router.proxy.access import require_admin
+from router.proxy.middleware import expect_handler
 
 
 def backend_state(backend: Backend, supervised: dict[str, str]) -> str:
@@ -69,6 +70,7 @@ async def reload_policies(request: web.Request) -> web.Response:
 
 
 def setup_admin_routes(app: web.Application) -> None:
-    app.router.add_get("/admin/lanes", lanes)
-    app.router.add_get("/admin/spec", spec)
-    app.router.add_post("/admin/reload", reload_policies)
+    x = {"expect_handler": expect_handler}
+    app.router.add_get("/admin/lanes", lanes, **x)
+    app.router.add_get("/admin/spec", spec, **x)
+    app.router.add_post("/admin/reload", reload_policies, **x)

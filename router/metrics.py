@@ -125,7 +125,8 @@ class Metrics:
             "Requests refused before routing (429 queue timeout, 401, 403), by client.",
             ["client", "status"], registry=r)
         self.policy_reloads = Counter(
-            "speclane_policy_reloads_total", "Policy reloads by result (ok or error).",
+            "speclane_policy_reloads_total",
+            "Policy reloads by result: ok, error, or held (would widen access; see SIGHUP).",
             ["result"], registry=r)
 
         # --- speculative telemetry ----------------------------------------------------

@@ -22,6 +22,7 @@ from router.appkeys import POLICIES, POOL
 from router.config.policies import PolicyError
 from router.config.settings import ConfigError, Settings, load_settings
 from router.lanes.group import LaneStartupError
+from router.proxy.connections import FD_RESERVE, GuardedRunner, connection_cap, raise_fd_limit
 
 log = logging.getLogger("speclane")
 
@@ -61,8 +62,14 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
         app = make_app(settings)
     except PolicyError as e:
         raise StartupError(f"invalid policies in {settings.policies_dir}:\n{e}") from e
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=settings.shutdown_grace,
-                           access_log=None)
+    limits = settings.client_limits
+    cap = connection_cap(limits.max_connections,
+                         raise_fd_limit(2 * limits.max_connections + FD_RESERVE))
+    if cap < limits.max_connections:
+        log.warning("client_limits.max_connections lowered from %d to %d to fit the process's "
+                    "file-descriptor limit (ulimit -n)", limits.max_connections, cap)
+    runner = GuardedRunner(app, limits, cap, handler_cancellation=True,
+                           shutdown_timeout=settings.shutdown_grace, access_log=None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -76,7 +83,11 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
     try:
         site = web.TCPSite(runner, settings.host, settings.port,
                            shutdown_timeout=settings.shutdown_grace)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as e:  # port in use, address not on this machine, no permission
+            raise StartupError(f"cannot listen on {settings.host}:{settings.port}: "
+                               f"{e.strerror or e}") from None
         port = runner.addresses[0][1]
         base = f"http://{_display_host(settings.host)}:{port}/v1"
         print(f"speclane listening on {base}", flush=True)
@@ -97,16 +108,20 @@ def is_loopback_host(host: str) -> bool:
 
 
 def warn_if_exposed(settings: Settings, app: web.Application) -> None:
-    """A router on the network that lets anyone in without a key must say so loudly."""
+    """A router on the network that lets anyone in without a key must say so loudly.
+
+    "Anyone in" is the key rule itself (``PolicySet.keyless``), not a second reading of it.
+    """
     if is_loopback_host(settings.host):
         return
-    default = app[POLICIES].current.default
-    if default.require_api_key and settings.admin_key is not None:
+    keyless = app[POLICIES].current.keyless()
+    if not keyless and settings.admin_key is not None:
         return
     problems = []
-    if not default.require_api_key:
+    if keyless:
+        names = ", ".join(p.client for p in keyless)
         problems.append("any client without an API key is served (the 'default' policy does "
-                        "not set require_api_key)")
+                        f"not set require_api_key; open policies: {names})")
     if settings.admin_key is None:
         problems.append("admin endpoints stay loopback-only because no admin_key is set")
     banner = "!" * 78

@@ -9,11 +9,22 @@ Who a request is (``PolicySet.identify``), in this order of precedence:
 4. the ``default`` policy (``policies/default.toml``; when there is none, an implied
    permissive default: no key required, overrides allowed, no concurrency limit).
 
-A header or a user agent is a label, not a proof. A policy with ``require_api_key = true``
-is used only with one of its keys: a request that the header or user agent points at it
-without a known key gets 401 instead of falling back to another policy, so no stranger can
-borrow its limits or priority. An unknown key on a client that does not require one is
-ignored (OpenAI SDKs always send some key), and recognition goes on with steps 2-4.
+The key rule (``PolicySet.admits_without_key``, also what ``serve``'s exposure warning
+asks): a header or user agent never opens what the default keeps closed. Without a valid
+key a request is served only when the default serves requests without a key, and never
+under a policy that requires one. (On an open router a label still selects a key-less
+policy, with its lanes, presets and priority: that is what labels are for.)
+
+- ``require_api_key = true`` on the default closes the router: every request needs some
+  valid key (any policy's); the header and user agent are then ignored, so naming a
+  key-less policy or sending its user agent opens nothing.
+- ``require_api_key = true`` on another policy: that policy is used only with one of its
+  keys. A header or user agent that points at it without the key is treated like an
+  unknown name (the request falls back to the default), so a probe cannot tell a name that
+  exists and needs a key from a name that does not exist: both are answered alike.
+- An unknown key on an open router is ignored (OpenAI SDKs always send some key) and
+  recognition goes on with steps 2-4; on a closed one it is a 401 (``invalid_api_key``). A
+  ``Bearer`` value that is not valid UTF-8 can be no key: always 401.
 
 ``priority``: higher is more important (llm-d's direction); 0 is normal and negative is
 sheddable. It is the claim on the one-request-at-a-time speculative lane: above 0 the
@@ -185,10 +196,20 @@ class Identity:
     policy: Policy
     via: Via
     key_presented: bool  # the request carried an API key, known or not
+    malformed_key: bool = False  # the key is not valid UTF-8: it can be nobody's key
 
 
 def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def _digest_or_none(key: str) -> str | None:
+    """None for a header value that is no text (aiohttp keeps undecodable bytes as lone
+    surrogates, which no configured key can contain)."""
+    try:
+        return key_digest(key)
+    except UnicodeEncodeError:
+        return None
 
 
 def mask_key(key: str) -> str:
@@ -232,28 +253,61 @@ class PolicySet:
     def get(self, client: str) -> Policy | None:
         return next((p for p in self.policies if p.client == client), None)
 
+    def admits_without_key(self, policy: Policy) -> bool:
+        """The key rule: may a request without a valid key be served under ``policy``?
+
+        Never when the default requires a key (every request needs one), nor when the
+        policy itself does. Identification and the start-up exposure warning both ask this.
+        """
+        return not (self.default.require_api_key or policy.require_api_key)
+
+    def keyless(self) -> tuple[Policy, ...]:
+        """The policies a request without a valid key can get (empty: the router is closed)."""
+        return tuple(p for p in self.policies if self.admits_without_key(p))
+
     def match(
         self, api_key: str | None, client_header: str | None, user_agent: str | None
     ) -> Identity:
-        """Who the request is, by the precedence in the module docstring; never raises."""
+        """Who the request is, by the precedence and key rule in the module docstring;
+        never raises (``identify`` applies the verdict)."""
         presented = bool(api_key)
-        if api_key and (name := self._by_key.get(key_digest(api_key))):
-            return Identity(self._policy(name), "api_key", True)
+        if api_key:
+            digest = _digest_or_none(api_key)
+            if digest is None:
+                return Identity(self.default, "default", True, malformed_key=True)
+            if name := self._by_key.get(digest):
+                return Identity(self._policy(name), "api_key", True)
+        if self.default.require_api_key:
+            return Identity(self.default, "default", presented)  # labels open nothing
         if client_header and (name := self._by_header.get(client_header.strip().lower())):
-            return Identity(self._policy(name), "client_header", presented)
+            policy = self._policy(name)
+            if self.admits_without_key(policy):
+                return Identity(policy, "client_header", presented)
         if user_agent:
             for pattern, name in self._by_agent:
-                if pattern.search(user_agent):
-                    return Identity(self._policy(name), "user_agent", presented)
+                if pattern.search(user_agent) and self.admits_without_key(
+                        policy := self._policy(name)):
+                    return Identity(policy, "user_agent", presented)
         return Identity(self.default, "default", presented)
 
     def identify(
         self, api_key: str | None, client_header: str | None, user_agent: str | None
     ) -> Policy:
-        """The request's policy, or a 401 RouterError when it requires a key it did not get."""
+        """The request's policy, or a 401 RouterError when the key rule refuses it."""
         identity = self.match(api_key, client_header, user_agent)
-        authorize(identity)
+        self.authorize(identity)
         return identity.policy
+
+    def authorize(self, identity: Identity) -> None:
+        if identity.malformed_key:
+            raise _unauthorized(identity.policy, "the API key is not valid UTF-8",
+                                "invalid_api_key")
+        if identity.via == "api_key" or self.admits_without_key(identity.policy):
+            return
+        if identity.key_presented:
+            raise _unauthorized(identity.policy, "invalid API key", "invalid_api_key")
+        raise _unauthorized(identity.policy, "this router requires an API key "
+                            "(Authorization: Bearer <key>)", "missing_api_key")
 
     def _policy(self, name: str) -> Policy:
         policy = self.get(name)
@@ -261,19 +315,34 @@ class PolicySet:
         return policy
 
 
-def authorize(identity: Identity) -> None:
-    policy = identity.policy
-    if not policy.require_api_key or identity.via == "api_key":
-        return
-    if identity.key_presented:
-        message, code = "invalid API key", "invalid_api_key"
-    else:
-        message = "this client requires an API key (Authorization: Bearer <key>)"
-        code = "missing_api_key"
-    raise RouterError(
+def _unauthorized(policy: Policy, message: str, code: str) -> RouterError:
+    return RouterError(
         401, message, code=code,
         headers={"WWW-Authenticate": "Bearer", CLIENT_HEADER: policy.client},
     )
+
+
+# Policy files are a few KiB; anything far bigger is a mistake (or a device), not a policy.
+MAX_POLICY_FILE_BYTES = 1024 * 1024
+
+PolicyFiles = Mapping[str, bytes | None]  # file name -> its bytes (None: a directory)
+
+
+def read_policy_files(directory: Path) -> dict[str, bytes | None]:
+    """Every ``*.toml`` of ``directory``, read once (the watcher compares two readings and
+    parses the very bytes it compared). Raises OSError when the directory cannot be listed
+    or a file cannot be read; a file removed between listing and reading is left out."""
+    files: dict[str, bytes | None] = {}
+    for path in sorted(directory.glob("*.toml")):
+        try:
+            with path.open("rb") as f:
+                data = f.read(MAX_POLICY_FILE_BYTES + 1)
+        except FileNotFoundError:
+            continue
+        except IsADirectoryError:
+            data = None  # refused by the parser, which names it
+        files[path.name] = data
+    return files
 
 
 def load_policies(
@@ -289,10 +358,26 @@ def load_policies(
     """
     if not directory.is_dir():
         raise PolicyError([f"{directory}: not a directory"])
+    try:
+        files = read_policy_files(directory)
+    except OSError as e:
+        raise PolicyError([f"{directory}: cannot read: {e}"]) from e
+    return parse_policies(directory, files, presets=presets, environ=environ)
+
+
+def parse_policies(
+    directory: Path,
+    files: PolicyFiles,
+    *,
+    presets: Collection[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> PolicySet:
+    """``load_policies`` on bytes already read (``read_policy_files``)."""
     problems: list[str] = []
     loaded: list[tuple[Policy, Path]] = []
-    for path in sorted(directory.glob("*.toml")):
-        policy = _load_file(path, presets, problems)
+    for name in sorted(files):
+        path = directory / name
+        policy = _load_file(path, files[name], presets, problems)
         if policy is not None:
             loaded.append((policy, path))
     builder = _Builder(environ if environ is not None else os.environ)
@@ -304,10 +389,17 @@ def load_policies(
     return builder.build()
 
 
-def _load_file(path: Path, presets: Collection[str] | None, problems: list[str]) -> Policy | None:
+def _load_file(path: Path, raw: bytes | None, presets: Collection[str] | None,
+               problems: list[str]) -> Policy | None:
+    if raw is None:
+        problems.append(f"{path}: cannot read: is a directory")
+        return None
+    if len(raw) > MAX_POLICY_FILE_BYTES:
+        problems.append(f"{path}: larger than {MAX_POLICY_FILE_BYTES} bytes; not a policy file")
+        return None
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
         problems.append(f"{path}: cannot read: {e}")
         return None
     except tomllib.TOMLDecodeError as e:

@@ -110,6 +110,15 @@ class CooldownSettings(Frozen):
     seconds: float = Field(5.0, ge=0)
 
 
+class ClientLimits(Frozen):
+    """Bounds on the connections clients open to speclane (router.proxy.connections)."""
+
+    keepalive_timeout: float = Field(75.0, gt=0)  # an idle connection is closed after this
+    head_timeout: float = Field(10.0, gt=0)  # a request's first byte to the end of its head
+    body_timeout: float = Field(60.0, gt=0)  # to receive a whole request body
+    max_connections: int = Field(512, ge=1)  # beyond: 503 and close (lowered to fit fds)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SPECLANE_", env_nested_delimiter="__", frozen=True, extra="forbid"
@@ -118,6 +127,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    client_limits: ClientLimits = ClientLimits()
     policies_dir: Path = Path("policies")
     admin_key: SecretStr | None = None
     expose_metrics: Literal["public", "loopback", "admin", "off"] = "public"

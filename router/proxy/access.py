@@ -34,6 +34,12 @@ def require_admin(request: web.Request) -> None:
         raise RouterError(401, "admin endpoints require 'Authorization: Bearer <admin_key>'",
                           type="authentication_error", code="missing_admin_key",
                           headers={"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(presented.encode(), key.get_secret_value().encode()):
+    try:
+        token = presented.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable header bytes (lone surrogates): nobody's key
+        raise RouterError(401, "the admin key is not valid UTF-8", type="authentication_error",
+                          code="invalid_admin_key", headers={"WWW-Authenticate": "Bearer"},
+                          ) from None
+    if not hmac.compare_digest(token, key.get_secret_value().encode()):
         raise RouterError(403, "wrong admin key", type="permission_error",
                           code="invalid_admin_key")

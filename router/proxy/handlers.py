@@ -17,7 +17,9 @@ from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
 from router.proxy import observe
 from router.proxy.access import is_loopback, require_admin
+from router.proxy.connections import read_body
 from router.proxy.headers import decision_headers
+from router.proxy.middleware import expect_handler
 from router.proxy.outcome import Outcome
 from router.proxy.relay import BodyFor
 from router.proxy.request import ParsedRequest, parse_request
@@ -89,7 +91,8 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     try:
         policy = identify(request)
         client = policy.client
-        parsed = parse_request(endpoint, await request.read())
+        body = await read_body(request, app[SETTINGS].client_limits.body_timeout)
+        parsed = parse_request(endpoint, body)
         limiter = app[LIMITER]
         async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
             result = decide(request, parsed, policy, claim)
@@ -161,10 +164,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def setup_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    x = {"expect_handler": expect_handler}
+    app.router.add_post("/v1/chat/completions", chat, **x)
+    app.router.add_post("/v1/completions", completions, **x)
+    app.router.add_post("/v1/embeddings", embeddings, **x)
+    app.router.add_get("/v1/models", models, **x)
+    app.router.add_get("/healthz", healthz, **x)
+    app.router.add_get("/readyz", readyz, **x)
+    app.router.add_get("/metrics", metrics, **x)

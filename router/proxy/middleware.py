@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from router import errors
 from router.errors import RouterError
@@ -16,6 +16,20 @@ log = logging.getLogger("speclane.errors")
 def to_response(err: RouterError) -> web.Response:
     status, body, headers = errors.render(err)
     return web.Response(status=status, body=body, headers=headers)
+
+
+async def expect_handler(request: web.Request) -> web.StreamResponse | None:
+    """aiohttp's ``Expect`` handling (it runs before the middleware), with an unknown
+    expectation answered in the OpenAI error shape instead of a plain-text 417."""
+    expect = request.headers.get("Expect", "")
+    if request.version != HttpVersion11:
+        return None
+    if expect.lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the answer proper has not started
+        return None
+    return to_response(RouterError(417, f"unsupported Expect header: {expect[:100]!r}",
+                                   code="expectation_failed"))
 
 
 @web.middleware

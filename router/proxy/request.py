@@ -1,7 +1,12 @@
 """Request parsing and SSE framing.
 
-The raw body is kept so that an unchanged request is forwarded byte for byte; the parsed
-dict is only re-serialised when speclane has to change a field.
+What is forwarded is the parsed object, re-encoded (``ParsedRequest.body``), never the raw
+bytes: what speclane validated is exactly what the backend gets, at every depth. JSON
+parsers disagree on duplicate keys (``"max_tokens": 1000000, "max_tokens": 10``: orjson
+keeps the last, others the first), so forwarding the raw bytes would let a body pass the
+caps with one value and reach the backend with the other. Detecting duplicates exactly
+costs more than re-encoding (orjson: about 50 us for a 50 KB agent request, a third of
+parsing it; well under a microsecond for a short one), so every body is re-encoded.
 """
 
 from __future__ import annotations
@@ -22,22 +27,30 @@ MAX_TOKENS_LIMIT = 1_000_000
 @dataclass(slots=True)
 class ParsedRequest:
     endpoint: Endpoint
-    raw: bytes
+    raw: bytes  # as received; never forwarded (see the module docstring)
     data: dict[str, Any]
     route: RouteRequest
-    changed: bool = False  # data was modified: forward orjson.dumps(data) instead of raw
+    changed: bool = False  # speclane changed a field (clamped, aliased...)
+    _encoded: bytes | None = None
 
     def set_field(self, key: str, value: Any) -> None:
         self.data[key] = value
+        # The two names of the token limit move together: a backend may read either.
+        if (twin := TOKEN_TWINS.get(key)) is not None and twin in self.data:
+            self.data[twin] = value
         self.changed = True
+        self._encoded = None
 
     def body(self, *, plain: bool = False) -> bytes:
-        """The body to forward. ``plain``: for the speculative lane decoding without its
-        draft (a workload where speculation is off, or the baseline it is compared against),
-        through the worker's ``num_draft_tokens`` request field."""
+        """The bytes to forward: ``data`` re-encoded (encoded once, reused by retries), so the
+        upstream sees exactly what was validated. ``plain``: for the speculative lane decoding
+        without its draft (a workload where speculation is off, or the baseline it is compared
+        against), through the worker's ``num_draft_tokens`` request field."""
         if plain:
             return orjson.dumps({**self.data, DRAFT_TOKENS_FIELD: 0})
-        return orjson.dumps(self.data) if self.changed else self.raw
+        if self._encoded is None:
+            self._encoded = orjson.dumps(self.data)
+        return self._encoded
 
 
 def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
@@ -72,7 +85,12 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
         temperature=None if temperature is None else float(temperature),
         prompt_chars=_prompt_chars(endpoint, data),
     )
-    return ParsedRequest(endpoint=endpoint, raw=raw, data=data, route=route)
+    parsed = ParsedRequest(endpoint=endpoint, raw=raw, data=data, route=route)
+    try:
+        parsed.body()  # encoded now: what cannot be forwarded is the client's 400
+    except orjson.JSONEncodeError as e:  # orjson writes 254 levels of nesting, reads 1024
+        raise bad_request(f"request body cannot be forwarded: {e}", code="invalid_json") from e
+    return parsed
 
 
 def _check_payload(endpoint: Endpoint, data: dict[str, Any]) -> None:
@@ -106,14 +124,26 @@ def _optional(data: dict[str, Any], key: str, kind: type | tuple[type, ...], def
     return value
 
 
+TOKEN_TWINS = {"max_tokens": "max_completion_tokens", "max_completion_tokens": "max_tokens"}
+
+
 def _max_tokens(data: dict[str, Any]) -> int | None:
+    """The token limit. Both names are checked; when a request sets both, both become the
+    smaller value, since backends differ in which one they read (mlx_lm and vLLM prefer
+    ``max_completion_tokens``, others ``max_tokens``) and the caps apply to one value."""
+    found = []
     for key in ("max_completion_tokens", "max_tokens"):
         value = _optional(data, key, int, None)
         if value is not None:
             if not 1 <= value <= MAX_TOKENS_LIMIT:
                 raise bad_request(f"'{key}' must be between 1 and {MAX_TOKENS_LIMIT}", param=key)
-            return value
-    return None
+            found.append(value)
+    if not found:
+        return None
+    limit = min(found)
+    if len(found) == 2:
+        data["max_completion_tokens"] = data["max_tokens"] = limit
+    return limit
 
 
 def _prompt_chars(endpoint: Endpoint, data: dict[str, Any]) -> int:

@@ -71,9 +71,8 @@ def test_shipped_policies_are_valid() -> None:
     assert batch.lane_for("throughput", DEFAULT_PRESETS) == "batching"
     assert (batch.max_concurrency or 0) > (agent.max_concurrency or 0)
     assert loaded.identify(None, "opta-cli", None).client == "opta-cli"
-    with pytest.raises(RouterError) as info:
-        loaded.identify(None, "batch", None)  # the header alone does not open a keyed client
-    assert info.value.status == 401
+    # The header alone does not open a keyed client: it is answered like an unknown name.
+    assert loaded.identify(None, "batch", None).client == DEFAULT_CLIENT
 
 
 def test_shipped_batch_policy_warns_without_its_key() -> None:
@@ -107,20 +106,19 @@ def test_an_unknown_key_falls_through_when_no_key_is_required(policies: PolicySe
     assert policies.identify("EMPTY", None, None).client == DEFAULT_CLIENT
 
 
-@pytest.mark.parametrize(("key", "header", "agent", "code"), [
-    (None, "locked", None, "missing_api_key"),
-    (None, None, "locked/1", "missing_api_key"),
-    ("wrong", "locked", None, "invalid_api_key"),
+@pytest.mark.parametrize(("key", "header", "agent"), [
+    (None, "locked", None),
+    (None, None, "locked/1"),
+    ("wrong", "locked", None),
+    ("wrong", None, "locked/1"),
 ])
-def test_a_keyed_client_cannot_be_impersonated(
-    policies: PolicySet, key: str | None, header: str | None, agent: str | None, code: str,
+def test_a_keyed_client_cannot_be_impersonated_nor_probed(
+    policies: PolicySet, key: str | None, header: str | None, agent: str | None,
 ) -> None:
-    with pytest.raises(RouterError) as info:
-        policies.identify(key, header, agent)
-    err = info.value
-    assert (err.status, err.code) == (401, code)
-    assert err.headers["WWW-Authenticate"] == "Bearer"
-    assert err.headers["X-Speclane-Client"] == "locked"
+    """A label pointing at a key-required policy without its key gets exactly what an
+    unknown label gets: the default (so a probe cannot tell that the name exists)."""
+    assert policies.match(key, header, agent) == policies.match(key, "no-such-client", None)
+    assert policies.identify(key, header, agent).client == DEFAULT_CLIENT
 
 
 def test_the_right_key_opens_a_keyed_client(policies: PolicySet) -> None:
@@ -128,17 +126,42 @@ def test_the_right_key_opens_a_keyed_client(policies: PolicySet) -> None:
 
 
 def test_a_default_that_requires_keys_closes_the_router(tmp_path: Path) -> None:
+    """Every request needs some valid key: no header or user agent opens a key-less policy."""
     write(tmp_path, {
         "default.toml": 'require_api_key = true\n[match]\napi_keys = ["house-key"]\n',
-        "open.toml": '[match]\nclient_header = ["open"]\n',
+        "open.toml": '[match]\nclient_header = ["open"]\nuser_agent = ["^open-ua"]\n',
+        "keyed.toml": 'require_api_key = true\n[match]\napi_keys = ["keyed-key"]\n'
+                      'client_header = ["keyed"]\n',
     })
     loaded = load_policies(tmp_path)
+    assert loaded.keyless() == ()
     assert loaded.identify("house-key", None, None).client == DEFAULT_CLIENT
-    assert loaded.identify(None, "open", None).client == "open"
-    for key in (None, "guess"):
+    assert loaded.identify("keyed-key", "open", "open-ua/1").client == "keyed"
+    for key, code in ((None, "missing_api_key"), ("guess", "invalid_api_key")):
+        for header, agent in ((None, "curl/8"), ("open", None), (None, "open-ua/1"),
+                              ("open", "open-ua/1"), ("keyed", None), ("nobody", None)):
+            with pytest.raises(RouterError) as info:
+                loaded.identify(key, header, agent)
+            err = info.value
+            assert (err.status, err.code) == (401, code), (key, header, agent)
+            # Alike for every label: nothing tells which names exist.
+            assert err.headers == {"WWW-Authenticate": "Bearer", "X-Speclane-Client": "default"}
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_a_key_that_is_not_utf8_is_refused(tmp_path: Path, closed: bool) -> None:
+    """aiohttp keeps undecodable header bytes as lone surrogates: that is nobody's key."""
+    write(tmp_path, {"default.toml": f"require_api_key = {str(closed).lower()}\n"})
+    loaded = load_policies(tmp_path)
+    for token in ("\udcff\udcfe", "sk-\udc80"):
         with pytest.raises(RouterError) as info:
-            loaded.identify(key, None, "curl/8")
-        assert info.value.status == 401
+            loaded.identify(token, None, None)
+        assert (info.value.status, info.value.code) == (401, "invalid_api_key")
+
+
+def test_keyless_is_the_one_rule(policies: PolicySet) -> None:
+    assert {p.client for p in policies.keyless()} == {"default", "agent", "zz-wide"}
+    assert all(policies.admits_without_key(p) == (p in policies.keyless()) for p in policies)
 
 
 def test_missing_default_is_implied_and_permissive(tmp_path: Path) -> None:

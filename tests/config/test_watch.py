@@ -31,6 +31,12 @@ def watcher_for(directory: Path, **kw: object) -> PolicyWatcher:
     return PolicyWatcher(directory, load_policies(directory), **kw)  # type: ignore[arg-type]
 
 
+def settled(watcher: PolicyWatcher) -> ReloadResult | None:
+    """Two polls: the first sees a change, the second finds it stable and takes it."""
+    assert watcher.check() is None
+    return watcher.check()
+
+
 def priority(watcher: PolicyWatcher, client: str) -> int | None:
     policy = watcher.current.get(client)
     return None if policy is None else policy.priority
@@ -60,10 +66,10 @@ def test_nothing_changed_means_no_reload(directory: Path) -> None:
 def test_added_and_removed_files_are_changes(directory: Path) -> None:
     watcher = watcher_for(directory)
     (directory / "new.toml").write_text("priority = 3\n")
-    assert watcher.check() is not None
+    assert settled(watcher) is not None
     assert priority(watcher, "new") == 3
     (directory / "new.toml").unlink()
-    assert watcher.check() is not None
+    assert settled(watcher) is not None
     assert watcher.current.get("new") is None
     assert [name for name, _, _ in fingerprint(directory)] == ["agent.toml", "default.toml"]
 
@@ -90,7 +96,7 @@ async def test_an_invalid_reload_keeps_the_last_good_set(
     good = watcher.current
     (directory / "agent.toml").write_text('priority = "high"\n')
     with caplog.at_level(logging.ERROR, logger="speclane.policy"):
-        result = watcher.check()
+        result = settled(watcher)
     assert result is not None and not result.ok
     assert result.error is not None
     assert f"{directory / 'agent.toml'}: priority:" in result.error
@@ -101,7 +107,7 @@ async def test_an_invalid_reload_keeps_the_last_good_set(
     # Fixing the file is picked up by the next look, and the waiters see it.
     (directory / "agent.toml").write_text("priority = 9\n")
     waiting = asyncio.create_task(watcher.wait_reload(1))
-    assert watcher.check() is not None
+    assert settled(watcher) is not None
     fixed = await asyncio.wait_for(waiting, 10)
     assert (fixed.ok, fixed.attempt) == (True, 2)
     assert priority(watcher, "agent") == 9

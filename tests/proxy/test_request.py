@@ -1,18 +1,32 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from router.errors import RouterError
 from router.proxy.request import SSETail, looks_like_sse, parse_request
 
 
-def test_unchanged_request_is_forwarded_byte_for_byte() -> None:
+def test_the_forwarded_body_is_what_was_parsed() -> None:
     raw = b'{"model":"m",  "messages":[{"role":"user","content":"hi"}], "x_custom": 1}'
     parsed = parse_request("chat", raw)
-    assert parsed.body() is raw
+    assert orjson.loads(parsed.body()) == orjson.loads(raw)
+    assert parsed.body() is parsed.body()  # encoded once
     parsed.set_field("model", "other")
     assert orjson.loads(parsed.body())["model"] == "other"
+
+
+def test_duplicate_keys_are_forwarded_as_validated() -> None:
+    """Whichever value a backend's parser would keep, it gets the one that was checked."""
+    raw = (b'{"model":"m","max_tokens":1000000,"messages":[{"role":"user","content":"a",'
+           b'"content":"b"}],"max_tokens":10,"model":"m"}')
+    parsed = parse_request("chat", raw)
+    assert parsed.route.max_tokens == 10
+    body = parsed.body()
+    assert body.count(b"max_tokens") == 1 and body.count(b'"content"') == 1
+    assert orjson.loads(body)["max_tokens"] == 10
 
 
 def test_route_facts() -> None:
@@ -105,3 +119,22 @@ def test_the_tail_window_reads_the_same_payloads_as_splitting_everything(
 
     buf = b"".join(pieces)
     assert _tail_payloads(bytearray(buf), want) == tail_payloads_by_split(buf, want)
+
+
+def test_both_token_limits_are_checked_and_kept_equal() -> None:
+    raw = (b'{"model":"m","messages":[{"role":"user","content":"a"}],'
+           b'"max_completion_tokens":10,"max_tokens":1000000}')
+    parsed = parse_request("chat", raw)
+    assert parsed.route.max_tokens == 10
+    assert orjson.loads(parsed.body())["max_tokens"] == 10
+    parsed.set_field("max_completion_tokens", 5)  # a cap clamps one name: both follow
+    body = orjson.loads(parsed.body())
+    assert (body["max_tokens"], body["max_completion_tokens"]) == (5, 5)
+
+
+def test_nesting_too_deep_to_forward_is_a_400() -> None:
+    deep = b"[" * 300 + b"]" * 300
+    raw = b'{"model":"m","messages":[{"role":"user","content":' + deep + b"}]}"
+    with pytest.raises(RouterError) as info:
+        parse_request("chat", raw)
+    assert info.value.status == 400

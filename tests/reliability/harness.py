@@ -52,6 +52,7 @@ class Tally:
     fuzz: Counter[str] = field(default_factory=Counter)  # fuzz family -> requests sent
     fuzz_status: Counter[int] = field(default_factory=Counter)  # status -> answers
     fuzz_router_5xx: int = 0
+    fuzz_sides: Counter[str] = field(default_factory=Counter)  # "client" / "upstream" -> cases
     load: dict[str, Any] = field(default_factory=dict)
     shutdown: dict[str, Any] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)
@@ -65,7 +66,8 @@ class Tally:
                        "by_kind": dict(sorted(self.faults.items()))},
             "fuzz": {"total": sum(self.fuzz.values()), "by_family": dict(sorted(self.fuzz.items())),
                      "by_status": {str(k): v for k, v in sorted(self.fuzz_status.items())},
-                     "router_5xx": self.fuzz_router_5xx},
+                     "router_5xx": self.fuzz_router_5xx,
+                     "by_side": dict(sorted(self.fuzz_sides.items()))},
             "load": self.load,
             "shutdown": self.shutdown,
             "memory": self.memory,
@@ -80,8 +82,9 @@ class Tally:
         if self.fuzz:
             families = ", ".join(f"{k}={v}" for k, v in sorted(self.fuzz.items()))
             statuses = ", ".join(f"{k}: {v}" for k, v in sorted(self.fuzz_status.items()))
-            out.append(f"fuzz cases: {sum(self.fuzz.values())} ({families}); answers {statuses}; "
-                       f"5xx from the router's own code: {self.fuzz_router_5xx}")
+            sides = ", ".join(f"{k} side: {v}" for k, v in sorted(self.fuzz_sides.items()))
+            out.append(f"fuzz cases: {sum(self.fuzz.values())} ({sides}) ({families}); answers "
+                       f"{statuses}; 5xx from the router's own code: {self.fuzz_router_5xx}")
         if self.memory:
             out.append("fuzz memory: " + ", ".join(f"{k}={v}" for k, v in self.memory.items()))
         if self.shutdown:

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from router.app import make_app
+from router.appkeys import POLICIES
 from router.server import warn_if_exposed
 from tests.conftest import fake_upstreams, router_settings
 from tests.fakes.upstream import FakeUpstream
@@ -197,6 +198,9 @@ async def test_metrics_exposed_to_admins_only(tmp_path: Path) -> None:
     ("0.0.0.0", {"default.toml": CLOSED["default.toml"]}, None, True),  # no admin key
     ("0.0.0.0", {}, ADMIN_KEY, True),  # clients need no key
     ("0.0.0.0", {"default.toml": CLOSED["default.toml"]}, ADMIN_KEY, False),
+    # A closed default: a key-less policy that a header selects opens nothing either.
+    ("0.0.0.0", {"default.toml": CLOSED["default.toml"],
+                 "open.toml": '[match]\nclient_header = ["open"]\n'}, ADMIN_KEY, False),
 ])
 def test_exposure_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str,
                           policies: dict[str, str], admin_key: str | None, warns: bool) -> None:
@@ -220,3 +224,19 @@ async def test_serve_on_a_network_address_without_keys_prints_a_prominent_warnin
     err = "".join(proc.stderr)
     assert "!" * 40 in err and f"WARNING: speclane is listening on {REMOTE_IP}" in err
     assert "require_api_key" in err and "admin_key" in err
+
+
+def test_exposure_warning_names_what_a_keyless_request_gets(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The warning and identification share one rule: the policies it names are exactly
+    those a request without a key can be served under."""
+    (tmp_path / "open.toml").write_text('[match]\nclient_header = ["open"]\n')
+    (tmp_path / "alice.toml").write_text(CLOSED["alice.toml"])
+    settings = router_settings(host="0.0.0.0", policies_dir=str(tmp_path), admin_key=ADMIN_KEY)
+    app = make_app(settings)
+    warn_if_exposed(settings, app)
+    err = capsys.readouterr().err
+    keyless = app[POLICIES].current.keyless()
+    assert {p.client for p in keyless} == {"default", "open"}
+    assert "open policies: " + ", ".join(p.client for p in keyless) in err
+    assert "alice" not in err

@@ -20,8 +20,11 @@ reported in the "speclane reliability" summary.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import random
 from collections.abc import Iterator
 
 import orjson
@@ -38,6 +41,7 @@ from tests.reliability.harness import (
     assert_openai_error,
     config_text,
     http_request,
+    parse_response,
     raw_http,
     sse_payloads,
 )
@@ -88,7 +92,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
         config = tmp / "speclane.toml"
         config.write_text(config_text(
             policies_dir=str(policies), max_body_bytes=MAX_BODY, admin_key=ADMIN_KEY,
-            log_level="error", health_interval=600,
+            log_level="error", health_interval=600, client_limits={"body_timeout": 2},
             retry={"attempts": 2, "backoff_initial": 0.001, "backoff_max": 0.01},
             backends=[{"name": "fake", "base_url": fake.base_url, "read_timeout": 10}]))
         router = loop.run(RouterProcess.start(config, "--no-lanes"))
@@ -105,9 +109,12 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
             TALLY.memory.update(router_rss_start_mb=round(baseline / 2**20, 1),
                                 router_rss_end_mb=round(end_rss / 2**20, 1),
                                 growth_mb=round(growth, 1))
-            assert growth < 64, f"router RSS grew by {growth:.1f} MiB during fuzzing"
+            assert growth < 20, f"router RSS grew by {growth:.1f} MiB during fuzzing"
         finally:
             loop.run(router.stop())
+            err = "".join(router.stderr)
+            TALLY.memory.update(tracebacks=err.count("Traceback"))
+            assert "Traceback" not in err, err[-4000:]
             loop.run(fake.stop())
             loop.run(canary.stop())
 
@@ -117,8 +124,13 @@ CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 def send(t: Target, family: str, request: bytes, *, http_layer_ok: bool = False) -> RawResponse:
     """Send one case and check the properties every answer must have."""
-    resp = raw_http(t.port, request)
+    return judge(family, request, raw_http(t.port, request), http_layer_ok=http_layer_ok)
+
+
+def judge(family: str, request: bytes, resp: RawResponse, *,
+          http_layer_ok: bool = False) -> RawResponse:
     TALLY.fuzz[family] += 1
+    TALLY.fuzz_sides["client"] += 1
     TALLY.fuzz_status[resp.status] += 1
     source = resp.header("X-Speclane-Error-Source")
     if resp.status >= 500 and source != "upstream":
@@ -128,9 +140,11 @@ def send(t: Target, family: str, request: bytes, *, http_layer_ok: bool = False)
     if request.startswith(b"HEAD "):
         pass  # no body to judge
     elif resp.status >= 400:
-        if source is None:  # refused by the HTTP parser: the request was not valid HTTP
-            assert http_layer_ok and resp.status == 400, (resp.status, resp.body[:300],
-                                                          request[:300])
+        if source is None:
+            # Refused by aiohttp before speclane's code: an ``Expect`` it does not know on a
+            # path that does not exist (plain-text 417); all else is in the OpenAI shape.
+            assert http_layer_ok and resp.status in (400, 417), (
+                resp.status, resp.body[:300], request[:300])
         else:
             assert_openai_error(orjson.loads(resp.body))
     elif resp.status == 200:
@@ -341,6 +355,177 @@ def test_fuzz_methods_and_paths(target: Target, method: str, path: str) -> None:
     resp = send(target, "paths", http_request(method, path, b""), http_layer_ok=True)
     if path.startswith("/admin"):
         assert resp.status in (400, 401, 404, 405)  # no admin key was sent
+
+
+# --- seeded mutation fuzzing: many cases, cheaply -------------------------------------------
+#
+# Hypothesis shrinks and explores; it also costs tens of milliseconds a case. These families
+# take valid requests and break them a few ways at a time with a fixed seed (the same cases
+# every run), and send them on several connections at once: thousands of cases in seconds.
+
+MUTATION_CASES = 4200
+MUTATION_CONCURRENCY = 12
+VALID_BODIES = [
+    (ENDPOINTS[0], {**CHAT, "max_tokens": 16}),
+    (ENDPOINTS[0], {**CHAT, "stream": True, "stream_options": {"include_usage": True}}),
+    (ENDPOINTS[0], {**CHAT, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}}]}),
+    (ENDPOINTS[1], {"model": "fake-model", "prompt": "once upon", "max_tokens": 8}),
+    (ENDPOINTS[2], {"model": "fake-model", "input": ["a", "b"]}),
+]
+FRAGMENTS = [b"{", b"}", b"[", b"]", b",", b":", b'"', b"\\", b"\\u", b"\\ud800", b"null",
+             b"true", b"1e999", b"-0", b"9" * 40, b"\x00", b"\xff", b"\xc3\x28", b"\xef\xbb\xbf",
+             b"\r\n", b"\n\n", b" " * 100, b'"max_tokens": 1000000', b'"n": 99999',
+             b'"model": 5', b'"stream": "yes"', b'"messages": []', b"[" * 300, b"]" * 300]
+HEADER_POOL = [
+    (b"X-Speclane-Lane", [b"speculative", b"batching", b"fake", b"canary", b"\xff", b"a" * 300]),
+    (b"X-Speclane-Preset", [b"interactive", b"throughput", b"nope", b"\x00x", b""]),
+    (b"X-Speclane-Client", [b"alice", b"ALICE", b"default", b"nobody", b"\xff\xfe", b" "]),
+    (b"Authorization", [b"Bearer " + ALICE_KEY.encode(), b"Bearer \xff\xfe", b"Bearer",
+                        b"Basic eDp5", b"Bearer " + b"k" * 4000, b"bearer  sk-x ",
+                        b"Bearer sk-\x80"]),
+    (b"User-Agent", [b"alice-tool/1", b"curl/8", b"\xff" * 10, b"x" * 2000]),
+    (b"Content-Type", [b"application/json", b"text/plain", b"application/json; charset=latin-1",
+                       b"multipart/form-data; boundary=x", b"\xff"]),
+    (b"Content-Encoding", [b"gzip", b"deflate", b"br", b"identity", b"gzip, gzip", b"zstd",
+                           b"x-unknown"]),
+    (b"Expect", [b"100-continue", b"nonsense"]),
+    (b"Accept-Encoding", [b"gzip", b"*", b"\xff"]),
+    (b"Connection", [b"keep-alive", b"upgrade", b"close, x"]),
+    (b"Upgrade", [b"websocket", b"h2c"]),
+]
+
+
+def gzip_bomb() -> bytes:
+    import gzip
+
+    return gzip.compress(b"\x00" * (8 * MAX_BODY), compresslevel=9)
+
+
+def mutate_body(rng: random.Random, raw: bytes) -> tuple[str, bytes]:
+    kind = rng.choice(["flip", "cut", "insert", "duplicate", "swap", "garbage"])
+    data = bytearray(raw)
+    if kind == "flip":
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(data))
+            data[i] = rng.randrange(256)
+    elif kind == "cut":
+        del data[rng.randrange(len(data)):]
+    elif kind == "insert":
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randrange(len(data) + 1)
+            data[i:i] = rng.choice(FRAGMENTS)
+    elif kind == "duplicate":  # a key again, with another value: a smuggling attempt
+        extra = rng.choice([b'"max_tokens": 1000000', b'"max_tokens": 1', b'"model": "canary"',
+                            b'"stream": true', b'"n": 100', b'"max_completion_tokens": 999999',
+                            b'"messages": 5'])
+        i = data.index(b"{") + 1
+        data[i:i] = extra + b","
+        data[-1:] = b"," + extra + b"}"
+    elif kind == "swap":
+        obj = orjson.loads(raw)
+        key = rng.choice(list(obj))
+        obj[key] = rng.choice([None, True, 0, -1, 2**63 - 1, 1.5, "", "x" * 1000, [], {},
+                                [dict(obj)]])
+        data = bytearray(orjson.dumps(obj))
+    elif kind == "garbage":
+        data = bytearray(rng.randbytes(rng.randint(0, 3000)))
+    return kind, bytes(data)
+
+
+def mutation_request(rng: random.Random) -> tuple[str, bytes]:
+    """One case: (family, the exact bytes on the wire)."""
+    endpoint, body = rng.choice(VALID_BODIES)
+    raw = orjson.dumps(body)
+    family = "mut_headers"
+    headers: list[tuple[bytes, bytes]] = [(b"Content-Type", b"application/json")]
+    roll = rng.random()
+    if roll < 0.45:
+        kind, raw = mutate_body(rng, raw)
+        family = "mut_body_" + kind
+    if roll >= 0.3:
+        for name, values in rng.sample(HEADER_POOL, rng.randint(1, 4)):
+            headers.append((name, rng.choice(values)))
+    encoding = next((v for k, v in headers if k == b"Content-Encoding"), None)
+    if encoding == b"gzip" and rng.random() < 0.5:
+        import gzip
+
+        if rng.random() < 0.2:
+            raw, family = gzip_bomb(), "mut_gzip_bomb"
+        else:
+            raw, family = gzip.compress(raw), "mut_gzip"
+    method, path = "POST", endpoint
+    if rng.random() < 0.05:
+        method = rng.choice(["GET", "PUT", "PATCH", "DELETE", "OPTIONS", "POST", "TRACE"])
+        path = rng.choice([*ENDPOINTS, "/v1/models", "/admin/reload", "/metrics", "/v1/chat",
+                           "/v1/chat/completions?stream=true", "/%ff", "/v1//chat/completions"])
+        family = "mut_request_line"
+    lines = [f"{method} {path} HTTP/1.1".encode(), b"Host: 127.0.0.1", b"Connection: close"]
+    if rng.random() < 0.03:  # framing lies: a body shorter than announced, or chunked
+        family = "mut_framing"
+        if rng.random() < 0.5:
+            lines.append(b"Content-Length: %d" % (len(raw) + rng.randint(1, 50)))
+        else:
+            lines.append(b"Transfer-Encoding: chunked")
+            raw = b"%x\r\n%s\r\n" % (len(raw), raw) + rng.choice([b"0\r\n\r\n", b"zz\r\n",
+                                                                   b"0\r\nX: y\r\n\r\n"])
+    else:
+        lines.append(b"Content-Length: %d" % len(raw))
+    lines += [k + b": " + v for k, v in headers]
+    return family, b"\r\n".join(lines) + b"\r\n\r\n" + raw
+
+
+async def exchange(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        with contextlib.suppress(ConnectionError):
+            writer.write(request)
+            await writer.drain()
+        data = bytearray()
+        with contextlib.suppress(ConnectionError):
+            async with asyncio.timeout(30):
+                while chunk := await reader.read(65536):
+                    data += chunk
+        return bytes(data)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+def test_fuzz_mutated_requests(target: Target) -> None:
+    rng = random.Random(20261123)
+    cases = [mutation_request(rng) for _ in range(MUTATION_CASES)]
+
+    async def run_all() -> list[bytes]:
+        gate = asyncio.Semaphore(MUTATION_CONCURRENCY)
+
+        async def one(request: bytes) -> bytes:
+            async with gate:
+                return await exchange(target.port, request)
+
+        return await asyncio.gather(*(one(req) for _, req in cases))
+
+    answers = target.loop.run(run_all(), timeout=600)
+    failures = []
+    for (family, request), answer in zip(cases, answers, strict=True):
+        if not answer:  # closed without a word: only a request the parser could not frame
+            TALLY.fuzz[family] += 1
+            TALLY.fuzz_sides["client"] += 1
+            TALLY.fuzz_status[0] += 1
+            if family not in ("mut_framing", "mut_request_line"):
+                failures.append(f"no answer for {request[:300]!r}")
+            continue
+        while answer.startswith(b"HTTP/1.1 100 "):  # interim: Expect: 100-continue
+            answer = answer.partition(b"\r\n\r\n")[2]
+        try:
+            resp = judge(family, request, parse_response(answer),
+                         http_layer_ok=family == "mut_request_line")
+            if family == "mut_gzip_bomb":  # 8x the body limit once inflated: never served
+                assert 400 <= resp.status < 500, resp.status
+        except AssertionError as e:
+            failures.append(str(e)[:600])
+    assert not failures, f"{len(failures)} failing cases; first ones:\n" + "\n".join(failures[:5])
 
 
 def test_fuzz_left_no_trace_upstream(target: Target) -> None:
