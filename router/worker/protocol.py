@@ -98,9 +98,6 @@ class GenerationRequest:
     # server after tokenizing; processors_for turns it into a logits processor per job.
     constraint: Any = None
 
-    def chat_dicts(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.content} for m in self.messages]
-
     @property
     def calls_tools(self) -> bool:
         """Whether the answer is parsed for tool calls: tools given, ``tool_choice`` not none."""

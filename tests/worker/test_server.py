@@ -78,13 +78,14 @@ async def test_text_completion_length_and_stop() -> None:
     assert (stopped.choices[0].text, stopped.choices[0].finish_reason) == ("one", "stop")
 
 
-async def test_stream_carries_usage_on_the_finish_chunk_and_the_usage_chunk() -> None:
+@pytest.mark.parametrize("include_usage", [True, False])
+async def test_stream_carries_usage_once_on_the_last_chunk(include_usage: bool) -> None:
     async with serving(ScriptedEngine("abc")) as url:
         stream = await client(url).chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "hi"}],
             stream=True,
-            stream_options={"include_usage": True},
+            stream_options={"include_usage": True} if include_usage else None,
         )
         chunks = [chunk async for chunk in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -93,9 +94,12 @@ async def test_stream_carries_usage_on_the_finish_chunk_and_the_usage_chunk() ->
     finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finish) == 1
     assert finish[0].choices[0].finish_reason == "stop"
-    assert finish[0].usage is not None and finish[0].usage.completion_tokens == 3
-    assert chunks[-1].choices == []
-    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 3 + len("<user>hi")
+    # Clients that add usage up must see it once: on the last chunk only.
+    with_usage = [c for c in chunks if c.usage is not None]
+    assert with_usage == [chunks[-1]]
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.total_tokens == 3 + len("<user>hi")
+    assert (chunks[-1].choices == []) is include_usage
 
 
 async def test_raw_stream_ends_with_done() -> None:
