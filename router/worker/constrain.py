@@ -54,10 +54,13 @@ def _call_schema(tool: Tool) -> dict[str, Any]:
 
 
 def tool_calls_grammar(tools: tuple[Tool, ...], forced: str | None, parallel: bool) -> str:
-    """Lark rules ``calls``: one call (or several, with ``parallel``) of the allowed tools."""
+    """Lark rules ``calls``: one call (with ``parallel``, up to one per tool) of the tools."""
     allowed = [t for t in tools if forced is None or t.name == forced]
+    # At most one call per allowed tool: a small model that may call again tends to repeat
+    # the same call until max_tokens; the cap makes every forced answer end.
+    more = len(allowed) - 1 if parallel else 0
     lines = [
-        'calls: call ("\\n" call)*' if parallel else "calls: call",
+        f'calls: call ("\\n" call){{0,{more}}}' if more else "calls: call",
         f"call: {_lark_string(CALL_START + chr(10))} body {_lark_string(chr(10) + CALL_END)}",
         "body: " + " | ".join(f"tool_{i}" for i in range(len(allowed))),
     ]

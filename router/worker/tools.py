@@ -249,8 +249,8 @@ def _arguments_text(arguments: Any) -> str:
 class ToolStream:
     """Splits streamed answer text into content and parsed tool calls.
 
-    Whitespace-only content is held until real content follows, so that the newlines around
-    calls do not become a content of ``"\\n"`` next to the calls.
+    Trailing whitespace is held until more content follows, so that the newlines around calls
+    do not become content next to the calls, whatever the chunking.
     """
 
     syntax: ToolSyntax
@@ -284,7 +284,7 @@ class ToolStream:
         self._state, held, state = TextStateMachine.flush(self._state)
         out = self._segments([(state, held)])
         if state == "tool" and self._call_text:
-            out += self._close_call()
+            out += self._close_call(closed=False)
         if self._blank and not self.calls:
             out.append(self._blank)
         self._blank = ""
@@ -304,15 +304,16 @@ class ToolStream:
         return out
 
     def _content(self, text: str) -> list[Piece]:
-        if not text:
-            return []
-        if not text.strip():
+        """Content, less trailing whitespace, which waits for what comes next."""
+        kept = text.rstrip()
+        if not kept:
             self._blank += text
             return []
-        text, self._blank = self._blank + text, ""
-        return [text]
+        out, self._blank = self._blank + kept, text[len(kept) :]
+        return [out]
 
-    def _close_call(self) -> list[Piece]:
+    def _close_call(self, closed: bool = True) -> list[Piece]:
+        """Parse one call; ``closed``: its end marker was seen (some syntaxes have none)."""
         raw, self._call_text = self._call_text, ""
         try:
             parsed = self.syntax.parser(raw, self._tool_dicts)
@@ -320,7 +321,8 @@ class ToolStream:
             made = [(str(item["name"]), _arguments_text(item.get("arguments"))) for item in items]
         except Exception as e:  # not a call after all: the text goes back to the client
             log.info("tool call text did not parse (%s: %s)", type(e).__name__, e)
-            return self._content(self.syntax.start + raw + (self.syntax.end or ""))
+            end = (self.syntax.end or "") if closed else ""
+            return self._content(self.syntax.start + raw + end)
         out: list[Piece] = []
         for name, arguments in made:
             if self.calls and not self.parallel:
