@@ -41,7 +41,45 @@ CALL_END = "</tool_call>"
 
 def _json_rule(schema: Mapping[str, Any]) -> str:
     options = {**dict(schema.get("x-guidance") or {}), **JSON_OPTIONS}
-    return "%json " + orjson.dumps({**schema, "x-guidance": options}).decode()
+    return "%json " + orjson.dumps({**closed(schema), "x-guidance": options}).decode()
+
+
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+_SUBSCHEMAS = frozenset(
+    {
+        "items",
+        "prefixItems",
+        "additionalProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+        "anyOf",
+        "oneOf",
+        "allOf",
+    }
+)
+
+
+def closed(schema: Any) -> Any:
+    """The schema with ``additionalProperties: false`` wherever ``properties`` are listed and
+    it says nothing else (OpenAI's strict structured outputs require the same): an open object
+    lets the model add keys of any length, and a small model does, until ``max_tokens``.
+    Only subschemas are rewritten, never data such as ``const``, ``enum`` or ``default``."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, Mapping):
+            out[key] = {name: closed(sub) for name, sub in value.items()}
+        elif key in _SUBSCHEMAS:
+            out[key] = [closed(v) for v in value] if isinstance(value, list) else closed(value)
+        else:
+            out[key] = value
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _call_schema(tool: Tool) -> dict[str, Any]:

@@ -108,10 +108,16 @@ CONVERSATION: list[dict[str, Any]] = [
         "role": "assistant",
         "content": None,
         "tool_calls": [
-            {"id": "c1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-            {"id": "c2", "type": "function",
-             "function": {"name": "get_time", "arguments": '{"city": "Paris"}'}},
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            },
+            {
+                "id": "c2",
+                "type": "function",
+                "function": {"name": "get_time", "arguments": '{"city": "Paris"}'},
+            },
         ],
     },
     {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
@@ -147,8 +153,10 @@ def test_the_fallback_convention_reads_back_with_the_same_parser() -> None:
     ("fields", "says"),
     [
         ({"tool_choice": "required"}, "Call at least one function now."),
-        ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
-         "Call the function get_time now."),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+            "Call the function get_time now.",
+        ),
         ({"tool_choice": "none"}, "Do not call a function now"),
         ({"parallel_tool_calls": False}, "Call at most one function."),
     ],
