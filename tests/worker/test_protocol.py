@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from router.errors import RouterError
@@ -10,6 +11,7 @@ from router.worker.protocol import (
     DEFAULT_TEMPERATURE,
     MAX_DRAFT_TOKENS,
     Message,
+    ToolCall,
     parse_request,
 )
 
@@ -110,3 +112,105 @@ def test_completion_prompts(prompt: Any, expected: Any) -> None:
 @pytest.mark.parametrize("prompt", [None, "", [], ["a", "b"], [1, -2], [True], {"a": 1}])
 def test_bad_completion_prompts(prompt: Any) -> None:
     assert rejected({"prompt": prompt}, "completion").param == "prompt"
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "read",
+        "description": "Read a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+    },
+}
+
+
+def test_tools_and_tool_history_survive_parsing() -> None:
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "open "}, {"type": "text", "text": "a.txt"}],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "read", "arguments": '{"path": "a.txt"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "hello"},
+    ]
+    req = parse_request(chat(messages=messages, tools=[TOOL], parallel_tool_calls=False), "chat")
+    assert req.messages[0].content == "open a.txt"
+    assert req.messages[1].tool_calls == (ToolCall("call_1", "read", '{"path": "a.txt"}'),)
+    assert req.messages[1].content == ""
+    assert (req.messages[2].role, req.messages[2].tool_call_id) == ("tool", "call_1")
+    assert [t.name for t in req.tools] == ["read"]
+    assert req.tools[0].openai_dict() == TOOL
+    assert (req.tool_choice, req.forced_tool, req.parallel_tool_calls) == ("auto", None, False)
+    assert req.calls_tools
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        ("none", ("none", None)),
+        ("required", ("required", None)),
+        ({"type": "function", "function": {"name": "read"}}, ("required", "read")),
+    ],
+)
+def test_tool_choice(choice: Any, expected: tuple[str, str | None]) -> None:
+    req = parse_request(chat(tools=[TOOL], tool_choice=choice), "chat")
+    assert (req.tool_choice, req.forced_tool) == expected
+
+
+def test_response_format() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    req = parse_request(chat(response_format=fmt), "chat")
+    assert req.response_format == "json_schema"
+    assert req.response_schema is not None and orjson.loads(req.response_schema) == schema
+    assert (
+        parse_request(chat(response_format={"type": "json_object"}), "chat").response_format
+        == "json_object"
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
+        ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
+        ({"tools": [TOOL, TOOL]}, "tools"),
+        ({"tools": [{"type": "retrieval"}]}, "tools"),
+        ({"tools": ["read"]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "tools"),
+        ({"tools": [TOOL] * 129}, "tools"),
+        ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"function": {"name": "read", "arguments": "{not json"}}],
+                    }
+                ]
+            },
+            "messages",
+        ),
+        ({"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}, "messages"),
+        ({"messages": [{"role": "tool", "tool_call_id": 7, "content": "x"}]}, "messages"),
+    ],
+)
+def test_bad_tool_fields_name_the_parameter(fields: dict[str, Any], param: str) -> None:
+    assert rejected(chat(**fields)).param == param
