@@ -24,7 +24,14 @@ from router.worker.engine import Engine
 from router.worker.jobs import Failed, Finished, Job, TextDelta
 from router.worker.protocol import GenerationRequest, Kind, parse_request
 from router.worker.shapes import Answer
-from router.worker.tools import ParsedCall, ToolStream, ToolSyntax, chat_inputs, syntax_for
+from router.worker.tools import (
+    ParsedCall,
+    ToolStream,
+    ToolSyntax,
+    chat_inputs,
+    fallback_syntax,
+    syntax_for,
+)
 
 
 @dataclass(frozen=True)
@@ -185,7 +192,7 @@ def encode(
     tokenizer: Any, generation: GenerationRequest, syntax: ToolSyntax | None = None
 ) -> list[int]:
     if generation.kind == "chat":
-        messages, tools = chat_inputs(generation, syntax or _PLAIN)
+        messages, tools = chat_inputs(generation, syntax or fallback_syntax())
         extra = {"tools": tools} if tools else {}
         try:
             text = tokenizer.apply_chat_template(
@@ -204,9 +211,6 @@ def encode(
     if not ids:
         raise bad_request("the prompt is empty after tokenization", param="prompt")
     return list(ids)
-
-
-_PLAIN = ToolSyntax(False, "", None, lambda text, tools: None)  # no tools in this request
 
 
 def _pieces(tools: ToolStream | None, text: str | None) -> list[str | ParsedCall]:

@@ -170,3 +170,60 @@ def test_without_a_system_message_one_is_added() -> None:
     messages = fallback_messages(request)
     assert [m["role"] for m in messages] == ["system", "user"]
     assert messages[0]["content"].startswith("# Tools")
+
+
+# A Qwen2.5-style template (what mlx-lm recognises as json_tools), on the default tokenizer.
+NATIVE_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>"
+    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools><|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    '\n<tool_call>\n{"name": "{{ tool_call.name }}", "arguments": '
+    "{{ tool_call.arguments | tojson }}}\n</tool_call>{%- endfor %}<|im_end|>\n"
+    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}"
+    "\n</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def native_tokenizer(prepared_models: tuple[Any, Any]) -> Any:
+    from mlx_lm.tokenizer_utils import load
+
+    return load(prepared_models[0], tokenizer_config_extra={"chat_template": NATIVE_TEMPLATE})
+
+
+def test_a_template_with_tools_gets_them_natively(native_tokenizer: Any) -> None:
+    from router.worker.server import encode
+    from router.worker.tools import syntax_for
+
+    request = _request()
+    syntax = syntax_for(native_tokenizer, request)
+    assert syntax.native and syntax.start == "<tool_call>"
+    prompt = native_tokenizer.decode(encode(native_tokenizer, request, syntax))
+    assert "<tools>" in prompt and '"name": "get_time"' in prompt
+    assert '"arguments": {"city": "Paris"}' in prompt  # history: arguments as an object
+    assert "<tool_response>\nnoon\n</tool_response>" in prompt
+    assert "# Tools\n\nYou may call" not in prompt  # not the fallback text
+    s = ToolStream(syntax, request.tools)
+    calls = [p for p in s.feed(CALL) + s.finish() if isinstance(p, ParsedCall)]
+    assert [c.name for c in calls] == ["get_weather"]
+
+
+def test_the_default_template_gets_the_fallback(prepared_models: tuple[Any, Any]) -> None:
+    from mlx_lm.tokenizer_utils import load
+
+    from router.worker.server import encode
+    from router.worker.tools import syntax_for
+
+    tokenizer = load(prepared_models[0])
+    request = _request()
+    syntax = syntax_for(tokenizer, request)
+    assert not syntax.native
+    with_tools = encode(tokenizer, request, syntax)
+    without = encode(tokenizer, parse_request({"messages": CONVERSATION}, "chat"), syntax)
+    assert len(with_tools) > len(without)  # the tools are in the prompt, not dropped
+    assert '"name": "get_weather"' in tokenizer.decode(with_tools)
