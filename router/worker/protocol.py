@@ -27,6 +27,9 @@ MAX_DRAFT_TOKENS = 16
 MAX_STOP_STRINGS = 16
 MAX_TOOLS = 128  # OpenAI's own limit
 MAX_TOOL_CALLS_PER_MESSAGE = 128
+# Schemas are walked recursively (templates, the constraint compiler): a hostile nesting depth
+# is a 400 here, not a RecursionError later.
+MAX_SCHEMA_DEPTH = 64
 # OpenAI's rule for function names; it also keeps names safe inside prompts and grammars.
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -257,9 +260,10 @@ def _tool_calls(raw: Any, index: int) -> tuple[ToolCall, ...]:
 
 def _is_json_object(text: str) -> bool:
     try:
-        return isinstance(orjson.loads(text), dict)
+        value = orjson.loads(text)
     except orjson.JSONDecodeError:
         return False
+    return isinstance(value, dict) and not _too_deep(value)
 
 
 def _tooling(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -299,12 +303,27 @@ def _tools(raw: Any) -> tuple[Tool, ...]:
         if description is not None and not isinstance(description, str):
             raise bad_request(f"tools[{i}].function.description must be a string", param="tools")
         parameters = function.get("parameters", {"type": "object"})
-        if not isinstance(parameters, Mapping):
+        if not isinstance(parameters, Mapping) or _too_deep(parameters):
             raise bad_request(
-                f"tools[{i}].function.parameters must be a JSON schema object", param="tools"
+                f"tools[{i}].function.parameters must be a JSON schema object nested at most "
+                f"{MAX_SCHEMA_DEPTH} deep",
+                param="tools",
             )
         tools.append(Tool(name, description, orjson.dumps(parameters).decode()))
     return tuple(tools)
+
+
+def _too_deep(value: Any) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            return True
+        children = (
+            item.values() if isinstance(item, Mapping) else item if isinstance(item, list) else ()
+        )
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _tool_choice(raw: Any, tools: tuple[Tool, ...]) -> tuple[ToolChoice, str | None]:
@@ -341,9 +360,10 @@ def _response_format(body: Mapping[str, Any]) -> dict[str, Any]:
     if kind == "json_schema":
         spec = raw.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, Mapping) else None
-        if not isinstance(schema, Mapping):
+        if not isinstance(schema, Mapping) or _too_deep(schema):
             raise bad_request(
-                "response_format json_schema needs 'json_schema': {'name': ..., 'schema': {...}}",
+                "response_format json_schema needs 'json_schema': {'name': ..., 'schema': {...}}"
+                f" with the schema nested at most {MAX_SCHEMA_DEPTH} deep",
                 param="response_format",
             )
         return {"response_format": kind, "response_schema": orjson.dumps(schema).decode()}

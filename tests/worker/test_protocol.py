@@ -214,3 +214,20 @@ def test_response_format() -> None:
 )
 def test_bad_tool_fields_name_the_parameter(fields: dict[str, Any], param: str) -> None:
     assert rejected(chat(**fields)).param == param
+
+
+def test_hostile_schema_nesting_is_a_400() -> None:
+    deep: dict[str, Any] = {"type": "object"}
+    for _ in range(2000):
+        deep = {"type": "object", "properties": {"x": deep}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": deep}}
+    assert rejected(chat(tools=[tool])).param == "tools"
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": deep}}
+    assert rejected(chat(response_format=fmt)).param == "response_format"
+
+
+def test_hostile_argument_nesting_is_a_400() -> None:
+    arguments = '{"a": ' * 500 + "1" + "}" * 500
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    body = chat(messages=[{"role": "assistant", "content": None, "tool_calls": [call]}])
+    assert rejected(body).param == "messages"
