@@ -4,6 +4,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from router.errors import RouterError
 from router.worker.protocol import (
@@ -231,3 +233,73 @@ def test_hostile_argument_nesting_is_a_400() -> None:
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
     body = chat(messages=[{"role": "assistant", "content": None, "tool_calls": [call]}])
     assert rejected(body).param == "messages"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+_tool = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["function", "x"]) | _json,
+        "function": st.fixed_dictionaries(
+            {},
+            optional={
+                "name": st.sampled_from(["f", "g", "bad name"]) | _json,
+                "parameters": _json,
+                "description": _json,
+            },
+        ),
+    },
+)
+
+
+_function = st.fixed_dictionaries(
+    {"name": st.just("f")}, optional={"arguments": _json | st.just('{"a": 1}')}
+)
+_call = st.fixed_dictionaries({}, optional={"id": _json, "function": _json | _function})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tools=st.none() | st.lists(_tool, max_size=3) | _json,
+    choice=st.none()
+    | st.sampled_from(["auto", "none", "required"])
+    | _json
+    | st.fixed_dictionaries(
+        {
+            "type": st.just("function"),
+            "function": st.fixed_dictionaries({"name": st.sampled_from("fgh")}),
+        }
+    ),
+    fmt=st.none()
+    | _json
+    | st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "json_object", "json_schema"])},
+        optional={"json_schema": _json},
+    ),
+    calls=st.none() | _json | st.lists(_call, max_size=2),
+)
+def test_hostile_tool_fields_are_parsed_or_a_400(
+    tools: Any, choice: Any, fmt: Any, calls: Any
+) -> None:
+    body = chat(
+        tools=tools,
+        tool_choice=choice,
+        response_format=fmt,
+        messages=[
+            {"role": "assistant", "content": "x", "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "c", "content": "r"},
+        ],
+    )
+    try:
+        req = parse_request(body, "chat")
+    except RouterError as e:
+        assert e.status == 400 and e.param is not None
+        return
+    for tool in req.tools:  # what was accepted renders
+        assert tool.openai_dict()["function"]["name"] == tool.name
