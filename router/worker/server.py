@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -241,6 +242,12 @@ async def _collect(job: Job, answer: Answer, tools: ToolStream | None) -> web.Re
             raise event.error
 
 
+# While a tool call is being written nothing can be sent (a call is sent once complete), so
+# a long call (a patch, a file) would look like silence to the router's read timeout. An
+# empty delta at most this often says "still generating"; OpenAI clients ignore it.
+PROGRESS_EVERY = 5.0
+
+
 async def _send_pieces(
     response: web.StreamResponse, answer: Answer, pieces: list[str | ParsedCall]
 ) -> None:
@@ -265,9 +272,16 @@ async def _stream(
     if answer.kind == "chat":
         await _send(response, answer.chunk("", role=True))
     event = first
+    last_sent = time.monotonic()
     while True:
         if isinstance(event, TextDelta):
-            await _send_pieces(response, answer, _pieces(tools, event.text))
+            pieces = _pieces(tools, event.text)
+            if pieces:
+                await _send_pieces(response, answer, pieces)
+                last_sent = time.monotonic()
+            elif time.monotonic() - last_sent >= PROGRESS_EVERY:
+                await _send(response, answer.chunk(None))
+                last_sent = time.monotonic()
         elif isinstance(event, Finished):
             await _send_pieces(response, answer, _pieces(tools, None))
             reason = _finish_reason(tools, event.finish_reason)

@@ -304,3 +304,27 @@ async def test_tools_reach_the_prompt_through_the_fallback() -> None:
         '<assistant><tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt
     )
     assert prompt.endswith("<user><tool_response>\nsunny\n</tool_response>")
+
+
+async def test_a_call_being_written_still_shows_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every held token may send an empty delta (the real interval is seconds).
+    monkeypatch.setattr("router.worker.server.PROGRESS_EVERY", 0.0)
+    async with serving(ScriptedEngine(CALLING)) as url:
+        stream = await client(url).chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "weather?"}],
+            tools=[WEATHER_TOOL],
+            stream=True,
+        )
+        chunks = [chunk async for chunk in stream]
+    empty = [
+        c
+        for c in chunks
+        if c.choices
+        and c.choices[0].delta.model_dump(exclude_none=True) == {}
+        and c.choices[0].finish_reason is None
+    ]
+    assert len(empty) > 10  # one per token of the held call, none of them with content
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
+    assert orjson.loads(arguments) == {"city": "Paris, the capital of France, on the Seine"}
