@@ -108,8 +108,11 @@ def template_renders_tools(tokenizer: Any) -> bool:
 def syntax_for(tokenizer: Any, request: GenerationRequest) -> ToolSyntax:
     if getattr(tokenizer, "has_tool_calling", False) and template_renders_tools(tokenizer):
         parser = tokenizer.tool_parser
-        forced = request.tool_choice == "required" or request.response_format != "text"
-        if not forced or parser is _json_tools_parser():
+        # Whether the constraint grammar writes calls (in the json_tools syntax).
+        constrained = request.tool_choice == "required" or (
+            request.response_format != "text" and request.calls_tools
+        )
+        if not constrained or parser is _json_tools_parser():
             return ToolSyntax(True, tokenizer.tool_call_start, tokenizer.tool_call_end, parser)
     return fallback_syntax()
 
