@@ -227,3 +227,36 @@ def test_the_default_template_gets_the_fallback(prepared_models: tuple[Any, Any]
     without = encode(tokenizer, parse_request({"messages": CONVERSATION}, "chat"), syntax)
     assert len(with_tools) > len(without)  # the tools are in the prompt, not dropped
     assert '"name": "get_weather"' in tokenizer.decode(with_tools)
+
+
+# An LFM2-style template: mlx-lm reads its calls with the pythonic parser.
+PYTHONIC_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nList of tools: <|tool_list_start|>{{ tools | tojson }}"
+    "<|tool_list_end|><|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n"
+    "{%- if message.tool_calls %}<|tool_call_start|>["
+    "{%- for c in message.tool_calls %}{{ c.function.name }}(){%- endfor %}]<|tool_call_end|>"
+    "{%- endif %}{{ message.content }}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+def test_a_forced_call_uses_the_convention_the_grammar_writes(
+    prepared_models: tuple[Any, Any],
+) -> None:
+    from mlx_lm.tokenizer_utils import load
+
+    from router.worker.tools import syntax_for
+
+    tokenizer = load(
+        prepared_models[0], tokenizer_config_extra={"chat_template": PYTHONIC_TEMPLATE}
+    )
+    native = syntax_for(tokenizer, _request())
+    assert native.native and native.start == "<|tool_call_start|>"
+    s = ToolStream(native, (WEATHER, TIME))
+    pieces = s.feed('<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>') + s.finish()
+    assert [(c.name, json.loads(c.arguments)) for c in pieces if isinstance(c, ParsedCall)] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    forced = syntax_for(tokenizer, _request(tool_choice="required"))
+    assert not forced.native and forced.start == "<tool_call>"
