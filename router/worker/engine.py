@@ -51,15 +51,23 @@ def sampler_for(request: GenerationRequest) -> Callable[..., Any]:
 
 
 def processors_for(request: GenerationRequest) -> list[Callable[..., Any]]:
+    """The request's logits processors, fresh per job (a grammar matcher holds its state).
+
+    The decoding constraint comes last, so that penalties and biases never re-open a token
+    the grammar has closed.
+    """
     from mlx_lm.sample_utils import make_logits_processors
 
     repetition = request.repetition_penalty
-    return make_logits_processors(
+    processors = make_logits_processors(
         logit_bias=dict(request.logit_bias) or None,
         repetition_penalty=None if repetition == 1.0 else repetition,
         presence_penalty=request.presence_penalty or None,
         frequency_penalty=request.frequency_penalty or None,
     )
+    if request.constraint is not None:
+        processors.append(request.constraint.processor())
+    return processors
 
 
 def generation_failed(error: Exception) -> Failed:

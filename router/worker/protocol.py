@@ -3,13 +3,21 @@
 Unknown fields are ignored (clients send many optional ones), but a field the worker reads is
 checked, and a bad one is a 400 in the OpenAI error shape naming the parameter. Defaults follow
 mlx_lm.server, the server this worker stands in for: greedy sampling, 512 new tokens.
+
+Tools (``tools``, ``tool_choice``, ``parallel_tool_calls``), assistant ``tool_calls`` and
+``tool`` messages, and ``response_format`` are kept here as plain values; JSON schemas are kept
+as canonical JSON text so that the request stays an immutable value (``router.worker.tools``
+renders them into the prompt, ``router.worker.constrain`` compiles them).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import orjson
 
 from router.errors import bad_request
 from router.worker.contract import DRAFT_TOKENS_FIELD, MAX_DRAFT_TOKENS
@@ -17,14 +25,50 @@ from router.worker.contract import DRAFT_TOKENS_FIELD, MAX_DRAFT_TOKENS
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_TEMPERATURE = 0.0
 MAX_STOP_STRINGS = 16
+MAX_TOOLS = 128  # OpenAI's own limit
+MAX_TOOL_CALLS_PER_MESSAGE = 128
+# Schemas are walked recursively (templates, the constraint compiler): a hostile nesting depth
+# is a 400 here, not a RecursionError later.
+MAX_SCHEMA_DEPTH = 64
+# OpenAI's rule for function names; it also keeps names safe inside prompts and grammars.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 Kind = Literal["chat", "completion"]
+ToolChoice = Literal["auto", "none", "required"]
+ResponseFormat = Literal["text", "json_object", "json_schema"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call in an assistant message: ``arguments`` is the JSON object text as sent."""
+
+    id: str
+    name: str
+    arguments: str
 
 
 @dataclass(frozen=True)
 class Message:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str | None = None
+    parameters: str = '{"type":"object"}'  # the JSON schema, canonical JSON text
+
+    def openai_dict(self) -> dict[str, Any]:
+        """The ``{"type": "function", "function": {...}}`` shape chat templates expect."""
+        function: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            function["description"] = self.description
+        function["parameters"] = orjson.loads(self.parameters)
+        return {"type": "function", "function": function}
 
 
 @dataclass(frozen=True)
@@ -47,9 +91,20 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = "none"
+    forced_tool: str | None = None  # a named tool_choice (tool_choice is then "required")
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat = "text"
+    response_schema: str | None = None  # json_schema's schema, canonical JSON text
+    # A compiled decoding constraint (router.worker.constrain.Constraint), attached by the
+    # server after tokenizing; processors_for turns it into a logits processor per job.
+    constraint: Any = None
 
-    def chat_dicts(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.content} for m in self.messages]
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the answer is parsed for tool calls: tools given, ``tool_choice`` not none."""
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 def parse_request(body: Any, kind: Kind) -> GenerationRequest:
@@ -61,6 +116,7 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
         {"messages": _messages(body)} if kind == "chat" else {"prompt": _prompt(body)}
     )
     stream_options = _get(body, "stream_options", Mapping, {})
+    tooling = _tooling(body) if kind == "chat" else {}
     return GenerationRequest(
         kind=kind,
         model=_get(body, "model", str, None),
@@ -79,6 +135,8 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, None),
         logit_bias=_logit_bias(body),
+        **tooling,
+        **_response_format(body),
     )
 
 
@@ -151,8 +209,168 @@ def _messages(body: Mapping[str, Any]) -> tuple[Message, ...]:
     for i, item in enumerate(raw):
         if not isinstance(item, Mapping) or not isinstance(item.get("role"), str):
             raise bad_request(f"messages[{i}] must be an object with a 'role'", param="messages")
-        messages.append(Message(item["role"], _content(item.get("content"), i)))
+        messages.append(
+            Message(
+                item["role"],
+                _content(item.get("content"), i),
+                tool_calls=_tool_calls(item.get("tool_calls"), i),
+                tool_call_id=_optional_str(item, "tool_call_id", i),
+                name=_optional_str(item, "name", i),
+            )
+        )
     return tuple(messages)
+
+
+def _optional_str(item: Mapping[str, Any], key: str, index: int) -> str | None:
+    value = item.get(key)
+    if value is not None and not isinstance(value, str):
+        raise bad_request(f"messages[{index}].{key} must be a string", param="messages")
+    return value
+
+
+def _tool_calls(raw: Any, index: int) -> tuple[ToolCall, ...]:
+    if raw is None:
+        return ()
+    where = f"messages[{index}].tool_calls"
+    if not isinstance(raw, list) or len(raw) > MAX_TOOL_CALLS_PER_MESSAGE:
+        raise bad_request(
+            f"{where} must be an array of up to {MAX_TOOL_CALLS_PER_MESSAGE} calls",
+            param="messages",
+        )
+    calls = []
+    for j, call in enumerate(raw):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"{where}[{j}] must have a function name", param="messages")
+        arguments = function.get("arguments", "{}") if isinstance(function, Mapping) else "{}"
+        if isinstance(arguments, Mapping):  # lenient: some clients send the object itself
+            arguments = orjson.dumps(arguments).decode()
+        if not isinstance(arguments, str) or not _is_json_object(arguments or "{}"):
+            raise bad_request(
+                f"{where}[{j}].function.arguments must be a JSON object as a string",
+                param="messages",
+            )
+        call_id = call.get("id")
+        calls.append(
+            ToolCall(call_id if isinstance(call_id, str) else f"call_{j}", name, arguments or "{}")
+        )
+    return tuple(calls)
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(value, dict) and not _too_deep(value)
+
+
+def _tooling(body: Mapping[str, Any]) -> dict[str, Any]:
+    tools = _tools(body.get("tools"))
+    parallel = _get(body, "parallel_tool_calls", bool, True)
+    choice, forced = _tool_choice(body.get("tool_choice"), tools)
+    return {
+        "tools": tools,
+        "tool_choice": choice,
+        "forced_tool": forced,
+        "parallel_tool_calls": parallel,
+    }
+
+
+def _tools(raw: Any) -> tuple[Tool, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
+        raise bad_request(f"'tools' must be an array of up to {MAX_TOOLS} tools", param="tools")
+    tools: list[Tool] = []
+    for i, item in enumerate(raw):
+        function = item.get("function") if isinstance(item, Mapping) else None
+        if not isinstance(function, Mapping) or item.get("type", "function") != "function":
+            raise bad_request(
+                f'tools[{i}] must be {{"type": "function", "function": {{...}}}}',
+                param="tools",
+            )
+        name = function.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise bad_request(
+                f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-'",
+                param="tools",
+            )
+        if any(t.name == name for t in tools):
+            raise bad_request(f"tools[{i}]: the name '{name}' is given twice", param="tools")
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise bad_request(f"tools[{i}].function.description must be a string", param="tools")
+        parameters = function.get("parameters", {"type": "object"})
+        if not isinstance(parameters, Mapping) or _too_deep(parameters):
+            raise bad_request(
+                f"tools[{i}].function.parameters must be a JSON schema object nested at most "
+                f"{MAX_SCHEMA_DEPTH} deep",
+                param="tools",
+            )
+        tools.append(Tool(name, description, orjson.dumps(parameters).decode()))
+    return tuple(tools)
+
+
+def _too_deep(value: Any) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            return True
+        children = (
+            item.values() if isinstance(item, Mapping) else item if isinstance(item, list) else ()
+        )
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _tool_choice(raw: Any, tools: tuple[Tool, ...]) -> tuple[ToolChoice, str | None]:
+    """``(tool_choice, forced tool name)``; the default is ``auto`` with tools, else ``none``."""
+    if raw is None:
+        return ("auto" if tools else "none"), None
+    if raw in ("auto", "none", "required"):
+        if raw == "required" and not tools:
+            raise bad_request("tool_choice 'required' needs 'tools'", param="tool_choice")
+        return raw, None
+    function = raw.get("function") if isinstance(raw, Mapping) else None
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if not isinstance(raw, Mapping) or raw.get("type") != "function" or not isinstance(name, str):
+        raise bad_request(
+            "'tool_choice' must be 'auto', 'none', 'required' or "
+            '{"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+        )
+    if not any(t.name == name for t in tools):
+        raise bad_request(
+            f"tool_choice names the function '{name}', which is not in 'tools'",
+            param="tool_choice",
+        )
+    return "required", name
+
+
+def _response_format(body: Mapping[str, Any]) -> dict[str, Any]:
+    raw = _get(body, "response_format", Mapping, None)
+    if raw is None:
+        return {}
+    kind = raw.get("type")
+    if kind in ("text", "json_object"):
+        return {"response_format": kind}
+    if kind == "json_schema":
+        spec = raw.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        if not isinstance(schema, Mapping) or _too_deep(schema):
+            raise bad_request(
+                "response_format json_schema needs 'json_schema': {'name': ..., 'schema': {...}}"
+                f" with the schema nested at most {MAX_SCHEMA_DEPTH} deep",
+                param="response_format",
+            )
+        return {"response_format": kind, "response_schema": orjson.dumps(schema).decode()}
+    raise bad_request(
+        "'response_format' type must be 'text', 'json_object' or 'json_schema'",
+        param="response_format",
+    )
 
 
 def _content(content: Any, index: int) -> str:

@@ -8,7 +8,9 @@ event loop, and never two encodes at once on the shared tokenizer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,10 +20,19 @@ import orjson
 from aiohttp import web
 
 from router.errors import RouterError, bad_request, not_found, render, sse_error_event
+from router.worker.constrain import COMPILER
 from router.worker.engine import Engine
 from router.worker.jobs import Failed, Finished, Job, TextDelta
 from router.worker.protocol import GenerationRequest, Kind, parse_request
 from router.worker.shapes import Answer
+from router.worker.tools import (
+    ParsedCall,
+    ToolStream,
+    ToolSyntax,
+    chat_inputs,
+    fallback_syntax,
+    syntax_for,
+)
 
 
 @dataclass(frozen=True)
@@ -134,28 +145,59 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         )
     tokenizer = engine.models.tokenizer if engine.models else None
     loop = asyncio.get_running_loop()
-    prompt_ids = await loop.run_in_executor(request.app[TOKENIZE], encode, tokenizer, generation)
+    prepared = await loop.run_in_executor(request.app[TOKENIZE], prepare, tokenizer, generation)
+    prompt_ids = prepared.prompt_ids
     if info.context_length and len(prompt_ids) >= info.context_length:
         raise bad_request(
             f"the prompt has {len(prompt_ids)} tokens; the context is {info.context_length}",
             code="context_length_exceeded",
         )
-    job = Job(generation, prompt_ids, loop)
+    job = Job(prepared.generation, prompt_ids, loop)
     engine.submit(job)
     answer = Answer(kind, info.model_name)
     try:
         if generation.stream:
-            return await _stream(request, job, answer)
-        return await _collect(job, answer)
+            return await _stream(request, job, answer, prepared.tool_stream())
+        return await _collect(job, answer, prepared.tool_stream())
     finally:
         engine.cancel(job)  # a no-op once answered; otherwise the client left or we failed
 
 
-def encode(tokenizer: Any, generation: GenerationRequest) -> list[int]:
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready for the engine: its prompt, its constraint, how to read its answer."""
+
+    generation: GenerationRequest
+    prompt_ids: list[int]
+    syntax: ToolSyntax | None  # None: the answer is not parsed for tool calls
+
+    def tool_stream(self) -> ToolStream | None:
+        if self.syntax is None:
+            return None
+        g = self.generation
+        return ToolStream(self.syntax, g.tools, g.parallel_tool_calls)
+
+
+def prepare(tokenizer: Any, generation: GenerationRequest) -> Prepared:
+    """Tokenize, and compile the decoding constraint (on the tokenize thread: both block)."""
+    syntax = syntax_for(tokenizer, generation) if generation.kind == "chat" else None
+    ids = encode(tokenizer, generation, syntax)
+    constraint = COMPILER.compile(generation, tokenizer)
+    if constraint is not None:
+        # Draft tokens would advance the grammar and then be rejected: decode plainly.
+        generation = dataclasses.replace(generation, constraint=constraint, num_draft_tokens=0)
+    return Prepared(generation, ids, syntax if generation.calls_tools else None)
+
+
+def encode(
+    tokenizer: Any, generation: GenerationRequest, syntax: ToolSyntax | None = None
+) -> list[int]:
     if generation.kind == "chat":
+        messages, tools = chat_inputs(generation, syntax or fallback_syntax())
+        extra = {"tools": tools} if tools else {}
         try:
             text = tokenizer.apply_chat_template(
-                generation.chat_dicts(), tokenize=False, add_generation_prompt=True
+                messages, tokenize=False, add_generation_prompt=True, **extra
             )
         except Exception as e:  # a template may reject roles or orderings
             message = f"the chat template rejected the messages: {e}"
@@ -172,19 +214,54 @@ def encode(tokenizer: Any, generation: GenerationRequest) -> list[int]:
     return list(ids)
 
 
-async def _collect(job: Job, answer: Answer) -> web.Response:
-    parts: list[str] = []
+def _pieces(tools: ToolStream | None, text: str | None) -> list[str | ParsedCall]:
+    """Answer text as content and tool calls; ``None`` text: the answer has ended."""
+    if tools is None:
+        return [text] if text else []
+    return tools.feed(text) if text is not None else tools.finish()
+
+
+def _finish_reason(tools: ToolStream | None, reason: str) -> str:
+    return "tool_calls" if tools is not None and tools.calls and reason == "stop" else reason
+
+
+async def _collect(job: Job, answer: Answer, tools: ToolStream | None) -> web.Response:
+    parts: list[str | ParsedCall] = []
     while True:
         event = await job.events.get()
         if isinstance(event, TextDelta):
-            parts.append(event.text)
+            parts += _pieces(tools, event.text)
         elif isinstance(event, Finished):
-            return _json(answer.body("".join(parts), event.finish_reason, event.usage))
+            parts += _pieces(tools, None)
+            text = "".join(p for p in parts if isinstance(p, str))
+            calls = [p.openai_dict() for p in parts if isinstance(p, ParsedCall)]
+            reason = _finish_reason(tools, event.finish_reason)
+            body = answer.body(text or (None if calls else ""), reason, event.usage, calls)
+            return _json(body)
         else:
             raise event.error
 
 
-async def _stream(request: web.Request, job: Job, answer: Answer) -> web.StreamResponse:
+# While a tool call is being written nothing can be sent (a call is sent once complete), so
+# a long call (a patch, a file) would look like silence to the router's read timeout. An
+# empty delta at most this often says "still generating"; OpenAI clients ignore it.
+PROGRESS_EVERY = 5.0
+
+
+async def _send_pieces(
+    response: web.StreamResponse, answer: Answer, pieces: list[str | ParsedCall]
+) -> None:
+    for piece in pieces:
+        if isinstance(piece, str):
+            await _send(response, answer.chunk(piece))
+        else:
+            for delta in piece.stream_deltas():
+                await _send(response, answer.chunk(None, tool_calls=[delta]))
+
+
+async def _stream(
+    request: web.Request, job: Job, answer: Answer, tools: ToolStream | None
+) -> web.StreamResponse:
     first = await job.events.get()  # errors before the first token are still plain HTTP errors
     if isinstance(first, Failed):
         raise first.error
@@ -195,13 +272,26 @@ async def _stream(request: web.Request, job: Job, answer: Answer) -> web.StreamR
     if answer.kind == "chat":
         await _send(response, answer.chunk("", role=True))
     event = first
+    last_sent = time.monotonic()
     while True:
         if isinstance(event, TextDelta):
-            await _send(response, answer.chunk(event.text))
+            pieces = _pieces(tools, event.text)
+            if pieces:
+                await _send_pieces(response, answer, pieces)
+                last_sent = time.monotonic()
+            elif time.monotonic() - last_sent >= PROGRESS_EVERY:
+                await _send(response, answer.chunk(None))
+                last_sent = time.monotonic()
         elif isinstance(event, Finished):
-            await _send(response, answer.final_chunk(event.finish_reason, event.usage))
+            await _send_pieces(response, answer, _pieces(tools, None))
+            reason = _finish_reason(tools, event.finish_reason)
+            # Usage once, on the stream's last chunk: the include_usage chunk when asked for,
+            # else the finish_reason chunk (where the router reads the draft statistics).
             if job.request.include_usage:
+                await _send(response, answer.final_chunk(reason, None))
                 await _send(response, answer.usage_chunk(event.usage))
+            else:
+                await _send(response, answer.final_chunk(reason, event.usage))
             await response.write(b"data: [DONE]\n\n")
             break
         else:

@@ -30,25 +30,41 @@ class Answer:
             "model": self.model,
         }
 
-    def body(self, text: str, finish_reason: str, usage: dict[str, object]) -> dict[str, object]:
+    def body(
+        self,
+        text: str | None,
+        finish_reason: str,
+        usage: dict[str, object],
+        tool_calls: list[dict[str, object]] | None = None,
+    ) -> dict[str, object]:
         if self.kind == "chat":
+            message: dict[str, object] = {"role": "assistant", "content": text}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
             choice: dict[str, object] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }
             return {**self._head("chat.completion"), "choices": [choice], "usage": usage}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         return {**self._head("text_completion"), "choices": [choice], "usage": usage}
 
     def chunk(
-        self, text: str | None, *, finish_reason: str | None = None, role: bool = False
+        self,
+        text: str | None,
+        *,
+        finish_reason: str | None = None,
+        role: bool = False,
+        tool_calls: list[dict[str, object]] | None = None,
     ) -> dict[str, object]:
         if self.kind == "chat":
             delta: dict[str, object] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice: dict[str, object] = {"index": 0, "delta": delta, "logprobs": None}
             object_ = "chat.completion.chunk"
         else:
@@ -57,11 +73,12 @@ class Answer:
         choice["finish_reason"] = finish_reason
         return {**self._head(object_), "choices": [choice]}
 
-    def final_chunk(self, finish_reason: str, usage: dict[str, object]) -> dict[str, object]:
-        """The chunk carrying finish_reason, which (per the worker contract) carries usage too."""
-        return {**self.chunk(None, finish_reason=finish_reason), "usage": usage}
+    def final_chunk(self, finish_reason: str, usage: dict[str, object] | None) -> dict[str, object]:
+        """The chunk carrying finish_reason; with usage when it is the stream's last chunk."""
+        chunk = self.chunk(None, finish_reason=finish_reason)
+        return chunk if usage is None else {**chunk, "usage": usage}
 
     def usage_chunk(self, usage: dict[str, object]) -> dict[str, object]:
-        """The standard ``stream_options.include_usage`` chunk."""
+        """The standard ``stream_options.include_usage`` chunk (then the stream's last)."""
         object_ = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         return {**self._head(object_), "choices": [], "usage": usage}

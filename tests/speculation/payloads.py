@@ -226,10 +226,12 @@ def speclane_batching() -> Json:
 
 def speclane_stream(include_usage: bool) -> list[Json]:
     model = "SmolLM2-135M-Instruct"
-    events = [_chunk(model, {"role": "assistant", "content": "Paris"}),
-              _chunk(model, {}, "stop", usage=speclane_usage())]
+    # Usage once, on the last chunk: the include_usage chunk, else the finish_reason chunk.
+    events = [_chunk(model, {"role": "assistant", "content": "Paris"})]
     if include_usage:
-        events.append(_usage_chunk(model, speclane_usage()))
+        events += [_chunk(model, {}, "stop"), _usage_chunk(model, speclane_usage())]
+    else:
+        events.append(_chunk(model, {}, "stop", usage=speclane_usage()))
     return events
 
 

@@ -2,7 +2,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from router.errors import RouterError
 from router.worker.protocol import (
@@ -10,6 +13,7 @@ from router.worker.protocol import (
     DEFAULT_TEMPERATURE,
     MAX_DRAFT_TOKENS,
     Message,
+    ToolCall,
     parse_request,
 )
 
@@ -110,3 +114,192 @@ def test_completion_prompts(prompt: Any, expected: Any) -> None:
 @pytest.mark.parametrize("prompt", [None, "", [], ["a", "b"], [1, -2], [True], {"a": 1}])
 def test_bad_completion_prompts(prompt: Any) -> None:
     assert rejected({"prompt": prompt}, "completion").param == "prompt"
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "read",
+        "description": "Read a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+    },
+}
+
+
+def test_tools_and_tool_history_survive_parsing() -> None:
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "open "}, {"type": "text", "text": "a.txt"}],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "read", "arguments": '{"path": "a.txt"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "hello"},
+    ]
+    req = parse_request(chat(messages=messages, tools=[TOOL], parallel_tool_calls=False), "chat")
+    assert req.messages[0].content == "open a.txt"
+    assert req.messages[1].tool_calls == (ToolCall("call_1", "read", '{"path": "a.txt"}'),)
+    assert req.messages[1].content == ""
+    assert (req.messages[2].role, req.messages[2].tool_call_id) == ("tool", "call_1")
+    assert [t.name for t in req.tools] == ["read"]
+    assert req.tools[0].openai_dict() == TOOL
+    assert (req.tool_choice, req.forced_tool, req.parallel_tool_calls) == ("auto", None, False)
+    assert req.calls_tools
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        ("none", ("none", None)),
+        ("required", ("required", None)),
+        ({"type": "function", "function": {"name": "read"}}, ("required", "read")),
+    ],
+)
+def test_tool_choice(choice: Any, expected: tuple[str, str | None]) -> None:
+    req = parse_request(chat(tools=[TOOL], tool_choice=choice), "chat")
+    assert (req.tool_choice, req.forced_tool) == expected
+
+
+def test_response_format() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    req = parse_request(chat(response_format=fmt), "chat")
+    assert req.response_format == "json_schema"
+    assert req.response_schema is not None and orjson.loads(req.response_schema) == schema
+    assert (
+        parse_request(chat(response_format={"type": "json_object"}), "chat").response_format
+        == "json_object"
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
+        ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
+        ({"tools": [TOOL, TOOL]}, "tools"),
+        ({"tools": [{"type": "retrieval"}]}, "tools"),
+        ({"tools": ["read"]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "tools"),
+        ({"tools": [TOOL] * 129}, "tools"),
+        ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"function": {"name": "read", "arguments": "{not json"}}],
+                    }
+                ]
+            },
+            "messages",
+        ),
+        ({"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}, "messages"),
+        ({"messages": [{"role": "tool", "tool_call_id": 7, "content": "x"}]}, "messages"),
+    ],
+)
+def test_bad_tool_fields_name_the_parameter(fields: dict[str, Any], param: str) -> None:
+    assert rejected(chat(**fields)).param == param
+
+
+def test_hostile_schema_nesting_is_a_400() -> None:
+    deep: dict[str, Any] = {"type": "object"}
+    for _ in range(2000):
+        deep = {"type": "object", "properties": {"x": deep}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": deep}}
+    assert rejected(chat(tools=[tool])).param == "tools"
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": deep}}
+    assert rejected(chat(response_format=fmt)).param == "response_format"
+
+
+def test_hostile_argument_nesting_is_a_400() -> None:
+    arguments = '{"a": ' * 500 + "1" + "}" * 500
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    body = chat(messages=[{"role": "assistant", "content": None, "tool_calls": [call]}])
+    assert rejected(body).param == "messages"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+_tool = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["function", "x"]) | _json,
+        "function": st.fixed_dictionaries(
+            {},
+            optional={
+                "name": st.sampled_from(["f", "g", "bad name"]) | _json,
+                "parameters": _json,
+                "description": _json,
+            },
+        ),
+    },
+)
+
+
+_function = st.fixed_dictionaries(
+    {"name": st.just("f")}, optional={"arguments": _json | st.just('{"a": 1}')}
+)
+_call = st.fixed_dictionaries({}, optional={"id": _json, "function": _json | _function})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tools=st.none() | st.lists(_tool, max_size=3) | _json,
+    choice=st.none()
+    | st.sampled_from(["auto", "none", "required"])
+    | _json
+    | st.fixed_dictionaries(
+        {
+            "type": st.just("function"),
+            "function": st.fixed_dictionaries({"name": st.sampled_from("fgh")}),
+        }
+    ),
+    fmt=st.none()
+    | _json
+    | st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "json_object", "json_schema"])},
+        optional={"json_schema": _json},
+    ),
+    calls=st.none() | _json | st.lists(_call, max_size=2),
+)
+def test_hostile_tool_fields_are_parsed_or_a_400(
+    tools: Any, choice: Any, fmt: Any, calls: Any
+) -> None:
+    body = chat(
+        tools=tools,
+        tool_choice=choice,
+        response_format=fmt,
+        messages=[
+            {"role": "assistant", "content": "x", "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "c", "content": "r"},
+        ],
+    )
+    try:
+        req = parse_request(body, "chat")
+    except RouterError as e:
+        assert e.status == 400 and e.param is not None
+        return
+    for tool in req.tools:  # what was accepted renders
+        assert tool.openai_dict()["function"]["name"] == tool.name

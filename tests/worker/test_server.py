@@ -78,13 +78,14 @@ async def test_text_completion_length_and_stop() -> None:
     assert (stopped.choices[0].text, stopped.choices[0].finish_reason) == ("one", "stop")
 
 
-async def test_stream_carries_usage_on_the_finish_chunk_and_the_usage_chunk() -> None:
+@pytest.mark.parametrize("include_usage", [True, False])
+async def test_stream_carries_usage_once_on_the_last_chunk(include_usage: bool) -> None:
     async with serving(ScriptedEngine("abc")) as url:
         stream = await client(url).chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "hi"}],
             stream=True,
-            stream_options={"include_usage": True},
+            stream_options={"include_usage": True} if include_usage else None,
         )
         chunks = [chunk async for chunk in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -93,9 +94,12 @@ async def test_stream_carries_usage_on_the_finish_chunk_and_the_usage_chunk() ->
     finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finish) == 1
     assert finish[0].choices[0].finish_reason == "stop"
-    assert finish[0].usage is not None and finish[0].usage.completion_tokens == 3
-    assert chunks[-1].choices == []
-    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 3 + len("<user>hi")
+    # Clients that add usage up must see it once: on the last chunk only.
+    with_usage = [c for c in chunks if c.usage is not None]
+    assert with_usage == [chunks[-1]]
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.total_tokens == 3 + len("<user>hi")
+    assert (chunks[-1].choices == []) is include_usage
 
 
 async def test_raw_stream_ends_with_done() -> None:
@@ -194,3 +198,133 @@ async def test_a_queued_request_that_disconnects_leaves_the_queue_at_once() -> N
         answer = await (await first).json()
         assert answer["choices"][0]["text"] == "abc"
         assert len(engine.started) == 1  # the cancelled request never reached the engine
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+CALLING = (
+    'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris, the '
+    'capital of France, on the Seine"}}\n</tool_call>'
+)
+
+
+async def test_a_tool_call_answer() -> None:
+    async with serving(ScriptedEngine(CALLING)) as url:
+        reply = await client(url).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "weather?"}], tools=[WEATHER_TOOL]
+        )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Checking."
+    assert choice.message.tool_calls is not None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    assert orjson.loads(call.function.arguments) == {
+        "city": "Paris, the capital of France, on the Seine"
+    }
+
+
+async def test_a_streamed_tool_call_comes_as_openai_streams_it() -> None:
+    async with serving(ScriptedEngine(CALLING)) as url:
+        stream = await client(url).chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "weather?"}],
+            tools=[WEATHER_TOOL],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert len(deltas) > 2  # id and name, then the arguments in fragments
+    head, rest = deltas[0], deltas[1:]
+    assert (head.index, head.type, head.function and head.function.name) == (
+        0,
+        "function",
+        "get_weather",
+    )
+    assert head.id is not None and head.id.startswith("call_")
+    assert all(d.index == 0 and d.id is None for d in rest)
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
+    assert orjson.loads(arguments) == {"city": "Paris, the capital of France, on the Seine"}
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Checking."
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finish == ["tool_calls"]
+    assert [c for c in chunks if c.usage is not None] == [chunks[-1]]
+
+
+async def test_with_tool_choice_none_the_text_is_not_parsed() -> None:
+    async with serving(ScriptedEngine(CALLING)) as url:
+        reply = await client(url).chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "weather?"}],
+            tools=[WEATHER_TOOL],
+            tool_choice="none",
+        )
+    assert reply.choices[0].message.content == CALLING
+    assert reply.choices[0].message.tool_calls is None
+    assert reply.choices[0].finish_reason == "stop"
+
+
+async def test_tools_reach_the_prompt_through_the_fallback() -> None:
+    engine = ScriptedEngine("ok")
+    history = [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    async with serving(engine) as url:
+        await client(url).chat.completions.create(
+            model=MODEL,
+            messages=history,
+            tools=[WEATHER_TOOL],  # type: ignore[arg-type]
+        )
+    prompt = "".join(chr(t) for t in engine.started[0].prompt_ids)
+    assert prompt.startswith("<system># Tools")
+    assert '"name": "get_weather"' in prompt
+    assert (
+        '<assistant><tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt
+    )
+    assert prompt.endswith("<user><tool_response>\nsunny\n</tool_response>")
+
+
+async def test_a_call_being_written_still_shows_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every held token may send an empty delta (the real interval is seconds).
+    monkeypatch.setattr("router.worker.server.PROGRESS_EVERY", 0.0)
+    async with serving(ScriptedEngine(CALLING)) as url:
+        stream = await client(url).chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "weather?"}],
+            tools=[WEATHER_TOOL],
+            stream=True,
+        )
+        chunks = [chunk async for chunk in stream]
+    empty = [
+        c
+        for c in chunks
+        if c.choices
+        and c.choices[0].delta.model_dump(exclude_none=True) == {}
+        and c.choices[0].finish_reason is None
+    ]
+    assert len(empty) > 10  # one per token of the held call, none of them with content
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
+    assert orjson.loads(arguments) == {"city": "Paris, the capital of France, on the Seine"}

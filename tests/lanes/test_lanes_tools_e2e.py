@@ -1,0 +1,57 @@
+"""Tool calls through the router to its real lanes, with the official openai client.
+
+The router relays tool calls untouched; this checks the whole path a coding agent uses: a
+streamed forced call on each lane, usage once per stream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from router.lanes.modelprep import DEFAULT_MODEL_NAME
+from tests.lanes.test_lanes_e2e import Router, start_router, stop_router
+
+pytestmark = pytest.mark.realmodel
+
+READ = {
+    "type": "function",
+    "function": {
+        "name": "read",
+        "description": "Read a file",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string", "maxLength": 30}},
+            "required": ["path"],
+        },
+    },
+}
+# An agent-shaped user turn: content as an array of parts.
+ASK = [{"role": "user", "content": [{"type": "text", "text": "Show me "},
+                                    {"type": "text", "text": "the file README.md"}]}]
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
+    r = start_router(tmp_path_factory.mktemp("lanes-tools"))
+    yield r
+    stop_router(r)
+
+
+@pytest.mark.parametrize("lane", ["speculative", "batching"])
+def test_a_streamed_forced_tool_call_through_the_router(router: Router, lane: str) -> None:
+    stream = router.client().chat.completions.create(
+        model=DEFAULT_MODEL_NAME, messages=ASK, tools=[READ],  # type: ignore[arg-type,list-item]
+        tool_choice="required", max_tokens=40, stream=True,
+        stream_options={"include_usage": True}, extra_headers={"X-Speclane-Lane": lane},
+    )
+    chunks = list(stream)
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert deltas and deltas[0].function is not None and deltas[0].function.name == "read"
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
+    assert isinstance(json.loads(arguments)["path"], str)
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == "tool_calls"
+    assert [c for c in chunks if c.usage is not None] == [chunks[-1]]

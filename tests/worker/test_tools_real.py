@@ -1,0 +1,192 @@
+"""Tool calls and structured output with the official client against the real workers.
+
+The default model's chat template has no tools section, so these go through the fallback
+convention; forced calls and JSON answers are constrained (llguidance). Short generations,
+run serially.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+
+from router.lanes.modelprep import DEFAULT_MODEL_NAME
+from tests.worker.conftest import WorkerProcess
+
+pytestmark = pytest.mark.realmodel
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+        },
+    },
+}
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def client(worker: WorkerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{worker.url}/v1", api_key="x", max_retries=0, timeout=240)
+
+
+def result_turn(call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": '{"sky": "sunny", "c": 21}'}
+
+
+def test_round_trip_on_the_batching_lane(batch_worker: WorkerProcess) -> None:
+    c = client(batch_worker)
+    first = c.chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=QUESTION,
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice="required",
+        max_tokens=40,
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+    assistant = choice.message.model_dump(exclude_none=True)
+    final = c.chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=[*QUESTION, assistant, result_turn(call.id)],  # type: ignore[list-item]
+        tools=[WEATHER],  # type: ignore[list-item]
+        max_tokens=12,
+    )
+    # The result went into the prompt: the second prompt is longer than the first by more
+    # than the call itself.
+    assert final.usage is not None and first.usage is not None
+    assert final.usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens
+    answer = final.choices[0]
+    assert answer.message.tool_calls is None
+    assert answer.message.content
+    assert answer.finish_reason in ("stop", "length")
+
+
+def test_streamed_round_trip_on_the_speculative_lane(spec_worker: WorkerProcess) -> None:
+    c = client(spec_worker)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    stream = c.chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=QUESTION,
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice=named,
+        max_tokens=40,
+        stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    deltas = [d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or []]
+    assert deltas and deltas[0].id and deltas[0].function and deltas[0].function.name
+    assert deltas[0].function.name == "get_weather"
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
+    assert isinstance(json.loads(arguments)["city"], str)
+    reasons = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert reasons[-1] == "tool_calls"
+    usage = [ch.usage for ch in chunks if ch.usage is not None]
+    assert len(usage) == 1 and chunks[-1].usage is not None
+    # Constrained decoding runs plainly on the speculative lane: no draft tokens.
+    assert chunks[-1].usage.model_extra["speclane_spec"]["drafted"] == 0
+    assistant = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": deltas[0].id,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": arguments},
+            }
+        ],
+    }
+    final = c.chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=[*QUESTION, assistant, result_turn(deltas[0].id)],  # type: ignore[list-item]
+        tools=[WEATHER],  # type: ignore[list-item]
+        max_tokens=12,
+        stream=True,
+    )
+    parts = list(final)
+    text = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
+    assert text
+    assert not any(p.choices[0].delta.tool_calls for p in parts if p.choices)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_json_schema_answers_are_well_formed(batch_worker: WorkerProcess, seed: int) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "sunny": {"type": "boolean"},
+        },
+        "required": ["city", "sunny"],
+    }
+    reply = client(batch_worker).chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=QUESTION,
+        max_tokens=40,  # type: ignore[arg-type]
+        temperature=1.0,
+        seed=seed,
+        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema}},
+    )
+    content = reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop", content
+    answer = json.loads(content or "")
+    assert set(answer) == {"city", "sunny"}
+    assert isinstance(answer["sunny"], bool) and len(answer["city"]) <= 20
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"type": "string", "pattern": "(?<=a)b"},
+                    },
+                }
+            },
+            "response_format",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}},
+                        },
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),
+    ],
+)
+def test_what_cannot_be_honoured_is_a_400_naming_the_parameter(
+    batch_worker: WorkerProcess, fields: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client(batch_worker).chat.completions.create(
+            model=DEFAULT_MODEL_NAME, messages=QUESTION, max_tokens=5, **fields
+        )
+    assert info.value.response.json()["error"]["param"] == param
