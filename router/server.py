@@ -1,14 +1,16 @@
 """``speclane serve``: run the router until SIGINT/SIGTERM, then shut down gracefully.
 
-Shutdown order: stop accepting connections, let in-flight requests finish for up to
-``shutdown_grace`` seconds, cancel what is left (streams end with an error event), then
-the cleanup contexts stop the lane workers and close the client session.
+Shutdown order: keep the listener open but answer new requests 503 while in-flight
+requests finish for up to ``shutdown_grace`` seconds (a second signal ends that at once),
+cancel what is left (streams end with an error event), close the listener, then the
+cleanup contexts stop the lane workers and close the client session.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -18,7 +20,7 @@ from pathlib import Path
 from aiohttp import web
 
 from router.app import make_app
-from router.appkeys import POLICIES, POOL
+from router.appkeys import POLICIES, POOL, RELAY
 from router.config.policies import PolicyError
 from router.config.settings import ConfigError, Settings, load_settings
 from router.lanes.group import LaneStartupError
@@ -85,11 +87,34 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
         if ready:
             ready.set()
         await stop.wait()
-        log.info("shutting down: finishing in-flight requests (up to %.0fs)",
-                 settings.shutdown_grace)
+        await drain(app, settings.shutdown_grace, stop)
     finally:
         await runner.cleanup()
         log.info("stopped")
+
+
+async def drain(app: web.Application, grace: float, stop: asyncio.Event) -> None:
+    """The grace period, with the listener still open: a new request is answered 503
+    (code "shutting_down", so a client knows to go elsewhere or retry later) instead of a
+    refused connection, and requests in flight get up to ``grace`` seconds. A second
+    SIGINT/SIGTERM (Ctrl-C again) ends the grace period at once. The listener closes after
+    this, when the runner is cleaned up."""
+    log.info("shutting down: finishing in-flight requests (up to %.0fs; new requests get "
+             "503; Ctrl-C again to stop now)", grace)
+    stop.clear()
+    relay = app[RELAY]
+    graceful = asyncio.create_task(relay.shutdown(grace))
+    again = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({graceful, again}, return_when=asyncio.FIRST_COMPLETED)
+        if not graceful.done():
+            log.warning("second signal: ending the grace period now")
+            graceful.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await graceful
+            await relay.shutdown(0)
+    finally:
+        again.cancel()
 
 
 def is_loopback_host(host: str) -> bool:
