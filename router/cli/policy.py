@@ -26,7 +26,8 @@ COLUMNS = ("client", "recognised by", "preset -> lane", "access", "limits")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="speclane policy", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="speclane policy",
+                                     description=__doc__.splitlines()[0].replace("``", "'"))
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate policies and print the resolved table")
     check.add_argument("directory", nargs="?", type=Path,

@@ -177,7 +177,8 @@ def prepare(home: Path, *, force: bool, log: Log) -> tuple[Path, Path]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="speclane models", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="speclane models",
+                                     description=__doc__.splitlines()[0].replace("``", "'"))
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="fetch and convert the default model and its draft")
     p.add_argument("--dir", type=Path, help=f"data directory (default: {data_dir()})")

@@ -31,15 +31,21 @@ log = logging.getLogger("speclane.worker")
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="speclane worker", description="Run one MLX lane worker.")
-    p.add_argument("--mode", choices=("speculative", "batching"), required=True)
+    p.add_argument("--mode", choices=("speculative", "batching"), required=True,
+                   help="speculative: one request at a time with the draft; batching: "
+                   "continuous batching")
     p.add_argument("--model", type=Path, required=True, help="mlx-lm model directory")
     p.add_argument("--model-name", help="id served in /v1/models (default: the directory name)")
     p.add_argument("--draft-model", type=Path, help="speculative mode: the draft model directory")
-    p.add_argument("--num-draft-tokens", type=int, default=3)
-    p.add_argument("--max-batch-size", type=int, default=8)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--parent-pid", type=int)
+    p.add_argument("--num-draft-tokens", type=int, default=3,
+                   help="speculative mode: draft tokens proposed per round (default 3)")
+    p.add_argument("--max-batch-size", type=int, default=8,
+                   help="batching mode: requests decoded together at most (default 8)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0,
+                   help="port (default 0: a free one, announced on stdout)")
+    p.add_argument("--parent-pid", type=int,
+                   help="exit when this process (the router) is gone")
     args = p.parse_args(argv)
     if not 0 <= args.num_draft_tokens <= 16:
         p.error("--num-draft-tokens must be between 0 and 16")
