@@ -53,6 +53,7 @@ from pydantic import (
 
 from router.config.presets import LanePreference, PresetSpec
 from router.config.speculation import SpecOverrides
+from router.config.suggest import did_you_mean
 from router.errors import RouterError
 
 CLIENT_HEADER = "X-Speclane-Client"
@@ -340,7 +341,7 @@ def _validation_problems(path: Path, err: ValidationError) -> list[str]:
     for item in err.errors():
         key = ".".join(str(p) for p in item["loc"]) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
-        problems.append(f"{path}: {key}: {message}")
+        problems.append(f"{path}: {key}: {message}{did_you_mean(Policy, dict(item))}")
     return problems
 
 

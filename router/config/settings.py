@@ -31,6 +31,7 @@ from pydantic_settings import (
 
 from router.config.presets import DEFAULT_PRESETS, PresetSpec
 from router.config.speculation import SpecSettings
+from router.config.suggest import did_you_mean
 from router.lanes.gating.rules import GatingSettings
 from router.routing.classify import RoutingRules
 
@@ -183,7 +184,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(where, e)) from e
+        raise ConfigError(format_validation_error(where, e, Settings)) from e
     except SettingsError as e:
         raise ConfigError(f"environment: {e}") from e
     finally:
@@ -198,9 +199,11 @@ def _deep_merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
             into[key] = value
 
 
-def format_validation_error(where: str, err: ValidationError) -> str:
+def format_validation_error(where: str, err: ValidationError,
+                            model: type[BaseModel] | None = None) -> str:
     lines = []
     for item in err.errors():
         key = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        lines.append(f"{where}: {key}: {item['msg']}")
+        hint = did_you_mean(model, dict(item)) if model is not None else ""
+        lines.append(f"{where}: {key}: {item['msg']}{hint}")
     return "\n".join(lines)
