@@ -32,6 +32,7 @@ from router.config.settings import Settings
 from router.config.watch import PolicyWatcher
 from router.lanes.group import lanes_context
 from router.metrics import Metrics
+from router.observability.access import ACCESS, AccessLog
 from router.proxy.admission import ConcurrencyLimiter
 from router.proxy.handlers import setup_routes
 from router.proxy.middleware import error_middleware
@@ -53,6 +54,7 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
                                   interval=settings.policy_poll_interval)
     app[LIMITER] = ConcurrencyLimiter(metrics)
     app[ROUTING] = RoutingState(gate=settings.routing.new_gate())
+    app[ACCESS] = AccessLog()
     app[SPEC] = SpecTelemetry(settings, metrics, app[POOL], lambda: app[POLICIES].current)
     for backend in app[POOL]:
         metrics.spec_requested.labels(backend.name).set(1 if backend.speculative_requested else 0)

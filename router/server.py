@@ -24,6 +24,7 @@ from router.appkeys import POLICIES, POOL, RELAY
 from router.config.policies import PolicyError
 from router.config.settings import ConfigError, Settings, load_settings
 from router.lanes.group import LaneStartupError
+from router.observability.logfmt import LOG_FORMATS, setup_logging
 
 log = logging.getLogger("speclane")
 
@@ -35,6 +36,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, help="port (default 8080; 0 picks a free one)")
     p.add_argument("--no-lanes", action="store_true", help="do not start the two MLX lanes")
     p.add_argument("--policies", type=Path, help="policy directory (default ./policies)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                   help="log level (default: log_level of the configuration, info); the "
+                   "access log is written at info, its 5xx lines at warning")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                   help="text for people (default) or json: one object per line, with the "
+                   "access log's fields as keys, for log shippers")
     return p.parse_args(argv)
 
 
@@ -48,14 +55,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         overrides["policies_dir"] = args.policies
     if args.no_lanes:
         overrides["lanes"] = {"enabled": False}
+    if args.log_level:
+        overrides["log_level"] = args.log_level
     return load_settings(args.config, **overrides)
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
 async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
@@ -182,7 +184,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"speclane: invalid configuration\n{e}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, args.log_format)
     gc.set_threshold(*GC_THRESHOLDS)
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:

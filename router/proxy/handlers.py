@@ -17,6 +17,7 @@ from router.backends.base import Backend
 from router.config.policies import CLIENT_HEADER, Policy, bearer_token
 from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
+from router.observability.access import ACCESS, record_of
 from router.proxy import observe
 from router.proxy.relay import BodyFor, Outcome
 from router.proxy.request import ParsedRequest, parse_request
@@ -90,14 +91,18 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     app = request.app
     metrics = app[METRICS]
     client = "unidentified"
+    model: str | None = None
+    decision: str | None = None
     claim = SpecClaim()
     try:
         policy = identify(request)
         client = policy.client
         parsed = parse_request(endpoint, await request.read())
+        model = parsed.route.model
         limiter = app[LIMITER]
         async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
             result = decide(request, parsed, policy, claim)
+            decision = result.decision.reason
             metrics.decisions.labels(client, result.decision.candidates[0].lane,
                                      result.decision.labels.get("rule", "none")).inc()
             overhead = time.monotonic() - arrival - waited
@@ -121,6 +126,7 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         outcome.finished_at = time.monotonic()
         observe.record(metrics, outcome)
         app[SPEC].observe(outcome, claim)
+        app[ACCESS].add(record_of(outcome, client=client, model=model, decision=decision))
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
