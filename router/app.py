@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -28,6 +30,7 @@ from router.backends.health import HealthMonitor
 from router.backends.pool import BackendPool
 from router.backends.scrape import CumulativeScraper
 from router.config.policies import PolicySet, load_policies
+from router.config.policydir import is_packaged
 from router.config.settings import Settings
 from router.config.watch import PolicyWatcher
 from router.lanes.group import lanes_context
@@ -78,13 +81,28 @@ async def finish_in_flight(app: web.Application) -> None:
 def initial_policies(settings: Settings) -> PolicySet:
     directory = settings.policies_dir
     if not directory.exists() and "policies_dir" not in settings.model_fields_set:
-        log.warning("no policies directory at %s: every client gets the permissive default",
-                    directory.resolve())
+        warn_no_policies(directory)
         return PolicySet.implied()
     policies = load_policies(directory, presets=settings.presets.keys())
+    if is_packaged(directory):
+        log.info("policies: the defaults shipped with speclane (%s); to change them, copy "
+                 "that directory and set policies_dir (or --policies)", directory)
+    else:
+        log.info("policies: %s", directory.absolute())
     for warning in policies.warnings:
         log.warning("policies: %s", warning)
     return policies
+
+
+def warn_no_policies(directory: Path) -> None:
+    """Said loudly: every client, whatever it sends, gets the permissive implied default."""
+    banner = "!" * 78
+    lines = [banner, f"WARNING: no policies directory found (looked for {directory.absolute()},",
+             "  policies/ next to the configuration file, and the defaults shipped with",
+             "  speclane): EVERY CLIENT GETS THE PERMISSIVE DEFAULT POLICY (no keys, no limits).",
+             "  Set policies_dir in the configuration or pass --policies DIR.", banner]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    log.warning("no policies directory: every client gets the permissive default")
 
 
 async def policy_reloads(app: web.Application) -> AsyncIterator[None]:

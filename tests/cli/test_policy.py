@@ -9,7 +9,7 @@ import pytest
 from router.cli.main import main as speclane
 from router.cli.policy import main
 
-REPO_POLICIES = Path(__file__).resolve().parents[1] / "policies"
+REPO_POLICIES = Path(__file__).resolve().parents[2] / "policies"
 
 
 def test_shipped_policies_print_the_table(

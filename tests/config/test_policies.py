@@ -18,7 +18,7 @@ from router.config.policies import (
 from router.config.presets import DEFAULT_PRESETS
 from router.errors import RouterError
 
-REPO_POLICIES = Path(__file__).resolve().parents[1] / "policies"
+REPO_POLICIES = Path(__file__).resolve().parents[2] / "policies"
 SECRET = "sk-test-0123456789abcdef"
 
 
