@@ -36,6 +36,8 @@ from router.config.watch import PolicyWatcher
 from router.lanes.group import lanes_context
 from router.metrics import Metrics
 from router.observability.access import ACCESS, AccessLog
+from router.observability.history import HISTORY, History, history_context
+from router.observability.status import setup_status_routes
 from router.proxy.admission import ConcurrencyLimiter
 from router.proxy.handlers import setup_routes
 from router.proxy.middleware import error_middleware
@@ -58,17 +60,20 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
     app[LIMITER] = ConcurrencyLimiter(metrics)
     app[ROUTING] = RoutingState(gate=settings.routing.new_gate())
     app[ACCESS] = AccessLog()
+    app[HISTORY] = History(metrics)
     app[SPEC] = SpecTelemetry(settings, metrics, app[POOL], lambda: app[POLICIES].current)
     for backend in app[POOL]:
         metrics.spec_requested.labels(backend.name).set(1 if backend.speculative_requested else 0)
     setup_routes(app)
     setup_admin_routes(app)
+    setup_status_routes(app)
     app.on_shutdown.append(finish_in_flight)
     app.cleanup_ctx.append(client_session)
     app.cleanup_ctx.append(health_monitor)
     app.cleanup_ctx.append(cumulative_scraper)
     app.cleanup_ctx.append(policy_reloads)
     app.cleanup_ctx.append(lanes_context)
+    app.cleanup_ctx.append(history_context)
     return app
 
 
