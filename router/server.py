@@ -35,7 +35,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8080; 0 picks a free one)")
     p.add_argument("--no-lanes", action="store_true", help="do not start the two MLX lanes")
-    p.add_argument("--policies", type=Path, help="policy directory (default ./policies)")
+    p.add_argument("--policies", type=Path,
+                   help="policy directory (default: policies_dir of --config, relative to "
+                   "it; else ./policies, else policies/ next to --config, else the shipped "
+                   "defaults)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                    help="log level (default: log_level of the configuration, info); the "
                    "access log is written at info, its 5xx lines at warning")
