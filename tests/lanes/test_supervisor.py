@@ -34,7 +34,7 @@ from router.lanes.supervisor import (
 from router.metrics import Metrics
 from tests.fakes.lane_status import Recorder
 
-FAKE_WORKER = Path(__file__).parent / "fakes" / "fake_worker.py"
+FAKE_WORKER = Path(__file__).parents[1] / "fakes" / "fake_worker.py"
 WAIT = 20.0  # safety net for event waits on a loaded 2-core machine
 
 
