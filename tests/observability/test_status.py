@@ -161,7 +161,7 @@ async def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
                     # (a selector, not wait_for_function: the page's CSP forbids eval)
                     await page.wait_for_selector("#recent tbody tr:nth-child(10)",
                                                  timeout=15_000)
-                    shot = REPO / "examples" / "status-page.png"
+                    shot = REPO / "examples" / "status-page-fake-lanes.png"
                     await page.screenshot(path=str(tmp_path / "status-page.png"), full_page=True)
                 finally:
                     await browser.close()
@@ -177,7 +177,7 @@ async def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
     assert seen["chart_points"] > 0 and seen["decode_points"] > 0
     assert seen["queues"] == ["default"]
     assert (tmp_path / "status-page.png").stat().st_size > 10_000
-    if os.environ.get("SPECLANE_UPDATE_SCREENSHOT"):  # refresh examples/status-page.png
+    if os.environ.get("SPECLANE_UPDATE_SCREENSHOT"):  # refresh examples/status-page-fake-lanes.png
         shutil.copyfile(tmp_path / "status-page.png", shot)
 
 
