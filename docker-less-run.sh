@@ -5,10 +5,16 @@
 #   ./docker-less-run.sh --port 9000     # any `speclane serve` flag passes through
 #   ./docker-less-run.sh test            # the whole test suite (what CI runs)
 #   ./docker-less-run.sh test -k relay   # pytest flags pass through
+#   ./docker-less-run.sh bench overhead  # a benchmark (`speclane bench` flags pass through)
 #
-# Steps, each skipped when already done: system packages (OpenBLAS for MLX's CPU backend
-# on Linux, nginx for the overhead comparison), a virtual environment in .venv, speclane
-# and its dependencies, the default model (`speclane models prepare`).
+# Steps, each skipped when already done: system packages, a virtual environment in .venv,
+# speclane and its dependencies, the default model (`speclane models prepare`).
+# System packages (Debian/Ubuntu, apt-get, only with root or passwordless sudo), named
+# before they are installed:
+#   always:        libopenblas0-pthread (MLX's CPU backend is ~30x faster with it)
+#   test only:     chromium (the status page test), prometheus (the dashboard/rules test)
+#   bench only:    nginx (the reference proxy of `speclane bench overhead`; Debian starts
+#                  it on port 80, so it is never installed unless you ask for `bench`)
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${SPECLANE_VENV:-.venv}"
@@ -27,30 +33,48 @@ pick_python() {
   return 1
 }
 
+MODE=serve
+case "${1:-}" in
+  test) MODE=test; shift ;;
+  bench) MODE=bench; shift ;;
+esac
+
+missing_system_packages() {
+  ls /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3 >/dev/null 2>&1 || echo libopenblas0-pthread
+  if [ "$MODE" = test ]; then
+    [ -x /usr/bin/chromium ] || echo chromium
+    command -v prometheus >/dev/null 2>&1 || echo prometheus
+  fi
+  if [ "$MODE" = bench ]; then
+    command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || echo nginx
+  fi
+}
+
 install_system_packages() {
   [ "$(uname -s)" = "Linux" ] || return 0
   local wanted=()
-  ls /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3 >/dev/null 2>&1 || wanted+=(libopenblas0-pthread)
-  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || wanted+=(nginx)
+  mapfile -t wanted < <(missing_system_packages)
   [ ${#wanted[@]} -gt 0 ] || return 0
   if ! command -v apt-get >/dev/null 2>&1; then
-    say "not a Debian/Ubuntu system: install OpenBLAS yourself for ~30x faster MLX on the CPU (wanted: ${wanted[*]})"
+    say "not a Debian/Ubuntu system: install these yourself if you want them: ${wanted[*]}"
     return 0
   fi
   local sudo=""
   if [ "$(id -u)" != 0 ]; then
     if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; else
-      say "cannot install ${wanted[*]} without root: MLX will use its slow bundled BLAS"
+      say "cannot install ${wanted[*]} without root: MLX will use its slow bundled BLAS," \
+          "and tests that need chromium or prometheus skip"
       return 0
     fi
   fi
-  say "installing system packages: ${wanted[*]}"
+  say "installing system packages with apt-get (${MODE}): ${wanted[*]}"
   $sudo apt-get update -qq >/dev/null || true
   local pkg
   for pkg in "${wanted[@]}"; do  # one at a time: a missing optional one must not block the rest
     if ! DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$pkg" >/dev/null; then
       case "$pkg" in
         nginx) say "apt-get could not install nginx: 'speclane bench overhead' will skip it" ;;
+        chromium|prometheus) say "apt-get could not install $pkg: the tests that need it skip" ;;
         *) say "apt-get could not install $pkg: MLX on the CPU will be slow" ;;
       esac
     fi
@@ -79,9 +103,11 @@ setup_venv
 say "preparing the default model (cached after the first run)"
 "$VENV/bin/speclane" models prepare
 
-if [ "${1:-}" = "test" ]; then
-  shift
-  say "running the tests"
-  exec "$VENV/bin/python" -m pytest "$@"
-fi
+case "$MODE" in
+  test)
+    say "running the tests"
+    exec "$VENV/bin/python" -m pytest "$@" ;;
+  bench)
+    exec "$VENV/bin/speclane" bench "$@" ;;
+esac
 exec "$VENV/bin/speclane" serve "$@"

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from router.appkeys import POLICIES, POOL, SPEC, SUPERVISORS
 from router.backends.base import Backend
-from router.proxy.access import require_admin
+from router.proxy.admin_auth import require_admin
 from router.proxy.middleware import expect_handler
 
 

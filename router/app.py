@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -28,10 +30,14 @@ from router.backends.health import HealthMonitor
 from router.backends.pool import BackendPool
 from router.backends.scrape import CumulativeScraper
 from router.config.policies import PolicySet, load_policies
+from router.config.policydir import is_packaged
 from router.config.settings import Settings
 from router.config.watch import PolicyWatcher
 from router.lanes.group import start_lanes, stop_lanes
 from router.metrics import Metrics
+from router.observability.history import HISTORY, History, history_context
+from router.observability.status import setup_status_routes
+from router.proxy.accesslog import ACCESS, AccessLog
 from router.proxy.admission import ConcurrencyLimiter
 from router.proxy.handlers import setup_routes
 from router.proxy.middleware import error_middleware
@@ -55,17 +61,21 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
                                   on_reload=lambda result: app[SPEC].policies_reloaded(result.ok))
     app[LIMITER] = ConcurrencyLimiter(metrics)
     app[ROUTING] = RoutingState(gate=gate_for(settings.routing))
+    app[ACCESS] = AccessLog()
+    app[HISTORY] = History(metrics)
     app[SPEC] = SpecTelemetry(settings, metrics, app[POOL], lambda: app[POLICIES].current)
     for backend in app[POOL]:
         metrics.spec_requested.labels(backend.name).set(1 if backend.speculative_requested else 0)
     setup_routes(app)
     setup_admin_routes(app)
+    setup_status_routes(app)
     app.on_shutdown.append(finish_in_flight)
     app.cleanup_ctx.append(client_session)
     app.cleanup_ctx.append(health_monitor)
     app.cleanup_ctx.append(cumulative_scraper)
     app.cleanup_ctx.append(policy_reloads)
     app.cleanup_ctx.append(lanes_context)
+    app.cleanup_ctx.append(history_context)
     return app
 
 
@@ -86,13 +96,28 @@ async def finish_in_flight(app: web.Application) -> None:
 def initial_policies(settings: Settings) -> PolicySet:
     directory = settings.policies_dir
     if not directory.exists() and "policies_dir" not in settings.model_fields_set:
-        log.warning("no policies directory at %s: every client gets the permissive default",
-                    directory.resolve())
+        warn_no_policies(directory)
         return PolicySet.implied()
     policies = load_policies(directory, presets=settings.presets.keys())
+    if is_packaged(directory):
+        log.info("policies: the defaults shipped with speclane (%s); to change them, copy "
+                 "that directory and set policies_dir (or --policies)", directory)
+    else:
+        log.info("policies: %s", directory.absolute())
     for warning in policies.warnings:
         log.warning("policies: %s", warning)
     return policies
+
+
+def warn_no_policies(directory: Path) -> None:
+    """Said loudly: every client, whatever it sends, gets the permissive implied default."""
+    banner = "!" * 78
+    lines = [banner, f"WARNING: no policies directory found (looked for {directory.absolute()},",
+             "  policies/ next to the configuration file, and the defaults shipped with",
+             "  speclane): EVERY CLIENT GETS THE PERMISSIVE DEFAULT POLICY (no keys, no limits).",
+             "  Set policies_dir in the configuration or pass --policies DIR.", banner]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    log.warning("no policies directory: every client gets the permissive default")
 
 
 async def policy_reloads(app: web.Application) -> AsyncIterator[None]:

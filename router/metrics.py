@@ -8,10 +8,17 @@ reasons from a closed vocabulary; nothing here is labelled with free text.
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Any
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -52,14 +59,43 @@ class Histogram(_CachedLabels, prometheus_client.Histogram):
     pass
 
 
+def package_version(name: str) -> str:
+    """A distribution's installed version without importing it (importing mlx is slow),
+    or "none" when it is not installed (the router runs without MLX on other machines)."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def build_labels() -> dict[str, str]:
+    from router import __version__
+
+    return {"version": __version__, "mlx": package_version("mlx"),
+            "mlx_lm": package_version("mlx-lm")}
+
+
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        # The standard collectors (process_* memory, CPU, file descriptors; python_info;
+        # python_gc_*), on our own registry: the global one is not what /metrics renders.
+        # (prometheus_client's defaults are bound to its global registry, so new ones here.)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        labels = build_labels()
+        self.build_info = Gauge(
+            "speclane_build_info",
+            "Always 1; the labels say which speclane, mlx and mlx-lm versions run "
+            "('none' when not installed).", list(labels), registry=r)
+        self.build_info.labels(**labels).set(1)
 
         # --- the proxy core ---------------------------------------------------------
         self.requests = Counter(
             "speclane_requests_total",
-            "Requests answered, by endpoint, backend (or 'none') and HTTP status.",
+            "Requests answered, by endpoint, HTTP status and backend: the one that answered, "
+            "else the last one tried, else 'none' (refused before any backend was tried).",
             ["endpoint", "backend", "status"], registry=r)
         self.request_duration = Histogram(
             "speclane_request_duration_seconds",
@@ -67,7 +103,9 @@ class Metrics:
             ["endpoint", "backend"], buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram(
             "speclane_ttft_seconds",
-            "Time from request arrival to the first body byte relayed to the client.",
+            "Streams only: time from request arrival to the first body byte relayed to the "
+            "client (a non-streaming answer's first byte is the whole answer: see "
+            "speclane_request_duration_seconds).",
             ["endpoint", "backend"], buckets=LATENCY_BUCKETS, registry=r)
         self.overhead = Histogram(
             "speclane_overhead_seconds",
@@ -83,7 +121,13 @@ class Metrics:
             ["backend"], registry=r)
         self.retries = Counter(
             "speclane_upstream_retries_total",
-            "Attempts repeated on another candidate before the first byte reached the client.",
+            "Attempts repeated (on the next candidate) after a failure before the first byte "
+            "reached the client, by the backend that failed and why.",
+            ["backend", "reason"], registry=r)
+        self.failures = Counter(
+            "speclane_upstream_failures_total",
+            "Upstream attempts that failed (timeout, connect, disconnect, empty, status_NNN, "
+            "...), whether or not they were retried.",
             ["backend", "reason"], registry=r)
         self.cooldowns = Counter(
             "speclane_backend_cooldowns_total",

@@ -1,14 +1,16 @@
 """``speclane serve``: run the router until SIGINT/SIGTERM, then shut down gracefully.
 
-Shutdown order: stop accepting connections, let in-flight requests finish for up to
-``shutdown_grace`` seconds, cancel what is left (streams end with an error event), then
-the cleanup contexts stop the lane workers and close the client session.
+Shutdown order: keep the listener open but answer new requests 503 while in-flight
+requests finish for up to ``shutdown_grace`` seconds (a second signal ends that at once),
+cancel what is left (streams end with an error event), close the listener, then the
+cleanup contexts stop the lane workers and close the client session.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -18,10 +20,11 @@ from pathlib import Path
 from aiohttp import web
 
 from router.app import make_app
-from router.appkeys import POLICIES, POOL
+from router.appkeys import POLICIES, POOL, RELAY
 from router.config.policies import PolicyError
 from router.config.settings import ConfigError, Settings, load_settings
 from router.lanes.group import LaneStartupError
+from router.observability.logfmt import LOG_FORMATS, setup_logging
 from router.proxy.connections import FD_RESERVE, GuardedRunner, connection_cap, raise_fd_limit
 
 log = logging.getLogger("speclane")
@@ -33,7 +36,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8080; 0 picks a free one)")
     p.add_argument("--no-lanes", action="store_true", help="do not start the two MLX lanes")
-    p.add_argument("--policies", type=Path, help="policy directory (default ./policies)")
+    p.add_argument("--policies", type=Path,
+                   help="policy directory (default: policies_dir of --config, relative to "
+                   "it; else ./policies, else policies/ next to --config, else the shipped "
+                   "defaults)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                   help="log level (default: log_level of the configuration, info); the "
+                   "access log is written at info, its 5xx lines at warning")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                   help="text for people (default) or json: one object per line, with the "
+                   "access log's fields as keys, for log shippers")
     return p.parse_args(argv)
 
 
@@ -47,14 +59,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         overrides["policies_dir"] = args.policies
     if args.no_lanes:
         overrides["lanes"] = {"enabled": False}
+    if args.log_level:
+        overrides["log_level"] = args.log_level
     return load_settings(args.config, **overrides)
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
 async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
@@ -96,11 +103,34 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
         if ready:
             ready.set()
         await stop.wait()
-        log.info("shutting down: finishing in-flight requests (up to %.0fs)",
-                 settings.shutdown_grace)
+        await drain(app, settings.shutdown_grace, stop)
     finally:
         await runner.cleanup()
         log.info("stopped")
+
+
+async def drain(app: web.Application, grace: float, stop: asyncio.Event) -> None:
+    """The grace period, with the listener still open: a new request is answered 503
+    (code "shutting_down", so a client knows to go elsewhere or retry later) instead of a
+    refused connection, and requests in flight get up to ``grace`` seconds. A second
+    SIGINT/SIGTERM (Ctrl-C again) ends the grace period at once. The listener closes after
+    this, when the runner is cleaned up."""
+    log.info("shutting down: finishing in-flight requests (up to %.0fs; new requests get "
+             "503; Ctrl-C again to stop now)", grace)
+    stop.clear()
+    relay = app[RELAY]
+    graceful = asyncio.create_task(relay.shutdown(grace))
+    again = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({graceful, again}, return_when=asyncio.FIRST_COMPLETED)
+        if not graceful.done():
+            log.warning("second signal: ending the grace period now")
+            graceful.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await graceful
+            await relay.shutdown(0)
+    finally:
+        again.cancel()
 
 
 def is_loopback_host(host: str) -> bool:
@@ -172,7 +202,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"speclane: invalid configuration\n{e}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, args.log_format)
     gc.set_threshold(*GC_THRESHOLDS)
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:

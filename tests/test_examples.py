@@ -68,3 +68,59 @@ async def test_count_instructions_load_reads_streams_to_the_end_and_fails_loudly
         await tool.relay_streams(upstream.url, 5, 2, 3)  # raises on any unfinished stream
         with pytest.raises(Exception, match="stream failed"):
             await tool.relay_streams(upstream.url.replace("/v1", "/nowhere"), 1, 1, 3)
+
+
+def test_openclaw_example_sends_the_header_that_selects_its_policy() -> None:
+    """OpenClaw's user agent is the OpenAI JS SDK's: only the header names it."""
+    import re
+
+    example = (ROOT / "examples" / "openclaw.json5").read_text()
+    header = re.search(r'headers:\s*\{\s*"X-Speclane-Client":\s*"([^"]+)"\s*\}', example)
+    assert header is not None
+    policies = load_policies(ROOT / "policies", presets=load_settings().presets.keys())
+    assert policies.identify(None, header.group(1), "OpenAI/JS 5.23.2").client == "openclaw"
+    assert policies.identify(None, None, "OpenAI/JS 5.23.2").client == "default"
+
+
+def test_opta_example_names_the_header_its_policy_matches() -> None:
+    text = (ROOT / "examples" / "opta-cli.md").read_text()
+    assert "X-Speclane-Client: opta-cli" in text
+    policies = load_policies(ROOT / "policies", presets=load_settings().presets.keys())
+    assert policies.identify(None, "opta-cli", "OpenAI/JS 4.0").client == "opta-cli"
+
+
+def _serve_flags_parse(args: list[str]) -> None:
+    from router.server import parse_args
+
+    assert args[0] == "serve", args
+    parse_args(args[1:])  # exits (failing the test) on an unknown flag
+
+
+def test_systemd_user_unit() -> None:
+    import configparser
+    import shlex
+
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read(ROOT / "examples" / "systemd" / "speclane.service")
+    service = unit["Service"]
+    command = shlex.split(service["ExecStart"])
+    assert command[0].endswith("/speclane")
+    _serve_flags_parse(command[1:])
+    assert "--config" in command
+    assert service["KillMode"] == "mixed"
+    assert float(service["TimeoutStopSec"]) > load_settings().shutdown_grace
+    assert unit["Install"]["WantedBy"] == "default.target"  # a user unit
+
+
+def test_launchd_agent() -> None:
+    import plistlib
+
+    with (ROOT / "examples" / "launchd" / "dev.speclane.plist").open("rb") as f:
+        agent = plistlib.load(f)
+    assert agent["Label"] == "dev.speclane"
+    command = agent["ProgramArguments"]
+    assert command[0].endswith("/speclane")
+    _serve_flags_parse(command[1:])
+    assert agent["KeepAlive"] == {"SuccessfulExit": False}
+    assert agent["ExitTimeOut"] > load_settings().shutdown_grace

@@ -14,15 +14,15 @@ ROUTER = Path(__file__).resolve().parents[1] / "router"
 # Longest prefix wins. Floor 0 are leaves: they import nothing of speclane's at run time.
 FLOORS: dict[str, int] = {
     "router": 0,  # __init__: the version
-    "router.config.names": 0, "router.config.base": 0, "router.worker.contract": 0,
+    "router.config.names": 0, "router.config.suggest": 0, "router.worker.contract": 0,
     "router.metrics": 0, "router.appkeys": 0,
-    "router.errors": 1,
+    "router.errors": 1, "router.config.base": 1,
     "router.config": 2,
     "router.routing": 3, "router.speculation": 3, "router.worker": 3,
     "router.backends": 4,
     "router.lanes": 5, "router.proxy": 5,
     "router.admin": 6, "router.bench": 6,
-    "router.cli": 7,
+    "router.cli": 7, "router.observability": 7,
     "router.app": 8,
     "router.server": 9,
     "router.__main__": 10,

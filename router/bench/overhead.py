@@ -390,7 +390,8 @@ def main(argv: list[str]) -> int:
                    help="core layout: every process shares every core, the proxies get a "
                         "core of their own (Linux, 2+ cores), or both in turn (default both; "
                         "own-core is skipped where it cannot be done)")
-    p.add_argument("--out", type=Path, default=Path("bench-results/overhead.json"))
+    p.add_argument("--out", type=Path, default=Path("bench-results/overhead.json"),
+                   help="where to write the JSON results (default bench-results/overhead.json)")
     args = p.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     tokens = tuple(int(x) for x in args.tokens.split(",") if x.strip())

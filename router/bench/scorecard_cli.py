@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
         prog="speclane bench",
         description="Measure speculative decoding against plain decoding and batching through "
                     "speclane's lanes, and write a readiness scorecard (Markdown + JSON).",
-        epilog="`speclane bench overhead` measures the proxy's own overhead instead.")
+        epilog="'speclane bench overhead' measures the proxy's own overhead instead.")
     where = p.add_argument_group("router")
     where.add_argument("--url", help="attach to a running router (its base URL) instead of "
                        "starting one")
@@ -69,15 +69,20 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--api-key", help="API key for a router that requires one")
     m = p.add_argument_group("matrix")
     m.add_argument("--quick", action="store_true",
-                   help=f"a short run: {','.join(QUICK_SPEC.families)} x "
-                   f"c={','.join(map(str, QUICK_SPEC.concurrency))}, "
-                   f"{QUICK_SPEC.max_tokens} tokens, budget {QUICK_BUDGET:.0f}s")
+                   help=f"a short run: asks for {' + '.join(QUICK_SPEC.families)} at "
+                   f"concurrency {' and '.join(map(str, QUICK_SPEC.concurrency))}, "
+                   f"{QUICK_SPEC.max_tokens} tokens, within a {QUICK_BUDGET:.0f}s budget; on a "
+                   "slow or busy machine the budget cuts it further (down to "
+                   f"{QUICK_SPEC.families[0]} at concurrency {QUICK_SPEC.concurrency[0]}, "
+                   "1 request; the scorecard lists every cut; --budget 0: no cuts)")
     m.add_argument("--scenarios", type=_csv(str, SCENARIO_NAMES),
                    help=f"default: {','.join(SCENARIO_NAMES)}")
     m.add_argument("--families", type=_csv(str, FAMILY_NAMES),
                    help=f"default: {','.join(FAMILY_NAMES)}")
     m.add_argument("--concurrency", type=_csv(int),
-                   help=f"default: {','.join(map(str, DEFAULT_SPEC.concurrency))}")
+                   help=f"levels asked for (default {','.join(map(str, DEFAULT_SPEC.concurrency))}"
+                   f"; quick {','.join(map(str, QUICK_SPEC.concurrency))}); the budget drops the "
+                   "highest levels that do not fit unless given here")
     m.add_argument("--runs", type=int, help="requests per client loop per cell "
                    f"(default {DEFAULT_SPEC.runs})")
     m.add_argument("--max-tokens", type=int, help=f"default {DEFAULT_SPEC.max_tokens}; "
@@ -88,15 +93,24 @@ def parser() -> argparse.ArgumentParser:
                    f"into (default {DEFAULT_BUDGET:.0f}, quick {QUICK_BUDGET:.0f}; 0: the "
                    "whole matrix whatever it takes)")
     m.add_argument("--warmup", type=int, default=1, help="warm-up rounds (default 1)")
-    m.add_argument("--request-timeout", type=float, default=600.0)
+    m.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds before one request counts as failed (default 600)")
     g = p.add_argument_group("gates")
     g.add_argument("--target-concurrency", type=int,
                    help="the level of the throughput gate (default: the highest measured)")
-    g.add_argument("--acceptance-floor", type=float, default=Thresholds.acceptance_floor)
-    g.add_argument("--min-speedup", type=float, default=Thresholds.min_speedup)
-    g.add_argument("--ttft-tolerance", type=float, default=Thresholds.ttft_tolerance)
+    g.add_argument("--acceptance-floor", type=float, default=Thresholds.acceptance_floor,
+                   help="acceptance gate: accepted/drafted at least this "
+                   f"(default {Thresholds.acceptance_floor})")
+    g.add_argument("--min-speedup", type=float, default=Thresholds.min_speedup,
+                   help="interactive gate: spec-on decode tok/s over spec-off at least this "
+                   f"(default {Thresholds.min_speedup})")
+    g.add_argument("--ttft-tolerance", type=float, default=Thresholds.ttft_tolerance,
+                   help="interactive gate: spec-on TTFT at most this fraction above spec-off "
+                   f"(default {Thresholds.ttft_tolerance})")
     g.add_argument("--throughput-tolerance", type=float,
-                   default=Thresholds.throughput_tolerance)
+                   default=Thresholds.throughput_tolerance,
+                   help="throughput gate: auto at most this fraction below batching at the "
+                   f"target concurrency (default {Thresholds.throughput_tolerance})")
     o = p.add_argument_group("output")
     o.add_argument("--out", type=Path, default=Path("speclane-scorecard"),
                    help="output directory (default ./speclane-scorecard)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # subcommand -> (module:function taking argv, one-line help). Imported lazily so that
@@ -20,12 +21,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def usage() -> str:
     lines = ["usage: speclane COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()]
-    lines += ["", "speclane COMMAND --help for a command's flags."]
+    lines += ["", "speclane COMMAND --help (or speclane help COMMAND) for a command's flags."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    try:
+        code = dispatch(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, so that a closed pipe is reported here, not at exit
+        return code
+    except BrokenPipeError:
+        # `speclane status | head -2`: the reader stopped reading, which is not an error.
+        # Point stdout at /dev/null so that the interpreter's final flush stays quiet too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def dispatch(args: list[str]) -> int:
+    if args[:1] == ["help"] and len(args) > 1:
+        args = [args[1], "--help", *args[2:]]  # `speclane help serve` = `speclane serve --help`
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
         return 0
@@ -40,4 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name, func_name = entry[0].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    return int(func(args[1:]) or 0)
+    try:
+        return int(func(args[1:]) or 0)
+    except SystemExit as e:  # argparse's --help and usage errors
+        if isinstance(e.code, int) or e.code is None:
+            return int(e.code or 0)
+        raise

@@ -26,12 +26,14 @@ COLUMNS = ("client", "recognised by", "preset -> lane", "access", "limits")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="speclane policy", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="speclane policy",
+                                     description=__doc__.splitlines()[0].replace("``", "'"))
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate policies and print the resolved table")
     check.add_argument("directory", nargs="?", type=Path,
-                       help="the policies directory (default: policies_dir of --config, "
-                       "else ./policies)")
+                       help="the policies directory (default: the one serve would use: "
+                       "policies_dir of --config, else ./policies, else policies/ next to "
+                       "--config, else the ones shipped with speclane)")
     check.add_argument("--config", type=Path,
                        help="speclane.toml, for its presets and policies_dir")
     try:
@@ -43,15 +45,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_check(directory: Path | None, config: Path | None) -> int:
     presets: Mapping[str, PresetSpec] = DEFAULT_PRESETS
-    if config is not None:
-        try:
-            settings = load_settings(config)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        presets = settings.presets
-        directory = directory or settings.policies_dir
-    directory = directory or Path("policies")
+    try:
+        # The directory serve would use: policies_dir of --config (relative to that file),
+        # else ./policies, else policies/ next to --config, else the shipped defaults.
+        settings = load_settings(config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    presets = settings.presets
+    directory = directory or settings.policies_dir
     try:
         policies = load_policies(directory, presets=presets.keys())
     except PolicyError as e:

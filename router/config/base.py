@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from router.config.suggest import did_you_mean
+
 
 class Frozen(BaseModel):
     """Immutable, and a key that is not a field is an error (typos never pass silently)."""
@@ -12,15 +14,19 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def validation_problems(where: str, err: ValidationError) -> list[str]:
-    """One line per problem: ``<where>: <dotted.key>: <message>``."""
+def validation_problems(where: str, err: ValidationError,
+                        model: type[BaseModel] | None = None) -> list[str]:
+    """One line per problem: ``<where>: <dotted.key>: <message>``, and for a key that is
+    not a field of ``model``, the nearest one that is ("did you mean ...")."""
     problems = []
     for item in err.errors():
         key = ".".join(str(p) for p in item["loc"]) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
-        problems.append(f"{where}: {key}: {message}")
+        hint = did_you_mean(model, dict(item)) if model is not None else ""
+        problems.append(f"{where}: {key}: {message}{hint}")
     return problems
 
 
-def format_validation_error(where: str, err: ValidationError) -> str:
-    return "\n".join(validation_problems(where, err))
+def format_validation_error(where: str, err: ValidationError,
+                            model: type[BaseModel] | None = None) -> str:
+    return "\n".join(validation_problems(where, err, model))

@@ -409,7 +409,7 @@ def _load_file(path: Path, raw: bytes | None, presets: Collection[str] | None,
     try:
         policy = Policy.model_validate(data)
     except ValidationError as e:
-        problems.extend(validation_problems(str(path), e))
+        problems.extend(validation_problems(str(path), e, Policy))
         return None
     if presets is not None:
         problems.extend(_unknown_presets(path, policy, presets))

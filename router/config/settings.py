@@ -30,6 +30,7 @@ from pydantic_settings import (
 from router.config.base import Frozen, format_validation_error
 from router.config.gating import GatingSettings
 from router.config.names import LANE_NAMES
+from router.config.policydir import default_policies_dir, relative_to_config
 from router.config.presets import DEFAULT_PRESETS, PresetSpec
 from router.config.routing import RoutingRules
 from router.config.speculation import SpecSettings
@@ -185,11 +186,20 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
             raise ConfigError(f"{path}: cannot read: {e}") from e
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML: {e}") from e
+    if path is not None and isinstance(data.get("policies_dir"), str):
+        data["policies_dir"] = relative_to_config(data["policies_dir"], path)
     token = _FILE_DATA.set(data)
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
+        if "policies_dir" not in settings.model_fields_set:
+            settings = settings.model_copy(
+                update={"policies_dir": default_policies_dir(path)})
+            # Still "not configured" (model_copy counts it as set): a missing default
+            # directory is a warning, a missing configured one an error (router.app).
+            settings.__pydantic_fields_set__.discard("policies_dir")
+        return settings
     except ValidationError as e:
-        raise ConfigError(format_validation_error(where, e)) from e
+        raise ConfigError(format_validation_error(where, e, Settings)) from e
     except SettingsError as e:
         raise ConfigError(f"environment: {e}") from e
     finally:

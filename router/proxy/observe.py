@@ -8,13 +8,22 @@ from router.metrics import Metrics
 from router.proxy.outcome import Outcome
 
 
+def booked_backend(outcome: Outcome) -> str:
+    """The backend a request is booked to: the one that answered, else the last one tried
+    (a 504 from a lane that timed out belongs to that lane), else "none" (refused before
+    any backend was tried: bad request, no route, 429, 401...)."""
+    backend = outcome.backend or outcome.tried
+    return backend.name if backend is not None else "none"
+
+
 def record(metrics: Metrics, outcome: Outcome) -> None:
     finished = outcome.finished_at or time.monotonic()
-    backend = outcome.backend.name if outcome.backend else "none"
+    backend = booked_backend(outcome)
     status = "499" if outcome.client_gone else str(outcome.status or 0)
     metrics.requests.labels(outcome.endpoint, backend, status).inc()
     metrics.request_duration.labels(outcome.endpoint, backend).observe(finished - outcome.arrival)
-    if outcome.ttft is not None:
+    # Streams only: a non-streaming answer's "first byte" is the whole answer.
+    if outcome.stream and outcome.ttft is not None:
         metrics.ttft.labels(outcome.endpoint, backend).observe(outcome.ttft)
     if outcome.client_gone:
         metrics.client_disconnects.labels(backend).inc()

@@ -20,6 +20,7 @@ class Outcome:
     status: int = 0
     backend: Backend | None = None
     candidate: Candidate | None = None
+    tried: Backend | None = None  # the last backend an attempt went to (booked on failures)
     stream: bool = False
     attempts: int = 0
     first_byte_at: float | None = None  # first upstream body byte (monotonic)

@@ -159,16 +159,26 @@ class Relay:
                                  outcome: Outcome, body_for: BodyFor) -> Opened:
         candidates = decision.candidates
 
+        failed: list[tuple[str, str]] = []  # (backend, reason) of the attempt that failed
+
         async def attempt_next() -> Opened:
             cand = candidates[outcome.attempts % len(candidates)]
+            if failed:
+                # Only now is the failed attempt repeated: a failure that ends the
+                # request is a failure (speclane_upstream_failures_total), not a retry.
+                self._metrics.retries.labels(*failed.pop()).inc()
             outcome.attempts += 1
-            backend = self._pool[cand.backend]
+            backend = outcome.tried = self._pool[cand.backend]
             # Counted as in flight from the moment it is sent, not from the upstream's
             # headers: a lane worker answers only with its first token, and requests
             # arriving meanwhile must already see the lane as busy.
             self._begin(backend, outcome)
             try:
                 return await self._open(backend, cand, parsed, path, body_for)
+            except Retryable as e:
+                self._unbegin(backend, outcome)
+                failed.append((backend.name, e.reason))
+                raise
             except BaseException:
                 self._unbegin(backend, outcome)
                 raise
@@ -283,7 +293,7 @@ class Relay:
         return Retryable(errors.upstream_failed(message), reason)
 
     def _failed(self, backend: Backend, reason: str) -> None:
-        self._metrics.retries.labels(backend.name, reason).inc()
+        self._metrics.failures.labels(backend.name, reason).inc()
         if backend.request_failed(reason, time.monotonic()):
             self._metrics.cooldowns.labels(backend.name).inc()
             log.warning("backend %s cooled down for %.1fs after repeated failures (%s)",

@@ -3,7 +3,8 @@
 The speculative fake answers one request at a time (as the real lane does) and streams at
 1/interval tokens per second, with the draft statistics it was told; the batching fake
 answers any number at once. The figures the scorecard computes must be the ones the fakes
-were told to produce, within the jitter of a shared machine.
+were told to produce: checked on the run's own records with the told timestamps injected
+(a shared machine stretches the measured ones; tests never assert a measured speed).
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ import pytest
 
 from router.bench.launch import write_policies
 from router.bench.matrix import QUICK_SPEC
+from router.bench.records import CellRun, Measurement
+from router.bench.score import evaluate
 from router.bench.scorecard import Options, Phase, run_scorecard
+from router.bench.summary import cell_summary
 from tests.bench.lanes import ToldLane, started, told
 from tests.conftest import RunningRouter, lanes_router
 
@@ -60,13 +64,35 @@ def cells(data: dict[str, Any], scenario: str, c: int | None = None) -> list[dic
             and (c is None or x["concurrency"] == c)]
 
 
-def near(value: float, told_value: float, low: float = 0.75, high: float = 1.05) -> bool:
-    """Within the jitter of sleeping event loops: a little faster is impossible, slower
-    by up to a quarter is a loaded machine."""
-    return low * told_value <= value <= high * told_value
+def told_interval(m: Measurement) -> float:
+    """The stream interval the lane that answered ``m`` was told."""
+    if m.lane == "speculative":
+        return SPEC_INTERVAL if m.speculated else PLAIN_INTERVAL
+    return BATCH_INTERVAL
+
+
+def retimed(run: CellRun) -> CellRun:
+    """The run with the timestamps the fakes were told instead of the measured ones (which a
+    loaded machine stretches): the speculative lane serves one request at a time, in the
+    order of the client loops, the batching lane all at once."""
+    queue = 0.0  # when the speculative lane is free again, from the cell's start
+    ends = []
+    for m in sorted(run.measurements, key=lambda m: (m.seq, m.stream)):
+        one = TTFT + (TOKENS - 1) * told_interval(m)
+        wait = queue if m.lane == "speculative" else 0.0
+        m.started, m.ttft = run.started, wait + TTFT
+        m.last_token = m.e2e = wait + one
+        if m.lane == "speculative":
+            queue += one
+        ends.append(m.e2e)
+    run.finished = run.started + max(ends)
+    return run
 
 
 async def test_figures_match_what_the_lanes_were_told(tmp_path: Path) -> None:
+    """What the run really produced (cells, tokens, drafts, lanes), then the scorecard's
+    arithmetic on those records with the told timestamps injected: no measured speed or
+    time is asserted, so a loaded machine cannot fail it."""
     spec, batch = fast_spec(), batching()
     async with router(spec, batch, tmp_path) as r:
         outcome = await run_scorecard(options(r, tmp_path), log=lambda _: None)
@@ -76,44 +102,48 @@ async def test_figures_match_what_the_lanes_were_told(tmp_path: Path) -> None:
     for x in data["cells"]:
         assert len(x["measurements"]) == x["concurrency"]
         assert all(m["ok"] and m["completion_tokens"] == TOKENS for m in x["measurements"])
-
-    one_on = cells(data, "spec-on", 1)
-    for x in one_on:
+    for x in cells(data, "spec-on", 1):
         s = x["summary"]
-        assert TTFT * 1000 <= s["ttft_avg_ms"] <= TTFT * 1000 + 40
-        assert near(s["decode_tps_avg"], 1 / SPEC_INTERVAL)
         drafted, accepted = TOLD[x["family"]]
         assert (s["drafted"], s["accepted"]) == (drafted, accepted)
         assert s["acceptance"] == accepted / drafted
     for x in cells(data, "spec-off", 1):
-        assert near(x["summary"]["decode_tps_avg"], 1 / PLAIN_INTERVAL)
         assert x["summary"]["drafted"] == 0 and x["summary"]["speculated"] == 0
-    for x in cells(data, "batching"):
-        assert near(x["summary"]["decode_tps_avg"], 1 / BATCH_INTERVAL)
-        # answered all at once: no queueing, whatever the concurrency
-        assert x["summary"]["ttft_p95_ms"] <= TTFT * 1000 + 60
+
+    runs = [retimed(CellRun.from_json(x)) for x in data["cells"]]
+    by = {(run.cell.scenario, run.cell.family, run.cell.concurrency): run for run in runs}
+    for family in TOLD:
+        s = cell_summary(by["spec-on", family, 1])
+        assert s.ttft_avg_ms == pytest.approx(TTFT * 1000)
+        assert s.decode_tps_avg == pytest.approx(1 / SPEC_INTERVAL)
+        assert cell_summary(by["spec-off", family, 1]).decode_tps_avg == pytest.approx(
+            1 / PLAIN_INTERVAL)
+        for c in (1, 2, 4):
+            b = cell_summary(by["batching", family, c])
+            assert b.decode_tps_avg == pytest.approx(1 / BATCH_INTERVAL)
+            assert b.ttft_p95_ms == pytest.approx(TTFT * 1000)  # all at once: no queueing
+            assert b.agg_tps == pytest.approx(
+                c * TOKENS / (TTFT + (TOKENS - 1) * BATCH_INTERVAL))
 
     # the speculative lane decodes one request at a time: at c=4 the last waits for three
     one = TTFT + (TOKENS - 1) * SPEC_INTERVAL
-    for x in cells(data, "spec-on", 4):
-        assert x["summary"]["ttft_p95_ms"] >= 1000 * (TTFT + 2.5 * one)
-        assert near(x["summary"]["agg_tps"], TOKENS / one, low=0.7)
-    for x in cells(data, "batching", 4):
-        assert near(x["summary"]["agg_tps"], 4 * TOKENS / (TTFT + (TOKENS - 1) * BATCH_INTERVAL),
-                    low=0.7)
+    for family in TOLD:
+        s = cell_summary(by["spec-on", family, 4])
+        assert s.ttft_p95_ms >= 1000 * (TTFT + 2.5 * one)  # type: ignore[operator]
+        assert s.agg_tps == pytest.approx(TOKENS / one)
 
-    ev = data["evaluation"]
-    gates = {g["key"]: g["passed"] for g in ev["gates"]}
+    ev = evaluate(runs)
+    gates = {g.key: g.passed for g in ev.gates}
     assert gates["active"] is gates["errors"] is gates["acceptance"] is gates["interactive"]
     assert gates["active"] is True
-    assert ev["acceptance"] == pytest.approx(17 / 24)
-    assert {a["family"]: a["acceptance"] for a in ev["acceptance_by_family"]} == {
+    assert ev.pooled_acceptance == pytest.approx(17 / 24)
+    assert {a.family: a.acceptance for a in ev.acceptance} == {
         "chat": 0.5, "list": pytest.approx(11 / 12)}
     # told: spec 1 request at a time at ~86 tok/s; batching 33 tok/s per request, in parallel
-    assert [lv["pays"] for lv in ev["levels"]] == [True, True, False]
-    assert ev["stop_at_concurrency"] == 4
-    assert ev["verdict"].startswith("READY FOR INTERACTIVE USE")
-    assert "spec_busy_at = 3" in ev["recommendation"]
+    assert [lv.pays for lv in ev.levels] == [True, True, False]
+    assert ev.stop_at == 4
+    assert ev.verdict.startswith("READY FOR INTERACTIVE USE")
+    assert "spec_busy_at = 3" in ev.recommendation
     assert data["pairs"][0]["acceptance_by_family"]["list"] == pytest.approx(11 / 12)
     assert data["pairs"][0]["passed_floor"] is True
 
@@ -127,9 +157,10 @@ async def test_figures_match_what_the_lanes_were_told(tmp_path: Path) -> None:
     for x in cells(data, "auto"):
         assert sum(x["summary"]["lanes"].values()) == x["concurrency"]
 
-    text = outcome.paths["markdown"].read_text()
-    assert f"**Verdict: {ev['verdict']}**" in text
-    assert f"Readiness score: **{ev['score']}/100**" in text
+    text = outcome.paths["markdown"].read_text()  # what was measured, as written
+    written = data["evaluation"]
+    assert f"**Verdict: {written['verdict']}**" in text
+    assert f"Readiness score: **{written['score']}/100**" in text
 
 
 async def test_speculation_slower_than_plain_decoding_is_not_ready(tmp_path: Path) -> None:

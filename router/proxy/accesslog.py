@@ -1,0 +1,119 @@
+"""The access log: one record per proxied request, logged and kept in a bounded ring.
+
+Each finished request (answered, refused, failed or abandoned by its client) becomes an
+``AccessRecord``: who asked (client), for what (model, endpoint, stream), where it went
+(lane, backend, the routing decision and its reason), and how it ended (status, duration,
+time to first token, output tokens, and for a failure the error code and message).
+
+It is logged on the ``speclane.access`` logger: at INFO (shown at the default log level,
+hidden by ``--log-level warning``) for answers below 500, at WARNING for 5xx, so that a 504
+or any other 5xx always leaves a line naming the backend that was tried and why it failed.
+The last ``RECENT`` records stay in memory for the status page's "recent decisions".
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from aiohttp import web
+
+from router.proxy.outcome import Outcome
+from router.speculation.parsers import output_tokens
+
+log = logging.getLogger("speclane.access")
+
+RECENT = 200  # records kept for the status page; a few KB each at most
+
+
+@dataclass(frozen=True, slots=True)
+class AccessRecord:
+    at: float  # wall-clock time the request finished (seconds since the epoch)
+    endpoint: str
+    client: str
+    model: str | None
+    stream: bool
+    lane: str | None  # the lane of the candidate that answered (or was tried)
+    backend: str | None  # the backend that answered, else the last one tried
+    decision: str | None  # the routing decision's reason (X-Speclane-Decision)
+    status: int  # 499: the client went away
+    duration_ms: float
+    ttft_ms: float | None  # streams only
+    tokens: int | None  # output tokens the backend reported
+    attempts: int
+    error: str | None  # "code: message" of a failure
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        """The text form: ``key=value`` pairs, values quoted when they contain spaces."""
+        parts = []
+        for key, value in self.to_json().items():
+            if key == "at" or value is None:
+                continue
+            if isinstance(value, float):
+                value = f"{value:.1f}"
+            elif isinstance(value, bool):
+                value = str(value).lower()
+            text = str(value)
+            if not text or any(c in text for c in ' "='):
+                text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            parts.append(f"{key}={text}")
+        return " ".join(parts)
+
+
+def record_of(outcome: Outcome, *, client: str, model: str | None,
+              decision: str | None, now: float | None = None) -> AccessRecord:
+    finished = outcome.finished_at or time.monotonic()
+    backend = outcome.backend or outcome.tried
+    candidate = outcome.candidate
+    lane = candidate.lane if candidate is not None else (backend.lane if backend else None)
+    status = 499 if outcome.client_gone else outcome.status or 0
+    error = None
+    if outcome.error is not None:
+        error = f"{outcome.error.code or outcome.error.type}: {outcome.error.message}"
+    ttft = outcome.ttft if outcome.stream else None
+    return AccessRecord(
+        at=time.time() if now is None else now, endpoint=outcome.endpoint, client=client,
+        model=model, stream=outcome.stream, lane=lane,
+        backend=backend.name if backend is not None else None, decision=decision,
+        status=status, duration_ms=round((finished - outcome.arrival) * 1000, 3),
+        ttft_ms=None if ttft is None else round(ttft * 1000, 3),
+        tokens=_tokens(outcome), attempts=outcome.attempts, error=error)
+
+
+def _tokens(outcome: Outcome) -> int | None:
+    if outcome.body_json is not None:
+        return output_tokens(outcome.body_json)
+    for event in reversed(outcome.tail_events):
+        tokens = output_tokens(event)
+        if tokens is not None:
+            return tokens
+    return None
+
+
+class AccessLog:
+    def __init__(self, recent: int = RECENT) -> None:
+        self.recent: deque[AccessRecord] = deque(maxlen=recent)
+
+    def add(self, record: AccessRecord) -> None:
+        self.recent.append(record)
+        level = logging.WARNING if 500 <= record.status < 600 else logging.INFO
+        if log.isEnabledFor(level):
+            log.log(level, "%s", record.line(), extra={"fields": record.to_json()})
+
+
+ACCESS = web.AppKey("access", AccessLog)
+
+
+def access_log(app: web.Application) -> AccessLog:
+    """The app's access log (made on first use, so that any app built by make_app has one)."""
+    found = app.get(ACCESS)
+    if found is None:
+        found = AccessLog()
+        app[ACCESS] = found
+    return found
