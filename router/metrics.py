@@ -59,16 +59,17 @@ class Metrics:
         # --- the proxy core ---------------------------------------------------------
         self.requests = Counter(
             "speclane_requests_total",
-            "Requests answered, by endpoint, backend (or 'none') and HTTP status.",
-            ["endpoint", "backend", "status"], registry=r)
+            "Requests answered, by endpoint, backend (or 'none'), HTTP status and the API the "
+            "client called (openai, anthropic, ollama).",
+            ["endpoint", "backend", "status", "api"], registry=r)
         self.request_duration = Histogram(
             "speclane_request_duration_seconds",
             "Time from request arrival to the last byte sent to the client.",
-            ["endpoint", "backend"], buckets=LATENCY_BUCKETS, registry=r)
+            ["endpoint", "backend", "api"], buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram(
             "speclane_ttft_seconds",
             "Time from request arrival to the first body byte relayed to the client.",
-            ["endpoint", "backend"], buckets=LATENCY_BUCKETS, registry=r)
+            ["endpoint", "backend", "api"], buckets=LATENCY_BUCKETS, registry=r)
         self.overhead = Histogram(
             "speclane_overhead_seconds",
             "Time spent inside speclane before the request was sent upstream.",

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 import orjson
 from aiohttp import web
@@ -18,7 +19,7 @@ from router.config.policies import CLIENT_HEADER, Policy, bearer_token
 from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
 from router.proxy import observe
-from router.proxy.relay import BodyFor, Outcome
+from router.proxy.relay import BodyFor, Egress, Outcome
 from router.proxy.request import ParsedRequest, parse_request
 from router.proxy.telemetry import SpecClaim
 from router.routing.classify import (
@@ -41,11 +42,20 @@ UPSTREAM_PATHS: dict[Endpoint, str] = {
 }
 
 
-def identify(request: web.Request) -> Policy:
+# A front door's request, already translated: the OpenAI request to route and forward, and
+# how to reshape the answer for its client (None: relayed as it comes).
+Inbound = tuple[ParsedRequest, Egress | None]
+Translate = Callable[[bytes], Inbound]
+
+
+def identify(request: web.Request, key: str | None = None) -> Policy:
+    """The client's policy, from its key (``Authorization: Bearer`` unless a front door found
+    it elsewhere, e.g. Anthropic's ``x-api-key``), ``X-Speclane-Client`` and User-Agent."""
     headers = request.headers
+    if key is None:
+        key = bearer_token(headers.get("Authorization"))
     return request.app[POLICIES].current.identify(
-        bearer_token(headers.get("Authorization")), headers.get(CLIENT_HEADER),
-        headers.get("User-Agent"))
+        key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
 
 
 def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
@@ -84,17 +94,30 @@ def body_for(parsed: ParsedRequest) -> BodyFor:
     return build
 
 
-async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-    arrival = time.monotonic()
-    outcome = Outcome(endpoint=endpoint, arrival=arrival)
+async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "openai",
+                translate: Translate | None = None, key: str | None = None,
+                arrival: float | None = None) -> web.StreamResponse:
+    """The whole pipeline, for every front door: identify, admit, classify, relay.
+
+    ``translate`` turns another API's request body into the OpenAI request (and its answer
+    back); without it the body is an OpenAI request to ``endpoint``.
+    """
+    arrival = time.monotonic() if arrival is None else arrival
+    outcome = Outcome(endpoint=endpoint, arrival=arrival, api=api)
     app = request.app
     metrics = app[METRICS]
     client = "unidentified"
     claim = SpecClaim()
     try:
-        policy = identify(request)
+        policy = identify(request, key)
         client = policy.client
-        parsed = parse_request(endpoint, await request.read())
+        raw = await request.read()
+        egress: Egress | None = None
+        if translate is None:
+            parsed = parse_request(endpoint, raw)
+        else:
+            parsed, egress = translate(raw)
+            endpoint = outcome.endpoint = parsed.endpoint  # e.g. Ollama's raw generate
         limiter = app[LIMITER]
         async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
             result = decide(request, parsed, policy, claim)
@@ -107,7 +130,7 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
                        "X-Speclane-Queue-Ms": f"{waited * 1000:.3f}"}
             return await app[RELAY].forward(
                 request, parsed, result.decision, path=UPSTREAM_PATHS[endpoint],
-                outcome=outcome, body_for=body_for(parsed), headers=headers)
+                outcome=outcome, body_for=body_for(parsed), headers=headers, egress=egress)
     except RouterError as e:
         outcome.status, outcome.error = e.status, e
         client = e.headers.setdefault(CLIENT_HEADER, client)
