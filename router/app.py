@@ -30,6 +30,7 @@ from router.backends.scrape import CumulativeScraper
 from router.config.policies import PolicySet, load_policies
 from router.config.settings import Settings
 from router.config.watch import PolicyWatcher
+from router.frontdoors.handlers import setup_frontdoor_routes
 from router.lanes.group import lanes_context
 from router.metrics import Metrics
 from router.proxy.admission import ConcurrencyLimiter
@@ -57,6 +58,7 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
     for backend in app[POOL]:
         metrics.spec_requested.labels(backend.name).set(1 if backend.speculative_requested else 0)
     setup_routes(app)
+    setup_frontdoor_routes(app)
     setup_admin_routes(app)
     app.on_shutdown.append(finish_in_flight)
     app.cleanup_ctx.append(client_session)
