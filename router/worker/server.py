@@ -201,7 +201,8 @@ async def _collect(job: Job, answer: Answer) -> web.Response:
         if isinstance(event, TextDelta):
             parts.append(event.text)
         elif isinstance(event, Finished):
-            return _json(answer.body("".join(parts), event.finish_reason, event.usage))
+            return _json(answer.body("".join(parts), event.finish_reason, event.usage,
+                                     event.stop_string))
         else:
             raise event.error
 
@@ -221,7 +222,8 @@ async def _stream(request: web.Request, job: Job, answer: Answer) -> web.StreamR
         if isinstance(event, TextDelta):
             await _send(response, answer.chunk(event.text))
         elif isinstance(event, Finished):
-            await _send(response, answer.final_chunk(event.finish_reason, event.usage))
+            await _send(response, answer.final_chunk(event.finish_reason, event.usage,
+                                                     event.stop_string))
             if job.request.include_usage:
                 await _send(response, answer.usage_chunk(event.usage))
             await response.write(b"data: [DONE]\n\n")

@@ -59,6 +59,21 @@ def test_anthropic_text_round_trip(router: Router, lane: str) -> None:
     assert counted.input_tokens == message.usage.input_tokens == streamed.usage.input_tokens
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_anthropic_stop_sequence_is_reported(router: Router, stream: bool) -> None:
+    """The worker says which stop string ended the answer (vLLM's ``stop_reason``)."""
+    kwargs = {"model": DEFAULT_MODEL_NAME, "max_tokens": 12, "messages": QUESTION,
+              "stop_sequences": ["Paris"], "extra_body": {"temperature": 0}}
+    with claude(router) as client:
+        if stream:
+            with client.messages.stream(**kwargs) as s:  # type: ignore[arg-type]
+                message = s.get_final_message()
+        else:
+            message = client.messages.create(**kwargs)  # type: ignore[arg-type]
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "Paris")
+    assert "Paris" not in message.content[0].text  # type: ignore[union-attr]
+
+
 def test_anthropic_image_is_refused_by_the_lanes(router: Router) -> None:
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                          "data": "iVBORw0KGgo="}}
