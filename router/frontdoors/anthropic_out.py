@@ -214,6 +214,8 @@ class AnthropicEgress:
 
     def _tool(self, call: dict[str, Any]) -> bytes:
         index = call.get("index", 0)
+        if not isinstance(index, int):
+            index = 0  # hostile or sloppy upstream: an unhashable index must not crash us
         function = call.get("function") if isinstance(call.get("function"), dict) else {}
         out = b""
         block = self._tool_blocks.get(index)
