@@ -13,6 +13,7 @@ import ollama
 import pytest
 
 from router.lanes.modelprep import DEFAULT_MODEL_NAME
+from tests.conftest import metric_value
 from tests.lanes.test_lanes_e2e import Router, start_router, stop_router
 
 pytestmark = pytest.mark.realmodel
@@ -57,6 +58,12 @@ def test_anthropic_text_round_trip(router: Router, lane: str) -> None:
     assert message.usage.output_tokens > 0
     # count_tokens uses the lane's tokenizer and chat template: the same prompt, the same count.
     assert counted.input_tokens == message.usage.input_tokens == streamed.usage.input_tokens
+    metrics = router.metrics()
+    assert metric_value(metrics, "speclane_requests_total", api="anthropic", backend=lane,
+                        status="200") == 2
+    if lane == "speculative":  # the speculative telemetry reads the (OpenAI) answers as usual
+        drafted = metric_value(metrics, "speclane_spec_draft_tokens_total", backend=lane)
+        assert drafted is not None and drafted > 0
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
