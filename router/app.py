@@ -33,6 +33,7 @@ from router.config.policies import PolicySet, load_policies
 from router.config.policydir import is_packaged
 from router.config.settings import Settings
 from router.config.watch import PolicyWatcher
+from router.frontdoors.handlers import setup_frontdoor_routes
 from router.lanes.group import start_lanes, stop_lanes
 from router.metrics import Metrics
 from router.observability.history import HISTORY, History, history_context
@@ -67,6 +68,7 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
     for backend in app[POOL]:
         metrics.spec_requested.labels(backend.name).set(1 if backend.speculative_requested else 0)
     setup_routes(app)
+    setup_frontdoor_routes(app)
     setup_admin_routes(app)
     setup_status_routes(app)
     app.on_shutdown.append(finish_in_flight)

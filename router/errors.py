@@ -2,9 +2,11 @@
 
 This module imports no HTTP framework, so the pure decision modules may raise these
 errors too.
-Every error body uses the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``
-and says through ``type`` (and the ``X-Speclane-Error-Source`` header) whether speclane
-itself or the upstream backend failed.
+An error is raised once, in speclane's own terms, and rendered in the shape of the API the
+client called (``Api``): the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``,
+Anthropic's ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's status codes,
+or Ollama's ``{"error": "..."}``. Every rendering says through the ``X-Speclane-Error-Source``
+header whether speclane itself or the upstream backend failed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import orjson
 from router.config.names import ERROR_SOURCE_HEADER
 
 Source = Literal["router", "upstream"]
+Api = Literal["openai", "anthropic", "ollama"]
+APIS: tuple[Api, ...] = ("openai", "anthropic", "ollama")
 
 
 class RouterError(Exception):
@@ -77,19 +81,101 @@ def upstream_failed(
     return RouterError(status, message, type="upstream_error", code=code, source="upstream")
 
 
-def render(err: RouterError) -> tuple[int, bytes, dict[str, str]]:
+def api_for_path(path: str) -> Api:
+    """The API a request path belongs to: what shape its errors take, even for an unknown
+    endpoint under that API's prefix (a 404 from the router itself)."""
+    if path.startswith("/api/"):
+        return "ollama"
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return "anthropic"
+    return "openai"
+
+
+def render(err: RouterError, api: Api = "openai") -> tuple[int, bytes, dict[str, str]]:
     """Status, JSON body and headers; the HTTP layer wraps them without changing them."""
     headers = {
         ERROR_SOURCE_HEADER: err.source,
         "Content-Type": "application/json",
         **err.headers,
     }
+    if api == "anthropic":
+        status, kind = anthropic_status(err.status)
+        return status, _dumps(anthropic_body(err, kind)), headers
+    if api == "ollama":
+        return err.status, _dumps(ollama_body(err)), headers
     return err.status, dump_body(err), headers
 
 
 def sse_error_event(err: RouterError) -> bytes:
     """The terminating event of a stream that failed after bytes reached the client."""
     return b"data: " + dump_body(err) + b"\n\ndata: [DONE]\n\n"
+
+
+def stream_error(err: RouterError, api: Api = "openai") -> bytes:
+    """What ends a stream that failed after bytes reached the client, in each API's framing:
+    an OpenAI error event then ``[DONE]``; Anthropic's ``event: error``; an Ollama NDJSON
+    line holding ``error``."""
+    if api == "anthropic":
+        body = anthropic_body(err, anthropic_status(err.status)[1])
+        return b"event: error\ndata: " + _dumps(body) + b"\n\n"
+    if api == "ollama":
+        return _dumps(ollama_body(err)) + b"\n"
+    return sse_error_event(err)
+
+
+# Anthropic's documented error types, by the status it answers them with. Statuses it does
+# not use map onto the nearest one: a refused routing (503, nothing can serve) is its
+# "overloaded" 529, which its clients retry; an upstream failure (502) is its 500.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+_ANTHROPIC_STATUS = {422: 400, 502: 500, 503: 529}
+
+
+def anthropic_status(status: int) -> tuple[int, str]:
+    """(status, Anthropic error type) for one of speclane's statuses."""
+    status = _ANTHROPIC_STATUS.get(status, status)
+    kind = _ANTHROPIC_TYPES.get(status)
+    if kind is None:
+        kind = "api_error" if status >= 500 else "invalid_request_error"
+    return status, kind
+
+
+def anthropic_body(err: RouterError, kind: str) -> dict[str, object]:
+    return {"type": "error", "error": {"type": kind, "message": _message(err)}}
+
+
+def ollama_body(err: RouterError) -> dict[str, object]:
+    return {"error": _message(err)}
+
+
+def _message(err: RouterError) -> str:
+    # Anthropic and Ollama have no ``code`` or ``param``: the code joins the message so that
+    # the reason stays machine-readable (e.g. "[model_not_found] no backend serves ...").
+    return f"[{err.code}] {err.message}" if err.code else err.message
+
+
+def _dumps(body: dict[str, object]) -> bytes:
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # lone surrogates quoted from a request: see dump_body
+        return orjson.dumps(_escape(body))
+
+
+def _escape(value: object) -> object:
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {k: _escape(v) for k, v in value.items()}
+    return value
 
 
 def dump_body(err: RouterError) -> bytes:

@@ -94,19 +94,20 @@ class Metrics:
         # --- the proxy core ---------------------------------------------------------
         self.requests = Counter(
             "speclane_requests_total",
-            "Requests answered, by endpoint, HTTP status and backend: the one that answered, "
-            "else the last one tried, else 'none' (refused before any backend was tried).",
-            ["endpoint", "backend", "status"], registry=r)
+            "Requests answered, by endpoint, HTTP status, the API the client called (openai, "
+            "anthropic, ollama) and backend: the one that answered, else the last one tried, "
+            "else 'none' (refused before any backend was tried).",
+            ["endpoint", "backend", "status", "api"], registry=r)
         self.request_duration = Histogram(
             "speclane_request_duration_seconds",
             "Time from request arrival to the last byte sent to the client.",
-            ["endpoint", "backend"], buckets=LATENCY_BUCKETS, registry=r)
+            ["endpoint", "backend", "api"], buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram(
             "speclane_ttft_seconds",
             "Streams only: time from request arrival to the first body byte relayed to the "
             "client (a non-streaming answer's first byte is the whole answer: see "
             "speclane_request_duration_seconds).",
-            ["endpoint", "backend"], buckets=LATENCY_BUCKETS, registry=r)
+            ["endpoint", "backend", "api"], buckets=LATENCY_BUCKETS, registry=r)
         self.overhead = Histogram(
             "speclane_overhead_seconds",
             "Time spent inside speclane before the request was sent upstream.",

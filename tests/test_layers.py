@@ -21,7 +21,7 @@ FLOORS: dict[str, int] = {
     "router.routing": 3, "router.speculation": 3, "router.worker": 3,
     "router.backends": 4,
     "router.lanes": 5, "router.proxy": 5,
-    "router.admin": 6, "router.bench": 6,
+    "router.admin": 6, "router.bench": 6, "router.frontdoors": 6,
     "router.cli": 7, "router.observability": 7,
     "router.app": 8,
     "router.server": 9,

@@ -23,12 +23,13 @@ from tests.fakes.upstream import Behaviour, FakeUpstream
 
 def test_remembered_children_keep_series_apart() -> None:
     m = Metrics()
-    first = m.requests.labels("chat", "a", "200")
-    assert m.requests.labels("chat", "a", "200") is first
+    first = m.requests.labels("chat", "a", "200", "openai")
+    assert m.requests.labels("chat", "a", "200", "openai") is first
     first.inc()
-    m.requests.labels("chat", "a", "200").inc()
-    m.requests.labels("chat", "b", "200").inc()
-    m.requests.labels(endpoint="chat", backend="a", status="500").inc()  # keywords still work
+    m.requests.labels("chat", "a", "200", "openai").inc()
+    m.requests.labels("chat", "b", "200", "openai").inc()
+    m.requests.labels(endpoint="chat", backend="a", status="500",
+                      api="openai").inc()  # keywords still work
     text = m.render().decode()
     total = "speclane_requests_total"
     assert metric_value(text, total, endpoint="chat", backend="a", status="200") == 2

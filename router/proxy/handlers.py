@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -22,7 +23,7 @@ from router.proxy.connections import read_body
 from router.proxy.headers import decision_headers
 from router.proxy.middleware import expect_handler
 from router.proxy.outcome import Outcome
-from router.proxy.relay import BodyFor
+from router.proxy.relay import BodyFor, Egress
 from router.proxy.request import ParsedRequest, parse_request
 from router.proxy.telemetry import SpecClaim
 from router.routing.classify import (
@@ -44,11 +45,20 @@ UPSTREAM_PATHS: dict[Endpoint, str] = {
 }
 
 
-def identify(request: web.Request) -> Policy:
+# A front door's request, already translated: the OpenAI request to route and forward, and
+# how to reshape the answer for its client (None: relayed as it comes).
+Inbound = tuple[ParsedRequest, Egress | None]
+Translate = Callable[[bytes], Inbound]
+
+
+def identify(request: web.Request, key: str | None = None) -> Policy:
+    """The client's policy, from its key (``Authorization: Bearer`` unless a front door found
+    it elsewhere, e.g. Anthropic's ``x-api-key``), ``X-Speclane-Client`` and User-Agent."""
     headers = request.headers
+    if key is None:
+        key = bearer_token(headers.get("Authorization"))
     return request.app[POLICIES].current.identify(
-        bearer_token(headers.get("Authorization")), headers.get(CLIENT_HEADER),
-        headers.get("User-Agent"))
+        key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
 
 
 def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
@@ -82,9 +92,16 @@ def body_for(parsed: ParsedRequest) -> BodyFor:
     return build
 
 
-async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-    arrival = time.monotonic()
-    outcome = Outcome(endpoint=endpoint, arrival=arrival)
+async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "openai",
+                translate: Translate | None = None, key: str | None = None,
+                arrival: float | None = None) -> web.StreamResponse:
+    """The whole pipeline, for every front door: identify, admit, classify, relay.
+
+    ``translate`` turns another API's request body into the OpenAI request (and its answer
+    back); without it the body is an OpenAI request to ``endpoint``.
+    """
+    arrival = time.monotonic() if arrival is None else arrival
+    outcome = Outcome(endpoint=endpoint, arrival=arrival, api=api)
     app = request.app
     metrics = app[METRICS]
     client = "unidentified"
@@ -92,10 +109,15 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     decision: str | None = None
     claim = SpecClaim()
     try:
-        policy = identify(request)
+        policy = identify(request, key)
         client = policy.client
-        body = await read_body(request, app[SETTINGS].client_limits.body_timeout)
-        parsed = parse_request(endpoint, body)
+        raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
+        egress: Egress | None = None
+        if translate is None:
+            parsed = parse_request(endpoint, raw)
+        else:
+            parsed, egress = translate(raw)
+            endpoint = outcome.endpoint = parsed.endpoint  # e.g. Ollama's raw generate
         model = parsed.route.model
         limiter = app[LIMITER]
         async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
@@ -108,7 +130,7 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
             headers = decision_headers(result, overhead, waited)
             return await app[RELAY].forward(
                 request, parsed, result.decision, path=UPSTREAM_PATHS[endpoint],
-                outcome=outcome, body_for=body_for(parsed), headers=headers)
+                outcome=outcome, body_for=body_for(parsed), headers=headers, egress=egress)
     except RouterError as e:
         outcome.status, outcome.error = e.status, e
         client = e.headers.setdefault(CLIENT_HEADER, client)

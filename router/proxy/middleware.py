@@ -12,9 +12,8 @@ from router.errors import RouterError
 log = logging.getLogger("speclane.errors")
 
 
-
-def to_response(err: RouterError) -> web.Response:
-    status, body, headers = errors.render(err)
+def to_response(err: RouterError, api: errors.Api = "openai") -> web.Response:
+    status, body, headers = errors.render(err, api)
     return web.Response(status=status, body=body, headers=headers)
 
 
@@ -37,16 +36,17 @@ async def error_middleware(request: web.Request, handler):  # type: ignore[no-un
     try:
         return await handler(request)
     except RouterError as e:
-        return to_response(e)
+        return to_response(e, errors.api_for_path(request.path))
     except web.HTTPRequestEntityTooLarge as e:
         return to_response(RouterError(413, f"request body is larger than the limit: {e.text}",
-                                       code="body_too_large"))
+                                       code="body_too_large"), errors.api_for_path(request.path))
     except web.HTTPException as e:
         if e.status < 400:
             raise
         code = {404: "unknown_endpoint", 405: "method_not_allowed"}.get(e.status, "http_error")
         message = f"{request.method} {request.path}: {e.reason}"
-        return to_response(RouterError(e.status, message, code=code))
+        return to_response(RouterError(e.status, message, code=code),
+                           errors.api_for_path(request.path))
     except (ConnectionResetError, TimeoutError) as e:
         # The client vanished while we read its body: nobody is left to answer.
         log.debug("client connection lost: %s", e)
@@ -54,4 +54,5 @@ async def error_middleware(request: web.Request, handler):  # type: ignore[no-un
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
         return to_response(RouterError(500, "internal error in speclane (see its log)",
-                                       type="internal_error", code="internal_error"))
+                                       type="internal_error", code="internal_error"),
+                           errors.api_for_path(request.path))

@@ -20,10 +20,12 @@ def record(metrics: Metrics, outcome: Outcome) -> None:
     finished = outcome.finished_at or time.monotonic()
     backend = booked_backend(outcome)
     status = "499" if outcome.client_gone else str(outcome.status or 0)
-    metrics.requests.labels(outcome.endpoint, backend, status).inc()
-    metrics.request_duration.labels(outcome.endpoint, backend).observe(finished - outcome.arrival)
+    api = outcome.api
+    metrics.requests.labels(outcome.endpoint, backend, status, api).inc()
+    metrics.request_duration.labels(outcome.endpoint, backend, api).observe(
+        finished - outcome.arrival)
     # Streams only: a non-streaming answer's "first byte" is the whole answer.
     if outcome.stream and outcome.ttft is not None:
-        metrics.ttft.labels(outcome.endpoint, backend).observe(outcome.ttft)
+        metrics.ttft.labels(outcome.endpoint, backend, api).observe(outcome.ttft)
     if outcome.client_gone:
         metrics.client_disconnects.labels(backend).inc()

@@ -17,6 +17,7 @@ class Outcome:
 
     endpoint: str
     arrival: float
+    api: str = "openai"  # the front door the client came through (errors.Api)
     status: int = 0
     backend: Backend | None = None
     candidate: Candidate | None = None

@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -81,6 +81,34 @@ class Retryable(Exception):
 BodyFor = Callable[[Backend, Candidate], bytes]
 
 
+class Egress(Protocol):
+    """How a front door other than OpenAI's reshapes the upstream's OpenAI answer for its
+    client (``router.frontdoors``). Without one the answer is relayed byte for byte.
+
+    Statistics, telemetry and the tail the relay keeps all stay OpenAI-shaped: only what is
+    written to the client changes.
+    """
+
+    stream_content_type: str
+
+    def events(self, data: bytes) -> bytes:
+        """Whole upstream SSE events in, bytes for the client out (possibly none)."""
+        ...
+
+    def finish(self) -> bytes:
+        """The end of a stream that ended well (after ``[DONE]`` or an upstream error event)."""
+        ...
+
+    def error(self, err: RouterError) -> bytes:
+        """What ends a stream that failed after bytes reached the client."""
+        ...
+
+    def body(self, answer: Any) -> bytes:
+        """A whole non-streaming upstream answer (parsed JSON) in, the client's body out;
+        raises RouterError when the answer is not one it can translate."""
+        ...
+
+
 @dataclass(slots=True)
 class Opened:
     backend: Backend
@@ -124,6 +152,7 @@ class Relay:
         outcome: Outcome,
         body_for: BodyFor,
         headers: dict[str, str],
+        egress: Egress | None = None,
     ) -> web.StreamResponse:
         outcome.stream = parsed.route.stream
         if self._closing:
@@ -138,8 +167,9 @@ class Relay:
                                      outcome.attempts)
             try:
                 if parsed.route.stream:
-                    return await self._relay_stream(request, opened, outcome, headers, live)
-                return await self._relay_body(opened, outcome, headers)
+                    return await self._relay_stream(request, opened, outcome, headers, live,
+                                                    egress)
+                return await self._relay_body(opened, outcome, headers, egress)
             finally:
                 self._end(backend, opened.response, outcome)
         except asyncio.CancelledError:
@@ -302,10 +332,14 @@ class Relay:
     # --- relaying -----------------------------------------------------------------------
 
     async def _relay_stream(self, request: web.Request, opened: Opened, outcome: Outcome,
-                            headers: dict[str, str], live: _Live) -> web.StreamResponse:
+                            headers: dict[str, str], live: _Live,
+                            egress: Egress | None) -> web.StreamResponse:
         backend, resp = opened.backend, opened.response
         outcome.status = resp.status
-        out = web.StreamResponse(status=resp.status, headers={**headers, **SSE_HEADERS})
+        out_headers = {**headers, **SSE_HEADERS}
+        if egress is not None:
+            out_headers["Content-Type"] = egress.stream_content_type
+        out = web.StreamResponse(status=resp.status, headers=out_headers)
         tail = SSETail()
         chunk = opened.first_chunk
         held = b""  # the incomplete event at the end of what was read
@@ -323,10 +357,12 @@ class Relay:
                     await self._stream_failed(
                         out, backend, outcome, "timeout", errors.upstream_timeout(
                             f"backend '{backend.name}' sent only keep-alive comments for "
-                            f"{backend.read_timeout:g}s mid-stream"))
+                            f"{backend.read_timeout:g}s mid-stream"), egress)
                     return out
                 tail.feed(chunk)
                 whole, held = split_events(held + chunk)
+                if egress is not None and whole:
+                    whole = egress.events(whole)
                 try:
                     if whole:
                         await out.write(whole)
@@ -337,41 +373,46 @@ class Relay:
             outcome.last_byte_at = time.monotonic()
         except TimeoutError:
             await self._stream_failed(out, backend, outcome, "timeout", errors.upstream_timeout(
-                f"backend '{backend.name}' sent nothing for {backend.read_timeout:g}s mid-stream"))
+                f"backend '{backend.name}' sent nothing for {backend.read_timeout:g}s mid-stream"),
+                egress)
             return out
         except CONNECT_ERRORS as e:
             if live.aborted:
                 await self._stream_failed(out, backend, outcome, "shutdown", shutting_down(
-                    "speclane is shutting down; the stream was cut after the grace period"))
+                    "speclane is shutting down; the stream was cut after the grace period"),
+                    egress)
                 return out
             await self._stream_failed(out, backend, outcome, "disconnect", errors.upstream_failed(
-                f"backend '{backend.name}' closed the stream mid-way: {type(e).__name__}"))
+                f"backend '{backend.name}' closed the stream mid-way: {type(e).__name__}"),
+                egress)
             return out
         outcome.tail_events, _, saw_done = tail.finish()
         if saw_done:
-            if held:  # "data: [DONE]" without its blank line: pass it on as it came
+            if held and egress is None:  # "data: [DONE]" without its blank line: as it came
                 await self._write(out, held, outcome)
             outcome.completed = True
         elif outcome.tail_events and "error" in outcome.tail_events[-1]:
             outcome.completed = True  # the upstream ended its own stream with an error event
-            await self._finish(out, b"data: [DONE]\n\n", outcome)
+            trailer = b"data: [DONE]\n\n" if egress is None else egress.finish()
+            await self._finish(out, trailer, outcome)
             return out
         else:
             await self._stream_failed(out, backend, outcome, "no_done", errors.upstream_failed(
                 f"backend '{backend.name}' ended the stream without data: [DONE]",
-                code="upstream_incomplete_stream"))
+                code="upstream_incomplete_stream"), egress)
             return out
-        await self._finish(out, b"", outcome)
+        await self._finish(out, b"" if egress is None else egress.finish(), outcome)
         return out
 
     async def _stream_failed(self, out: web.StreamResponse, backend: Backend, outcome: Outcome,
-                             reason: str, err: RouterError) -> None:
+                             reason: str, err: RouterError, egress: Egress | None) -> None:
         log.warning("stream from %s failed after first byte: %s", backend.name, err.message)
         self._metrics.stream_errors.labels(backend.name, reason).inc()
         outcome.error = err
         if reason in ("timeout", "disconnect"):
             self._failed(backend, reason)
-        await self._finish(out, errors.sse_error_event(err), outcome)
+        trailer = errors.sse_error_event(err) if egress is None else egress.error(err)
+        await self._finish(out, trailer, outcome)
 
     async def _write(self, out: web.StreamResponse, data: bytes, outcome: Outcome) -> None:
         try:
@@ -388,7 +429,7 @@ class Relay:
             outcome.client_gone = True
 
     async def _relay_body(self, opened: Opened, outcome: Outcome,
-                          headers: dict[str, str]) -> web.Response:
+                          headers: dict[str, str], egress: Egress | None) -> web.Response:
         backend, resp = opened.backend, opened.response
         try:
             body = await resp.read()
@@ -413,6 +454,9 @@ class Relay:
         outcome.body_json = parsed if isinstance(parsed, dict) else None
         outcome.completed = True
         outcome.status = resp.status
+        if egress is not None:
+            return web.Response(status=resp.status, body=egress.body(parsed), headers={
+                **headers, "Content-Type": "application/json"})
         # Passed through byte for byte: nothing here needs re-serialising.
         return web.Response(status=resp.status, body=body, headers={
             **headers, "Content-Type": "application/json"})

@@ -93,7 +93,8 @@ class Progress:
         if tail := self.scanner.flush():
             self.job.emit(TextDelta(tail))
         prompt = len(self.job.prompt_ids)
-        return Finished(reason, usage(prompt, self.counter.tokens, self.counter.snapshot()))
+        return Finished(reason, usage(prompt, self.counter.tokens, self.counter.snapshot()),
+                        self.scanner.matched)
 
 
 class Engine(ABC):

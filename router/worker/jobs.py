@@ -26,6 +26,7 @@ class TextDelta:
 class Finished:
     finish_reason: str  # "stop" | "length"
     usage: dict[str, object]
+    stop_string: str | None = None  # the stop string that ended generation, if one did
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The worker's HTTP side: /health, /v1/models, /v1/chat/completions, /v1/completions.
+"""The worker's HTTP side: /health, /v1/models, /v1/chat/completions, /v1/completions,
+/v1/tokenize (a prompt's token count under the chat template: Anthropic's count_tokens).
 
 Handlers never wait on the generation thread except through their job's event queue, so
 /health answers while a batch is decoding. Tokenizing runs on a one-thread executor: off the
@@ -58,6 +59,7 @@ def make_app(engine: Engine, info: WorkerInfo) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/tokenize", tokenize)
     return app
 
 
@@ -130,6 +132,26 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "completion")
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """``{"messages": [...]}`` (a chat request, templated as generation would template it)
+    or ``{"prompt": "..."}`` -> ``{"count": <tokens>, "model": ...}``; nothing is generated."""
+    engine, info = request.app[ENGINE], request.app[INFO]
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as e:
+        raise bad_request(f"invalid JSON body: {e}") from e
+    kind: Kind = "chat" if isinstance(body, dict) and "messages" in body else "completion"
+    generation = parse_request(body, kind)
+    if generation.model is not None and generation.model != info.model_name:
+        raise not_found(
+            f"model '{generation.model}' is not served here", param="model", code="model_not_found"
+        )
+    tokenizer = engine.models.tokenizer if engine.models else None
+    loop = asyncio.get_running_loop()
+    ids = await loop.run_in_executor(request.app[TOKENIZE], encode, tokenizer, generation)
+    return _json({"count": len(ids), "model": info.model_name})
 
 
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
@@ -236,7 +258,8 @@ async def _collect(job: Job, answer: Answer, tools: ToolStream | None) -> web.Re
             text = "".join(p for p in parts if isinstance(p, str))
             calls = [p.openai_dict() for p in parts if isinstance(p, ParsedCall)]
             reason = _finish_reason(tools, event.finish_reason)
-            body = answer.body(text or (None if calls else ""), reason, event.usage, calls)
+            body = answer.body(text or (None if calls else ""), reason, event.usage, calls,
+                               event.stop_string)
             return _json(body)
         else:
             raise event.error
@@ -288,10 +311,10 @@ async def _stream(
             # Usage once, on the stream's last chunk: the include_usage chunk when asked for,
             # else the finish_reason chunk (where the router reads the draft statistics).
             if job.request.include_usage:
-                await _send(response, answer.final_chunk(reason, None))
+                await _send(response, answer.final_chunk(reason, None, event.stop_string))
                 await _send(response, answer.usage_chunk(event.usage))
             else:
-                await _send(response, answer.final_chunk(reason, event.usage))
+                await _send(response, answer.final_chunk(reason, event.usage, event.stop_string))
             await response.write(b"data: [DONE]\n\n")
             break
         else:

@@ -36,6 +36,7 @@ class Answer:
         finish_reason: str,
         usage: dict[str, object],
         tool_calls: list[dict[str, object]] | None = None,
+        stop_string: str | None = None,
     ) -> dict[str, object]:
         if self.kind == "chat":
             message: dict[str, object] = {"role": "assistant", "content": text}
@@ -47,8 +48,10 @@ class Answer:
                 "logprobs": None,
                 "finish_reason": finish_reason,
             }
+            _stop_reason(choice, stop_string)
             return {**self._head("chat.completion"), "choices": [choice], "usage": usage}
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        _stop_reason(choice, stop_string)
         return {**self._head("text_completion"), "choices": [choice], "usage": usage}
 
     def chunk(
@@ -73,12 +76,21 @@ class Answer:
         choice["finish_reason"] = finish_reason
         return {**self._head(object_), "choices": [choice]}
 
-    def final_chunk(self, finish_reason: str, usage: dict[str, object] | None) -> dict[str, object]:
+    def final_chunk(self, finish_reason: str, usage: dict[str, object] | None,
+                    stop_string: str | None = None) -> dict[str, object]:
         """The chunk carrying finish_reason; with usage when it is the stream's last chunk."""
         chunk = self.chunk(None, finish_reason=finish_reason)
+        _stop_reason(chunk["choices"][0], stop_string)  # type: ignore[index]
         return chunk if usage is None else {**chunk, "usage": usage}
 
     def usage_chunk(self, usage: dict[str, object]) -> dict[str, object]:
         """The standard ``stream_options.include_usage`` chunk (then the stream's last)."""
         object_ = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         return {**self._head(object_), "choices": [], "usage": usage}
+
+
+def _stop_reason(choice: dict[str, object], stop_string: str | None) -> None:
+    """Which stop string ended the answer, in vLLM's ``stop_reason`` field: OpenAI's "stop"
+    does not say, and Anthropic's front door answers ``stop_sequence`` with it."""
+    if stop_string is not None:
+        choice["stop_reason"] = stop_string

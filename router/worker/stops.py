@@ -13,6 +13,7 @@ class StopScanner:
         self.stops = tuple(s for s in stops if s)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, text: str) -> str:
         """The text that is now safe to emit; sets ``stopped`` when a stop string completed."""
@@ -21,8 +22,9 @@ class StopScanner:
         if not self.stops:
             return text
         buffer = self._held + text
-        cut = _first_match(buffer, self.stops)
-        if cut is not None:
+        found = _first_match(buffer, self.stops)
+        if found is not None:
+            cut, self.matched = found
             self.stopped = True
             self._held = ""
             return buffer[:cut]
@@ -36,9 +38,10 @@ class StopScanner:
         return "" if self.stopped else held
 
 
-def _first_match(buffer: str, stops: tuple[str, ...]) -> int | None:
-    found = [i for i in (buffer.find(s) for s in stops) if i >= 0]
-    return min(found) if found else None
+def _first_match(buffer: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """(where, which) of the earliest stop string in ``buffer`` (the first listed on a tie)."""
+    found = [(i, s) for s in stops if (i := buffer.find(s)) >= 0]
+    return min(found, key=lambda f: f[0]) if found else None
 
 
 def _longest_partial(buffer: str, stops: tuple[str, ...]) -> int:

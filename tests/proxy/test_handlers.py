@@ -98,7 +98,8 @@ async def test_metrics_endpoint_counts_requests(fake: FakeUpstream) -> None:
         await r.client().chat.completions.create(model="fake-model", messages=CHAT)
         async with aiohttp.ClientSession() as s, s.get(f"{r.url}/metrics") as resp:
             text = await resp.text()
-    assert 'speclane_requests_total{backend="fake",endpoint="chat",status="200"} 1.0' in text
+    assert ('speclane_requests_total{api="openai",backend="fake",endpoint="chat",status="200"} '
+            '1.0') in text
     assert 'speclane_backend_up{backend="fake"} 1.0' in text
     assert "speclane_ttft_seconds_bucket" not in text  # streams only
     assert 'speclane_inflight_requests{backend="fake"} 0.0' in text

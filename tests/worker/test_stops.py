@@ -62,3 +62,11 @@ def test_streaming_equals_truncating_the_whole_text(text: str, stop: str, cuts: 
     index = text.find(stop)
     assert stopped == (index >= 0)
     assert out == (text[:index] if index >= 0 else text)
+
+
+def test_the_stop_string_that_matched_is_remembered() -> None:
+    scanner = StopScanner(("zzz", "END", "N"))
+    assert scanner.matched is None
+    assert scanner.feed("hello E") == "hello "
+    assert scanner.feed("ND") == ""  # "END" starts before "N": it is the one that matched
+    assert scanner.matched == "END"

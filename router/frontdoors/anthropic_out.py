@@ -1,0 +1,239 @@
+"""OpenAI chat answers -> Anthropic Messages answers (pure).
+
+A whole answer becomes one ``message``; a stream becomes Anthropic's event sequence:
+``message_start``, ``ping``, then per content block ``content_block_start``, its
+``content_block_delta`` events (``text_delta`` for text, ``input_json_delta`` for a tool
+call's arguments) and ``content_block_stop``, then ``message_delta`` (``stop_reason``,
+``stop_sequence``, usage) and ``message_stop``. A failure ends it with ``event: error``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+
+from router import errors
+from router.errors import RouterError
+from router.frontdoors.common import arguments_object, openai_events, upstream_error_event
+
+STREAM_CONTENT_TYPE = "text/event-stream"
+
+
+def stop_reason(finish_reason: Any, matched: Any, stops: tuple[str, ...],
+                has_tool_calls: bool) -> tuple[str, str | None]:
+    """(Anthropic stop_reason, stop_sequence) from an OpenAI choice.
+
+    OpenAI says "stop" for both the end of the turn and a stop string; which stop string
+    matched is read from the choice's ``stop_reason`` (vLLM's convention) when the backend
+    reports it.
+    """
+    if has_tool_calls or finish_reason in ("tool_calls", "function_call"):
+        return "tool_use", None
+    if finish_reason == "length":
+        return "max_tokens", None
+    if isinstance(matched, str) and matched in stops:
+        return "stop_sequence", matched
+    return "end_turn", None
+
+
+def message_id(upstream_id: Any) -> str:
+    if isinstance(upstream_id, str) and upstream_id:
+        return "msg_" + upstream_id.removeprefix("chatcmpl-")[:64]
+    return "msg_" + uuid.uuid4().hex[:24]
+
+
+def usage(openai_usage: Any) -> dict[str, int]:
+    u = openai_usage if isinstance(openai_usage, dict) else {}
+    out = {"input_tokens": _int(u.get("prompt_tokens")),
+           "output_tokens": _int(u.get("completion_tokens"))}
+    details = u.get("prompt_tokens_details")
+    if isinstance(details, dict) and _int(details.get("cached_tokens")):
+        out["cache_read_input_tokens"] = _int(details.get("cached_tokens"))
+    return out
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def message_body(answer: Any, model: str, stops: tuple[str, ...]) -> dict[str, Any]:
+    """A whole OpenAI chat completion as an Anthropic ``message``."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise errors.upstream_failed("the backend's answer has no choices",
+                                     code="upstream_bad_json")
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    content: list[dict[str, Any]] = []
+    text = message.get("content")
+    if isinstance(text, str) and text:
+        content.append({"type": "text", "text": text})
+    calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise errors.upstream_failed("the backend's answer has a malformed tool call",
+                                         code="upstream_bad_json")
+        args = arguments_object(function.get("arguments"))
+        if args is None:
+            raise errors.upstream_failed(
+                f"the backend called tool '{function['name']}' with arguments that are not a "
+                "JSON object", code="upstream_bad_tool_call")
+        call_id = call.get("id")
+        content.append({"type": "tool_use",
+                        "id": call_id if isinstance(call_id, str) and call_id
+                        else "toolu_" + uuid.uuid4().hex[:24],
+                        "name": function["name"], "input": args})
+    reason, sequence = stop_reason(choice.get("finish_reason"), choice.get("stop_reason"),
+                                   stops, bool(calls))
+    return {"id": message_id(answer.get("id")), "type": "message", "role": "assistant",
+            "model": model, "content": content, "stop_reason": reason,
+            "stop_sequence": sequence, "usage": usage(answer.get("usage"))}
+
+
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+class AnthropicEgress:
+    """One request's translation of the answer (the relay's ``Egress``)."""
+
+    stream_content_type = STREAM_CONTENT_TYPE
+
+    def __init__(self, model: str, stops: tuple[str, ...] = ()) -> None:
+        self.model = model
+        self.stops = stops
+        self._started = False
+        self._ended = False
+        self._block = -1  # index of the open content block, -1 when none is open
+        self._block_kind = ""  # "text" or "tool_use"
+        self._tool_blocks: dict[int, int] = {}  # OpenAI tool call index -> block index
+        self._next_block = 0
+        self._finish_reason: Any = None
+        self._matched: Any = None
+        self._usage: Any = None
+        self._saw_tool = False
+
+    # --- Egress ------------------------------------------------------------------------
+
+    def body(self, answer: Any) -> bytes:
+        return orjson.dumps(message_body(answer, self.model, self.stops))
+
+    def events(self, data: bytes) -> bytes:
+        if self._ended:
+            return b""
+        out = bytearray(self._start())
+        for event in openai_events(data):
+            if self._ended:
+                break
+            failed = upstream_error_event(event)
+            if failed is not None:
+                out += self.error(failed)
+                break
+            out += self._chunk(event)
+        return bytes(out)
+
+    def finish(self) -> bytes:
+        if self._ended:
+            return b""
+        out = bytearray(self._start())
+        out += self._close_block()
+        reason, sequence = stop_reason(self._finish_reason, self._matched, self.stops,
+                                       self._saw_tool)
+        self._ended = True
+        out += sse("message_delta", {"type": "message_delta",
+                                     "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                     "usage": usage(self._usage)})
+        out += sse("message_stop", {"type": "message_stop"})
+        return bytes(out)
+
+    def error(self, err: RouterError) -> bytes:
+        if self._ended:
+            return b""
+        self._ended = True
+        return errors.stream_error(err, "anthropic")
+
+    # --- the stream's state --------------------------------------------------------------
+
+    def _start(self) -> bytes:
+        if self._started:
+            return b""
+        self._started = True
+        message = {"id": message_id(None), "type": "message", "role": "assistant",
+                   "model": self.model, "content": [], "stop_reason": None,
+                   "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+        return (sse("message_start", {"type": "message_start", "message": message})
+                + sse("ping", {"type": "ping"}))
+
+    def _chunk(self, event: dict[str, Any]) -> bytes:
+        out = bytearray()
+        if isinstance(event.get("usage"), dict):
+            self._usage = event["usage"]
+        choices = event.get("choices")
+        if not isinstance(choices, list):
+            return b""
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                out += self._text(text)
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                for call in calls:
+                    if isinstance(call, dict):
+                        out += self._tool(call)
+            if choice.get("finish_reason") is not None:
+                self._finish_reason = choice["finish_reason"]
+                self._matched = choice.get("stop_reason")
+        return bytes(out)
+
+    def _open(self, kind: str, block: dict[str, Any]) -> bytes:
+        out = self._close_block()
+        self._block, self._block_kind = self._next_block, kind
+        self._next_block += 1
+        return out + sse("content_block_start", {"type": "content_block_start",
+                                                 "index": self._block, "content_block": block})
+
+    def _close_block(self) -> bytes:
+        if self._block < 0:
+            return b""
+        index, self._block = self._block, -1
+        return sse("content_block_stop", {"type": "content_block_stop", "index": index})
+
+    def _text(self, text: str) -> bytes:
+        out = b""
+        if self._block_kind != "text" or self._block < 0:
+            out = self._open("text", {"type": "text", "text": ""})
+        return out + sse("content_block_delta", {
+            "type": "content_block_delta", "index": self._block,
+            "delta": {"type": "text_delta", "text": text}})
+
+    def _tool(self, call: dict[str, Any]) -> bytes:
+        index = call.get("index", 0)
+        if not isinstance(index, int):
+            index = 0  # hostile or sloppy upstream: an unhashable index must not crash us
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        out = b""
+        block = self._tool_blocks.get(index)
+        if block is None:
+            self._saw_tool = True
+            call_id = call.get("id")
+            name = function.get("name")
+            out = self._open("tool_use", {
+                "type": "tool_use",
+                "id": call_id if isinstance(call_id, str) and call_id
+                else "toolu_" + uuid.uuid4().hex[:24],
+                "name": name if isinstance(name, str) else "", "input": {}})
+            block = self._tool_blocks[index] = self._block
+        elif block != self._block:
+            return b""  # arguments for a call whose block is closed: Anthropic cannot say it
+        args = function.get("arguments")
+        if isinstance(args, str) and args:
+            out += sse("content_block_delta", {
+                "type": "content_block_delta", "index": block,
+                "delta": {"type": "input_json_delta", "partial_json": args}})
+        return out

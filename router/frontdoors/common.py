@@ -1,0 +1,89 @@
+"""What both front doors need: reading a JSON body, handing the OpenAI request to the
+pipeline, and reading the OpenAI events an upstream streams back (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from router.errors import RouterError, bad_request, from_upstream_body
+from router.proxy.request import ParsedRequest, parse_request
+from router.routing.types import Endpoint
+
+
+def load_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400."""
+    if not raw.strip():
+        raise bad_request("request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from e
+    if not isinstance(data, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_json")
+    return data
+
+
+def to_parsed(endpoint: Endpoint, openai: dict[str, Any]) -> ParsedRequest:
+    """The translated request, checked and described exactly as an OpenAI client's would be."""
+    return parse_request(endpoint, orjson.dumps(openai))
+
+
+def openai_events(data: bytes) -> Iterator[dict[str, Any]]:
+    """The JSON objects of whole SSE events; ``[DONE]``, comments and malformed events are
+    skipped (the relay has already judged the stream's framing and its end)."""
+    text = data.replace(b"\r\n", b"\n") if b"\r" in data else data
+    for event in text.split(b"\n\n"):
+        lines = [ln[5:].lstrip(b" ") for ln in event.split(b"\n") if ln.startswith(b"data:")]
+        if not lines:
+            continue
+        payload = b"\n".join(lines)
+        if payload.strip() == b"[DONE]":
+            continue
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            yield obj
+
+
+def upstream_error_event(event: dict[str, Any]) -> RouterError | None:
+    """The error an upstream ended its stream with (``{"error": ...}``), else None."""
+    inner = event.get("error")
+    if inner is None:
+        return None
+    status = 502
+    if isinstance(inner, dict):
+        code = inner.get("code")
+        if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600:
+            status = code
+    return from_upstream_body(status, orjson.dumps(event))
+
+
+def str_field(data: dict[str, Any], key: str, *, required: bool = False) -> str | None:
+    value = data.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or (required and not value.strip()):
+        what = "a non-empty string" if required else "a string"
+        raise bad_request(f"'{key}' must be {what}", param=key)
+    return value
+
+
+def arguments_object(arguments: Any) -> dict[str, Any] | None:
+    """An OpenAI tool call's ``arguments`` (a JSON string) as an object; None when it is not
+    a JSON object."""
+    if isinstance(arguments, dict):
+        return arguments
+    if not isinstance(arguments, str):
+        return None
+    if not arguments.strip():
+        return {}
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -1,0 +1,175 @@
+"""The thin HTTP side of the Anthropic and Ollama front doors.
+
+Generation requests run the OpenAI endpoints' pipeline (``router.proxy.handlers.proxy``:
+client identification, policies, admission, classification, lanes, overrides, relay,
+telemetry, decision headers) with a translator; errors are rendered in each API's shape by
+the error middleware, which knows the API by the path (``errors.api_for_path``).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from router import errors
+from router.appkeys import POOL, SESSION
+from router.backends.base import Backend
+from router.config.policies import bearer_token
+from router.errors import RouterError
+from router.frontdoors import anthropic_in, ollama_in, ollama_info
+from router.frontdoors.anthropic_out import AnthropicEgress
+from router.frontdoors.common import load_object, to_parsed
+from router.frontdoors.ollama_out import OllamaEgress, now_iso
+from router.proxy.handlers import Inbound, identify, proxy
+
+ANTHROPIC_KEY_HEADER = "x-api-key"
+TOKENIZE_PATH = "/tokenize"  # under a lane worker's /v1 (router.worker.server)
+TOKENIZE_TIMEOUT = 30.0
+STARTED = web.AppKey("frontdoors_started", str)  # what Ollama calls a model's modified_at
+
+
+def anthropic_key(request: web.Request) -> str | None:
+    """Anthropic clients send their key as ``x-api-key``; Claude Code with
+    ``ANTHROPIC_AUTH_TOKEN`` sends ``Authorization: Bearer``. Either identifies the client."""
+    return bearer_token(request.headers.get("Authorization")) or (
+        request.headers.get(ANTHROPIC_KEY_HEADER) or None)
+
+
+# --- Anthropic -------------------------------------------------------------------------------
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    def translate(raw: bytes) -> Inbound:
+        req = anthropic_in.to_openai(load_object(raw))
+        return to_parsed("chat", req.openai), AnthropicEgress(req.model, req.stop_sequences)
+
+    return await proxy(request, "chat", api="anthropic", translate=translate,
+                       key=anthropic_key(request))
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """The prompt's tokens under the lanes' own tokenizer and chat template."""
+    policy = identify(request, anthropic_key(request))
+    req = anthropic_in.to_openai(load_object(await request.read()), for_count=True)
+    if not policy.allows_model(req.model):
+        raise RouterError(403, f"client '{policy.client}' may not use model '{req.model}'",
+                          type="permission_error", param="model", code="model_not_allowed")
+    lane = _tokenizing_lane(request.app[POOL], req.model)
+    body = {"model": req.model, "messages": req.openai["messages"]}
+    timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT, connect=lane.connect_timeout)
+    try:
+        async with request.app[SESSION].post(lane.base_url + TOKENIZE_PATH, json=body,
+                                             timeout=timeout) as resp:
+            answer = await resp.read()
+            status = resp.status
+    except TimeoutError as e:
+        raise errors.upstream_timeout(f"lane '{lane.name}' did not count the tokens in "
+                                      f"{TOKENIZE_TIMEOUT:g}s") from e
+    except aiohttp.ClientError as e:
+        raise errors.upstream_failed(f"could not reach lane '{lane.name}': {e}") from e
+    if status >= 400:
+        raise errors.from_upstream_body(status, answer)
+    try:
+        count = orjson.loads(answer)["count"]
+    except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+        raise errors.upstream_failed(f"lane '{lane.name}' answered the count with a malformed "
+                                     "body", code="upstream_bad_json") from e
+    return web.json_response({"input_tokens": count})
+
+
+def _tokenizing_lane(pool: Any, model: str) -> Backend:
+    lanes = [b for b in pool if b.lane is not None and b.ready]
+    if not lanes:
+        raise errors.unavailable("count_tokens is answered by the MLX lanes, and none is ready",
+                                 code="no_lane_ready")
+    serving = [b for b in lanes if model in b.models]
+    if not serving:
+        raise errors.not_found(f"the lanes do not serve model '{model}' (they serve "
+                               f"{', '.join(sorted(lanes[0].models))})", param="model",
+                               code="model_not_found")
+    return serving[0]
+
+
+# --- Ollama -----------------------------------------------------------------------------------
+
+async def ollama_chat(request: web.Request) -> web.StreamResponse:
+    arrival = time.monotonic()
+
+    def translate(raw: bytes) -> Inbound:
+        req = ollama_in.chat_to_openai(load_object(raw))
+        return to_parsed(req.endpoint, req.openai), OllamaEgress("chat", req.model, arrival)
+
+    return await proxy(request, "chat", api="ollama", translate=translate, arrival=arrival)
+
+
+async def ollama_generate(request: web.Request) -> web.StreamResponse:
+    arrival = time.monotonic()
+    body = load_object(await request.read())  # aiohttp keeps it for proxy()'s read
+    if ollama_in.is_load_request(body):
+        identify(request)
+        model = ollama_in.generate_to_openai(body).model
+        _served(request, model)
+        return web.json_response({"model": model, "created_at": now_iso(), "response": "",
+                                  "done": True, "done_reason": "load"})
+
+    def translate(raw: bytes) -> Inbound:
+        req = ollama_in.generate_to_openai(body)
+        return to_parsed(req.endpoint, req.openai), OllamaEgress("generate", req.model, arrival)
+
+    return await proxy(request, "chat", api="ollama", translate=translate, arrival=arrival)
+
+
+def _models(request: web.Request) -> list[ollama_info.ServedModel]:
+    seen: dict[str, ollama_info.ServedModel] = {}
+    for b in request.app[POOL]:
+        for m in sorted(b.models):
+            fmt = "mlx" if b.lane is not None else b.kind
+            if m not in seen or (b.ready and not seen[m].ready):
+                seen[m] = ollama_info.ServedModel(m, fmt, b.ready)
+    return sorted(seen.values(), key=lambda m: m.name)
+
+
+def _served(request: web.Request, name: str) -> ollama_info.ServedModel:
+    for m in _models(request):
+        if m.name == name:
+            return m
+    raise errors.not_found(f"model '{name}' not found", param="model", code="model_not_found")
+
+
+async def ollama_tags(request: web.Request) -> web.Response:
+    identify(request)
+    return web.json_response(ollama_info.tags(_models(request), request.app[STARTED]))
+
+
+async def ollama_ps(request: web.Request) -> web.Response:
+    identify(request)
+    return web.json_response(ollama_info.ps(_models(request)))
+
+
+async def ollama_show(request: web.Request) -> web.Response:
+    identify(request)
+    body = load_object(await request.read())
+    name = body.get("model") or body.get("name")  # "name" is the older clients' field
+    if not isinstance(name, str) or not name:
+        raise errors.bad_request("'model' is required", param="model")
+    return web.json_response(ollama_info.show(_served(request, name), request.app[STARTED]))
+
+
+async def ollama_version(request: web.Request) -> web.Response:
+    return web.json_response(ollama_info.version())
+
+
+def setup_frontdoor_routes(app: web.Application) -> None:
+    app[STARTED] = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    app.router.add_post("/api/chat", ollama_chat)
+    app.router.add_post("/api/generate", ollama_generate)
+    app.router.add_get("/api/tags", ollama_tags)
+    app.router.add_post("/api/show", ollama_show)
+    app.router.add_get("/api/ps", ollama_ps)
+    app.router.add_get("/api/version", ollama_version)

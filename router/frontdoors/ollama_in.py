@@ -1,0 +1,219 @@
+"""Ollama /api/chat and /api/generate requests -> the OpenAI request the router forwards (pure).
+
+``options`` map onto OpenAI's sampling fields (``num_predict`` is ``max_tokens``, ``stop``,
+``seed``, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repeat_penalty``, the two
+penalties); ``num_ctx`` and every other option are accepted and ignored, as Ollama ignores
+options a model does not use. ``format`` (``"json"`` or a JSON schema) becomes
+``response_format``, for backends with constrained decoding. ``keep_alive`` and ``think``
+are accepted and ignored: the lanes stay loaded. Ollama's tool calls carry no ids; the
+translation gives them ids and pairs each ``tool`` message with its call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from router.errors import bad_request
+from router.frontdoors.common import str_field
+from router.routing.types import Endpoint
+
+_OPTION_MAP = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+               "min_p": "min_p", "seed": "seed", "repeat_penalty": "repetition_penalty",
+               "presence_penalty": "presence_penalty",
+               "frequency_penalty": "frequency_penalty"}
+_INT_OPTIONS = frozenset({"top_k", "seed"})
+
+
+@dataclass(frozen=True, slots=True)
+class OllamaRequest:
+    endpoint: Endpoint
+    openai: dict[str, Any]
+    model: str
+    stream: bool
+
+
+def chat_to_openai(body: dict[str, Any]) -> OllamaRequest:
+    model = _model(body)
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("'messages' is required and must be a non-empty array",
+                          param="messages")
+    out: dict[str, Any] = {"model": model, "messages": _messages(raw)}
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise bad_request("'tools' must be an array of objects", param="tools")
+        if tools:
+            out["tools"] = [{"type": "function", **t} if "type" not in t else t for t in tools]
+    return _common(body, out, "chat")
+
+
+def generate_to_openai(body: dict[str, Any]) -> OllamaRequest:
+    """``raw`` prompts go to the completions endpoint as they are; others become a chat."""
+    model = _model(body)
+    prompt = str_field(body, "prompt") or ""
+    for unsupported in ("suffix", "template"):
+        if body.get(unsupported):
+            raise bad_request(f"'{unsupported}' is not supported by speclane", param=unsupported)
+    images = _images(body.get("images"), "images")
+    if body.get("raw") is True:
+        if images:
+            raise bad_request("'images' cannot be sent with a raw prompt", param="images")
+        return _common(body, {"model": model, "prompt": prompt}, "completions")
+    messages: list[dict[str, Any]] = []
+    system = str_field(body, "system")
+    if system:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": _content(prompt, images)})
+    return _common(body, {"model": model, "messages": messages}, "chat")
+
+
+def is_load_request(body: dict[str, Any]) -> bool:
+    """A generate request without a prompt: Ollama's way to load a model (answered at once)."""
+    return not body.get("prompt") and not body.get("images")
+
+
+def _model(body: dict[str, Any]) -> str:
+    model = str_field(body, "model", required=True)
+    assert model is not None
+    return model
+
+
+def _common(body: dict[str, Any], out: dict[str, Any], endpoint: Endpoint) -> OllamaRequest:
+    stream = body.get("stream", True)
+    if stream is None:
+        stream = True
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean", param="stream")
+    out.update(_options(body.get("options")))
+    response_format = _format(body.get("format"))
+    if response_format is not None:
+        out["response_format"] = response_format
+    if stream:
+        # Ollama reports counts in its last line: ask the backend for usage.
+        out["stream"] = True
+        out["stream_options"] = {"include_usage": True}
+    return OllamaRequest(endpoint, out, out["model"], stream)
+
+
+def _options(options: Any) -> dict[str, Any]:
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise bad_request("'options' must be an object", param="options")
+    out: dict[str, Any] = {}
+    for name, key in _OPTION_MAP.items():
+        value = options.get(name)
+        if value is None:
+            continue
+        kind = int if name in _INT_OPTIONS else (int, float)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise bad_request(f"'options.{name}' must be a number", param=f"options.{name}")
+        out[key] = value
+    num_predict = options.get("num_predict")
+    if num_predict is not None:
+        if not isinstance(num_predict, int) or isinstance(num_predict, bool):
+            raise bad_request("'options.num_predict' must be an integer",
+                              param="options.num_predict")
+        if num_predict > 0:  # -1 (until done) and -2 (fill the context): no limit
+            out["max_tokens"] = num_predict
+    stop = options.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise bad_request("'options.stop' must be a string or an array of strings",
+                              param="options.stop")
+        if stops:
+            out["stop"] = stops
+    num_ctx = options.get("num_ctx")
+    if num_ctx is not None and (not isinstance(num_ctx, int) or isinstance(num_ctx, bool)):
+        raise bad_request("'options.num_ctx' must be an integer", param="options.num_ctx")
+    return out
+
+
+def _format(value: Any) -> dict[str, Any] | None:
+    if value is None or value == "":
+        return None
+    if value == "json":
+        return {"type": "json_object"}
+    if isinstance(value, dict):
+        return {"type": "json_schema", "json_schema": {"name": "response", "schema": value}}
+    raise bad_request("'format' must be \"json\" or a JSON schema object", param="format")
+
+
+def _messages(raw: list[Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    pending: list[tuple[str, str]] = []  # (id, name) of tool calls not answered yet
+    calls = 0
+    for i, message in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad_request(f"'{where}' must be an object", param=where)
+        role = message.get("role")
+        if role not in ("system", "user", "assistant", "tool"):
+            raise bad_request(f"'{where}.role' must be system, user, assistant or tool",
+                              param=where)
+        content = message.get("content") or ""
+        if not isinstance(content, str):
+            raise bad_request(f"'{where}.content' must be a string", param=where)
+        images = _images(message.get("images"), f"{where}.images")
+        if role == "tool":
+            out.append({"role": "tool", "content": content,
+                        "tool_call_id": _answered(pending, message.get("tool_name"), calls)})
+            continue
+        entry: dict[str, Any] = {"role": role, "content": _content(content, images)}
+        tool_calls = message.get("tool_calls")
+        if tool_calls:
+            if role != "assistant" or not isinstance(tool_calls, list):
+                raise bad_request(f"'{where}.tool_calls' must be an array on an assistant "
+                                  "message", param=where)
+            entry["tool_calls"] = []
+            for call in tool_calls:
+                calls += 1
+                entry["tool_calls"].append(_tool_call(call, f"call_{calls}", where))
+                pending.append((f"call_{calls}", entry["tool_calls"][-1]["function"]["name"]))
+        out.append(entry)
+    return out
+
+
+def _answered(pending: list[tuple[str, str]], name: Any, calls: int) -> str:
+    """The id of the call a tool message answers: the oldest open call of that tool (or the
+    oldest open call when the message does not name its tool)."""
+    for j, (call_id, call_name) in enumerate(pending):
+        if name is None or call_name == name:
+            del pending[j]
+            return call_id
+    return f"call_{calls + 1}_unmatched"
+
+
+def _tool_call(call: Any, call_id: str, where: str) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise bad_request(f"'{where}.tool_calls' entries need a function with a name",
+                          param=where)
+    args = function.get("arguments", {})
+    if not isinstance(args, dict):
+        raise bad_request(f"'{where}.tool_calls' arguments must be an object", param=where)
+    return {"id": call_id, "type": "function",
+            "function": {"name": function["name"], "arguments": orjson.dumps(args).decode()}}
+
+
+def _images(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise bad_request(f"'{where}' must be an array of base64 strings", param=where)
+    return value
+
+
+def _content(text: str, images: list[str]) -> str | list[dict[str, Any]]:
+    if not images:
+        return text
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for image in images:
+        media = "image/jpeg" if image.startswith("/9j/") else "image/png"
+        parts.append({"type": "image_url", "image_url": {"url": f"data:{media};base64,{image}"}})
+    return parts

@@ -1,0 +1,55 @@
+"""The bodies of Ollama's model endpoints: /api/tags, /api/show, /api/ps, /api/version (pure).
+
+speclane has no model files, so sizes are 0 and the digest is the SHA-256 of the model's
+name: stable, and distinct per model, which is what clients use it for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+# The Ollama version speclane answers like. Clients compare it to gate features (tools,
+# structured outputs): it names the API level implemented here, not speclane's version.
+OLLAMA_VERSION = "0.12.0"
+# /api/ps: the lanes stay loaded; Ollama reports when a model would be unloaded.
+NEVER_EXPIRES = "2999-01-01T00:00:00Z"
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    name: str
+    format: str  # "mlx" for the lanes, else the backend kind
+    ready: bool
+
+
+def digest(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def details(model: ServedModel) -> dict[str, Any]:
+    return {"parent_model": "", "format": model.format, "family": "", "families": None,
+            "parameter_size": "", "quantization_level": ""}
+
+
+def tags(models: list[ServedModel], modified_at: str) -> dict[str, Any]:
+    return {"models": [{"name": m.name, "model": m.name, "modified_at": modified_at, "size": 0,
+                        "digest": digest(m.name), "details": details(m)}
+                       for m in models if m.ready]}
+
+
+def ps(models: list[ServedModel]) -> dict[str, Any]:
+    return {"models": [{"name": m.name, "model": m.name, "size": 0, "digest": digest(m.name),
+                        "details": details(m), "expires_at": NEVER_EXPIRES, "size_vram": 0}
+                       for m in models if m.ready]}
+
+
+def show(model: ServedModel, modified_at: str) -> dict[str, Any]:
+    return {"modelfile": "", "parameters": "", "template": "", "details": details(model),
+            "model_info": {}, "capabilities": ["completion", "tools"],
+            "modified_at": modified_at}
+
+
+def version() -> dict[str, Any]:
+    return {"version": OLLAMA_VERSION}

@@ -1,0 +1,207 @@
+"""OpenAI answers -> Ollama /api/chat and /api/generate answers (pure; the clock is given).
+
+A stream becomes NDJSON: one line per piece of text (``message.content`` for chat,
+``response`` for generate), one line with the tool calls once they are whole (Ollama sends
+them whole, with arguments as an object), then the ``done`` line with ``done_reason`` and the
+counts and durations in nanoseconds. Durations are measured at the router: the prompt's is the
+time to the first token, the eval's the rest; ``load_duration`` is 0 (the lanes stay loaded).
+A whole answer cannot be split that way: its time is reported as ``eval_duration``.
+A failure ends a stream with a line holding ``error``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import orjson
+
+from router import errors
+from router.errors import RouterError
+from router.frontdoors.common import arguments_object, openai_events, upstream_error_event
+
+STREAM_CONTENT_TYPE = "application/x-ndjson"
+Kind = Literal["chat", "generate"]
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def done_reason(finish_reason: Any) -> str:
+    return "length" if finish_reason == "length" else "stop"
+
+
+def _ns(seconds: float) -> int:
+    return max(0, int(seconds * 1e9))
+
+
+def _count(usage: Any, key: str) -> int:
+    value = usage.get(key) if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI tool calls (arguments as JSON text) as Ollama's (arguments as an object)."""
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise errors.upstream_failed("the backend's answer has a malformed tool call",
+                                         code="upstream_bad_json")
+        args = arguments_object(function.get("arguments"))
+        if args is None:
+            raise errors.upstream_failed(
+                f"the backend called tool '{function['name']}' with arguments that are not a "
+                "JSON object", code="upstream_bad_tool_call")
+        out.append({"function": {"name": function["name"], "arguments": args}})
+    return out
+
+
+class OllamaEgress:
+    """One request's translation of the answer (the relay's ``Egress``)."""
+
+    stream_content_type = STREAM_CONTENT_TYPE
+
+    def __init__(self, kind: Kind, model: str, arrival: float,
+                 clock: Callable[[], float] = time.monotonic,
+                 stamp: Callable[[], str] = now_iso) -> None:
+        self.kind = kind
+        self.model = model
+        self.arrival = arrival
+        self._clock = clock
+        self._stamp = stamp
+        self._first_token: float | None = None
+        self._finish_reason: Any = None
+        self._usage: Any = None
+        self._calls: dict[int, dict[str, Any]] = {}  # OpenAI index -> call being assembled
+        self._ended = False
+
+    def _line(self, text: str, **extra: Any) -> bytes:
+        head: dict[str, Any] = {"model": self.model, "created_at": self._stamp()}
+        if self.kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if "tool_calls" in extra:
+                message["tool_calls"] = extra.pop("tool_calls")
+            head["message"] = message
+        else:
+            head["response"] = text
+        return orjson.dumps({**head, **extra}) + b"\n"
+
+    def _stats(self, finish_reason: Any, usage: Any, *, whole: bool) -> dict[str, Any]:
+        end = self._clock()
+        total = end - self.arrival
+        if whole or self._first_token is None:
+            prompt, decode = 0.0, total
+        else:
+            prompt, decode = self._first_token - self.arrival, end - self._first_token
+        return {"done": True, "done_reason": done_reason(finish_reason),
+                "total_duration": _ns(total), "load_duration": 0,
+                "prompt_eval_count": _count(usage, "prompt_tokens"),
+                "prompt_eval_duration": _ns(prompt),
+                "eval_count": _count(usage, "completion_tokens"),
+                "eval_duration": _ns(decode)}
+
+    # --- Egress ------------------------------------------------------------------------
+
+    def body(self, answer: Any) -> bytes:
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise errors.upstream_failed("the backend's answer has no choices",
+                                         code="upstream_bad_json")
+        choice = choices[0]
+        extra: dict[str, Any] = {}
+        if isinstance(choice.get("message"), dict):
+            message = choice["message"]
+            text = message.get("content") if isinstance(message.get("content"), str) else ""
+            calls = message.get("tool_calls")
+            if isinstance(calls, list) and calls:
+                extra["tool_calls"] = tool_calls(calls)
+        else:
+            text = choice.get("text") if isinstance(choice.get("text"), str) else ""
+        stats = self._stats(choice.get("finish_reason"), answer.get("usage"), whole=True)
+        return self._line(text, **extra, **stats)
+
+    def events(self, data: bytes) -> bytes:
+        if self._ended:
+            return b""
+        out = bytearray()
+        for event in openai_events(data):
+            if self._ended:
+                break
+            failed = upstream_error_event(event)
+            if failed is not None:
+                out += self.error(failed)
+                break
+            out += self._chunk(event)
+        return bytes(out)
+
+    def finish(self) -> bytes:
+        if self._ended:
+            return b""
+        out = self._flush_calls()
+        self._ended = True
+        return out + self._line("", **self._stats(self._finish_reason, self._usage, whole=False))
+
+    def error(self, err: RouterError) -> bytes:
+        if self._ended:
+            return b""
+        self._ended = True
+        return errors.stream_error(err, "ollama")
+
+    # --- the stream's state --------------------------------------------------------------
+
+    def _chunk(self, event: dict[str, Any]) -> bytes:
+        if isinstance(event.get("usage"), dict):
+            self._usage = event["usage"]
+        choices = event.get("choices")
+        if not isinstance(choices, list):
+            return b""
+        out = bytearray()
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                text = delta.get("content")
+                calls = delta.get("tool_calls")
+                if isinstance(calls, list):
+                    self._gather(calls)
+            else:
+                text = choice.get("text")  # a text completion (raw generate)
+            if isinstance(text, str) and text:
+                if self._first_token is None:
+                    self._first_token = self._clock()
+                out += self._line(text, done=False)
+            if choice.get("finish_reason") is not None:
+                self._finish_reason = choice["finish_reason"]
+                out += self._flush_calls()
+        return bytes(out)
+
+    def _gather(self, calls: list[Any]) -> None:
+        if self._first_token is None:
+            self._first_token = self._clock()
+        for call in calls:
+            if not isinstance(call, dict):
+                continue
+            index = call.get("index", 0)
+            slot = self._calls.setdefault(index if isinstance(index, int) else 0,
+                                          {"name": "", "arguments": ""})
+            function = call.get("function") if isinstance(call.get("function"), dict) else {}
+            if isinstance(function.get("name"), str):
+                slot["name"] += function["name"]
+            if isinstance(function.get("arguments"), str):
+                slot["arguments"] += function["arguments"]
+
+    def _flush_calls(self) -> bytes:
+        if not self._calls:
+            return b""
+        gathered = [{"function": self._calls[i]} for i in sorted(self._calls)]
+        self._calls = {}
+        try:
+            calls = tool_calls(gathered)
+        except RouterError as err:
+            return self.error(err)
+        return self._line("", tool_calls=calls, done=False)

@@ -1,0 +1,116 @@
+"""Both front doors in front of the real MLX lanes (slow, serial; few tokens).
+
+Text round trips, streaming and not, with the official anthropic and ollama clients; the
+lanes' own tokenizer for count_tokens; the lanes' refusal of an image in Anthropic's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anthropic
+import ollama
+import pytest
+
+from router.lanes.modelprep import DEFAULT_MODEL_NAME
+from tests.conftest import metric_value
+from tests.lanes.test_lanes_e2e import Router, start_router, stop_router
+
+pytestmark = pytest.mark.realmodel
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
+    r = start_router(tmp_path_factory.mktemp("frontdoors"))
+    yield r
+    stop_router(r)
+
+
+def root(router: Router) -> str:
+    return router.base_url.removesuffix("/v1")
+
+
+def claude(router: Router) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=root(router), api_key="local", max_retries=0,
+                               timeout=120)
+
+
+@pytest.mark.parametrize("lane", ["speculative", "batching"])
+def test_anthropic_text_round_trip(router: Router, lane: str) -> None:
+    with claude(router) as client:
+        raw = client.messages.with_raw_response.create(
+            model=DEFAULT_MODEL_NAME, max_tokens=12, messages=QUESTION,  # type: ignore[arg-type]
+            extra_body={"temperature": 0}, extra_headers={"X-Speclane-Lane": lane})
+        message = raw.parse()
+        with client.messages.stream(model=DEFAULT_MODEL_NAME, max_tokens=12,
+                                    messages=QUESTION,  # type: ignore[arg-type]
+                                    extra_body={"temperature": 0},
+                                    extra_headers={"X-Speclane-Lane": lane}) as stream:
+            streamed = stream.get_final_message()
+        counted = client.messages.count_tokens(model=DEFAULT_MODEL_NAME,
+                                               messages=QUESTION)  # type: ignore[arg-type]
+    assert raw.headers["x-speclane-lane"] == lane
+    assert "Paris" in message.content[0].text  # type: ignore[union-attr]
+    assert streamed.content[0].text == message.content[0].text  # type: ignore[union-attr]
+    assert message.stop_reason in ("end_turn", "max_tokens")
+    assert message.usage.output_tokens > 0
+    # count_tokens uses the lane's tokenizer and chat template: the same prompt, the same count.
+    assert counted.input_tokens == message.usage.input_tokens == streamed.usage.input_tokens
+    metrics = router.metrics()
+    assert metric_value(metrics, "speclane_requests_total", api="anthropic", backend=lane,
+                        status="200") == 2
+    if lane == "speculative":  # the speculative telemetry reads the (OpenAI) answers as usual
+        drafted = metric_value(metrics, "speclane_spec_draft_tokens_total", backend=lane)
+        assert drafted is not None and drafted > 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_anthropic_stop_sequence_is_reported(router: Router, stream: bool) -> None:
+    """The worker says which stop string ended the answer (vLLM's ``stop_reason``)."""
+    kwargs = {"model": DEFAULT_MODEL_NAME, "max_tokens": 12, "messages": QUESTION,
+              "stop_sequences": ["Paris"], "extra_body": {"temperature": 0}}
+    with claude(router) as client:
+        if stream:
+            with client.messages.stream(**kwargs) as s:  # type: ignore[arg-type]
+                message = s.get_final_message()
+        else:
+            message = client.messages.create(**kwargs)  # type: ignore[arg-type]
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "Paris")
+    assert "Paris" not in message.content[0].text  # type: ignore[union-attr]
+
+
+def test_anthropic_image_is_refused_by_the_lanes(router: Router) -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo="}}
+    with claude(router) as client, pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model=DEFAULT_MODEL_NAME, max_tokens=4, messages=[
+            {"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}])
+    assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert "text" in refused.value.message
+
+
+def test_ollama_text_round_trip(router: Router) -> None:
+    client = ollama.Client(host=root(router), timeout=120,
+                           headers={"X-Speclane-Lane": "batching"})
+    options = {"temperature": 0, "num_predict": 12}
+    whole = client.chat(model=DEFAULT_MODEL_NAME, messages=QUESTION, stream=False,
+                        options=options)
+    parts = list(client.chat(model=DEFAULT_MODEL_NAME, messages=QUESTION, stream=True,
+                             options=options))
+    generated = client.generate(model=DEFAULT_MODEL_NAME, prompt=QUESTION[0]["content"],
+                                stream=False, options=options)
+    assert "Paris" in (whole.message.content or "")
+    assert "".join(p.message.content or "" for p in parts) == whole.message.content
+    assert generated.response == whole.message.content
+    last = parts[-1]
+    assert last.done and last.eval_count == whole.eval_count > 0
+    assert last.prompt_eval_count == whole.prompt_eval_count > 0
+    assert [m.model for m in client.list().models] == [DEFAULT_MODEL_NAME]
+
+
+def test_count_tokens_for_a_model_the_lanes_do_not_serve_is_a_404(router: Router) -> None:
+    with claude(router) as client, pytest.raises(anthropic.NotFoundError):
+        client.messages.count_tokens(model="no-such-model",
+                                     messages=QUESTION)  # type: ignore[arg-type]
