@@ -58,7 +58,13 @@ from router.proxy.request import (
     looks_like_sse,
     split_events,
 )
-from router.proxy.upstream import Http1Pool, Response, UpstreamProtocolError, UpstreamTooLarge
+from router.proxy.upstream import (
+    HeadTimeout,
+    Http1Pool,
+    Response,
+    UpstreamProtocolError,
+    UpstreamTooLarge,
+)
 from router.routing.types import Candidate, Decision
 
 log = logging.getLogger("speclane.relay")
@@ -462,6 +468,7 @@ class Relay:
         except TimeoutError as e:
             self._failed(backend, "timeout")
             raise errors.upstream_timeout(
+                f"backend '{backend.name}': {e}" if isinstance(e, HeadTimeout) else
                 f"backend '{backend.name}' did not finish within {backend.read_timeout:g}s "
                 "of silence") from e
         except UpstreamProtocolError as e:
