@@ -51,7 +51,7 @@ class ResponseParser:
     __slots__ = ("_head_size", "_header_count", "_in_head", "_max_head", "_max_interim",
                  "_max_trailer", "_p", "_pieces", "_progress", "_stall_bytes", "_trailer_size",
                  "done", "head_done", "headers", "interim", "keep_alive", "stalled", "status",
-                 "until_close", "version")
+                 "stray", "until_close", "version")
 
     def __init__(self, *, max_head: int = MAX_HEAD, max_trailer: int = MAX_TRAILER,
                  max_interim: int = MAX_INTERIM) -> None:
@@ -73,11 +73,13 @@ class ResponseParser:
         self.interim = 0
         self.until_close = False  # no length, no chunks: the body ends when the socket does
         self.stalled = False
+        self.stray = False  # bytes came after the end of the answer
 
     def feed(self, data: bytes) -> list[bytes]:
         if self.done:
             if data:  # a later read after the end: not ours, and the connection is spoilt
                 self.keep_alive = False
+                self.stray = True
             return []
         pieces = self._pieces = []
         progress = self._progress
@@ -87,6 +89,7 @@ class ResponseParser:
             cause = e.__context__
             if isinstance(cause, _Stray) or self.done:
                 self.keep_alive = False  # the answer is whole; what followed it is dropped
+                self.stray = True
             elif isinstance(cause, ProtocolViolation):
                 raise cause from None
             else:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import select
 import ssl
 import time
@@ -36,6 +37,8 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 from router.proxy.http_response import Headers, ProtocolViolation, ResponseParser
+
+log = logging.getLogger("speclane.upstream")
 
 PAUSE_AT = 1 << 20  # unread body bytes that pause reading from the socket
 DEFAULT_MAX_BODY = 64 * 1024 * 1024  # decoded body bytes of one answer
@@ -104,8 +107,9 @@ def _readable(fd: int) -> bool:
 class _Connection(asyncio.Protocol):
     """One socket; carries one request at a time."""
 
-    def __init__(self, open_set: set[_Connection]) -> None:
+    def __init__(self, open_set: set[_Connection], on_stray: Callable[[], None]) -> None:
         self._open_set = open_set  # the pool's: a connection leaves it when it closes
+        self.on_stray = on_stray  # bytes came that belong to no answer
         self.transport: asyncio.Transport | None = None
         self.fd = -1  # the socket, asked whether anything is waiting on it (not under TLS)
         self.tls = False
@@ -128,7 +132,8 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._response is None:
-            self.close()  # bytes nobody asked for: the connection can't be trusted
+            self.abort()  # bytes nobody asked for: the connection can't be trusted
+            self.on_stray()
             return
         self._response._data(data)
 
@@ -245,6 +250,8 @@ class Response:
             return
         conn._response = None
         parser = self._parser
+        if parser.stray:
+            conn.on_stray()
         if (parser.done and parser.keep_alive and not self._spoilt and self._error is None
                 and conn.reusable()):
             self._pool._give_back(self._origin, conn)
@@ -471,6 +478,9 @@ class Http1Pool:
         self.max_body = max_body
         self.head_timeout = head_timeout
         self.max_trailer = max_trailer
+        # Origins that sent bytes after the end of an answer: their connections are not
+        # reused any more (a late stray answer could otherwise meet the next request).
+        self.distrusted: set[Origin] = set()
 
     async def request(self, method: str, url: str, *, body: bytes = b"",
                       headers: Mapping[str, str] | None = None,
@@ -530,9 +540,17 @@ class Http1Pool:
             conn.abort()
         return None
 
+    def _distrust(self, origin: Origin) -> None:
+        if origin not in self.distrusted:
+            self.distrusted.add(origin)
+            log.warning("upstream %s:%d sent bytes after the end of an answer: its "
+                        "connections are no longer reused", origin.host, origin.port)
+            for conn in self._idle.pop(origin, []):
+                conn.abort()
+
     def _give_back(self, origin: Origin, conn: _Connection) -> None:
         idle = self._idle.setdefault(origin, [])
-        if len(idle) >= self._max_idle:
+        if len(idle) >= self._max_idle or origin in self.distrusted:
             conn.close()
             return
         conn.idle_since = time.monotonic()
@@ -548,7 +566,8 @@ class Http1Pool:
         try:
             async with asyncio.timeout(connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self._open), origin.host, origin.port, ssl=ssl_arg)
+                    lambda: _Connection(self._open, lambda: self._distrust(origin)),
+                    origin.host, origin.port, ssl=ssl_arg)
         except TimeoutError:
             # Nothing was sent: as safe to try elsewhere as a refused connection.
             raise UpstreamConnectionError(f"cannot connect to {origin.host}:{origin.port} "

@@ -73,7 +73,7 @@ async def post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -
 # --- 1. no byte of one answer reaches another request ------------------------------------
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("how", ["same_write", "next_write"])
+@pytest.mark.parametrize("how", ["same_write", "next_write", "delayed"])
 async def test_bytes_after_an_answer_never_reach_another_request(stream: bool, how: str) -> None:
     """Every answer is followed on its connection by a complete second answer carrying a
     wrong id, in the same write or the next one. With several clients at once, no client
@@ -87,6 +87,8 @@ async def test_bytes_after_an_answer_never_reach_another_request(stream: bool, h
         else:
             writer.write(answer)
             await writer.drain()
+            if how == "delayed":
+                await asyncio.sleep(0.0005 * (index % 4))
             writer.write(stray)
         await writer.drain()
         return True
@@ -181,10 +183,12 @@ async def _answer(writer: asyncio.StreamWriter, raw: bytes, keep: bool = True) -
 
 # --- 3. paused or half-read connections are never pooled ---------------------------------
 
-async def test_a_paused_connection_is_never_pooled() -> None:
-    """An answer big enough to pause reading, abandoned by its reader (a client that went
-    away): the next request gets a new connection and its answer at once."""
-    big = b"x" * (3 << 20)
+@pytest.mark.parametrize("size", [(1 << 20) + 100_000, 3 << 20], ids=["whole", "cut"])
+async def test_a_paused_connection_is_never_pooled(size: int) -> None:
+    """An answer big enough to pause reading (whole by then, or not), abandoned by its
+    reader (a client that went away): the next request gets a new connection and its
+    answer (a paused connection reused would never deliver it)."""
+    big = b"x" * size
     served = [0]
 
     async def script(writer: asyncio.StreamWriter, body: bytes, index: int) -> bool:
@@ -202,7 +206,7 @@ async def test_a_paused_connection_is_never_pooled() -> None:
             resp.close()  # the client went away while reading was paused
             for _ in range(3):
                 again = await asyncio.wait_for(
-                    pool.request("POST", url, body=b"{}", read_timeout=5), HANG)
+                    pool.request("POST", url, body=b"{}", read_timeout=2), HANG)
                 assert again._conn is not conn
                 assert orjson.loads(await again.read())["id"] == "next"
         finally:
@@ -462,3 +466,33 @@ async def test_a_failing_still_working_callback_is_a_timeout() -> None:
             await pool.close()
 
 
+
+
+async def test_an_upstream_that_sent_a_late_stray_answer_loses_keep_alive() -> None:
+    """A stray answer that comes while its connection sits in the pool closes it, and the
+    upstream's connections are not reused any more: a later stray could otherwise arrive
+    just after the next request was sent on one, where nothing can tell it apart."""
+    sent_stray = asyncio.Event()
+
+    async def script(writer: asyncio.StreamWriter, body: bytes, index: int) -> bool:
+        await _answer(writer, json_answer(completion(body.decode())))
+        if not sent_stray.is_set():
+            await asyncio.sleep(0.05)
+            sent_stray.set()
+            await _answer(writer, json_answer(completion("stray")))
+        return True
+
+    async with HostileUpstream(script) as up:
+        pool = Http1Pool()
+        try:
+            url = f"{up.base_url}/chat/completions"
+            for i in range(4):
+                resp = await pool.request("POST", url, body=b"m%d" % i, read_timeout=5)
+                assert orjson.loads(await resp.read())["id"] == f"m{i}"
+                if i == 0:
+                    await sent_stray.wait()
+                    await wait_until(lambda: pool.distrusted, HANG)
+        finally:
+            await pool.close()
+    assert up.request_connections == up.requests == 4
+    TALLY.fault("late_stray_answer")
