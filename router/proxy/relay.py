@@ -73,8 +73,6 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # router.proxy.upstream raises UpstreamConnectionError (a ConnectionError) for every connection
 # failure; OSError-derived resets are ConnectionErrors too.
 CONNECT_ERRORS = (ConnectionError,)
-# Where a stream's first event ends (the first read is not judged alone: it may be a piece).
-_EVENT_END = (b"\n\n", b"\n\r\n")
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -319,7 +317,7 @@ class Relay:
         first = b""
         try:
             # Up to the end of the first event (bounded): it may come in pieces.
-            while len(first) < HELD_LIMIT and not any(end in first for end in _EVENT_END):
+            while len(first) < HELD_LIMIT and b"\n\n" not in first and b"\n\r\n" not in first:
                 more = await resp.readany()
                 if not more:
                     break
@@ -400,7 +398,7 @@ class Relay:
                 except ConnectionResetError:
                     outcome.client_gone = True  # the client went away; nothing more to send
                     return out
-                if b"[DONE]" in whole and tail.saw_done():
+                if whole.endswith((b"[DONE]\n\n", b"[DONE]\r\n\r\n")) and _ends_with_done(whole):
                     break  # the stream has ended for the client: trailers can't add an end
                 chunk = await resp.readany()
             outcome.last_byte_at = time.monotonic()
@@ -586,3 +584,9 @@ def _known_headers(err: RouterError, headers: dict[str, str], decision: Decision
         known["X-Speclane-Backend"], known["X-Speclane-Lane"] = tried.backend, tried.lane
     for name, value in known.items():
         err.headers.setdefault(name, value)
+
+
+def _ends_with_done(events: bytes) -> bool:
+    """The last of these whole events is ``data: [DONE]``."""
+    body = events.rstrip()
+    return body[body.rfind(b"\n") + 1:].replace(b" ", b"") == b"data:[DONE]"

@@ -90,15 +90,6 @@ def split_url(url: str) -> tuple[Origin, str]:
     return Origin(parts.scheme, parts.hostname, port), target
 
 
-def _readable(fd: int) -> bool:
-    """Anything (bytes, EOF, an error) waiting on an idle socket: it can't carry a request.
-    When the socket can't be asked, the answer is yes: the connection is then closed."""
-    if fd < 0:
-        return True
-    try:
-        return bool(select.select((fd,), (), (), 0)[0])
-    except (OSError, ValueError):
-        return True
 
 
 # --- connections ------------------------------------------------------------------------
@@ -111,7 +102,7 @@ class _Connection(asyncio.Protocol):
         self._open_set = open_set  # the pool's: a connection leaves it when it closes
         self.on_stray = on_stray  # bytes came that belong to no answer
         self.transport: asyncio.Transport | None = None
-        self.fd = -1  # the socket, asked whether anything is waiting on it (not under TLS)
+        self._poll: select.poll | None = None  # asks the socket whether bytes wait on it
         self.tls = False
         self.closed = False
         self.idle_since = 0.0
@@ -127,7 +118,8 @@ class _Connection(asyncio.Protocol):
         # not answers; stray plaintext still reaches data_received, which closes.
         self.tls = transport.get_extra_info("sslcontext") is not None
         if sock is not None and not self.tls:
-            self.fd = sock.fileno()
+            self._poll = select.poll()
+            self._poll.register(sock.fileno(), select.POLLIN | select.POLLPRI)
         self._open_set.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -153,8 +145,16 @@ class _Connection(asyncio.Protocol):
         pass
 
     def reusable(self) -> bool:
-        """Open, and nothing waiting to be read (the check at check-out and at return)."""
-        return not self.closed and (self.tls or not _readable(self.fd))
+        """Open, and nothing (bytes, EOF, an error) waiting to be read on its socket: the
+        check at check-out and at return. When the socket can't be asked, it is not."""
+        if self.closed:
+            return False
+        if self.tls:
+            return True
+        try:
+            return self._poll is not None and not self._poll.poll(0)
+        except (OSError, ValueError):
+            return False
 
     def close(self) -> None:
         self.closed = True
