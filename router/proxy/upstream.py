@@ -518,12 +518,14 @@ class Http1Pool:
             except UpstreamProtocolError:
                 resp.close()
                 raise
-            except UpstreamConnectionError:
+            except UpstreamConnectionError as e:
                 resp.close()
                 # A kept-alive connection the server closed meanwhile fails before any byte
                 # of an answer: the request never ran, so sending it again is safe.
                 if reused and not resp.got_bytes:
                     continue
+                if resp.got_bytes:  # the answer began: the request ran, it is not retried
+                    raise UpstreamProtocolError(f"the answer's head was cut short ({e})") from e
                 raise
             except BaseException:
                 resp.close()

@@ -331,6 +331,8 @@ MALFORMED = {
     "http2_version": b"HTTP/2.0 200 OK\r\nContent-Length: 2\r\n\r\n{}",
     "switching_protocols": b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
     "json_array": json_answer(b"[1, 2]"),
+    "head_cut_then_close": b"HTTP/1.1 200 OK\r\nContent-Ty",
+    "interim_then_close": b"HTTP/1.1 100 Continue\r\n\r\n",
 }
 
 
@@ -339,7 +341,7 @@ async def test_a_malformed_answer_is_a_502_not_retried(name: str) -> None:
     raw = MALFORMED[name]
 
     async def bad(writer: asyncio.StreamWriter, body: bytes, index: int) -> bool:
-        return await _answer(writer, raw)
+        return await _answer(writer, raw, keep=not name.endswith("_then_close"))
 
     # Two backends and three attempts allowed: a retry would show as a second request.
     async with HostileUpstream(bad, "bad") as up, HostileUpstream(bad, "bad2") as other, \
