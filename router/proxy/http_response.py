@@ -55,7 +55,7 @@ class ResponseParser:
 
     def __init__(self, *, max_head: int = MAX_HEAD, max_trailer: int = MAX_TRAILER,
                  max_interim: int = MAX_INTERIM) -> None:
-        self._p = httptools.HttpResponseParser(self)
+        self._p: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         # "5 \r\n" (spaces before a chunk extension, RFC 9112 BWS) is read; every other
         # leniency stays off.
         self._p.set_dangerous_leniencies(lenient_spaces_after_chunk_size=True)
@@ -83,6 +83,8 @@ class ResponseParser:
             return []
         pieces = self._pieces = []
         progress = self._progress
+        if self._p is None:
+            raise ProtocolViolation("the answer was already released")
         try:
             self._p.feed_data(data)
         except httptools.HttpParserError as e:
@@ -105,6 +107,11 @@ class ResponseParser:
             self._stall_bytes = 0
             self.stalled = False
         return pieces
+
+    def release(self) -> None:
+        """Drop llhttp, which holds this object's callbacks: the reference cycle between
+        them would otherwise keep every answer's parser alive until a full collection."""
+        self._p = None
 
     def feed_eof(self) -> None:
         """The connection closed: fine only for a body read until close."""
@@ -140,6 +147,7 @@ class ResponseParser:
 
     def on_headers_complete(self) -> None:
         p = self._p
+        assert p is not None  # called by it
         status = p.get_status_code()
         version = p.get_http_version()
         if version not in ("1.1", "1.0"):

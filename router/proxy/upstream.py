@@ -248,6 +248,7 @@ class Response:
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        self._parser.release()
         conn._response = None
         parser = self._parser
         if parser.stray:
@@ -445,11 +446,13 @@ class Response:
         if self._conn is not None:
             self._conn._response = None
             self._conn = None
+        self._parser.release()
         self._stop_timers()  # no wait follows: the answer has ended or failed
         self._wake()
 
     def _fail(self, error: BaseException) -> None:
         self._error = error
+        self._parser.release()
         self._stop_timers()
         conn, self._conn = self._conn, None
         if conn is not None:
