@@ -498,3 +498,34 @@ async def test_an_upstream_that_sent_a_late_stray_answer_loses_keep_alive() -> N
             await pool.close()
     assert up.request_connections == up.requests == 4
     TALLY.fault("late_stray_answer")
+
+
+async def test_answers_leave_nothing_behind_for_the_collector() -> None:
+    """Each answer's parser is freed when the answer is done, by reference counting alone:
+    with the collector's thresholds raised (as speclane runs), cycles would pile up."""
+    import gc
+
+    from router.proxy.http_response import ResponseParser
+
+    async def script(writer: asyncio.StreamWriter, body: bytes, index: int) -> bool:
+        return await _answer(writer, stream_of("x") if index % 2 else json_answer(b"{}"))
+
+    def parsers() -> int:
+        return sum(isinstance(o, ResponseParser) for o in gc.get_objects())
+
+    async with HostileUpstream(script) as up:
+        pool = Http1Pool()
+        gc.collect()
+        gc.disable()
+        try:
+            before = parsers()
+            for _ in range(50):
+                resp = await pool.request("POST", f"{up.base_url}/chat/completions",
+                                          body=b"{}", read_timeout=5)
+                await resp.read()
+                resp.close()
+            del resp
+            assert parsers() - before <= 1
+        finally:
+            gc.enable()
+            await pool.close()
