@@ -144,7 +144,10 @@ async def client_session(app: web.Application) -> AsyncIterator[None]:
     session = aiohttp.ClientSession(connector=connector,
                                     skip_auto_headers=("User-Agent", "Accept-Encoding"))
     app[SESSION] = session  # health checks and scraping
-    client = Http1Pool(keepalive=30.0)  # the relay's own: see router.proxy.upstream for why
+    bounds = app[SETTINGS].upstream
+    client = Http1Pool(keepalive=30.0,  # the relay's own: see router.proxy.upstream for why
+                       max_body=bounds.max_body_bytes, head_timeout=bounds.head_timeout,
+                       max_trailer=bounds.max_trailer_bytes)
     app[RELAY] = Relay(client, app[POOL], app[SETTINGS].retry, app[METRICS])
     yield
     await app[RELAY].close()

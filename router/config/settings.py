@@ -106,6 +106,14 @@ class RetrySettings(Frozen):
     backoff_max: float = Field(1.0, ge=0)
 
 
+class UpstreamSettings(Frozen):
+    """Bounds on every upstream answer the relay reads (lanes and external backends)."""
+
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)  # decoded body of one answer
+    head_timeout: float = Field(30.0, gt=0)  # an answer's head, from its first byte to its end
+    max_trailer_bytes: int = Field(16 * 1024, ge=0)  # trailers after a chunked body
+
+
 class CooldownSettings(Frozen):
     allowed_fails: int = Field(3, ge=1)
     seconds: float = Field(5.0, ge=0)
@@ -137,6 +145,7 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     retry: RetrySettings = RetrySettings()
     cooldown: CooldownSettings = CooldownSettings()
+    upstream: UpstreamSettings = UpstreamSettings()
     backends: tuple[BackendSpec, ...] = ()
     lanes: LanesSettings = LanesSettings()
     presets: dict[str, PresetSpec] = Field(default_factory=lambda: dict(DEFAULT_PRESETS))

@@ -9,7 +9,11 @@ Rules (why they are what they are):
   that dies before producing anything is still retried. From then on every chunk is written
   as it arrives; only a bounded copy of the tail is kept to read the final statistics.
 - After the first byte nothing is retried: a failure ends the stream with an error event in
-  the OpenAI error shape, then ``data: [DONE]``.
+  the OpenAI error shape, then ``data: [DONE]``. A stream ends once: after the upstream's
+  ``data: [DONE]`` nothing more is read or written (its trailers cannot add an ending).
+- An answer that breaks HTTP/1.1 or a bound (``UpstreamProtocolError``) is not a connection
+  failure: the upstream ran the request, so it is answered 502 and not retried (reason
+  ``malformed``, or ``too_large``).
 - Only whole events are written: an incomplete event waits for its end (it is useless to a
   client until then), so an error event is never glued onto half an event.
 - A client that goes away closes the upstream request at once (unless the backend is marked
@@ -49,13 +53,20 @@ from router.metrics import Metrics
 from router.proxy.headers import served_headers
 from router.proxy.outcome import Outcome
 from router.proxy.request import (
+    HELD_LIMIT,
     ParsedRequest,
     SSETail,
     first_event_is_json,
     looks_like_sse,
     split_events,
 )
-from router.proxy.upstream import Http1Pool, Response
+from router.proxy.upstream import (
+    HeadTimeout,
+    Http1Pool,
+    Response,
+    UpstreamProtocolError,
+    UpstreamTooLarge,
+)
 from router.routing.types import Candidate, Decision
 
 log = logging.getLogger("speclane.relay")
@@ -172,6 +183,9 @@ class Relay:
                 return await self._relay_body(opened, outcome, headers, egress)
             finally:
                 self._end(backend, opened.response, outcome)
+        except RouterError as e:
+            _known_headers(e, headers, decision, outcome)
+            raise
         except asyncio.CancelledError:
             # Cancelled by shutdown() before any byte reached the client: answer 503.
             if live.aborted and live.task is not None and live.task.uncancel() == 0:
@@ -246,13 +260,26 @@ class Relay:
         except TimeoutError as e:
             self._failed(backend, "timeout")
             raise errors.upstream_timeout(
-                f"backend '{backend.name}' did not answer within {backend.read_timeout:g}s") from e
+                f"backend '{backend.name}' did not answer within {backend.read_timeout:g}s"
+                + (f" ({e})" if str(e) else "")) from e
+        except UpstreamProtocolError as e:
+            raise self._malformed(backend, e) from e
         except CONNECT_ERRORS as e:
             raise self._retryable(backend, "connect",
                                   f"could not reach backend '{backend.name}': {e}") from e
         try:
             if resp.status >= 400:
-                body = await resp.read(limit=64 * 1024)
+                try:
+                    body = await resp.read(limit=64 * 1024)
+                except TimeoutError as e:
+                    self._failed(backend, "timeout")
+                    raise errors.upstream_timeout(
+                        f"backend '{backend.name}' answered {resp.status} but its body did not "
+                        f"arrive within {backend.read_timeout:g}s of silence") from e
+                except UpstreamProtocolError as e:
+                    raise self._malformed(backend, e) from e
+                except CONNECT_ERRORS:
+                    body = b""  # the status says enough
                 err = errors.from_upstream_body(resp.status, body)
                 if resp.status in RETRY_STATUSES:
                     self._failed(backend, f"status_{resp.status}")
@@ -296,12 +323,20 @@ class Relay:
             raise errors.upstream_failed(
                 f"backend '{backend.name}' answered a streaming request with content type "
                 f"'{ctype or 'none'}' instead of text/event-stream", code="upstream_bad_stream")
+        first = b""
         try:
-            first = await resp.readany()
+            # Up to the end of the first event (bounded): it may come in pieces.
+            while len(first) < HELD_LIMIT and b"\n\n" not in first and b"\n\r\n" not in first:
+                more = await resp.readany()
+                if not more:
+                    break
+                first += more
         except TimeoutError as e:
             self._failed(backend, "timeout")
             raise errors.upstream_timeout(
                 f"backend '{backend.name}' sent no data for {backend.read_timeout:g}s") from e
+        except UpstreamProtocolError as e:
+            raise self._malformed(backend, e) from e
         except CONNECT_ERRORS as e:
             raise self._retryable(backend, "disconnect",
                                   f"backend '{backend.name}' closed the stream: {e}") from e
@@ -317,6 +352,14 @@ class Relay:
                 f"backend '{backend.name}' began its stream with an event that is not JSON",
                 code="upstream_bad_stream")
         return first
+
+    def _malformed(self, backend: Backend, e: ConnectionError) -> RouterError:
+        """An answer that broke HTTP/1.1 or a bound: the request ran upstream, so it is not
+        retried; counted under its own reason."""
+        reason = "too_large" if isinstance(e, UpstreamTooLarge) else "malformed"
+        self._failed(backend, reason)
+        return errors.upstream_failed(f"backend '{backend.name}' sent an invalid answer: {e}",
+                                      code=f"upstream_{reason}")
 
     def _retryable(self, backend: Backend, reason: str, message: str) -> Retryable:
         self._failed(backend, reason)
@@ -369,6 +412,8 @@ class Relay:
                 except ConnectionResetError:
                     outcome.client_gone = True  # the client went away; nothing more to send
                     return out
+                if whole.endswith((b"[DONE]\n\n", b"[DONE]\r\n\r\n")) and _ends_with_done(whole):
+                    break  # the stream has ended for the client: trailers can't add an end
                 chunk = await resp.readany()
             outcome.last_byte_at = time.monotonic()
         except TimeoutError:
@@ -381,6 +426,10 @@ class Relay:
                 await self._stream_failed(out, backend, outcome, "shutdown", shutting_down(
                     "speclane is shutting down; the stream was cut after the grace period"),
                     egress)
+                return out
+            if isinstance(e, UpstreamProtocolError):
+                err = self._malformed(backend, e)
+                await self._stream_failed(out, backend, outcome, "malformed", err)
                 return out
             await self._stream_failed(out, backend, outcome, "disconnect", errors.upstream_failed(
                 f"backend '{backend.name}' closed the stream mid-way: {type(e).__name__}"),
@@ -436,8 +485,11 @@ class Relay:
         except TimeoutError as e:
             self._failed(backend, "timeout")
             raise errors.upstream_timeout(
+                f"backend '{backend.name}': {e}" if isinstance(e, HeadTimeout) else
                 f"backend '{backend.name}' did not finish within {backend.read_timeout:g}s "
                 "of silence") from e
+        except UpstreamProtocolError as e:
+            raise self._malformed(backend, e) from e
         except CONNECT_ERRORS as e:
             self._failed(backend, "disconnect")
             raise errors.upstream_failed(
@@ -451,7 +503,11 @@ class Relay:
             raise errors.upstream_failed(
                 f"backend '{backend.name}' answered with {len(body)} bytes of content type "
                 f"'{ctype}' that are not valid JSON", code="upstream_bad_json") from None
-        outcome.body_json = parsed if isinstance(parsed, dict) else None
+        if not isinstance(parsed, dict):  # every OpenAI answer is an object
+            raise errors.upstream_failed(
+                f"backend '{backend.name}' answered with JSON that is not an object "
+                f"({type(parsed).__name__})", code="upstream_bad_json")
+        outcome.body_json = parsed
         outcome.completed = True
         outcome.status = resp.status
         if egress is not None:
@@ -534,3 +590,22 @@ class Relay:
         for task in list(self._drains):
             task.cancel()
         await asyncio.gather(*self._drains, return_exceptions=True)
+
+
+def _known_headers(err: RouterError, headers: dict[str, str], decision: Decision,
+                   outcome: Outcome) -> None:
+    """An error answer carries the X-Speclane-* headers known when it happened (its own,
+    such as the error source, win)."""
+    known = {**headers, "X-Speclane-Decision": decision.reason,
+             "X-Speclane-Attempts": str(outcome.attempts)}
+    if outcome.attempts and decision.candidates:
+        tried = decision.candidates[(outcome.attempts - 1) % len(decision.candidates)]
+        known["X-Speclane-Backend"], known["X-Speclane-Lane"] = tried.backend, tried.lane
+    for name, value in known.items():
+        err.headers.setdefault(name, value)
+
+
+def _ends_with_done(events: bytes) -> bool:
+    """The last of these whole events is ``data: [DONE]``."""
+    body = events.rstrip()
+    return body[body.rfind(b"\n") + 1:].replace(b" ", b"") == b"data:[DONE]"

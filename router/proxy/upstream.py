@@ -5,48 +5,63 @@ trace and cookie machinery and a timeout context, and per relayed chunk it runs 
 StreamReader (flow control, chunk bookkeeping, joins). On the relay path that was most
 of what speclane itself cost per stream (``speclane bench overhead``). This client does
 only what the relay needs: keep-alive connections per (scheme, host, port), one request
-written in one call, status and headers parsed once, the body decoded (Content-Length,
-chunked, or until close) straight from ``data_received`` into a list the relay drains.
+written in one call, and the answer parsed by llhttp (``router.proxy.http_response``)
+straight from ``data_received`` into a list the relay drains, the way uvicorn drives it.
 aiohttp's client stays for health checks and scraping, where none of this matters.
 
-Errors: every failure to connect or to read is an ``UpstreamConnectionError`` (a
-``ConnectionError``), silence longer than the read timeout is ``TimeoutError``: the two
-the relay tells apart.
+Every upstream is a stranger: an answer's head must arrive within ``head_timeout`` of its
+first byte (interim answers and trailers are counted and bounded), its decoded body is at
+most ``max_body`` bytes (gzip is inflated piece by piece against that bound), and a
+connection goes back to the pool only when its answer ended exactly where its framing said,
+nothing is left to read on it, and reading was never paused.
+
+Errors: a failure to connect or a connection that breaks is an ``UpstreamConnectionError``
+(a ``ConnectionError``); an answer that breaks HTTP/1.1 or a bound is its subclass
+``UpstreamProtocolError`` (not worth retrying: the upstream ran the request and answered
+badly); silence longer than the read timeout, or a head slower than ``head_timeout``, is
+``TimeoutError``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import select
 import ssl
 import time
 import zlib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from operator import ne
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-MAX_HEAD = 64 * 1024  # status line and headers
-MAX_LINE = 8 * 1024  # a chunk-size or trailer line
+from router.proxy.http_response import Headers, ProtocolViolation, ResponseParser
+
+log = logging.getLogger("speclane.upstream")
+
 PAUSE_AT = 1 << 20  # unread body bytes that pause reading from the socket
+DEFAULT_MAX_BODY = 64 * 1024 * 1024  # decoded body bytes of one answer
+DEFAULT_HEAD_TIMEOUT = 30.0  # from an answer's first byte to the end of its head
+
+StillWorking = Callable[[], Awaitable[bool]]
 
 
 class UpstreamConnectionError(ConnectionError):
     """Could not connect, the connection closed early, or the upstream broke HTTP/1.1."""
 
 
-class Headers(dict[str, str]):
-    """Response headers by lower-cased name (repeated ones joined with ", ")."""
+class UpstreamProtocolError(UpstreamConnectionError):
+    """The upstream answered, but not in valid HTTP/1.1 or beyond a bound: the request ran,
+    so this is not retried as a connection failure."""
 
-    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
-        return super().get(key.lower(), default)
 
-    def __getitem__(self, key: str) -> str:
-        return super().__getitem__(key.lower())
+class UpstreamTooLarge(UpstreamProtocolError):
+    """The answer's decoded body is larger than ``max_body``."""
 
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and super().__contains__(key.lower())
+
+class HeadTimeout(TimeoutError):
+    """The answer's head began but did not end within ``head_timeout``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,259 +90,6 @@ def split_url(url: str) -> tuple[Origin, str]:
     return Origin(parts.scheme, parts.hostname, port), target
 
 
-# --- body decoding (pure: bytes in, body pieces out) ------------------------------------
-
-_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
-
-
-class ProtocolViolation(Exception):
-    pass
-
-
-_HEX = b"0123456789abcdefABCDEF"
-
-
-# Size lines already read, by their bytes: a stream's events have a few lengths, and a
-# dict look-up costs a fifth of parsing the hex again. Only short lines of plain hex
-# digits get in, and only so many: an upstream can't make it grow without bound.
-_SIZES: dict[bytes, int] = {}
-_SIZES_MAX = 4096
-_SIZE_KEY_MAX = 8
-
-
-def _plain_size(piece: bytes) -> int | None:
-    """The value of a size line that is only hex digits (remembered), else None."""
-    if not piece or piece.translate(None, _HEX):
-        return None
-    value = int(piece, 16)
-    if len(piece) <= _SIZE_KEY_MAX and len(_SIZES) < _SIZES_MAX:
-        _SIZES[piece] = value
-    return value
-
-
-def _chunk_size(line: bytes) -> int:
-    """A chunk-size line's size: hex digits only (RFC 9112 ``1*HEXDIG``), then optional
-    whitespace and extensions. ``int(x, 16)`` alone would also take ``0x1f``, ``+1f``,
-    ``1_f`` or leading spaces: forms no server sends and a framing check must not guess at.
-    """
-    size = _plain_size(line.split(b";", 1)[0].rstrip(b" \t"))
-    if size is None:
-        raise ProtocolViolation(f"bad chunk size {line[:20]!r}")
-    return size
-
-
-def _split_chunks(buf: bytes, pos: int) -> tuple[bytes, int] | None:
-    """The usual read decoded with C loops instead of a Python loop per chunk: the
-    complete chunks from ``pos`` on, up to the first one that is cut by the end of the
-    read, carries CRLF in its data or an extension on its size, or is the last chunk.
-    Returns ``(their data joined, where decoding goes on)``, or None when not even the
-    first chunk qualifies; the chunk-by-chunk loop reads (and judges) whatever is left.
-
-    Why it is sound: split at every CRLF, the pieces alternate size line, data. While each
-    size matches the length of the piece after it, that piece is exactly the chunk's data
-    (it holds no CRLF and a CRLF follows it), so the next pair starts at the next chunk. The
-    first chunk whose data holds a CRLF is compared with the part before that CRLF, which
-    is shorter: the run of accepted chunks stops there.
-    """
-    parts = (buf[pos:] if pos else buf).split(b"\r\n")
-    pairs = (len(parts) - 1) // 2  # pairs whose data piece is followed by a CRLF
-    datas = parts[1:2 * pairs:2]
-    lengths = list(map(len, datas))
-    if 0 in lengths:  # the last chunk (or a misread): only a chunk's data is never empty
-        pairs = lengths.index(0)
-        del datas[pairs:], lengths[pairs:]
-    if not pairs:
-        return None
-    sizes = parts[0:2 * pairs:2]
-    values = list(map(_SIZES.get, sizes))
-    if None in values:
-        values = [_plain_size(s) if v is None else v for s, v in zip(sizes, values, strict=True)]
-    if values != lengths:
-        pairs = list(map(ne, values, lengths)).index(True)
-        if not pairs:
-            return None
-        del datas[pairs:]
-    rest = parts[2 * pairs:]  # what follows the CRLF after the last chunk taken
-    end = len(buf) if len(rest) == 1 and not rest[0] else (
-        len(buf) - sum(map(len, rest)) - 2 * (len(rest) - 1))
-    return b"".join(datas), end
-
-
-@dataclass(slots=True)
-class ResponseParser:
-    """Incremental parser of one response: ``feed`` returns the body bytes decoded so far."""
-
-    head_only: bool = False  # the request was HEAD: no body whatever the headers say
-    state: int = _HEAD
-    status: int = 0
-    reason: str = ""
-    version: str = ""
-    headers: Headers = field(default_factory=Headers)
-    remaining: int = 0
-    keep_alive: bool = True
-    _buf: bytes = b""
-
-    @property
-    def head_done(self) -> bool:
-        return self.state != _HEAD
-
-    @property
-    def done(self) -> bool:
-        return self.state == _DONE
-
-    def feed(self, data: bytes) -> list[bytes]:
-        buf = self._buf + data if self._buf else data
-        pos = 0
-        out: list[bytes] = []
-        n = len(buf)
-        # (A Content-Length of 0 ends the answer with no byte left to read.)
-        while pos < n or (self.state == _LENGTH and self.remaining == 0):
-            state = self.state
-            if state == _CHUNK_SIZE:
-                pos = self._whole_chunks(buf, pos, out)
-                if pos >= n or self.state != _CHUNK_SIZE:
-                    continue
-                # what is left is a chunk that has not fully arrived: the general path
-            if state == _CHUNK_DATA:
-                take = min(self.remaining, n - pos)
-                out.append(buf[pos:pos + take])
-                pos += take
-                self.remaining -= take
-                if self.remaining:
-                    break
-                self.state = _CHUNK_END
-            elif state == _CHUNK_SIZE:
-                end = buf.find(b"\r\n", pos)
-                if end < 0:
-                    if n - pos > MAX_LINE:
-                        raise ProtocolViolation("chunk size line too long")
-                    break
-                size = _chunk_size(buf[pos:end])
-                pos = end + 2
-                self.remaining = size
-                self.state = _CHUNK_DATA if size else _TRAILERS
-            elif state == _CHUNK_END:
-                if n - pos < 2:
-                    break
-                if buf[pos:pos + 2] != b"\r\n":
-                    raise ProtocolViolation("chunk data not followed by CRLF")
-                pos += 2
-                self.state = _CHUNK_SIZE
-            elif state == _LENGTH:
-                if self.remaining == 0:
-                    self.state = _DONE
-                    continue
-                take = min(self.remaining, n - pos)
-                out.append(buf[pos:pos + take])
-                pos += take
-                self.remaining -= take
-                if self.remaining == 0:
-                    self.state = _DONE
-            elif state == _UNTIL_CLOSE:
-                out.append(buf[pos:] if pos else buf)
-                pos = n
-            elif state == _TRAILERS:
-                end = buf.find(b"\r\n", pos)
-                if end < 0:
-                    if n - pos > MAX_LINE:
-                        raise ProtocolViolation("trailer line too long")
-                    break
-                line_empty = end == pos
-                pos = end + 2
-                if line_empty:
-                    self.state = _DONE
-            elif state == _HEAD:
-                end = buf.find(b"\r\n\r\n", pos)
-                if end < 0:
-                    if n - pos > MAX_HEAD:
-                        raise ProtocolViolation("response head too large")
-                    break
-                self._parse_head(buf[pos:end])
-                pos = end + 4
-            else:  # _DONE: anything after the answer is not ours to read
-                if pos < n:
-                    self.keep_alive = False
-                pos = n
-        self._buf = buf[pos:] if pos < n else b""
-        return out
-
-    def _whole_chunks(self, buf: bytes, pos: int, out: list[bytes]) -> int:
-        """Decode every complete chunk from ``pos`` on.
-
-        Upstreams flush one chunk per token, so a read holds many small chunks: this is
-        where a long stream's relay spends its time. ``_split_chunks`` takes the usual read
-        whole; what it leaves (a chunk with CRLF in its data, an extension) goes through one
-        tight loop over locals, without trying the shortcut again: that would split the
-        rest of the read once more after every such chunk. It stops before a chunk that has
-        not fully arrived, and at the last chunk (the general path reads the trailers).
-        """
-        taken = _split_chunks(buf, pos)
-        if taken is not None:
-            out.append(taken[0])
-            pos = taken[1]
-        find = buf.find
-        n = len(buf)
-        append = out.append
-        while True:
-            end = find(b"\r\n", pos)
-            if end < 0 or end == pos:
-                return pos
-            size = _chunk_size(buf[pos:end])
-            start = end + 2
-            stop = start + size
-            if size == 0 or stop + 2 > n:
-                return pos  # the last chunk, or one still arriving
-            if buf[stop:stop + 2] != b"\r\n":
-                raise ProtocolViolation("chunk data not followed by CRLF")
-            append(buf[start:stop])
-            pos = stop + 2
-
-    def feed_eof(self) -> None:
-        """The connection closed: fine only for a body read until close."""
-        if self.state == _UNTIL_CLOSE:
-            self.state = _DONE
-        elif self.state != _DONE:
-            raise ProtocolViolation("connection closed before the answer was complete")
-
-    def _parse_head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        status_line = lines[0].decode("latin-1")
-        parts = status_line.split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise ProtocolViolation(f"bad status line {status_line[:60]!r}")
-        status = int(parts[1])
-        headers = Headers()
-        for raw in lines[1:]:
-            name, sep, value = raw.decode("latin-1").partition(":")
-            if not sep or not name or name != name.strip():
-                raise ProtocolViolation(f"bad header line {raw[:60]!r}")
-            key = name.lower()
-            value = value.strip()
-            prev = dict.get(headers, key)
-            dict.__setitem__(headers, key, value if prev is None else f"{prev}, {value}")
-        if 100 <= status < 200:
-            return  # an interim answer (100 Continue, 103 Early Hints): the real one follows
-        self.status, self.version = status, parts[0]
-        self.reason = parts[2] if len(parts) > 2 else ""
-        self.headers = headers
-        connection = headers.get("connection", "").lower()
-        self.keep_alive = (parts[0] == "HTTP/1.1" and "close" not in connection) or (
-            parts[0] == "HTTP/1.0" and "keep-alive" in connection)
-        te = headers.get("transfer-encoding", "").lower()
-        if self.head_only or status in (204, 304):
-            self.state = _DONE
-        elif te:
-            if not te.endswith("chunked"):
-                raise ProtocolViolation(f"unsupported transfer-encoding {te!r}")
-            self.state = _CHUNK_SIZE
-        elif (length := headers.get("content-length")) is not None:
-            if not length.isdigit():
-                raise ProtocolViolation(f"bad content-length {length[:20]!r}")
-            self.remaining = int(length)
-            self.state = _LENGTH
-        else:
-            self.state = _UNTIL_CLOSE
-            self.keep_alive = False
 
 
 # --- connections ------------------------------------------------------------------------
@@ -336,9 +98,12 @@ class ResponseParser:
 class _Connection(asyncio.Protocol):
     """One socket; carries one request at a time."""
 
-    def __init__(self, open_set: set[_Connection]) -> None:
+    def __init__(self, open_set: set[_Connection], on_stray: Callable[[], None]) -> None:
         self._open_set = open_set  # the pool's: a connection leaves it when it closes
+        self.on_stray = on_stray  # bytes came that belong to no answer
         self.transport: asyncio.Transport | None = None
+        self._poll: select.poll | None = None  # asks the socket whether bytes wait on it
+        self.tls = False
         self.closed = False
         self.idle_since = 0.0
         self.used = False  # has carried a request before (may be stale when reused)
@@ -348,11 +113,19 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, only alike.
         self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        # Under TLS the socket's bytes are records (a session ticket may come at any time),
+        # not answers; stray plaintext still reaches data_received, which closes.
+        self.tls = transport.get_extra_info("sslcontext") is not None
+        if sock is not None and not self.tls:
+            self._poll = select.poll()
+            self._poll.register(sock.fileno(), select.POLLIN | select.POLLPRI)
         self._open_set.add(self)
 
     def data_received(self, data: bytes) -> None:
         if self._response is None:
-            self.close()  # bytes nobody asked for: the connection can't be trusted
+            self.abort()  # bytes nobody asked for: the connection can't be trusted
+            self.on_stray()
             return
         self._response._data(data)
 
@@ -371,6 +144,18 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         pass
 
+    def reusable(self) -> bool:
+        """Open, and nothing (bytes, EOF, an error) waiting to be read on its socket: the
+        check at check-out and at return. When the socket can't be asked, it is not."""
+        if self.closed:
+            return False
+        if self.tls:
+            return True
+        try:
+            return self._poll is not None and not self._poll.poll(0)
+        except (OSError, ValueError):
+            return False
+
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
@@ -385,26 +170,32 @@ class _Connection(asyncio.Protocol):
 class Response:
     """An upstream answer: ``status``, ``headers``, then ``readany()``/``read()`` its body.
 
-    ``close()`` gives the connection back when the body was read whole, and otherwise
-    aborts it, which is what tells the upstream to stop generating.
+    ``close()`` gives the connection back when the body was read whole and the connection
+    is clean, and otherwise aborts it, which is what tells the upstream to stop generating.
     """
 
     def __init__(self, pool: Http1Pool, origin: Origin, conn: _Connection,
-                 read_timeout: float | None, head_only: bool = False) -> None:
+                 read_timeout: float | None, still_working: StillWorking | None = None) -> None:
         self._pool = pool
         self._origin = origin
         self._conn: _Connection | None = conn
         self._read_timeout = read_timeout
-        self._parser = ResponseParser(head_only=head_only)
+        self._still_working = still_working
+        self._parser = ResponseParser(max_trailer=pool.max_trailer)
         self._body: list[bytes] = []
         self._buffered = 0
+        self._size = 0  # decoded body bytes so far
         self._paused = False
+        self._spoilt = False  # reading was paused at some point: never pooled
         self._encoding: str | None = None  # Content-Encoding, read once the head is in
         self._decoder: Any = None  # a zlib decompressor for gzip/deflate answers
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._quiet_since = 0.0  # loop time the current wait began
-        self._timer: asyncio.TimerHandle | None = None  # checks the current wait's silence
+        # checks the current wait's silence (a task while still_working is being asked)
+        self._timer: asyncio.TimerHandle | asyncio.Task[None] | None = None
+        self._stall_since: float | None = None  # first byte of a head (or trailers) not done
+        self._stall_timer: asyncio.TimerHandle | None = None
         self.got_bytes = False
 
     # what the relay reads
@@ -453,16 +244,21 @@ class Response:
         return b"".join(parts)
 
     def close(self) -> None:
-        self._stop_timer()
+        self._stop_timers()
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        self._parser.release()
         conn._response = None
-        if self._parser.done and self._parser.keep_alive and not conn.closed:
+        parser = self._parser
+        if parser.stray:
+            conn.on_stray()
+        if (parser.done and parser.keep_alive and not self._spoilt and self._error is None
+                and conn.reusable()):
             self._pool._give_back(self._origin, conn)
         else:
             conn.abort()
-        if self._error is None and not self._parser.done:
+        if self._error is None and not parser.done:
             self._error = UpstreamConnectionError("the upstream answer was closed")
         self._wake()
 
@@ -497,7 +293,8 @@ class Response:
             self._waiter = None
 
     def _check_silence(self) -> None:
-        """A wait that has lasted the read timeout fails with TimeoutError."""
+        """A wait that has lasted the read timeout fails with TimeoutError, unless the
+        ``still_working`` callback says the upstream is busy on it: then it waits again."""
         self._timer = None
         waiter = self._waiter
         if waiter is None or waiter.done():
@@ -505,15 +302,55 @@ class Response:
         assert self._read_timeout is not None  # the timer is only armed with one
         due = self._quiet_since + self._read_timeout
         loop = waiter.get_loop()
-        if loop.time() >= due:
-            waiter.set_exception(TimeoutError())
-        else:  # this wait began after the timer was armed: check again at its own end
+        if loop.time() < due:  # this wait began after the timer was armed: check at its end
             self._timer = loop.call_at(due, self._check_silence)
+        elif self._still_working is None:
+            waiter.set_exception(TimeoutError())
+        else:
+            self._timer = loop.create_task(self._ask_still_working(waiter))
 
-    def _stop_timer(self) -> None:
+    async def _ask_still_working(self, waiter: asyncio.Future[None]) -> None:
+        assert self._still_working is not None and self._read_timeout is not None
+        try:
+            async with asyncio.timeout(self._read_timeout):
+                working = bool(await self._still_working())
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a callback that fails or hangs does not keep a silent upstream
+            working = False
+        self._timer = None
+        if waiter is not self._waiter or waiter.done():
+            return  # bytes came (or the answer ended) while asking
+        loop = waiter.get_loop()
+        if working:
+            self._quiet_since = loop.time()
+            self._timer = loop.call_at(self._quiet_since + self._read_timeout,
+                                       self._check_silence)
+        else:
+            waiter.set_exception(TimeoutError())
+
+    def _check_stall(self) -> None:
+        """A head (or trailers, or framing without data) still unfinished ``head_timeout``
+        after its first byte ends the answer: trickled bytes do not keep it alive."""
+        self._stall_timer = None
+        if self._stall_since is None or self._conn is None:
+            return
+        due = self._stall_since + self._pool.head_timeout
+        loop = asyncio.get_running_loop()
+        if loop.time() < due:
+            self._stall_timer = loop.call_at(due, self._check_stall)
+            return
+        what = "head" if not self._parser.head_done else "trailers or chunk framing"
+        self._fail(HeadTimeout(f"the upstream's {what} did not end within "
+                               f"{self._pool.head_timeout:g}s of its first byte"))
+
+    def _stop_timers(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -521,25 +358,46 @@ class Response:
 
     def _data(self, data: bytes) -> None:
         self.got_bytes = True
+        parser = self._parser
         try:
-            pieces = self._parser.feed(data)
-            if self._encoding is None and self._parser.head_done:
+            pieces = parser.feed(data)
+            if self._encoding is None and parser.head_done:
                 self._start_decoding()
             if self._decoder is not None:
                 pieces = self._decode(pieces)
         except ProtocolViolation as e:
-            self._fail(UpstreamConnectionError(f"invalid HTTP/1.1 answer: {e}"))
+            self._fail(UpstreamProtocolError(f"invalid HTTP/1.1 answer: {e}"))
             return
+        except UpstreamProtocolError as e:
+            self._fail(e)
+            return
+        if parser.stalled:
+            if self._stall_since is None:
+                loop = asyncio.get_running_loop()
+                self._stall_since = loop.time()
+                if self._stall_timer is None:
+                    self._stall_timer = loop.call_at(
+                        self._stall_since + self._pool.head_timeout, self._check_stall)
+        elif self._stall_since is not None:
+            self._stall_since = None
         # One piece per read, however many chunks it held: the relay takes them all at once.
         piece = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         if piece:
+            self._size += len(piece)
+            if self._size > self._pool.max_body:
+                self._fail(self._too_large())
+                return
             self._body.append(piece)
             self._buffered += len(piece)
         if (self._buffered > PAUSE_AT and not self._paused and self._conn is not None
                 and self._conn.transport is not None):
-            self._paused = True  # nobody is reading: stop taking bytes from the socket
+            self._paused = self._spoilt = True  # nobody is reading: stop taking bytes
             self._conn.transport.pause_reading()
         self._wake()
+
+    def _too_large(self) -> UpstreamTooLarge:
+        return UpstreamTooLarge(f"the upstream's answer is larger than {self._pool.max_body} "
+                                "bytes decoded (upstream.max_body_bytes)")
 
     def _start_decoding(self) -> None:
         """speclane asks for identity encoding; a server (or a proxy in front of it) that
@@ -551,29 +409,51 @@ class Response:
             raise ProtocolViolation(f"unsupported content-encoding {self._encoding!r}")
 
     def _decode(self, pieces: list[bytes]) -> list[bytes]:
+        """Inflate piece by piece, never more than the body bound allows: a small bomb
+        stops at ``max_body`` decoded bytes instead of filling memory first."""
+        decoder = self._decoder
+        budget = self._pool.max_body - self._size + 1  # one byte over is what tells
+        out: list[bytes] = []
         try:
-            out = [self._decoder.decompress(p) for p in pieces]
-            if self._parser.done:
-                out.append(self._decoder.flush())
+            for piece in pieces:
+                data = piece
+                while data and budget > 0:
+                    got = decoder.decompress(data, budget)
+                    out.append(got)
+                    budget -= len(got)
+                    data = decoder.unconsumed_tail
+            if self._parser.done and budget > 0:
+                out.append(decoder.flush(budget))
         except zlib.error as e:
             raise ProtocolViolation(f"{self._encoding} body does not decode: {e}") from None
+        if budget <= 0:
+            raise self._too_large()
         return out
 
     def _lost(self, exc: Exception | None) -> None:
-        try:
-            self._parser.feed_eof()
-        except ProtocolViolation as e:
-            detail = f": {exc}" if exc else ""
-            self._error = UpstreamConnectionError(f"upstream closed the connection ({e}){detail}")
+        if self._error is None:
+            try:
+                self._parser.feed_eof()
+                if self._decoder is not None:
+                    if self._parser.done:
+                        self._body.extend(self._decode([]))
+            except ProtocolViolation as e:
+                detail = f": {exc}" if exc else ""
+                self._error = UpstreamConnectionError(
+                    f"upstream closed the connection ({e}){detail}")
+            except UpstreamProtocolError as e:
+                self._error = e
         if self._conn is not None:
             self._conn._response = None
             self._conn = None
-        self._stop_timer()  # no wait follows: the answer has ended or failed
+        self._parser.release()
+        self._stop_timers()  # no wait follows: the answer has ended or failed
         self._wake()
 
     def _fail(self, error: BaseException) -> None:
         self._error = error
-        self._stop_timer()
+        self._parser.release()
+        self._stop_timers()
         conn, self._conn = self._conn, None
         if conn is not None:
             conn._response = None
@@ -582,21 +462,46 @@ class Response:
 
 
 class Http1Pool:
-    """Keep-alive connections per origin; ``post`` sends one request on one of them."""
+    """Keep-alive connections per origin; ``request`` sends one request on one of them.
+
+    ``max_body`` bounds an answer's decoded body, ``head_timeout`` the time from an
+    answer's first byte to the end of its head (and of trailers), ``max_trailer`` the
+    trailers' bytes.
+    """
 
     def __init__(self, *, keepalive: float = 30.0, max_idle: int = 256,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 max_body: int = DEFAULT_MAX_BODY, head_timeout: float = DEFAULT_HEAD_TIMEOUT,
+                 max_trailer: int = 16 * 1024) -> None:
         self._keepalive = keepalive
         self._max_idle = max_idle
         self._idle: dict[Origin, list[_Connection]] = {}
         self._ssl = ssl_context
         self._open: set[_Connection] = set()
+        self.max_body = max_body
+        self.head_timeout = head_timeout
+        self.max_trailer = max_trailer
+        # Origins that sent bytes after the end of an answer: their connections are not
+        # reused any more (a late stray answer could otherwise meet the next request).
+        self.distrusted: set[Origin] = set()
 
     async def request(self, method: str, url: str, *, body: bytes = b"",
                       headers: Mapping[str, str] | None = None,
                       connect_timeout: float | None = None,
-                      read_timeout: float | None = None) -> Response:
-        """Send the request and return once the answer's status and headers arrived."""
+                      read_timeout: float | None = None,
+                      still_working: StillWorking | None = None) -> Response:
+        """Send the request and return once the answer's status and headers arrived.
+
+        ``read_timeout`` is the longest silence while waiting for the answer's bytes
+        (TimeoutError beyond it). ``still_working``, when given, is asked once that silence
+        has lasted ``read_timeout``: if it returns True (the upstream says it is still busy
+        on this request, e.g. a lane still processing a long prompt), the wait starts over
+        instead of failing; False, an exception, or no answer within ``read_timeout``
+        ends it with TimeoutError as without it. (HEAD is not supported: an answer is
+        read by its framing, which a HEAD answer does not follow.)
+        """
+        if method == "HEAD":
+            raise ValueError("HEAD requests are not supported by this client")
         origin, target = split_url(url)
         head = _request_head(method, target, origin, headers or {}, len(body))
         payload = head + body
@@ -605,7 +510,7 @@ class Http1Pool:
             if conn is None:
                 reused = False
                 conn = await self._connect(origin, connect_timeout)
-            resp = Response(self, origin, conn, read_timeout, head_only=method == "HEAD")
+            resp = Response(self, origin, conn, read_timeout, still_working)
             conn._response = resp
             conn.used = True
             assert conn.transport is not None
@@ -613,12 +518,17 @@ class Http1Pool:
             try:
                 await resp._start()
                 return resp
-            except UpstreamConnectionError:
+            except UpstreamProtocolError:
+                resp.close()
+                raise
+            except UpstreamConnectionError as e:
                 resp.close()
                 # A kept-alive connection the server closed meanwhile fails before any byte
                 # of an answer: the request never ran, so sending it again is safe.
                 if reused and not resp.got_bytes:
                     continue
+                if resp.got_bytes:  # the answer began: the request ran, it is not retried
+                    raise UpstreamProtocolError(f"the answer's head was cut short ({e})") from e
                 raise
             except BaseException:
                 resp.close()
@@ -630,14 +540,22 @@ class Http1Pool:
         now = time.monotonic()
         while idle:
             conn = idle.pop()
-            if not conn.closed and now - conn.idle_since < self._keepalive:
+            if now - conn.idle_since < self._keepalive and conn.reusable():
                 return conn
-            conn.close()
+            conn.abort()
         return None
+
+    def _distrust(self, origin: Origin) -> None:
+        if origin not in self.distrusted:
+            self.distrusted.add(origin)
+            log.warning("upstream %s:%d sent bytes after the end of an answer: its "
+                        "connections are no longer reused", origin.host, origin.port)
+            for conn in self._idle.pop(origin, []):
+                conn.abort()
 
     def _give_back(self, origin: Origin, conn: _Connection) -> None:
         idle = self._idle.setdefault(origin, [])
-        if len(idle) >= self._max_idle:
+        if len(idle) >= self._max_idle or origin in self.distrusted:
             conn.close()
             return
         conn.idle_since = time.monotonic()
@@ -653,7 +571,8 @@ class Http1Pool:
         try:
             async with asyncio.timeout(connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self._open), origin.host, origin.port, ssl=ssl_arg)
+                    lambda: _Connection(self._open, lambda: self._distrust(origin)),
+                    origin.host, origin.port, ssl=ssl_arg)
         except TimeoutError:
             # Nothing was sent: as safe to try elsewhere as a refused connection.
             raise UpstreamConnectionError(f"cannot connect to {origin.host}:{origin.port} "
@@ -688,5 +607,6 @@ def _request_head(method: str, target: str, origin: Origin, headers: Mapping[str
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-__all__ = ["Headers", "Http1Pool", "Response", "ResponseParser", "UpstreamConnectionError",
-           "split_url"]
+__all__ = ["DEFAULT_HEAD_TIMEOUT", "DEFAULT_MAX_BODY", "HeadTimeout", "Headers", "Http1Pool",
+           "ProtocolViolation", "Response", "ResponseParser", "StillWorking",
+           "UpstreamConnectionError", "UpstreamProtocolError", "UpstreamTooLarge", "split_url"]

@@ -12,13 +12,11 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.proxy import upstream as http1
 from router.proxy.upstream import (
     Http1Pool,
     ProtocolViolation,
     ResponseParser,
     UpstreamConnectionError,
-    _split_chunks,
     split_url,
 )
 from tests.conftest import serve_app, wait_until
@@ -87,27 +85,6 @@ def test_chunked_decoding_matches_the_chunks_for_any_data_and_reads(
     assert b"".join(body) == b"".join(chunks) and parser.done
 
 
-@settings(max_examples=300, deadline=None)
-@given(chunks=st.lists(_DATA, min_size=1, max_size=30), last=st.booleans(),
-       cut=st.integers(min_value=0, max_value=40))
-def test_the_shortcut_takes_the_chunks_before_the_first_it_cannot_read(
-        chunks: list[bytes], last: bool, cut: int) -> None:
-    """It takes exactly the chunks before the first one with CRLF in its data, the first
-    one cut by the end of the read, or the last chunk, and says where the next one begins;
-    None when that is the very first chunk."""
-    raw = _chunked(chunks, False, False)
-    buf = raw if last else raw[:len(raw) - 5 - cut]
-    whole, at = [], 0
-    for c in chunks:
-        framed = b"%x\r\n%s\r\n" % (len(c), c)
-        if b"\r\n" in c or at + len(framed) > len(buf):
-            break
-        whole.append(c)
-        at += len(framed)
-    assert _split_chunks(buf, 0) == ((b"".join(whole), at) if whole else None)
-    assert _split_chunks(b"junk" + buf, 4) == ((b"".join(whole), at + 4) if whole else None)
-
-
 def test_content_length_body_and_what_follows_it() -> None:
     parser, body = _feed_in_pieces(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcEXTRA", 4)
     assert body == b"abc" and parser.done
@@ -146,41 +123,6 @@ def test_connection_close_is_honoured() -> None:
     raw = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
     parser, _ = _feed_in_pieces(raw, 100)
     assert parser.done and not parser.keep_alive
-
-
-def test_crlf_events_are_decoded_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A backend whose SSE lines end in CRLF puts CRLF in every chunk's data: the shortcut
-    declines at the first chunk and is not tried again after each of the others (which
-    would split the rest of the read again per chunk: quadratic in the read)."""
-    calls = []
-    split = http1._split_chunks
-
-    def counted(buf: bytes, pos: int) -> tuple[bytes, int] | None:
-        calls.append(pos)
-        return split(buf, pos)
-
-    monkeypatch.setattr(http1, "_split_chunks", counted)
-    events = [b'data: {"t": %d}\r\n\r\n' % i for i in range(500)]
-    raw = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-           + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n")
-    parser = ResponseParser()
-    assert b"".join(parser.feed(raw)) == b"".join(events) and parser.done
-    assert len(calls) == 1
-
-
-def test_the_size_memo_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Size lines are remembered to skip parsing them again, but only short plain-hex ones
-    and only up to a limit: a broken upstream's junk does not pile up."""
-    monkeypatch.setattr(http1, "_SIZES", {})  # this test fills it; the others get it back
-    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-    long_line = b"0" * 5000 + b"5"
-    parser, body = _feed_in_pieces(head + long_line + b"\r\nhello\r\n0\r\n\r\n", 100_000)
-    assert body == b"hello" and parser.done
-    assert long_line not in http1._SIZES  # read, not remembered
-    assert all(len(line) <= 8 for line in http1._SIZES)
-    for size in range(1, http1._SIZES_MAX + 100):
-        http1._split_chunks(b"%x\r\n%s\r\n" % (size, b"x" * size), 0)
-    assert len(http1._SIZES) == http1._SIZES_MAX
 
 
 @pytest.mark.parametrize("size", [b"0x5", b"+5", b"-5", b"5_0", b" 5", b"", b"5 5", b"g"])
