@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from router.worker.engine import BatchingEngine, Engine, LoadError, Models, SpeculativeEngine
+from router.worker.batching import DEFAULT_PREFILL_STEP_SIZE, BatchingEngine
+from router.worker.engine import Engine, LoadError, Models, SpeculativeEngine
+from router.worker.promptcache import DEFAULT_PROMPT_CACHE_BYTES
 from router.worker.server import WorkerInfo, make_app, start_site
 
 READY_PREFIX = "SPECLANE_WORKER_READY"
@@ -37,6 +39,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--draft-model", type=Path, help="speculative mode: the draft model directory")
     p.add_argument("--num-draft-tokens", type=int, default=3)
     p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument(
+        "--prompt-cache-bytes", type=int, default=DEFAULT_PROMPT_CACHE_BYTES,
+        help="bound of the KV prompt cache reused across requests (0: no cache)",
+    )
+    p.add_argument(
+        "--prefill-step-size", type=int, default=DEFAULT_PREFILL_STEP_SIZE,
+        help="batching mode: prompt tokens prefilled between two decoding steps",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--parent-pid", type=int)
@@ -45,6 +55,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--num-draft-tokens must be between 0 and 16")
     if args.max_batch_size < 1:
         p.error("--max-batch-size must be at least 1")
+    if args.prompt_cache_bytes < 0:
+        p.error("--prompt-cache-bytes must be >= 0")
+    if args.prefill_step_size < 1:
+        p.error("--prefill-step-size must be at least 1")
     return args
 
 
@@ -104,7 +118,10 @@ def build_engine(args: argparse.Namespace) -> Engine:
 
     if args.mode == "speculative":
         return SpeculativeEngine(load, args.num_draft_tokens)
-    return BatchingEngine(load, args.max_batch_size)
+    return BatchingEngine(
+        load, args.max_batch_size,
+        prompt_cache_bytes=args.prompt_cache_bytes, prefill_step_size=args.prefill_step_size,
+    )
 
 
 def model_dir(path: Path) -> Path:
