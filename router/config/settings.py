@@ -98,6 +98,11 @@ class LanesSettings(Frozen):
     max_restarts: int = Field(5, ge=0)  # within restart_window, then the lane is given up
     restart_window: float = Field(300.0, gt=0)
     read_timeout: float = Field(300.0, gt=0)
+    # KV cache of earlier requests reused for the longest common token prefix (0: off).
+    prompt_cache_bytes: int = Field(1 << 30, ge=0)
+    # Batching lane: prompt tokens prefilled between two decoding steps (long prompts are
+    # prefilled in chunks, so running streams keep producing tokens).
+    prefill_step_size: int = Field(256, ge=1, le=65536)
     env: dict[str, str] = Field(default_factory=dict)
     speculative: LaneSpec = LaneSpec()
     batching: LaneSpec = LaneSpec()

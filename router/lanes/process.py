@@ -50,9 +50,12 @@ def build_worker_command(
             "--model", str(model_dir), "--model-name", model_name]
     if draft_dir is not None and lane == "speculative":
         argv += ["--draft-model", str(draft_dir)]
+    if lane == "batching":
+        argv += ["--prefill-step-size", str(settings.prefill_step_size)]
     argv += [
         "--num-draft-tokens", str(settings.num_draft_tokens),
         "--max-batch-size", str(settings.max_batch_size),
+        "--prompt-cache-bytes", str(settings.prompt_cache_bytes),
         "--host", "127.0.0.1", "--port", "0",
         "--parent-pid", str(os.getpid()),
     ]
