@@ -15,14 +15,17 @@ from router.metrics import Metrics
 from router.proxy.admission import ConcurrencyLimiter
 from router.proxy.relay import Relay
 from router.proxy.telemetry import SpecTelemetry
+from router.routing.affinity import AffinityMap
 from router.routing.load import LoadGate
 
 
 @dataclass
 class RoutingState:
-    """What one decision leaves for the next: the load gate's hysteresis state."""
+    """What one decision leaves for the next: the load gate's hysteresis state, and which
+    lane last served each conversation prefix (cache-aware routing)."""
 
     gate: LoadGate = field(default_factory=LoadGate)
+    affinity: AffinityMap = field(default_factory=AffinityMap)
 
 
 SETTINGS = web.AppKey("settings", Settings)

@@ -21,6 +21,7 @@ from router.proxy import observe
 from router.proxy.relay import BodyFor, Outcome
 from router.proxy.request import ParsedRequest, parse_request
 from router.proxy.telemetry import SpecClaim
+from router.routing.affinity import fingerprints
 from router.routing.classify import (
     LANE_HEADER,
     PRESET_HEADER,
@@ -49,7 +50,7 @@ def identify(request: web.Request) -> Policy:
 
 
 def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
-           claim: SpecClaim) -> Classification:
+           claim: SpecClaim, prints: tuple[bytes, ...] = ()) -> Classification:
     app = request.app
     settings = app[SETTINGS]
     facts = RequestFacts(
@@ -57,6 +58,7 @@ def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
         preset_header=request.headers.get(PRESET_HEADER),
         lane_header=request.headers.get(LANE_HEADER),
         body_keys=frozenset(parsed.data),
+        cache_holder=app[ROUTING].affinity.holder(prints) if prints else None,
     )
     telemetry = app[SPEC]
     result = classify(facts, policy, settings.presets, app[POOL].snapshot(),
@@ -91,13 +93,16 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     metrics = app[METRICS]
     client = "unidentified"
     claim = SpecClaim()
+    prints: tuple[bytes, ...] = ()
     try:
         policy = identify(request)
         client = policy.client
         parsed = parse_request(endpoint, await request.read())
         limiter = app[LIMITER]
+        if app[SETTINGS].routing.cache_affinity:
+            prints = fingerprints(endpoint, parsed.data)
         async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
-            result = decide(request, parsed, policy, claim)
+            result = decide(request, parsed, policy, claim, prints)
             metrics.decisions.labels(client, result.decision.candidates[0].lane,
                                      result.decision.labels.get("rule", "none")).inc()
             overhead = time.monotonic() - arrival - waited
@@ -119,6 +124,8 @@ async def proxy(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         raise
     finally:
         outcome.finished_at = time.monotonic()
+        if prints and outcome.status == 200 and outcome.backend and outcome.backend.lane:
+            app[ROUTING].affinity.record(prints, outcome.backend.lane)
         observe.record(metrics, outcome)
         app[SPEC].observe(outcome, claim)
 

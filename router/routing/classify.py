@@ -41,6 +41,11 @@ The steps, in order (the first failing step answers):
    - ``load-high``: the load gate (``router.routing.load.LoadGate``) is busy; a client with
      priority > 0 passes it.
 
+   Then ``cache-affinity`` (``router.routing.affinity``): when the request's prefix was
+   last served by the other lane (``RequestFacts.cache_holder``), that lane goes first
+   unless load is imbalanced against it beyond ``affinity_abs_threshold`` and
+   ``affinity_rel_threshold``; not for a ``batching`` preference, nor for ``n>1``.
+
    A lane that is down or cooling down is never a candidate: ``spec-lane-down`` /
    ``no-spec-lane`` send to batching, ``batching-down`` / ``no-batching-lane`` to the
    speculative lane. A model only external backends serve goes least busy first
@@ -63,6 +68,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from router.config.policies import CLIENT_HEADER, Policy
 from router.config.presets import LanePreference, PresetSpec
 from router.errors import RouterError, bad_request, not_found, unavailable
+from router.routing.affinity import RULE as AFFINITY_RULE
+from router.routing.affinity import AffinityThresholds, steer
 from router.routing.load import LoadGate, available, candidate_for, lane_load, lanes_load
 from router.routing.types import BackendView, Candidate, Decision, LaneName, RouteRequest
 
@@ -77,6 +84,7 @@ RULES = (
     "override", "spec-lane-free", "spec-probe", "prefer-batching", "external",
     *SHAPE_RULES, "spec-inactive", "spec-not-paying", "spec-lane-busy", "low-priority",
     "load-high", "spec-lane-down", "no-spec-lane", "batching-down", "no-batching-lane",
+    AFFINITY_RULE,
 )
 
 
@@ -90,12 +98,18 @@ class RoutingRules(BaseModel):
     short_output_tokens: int = Field(16, ge=0)  # 0: rule off
     spec_busy_at: int = Field(3, ge=1)
     spec_free_at: int = Field(1, ge=0)
+    cache_affinity: bool = True  # a conversation goes back to the lane holding its prefix
+    affinity_abs_threshold: int = Field(1, ge=0)  # load overrides affinity past both
+    affinity_rel_threshold: float = Field(1.5, ge=1.0)
 
     @model_validator(mode="after")
     def _gate_order(self) -> RoutingRules:
         if self.spec_free_at >= self.spec_busy_at:
             raise ValueError("spec_free_at must be below spec_busy_at")
         return self
+
+    def affinity_thresholds(self) -> AffinityThresholds:
+        return AffinityThresholds(self.affinity_abs_threshold, self.affinity_rel_threshold)
 
     def new_gate(self) -> LoadGate:
         return LoadGate(busy_at=self.spec_busy_at, free_at=self.spec_free_at)
@@ -128,6 +142,7 @@ class RequestFacts:
     preset_header: str | None = None  # X-Speclane-Preset
     lane_header: str | None = None  # X-Speclane-Lane
     body_keys: frozenset[str] = frozenset()  # top-level fields present in the JSON body
+    cache_holder: str | None = None  # the lane that last served this request's prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +205,9 @@ def classify(
     else:
         shape = _shape(request, changes)
         candidates, rule = _route(serving, pref, shape, policy, gate, advice, load, rules)
+        if rules.cache_affinity and pref != "batching" and rule != "n>1":
+            candidates, rule = steer(candidates, rule, facts.cache_holder, serving,
+                                     rules.affinity_thresholds())
         reason = f"preset={preset or 'none'},{rule}->{candidates[0].lane}"
     if clamped:
         reason += ",clamped=" + "+".join(clamped)
@@ -197,6 +215,7 @@ def classify(
         "client": policy.client, "preset": preset or "none", "preset_source": preset_source,
         "lane_pref": pref, "rule": rule, "model": model, "requested_model": request.model,
         "lane_header": facts.lane_header or "", "lanes_load": str(load),
+        "cache_holder": facts.cache_holder or "",
         "gate": "busy" if gate.busy else "free", "priority": str(policy.priority),
         "spec_advice": _advice_label(advice), "clamped": ",".join(clamped),
     }
