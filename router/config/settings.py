@@ -100,9 +100,11 @@ class LanesSettings(Frozen):
     read_timeout: float = Field(300.0, gt=0)
     # KV cache of earlier requests reused for the longest common token prefix (0: off).
     prompt_cache_bytes: int = Field(1 << 30, ge=0)
-    # Batching lane: prompt tokens prefilled between two decoding steps (long prompts are
-    # prefilled in chunks, so running streams keep producing tokens).
-    prefill_step_size: int = Field(256, ge=1, le=65536)
+    # Batching lane: a long prompt is prefilled in chunks between decoding steps, so running
+    # streams keep producing tokens; a chunk takes about prefill_chunk_seconds (measured),
+    # and holds at most prefill_step_size tokens.
+    prefill_step_size: int = Field(2048, ge=1, le=65536)
+    prefill_chunk_seconds: float = Field(0.5, gt=0, le=60)
     env: dict[str, str] = Field(default_factory=dict)
     speculative: LaneSpec = LaneSpec()
     batching: LaneSpec = LaneSpec()

@@ -51,7 +51,8 @@ def build_worker_command(
     if draft_dir is not None and lane == "speculative":
         argv += ["--draft-model", str(draft_dir)]
     if lane == "batching":
-        argv += ["--prefill-step-size", str(settings.prefill_step_size)]
+        argv += ["--prefill-step-size", str(settings.prefill_step_size),
+                 "--prefill-chunk-seconds", str(settings.prefill_chunk_seconds)]
     argv += [
         "--num-draft-tokens", str(settings.num_draft_tokens),
         "--max-batch-size", str(settings.max_batch_size),

@@ -10,17 +10,24 @@ stopped by a stop string, or cancelled mid-prefill, so that a client's retry res
 the first try stopped) gives its KV state back to the cache.
 
 Long prompts starve no one: ``BatchGenerator.next()`` runs one decoding step for the running
-sequences and then prefills at most ``prefill_step_size`` tokens of each prompt being
-prefilled. With a small step a long prompt is prefilled in many chunks, each between two
-decoding steps, so running streams keep producing tokens; a cancel is seen after at most one
-chunk. ``progress_tokens`` (prompt tokens prefilled plus tokens generated) only ever grows
-while the lane works: the router reads it from /health to tell a lane that is busy
+sequences and then prefills at most ``generator.prefill_step_size`` tokens of each prompt
+being prefilled, so a long prompt is prefilled in chunks, each between two decoding steps,
+and running streams keep producing tokens; a cancel is seen after at most one chunk. The
+chunk is sized by time, not tokens: the engine measures the prefill rate and sets the step
+before each call so that a chunk takes about ``chunk_seconds`` (at most
+``prefill_step_size`` tokens). A fixed step would be either too big on a slow, busy machine
+(seconds between two tokens of every running stream) or too small on a fast one (a long
+prompt's prefill cut into needlessly many pieces).
+
+``progress_tokens`` (prompt tokens prefilled plus tokens generated) only ever grows while
+the lane works: the router reads it from /health to tell a lane that is busy
 prefilling a long prompt from one that hangs.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +46,11 @@ from router.worker.promptcache import PromptCache
 
 log = logging.getLogger("speclane.worker")
 
-DEFAULT_PREFILL_STEP_SIZE = 256
+DEFAULT_PREFILL_STEP_SIZE = 2048  # mlx-lm's own default: the bound of one chunk
+DEFAULT_CHUNK_SECONDS = 0.5  # the time one prefill chunk may take between decoding steps
+MIN_CHUNK = 16  # tokens: below this a chunk costs more in overhead than it spares
+FIRST_CHUNK = 64  # before the first measurement
+RATE_WEIGHT = 0.5  # of the newest measurement in the prefill rate's moving average
 
 
 @dataclass
@@ -48,6 +59,7 @@ class _Sequence:
     progress: Progress
     detokenizer: Any
     prefilled: int = 0  # prompt tokens of this sequence prefilled so far (from the generator)
+    decoding: bool = False  # its prompt is done
 
 
 class BatchingEngine(Engine):
@@ -58,12 +70,15 @@ class BatchingEngine(Engine):
         *,
         prompt_cache_bytes: int = 0,
         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+        chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
     ) -> None:
         super().__init__(load)
-        if prefill_step_size < 1:
-            raise ValueError("prefill_step_size must be >= 1")
+        if prefill_step_size < 1 or chunk_seconds <= 0:
+            raise ValueError("prefill_step_size must be >= 1 and chunk_seconds > 0")
         self.capacity = capacity
         self.prefill_step_size = prefill_step_size
+        self.chunk_seconds = chunk_seconds
+        self.prefill_rate: float | None = None  # prompt tokens per second, moving average
         self.prompt_cache = PromptCache(prompt_cache_bytes)
         self.prefill_tokens = 0  # prompt tokens computed, all requests (monotonic)
         self.generated_tokens = 0  # tokens generated, all requests (monotonic)
@@ -79,6 +94,7 @@ class BatchingEngine(Engine):
             "prefill_tokens": self.prefill_tokens,
             "generated_tokens": self.generated_tokens,
             "prefill_step_size": self.prefill_step_size,
+            "prefill_rate": round(self.prefill_rate or 0.0, 1),
             "prompt_cache": self.prompt_cache.stats(),
         }
 
@@ -93,6 +109,8 @@ class BatchingEngine(Engine):
                 if self._queue.closed:
                     break
                 continue
+            generator.prefill_step_size = self._chunk(live)
+            started, prefilled_before = time.perf_counter(), self.prefill_tokens
             try:
                 prompt_responses, responses = generator.next()
             except Exception as e:
@@ -105,11 +123,29 @@ class BatchingEngine(Engine):
                 continue
             for prompt_response in prompt_responses:
                 self._on_prefill(live, prompt_response)
+            self._measure(self.prefill_tokens - prefilled_before, time.perf_counter() - started)
             self.generated_tokens += len(responses)
             for response in responses:
                 self._on_token(generator, live, response)
             self.active = len(live)
         generator.close()
+
+    def _chunk(self, live: dict[int, _Sequence]) -> int:
+        """Prompt tokens per sequence for the next call: about ``chunk_seconds`` of work."""
+        prefilling = sum(not seq.decoding for seq in live.values())
+        if self.prefill_rate is None:
+            return min(FIRST_CHUNK, self.prefill_step_size)
+        tokens = int(self.prefill_rate * self.chunk_seconds / max(1, prefilling))
+        return max(MIN_CHUNK, min(tokens, self.prefill_step_size))
+
+    def _measure(self, tokens: int, seconds: float) -> None:
+        """Update the prefill rate from one call (its decoding step included: that only
+        makes the estimate, and so the chunks, a little smaller)."""
+        if tokens < MIN_CHUNK or seconds <= 0:
+            return  # too little prefill in this call to say anything
+        rate = tokens / seconds
+        old = self.prefill_rate
+        self.prefill_rate = rate if old is None else old + RATE_WEIGHT * (rate - old)
 
     def _new_generator(self, models: Models) -> Any:
         from mlx_lm.generate import BatchGenerator
@@ -178,6 +214,7 @@ class BatchingEngine(Engine):
         seq = live.get(response.uid)
         if seq is None:
             return
+        seq.decoding = True
         reason = response.finish_reason
         if reason != "stop":  # "stop" here is the EOS token itself: not part of the text
             seq.detokenizer.add_token(response.token)

@@ -19,7 +19,11 @@ import sys
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from router.worker.batching import DEFAULT_PREFILL_STEP_SIZE, BatchingEngine
+from router.worker.batching import (
+    DEFAULT_CHUNK_SECONDS,
+    DEFAULT_PREFILL_STEP_SIZE,
+    BatchingEngine,
+)
 from router.worker.engine import Engine, LoadError, Models, SpeculativeEngine
 from router.worker.promptcache import DEFAULT_PROMPT_CACHE_BYTES
 from router.worker.server import WorkerInfo, make_app, start_site
@@ -45,7 +49,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--prefill-step-size", type=int, default=DEFAULT_PREFILL_STEP_SIZE,
-        help="batching mode: prompt tokens prefilled between two decoding steps",
+        help="batching mode: at most this many prompt tokens between two decoding steps",
+    )
+    p.add_argument(
+        "--prefill-chunk-seconds", type=float, default=DEFAULT_CHUNK_SECONDS,
+        help="batching mode: the time one prefill chunk may take between two decoding steps",
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
@@ -59,6 +67,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--prompt-cache-bytes must be >= 0")
     if args.prefill_step_size < 1:
         p.error("--prefill-step-size must be at least 1")
+    if not args.prefill_chunk_seconds > 0:
+        p.error("--prefill-chunk-seconds must be > 0")
     return args
 
 
@@ -121,6 +131,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
     return BatchingEngine(
         load, args.max_batch_size,
         prompt_cache_bytes=args.prompt_cache_bytes, prefill_step_size=args.prefill_step_size,
+        chunk_seconds=args.prefill_chunk_seconds,
     )
 
 

@@ -408,10 +408,12 @@ def test_build_worker_command_batching_lane_has_no_draft(tmp_path):
 
 
 def test_build_worker_command_passes_the_prompt_cache_and_prefill_settings(tmp_path):
-    settings = LanesSettings(prompt_cache_bytes=12345, prefill_step_size=64)
+    settings = LanesSettings(prompt_cache_bytes=12345, prefill_step_size=64,
+                             prefill_chunk_seconds=0.25)
     batching = build_worker_command("batching", settings, tmp_path, None, "m").argv
     assert batching[batching.index("--prompt-cache-bytes") + 1] == "12345"
     assert batching[batching.index("--prefill-step-size") + 1] == "64"
+    assert batching[batching.index("--prefill-chunk-seconds") + 1] == "0.25"
     spec = build_worker_command("speculative", settings, tmp_path, None, "m").argv
     assert spec[spec.index("--prompt-cache-bytes") + 1] == "12345"
     assert "--prefill-step-size" not in spec  # one sequence at a time: nothing to interleave
