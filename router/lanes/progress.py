@@ -72,6 +72,15 @@ def still_working_callback(root_url: str, baseline: int | None = None,
     return still_working
 
 
+def for_lane(base_url: str, reported: Mapping[str, Any] | None) -> StillWorking:
+    """The hook for a request to a lane backend: ``base_url`` is its OpenAI base (``/v1``),
+    ``reported`` the supervisor's last /health snapshot of it (``Backend.reported``), whose
+    counter is the baseline. The relay passes this to the upstream client for lane backends
+    (``still_working=for_lane(backend.base_url, backend.reported) if backend.lane else
+    None``)."""
+    return still_working_callback(base_url.removesuffix("/v1"), progress_of(reported))
+
+
 async def read_health(root_url: str, seconds: float = HEALTH_TIMEOUT) -> dict[str, Any] | None:
     """GET /health (a fresh connection: this runs once per silence period at most)."""
     try:

@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from router.lanes.progress import progress_moved, progress_of, still_working_callback
+from router.lanes.progress import (
+    for_lane,
+    progress_moved,
+    progress_of,
+    still_working_callback,
+)
 
 
 @pytest.mark.parametrize(
@@ -83,3 +88,11 @@ async def test_without_a_baseline_the_first_look_trusts_a_busy_lane_once(
 
 async def test_an_unreachable_lane_is_not_working() -> None:
     assert not await still_working_callback("http://127.0.0.1:9", baseline=0, timeout=2)()
+
+
+async def test_for_lane_takes_the_supervisor_snapshot_as_baseline(
+    lane: tuple[str, dict[str, Any]],
+) -> None:
+    url, _ = lane
+    assert await for_lane(f"{url}/v1", {"progress_tokens": 90})()  # moved since the snapshot
+    assert not await for_lane(f"{url}/v1", {"progress_tokens": 100})()
