@@ -2,8 +2,9 @@
 in the same run, against ``mlx_lm.server`` started here on the same model directory.
 
 What a coding agent does to a local server: a long system prompt and a few tools resent on
-every turn, each turn appending the previous answer and a new user message. Measured per
-target, one target at a time (they would compete for the same cores otherwise):
+every turn, each turn appending the previous answer and a new user message. Both servers run
+for the whole bench (an idle one costs nothing); each measurement talks to one target at a
+time, alternating between them, so that the load of a shared machine weighs on both alike:
 
 - per turn: time to the first token (TTFT), decode tokens/s after it, prompt tokens and the
   prompt tokens the server reports as cached (``usage.prompt_tokens_details.cached_tokens``);
@@ -194,21 +195,27 @@ class Target:
     model: str
 
 
-async def conversation(session: aiohttp.ClientSession, t: Target, system: str, turns: int,
-                       max_tokens: int) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
-    rows = []
+async def conversation(session: aiohttp.ClientSession, targets: Sequence[Target],
+                       system: str, turns: int, max_tokens: int) -> dict[str, list[Any]]:
+    """The same conversation with every target, turn by turn (targets alternate, so that
+    the machine's changing load weighs on each alike); each target's own answers are
+    appended, as an agent would."""
+    messages = {t.name: [{"role": "system", "content": system}] for t in targets}
+    rows: dict[str, list[Any]] = {t.name: [] for t in targets}
     for turn in range(turns):
-        messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
-        body = {"model": t.model, "messages": messages, "tools": TOOLS, "tool_choice": "auto",
-                "max_tokens": max_tokens, "temperature": 0}
-        s = await stream_chat(session, t.base_url, body, t.headers)
-        rows.append({"turn": turn + 1, "ttft_s": s.ttft, "decode_tok_s": s.decode_rate(),
-                     "prompt_tokens": s.usage.get("prompt_tokens"),
-                     "cached_tokens": s.cached_tokens,
-                     "completion_tokens": s.completion_tokens, "error": s.error})
-        print(f"  {t.name} turn {turn + 1}: " + _fmt_row(rows[-1]), flush=True)
-        messages.append({"role": "assistant", "content": s.text})
+        for t in targets:
+            history = messages[t.name]
+            history.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
+            body = {"model": t.model, "messages": history, "tools": TOOLS,
+                    "tool_choice": "auto", "max_tokens": max_tokens, "temperature": 0}
+            s = await stream_chat(session, t.base_url, body, t.headers)
+            row = {"turn": turn + 1, "ttft_s": s.ttft, "decode_tok_s": s.decode_rate(),
+                   "prompt_tokens": s.usage.get("prompt_tokens"),
+                   "cached_tokens": s.cached_tokens,
+                   "completion_tokens": s.completion_tokens, "error": s.error}
+            rows[t.name].append(row)
+            print(f"  {t.name} turn {turn + 1}: " + _fmt_row(row), flush=True)
+            history.append({"role": "assistant", "content": s.text})
     return rows
 
 
@@ -265,17 +272,30 @@ async def starvation(session: aiohttp.ClientSession, t: Target, long_tokens: int
     return row
 
 
-async def measure(t: Target, args: argparse.Namespace) -> dict[str, Any]:
+async def measure(targets: Sequence[Target], args: argparse.Namespace) -> dict[str, Any]:
+    """Every phase with every target, one target at a time, alternating."""
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
+    out: dict[str, dict[str, Any]] = {t.name: {} for t in targets}
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        await stream_chat(session, t.base_url, {  # warm-up: first-call costs are not a turn
-            "model": t.model, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]},
-            t.headers)
-        turns = await conversation(session, t, system_prompt(args.system_tokens), args.turns,
-                                   args.max_tokens)
-        throughput = await concurrent(session, t, args.concurrency, args.concurrent_tokens)
-        starved = await starvation(session, t, args.long_tokens, t.name)
-    return {"turns": turns, "throughput": throughput, "starvation": starved}
+        for t in targets:  # warm-up: first-call costs are not a turn
+            await stream_chat(session, t.base_url, {"model": t.model, "max_tokens": 2,
+                              "messages": [{"role": "user", "content": "Hi"}]}, t.headers)
+        turns = await conversation(session, targets, system_prompt(args.system_tokens),
+                                   args.turns, args.max_tokens)
+        rounds: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
+        for _ in range(args.rounds):
+            for t in targets:
+                rounds[t.name].append(
+                    await concurrent(session, t, args.concurrency, args.concurrent_tokens))
+        for t in targets:
+            out[t.name]["turns"] = turns[t.name]
+            out[t.name]["throughput"] = {
+                "concurrency": args.concurrency,
+                "aggregate_tok_s": mean([r["aggregate_tok_s"] for r in rounds[t.name]]),
+                "rounds": rounds[t.name]}
+        for t in targets:
+            out[t.name]["starvation"] = await starvation(session, t, args.long_tokens, "build")
+    return out
 
 
 # --- the servers -------------------------------------------------------------------------
@@ -317,18 +337,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     model_dir = Path(args.model) if args.model else ensure_default_models(quiet=True)[0]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {}
-    print(f"mlx_lm.server on {model_dir}", flush=True)
-    async with mlx_lm_server(model_dir, args.out.with_suffix(".mlx_lm.log")) as url:
-        target = Target("mlx_lm.server", url, {}, "default_model")  # its --model
-        results["mlx_lm.server"] = await measure(target, args)
-    print("speclane (batching lane)", flush=True)
+    print(f"starting mlx_lm.server and speclane on {model_dir}", flush=True)
     lanes = launch.LaneOptions(model=str(model_dir), max_batch_size=max(8, args.concurrency))
-    async with launch.own_router(lanes, args.out.with_suffix(".router.log")) as url:
+    async with (mlx_lm_server(model_dir, args.out.with_suffix(".mlx_lm.log")) as mlx_url,
+                launch.own_router(lanes, args.out.with_suffix(".router.log")) as url):
         async with aiohttp.ClientSession() as session:
             models = await environment.served_models(session, url)
-        target = Target("speclane", url, dict(LANE_HEADERS), (models or [model_dir.name])[0])
-        results["speclane"] = await measure(target, args)
+        targets = [Target("mlx_lm.server", mlx_url, {}, "default_model"),  # its --model
+                   Target("speclane", url, dict(LANE_HEADERS), (models or [model_dir.name])[0])]
+        results = await measure(targets, args)
     return {
         "bench": "agent", "date": environment.now_iso(), "model": str(model_dir),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
@@ -412,6 +429,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-tokens", type=int, default=24, help="per turn (default 24)")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--concurrent-tokens", type=int, default=24)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="concurrency rounds per target, alternating (default 2)")
     p.add_argument("--long-tokens", type=int, default=800,
                    help="approximate size of the long prompt of the starvation test")
     p.add_argument("--out", type=Path, default=Path("bench-results/agent.json"))

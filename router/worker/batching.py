@@ -27,7 +27,6 @@ prefilling a long prompt from one that hangs.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -110,9 +109,9 @@ class BatchingEngine(Engine):
                     break
                 continue
             generator.prefill_step_size = self._chunk(live)
-            started, prefilled_before = time.perf_counter(), self.prefill_tokens
             try:
-                prompt_responses, responses = generator.next()
+                with generator.stats() as step:
+                    prompt_responses, responses = generator.next()
             except Exception as e:
                 log.exception("batch step failed")
                 for seq in live.values():
@@ -123,7 +122,7 @@ class BatchingEngine(Engine):
                 continue
             for prompt_response in prompt_responses:
                 self._on_prefill(live, prompt_response)
-            self._measure(self.prefill_tokens - prefilled_before, time.perf_counter() - started)
+            self._measure(step.prompt_tokens, step.prompt_time)
             self.generated_tokens += len(responses)
             for response in responses:
                 self._on_token(generator, live, response)
@@ -139,8 +138,9 @@ class BatchingEngine(Engine):
         return max(MIN_CHUNK, min(tokens, self.prefill_step_size))
 
     def _measure(self, tokens: int, seconds: float) -> None:
-        """Update the prefill rate from one call (its decoding step included: that only
-        makes the estimate, and so the chunks, a little smaller)."""
+        """Update the prefill rate from one call's prompt processing (the generator times it
+        apart from the decoding step: counting that step in would shrink the chunks, which
+        would make the step weigh more in the next measurement, and so on)."""
         if tokens < MIN_CHUNK or seconds <= 0:
             return  # too little prefill in this call to say anything
         rate = tokens / seconds
