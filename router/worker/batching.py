@@ -14,10 +14,11 @@ sequences and then prefills at most ``generator.prefill_step_size`` tokens of ea
 being prefilled, so a long prompt is prefilled in chunks, each between two decoding steps,
 and running streams keep producing tokens; a cancel is seen after at most one chunk. The
 chunk is sized by time, not tokens: the engine measures the prefill rate and sets the step
-before each call so that a chunk takes about ``chunk_seconds`` (at most
-``prefill_step_size`` tokens). A fixed step would be either too big on a slow, busy machine
-(seconds between two tokens of every running stream) or too small on a fast one (a long
-prompt's prefill cut into needlessly many pieces).
+before each call so that a chunk takes about ``chunk_seconds`` while other sequences decode
+(``IDLE_FACTOR`` times that while none does), at most ``prefill_step_size`` tokens. A fixed
+step would be either too big on a slow, busy machine (seconds between two tokens of every
+running stream) or too small on a fast one (a long prompt's prefill cut into needlessly many
+pieces).
 
 ``progress_tokens`` (prompt tokens prefilled plus tokens generated) only ever grows while
 the lane works: the router reads it from /health to tell a lane that is busy
@@ -49,6 +50,7 @@ DEFAULT_PREFILL_STEP_SIZE = 2048  # mlx-lm's own default: the bound of one chunk
 DEFAULT_CHUNK_SECONDS = 0.5  # the time one prefill chunk may take between decoding steps
 MIN_CHUNK = 16  # tokens: below this a chunk costs more in overhead than it spares
 FIRST_CHUNK = 64  # before the first measurement
+IDLE_FACTOR = 4  # a chunk's time budget while no sequence decodes, in chunk_seconds
 RATE_WEIGHT = 0.5  # of the newest measurement in the prefill rate's moving average
 
 
@@ -130,11 +132,14 @@ class BatchingEngine(Engine):
         generator.close()
 
     def _chunk(self, live: dict[int, _Sequence]) -> int:
-        """Prompt tokens per sequence for the next call: about ``chunk_seconds`` of work."""
+        """Prompt tokens per sequence for the next call: about ``chunk_seconds`` of work
+        while some sequence decodes; ``IDLE_FACTOR`` times that while none does (bigger
+        chunks prefill faster, and only a request that has just arrived waits for one)."""
         prefilling = sum(not seq.decoding for seq in live.values())
         if self.prefill_rate is None:
             return min(FIRST_CHUNK, self.prefill_step_size)
-        tokens = int(self.prefill_rate * self.chunk_seconds / max(1, prefilling))
+        budget = self.chunk_seconds * (IDLE_FACTOR if prefilling == len(live) else 1)
+        tokens = int(self.prefill_rate * budget / max(1, prefilling))
         return max(MIN_CHUNK, min(tokens, self.prefill_step_size))
 
     def _measure(self, tokens: int, seconds: float) -> None:

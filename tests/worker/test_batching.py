@@ -6,7 +6,13 @@ from typing import Any
 
 import pytest
 
-from router.worker.batching import FIRST_CHUNK, MIN_CHUNK, BatchingEngine, _Sequence
+from router.worker.batching import (
+    FIRST_CHUNK,
+    IDLE_FACTOR,
+    MIN_CHUNK,
+    BatchingEngine,
+    _Sequence,
+)
 from router.worker.engine import Models
 
 
@@ -42,6 +48,13 @@ def test_chunks_take_about_chunk_seconds(rate: float, prefilling: int, step: int
     e = engine(step=step)
     e.prefill_rate = rate
     assert e._chunk(live(prefilling, 1)) == chunk
+
+
+def test_chunks_are_bigger_while_nothing_decodes() -> None:
+    e = engine()
+    e.prefill_rate = 100.0
+    assert e._chunk(live(1, 0)) == 50 * IDLE_FACTOR
+    assert e._chunk(live(1, 1)) == 50
 
 
 def test_the_rate_is_a_moving_average_of_calls_that_prefilled_enough() -> None:
