@@ -45,7 +45,8 @@ from router.proxy.middleware import error_middleware
 from router.proxy.relay import Relay
 from router.proxy.telemetry import SpecTelemetry
 from router.proxy.upstream import Http1Pool
-from router.routing.load import RoutingState, gate_for
+from router.routing.load import gate_for
+from router.routing.state import RoutingState
 
 log = logging.getLogger("speclane")
 

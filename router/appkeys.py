@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from router.proxy.admission import ConcurrencyLimiter
     from router.proxy.relay import Relay
     from router.proxy.telemetry import SpecTelemetry
-    from router.routing.load import RoutingState
+    from router.routing.state import RoutingState
 
 
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings")

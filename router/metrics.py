@@ -155,6 +155,19 @@ class Metrics:
             "1 when the supervisor stopped restarting a lane's worker that kept dying.",
             ["lane"], registry=r)
 
+        self.prompt_cache_tokens = Counter(
+            "speclane_prompt_cache_tokens_total",
+            "Prompt tokens of lane requests, by kind: reused from the lane's prompt cache, or "
+            "prefilled. Hit rate in tokens: reused / (reused + prefilled).",
+            ["lane", "kind"], registry=r)
+        self.prompt_cache_lookups = Counter(
+            "speclane_prompt_cache_lookups_total",
+            "Prompt-cache lookups of lane requests, by result (hit: some prefix reused).",
+            ["lane", "result"], registry=r)
+        self.prompt_cache_bytes = Gauge(
+            "speclane_prompt_cache_bytes", "Bytes held by the lane's prompt cache.",
+            ["lane"], registry=r)
+
         # --- classification and policy -------------------------------------------------
         self.decisions = Counter(
             "speclane_decisions_total", "Routing decisions by client, lane and reason.",

@@ -10,6 +10,7 @@ speculation is active (``spec_reason``: why not); telemetry says whether drafts 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,9 @@ class Backend:
     speculative_requested: bool = False
     drain_on_abort: bool = False
     max_concurrency: int | None = None
+    # For one request: an async "is it still working?" asked when its silence deadline
+    # passes (lanes: the worker's progress counter), so a long prefill is not a 504.
+    still_working: Callable[[Backend], Callable[[], Awaitable[bool]]] | None = None
     # live state, written by the health monitor / supervisor and the relay
     ready: bool = False
     discovered_models: frozenset[str] = frozenset()

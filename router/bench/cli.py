@@ -1,9 +1,13 @@
-"""``speclane bench [overhead] ...``: dispatch to the benchmark asked for."""
+"""``speclane bench [overhead | agent] ...``: dispatch to the benchmark asked for."""
 
 from __future__ import annotations
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "agent":
+        from router.bench.agent import main as agent
+
+        return agent(argv[1:])
     if argv and argv[0] == "overhead":
         from router.bench.overhead import main as overhead
 

@@ -13,7 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("router.worker.main:main", "run one MLX lane worker (spawned by serve)"),
     "models": ("router.lanes.modelprep:main", "models prepare: fetch, convert the default model"),
     "policy": ("router.cli.policy:main", "policy check [DIR]: validate policies, print the table"),
-    "bench": ("router.bench.cli:main", "the speculative readiness scorecard; bench overhead"),
+    "bench": ("router.bench.cli:main", "the readiness scorecard; bench overhead; bench agent"),
     "status": ("router.cli.status:main", "print lanes, backends and speculation state"),
 }
 

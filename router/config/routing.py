@@ -15,6 +15,9 @@ class RoutingRules(Frozen):
     short_output_tokens: int = Field(16, ge=0)  # 0: rule off
     spec_busy_at: int = Field(3, ge=1)
     spec_free_at: int = Field(1, ge=0)
+    cache_affinity: bool = True  # a conversation goes back to the lane holding its prefix
+    affinity_abs_threshold: int = Field(1, ge=0)  # load overrides affinity past both
+    affinity_rel_threshold: float = Field(1.5, ge=1.0)
 
     @model_validator(mode="after")
     def _gate_order(self) -> RoutingRules:

@@ -34,7 +34,13 @@ from router.config.policydir import default_policies_dir, relative_to_config
 from router.config.presets import DEFAULT_PRESETS, PresetSpec
 from router.config.routing import RoutingRules
 from router.config.speculation import SpecSettings
-from router.worker.contract import DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS
+from router.worker.contract import (
+    DEFAULT_CHUNK_SECONDS,
+    DEFAULT_DRAFT_TOKENS,
+    DEFAULT_PREFILL_STEP_SIZE,
+    DEFAULT_PROMPT_CACHE_BYTES,
+    MAX_DRAFT_TOKENS,
+)
 
 BackendKind = Literal[
     "openai", "mlx_lm", "lmstudio", "llamacpp", "ollama", "vllm", "vllm_mlx", "sglang"
@@ -95,6 +101,13 @@ class LanesSettings(Frozen):
     max_restarts: int = Field(5, ge=0)  # within restart_window, then the lane is given up
     restart_window: float = Field(300.0, gt=0)
     read_timeout: float = Field(300.0, gt=0)
+    # KV cache of earlier requests reused for the longest common token prefix (0: off).
+    prompt_cache_bytes: int = Field(DEFAULT_PROMPT_CACHE_BYTES, ge=0)
+    # Batching lane: a long prompt is prefilled in chunks between decoding steps, so running
+    # streams keep producing tokens; a chunk takes about prefill_chunk_seconds (measured),
+    # and holds at most prefill_step_size tokens.
+    prefill_step_size: int = Field(DEFAULT_PREFILL_STEP_SIZE, ge=1, le=65536)
+    prefill_chunk_seconds: float = Field(DEFAULT_CHUNK_SECONDS, gt=0, le=60)
     env: dict[str, str] = Field(default_factory=dict)
     speculative: LaneSpec = LaneSpec()
     batching: LaneSpec = LaneSpec()

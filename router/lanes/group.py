@@ -19,6 +19,7 @@ from router.config.names import LANE_NAMES, LaneName
 from router.config.settings import LanesSettings, Settings
 from router.lanes.gating.decide import GateDecision, check_pair, decide
 from router.lanes.modelprep import DEFAULT_MODEL_NAME, PrepareError, ensure_default_models
+from router.lanes.progress import for_lane
 from router.lanes.supervisor import (
     LaneStatus,
     LaneSupervisor,
@@ -69,6 +70,7 @@ def lane_backend(lane: LaneName, settings: Settings, model_name: str) -> Backend
         connect_timeout=5.0,
         read_timeout=settings.lanes.read_timeout,
         speculative_requested=lane == "speculative",
+        still_working=lambda b: for_lane(b.base_url, b.reported),
     )
 
 

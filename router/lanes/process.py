@@ -49,7 +49,10 @@ def build_worker_command(
         raise ValueError(f"unknown lane {lane!r}; expected one of {LANE_NAMES}")
     argv = worker_argv(python, lane, model_dir, model_name, draft=draft_dir,
                        num_draft_tokens=settings.num_draft_tokens,
-                       max_batch_size=settings.max_batch_size, parent_pid=os.getpid())
+                       max_batch_size=settings.max_batch_size, parent_pid=os.getpid(),
+                       prompt_cache_bytes=settings.prompt_cache_bytes,
+                       prefill_step_size=settings.prefill_step_size,
+                       prefill_chunk_seconds=settings.prefill_chunk_seconds)
     env = preload_env()
     env.update(settings.env)
     env["PYTHONUNBUFFERED"] = "1"  # stderr lines must reach the ring buffer as they happen

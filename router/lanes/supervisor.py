@@ -27,6 +27,7 @@ import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from router.config.settings import LanesSettings
+from router.lanes.figures import WorkerFigures
 from router.lanes.process import WorkerCommand, WorkerProcess, build_worker_command
 from router.lanes.status import (
     LaneState,
@@ -124,6 +125,7 @@ class LaneSupervisor:
         self._metrics = metrics
         self._on_change = on_change
         self._status = LaneStatus(lane=self.lane)
+        self._figures = WorkerFigures(self.lane, metrics)
         self._worker: WorkerProcess | None = None
         self._session: aiohttp.ClientSession | None = None
         self._launch_task: asyncio.Task[None] | None = None
@@ -314,6 +316,7 @@ class LaneSupervisor:
             if health is not None:
                 failures = 0
                 self._status = dataclasses.replace(self._status, health=health)
+                self._figures.observe(health)
                 continue
             if worker.exited.done():
                 continue  # reported as an exit on the next turn

@@ -26,6 +26,7 @@ from router.proxy.outcome import Outcome
 from router.proxy.relay import BodyFor, Egress
 from router.proxy.request import ParsedRequest, parse_request
 from router.proxy.telemetry import SpecClaim
+from router.routing.affinity import fingerprints
 from router.routing.classify import (
     LANE_HEADER,
     PRESET_HEADER,
@@ -62,7 +63,7 @@ def identify(request: web.Request, key: str | None = None) -> Policy:
 
 
 def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
-           claim: SpecClaim) -> Classification:
+           claim: SpecClaim, prints: tuple[bytes, ...] = ()) -> Classification:
     app = request.app
     settings = app[SETTINGS]
     facts = RequestFacts(
@@ -70,6 +71,7 @@ def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
         preset_header=request.headers.get(PRESET_HEADER),
         lane_header=request.headers.get(LANE_HEADER),
         body_keys=frozenset(parsed.data),
+        cache_holder=app[ROUTING].affinity.holder(prints) if prints else None,
     )
     telemetry = app[SPEC]
     result = classify(facts, policy, settings.presets, app[POOL].snapshot(),
@@ -108,6 +110,7 @@ async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "
     model: str | None = None
     decision: str | None = None
     claim = SpecClaim()
+    prints: tuple[bytes, ...] = ()
     try:
         policy = identify(request, key)
         client = policy.client
@@ -120,8 +123,10 @@ async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "
             endpoint = outcome.endpoint = parsed.endpoint  # e.g. Ollama's raw generate
         model = parsed.route.model
         limiter = app[LIMITER]
+        if app[SETTINGS].routing.cache_affinity:
+            prints = fingerprints(endpoint, parsed.data)
         async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
-            result = decide(request, parsed, policy, claim)
+            result = decide(request, parsed, policy, claim, prints)
             decision = result.decision.reason
             metrics.decisions.labels(client, result.decision.candidates[0].lane,
                                      result.decision.labels.get("rule", "none")).inc()
@@ -142,6 +147,8 @@ async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "
         raise
     finally:
         outcome.finished_at = time.monotonic()
+        if prints and outcome.status == 200 and outcome.backend and outcome.backend.lane:
+            app[ROUTING].affinity.record(prints, outcome.backend.lane)
         observe.record(metrics, outcome)
         app[SPEC].observe(outcome, claim)
         app[ACCESS].add(record_of(outcome, client=client, model=model, decision=decision))

@@ -256,7 +256,9 @@ class Relay:
             resp = await self._post(backend, f"{backend.base_url}{path}",
                                     body=body_for(backend, cand), headers=headers,
                                     connect_timeout=backend.connect_timeout,
-                                    read_timeout=backend.read_timeout)
+                                    read_timeout=backend.read_timeout,
+                                    still_working=(backend.still_working(backend)
+                                                   if backend.still_working else None))
         except TimeoutError as e:
             self._failed(backend, "timeout")
             raise errors.upstream_timeout(

@@ -41,6 +41,11 @@ The steps, in order (the first failing step answers):
    - ``load-high``: the load gate (``router.routing.load.LoadGate``) is busy; a client with
      priority > 0 passes it.
 
+   Then ``cache-affinity`` (``router.routing.affinity``): when the request's prefix was
+   last served by the other lane (``RequestFacts.cache_holder``), that lane goes first
+   unless load is imbalanced against it beyond ``affinity_abs_threshold`` and
+   ``affinity_rel_threshold``; not for a ``batching`` preference, nor for ``n>1``.
+
    A lane that is down or cooling down is never a candidate: ``spec-lane-down`` /
    ``no-spec-lane`` send to batching, ``batching-down`` / ``no-batching-lane`` to the
    speculative lane. A model only external backends serve goes least busy first
@@ -68,6 +73,8 @@ from router.config.policies import Policy
 from router.config.presets import LanePreference, PresetSpec
 from router.config.routing import RoutingRules
 from router.errors import RouterError, bad_request, not_found, unavailable
+from router.routing.affinity import RULE as AFFINITY_RULE
+from router.routing.affinity import steer, thresholds_of
 from router.routing.load import LoadGate, available, candidate_for, gate_for, lane_load, lanes_load
 from router.routing.speculate import (
     SPECULATION_PAYS,
@@ -91,6 +98,7 @@ RULES = (
     "override", "spec-lane-free", "spec-probe", "prefer-batching", "external",
     *SHAPE_RULES, "spec-inactive", "spec-not-paying", "spec-lane-busy", "low-priority",
     "load-high", "spec-lane-down", "no-spec-lane", "batching-down", "no-batching-lane",
+    AFFINITY_RULE,
 )
 
 
@@ -103,6 +111,7 @@ class RequestFacts:
     preset_header: str | None = None  # X-Speclane-Preset
     lane_header: str | None = None  # X-Speclane-Lane
     body_keys: frozenset[str] = frozenset()  # top-level fields present in the JSON body
+    cache_holder: str | None = None  # the lane that last served this request's prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +174,9 @@ def classify(
     else:
         shape = _shape(request, changes)
         candidates, rule = _route(serving, pref, shape, policy, gate, advice, load, rules)
+        if rules.cache_affinity and pref != "batching" and rule != "n>1":
+            candidates, rule = steer(candidates, rule, facts.cache_holder, serving,
+                                     thresholds_of(rules))
         reason = f"preset={preset or 'none'},{rule}->{candidates[0].lane}"
     if clamped:
         reason += ",clamped=" + "+".join(clamped)
@@ -172,6 +184,7 @@ def classify(
         "client": policy.client, "preset": preset or "none", "preset_source": preset_source,
         "lane_pref": pref, "rule": rule, "model": model, "requested_model": request.model,
         "lane_header": facts.lane_header or "", "lanes_load": str(load),
+        "cache_holder": facts.cache_holder or "",
         "gate": "busy" if gate.busy else "free", "priority": str(policy.priority),
         "spec_advice": advice_label(advice), "clamped": ",".join(clamped),
     }

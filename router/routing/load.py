@@ -4,7 +4,7 @@ hysteresis. ``router.routing.classify`` turns them into ordered candidates."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from router.config.routing import RoutingRules
 from router.routing.types import BackendView, Candidate
@@ -66,10 +66,3 @@ class LoadGate:
 def gate_for(rules: RoutingRules) -> LoadGate:
     """A free gate with the configured thresholds."""
     return LoadGate(busy_at=rules.spec_busy_at, free_at=rules.spec_free_at)
-
-
-@dataclass
-class RoutingState:
-    """What one decision leaves for the next: the load gate's hysteresis state."""
-
-    gate: LoadGate = field(default_factory=LoadGate)

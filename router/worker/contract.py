@@ -28,6 +28,9 @@ DRAFT_TOKENS_FIELD = "num_draft_tokens"  # request field: 0 decodes without the 
 MAX_DRAFT_TOKENS = 16  # per verification round, for the flag and the request field
 DEFAULT_DRAFT_TOKENS = 3
 DEFAULT_BATCH_SIZE = 8
+DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
+DEFAULT_PREFILL_STEP_SIZE = 2048  # mlx-lm's own default: the bound of one chunk
+DEFAULT_CHUNK_SECONDS = 0.5  # the time one prefill chunk may take between decoding steps
 
 
 def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -45,6 +48,14 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
     p.add_argument("--max-batch-size", type=int, default=DEFAULT_BATCH_SIZE,
                    help=f"batching mode: sequences decoded together (default "
                         f"{DEFAULT_BATCH_SIZE})")
+    p.add_argument("--prompt-cache-bytes", type=int, default=DEFAULT_PROMPT_CACHE_BYTES,
+                   help="bound of the KV prompt cache reused across requests (0: no cache)")
+    p.add_argument("--prefill-step-size", type=int, default=DEFAULT_PREFILL_STEP_SIZE,
+                   help="batching mode: at most this many prompt tokens between two decoding "
+                        "steps")
+    p.add_argument("--prefill-chunk-seconds", type=float, default=DEFAULT_CHUNK_SECONDS,
+                   help="batching mode: the time one prefill chunk may take between two "
+                        "decoding steps")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0,
                    help="port to listen on; 0 (the default) picks a free one, announced in the "
@@ -58,19 +69,31 @@ def check_worker_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
         p.error(f"--num-draft-tokens must be between 0 and {MAX_DRAFT_TOKENS}")
     if args.max_batch_size < 1:
         p.error("--max-batch-size must be at least 1")
+    if args.prompt_cache_bytes < 0:
+        p.error("--prompt-cache-bytes must be >= 0")
+    if args.prefill_step_size < 1:
+        p.error("--prefill-step-size must be at least 1")
+    if not args.prefill_chunk_seconds > 0:
+        p.error("--prefill-chunk-seconds must be > 0")
 
 
 def worker_argv(python: str, mode: str, model: Path, model_name: str, *,
                 draft: Path | None, num_draft_tokens: int, max_batch_size: int,
-                parent_pid: int) -> list[str]:
+                parent_pid: int, prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+                prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+                prefill_chunk_seconds: float = DEFAULT_CHUNK_SECONDS) -> list[str]:
     """The command line of a worker on a free loopback port."""
     argv = [python, "-m", MODULE, "--mode", mode, "--model", str(model),
             "--model-name", model_name]
     if draft is not None and mode == "speculative":
         argv += ["--draft-model", str(draft)]
+    if mode == "batching":
+        argv += ["--prefill-step-size", str(prefill_step_size),
+                 "--prefill-chunk-seconds", str(prefill_chunk_seconds)]
     argv += [
         "--num-draft-tokens", str(num_draft_tokens),
         "--max-batch-size", str(max_batch_size),
+        "--prompt-cache-bytes", str(prompt_cache_bytes),
         "--host", "127.0.0.1", "--port", "0",
         "--parent-pid", str(parent_pid),
     ]

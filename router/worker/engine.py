@@ -5,8 +5,8 @@ Two engines share the plumbing (a job queue in, events out, a cancel flag read e
 - ``SpeculativeEngine`` runs one request at a time through ``mlx_lm.stream_generate`` with the
   draft model (or without it when the request asks for ``num_draft_tokens: 0``), counting the
   draft statistics from the per-token ``from_draft`` flags (``router.worker.stats``).
-- ``BatchingEngine`` feeds ``mlx_lm.generate.BatchGenerator``: requests join the running batch
-  between decoding steps, up to ``capacity`` sequences; the rest wait in the queue.
+- ``BatchingEngine`` (``router.worker.batching``) feeds ``mlx_lm.generate.BatchGenerator``:
+  requests join the running batch between decoding steps, up to ``capacity`` sequences.
 
 Seeds: ``mx.random.seed`` is global. On the speculative lane a seeded request is reproducible;
 on the batching lane the seed is applied when the request joins the batch, so it is only
@@ -81,6 +81,7 @@ class Progress:
         self.job = job
         self.scanner = StopScanner(job.request.stop)
         self.counter = SpecCounter(num_draft_tokens, job.request.max_tokens)
+        self.cached_tokens = 0  # prompt tokens taken from the prompt cache
 
     def token(self, text: str, from_draft: bool) -> bool:
         """Count one generated token and emit its text; True when a stop string completed."""
@@ -93,7 +94,8 @@ class Progress:
         if tail := self.scanner.flush():
             self.job.emit(TextDelta(tail))
         prompt = len(self.job.prompt_ids)
-        return Finished(reason, usage(prompt, self.counter.tokens, self.counter.snapshot()),
+        spec = self.counter.snapshot()
+        return Finished(reason, usage(prompt, self.counter.tokens, spec, self.cached_tokens),
                         self.scanner.matched)
 
 
@@ -114,6 +116,10 @@ class Engine(ABC):
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    def report(self) -> dict[str, object]:
+        """Engine-specific figures added to /health (read from the event loop)."""
+        return {}
 
     def start(self) -> Models:
         """Start the thread and wait until it has loaded the models (or failed to)."""
@@ -221,102 +227,3 @@ class SpeculativeEngine(Engine):
         finally:
             responses.close()
         return progress.finish(reason)
-
-
-@dataclass
-class _Sequence:
-    job: Job
-    progress: Progress
-    detokenizer: Any
-
-
-class BatchingEngine(Engine):
-    def __init__(self, load: Callable[[], Models], capacity: int) -> None:
-        super().__init__(load)
-        self.capacity = capacity
-
-    def _serve(self, models: Models) -> None:
-        generator = self._new_generator(models)
-        live: dict[int, _Sequence] = {}
-        while True:
-            self._admit(models, generator, live)
-            self._drop_cancelled(generator, live)
-            self.active = len(live)
-            if not live:
-                if self._queue.closed:
-                    break
-                continue
-            try:
-                _, responses = generator.next()
-            except Exception as e:
-                log.exception("batch step failed")
-                for seq in live.values():
-                    self._answer(seq.job, generation_failed(e))
-                live.clear()
-                generator.close()
-                generator = self._new_generator(models)
-                continue
-            for response in responses:
-                self._on_token(generator, live, response)
-            self.active = len(live)
-        generator.close()
-
-    def _new_generator(self, models: Models) -> Any:
-        from mlx_lm.generate import BatchGenerator
-
-        return BatchGenerator(
-            models.model,
-            stop_tokens=[[t] for t in models.tokenizer.eos_token_ids],
-            completion_batch_size=self.capacity,
-            prefill_batch_size=min(self.capacity, 8),
-        )
-
-    def _admit(self, models: Models, generator: Any, live: dict[int, _Sequence]) -> None:
-        import mlx.core as mx
-
-        while len(live) < self.capacity:
-            job = self._queue.get(block=not live)  # idle: sleep until work or shutdown
-            if job is None:
-                return
-            if job.cancelled.is_set():
-                self._answer(job, aborted())
-                continue
-            request = job.request
-            if request.seed is not None:
-                mx.random.seed(request.seed)
-            try:
-                (uid,) = generator.insert(
-                    [list(job.prompt_ids)],
-                    max_tokens=[request.max_tokens],
-                    samplers=[sampler_for(request)],
-                    logits_processors=[processors_for(request)],
-                )
-            except ValueError as e:
-                self._answer(job, Failed(RouterError(400, str(e))))
-                continue
-            live[uid] = _Sequence(job, Progress(job, 0), models.tokenizer.detokenizer)
-            self.active = len(live)
-
-    def _drop_cancelled(self, generator: Any, live: dict[int, _Sequence]) -> None:
-        gone = [uid for uid, seq in live.items() if seq.job.cancelled.is_set()]
-        if gone:
-            generator.remove(gone)
-            for uid in gone:
-                self._answer(live.pop(uid).job, aborted())
-
-    def _on_token(self, generator: Any, live: dict[int, _Sequence], response: Any) -> None:
-        seq = live.get(response.uid)
-        if seq is None:
-            return
-        reason = response.finish_reason
-        if reason != "stop":  # "stop" here is the EOS token itself: not part of the text
-            seq.detokenizer.add_token(response.token)
-        if reason is not None:
-            seq.detokenizer.finalize()
-        if seq.progress.token(seq.detokenizer.last_segment, False):
-            if reason is None:
-                generator.remove([response.uid])
-            reason = "stop"
-        if reason is not None:
-            del live[response.uid]
-            self._answer(seq.job, seq.progress.finish(reason))

@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 from typing import NoReturn, TextIO
 
+from router.worker.batching import BatchingEngine
 from router.worker.contract import add_worker_flags, check_worker_flags, ready_line
-from router.worker.engine import BatchingEngine, Engine, LoadError, Models, SpeculativeEngine
+from router.worker.engine import Engine, LoadError, Models, SpeculativeEngine
 from router.worker.server import WorkerInfo, make_app, start_site
 
 PARENT_POLL_SECONDS = 0.5
@@ -94,7 +95,11 @@ def build_engine(args: argparse.Namespace) -> Engine:
 
     if args.mode == "speculative":
         return SpeculativeEngine(load, args.num_draft_tokens)
-    return BatchingEngine(load, args.max_batch_size)
+    return BatchingEngine(
+        load, args.max_batch_size,
+        prompt_cache_bytes=args.prompt_cache_bytes, prefill_step_size=args.prefill_step_size,
+        chunk_seconds=args.prefill_chunk_seconds,
+    )
 
 
 def model_dir(path: Path) -> Path:

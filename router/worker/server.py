@@ -116,6 +116,7 @@ async def health(request: web.Request) -> web.Response:
             "queued": engine.queued,
             "capacity": engine.capacity,
             "pid": os.getpid(),
+            **engine.report(),
         }
     )
 

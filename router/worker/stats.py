@@ -63,12 +63,19 @@ class SpecCounter:
         return SpecStats(self._drafted, self._accepted, self._steps, self.num_draft_tokens)
 
 
-def usage(prompt_tokens: int, completion_tokens: int, spec: SpecStats) -> dict[str, object]:
-    """The ``usage`` object of the worker contract."""
+def usage(
+    prompt_tokens: int, completion_tokens: int, spec: SpecStats, cached_tokens: int = 0
+) -> dict[str, object]:
+    """The ``usage`` object of the worker contract.
+
+    ``prompt_tokens_details.cached_tokens``: prompt tokens taken from the lane's prompt cache
+    instead of being prefilled (OpenAI's field; included in ``prompt_tokens``).
+    """
     body: dict[str, object] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
     if spec.num_draft_tokens:
         body["completion_tokens_details"] = {

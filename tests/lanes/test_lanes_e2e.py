@@ -141,6 +141,24 @@ def test_batching_lane_answers_without_drafts(router: Router, stream: bool) -> N
     assert usage["speclane_spec"]["drafted"] == 0
 
 
+def test_the_batching_lanes_prompt_cache_reaches_usage_and_metrics(router: Router) -> None:
+    for _ in range(2):  # the second request repeats the first: its prompt is in the cache
+        _, usage, _ = ask(router, "batching", False)
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < cached < usage["prompt_tokens"]
+    deadline = time.monotonic() + 60  # until the supervisor's next /health poll
+    while True:
+        reused = metric_value(router.metrics(), "speclane_prompt_cache_tokens_total",
+                              lane="batching", kind="reused")
+        if (reused or 0) >= cached or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert reused is not None and reused >= cached
+    hits = metric_value(router.metrics(), "speclane_prompt_cache_lookups_total",
+                        lane="batching", result="hit")
+    assert hits is not None and hits >= 1
+
+
 def test_num_draft_tokens_zero_decodes_plainly_on_the_speculative_lane(router: Router) -> None:
     text, usage, _ = ask(router, "speculative", False, num_draft_tokens=0)
     assert "Paris" in text

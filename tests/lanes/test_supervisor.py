@@ -393,6 +393,7 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
         "--model", str(tmp_path / "model"), "--model-name", "smol",
         "--draft-model", str(tmp_path / "draft"),
         "--num-draft-tokens", "4", "--max-batch-size", "6",
+        "--prompt-cache-bytes", str(1 << 30),
         "--host", "127.0.0.1", "--port", "0", "--parent-pid", str(os.getpid()),
     )
     assert cmd.env["FOO"] == "bar" and cmd.env["PYTHONUNBUFFERED"] == "1"
@@ -404,6 +405,18 @@ def test_build_worker_command_batching_lane_has_no_draft(tmp_path):
     assert cmd.argv[0] == sys.executable
     assert "--draft-model" not in cmd.argv
     assert cmd.argv[cmd.argv.index("--mode") + 1] == "batching"
+
+
+def test_build_worker_command_passes_the_prompt_cache_and_prefill_settings(tmp_path):
+    settings = LanesSettings(prompt_cache_bytes=12345, prefill_step_size=64,
+                             prefill_chunk_seconds=0.25)
+    batching = build_worker_command("batching", settings, tmp_path, None, "m").argv
+    assert batching[batching.index("--prompt-cache-bytes") + 1] == "12345"
+    assert batching[batching.index("--prefill-step-size") + 1] == "64"
+    assert batching[batching.index("--prefill-chunk-seconds") + 1] == "0.25"
+    spec = build_worker_command("speculative", settings, tmp_path, None, "m").argv
+    assert spec[spec.index("--prompt-cache-bytes") + 1] == "12345"
+    assert "--prefill-step-size" not in spec  # one sequence at a time: nothing to interleave
 
 
 def test_build_worker_command_rejects_unknown_lanes(tmp_path):

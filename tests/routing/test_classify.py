@@ -573,4 +573,4 @@ def test_random_inputs_exercise_every_rule() -> None:
             seen.add(run(case).decision.labels["rule"])
         except RouterError:
             pass
-    assert seen >= set(RULES) - {"override"}
+    assert seen >= set(RULES) - {"override", "cache-affinity"}  # see test_affinity.py

@@ -237,3 +237,27 @@ async def test_a_lane_counts_as_busy_before_it_answers(tmp_path: Path) -> None:
     assert second["x-speclane-lane"] == "batching"
     assert "spec-lane-busy" in second["x-speclane-decision"]
     assert len(spec.requests) == 1 and len(batch.requests) == 1
+
+
+async def test_a_conversation_goes_back_to_the_lane_holding_its_prefix(tmp_path: Path) -> None:
+    system = {"role": "system", "content": "You are a coding agent. " * 50}
+    turn1 = [system, {"role": "user", "content": "read main.py"}]
+    turn2 = [*turn1, {"role": "assistant", "content": "done"},
+             {"role": "user", "content": "now fix it"}]
+    other = [{"role": "system", "content": "Another agent."}, {"role": "user", "content": "hi"}]
+    async with policy_router(tmp_path) as (r, spec, batch):
+        client = r.client(default_headers={"X-Speclane-Client": "openclaw"})
+
+        async def headers(messages: list[dict[str, str]], **kw: object) -> dict[str, str]:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=messages, **kw)  # type: ignore[arg-type]
+            return {k.lower(): v for k, v in raw.headers.items()}
+
+        first = await headers(turn1, extra_headers={"X-Speclane-Preset": "throughput"})
+        second = await headers(turn2)  # interactive: the speculative lane, but for the cache
+        fresh = await headers(other)
+    assert first["x-speclane-lane"] == "batching"
+    assert second["x-speclane-lane"] == "batching"
+    assert second["x-speclane-decision"] == "preset=interactive,cache-affinity->batching"
+    assert fresh["x-speclane-decision"] == "preset=interactive,spec-lane-free->speculative"
+    assert len(batch.requests) == 2 and len(spec.requests) == 1

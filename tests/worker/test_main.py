@@ -50,6 +50,9 @@ def test_model_dir_must_be_local(tmp_path: Path) -> None:
         ["--mode", "fast", "--model", "m"],
         ["--mode", "batching", "--model", "m", "--max-batch-size", "0"],
         ["--mode", "speculative", "--model", "m", "--num-draft-tokens", "17"],
+        ["--mode", "batching", "--model", "m", "--prompt-cache-bytes", "-1"],
+        ["--mode", "batching", "--model", "m", "--prefill-step-size", "0"],
+        ["--mode", "batching", "--model", "m", "--prefill-chunk-seconds", "0"],
     ],
 )
 def test_bad_command_lines_are_refused(argv: list[str]) -> None:
@@ -64,3 +67,6 @@ def test_defaults() -> None:
         3, 8, "127.0.0.1", 0
     )
     assert args.parent_pid is None and args.draft_model is None
+    assert (args.prompt_cache_bytes, args.prefill_step_size, args.prefill_chunk_seconds) == (
+        1 << 30, 2048, 0.5
+    )

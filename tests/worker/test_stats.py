@@ -115,3 +115,10 @@ def test_usage_without_speculation_is_all_zeros_and_no_details() -> None:
     assert body["speclane_spec"] == {
         "drafted": 0, "accepted": 0, "rejected": 0, "steps": 0, "num_draft_tokens": 0
     }
+
+
+def test_usage_reports_cached_prompt_tokens_in_openai_details() -> None:
+    assert usage(3, 2, SpecStats())["prompt_tokens_details"] == {"cached_tokens": 0}
+    body = usage(100, 2, SpecStats(), cached_tokens=96)
+    assert body["prompt_tokens_details"] == {"cached_tokens": 96}
+    assert body["prompt_tokens"] == 100  # cached tokens are part of the prompt, as in OpenAI

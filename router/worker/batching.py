@@ -1,0 +1,234 @@
+"""The batching lane's engine: continuous batching over ``mlx_lm.generate.BatchGenerator``.
+
+Requests join the running batch between decoding steps, up to ``capacity`` sequences; the
+rest wait in the queue.
+
+Prompt cache: a new prompt starts from the KV state of an earlier sequence sharing its
+longest token prefix (``router.worker.promptcache``), handed to ``BatchGenerator.insert``
+with the tokens it holds, so only the rest is prefilled. Every sequence that ends (finished,
+stopped by a stop string, or cancelled mid-prefill, so that a client's retry resumes where
+the first try stopped) gives its KV state back to the cache.
+
+Long prompts starve no one: ``BatchGenerator.next()`` runs one decoding step for the running
+sequences and then prefills at most ``generator.prefill_step_size`` tokens of each prompt
+being prefilled, so a long prompt is prefilled in chunks, each between two decoding steps,
+and running streams keep producing tokens; a cancel is seen after at most one chunk. The
+chunk is sized by time, not tokens: the engine measures the prefill rate and sets the step
+before each call so that a chunk takes about ``chunk_seconds`` while other sequences decode
+(``IDLE_FACTOR`` times that while none does), at most ``prefill_step_size`` tokens. A fixed
+step would be either too big on a slow, busy machine (seconds between two tokens of every
+running stream) or too small on a fast one (a long prompt's prefill cut into needlessly many
+pieces).
+
+``progress_tokens`` (prompt tokens prefilled plus tokens generated) only ever grows while
+the lane works: the router reads it from /health to tell a lane that is busy
+prefilling a long prompt from one that hangs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from router.errors import RouterError
+from router.worker.contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
+from router.worker.engine import (
+    Engine,
+    Models,
+    Progress,
+    generation_failed,
+    processors_for,
+    sampler_for,
+)
+from router.worker.jobs import Failed, Job, aborted
+from router.worker.promptcache import PromptCache
+
+log = logging.getLogger("speclane.worker")
+
+MIN_CHUNK = 16  # tokens: below this a chunk costs more in overhead than it spares
+FIRST_CHUNK = 64  # before the first measurement
+IDLE_FACTOR = 4  # a chunk's time budget while no sequence decodes, in chunk_seconds
+RATE_WEIGHT = 0.5  # of the newest measurement in the prefill rate's moving average
+
+
+@dataclass
+class _Sequence:
+    job: Job
+    progress: Progress
+    detokenizer: Any
+    prefilled: int = 0  # prompt tokens of this sequence prefilled so far (from the generator)
+    decoding: bool = False  # its prompt is done
+
+
+class BatchingEngine(Engine):
+    def __init__(
+        self,
+        load: Callable[[], Models],
+        capacity: int,
+        *,
+        prompt_cache_bytes: int = 0,
+        prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+        chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
+    ) -> None:
+        super().__init__(load)
+        if prefill_step_size < 1 or chunk_seconds <= 0:
+            raise ValueError("prefill_step_size must be >= 1 and chunk_seconds > 0")
+        self.capacity = capacity
+        self.prefill_step_size = prefill_step_size
+        self.chunk_seconds = chunk_seconds
+        self.prefill_rate: float | None = None  # prompt tokens per second, moving average
+        self.prompt_cache = PromptCache(prompt_cache_bytes)
+        self.prefill_tokens = 0  # prompt tokens computed, all requests (monotonic)
+        self.generated_tokens = 0  # tokens generated, all requests (monotonic)
+
+    @property
+    def progress_tokens(self) -> int:
+        return self.prefill_tokens + self.generated_tokens
+
+    def report(self) -> dict[str, object]:
+        """Figures for /health (read from the event loop: plain ints, no locking needed)."""
+        return {
+            "progress_tokens": self.progress_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "generated_tokens": self.generated_tokens,
+            "prefill_step_size": self.prefill_step_size,
+            "prefill_rate": round(self.prefill_rate or 0.0, 1),
+            "prompt_cache": self.prompt_cache.stats(),
+        }
+
+    def _serve(self, models: Models) -> None:
+        generator = self._new_generator(models)
+        live: dict[int, _Sequence] = {}
+        while True:
+            self._admit(models, generator, live)
+            self._drop_cancelled(generator, live)
+            self.active = len(live)
+            if not live:
+                if self._queue.closed:
+                    break
+                continue
+            generator.prefill_step_size = self._chunk(live)
+            try:
+                with generator.stats() as step:
+                    prompt_responses, responses = generator.next()
+            except Exception as e:
+                log.exception("batch step failed")
+                for seq in live.values():
+                    self._answer(seq.job, generation_failed(e))
+                live.clear()
+                generator.close()
+                generator = self._new_generator(models)
+                continue
+            for prompt_response in prompt_responses:
+                self._on_prefill(live, prompt_response)
+            self._measure(step.prompt_tokens, step.prompt_time)
+            self.generated_tokens += len(responses)
+            for response in responses:
+                self._on_token(generator, live, response)
+            self.active = len(live)
+        generator.close()
+
+    def _chunk(self, live: dict[int, _Sequence]) -> int:
+        """Prompt tokens per sequence for the next call: about ``chunk_seconds`` of work
+        while some sequence decodes; ``IDLE_FACTOR`` times that while none does (bigger
+        chunks prefill faster, and only a request that has just arrived waits for one)."""
+        prefilling = sum(not seq.decoding for seq in live.values())
+        if self.prefill_rate is None:
+            return min(FIRST_CHUNK, self.prefill_step_size)
+        budget = self.chunk_seconds * (IDLE_FACTOR if prefilling == len(live) else 1)
+        tokens = int(self.prefill_rate * budget / max(1, prefilling))
+        return max(MIN_CHUNK, min(tokens, self.prefill_step_size))
+
+    def _measure(self, tokens: int, seconds: float) -> None:
+        """Update the prefill rate from one call's prompt processing (the generator times it
+        apart from the decoding step: counting that step in would shrink the chunks, which
+        would make the step weigh more in the next measurement, and so on)."""
+        if tokens < MIN_CHUNK or seconds <= 0:
+            return  # too little prefill in this call to say anything
+        rate = tokens / seconds
+        old = self.prefill_rate
+        self.prefill_rate = rate if old is None else old + RATE_WEIGHT * (rate - old)
+
+    def _new_generator(self, models: Models) -> Any:
+        from mlx_lm.generate import BatchGenerator
+
+        return BatchGenerator(
+            models.model,
+            stop_tokens=[[t] for t in models.tokenizer.eos_token_ids],
+            completion_batch_size=self.capacity,
+            prefill_batch_size=min(self.capacity, 8),
+            prefill_step_size=self.prefill_step_size,
+        )
+
+    def _admit(self, models: Models, generator: Any, live: dict[int, _Sequence]) -> None:
+        import mlx.core as mx
+
+        while len(live) < self.capacity:
+            job = self._queue.get(block=not live)  # idle: sleep until work or shutdown
+            if job is None:
+                return
+            if job.cancelled.is_set():
+                self._answer(job, aborted())
+                continue
+            request = job.request
+            if request.seed is not None:
+                mx.random.seed(request.seed)
+            prompt = list(job.prompt_ids)
+            lookup = self.prompt_cache.fetch(prompt)
+            try:
+                (uid,) = generator.insert(
+                    [lookup.rest],
+                    max_tokens=[request.max_tokens],
+                    caches=[lookup.cache],
+                    all_tokens=[prompt[: lookup.cached_tokens]],
+                    samplers=[sampler_for(request)],
+                    logits_processors=[processors_for(request)],
+                )
+            except ValueError as e:
+                self._answer(job, Failed(RouterError(400, str(e))))
+                continue
+            progress = Progress(job, 0)
+            progress.cached_tokens = lookup.cached_tokens
+            live[uid] = _Sequence(job, progress, models.tokenizer.detokenizer)
+            self.active = len(live)
+
+    def _drop_cancelled(self, generator: Any, live: dict[int, _Sequence]) -> None:
+        gone = [uid for uid, seq in live.items() if seq.job.cancelled.is_set()]
+        if gone:
+            self._remove(generator, gone)
+            for uid in gone:
+                self._answer(live.pop(uid).job, aborted())
+
+    def _remove(self, generator: Any, uids: list[int]) -> None:
+        """Take sequences out of the batch, keeping their KV state in the prompt cache."""
+        caches = generator.remove(uids, return_prompt_caches=self.prompt_cache.enabled)
+        for cache, tokens in caches.values():
+            self.prompt_cache.store(tokens, cache)
+
+    def _on_prefill(self, live: dict[int, _Sequence], response: Any) -> None:
+        seq = live.get(response.uid)
+        done = response.progress[0] if isinstance(response.progress, tuple) else 0
+        if seq is not None and done > seq.prefilled:
+            self.prefill_tokens += done - seq.prefilled
+            seq.prefilled = done
+
+    def _on_token(self, generator: Any, live: dict[int, _Sequence], response: Any) -> None:
+        seq = live.get(response.uid)
+        if seq is None:
+            return
+        seq.decoding = True
+        reason = response.finish_reason
+        if reason != "stop":  # "stop" here is the EOS token itself: not part of the text
+            seq.detokenizer.add_token(response.token)
+        if reason is not None:
+            seq.detokenizer.finalize()
+            self.prompt_cache.store(response.all_tokens, response.prompt_cache)
+        if seq.progress.token(seq.detokenizer.last_segment, False):
+            if reason is None:
+                self._remove(generator, [response.uid])
+            reason = "stop"
+        if reason is not None:
+            del live[response.uid]
+            self._answer(seq.job, seq.progress.finish(reason))

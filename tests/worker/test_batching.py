@@ -1,0 +1,76 @@
+"""The batching engine's chunk sizing (no model: the decisions only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from router.worker.batching import (
+    FIRST_CHUNK,
+    IDLE_FACTOR,
+    MIN_CHUNK,
+    BatchingEngine,
+    _Sequence,
+)
+from router.worker.engine import Models
+
+
+def engine(step: int = 2048, seconds: float = 0.5) -> BatchingEngine:
+    return BatchingEngine(lambda: Models(None, None), 4, prefill_step_size=step,
+                          chunk_seconds=seconds)
+
+
+def live(prefilling: int, decoding: int) -> dict[int, _Sequence]:
+    seqs: list[Any] = [_Sequence(None, None, None) for _ in range(prefilling + decoding)]  # type: ignore[arg-type]
+    for seq in seqs[prefilling:]:
+        seq.decoding = True
+    return dict(enumerate(seqs))
+
+
+def test_the_first_chunk_is_small_until_the_rate_is_measured() -> None:
+    assert engine()._chunk(live(1, 1)) == FIRST_CHUNK
+    assert engine(step=32)._chunk(live(1, 0)) == 32
+
+
+@pytest.mark.parametrize(
+    ("rate", "prefilling", "step", "chunk"),
+    [
+        (100.0, 1, 2048, 50),  # a slow machine: half a second is 50 tokens
+        (100.0, 2, 2048, 25),  # two prompts share the half second
+        (10.0, 1, 2048, MIN_CHUNK),
+        (20_000.0, 1, 2048, 2048),  # a fast machine: bounded by prefill_step_size
+        (20_000.0, 1, 512, 512),
+    ],
+)
+def test_chunks_take_about_chunk_seconds(rate: float, prefilling: int, step: int,
+                                         chunk: int) -> None:
+    e = engine(step=step)
+    e.prefill_rate = rate
+    assert e._chunk(live(prefilling, 1)) == chunk
+
+
+def test_chunks_are_bigger_while_nothing_decodes() -> None:
+    e = engine()
+    e.prefill_rate = 100.0
+    assert e._chunk(live(1, 0)) == 50 * IDLE_FACTOR
+    assert e._chunk(live(1, 1)) == 50
+
+
+def test_the_rate_is_a_moving_average_of_calls_that_prefilled_enough() -> None:
+    e = engine()
+    e._measure(MIN_CHUNK - 1, 0.1)  # too little to measure
+    assert e.prefill_rate is None
+    e._measure(100, 1.0)
+    assert e.prefill_rate == 100.0
+    e._measure(300, 1.0)
+    assert e.prefill_rate == 200.0
+    e._measure(100, 0.0)
+    assert e.prefill_rate == 200.0
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError):
+        engine(step=0)
+    with pytest.raises(ValueError):
+        engine(seconds=0)
