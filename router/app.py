@@ -58,7 +58,8 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
     app[METRICS] = metrics = metrics or Metrics()
     app[POOL] = BackendPool([Backend.from_spec(b, settings.cooldown) for b in settings.backends])
     app[POLICIES] = PolicyWatcher(settings.policies_dir, initial_policies(settings),
-                                  presets=settings.presets.keys(), metrics=metrics,
+                                  presets=settings.presets.keys(), spec=settings.spec,
+                                  metrics=metrics,
                                   interval=settings.policy_poll_interval,
                                   on_reload=lambda result: app[SPEC].policies_reloaded(result.ok))
     app[LIMITER] = ConcurrencyLimiter(metrics)
@@ -101,7 +102,7 @@ def initial_policies(settings: Settings) -> PolicySet:
     if not directory.exists() and "policies_dir" not in settings.model_fields_set:
         warn_no_policies(directory)
         return PolicySet.implied()
-    policies = load_policies(directory, presets=settings.presets.keys())
+    policies = load_policies(directory, presets=settings.presets.keys(), spec=settings.spec)
     if is_packaged(directory):
         log.info("policies: the defaults shipped with speclane (%s); to change them, copy "
                  "that directory and set policies_dir (or --policies)", directory)

@@ -55,7 +55,7 @@ def run_check(directory: Path | None, config: Path | None) -> int:
     presets = settings.presets
     directory = directory or settings.policies_dir
     try:
-        policies = load_policies(directory, presets=presets.keys())
+        policies = load_policies(directory, presets=presets.keys(), spec=settings.spec)
     except PolicyError as e:
         print(f"{directory}: invalid policies:", file=sys.stderr)
         for problem in e.problems:

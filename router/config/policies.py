@@ -63,7 +63,7 @@ from pydantic import (
 from router.config.base import Frozen, validation_problems
 from router.config.names import CLIENT_HEADER
 from router.config.presets import LanePreference, PresetSpec
-from router.config.speculation import SpecOverrides
+from router.config.speculation import SpecOverrides, SpecSettings
 from router.errors import RouterError
 
 DEFAULT_CLIENT = "default"
@@ -349,12 +349,15 @@ def load_policies(
     directory: Path,
     *,
     presets: Collection[str] | None = None,
+    spec: SpecSettings | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> PolicySet:
     """Validate every ``*.toml`` in ``directory``; raise PolicyError listing every problem.
 
     ``presets``: the configured preset names, to check the policies against (None skips
-    that check). ``environ``: where ``api_key_env`` names are read (default os.environ).
+    that check). ``spec``: the configured ``[spec]``, which each policy's ``[spec]``
+    overrides must still make valid (None skips that check). ``environ``: where
+    ``api_key_env`` names are read (default os.environ).
     """
     if not directory.is_dir():
         raise PolicyError([f"{directory}: not a directory"])
@@ -362,7 +365,7 @@ def load_policies(
         files = read_policy_files(directory)
     except OSError as e:
         raise PolicyError([f"{directory}: cannot read: {e}"]) from e
-    return parse_policies(directory, files, presets=presets, environ=environ)
+    return parse_policies(directory, files, presets=presets, spec=spec, environ=environ)
 
 
 def parse_policies(
@@ -370,6 +373,7 @@ def parse_policies(
     files: PolicyFiles,
     *,
     presets: Collection[str] | None = None,
+    spec: SpecSettings | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> PolicySet:
     """``load_policies`` on bytes already read (``read_policy_files``)."""
@@ -378,6 +382,8 @@ def parse_policies(
     for name in sorted(files):
         path = directory / name
         policy = _load_file(path, files[name], presets, problems)
+        if policy is not None and spec is not None:
+            problems.extend(_spec_problems(path, policy, spec))
         if policy is not None:
             loaded.append((policy, path))
     builder = _Builder(environ if environ is not None else os.environ)
@@ -419,6 +425,18 @@ def _load_file(path: Path, raw: bytes | None, presets: Collection[str] | None,
                 problems.append(f"{path}: match.{key}: the default policy catches every "
                                 "request that no other policy matches; remove this rule")
     return policy
+
+
+def _spec_problems(path: Path, policy: Policy, spec: SpecSettings) -> list[str]:
+    """A policy's [spec] overrides merged into the configured [spec] must be valid as a
+    whole (``window_size = 64`` under the default ``min_sample = 128`` is not): found here,
+    not on the first request of that client."""
+    try:
+        spec.merged(policy.spec)
+    except ValidationError as e:
+        return [line.replace(f"{path}: (top level): ", f"{path}: spec: ", 1)
+                for line in validation_problems(str(path), e)]
+    return []
 
 
 def _unknown_presets(path: Path, policy: Policy, presets: Collection[str]) -> list[str]:

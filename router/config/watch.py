@@ -41,6 +41,7 @@ from router.config.policies import (
     parse_policies,
     read_policy_files,
 )
+from router.config.speculation import SpecSettings
 from router.metrics import Metrics
 
 log = logging.getLogger("speclane.policy")
@@ -66,6 +67,7 @@ class PolicyWatcher:
         initial: PolicySet,
         *,
         presets: Collection[str] | None = None,
+        spec: SpecSettings | None = None,
         metrics: Metrics | None = None,
         interval: float = 2.0,
         on_reload: Callable[[ReloadResult], None] | None = None,
@@ -73,6 +75,7 @@ class PolicyWatcher:
         """``initial``: the set ``serve`` loaded (and refused to start without)."""
         self.directory = directory
         self.presets = presets
+        self.spec = spec
         self.interval = interval
         self._metrics = metrics
         self._on_reload = on_reload
@@ -177,7 +180,7 @@ class PolicyWatcher:
     def _apply(self, files: PolicyFiles, trigger: str, *, explicit: bool) -> ReloadResult:
         self._seen = files
         try:
-            fresh = parse_policies(self.directory, files, presets=self.presets)
+            fresh = parse_policies(self.directory, files, presets=self.presets, spec=self.spec)
         except PolicyError as e:
             log.error("policy reload (%s) failed, keeping the previous policies:\n%s", trigger, e)
             return self._finish(trigger, "error", str(e))

@@ -301,3 +301,15 @@ def test_policy_helpers() -> None:
     assert policy.lane_for("interactive", DEFAULT_PRESETS) == "batching"
     assert Policy(client="q").lane_for("throughput", DEFAULT_PRESETS) == "batching"
     assert Policy(client="q").lane_for(None, DEFAULT_PRESETS) == "auto"
+
+
+def test_spec_overrides_that_break_the_configured_spec_are_refused_at_load(tmp_path: Path) -> None:
+    from router.config.speculation import SpecSettings
+
+    (tmp_path / "agent.toml").write_text('client = "agent"\n[spec]\nwindow_size = 64\n')
+    load_policies(tmp_path)  # alone, the overrides are well-formed
+    with pytest.raises(PolicyError) as err:
+        load_policies(tmp_path, spec=SpecSettings())  # min_sample 128 > window_size 64
+    assert any("agent.toml: spec: " in p and "window_size" in p for p in err.value.problems), \
+        err.value.problems
+    load_policies(tmp_path, spec=SpecSettings(min_sample=32))  # fits a smaller sample
