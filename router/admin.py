@@ -16,6 +16,7 @@ from router.appkeys import POLICIES, POOL, SETTINGS, SPEC, SUPERVISORS
 from router.backends.base import Backend
 from router.config.policies import bearer_token
 from router.errors import RouterError
+from router.speculation.observed import speculation_status
 
 
 def is_loopback(request: web.Request) -> bool:
@@ -61,13 +62,10 @@ def backend_status(backend: Backend, supervised: dict[str, str]) -> dict[str, An
         "inflight": backend.inflight,
         "cooled_down": backend.view().cooled_down,
         "last_error": backend.last_error,
-        "speculation": {
-            "mode": backend.spec_mode,
-            "requested": backend.speculative_requested,
-            "active": backend.speculative_active if backend.lane is not None else None,
-            "observed": backend.spec_observed,
-            "reason": backend.spec_reason,
-        },
+        "speculation": speculation_status(
+            kind=backend.kind, lane=backend.lane, requested=backend.speculative_requested,
+            active=backend.speculative_active, observed=backend.spec_observed,
+            reason=backend.spec_reason, mode=backend.spec_mode),
     }
 
 

@@ -33,7 +33,13 @@ from router.routing.types import Candidate, Decision
 from router.speculation.autodisable import AutoDisable, Transition
 from router.speculation.cumulative import CounterDelta
 from router.speculation.keystate import SpecKey
-from router.speculation.observed import ObservedWindow
+from router.speculation.observed import (
+    GAUGE,
+    ObservedWindow,
+    observable,
+    speculation_status,
+    unobservable_reason,
+)
 from router.speculation.parsers import output_tokens, parse_response, parse_stream_events
 from router.speculation.record import Observation, SpecRecord, SpecResult, unavailable_reason
 
@@ -62,6 +68,11 @@ class SpecTelemetry:
         self.auto = AutoDisable(settings.spec, resolve=self._resolve)
         self._observed: dict[str, ObservedWindow] = {}
         self._per_request_seen: set[str] = set()
+        for backend in pool:
+            if _unobservable(backend):
+                # Said once, from the start: no response will ever tell more.
+                backend.spec_reason = unobservable_reason(backend.kind)
+                metrics.spec_observed.labels(backend.name).set(GAUGE["unobservable"])
 
     def _resolve(self, key: SpecKey) -> SpecSettings:
         policies: PolicySet = self._policies()
@@ -92,6 +103,8 @@ class SpecTelemetry:
         if verdict.probe:
             self._metrics.spec_probes.labels(*key).inc()
             log.info("probing speculation for %s", "/".join(key))
+            if backend.lane is None:
+                decision = _probe_decision(decision, backend.name)
         elif not verdict.use_speculation:
             claim.baseline = verdict.reason == "baseline_sample"
             if backend.lane == "speculative":
@@ -112,16 +125,20 @@ class SpecTelemetry:
         keep, later = [], []
         for c in candidates:
             b = self._pool[c.backend]
-            off = (b.lane is None and b.speculative_requested and not self.auto.peek(
+            off = (b.lane is None and b.speculative_requested and observable(b.kind)
+                   and not self.auto.peek(
                 SpecKey(b.name, claim.model, claim.workload), now).use_speculation)
             (later if off else keep).append(c)
         return (*keep, *later) if keep else candidates
 
     @staticmethod
     def _speculates(backend: Backend, candidate: Candidate) -> bool:
+        """Speculation on this candidate is judged by auto-disable (which needs figures:
+        an external backend that cannot report them is left as configured)."""
         if backend.lane == "speculative":
             return candidate.speculative
-        return backend.lane is None and backend.speculative_requested
+        return (backend.lane is None and backend.speculative_requested
+                and observable(backend.kind))
 
     # --- after the response -------------------------------------------------------------
 
@@ -147,6 +164,8 @@ class SpecTelemetry:
         if self._speculates(backend, served):
             transitions = self.auto.record(key, result, observation, now, claim.ticket)
             self._publish(key, transitions)
+        elif _unobservable(backend):
+            self._release(claim, now)  # drafting, unseen: neither a sample nor a baseline
         elif observation is not None:
             self.auto.record_baseline(model, workload, observation, now,
                                       claim.ticket if claim.baseline else None)
@@ -170,7 +189,7 @@ class SpecTelemetry:
         else:
             reason = unavailable_reason(result) or "unknown"
             m.spec_telemetry_unavailable.labels(backend.name, reason).inc()
-        if backend.speculative_requested:
+        if backend.speculative_requested and observable(backend.kind):
             window = self._observed.setdefault(backend.name, ObservedWindow())
             window.add(isinstance(result, SpecRecord) and result.drafted > 0)
             self.set_observed(backend, window.observed, window.reason())
@@ -200,7 +219,8 @@ class SpecTelemetry:
             return
         backend.spec_observed = observed
         if observed is not None:
-            self._metrics.spec_observed.labels(backend.name).set(1 if observed else 0)
+            self._metrics.spec_observed.labels(backend.name).set(
+                GAUGE["observed" if observed else "not_observed"])
         if observed is False:
             backend.spec_reason = reason
             log.warning("backend %s: %s", backend.name, reason)
@@ -228,9 +248,11 @@ class SpecTelemetry:
             row.pop("since", None)
             if isinstance(row.get("probe"), dict):
                 row["probe"].pop("next_at", None)
-        backends = [{"backend": b.name, "lane": b.lane, "requested": b.speculative_requested,
-                     "active": b.speculative_active if b.lane else None,
-                     "observed": b.spec_observed, "reason": b.spec_reason}
+        backends = [{"backend": b.name, "lane": b.lane, "kind": b.kind,
+                     **speculation_status(kind=b.kind, lane=b.lane,
+                                          requested=b.speculative_requested,
+                                          active=b.speculative_active, observed=b.spec_observed,
+                                          reason=b.spec_reason, mode=b.spec_mode)}
                     for b in self._pool]
         return {"settings": self._settings.model_dump(), "workloads": workloads,
                 "backends": backends}
@@ -240,6 +262,20 @@ def _with(decision: Decision, candidates: tuple[Candidate, ...]) -> Decision:
     if candidates == decision.candidates:
         return decision
     return dataclasses.replace(decision, candidates=candidates)
+
+
+def _unobservable(backend: Backend) -> bool:
+    return backend.lane is None and backend.speculative_requested and not observable(
+        backend.kind)
+
+
+def _probe_decision(decision: Decision, backend: str) -> Decision:
+    """Say in X-Speclane-Decision that this request probes speculation on an external
+    backend where it is off (``spec-probe->llamacpp``, not ``external->llamacpp``)."""
+    prefix, sep, _ = decision.reason.rpartition(",")
+    reason = f"{prefix}{sep}spec-probe->{backend}"
+    return dataclasses.replace(decision, reason=reason,
+                               labels={**decision.labels, "rule": "spec-probe"})
 
 
 def _model_of(outcome: Outcome) -> str | None:
