@@ -17,7 +17,7 @@ import pytest
 
 from router.appkeys import METRICS
 from tests.conftest import RunningRouter, metric_value, router_settings, run_router, wait_until
-from tests.fakes.replay import ReplayUpstream, load
+from tests.fakes.replay import Capture, ReplayUpstream, load
 
 # llama-server with a Q2_K draft, streaming without include_usage: timings on the finish
 # chunk, draft_n 36, draft_n_accepted 30 (see the fixtures' README).
@@ -115,3 +115,25 @@ async def test_openai_sdk_stream_is_a_200_with_statistics(gap: float) -> None:
         for _ in range(runs):
             assert (await sdk_stream(r)).startswith("1. 1")
         assert_complete(await booked(r, runs), runs)
+
+
+@pytest.mark.parametrize(("capture", "kind"), [
+    ("llama-cpp-python-0.3.36_plain_chat_stream.http", "openai"),
+    ("vllm-mlx-0.6.0_plain_chat_stream.http", "vllm_mlx"),
+    ("mlxlm-0.32.2_draft3_chat_stream.http", "mlx_lm"),
+    ("llamacpp-server_draftQ2K_chat_stream_include-usage.sse", "llamacpp"),
+])
+async def test_every_captured_stream_closed_on_done_is_a_200(capture: str, kind: str) -> None:
+    runs = 10
+    up = ReplayUpstream(load(capture), tail_gap=0.0002, gets={
+        "/v1/models": load("llamacpp-server_v1-models.json"),
+        "/health": Capture(200, "application/json", b'{"status": "ok"}')})
+    async with up, run_router(router_settings(backends=[{
+            "name": "llama", "kind": kind, "base_url": up.base_url, "models": ["smollm2"],
+            "speculative": True, "read_timeout": 5}])) as r:
+        for _ in range(runs):
+            await raw_close_on_done(r)
+        text = await booked(r, runs)
+    assert (metric_value(text, "speclane_client_disconnects_total", backend="llama") or 0) == 0
+    drafted = metric_value(text, "speclane_spec_draft_tokens_total", backend="llama")
+    assert drafted == (20 * runs if kind == "llamacpp" else None)  # 20 drafted per answer
