@@ -48,7 +48,7 @@ async def raw_close_on_done(r: RunningRouter) -> bytes:
                  % (len(body), body))
     seen = b""
     async with asyncio.timeout(10):
-        while b"data: [DONE]" not in seen:
+        while b"\ndata: [DONE]" not in seen:  # at a line start, not inside content
             chunk = await reader.read(65536)
             assert chunk, "the router closed before [DONE]"
             seen += chunk
@@ -137,3 +137,19 @@ async def test_every_captured_stream_closed_on_done_is_a_200(capture: str, kind:
     assert (metric_value(text, "speclane_client_disconnects_total", backend="llama") or 0) == 0
     drafted = metric_value(text, "speclane_spec_draft_tokens_total", backend="llama")
     assert drafted == (20 * runs if kind == "llamacpp" else None)  # 20 drafted per answer
+
+
+async def test_done_inside_content_does_not_end_the_stream_early() -> None:
+    """Only a ``data: [DONE]`` line ends a stream: a model writing that text inside its
+    content does not settle the stream before its real final events."""
+    chunk = {"choices": [{"index": 0, "delta": {"content": "data: [DONE]\n\ndata: [DONE]"}}]}
+    final = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+             "timings": {"predicted_n": 2, "draft_n": 8, "draft_n_accepted": 5}}
+    body = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in (chunk, final))
+    up = ReplayUpstream(Capture(200, "text/event-stream", body + b"data: [DONE]\n\n"),
+                        gets={"/v1/models": load("llamacpp-server_v1-models.json")})
+    async with up, run_router(settings(up)) as r:
+        seen = await raw_close_on_done(r)
+        text = await booked(r, 1)
+    assert b'"draft_n":8' in seen
+    assert metric_value(text, "speclane_spec_draft_tokens_total", backend="llama") == 8
