@@ -140,13 +140,13 @@ async def close_on_done(port: int, prompt: str) -> bool:
                  b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
     seen = b""
     async with asyncio.timeout(120):
-        while b"data: [DONE]" not in seen:
+        while b"\ndata: [DONE]" not in seen:
             chunk = await reader.read(65536)
             if not chunk:
                 break
             seen += chunk
     writer.transport.abort()
-    return b"data: [DONE]" in seen
+    return b"\ndata: [DONE]" in seen
 
 
 async def run(out: Callable[[str], None], server: Path, version: str, target: Path,
