@@ -64,12 +64,15 @@ class ReplayUpstream:
     doc) and each GET path in ``gets`` with its capture. Keeps connections alive."""
 
     def __init__(self, post: Capture, *, gets: dict[str, Capture] | None = None,
-                 tail_gap: float = 0.0002) -> None:
+                 tail_gap: float = 0.0002, endless_tail: bytes | None = None) -> None:
         self.post = post
+        # instead of the end of body: these bytes, again and again, until the reader leaves
+        self.endless_tail = endless_tail
         self.gets = gets or {}
         self.tail_gap = tail_gap
         self.port = 0
         self.answered = 0  # bodies sent to their end
+        self.writing = 0  # answers being written now
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
 
@@ -123,6 +126,13 @@ class ReplayUpstream:
                 await writer.wait_closed()
 
     async def _answer(self, writer: asyncio.StreamWriter, cap: Capture) -> None:
+        self.writing += 1
+        try:
+            await self._write_answer(writer, cap)
+        finally:
+            self.writing -= 1
+
+    async def _write_answer(self, writer: asyncio.StreamWriter, cap: Capture) -> None:
         status_line = f"HTTP/1.1 {cap.status} X\r\nContent-Type: {cap.content_type}\r\n"
         if "text/event-stream" not in cap.content_type:
             writer.write(f"{status_line}Content-Length: {len(cap.body)}\r\n\r\n".encode()
@@ -136,6 +146,10 @@ class ReplayUpstream:
             await writer.drain()
             await asyncio.sleep(0)  # one write per event, as a server that flushes each
         await asyncio.sleep(self.tail_gap)
+        while self.endless_tail is not None:
+            writer.write(b"%x\r\n%s\r\n" % (len(self.endless_tail), self.endless_tail))
+            await writer.drain()
+            await asyncio.sleep(0.01)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         self.answered += 1

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from router.appkeys import METRICS
+from router.proxy import relay
 from tests.conftest import RunningRouter, metric_value, router_settings, run_router, wait_until
 from tests.fakes.replay import Capture, ReplayUpstream, load
 
@@ -153,3 +154,21 @@ async def test_done_inside_content_does_not_end_the_stream_early() -> None:
         text = await booked(r, 1)
     assert b'"draft_n":8' in seen
     assert metric_value(text, "speclane_spec_draft_tokens_total", backend="llama") == 8
+
+
+async def test_an_upstream_that_never_ends_after_done_is_cut_and_the_stream_stays_a_200(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hostile: after [DONE] the upstream keeps sending (comments, forever). The client
+    already has everything: its answer ends within the tail grace, as a 200 with its
+    statistics, and the upstream connection is dropped, not reused."""
+    monkeypatch.setattr(relay, "TAIL_GRACE", 0.2)
+    up = ReplayUpstream(load(LLAMACPP_STREAM), endless_tail=b": still here\n\n",
+                        gets={"/v1/models": load("llamacpp-server_v1-models.json")})
+    async with up, run_router(settings(up)) as r, aiohttp.ClientSession() as s:
+        async with s.post(f"{r.base_url}/chat/completions", json=BODY) as resp:
+            assert resp.status == 200
+            body = await resp.read()  # ends: the router closed the body
+        text = await booked(r, 1)
+        await wait_until(lambda: not up.writing)
+    assert body.count(b"data: [DONE]") == 1 and b'"draft_n":36' in body
+    assert metric_value(text, "speclane_spec_draft_tokens_total", backend="llama") == DRAFTED
