@@ -43,10 +43,14 @@ def _timeout(backend: Backend) -> aiohttp.ClientTimeout:
 async def _get(session: aiohttp.ClientSession, backend: Backend, url: str) -> bytes:
     async with session.get(url, headers=backend.auth_headers(),
                            timeout=_timeout(backend)) as resp:
-        body = await resp.content.read(MAX_MODELS_BODY + 1)
         if resp.status != 200:
             raise NotReady(f"GET {url.removeprefix(backend.root_url)} answered {resp.status}")
-    return body
+        body = bytearray()
+        async for chunk in resp.content.iter_chunked(64 * 1024):
+            body += chunk
+            if len(body) > MAX_MODELS_BODY:
+                break  # too big to be a model list: model_ids() reads it as none
+    return bytes(body)
 
 
 def model_ids(body: bytes) -> frozenset[str]:
