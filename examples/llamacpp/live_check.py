@@ -47,6 +47,10 @@ HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("SPECLANE_LLAMA_CACHE", Path.home() / ".cache/speclane/llama.cpp"))
 MODEL = "smollm2"
 START_TIMEOUT = 300.0
+# Thresholds raised on purpose: the acceptance this draft gets (about a half) turns
+# speculation off after a few requests, so that a probe follows and its header is seen.
+PROBE_SPEC = ("min_sample = 64\noff_threshold = 0.9\non_threshold = 0.95\n"
+              "probe_initial = 1.0\nprobe_min_spacing = 1.0")
 PROMPTS = ["Count from 1 to 10.", "List three colours.", "Write a haiku about rain.",
            "Name the days of the week.", "Spell the word 'banana' letter by letter."]
 
@@ -167,7 +171,8 @@ async def run(out: Callable[[str], None], server: Path, version: str, target: Pa
     config = work / "speclane.toml"
     config.write_text(
         f'policies_dir = "{work / "policies"}"\nhealth_interval = 1.0\n[lanes]\n'
-        f'enabled = false\n[spec]\nscrape_interval = 1.0\n[[backends]]\nname = "llamacpp"\n'
+        f'enabled = false\n[spec]\nscrape_interval = 1.0\n{PROBE_SPEC}\n'
+        f'[[backends]]\nname = "llamacpp"\n'
         f'kind = "llamacpp"\nbase_url = "http://127.0.0.1:{lport}/v1"\nmodels = ["{MODEL}"]\n'
         f'speculative = true\nread_timeout = 120\n')
     (work / "policies").mkdir()
@@ -245,8 +250,22 @@ async def run(out: Callable[[str], None], server: Path, version: str, target: Pa
             gauge = speclane_sum(metrics, "speclane_spec_observed", backend="llamacpp")
             check("speclane_spec_observed == 1", gauge == 1)
             for w in spec["workloads"]:
-                out(f"  workload {w.get('workload')}: state {w.get('state')}, "
-                    f"acceptance {w.get('acceptance')}")
+                win = w["window"]
+                out(f"  workload {w['workload']}: state {w['state']} ({w['reason']}), window "
+                    f"{win['accepted']}/{win['drafted']} accepted = {win['acceptance']}")
+            off = [w for w in spec["workloads"] if w["backend"] == "llamacpp"
+                   and w["state"] == "off"]
+            check("auto-disable turned it off (thresholds raised on purpose)", bool(off))
+            if off:
+                await asyncio.sleep(1.5)  # probe_initial
+                async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x",
+                                              max_retries=0, timeout=120) as again:
+                    probe = await again.chat.completions.with_raw_response.create(
+                        model=MODEL, max_tokens=8, temperature=0,
+                        messages=[{"role": "user", "content": "Say yes."}])
+                decision = probe.headers.get("x-speclane-decision", "")
+                check("the probe says so in X-Speclane-Decision",
+                      decision.endswith(",spec-probe->llamacpp"), decision)
     out("result: " + ("all checks passed" if ok else "SOME CHECKS FAILED"))
     return ok
 
