@@ -266,6 +266,7 @@ async def run(out: Callable[[str], None], server: Path, version: str, target: Pa
                 decision = probe.headers.get("x-speclane-decision", "")
                 check("the probe says so in X-Speclane-Decision",
                       decision.endswith(",spec-probe->llamacpp"), decision)
+    shutil.rmtree(work, ignore_errors=True)  # kept only on a crash, for its logs
     out("result: " + ("all checks passed" if ok else "SOME CHECKS FAILED"))
     return ok
 
