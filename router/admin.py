@@ -15,6 +15,7 @@ from router.appkeys import POLICIES, POOL, SPEC, SUPERVISORS
 from router.backends.base import Backend
 from router.proxy.admin_auth import require_admin
 from router.proxy.middleware import expect_handler
+from router.speculation.observed import speculation_status
 
 
 def backend_state(backend: Backend, supervised: dict[str, str]) -> str:
@@ -38,14 +39,10 @@ def backend_status(backend: Backend, supervised: dict[str, str]) -> dict[str, An
         "cooled_down": backend.view().cooled_down,
         "last_error": backend.last_error,
         "last_failure": backend.last_failure,
-        "speculation": {
-            "mode": backend.spec_mode,
-            "requested": backend.speculative_requested,
-            "active": backend.speculative_active if backend.lane is not None else None,
-            "observed": backend.spec_observed,
-            # Why speculation is not active, else why its drafts are not observed.
-            "reason": backend.spec_reason or backend.observed_reason,
-        },
+        "speculation": speculation_status(
+            kind=backend.kind, lane=backend.lane, requested=backend.speculative_requested,
+            active=backend.speculative_active, observed=backend.spec_observed,
+            reason=backend.spec_reason or backend.observed_reason, mode=backend.spec_mode),
     }
 
 

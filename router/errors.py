@@ -31,7 +31,7 @@ class RouterError(Exception):
         message: str,
         *,
         type: str = "invalid_request_error",
-        code: str | None = None,
+        code: str | int | None = None,
         param: str | None = None,
         source: Source = "router",
         headers: dict[str, str] | None = None,
@@ -212,7 +212,15 @@ def from_upstream_body(status: int, body: bytes) -> RouterError:
         status,
         message[:4000],
         type=err_type,
-        code=None if code is None else str(code),
-        param=None if param is None else str(param),
+        code=_code(code),
+        param=None if param is None else str(param)[:4000],
         source="upstream",
     )
+
+
+def _code(code: object) -> str | int | None:
+    """An upstream's error code as it sent it: llama-server's ``"code": 400`` stays a number
+    (clients compare it as one); anything else becomes a bounded string."""
+    if code is None or (isinstance(code, int) and not isinstance(code, bool)):
+        return code
+    return str(code)[:200]

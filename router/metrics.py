@@ -238,7 +238,8 @@ class Metrics:
             ["backend"], registry=r)
         self.spec_observed = Gauge(
             "speclane_spec_observed",
-            "1 when draft counts were observed from the backend in the recent window.",
+            "1 when draft counts were observed from the backend in the recent window, 0 when a "
+            "backend that can report them did not, -1 when its kind cannot report them.",
             ["backend"], registry=r)
 
     def render(self) -> bytes:

@@ -143,7 +143,7 @@ async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "
             metrics.rejections.labels(client, str(e.status)).inc()
         raise
     except asyncio.CancelledError:
-        outcome.client_gone = True
+        outcome.client_left()  # not a disconnect once the stream's [DONE] reached the client
         raise
     finally:
         outcome.finished_at = time.monotonic()

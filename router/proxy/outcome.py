@@ -29,6 +29,9 @@ class Outcome:
     finished_at: float | None = None
     completed: bool = False  # the upstream answer arrived whole
     client_gone: bool = False
+    # A stream's final events ([DONE]) reached the client: it got everything, so a close
+    # from its side after this moment is not a disconnect.
+    delivered: bool = False
     error: RouterError | None = None
     body_json: dict[str, Any] | None = None  # non-streaming answer
     tail_events: list[dict[str, Any]] = field(default_factory=list)  # last events of a stream
@@ -38,3 +41,9 @@ class Outcome:
     @property
     def ttft(self) -> float | None:
         return None if self.first_byte_at is None else self.first_byte_at - self.arrival
+
+    def client_left(self) -> None:
+        """The client closed (or its connection broke): a disconnect unless it already had
+        the whole answer."""
+        if not self.delivered:
+            self.client_gone = True

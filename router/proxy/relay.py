@@ -19,6 +19,12 @@ Rules (why they are what they are):
 - A client that goes away closes the upstream request at once (unless the backend is marked
   ``drain_on_abort``, for servers that crash on aborts: then the answer, even one that has
   not started yet, is read to its end in the background and discarded).
+- A stream is complete once its final events (``data: [DONE]``) reached the client: its
+  outcome and statistics are settled at that moment, before the upstream's end of body is
+  awaited. Clients (the official OpenAI SDK among them) close as soon as they read
+  ``[DONE]``, and that close cancels the handler: what is left to read then is read in the
+  background (bounded) so the connection can be reused, and the request stays a 200 with
+  its statistics counted, never a 499.
 - On shutdown (``shutdown(grace)``, run from the app's on_shutdown) new requests get 503;
   those in flight have ``grace`` seconds, then each stream still running ends with an error
   event and each request not yet answered gets a 503. Left to itself, aiohttp would cut them
@@ -30,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,6 +82,12 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # router.proxy.upstream raises UpstreamConnectionError (a ConnectionError) for every connection
 # failure; OSError-derived resets are ConnectionErrors too.
 CONNECT_ERRORS = (ConnectionError,)
+# After [DONE] an upstream has nothing more to say than the end of its body: wait that long
+# and read that much at most, then drop the connection instead of reusing it.
+TAIL_GRACE = 5.0
+TAIL_LIMIT = 64 * 1024
+# "data: [DONE]" at the start of a line (a model can write "[DONE]" inside its content).
+_DONE_LINE = re.compile(rb"(?:^|\n)data: ?\[DONE\][ \t]*(?:\r?\n|$)")
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -412,7 +425,11 @@ class Relay:
                     if whole:
                         await out.write(whole)
                 except ConnectionResetError:
-                    outcome.client_gone = True  # the client went away; nothing more to send
+                    outcome.client_left()  # the client went away; nothing more to send
+                    return out
+                if b"[DONE]" in whole and _DONE_LINE.search(whole):
+                    self._delivered(outcome, tail)
+                    await self._after_done(out, backend, resp, outcome, held)
                     return out
                 if whole.endswith((b"[DONE]\n\n", b"[DONE]\r\n\r\n")) and _ends_with_done(whole):
                     break  # the stream has ended for the client: trailers can't add an end
@@ -455,6 +472,30 @@ class Relay:
         await self._finish(out, b"" if egress is None else egress.finish(), outcome)
         return out
 
+    @staticmethod
+    def _delivered(outcome: Outcome, tail: SSETail) -> None:
+        """[DONE] reached the client: settle the outcome now, so that nothing the client
+        does next (closing, which cancels this handler) can lose it."""
+        outcome.last_byte_at = time.monotonic()
+        outcome.tail_events, _, _ = tail.finish()
+        outcome.completed = outcome.delivered = True
+
+    async def _after_done(self, out: web.StreamResponse, backend: Backend, resp: Response,
+                          outcome: Outcome, held: bytes) -> None:
+        """Read the upstream's end of body (and pass on what little may follow [DONE])."""
+        rest = held
+        try:
+            async with asyncio.timeout(TAIL_GRACE):
+                while len(rest) <= TAIL_LIMIT and (chunk := await resp.readany()):
+                    rest += chunk
+        except (TimeoutError, *CONNECT_ERRORS):
+            pass
+        if not resp.complete:
+            resp.close()  # silent, broken or endless after [DONE]: its connection is dropped
+        if rest:
+            await self._write(out, rest, outcome)
+        await self._finish(out, b"", outcome)
+
     async def _stream_failed(self, out: web.StreamResponse, backend: Backend, outcome: Outcome,
                              reason: str, err: RouterError, egress: Egress | None) -> None:
         log.warning("stream from %s failed after first byte: %s", backend.name, err.message)
@@ -469,7 +510,7 @@ class Relay:
         try:
             await out.write(data)
         except ConnectionResetError:
-            outcome.client_gone = True
+            outcome.client_left()
 
     async def _finish(self, out: web.StreamResponse, trailer: bytes, outcome: Outcome) -> None:
         try:
@@ -477,7 +518,7 @@ class Relay:
                 await out.write(trailer)
             await out.write_eof()
         except ConnectionResetError:
-            outcome.client_gone = True
+            outcome.client_left()
 
     async def _relay_body(self, opened: Opened, outcome: Outcome,
                           headers: dict[str, str], egress: Egress | None) -> web.Response:
@@ -533,8 +574,12 @@ class Relay:
         # Solo: nothing was running when it began and nothing began after it.
         alone = self._unbegin(backend, outcome)
         outcome.solo = outcome.solo and alone
-        if outcome.completed:
+        if resp.complete or (outcome.completed and not outcome.delivered):
             resp.close()  # the answer arrived whole: its connection is kept alive
+        elif outcome.delivered and not self._closing:
+            # The client left between [DONE] and the upstream's end of body: read that end
+            # here, without the client, so the connection goes back to the pool.
+            self._track(asyncio.create_task(self._read_tail(resp)))
         else:
             self._abandon(backend, resp)
 
@@ -549,6 +594,17 @@ class Relay:
     def _track(self, task: asyncio.Task[None]) -> None:
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
+
+    async def _read_tail(self, resp: Response) -> None:
+        size = 0
+        try:
+            async with asyncio.timeout(TAIL_GRACE):
+                while size <= TAIL_LIMIT and (chunk := await resp.readany()):
+                    size += len(chunk)
+        except (TimeoutError, *CONNECT_ERRORS):
+            pass
+        finally:
+            resp.close()  # given back to the pool only if the body ended
 
     async def _drain(self, backend: Backend, resp: Response) -> None:
         """Let the backend finish an aborted generation instead of cutting it off."""

@@ -29,12 +29,23 @@ from router.config.speculation import SpecSettings
 from router.metrics import Metrics
 from router.proxy.outcome import Outcome
 from router.routing.classify import Classification
-from router.routing.speculate import SpecAdvice, paused_last, settle, speculates
+from router.routing.speculate import (
+    SpecAdvice,
+    paused_last,
+    probe_decision,
+    settle,
+    speculates,
+)
 from router.routing.types import Candidate, Decision
 from router.speculation.autodisable import AutoDisable, Transition
 from router.speculation.cumulative import CounterDelta
 from router.speculation.keystate import SpecKey
-from router.speculation.observed import ObservedWindow
+from router.speculation.observed import (
+    GAUGE,
+    ObservedWindow,
+    observable,
+    speculation_status,
+)
 from router.speculation.parsers import output_tokens, parse_response, parse_stream_events
 from router.speculation.record import Observation, SpecRecord, SpecResult, unavailable_reason
 
@@ -63,6 +74,11 @@ class SpecTelemetry:
         self.auto = AutoDisable(settings.spec, resolve=self._resolve)
         self._observed: dict[str, ObservedWindow] = {}
         self._per_request_seen: set[str] = set()
+        for backend in pool:
+            if _unobservable(backend):
+                # Said once, from the start: no response will ever tell more (the admin
+                # views say why, from the backend's kind).
+                metrics.spec_observed.labels(backend.name).set(GAUGE["unobservable"])
 
     def _resolve(self, key: SpecKey) -> SpecSettings:
         policies: PolicySet = self._policies()
@@ -91,7 +107,7 @@ class SpecTelemetry:
         candidates = paused_last(decision.candidates, lambda c: self._paused(c, claim, now))
         first = candidates[0]
         backend = self._pool[first.backend]
-        if not speculates(backend.lane, backend.speculative_requested, first):
+        if not speculates(backend.lane, _judged(backend), first):
             return _with(decision, candidates)
         key = SpecKey(backend.name, claim.model, claim.workload)
         verdict = self.auto.verdict(key, now)
@@ -102,6 +118,8 @@ class SpecTelemetry:
         if verdict.probe:
             self._metrics.spec_probes.labels(*key).inc()
             log.info("probing speculation for %s", "/".join(key))
+            if backend.lane is None:
+                decision = probe_decision(decision, backend.name)
         if not settled.keep_ticket and claim.ticket is not None:
             self.auto.cancel(claim.ticket, now)
             claim.ticket = None
@@ -110,7 +128,7 @@ class SpecTelemetry:
     def _paused(self, candidate: Candidate, claim: SpecClaim, now: float) -> bool:
         """An external backend configured as speculative whose workload is off."""
         b = self._pool[candidate.backend]
-        return (b.lane is None and b.speculative_requested and not self.auto.peek(
+        return (b.lane is None and _judged(b) and not self.auto.peek(
             SpecKey(b.name, claim.model, claim.workload), now).use_speculation)
 
     # --- after the response -------------------------------------------------------------
@@ -134,9 +152,11 @@ class SpecTelemetry:
         if claim.key is not None and claim.key != key:
             self._release(claim, now)  # a retry moved it to another backend
             claim.ticket = None
-        if speculates(backend.lane, backend.speculative_requested, served):
+        if speculates(backend.lane, _judged(backend), served):
             transitions = self.auto.record(key, result, observation, now, claim.ticket)
             self._publish(key, transitions)
+        elif _unobservable(backend):
+            self._release(claim, now)  # drafting, unseen: neither a sample nor a baseline
         elif observation is not None:
             self.auto.record_baseline(model, workload, observation, now,
                                       claim.ticket if claim.baseline else None)
@@ -160,7 +180,7 @@ class SpecTelemetry:
         else:
             reason = unavailable_reason(result) or "unknown"
             m.spec_telemetry_unavailable.labels(backend.name, reason).inc()
-        if backend.speculative_requested:
+        if backend.speculative_requested and observable(backend.kind):
             window = self._observed.setdefault(backend.name, ObservedWindow())
             window.add(isinstance(result, SpecRecord) and result.drafted > 0)
             self.set_observed(backend, window.observed, window.reason())
@@ -190,7 +210,8 @@ class SpecTelemetry:
         if not backend.observed(observed, reason):
             return
         if observed is not None:
-            self._metrics.spec_observed.labels(backend.name).set(1 if observed else 0)
+            self._metrics.spec_observed.labels(backend.name).set(
+                GAUGE["observed" if observed else "not_observed"])
         if observed is False and was is not False:
             log.warning("backend %s: %s", backend.name, reason)
 
@@ -215,10 +236,12 @@ class SpecTelemetry:
             row.pop("since", None)
             if isinstance(row.get("probe"), dict):
                 row["probe"].pop("next_at", None)
-        backends = [{"backend": b.name, "lane": b.lane, "requested": b.speculative_requested,
-                     "active": b.speculative_active if b.lane else None,
-                     "observed": b.spec_observed,
-                     "reason": b.spec_reason or b.observed_reason}
+        backends = [{"backend": b.name, "lane": b.lane, "kind": b.kind,
+                     **speculation_status(kind=b.kind, lane=b.lane,
+                                          requested=b.speculative_requested,
+                                          active=b.speculative_active, observed=b.spec_observed,
+                                          reason=b.spec_reason or b.observed_reason,
+                                          mode=b.spec_mode)}
                     for b in self._pool]
         return {"settings": self._settings.model_dump(), "workloads": workloads,
                 "backends": backends}
@@ -228,6 +251,18 @@ def _with(decision: Decision, candidates: tuple[Candidate, ...]) -> Decision:
     if candidates == decision.candidates:
         return decision
     return dataclasses.replace(decision, candidates=candidates)
+
+
+def _judged(backend: Backend) -> bool:
+    """Speculation requested on it and judged by auto-disable, which needs figures: an
+    external backend that cannot report them is left as configured."""
+    return backend.speculative_requested and (backend.lane is not None
+                                              or observable(backend.kind))
+
+
+def _unobservable(backend: Backend) -> bool:
+    return backend.lane is None and backend.speculative_requested and not observable(
+        backend.kind)
 
 
 def _model_of(outcome: Outcome) -> str | None:

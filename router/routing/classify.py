@@ -103,6 +103,11 @@ RULES = (
 
 
 DEFAULT_RULES = RoutingRules()
+# The rules that chose a lane for load alone: the only ones a cached prefix may overrule. A
+# request-shape or speculation rule (n>1, long-prompt, spec-not-paying, spec-probe, ...) or a
+# preference says the other lane is wrong for this request, whatever it holds.
+AFFINITY_MAY_OVERRULE = frozenset({"spec-lane-free", "spec-lane-busy", "load-high",
+                                   "low-priority"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +179,7 @@ def classify(
     else:
         shape = _shape(request, changes)
         candidates, rule = _route(serving, pref, shape, policy, gate, advice, load, rules)
-        if rules.cache_affinity and pref != "batching" and rule != "n>1":
+        if rules.cache_affinity and rule in AFFINITY_MAY_OVERRULE:
             candidates, rule = steer(candidates, rule, facts.cache_holder, serving,
                                      thresholds_of(rules))
         reason = f"preset={preset or 'none'},{rule}->{candidates[0].lane}"

@@ -15,7 +15,8 @@ Three moments of one decision:
    workload is off goes behind the others; it still serves when nothing else can.
 3. Settling the first candidate (``settle``) with the verdict the proxy took: off, or a
    baseline sample, means the speculative lane decodes without its draft; an external backend
-   has no plain mode, so its ticket is returned.
+   has no plain mode, so its ticket is returned; a probe sent to one says so in the decision
+   (``probe_decision``).
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from router.routing.types import BackendView, Candidate
+from router.routing.types import BackendView, Candidate, Decision
 
 __all__ = [
     "SPECULATION_PAYS", "Settled", "SpecAdvice", "SpecOracle", "advice_label", "advice_rule",
-    "lane_speculates", "paused_last", "settle", "speculates", "speculation_pays",
+    "lane_speculates", "paused_last", "probe_decision", "settle", "speculates",
+    "speculation_pays",
 ]
 
 
@@ -108,3 +110,11 @@ def settle(candidates: tuple[Candidate, ...], lane: str | None, use: bool, probe
         plain = dataclasses.replace(first, speculative=False)
         return Settled((plain, *candidates[1:]), True, baseline_sample)
     return Settled(candidates, False, False)  # no plain mode out there
+
+
+def probe_decision(decision: Decision, backend: str) -> Decision:
+    """Say in X-Speclane-Decision that this request probes speculation on an external
+    backend where it is off (``spec-probe->llamacpp``, not ``external->llamacpp``)."""
+    prefix, sep, _ = decision.reason.rpartition(",")
+    return dataclasses.replace(decision, reason=f"{prefix}{sep}spec-probe->{backend}",
+                               labels={**decision.labels, "rule": "spec-probe"})

@@ -87,6 +87,7 @@ class FakeUpstream:
     def make_app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)  # what mlx_lm.server offers
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/embeddings", self._embeddings)
@@ -113,6 +114,11 @@ class FakeUpstream:
             return web.json_response({"error": {"message": "down"}}, status=self.models_status)
         data = [{"id": m, "object": "model", "owned_by": self.name} for m in self.models]
         return web.json_response({"object": "list", "data": data})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        up = self.models_status == 200
+        return web.json_response({"status": "ok" if up else "unavailable"},
+                                 status=200 if up else 503)
 
     def _next_behaviour(self) -> Behaviour:
         return self.script.popleft() if self.script else self.behaviour

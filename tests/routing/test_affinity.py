@@ -166,3 +166,12 @@ def test_a_batching_preference_is_not_overridden_by_affinity() -> None:
     if not batching_presets:
         pytest.skip("no default preset prefers batching")
     assert decide("speculative", preset_header=batching_presets[0])[0] == "batching"
+
+
+def test_a_cached_prefix_never_overrules_a_shape_or_speculation_rule() -> None:
+    from router.routing.classify import AFFINITY_MAY_OVERRULE, RULES
+
+    assert AFFINITY_MAY_OVERRULE <= set(RULES)
+    for rule in ("n>1", "long-prompt", "high-temperature", "short-output", "spec-inactive",
+                 "spec-not-paying", "spec-probe", "prefer-batching", "override"):
+        assert rule not in AFFINITY_MAY_OVERRULE

@@ -55,6 +55,11 @@ def llamacpp_stats(drafted: int, accepted: int) -> Behaviour:
 
 async def chat(r: RunningRouter, stream: bool = False) -> str:
     """One request; the backend that served it."""
+    return (await chat_headers(r, stream))["x-speclane-backend"]
+
+
+async def chat_headers(r: RunningRouter, stream: bool = False) -> Any:
+    """One request; its response headers."""
     client = r.client()
     if stream:
         resp = await client.chat.completions.with_raw_response.create(
@@ -64,7 +69,7 @@ async def chat(r: RunningRouter, stream: bool = False) -> str:
     else:
         resp = await client.chat.completions.with_raw_response.create(
             model="fake-model", messages=CHAT)
-    return resp.headers["x-speclane-backend"]
+    return resp.headers
 
 
 async def metrics_text(r: RunningRouter) -> str:
@@ -93,7 +98,9 @@ async def run_cycle(r: RunningRouter, spec_fake: FakeUpstream, key: SpecKey,
     assert await chat(r, stream) == other  # off: routed around speculation
     seen = len(spec_fake.requests)
     await probe_due(r, key)
-    assert await chat(r, stream) == key.backend  # a probe, observed at the fake
+    probe = await chat_headers(r, stream)  # a probe, observed at the fake, and said so
+    assert probe["x-speclane-backend"] == key.backend
+    assert probe["x-speclane-decision"].endswith(f",spec-probe->{key.backend}")
     assert len(spec_fake.requests) == seen + 1
     assert await chat(r, stream) == other  # a bad probe: the next waits (backed off)
     spec_fake.behaviour = high
@@ -163,22 +170,39 @@ async def test_probes_back_off_while_acceptance_stays_at_zero() -> None:
     assert gaps[0] >= 0.19 and gaps[1] >= 0.39 and gaps[2] >= 0.79
 
 
-async def test_backend_reporting_nothing_is_labelled_not_zero() -> None:
-    async with fake_upstreams("mlx") as (mlx,):
-        backends = [{"name": "mlx", "kind": "mlx_lm", "base_url": mlx.base_url,
-                     "speculative": True}]
+@pytest.mark.parametrize(("kind", "observation", "gauge"), [
+    ("mlx_lm", "unobservable", -1),  # never reports drafts: cannot be observed
+    ("ollama", "unobservable", -1),
+    ("llamacpp", "not_observed", 0),  # could report draft_n and did not: observed false
+])
+async def test_backend_reporting_nothing_is_labelled_not_zero(
+        kind: str, observation: str, gauge: int) -> None:
+    async with fake_upstreams("sp") as (up,):
+        backends = [{"name": "sp", "kind": kind, "base_url": up.base_url, "speculative": True}]
         async with run_router(router_settings(backends=backends)) as r:
             for _ in range(20):
                 await chat(r)
             text = await metrics_text(r)
             lanes = await admin(r, "lanes")
-    assert metric_value(text, "speclane_spec_telemetry_unavailable_total", backend="mlx",
-                        reason="not_supported") == 20
+            spec = await admin(r, "spec")
     assert metric_value(text, "speclane_spec_draft_tokens_total") is None  # no fake zero
-    status = next(b for b in lanes["backends"] if b["name"] == "mlx")["speculation"]
-    assert status["requested"] is True and status["observed"] is False
-    assert "no draft tokens in the last 20 responses" in status["reason"]
-    assert metric_value(text, "speclane_spec_observed", backend="mlx") == 0
+    status = next(b for b in lanes["backends"] if b["name"] == "sp")["speculation"]
+    row = next(b for b in spec["backends"] if b["backend"] == "sp")
+    assert {k: row[k] for k in status} == status  # both views say the same
+    assert status["requested"] is True and status["observation"] == observation
+    assert metric_value(text, "speclane_spec_observed", backend="sp") == gauge
+    if observation == "unobservable":
+        assert status["observed"] is None and status["observable"] is False
+        assert status["reason"].startswith("cannot be observed on this backend")
+        assert metric_value(text, "speclane_spec_telemetry_unavailable_total", backend="sp",
+                            reason="not_supported") == 20
+        # auto-disable cannot judge what it cannot see: no workload shown as "on"
+        assert spec["workloads"] == []
+    else:
+        assert status["observed"] is False and status["observable"] is True
+        assert "no draft tokens in the last 20 responses" in status["reason"]
+        assert metric_value(text, "speclane_spec_telemetry_unavailable_total", backend="sp",
+                            reason="absent") == 20
 
 
 async def test_malformed_statistics_never_fail_the_request(fake: FakeUpstream) -> None:
