@@ -48,8 +48,8 @@ def build_worker_command(
         raise ValueError(f"unknown lane {lane!r}; expected one of {LANE_NAMES}")
     argv = [python, "-m", "router.worker", "--mode", lane,
             "--model", str(model_dir), "--model-name", model_name]
-    if draft_dir is not None and lane == "speculative":
-        argv += ["--draft-model", str(draft_dir)]
+    if lane == "speculative":
+        argv += speculative_args(settings, draft_dir)
     argv += [
         "--num-draft-tokens", str(settings.num_draft_tokens),
         "--max-batch-size", str(settings.max_batch_size),
@@ -60,6 +60,23 @@ def build_worker_command(
     env.update(settings.env)
     env["PYTHONUNBUFFERED"] = "1"  # stderr lines must reach the ring buffer as they happen
     return WorkerCommand(lane=lane, argv=tuple(argv), env=env)
+
+
+def speculative_args(settings: LanesSettings, draft_dir: Path | None) -> list[str]:
+    """The speculative lane's draft flags (``draft_model`` needs a draft: else prompt lookup)."""
+    argv = ["--draft-model", str(draft_dir)] if draft_dir is not None else []
+    source = settings.draft_source
+    if source == "auto" or (source == "draft_model" and draft_dir is None):
+        source = "draft_model" if draft_dir is not None else "prompt_lookup"
+    return [
+        *argv,
+        "--draft-source", source,
+        "--lookup-ngram-min", str(settings.lookup_ngram_min),
+        "--lookup-ngram-max", str(settings.lookup_ngram_max),
+        "--lookup-max-draft", str(settings.lookup_max_draft),
+        "--prediction-max-draft", str(settings.prediction_max_draft),
+        "--prompt-cache-bytes", str(settings.prompt_cache_bytes),
+    ]
 
 
 class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):

@@ -19,8 +19,10 @@ import sys
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from router.worker.engine import BatchingEngine, Engine, LoadError, Models, SpeculativeEngine
+from router.worker.drafts import LookupConfig, PredictionConfig
+from router.worker.engine import BatchingEngine, Engine, LoadError, Models
 from router.worker.server import WorkerInfo, make_app, start_site
+from router.worker.speculative import SOURCES, SpecSettings, SpeculativeEngine
 
 READY_PREFIX = "SPECLANE_WORKER_READY"
 PARENT_POLL_SECONDS = 0.5
@@ -35,7 +37,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", type=Path, required=True, help="mlx-lm model directory")
     p.add_argument("--model-name", help="id served in /v1/models (default: the directory name)")
     p.add_argument("--draft-model", type=Path, help="speculative mode: the draft model directory")
-    p.add_argument("--num-draft-tokens", type=int, default=3)
+    p.add_argument(
+        "--num-draft-tokens", type=int, default=3, help="draft_model: tokens drafted per step"
+    )
+    p.add_argument(
+        "--draft-source",
+        choices=SOURCES,
+        help="speculative mode: what drafts for requests without a 'prediction' "
+        "(default: draft_model with --draft-model, else prompt_lookup)",
+    )
+    p.add_argument(
+        "--lookup-ngram-min", type=int, default=2, help="prompt_lookup: shortest n-gram matched"
+    )
+    p.add_argument(
+        "--lookup-ngram-max", type=int, default=4, help="prompt_lookup: longest n-gram matched"
+    )
+    p.add_argument(
+        "--lookup-max-draft", type=int, default=8, help="prompt_lookup: tokens drafted per step"
+    )
+    p.add_argument(
+        "--prediction-max-draft",
+        type=int,
+        default=16,
+        help="prediction: tokens of the request's prediction verified per step",
+    )
+    p.add_argument(
+        "--prompt-cache-bytes",
+        type=int,
+        default=512 << 20,
+        help="speculative mode: bytes of KV cache kept to reuse common prompt prefixes (0: off)",
+    )
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
@@ -45,6 +76,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--num-draft-tokens must be between 0 and 16")
     if args.max_batch_size < 1:
         p.error("--max-batch-size must be at least 1")
+    if not 1 <= args.lookup_ngram_min <= args.lookup_ngram_max <= 16:
+        p.error("--lookup-ngram-min/max must satisfy 1 <= min <= max <= 16")
+    for flag in ("lookup_max_draft", "prediction_max_draft"):
+        if not 1 <= getattr(args, flag) <= 32:
+            p.error(f"--{flag.replace('_', '-')} must be between 1 and 32")
+    if args.prompt_cache_bytes < 0:
+        p.error("--prompt-cache-bytes must be >= 0")
+    if args.draft_source is None:
+        args.draft_source = "draft_model" if args.draft_model else "prompt_lookup"
+    if args.draft_source == "draft_model" and args.mode == "speculative" and not args.draft_model:
+        p.error("--draft-source draft_model needs --draft-model")
     return args
 
 
@@ -103,8 +145,18 @@ def build_engine(args: argparse.Namespace) -> Engine:
         return Models(model, tokenizer, draft_model)
 
     if args.mode == "speculative":
-        return SpeculativeEngine(load, args.num_draft_tokens)
+        return SpeculativeEngine(load, spec_settings(args))
     return BatchingEngine(load, args.max_batch_size)
+
+
+def spec_settings(args: argparse.Namespace) -> SpecSettings:
+    return SpecSettings(
+        draft_source=args.draft_source,
+        num_draft_tokens=args.num_draft_tokens,
+        lookup=LookupConfig(args.lookup_ngram_min, args.lookup_ngram_max, args.lookup_max_draft),
+        prediction=PredictionConfig(max_draft=args.prediction_max_draft),
+        prompt_cache_bytes=args.prompt_cache_bytes,
+    )
 
 
 def model_dir(path: Path) -> Path:
@@ -115,15 +167,27 @@ def model_dir(path: Path) -> Path:
 
 
 def worker_info(args: argparse.Namespace, models: Models) -> WorkerInfo:
-    speculating = models.draft is not None and args.num_draft_tokens > 0
+    source, k = lane_source(args, models)
     config = getattr(models.model, "args", None)
     return WorkerInfo(
         mode=args.mode,
         model_name=args.model_name or _dir_name(args.model),
         draft_name=_dir_name(args.draft_model) if models.draft is not None else None,
-        num_draft_tokens=args.num_draft_tokens if speculating else 0,
+        num_draft_tokens=k,
         context_length=getattr(config, "max_position_embeddings", None),
+        draft_source=source,
     )
+
+
+def lane_source(args: argparse.Namespace, models: Models) -> tuple[str | None, int]:
+    """The draft source of requests without a prediction, and its k (None, 0: no drafting)."""
+    if args.mode != "speculative":
+        return None, 0
+    if args.draft_source == "draft_model" and models.draft is not None and args.num_draft_tokens:
+        return "draft_model", args.num_draft_tokens
+    if args.draft_source == "prompt_lookup":
+        return "prompt_lookup", args.lookup_max_draft
+    return None, 0
 
 
 def _dir_name(path: Path) -> str:

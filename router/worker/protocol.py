@@ -47,6 +47,9 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # OpenAI Predicted Outputs: the expected text of the answer. The speculative lane drafts
+    # from it; the batching lane ignores it (the answer is the same, only slower to come).
+    prediction: str | None = None
 
     def chat_dicts(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.content} for m in self.messages]
@@ -79,6 +82,7 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, None),
         logit_bias=_logit_bias(body),
+        prediction=_prediction(body),
     )
 
 
@@ -199,3 +203,22 @@ def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
             )
         out.append((int(key), float(bias)))
     return tuple(out)
+
+
+def _prediction(body: Mapping[str, Any]) -> str | None:
+    """``{"type": "content", "content": str | [{"type": "text", "text": str}, ...]}``."""
+    raw = body.get("prediction")
+    if raw is None:
+        return None
+    message = "'prediction' must be {\"type\": \"content\", \"content\": string or text parts}"
+    if not isinstance(raw, Mapping) or raw.get("type") != "content":
+        raise bad_request(message, param="prediction")
+    content = raw.get("content")
+    if isinstance(content, str):
+        return content or None
+    if isinstance(content, list) and all(
+        isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content) or None
+    raise bad_request(message, param="prediction")
