@@ -81,6 +81,7 @@ def test_health_reports_each_lane(spec_worker: WorkerProcess, batch_worker: Work
         "draft_model": DEFAULT_DRAFT_NAME,
         "speculative": True,
         "num_draft_tokens": 3,
+        "draft_source": "draft_model",
         "active": 0,
         "queued": 0,
         "capacity": 1,
@@ -123,7 +124,8 @@ def test_zero_draft_tokens_decodes_without_the_draft(spec_worker: WorkerProcess)
     )
     assert reply.usage is not None
     assert spec_of(reply.usage) == {
-        "drafted": 0, "accepted": 0, "rejected": 0, "steps": 0, "num_draft_tokens": 0
+        "drafted": 0, "accepted": 0, "rejected": 0, "steps": 0, "num_draft_tokens": 0,
+        "source": None,
     }
     assert reply.usage.completion_tokens_details is None
     assert "Paris" in (reply.choices[0].message.content or "")
