@@ -50,6 +50,12 @@ def test_model_dir_must_be_local(tmp_path: Path) -> None:
         ["--mode", "fast", "--model", "m"],
         ["--mode", "batching", "--model", "m", "--max-batch-size", "0"],
         ["--mode", "speculative", "--model", "m", "--num-draft-tokens", "17"],
+        ["--mode", "speculative", "--model", "m", "--draft-source", "draft_model"],  # no draft
+        ["--mode", "speculative", "--model", "m", "--draft-source", "magic"],
+        ["--mode", "speculative", "--model", "m", "--lookup-ngram-min", "5",
+         "--lookup-ngram-max", "3"],
+        ["--mode", "speculative", "--model", "m", "--lookup-max-draft", "0"],
+        ["--mode", "speculative", "--model", "m", "--prompt-cache-bytes", "-1"],
     ],
 )
 def test_bad_command_lines_are_refused(argv: list[str]) -> None:
@@ -64,3 +70,8 @@ def test_defaults() -> None:
         3, 8, "127.0.0.1", 0
     )
     assert args.parent_pid is None and args.draft_model is None
+    assert args.draft_source == "prompt_lookup"  # no draft model: the free draft
+    with_draft = parse_args(["--mode", "speculative", "--model", "m", "--draft-model", "d"])
+    assert with_draft.draft_source == "draft_model"
+    assert (args.lookup_ngram_min, args.lookup_ngram_max, args.lookup_max_draft) == (2, 4, 8)
+    assert (args.prediction_max_draft, args.prompt_cache_bytes) == (16, 512 << 20)
