@@ -13,6 +13,7 @@ import orjson
 
 from router.errors import RouterError, bad_request
 from router.routing.types import Endpoint, RouteRequest
+from router.speculation.families import classify_family
 
 MAX_N = 128
 MAX_TOKENS_LIMIT = 1_000_000
@@ -65,6 +66,7 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
         max_tokens=max_tokens,
         temperature=None if temperature is None else float(temperature),
         prompt_chars=_prompt_chars(endpoint, data),
+        family=classify_family(data) if endpoint != "embeddings" else "chat",
     )
     return ParsedRequest(endpoint=endpoint, raw=raw, data=data, route=route)
 

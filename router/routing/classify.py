@@ -34,12 +34,17 @@ The steps, in order (the first failing step answers):
      for the draft to win back its prefill.
    - ``spec-inactive``: the lane reports no active speculation (e.g. no draft loaded).
    - ``spec-not-paying``: the per-workload speculative state says it does not pay (a
-     probe request still goes: ``spec-probe``).
+     probe request still goes: ``spec-probe``). The state is kept per request family
+     (``router.speculation.families``), so one client's edits and chat are judged apart.
    - ``spec-lane-busy``: the lane is at capacity (default 1): a request never waits
      behind another on the speculative lane while the batching lane can start it now.
    - ``low-priority``: a sheddable client (priority < 0) and the lanes are not idle.
    - ``load-high``: the load gate (``router.routing.load.LoadGate``) is busy; a client with
      priority > 0 passes it.
+
+   A request with an OpenAI ``prediction`` that passes these rules takes the speculative lane
+   under the rule ``prediction`` (the lane drafts from the prediction, even when it has no
+   draft model, so ``spec-inactive`` does not apply to it).
 
    A lane that is down or cooling down is never a candidate: ``spec-lane-down`` /
    ``no-spec-lane`` send to batching, ``batching-down`` / ``no-batching-lane`` to the
@@ -65,6 +70,7 @@ from router.config.presets import LanePreference, PresetSpec
 from router.errors import RouterError, bad_request, not_found, unavailable
 from router.routing.load import LoadGate, available, candidate_for, lane_load, lanes_load
 from router.routing.types import BackendView, Candidate, Decision, LaneName, RouteRequest
+from router.speculation.families import workload_key
 
 PRESET_HEADER = "X-Speclane-Preset"
 LANE_HEADER = "X-Speclane-Lane"
@@ -74,7 +80,7 @@ DECISION_HEADER = "X-Speclane-Decision"
 LANES: tuple[LaneName, ...] = ("speculative", "batching")
 SHAPE_RULES = ("n>1", "long-prompt", "high-temperature", "short-output")
 RULES = (
-    "override", "spec-lane-free", "spec-probe", "prefer-batching", "external",
+    "override", "spec-lane-free", "prediction", "spec-probe", "prefer-batching", "external",
     *SHAPE_RULES, "spec-inactive", "spec-not-paying", "spec-lane-busy", "low-priority",
     "load-high", "spec-lane-down", "no-spec-lane", "batching-down", "no-batching-lane",
 )
@@ -135,7 +141,7 @@ class Classification:
     decision: Decision
     client: str
     preset: str | None
-    workload: str  # "<client>:<preset or none>", the speculative-state key
+    workload: str  # "<client>:<preset or none>:<family>", the speculative-state key
     model: str  # alias and preset suffix resolved
     body_changes: dict[str, Any] = field(default_factory=dict)  # set these body fields
     gate: LoadGate = field(default_factory=LoadGate)  # keep for the next decision
@@ -152,6 +158,7 @@ class _Shape:
     temperature: float | None
     max_tokens: int | None
     prompt_chars: int
+    family: str = "chat"
 
 
 def classify(
@@ -180,7 +187,7 @@ def classify(
                         param="model", code="model_not_found")
     load = lanes_load(backends)
     gate = (gate or rules.new_gate()).observe(load)
-    workload = f"{policy.client}:{preset or 'none'}"
+    workload = workload_key(policy.client, preset, request.family)
     advice = spec(model, workload)
     pref = policy.lane_for(preset, presets)
     override = _override_target(facts.lane_header, policy, backends)
@@ -335,6 +342,7 @@ def _shape(request: RouteRequest, changes: Mapping[str, Any]) -> _Shape:
         temperature=temperature,
         max_tokens=tokens if tokens is not None else request.max_tokens,
         prompt_chars=request.prompt_chars,
+        family=request.family,
     )
 
 
@@ -404,11 +412,12 @@ def _route(
         first, rule = spec, _missing(serving, "batching")
     else:
         blocker = _spec_blocker(spec, shape, policy, gate, advice, load, rules)
-        first, rule = (batch, blocker) if blocker else (spec, _spec_rule(advice))
+        first, rule = (batch, blocker) if blocker else (spec, _spec_rule(advice, shape))
     assert first is not None  # at least one lane is usable here
     lanes = [first, *sorted((b for b in (spec, batch) if b and b is not first), key=_load_key)]
     speculative = advice.use or advice.probe
-    return tuple(_lane_candidate(b, speculative) for b in lanes) + tuple(
+    predicted = shape.family == "prediction"
+    return tuple(_lane_candidate(b, speculative, predicted) for b in lanes) + tuple(
         candidate_for(b) for b in externals), rule
 
 
@@ -425,7 +434,7 @@ def _spec_blocker(
         return "high-temperature"
     if shape.max_tokens is not None and shape.max_tokens <= rules.short_output_tokens:
         return "short-output"
-    if not spec.speculative:
+    if not spec.speculative and shape.family != "prediction":  # a prediction always drafts
         return "spec-inactive"
     if not advice.use and not advice.probe:
         return "spec-not-paying"
@@ -438,8 +447,10 @@ def _spec_blocker(
     return None
 
 
-def _spec_rule(advice: SpecAdvice) -> str:
-    return "spec-probe" if not advice.use and advice.probe else "spec-lane-free"
+def _spec_rule(advice: SpecAdvice, shape: _Shape) -> str:
+    if not advice.use and advice.probe:
+        return "spec-probe"
+    return "prediction" if shape.family == "prediction" else "spec-lane-free"
 
 
 def _missing(serving: Sequence[BackendView], lane: LaneName) -> str:
@@ -453,10 +464,11 @@ def _lane(views: Sequence[BackendView], lane: LaneName) -> BackendView | None:
     return next((v for v in views if v.lane == lane), None)
 
 
-def _lane_candidate(view: BackendView, speculative: bool) -> Candidate:
+def _lane_candidate(view: BackendView, speculative: bool, predicted: bool = False) -> Candidate:
     candidate = candidate_for(view)
     if view.lane == "speculative":
-        return Candidate(candidate.backend, candidate.lane, view.speculative and speculative)
+        drafts = view.speculative or predicted
+        return Candidate(candidate.backend, candidate.lane, drafts and speculative)
     return candidate
 
 
