@@ -166,6 +166,10 @@ class SpecTelemetry:
             m.spec_accepted_tokens.labels(*labels).inc(result.accepted)
             m.spec_rejected_tokens.labels(*labels).inc(result.rejected)
             m.spec_ignored_tokens.labels(*labels).inc(result.ignored)
+            source = result.draft_source or result.kind
+            m.spec_source_tokens.labels(backend.name, model, source, "drafted").inc(result.drafted)
+            m.spec_source_tokens.labels(backend.name, model, source, "accepted").inc(
+                result.accepted)
             self._per_request_seen.add(backend.name)
         else:
             reason = unavailable_reason(result) or "unknown"

@@ -121,6 +121,10 @@ async def test_speculative_lane_turns_off_probes_and_recovers() -> None:
     assert (metric_value(text, "speclane_spec_draft_tokens_total", **key_labels) or 0) > 0
     row = next(w for w in snapshot["workloads"] if w["backend"] == "speculative")
     assert row["state"] == "on" and row["changes"] == 2
+    assert (row["client"], row["preset"], row["family"]) == ("default", "none", "chat")
+    # These fake answers name no draft source: counted under their kind.
+    assert (metric_value(text, "speclane_spec_source_tokens_total", backend="speculative",
+                         model="fake-model", source="draft", outcome="drafted") or 0) > 0
     assert batch.requests and all("num_draft_tokens" not in r.body for r in spec.requests)
 
 
