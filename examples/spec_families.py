@@ -74,20 +74,24 @@ async def one(session: aiohttp.ClientSession, url: str, family: str, prompt: str
                             "temperature": 0, "stream": True,
                             "stream_options": {"include_usage": True},
                             "messages": [{"role": "user", "content": prompt}]}
+    endpoint = "chat/completions"
     if family in EDIT_FAMILIES:
+        endpoint = "completions"
+        del body["messages"]
         body.update(edit_body(family))
     if drafts is not None:
         body["num_draft_tokens"] = drafts
     first = last = None
     usage: dict[str, Any] = {}
-    async with session.post(f"{url}/chat/completions", json=body, headers=headers) as resp:
+    async with session.post(f"{url}/{endpoint}", json=body, headers=headers) as resp:
         chosen = resp.headers.get("X-Speclane-Lane")
         async for raw in resp.content:
             line = raw.strip()
             if not line.startswith(b"data: {"):
                 continue
             event = json.loads(line[6:])
-            if event.get("choices") and event["choices"][0].get("delta", {}).get("content"):
+            choice = (event.get("choices") or [{}])[0]
+            if choice.get("text") or (choice.get("delta") or {}).get("content"):
                 last = time.perf_counter()
                 first = first or last
             if event.get("usage"):

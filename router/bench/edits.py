@@ -2,7 +2,7 @@
 one change, with and without the original passed as an OpenAI ``prediction``.
 
 - ``edit``: "rewrite this function with one change" (the answer copies the prompt: prompt
-  lookup's case).
+  lookup's case). Sent to ``/v1/completions`` with the answer's first line already written.
 - ``refactor-with-prediction``: the same request with the original function as the
   request's ``prediction`` (Predicted Outputs' case; the answer differs from it in one line).
 """
@@ -61,16 +61,22 @@ def function_60() -> str:
     return "\n".join(lines[:60]) + "\n"
 
 
-INSTRUCTION = ("Rewrite the following Python function with one change: the default value of "
-               "`limit` becomes 20 instead of 10. Output the complete function and nothing "
-               "else.\n\n```python\n{code}```")
+INSTRUCTION = ("Rewrite the following Python function with one change: rename it to "
+               "`summarize_sales`. Output the complete function and nothing else.\n\n"
+               "```python\n{code}```")
+# The answer's first line, written for the model: a 135M model asked to rewrite a function
+# tends to describe it instead; started on the new first line, it copies the rest, which is
+# the copy-heavy answer this family is about. ChatML, the default model's template.
+CHATML = "<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{start}"
+ANSWER_START = "```python\ndef summarize_sales(orders, currency=\"EUR\", limit=10):\n"
 
 
 def edit_body(family: str) -> dict[str, Any]:
-    """The chat body fields of one request of an edit family (messages, maybe prediction)."""
+    """The completions body fields of one request of an edit family (prompt, maybe
+    prediction: the original function, whose first line the answer changes)."""
     code = function_60()
-    body: dict[str, Any] = {
-        "messages": [{"role": "user", "content": INSTRUCTION.format(code=code)}]}
+    prompt = CHATML.format(user=INSTRUCTION.format(code=code), start=ANSWER_START)
+    body: dict[str, Any] = {"prompt": prompt}
     if family == "refactor-with-prediction":
-        body["prediction"] = {"type": "content", "content": "```python\n" + code + "```"}
+        body["prediction"] = {"type": "content", "content": code + "```"}
     return body
