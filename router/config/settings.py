@@ -93,7 +93,8 @@ class LanesSettings(Frozen):
     draft_model: str | None = None  # None: the default draft derived from the default model
     num_draft_tokens: int = Field(3, ge=1, le=16)
     # The speculative lane's draft for requests without a ``prediction`` (which always drafts
-    # from its prediction). auto: draft_model when a draft model runs, else prompt_lookup.
+    # from its prediction). auto: draft_model when a draft model runs (the gate may refuse
+    # it), else none; prompt_lookup needs no draft model.
     draft_source: Literal["auto", "draft_model", "prompt_lookup", "none"] = "auto"
     lookup_ngram_min: int = Field(2, ge=1, le=16)
     lookup_ngram_max: int = Field(4, ge=1, le=16)

@@ -63,11 +63,13 @@ def build_worker_command(
 
 
 def speculative_args(settings: LanesSettings, draft_dir: Path | None) -> list[str]:
-    """The speculative lane's draft flags (``draft_model`` needs a draft: else prompt lookup)."""
+    """The speculative lane's draft flags. Without a draft directory (none configured, or the
+    gate refused the pair) ``auto`` and ``draft_model`` mean no lane-wide drafting, as before
+    draft sources existed; ``prompt_lookup`` needs no draft model and is always honoured."""
     argv = ["--draft-model", str(draft_dir)] if draft_dir is not None else []
     source = settings.draft_source
-    if source == "auto" or (source == "draft_model" and draft_dir is None):
-        source = "draft_model" if draft_dir is not None else "prompt_lookup"
+    if source in ("auto", "draft_model"):
+        source = "draft_model" if draft_dir is not None else "none"
     return [
         *argv,
         "--draft-source", source,

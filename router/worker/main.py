@@ -44,7 +44,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--draft-source",
         choices=SOURCES,
         help="speculative mode: what drafts for requests without a 'prediction' "
-        "(default: draft_model with --draft-model, else prompt_lookup)",
+        "(default: draft_model with --draft-model, else none)",
     )
     p.add_argument(
         "--lookup-ngram-min", type=int, default=2, help="prompt_lookup: shortest n-gram matched"
@@ -84,7 +84,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.prompt_cache_bytes < 0:
         p.error("--prompt-cache-bytes must be >= 0")
     if args.draft_source is None:
-        args.draft_source = "draft_model" if args.draft_model else "prompt_lookup"
+        args.draft_source = "draft_model" if args.draft_model else "none"
     if args.draft_source == "draft_model" and args.mode == "speculative" and not args.draft_model:
         p.error("--draft-source draft_model needs --draft-model")
     return args

@@ -70,7 +70,7 @@ def test_defaults() -> None:
         3, 8, "127.0.0.1", 0
     )
     assert args.parent_pid is None and args.draft_model is None
-    assert args.draft_source == "prompt_lookup"  # no draft model: the free draft
+    assert args.draft_source == "none"  # no draft model: no lane-wide drafting
     with_draft = parse_args(["--mode", "speculative", "--model", "m", "--draft-model", "d"])
     assert with_draft.draft_source == "draft_model"
     assert (args.lookup_ngram_min, args.lookup_ngram_max, args.lookup_max_draft) == (2, 4, 8)
