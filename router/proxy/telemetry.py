@@ -35,7 +35,13 @@ from router.speculation.cumulative import CounterDelta
 from router.speculation.keystate import SpecKey
 from router.speculation.observed import ObservedWindow
 from router.speculation.parsers import output_tokens, parse_response, parse_stream_events
-from router.speculation.record import Observation, SpecRecord, SpecResult, unavailable_reason
+from router.speculation.record import (
+    NotReported,
+    Observation,
+    SpecRecord,
+    SpecResult,
+    unavailable_reason,
+)
 
 log = logging.getLogger("speclane.spec")
 
@@ -144,10 +150,13 @@ class SpecTelemetry:
         if claim.key is not None and claim.key != key:
             self._release(claim, now)  # a retry moved it to another backend
             claim.ticket = None
-        if self._speculates(backend, served):
+        if self._speculates(backend, served) and not _ran_plain(backend, result):
             transitions = self.auto.record(key, result, observation, now, claim.ticket)
             self._publish(key, transitions)
         elif observation is not None:
+            if claim.ticket is not None and not claim.baseline:
+                self.auto.cancel(claim.ticket, now)  # a probe that did not speculate
+                claim.ticket = None
             self.auto.record_baseline(model, workload, observation, now,
                                       claim.ticket if claim.baseline else None)
         elif claim.ticket is not None:
@@ -238,6 +247,13 @@ class SpecTelemetry:
                     for b in self._pool]
         return {"settings": self._settings.model_dump(), "workloads": workloads,
                 "backends": backends}
+
+
+def _ran_plain(backend: Backend, result: SpecResult) -> bool:
+    """speclane's lane said it decoded without drafting (the client's ``num_draft_tokens: 0``,
+    or logits processors): a plain-decoding speed sample, not a speculative one."""
+    return (backend.lane == "speculative" and isinstance(result, NotReported)
+            and result.reason == "no_draft")
 
 
 def _with(decision: Decision, candidates: tuple[Candidate, ...]) -> Decision:

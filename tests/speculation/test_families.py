@@ -136,3 +136,19 @@ def test_one_family_of_a_client_keeps_speculation_while_another_loses_it() -> No
     rows = {row["family"]: row for row in auto.snapshot(now)}
     assert (rows["code-block"]["state"], rows["chat"]["state"]) == ("on", "off")
     assert rows["chat"]["client"] == rows["code-block"]["client"] == "aider"
+
+
+def test_a_lane_answer_without_drafting_is_a_plain_sample() -> None:
+    """The client's num_draft_tokens 0 (or logits processors) on the speculative lane: its
+    speed is plain decoding's, so it must not be judged as speculation's."""
+    from types import SimpleNamespace
+
+    from router.proxy.telemetry import _ran_plain
+    from router.speculation.record import NotReported
+
+    lane = SimpleNamespace(lane="speculative")
+    external = SimpleNamespace(lane=None)
+    assert _ran_plain(lane, NotReported("speclane", "no_draft"))  # type: ignore[arg-type]
+    assert not _ran_plain(lane, NotReported("speclane", "absent"))  # type: ignore[arg-type]
+    assert not _ran_plain(lane, rec(0.5))  # type: ignore[arg-type]
+    assert not _ran_plain(external, NotReported("lms", "no_draft"))  # type: ignore[arg-type]
