@@ -198,6 +198,11 @@ class Metrics:
         self.spec_rejected_tokens = Counter(
             "speclane_spec_rejected_tokens_total", "Draft tokens rejected by the target.",
             spec_labels, registry=r)
+        self.spec_source_tokens = Counter(
+            "speclane_spec_source_tokens_total",
+            "Draft tokens by draft source (speclane's lanes: draft_model, prompt_lookup, "
+            "prediction; other backends: their kind), outcome drafted or accepted.",
+            ["backend", "model", "source", "outcome"], registry=r)
         self.spec_ignored_tokens = Counter(
             "speclane_spec_ignored_tokens_total",
             "Draft tokens neither accepted nor rejected (e.g. past a stop).",

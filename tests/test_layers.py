@@ -18,6 +18,8 @@ FLOORS: dict[str, int] = {
     "router.metrics": 0, "router.appkeys": 0,
     "router.errors": 1, "router.config.base": 1,
     "router.config": 2,
+    # The request family: a pure leaf that both routing and speculation read.
+    "router.speculation.families": 2,
     "router.routing": 3, "router.speculation": 3, "router.worker": 3,
     "router.backends": 4,
     "router.lanes": 5, "router.proxy": 5,

@@ -95,6 +95,14 @@ class LanesSettings(Frozen):
     model_name: str | None = None  # the id clients send; default: the model dir's name / repo id
     draft_model: str | None = None  # None: the default draft derived from the default model
     num_draft_tokens: int = Field(DEFAULT_DRAFT_TOKENS, ge=1, le=MAX_DRAFT_TOKENS)
+    # The speculative lane's draft for requests without a ``prediction`` (which always drafts
+    # from its prediction). auto: draft_model when a draft model runs (the gate may refuse
+    # it), else none; prompt_lookup needs no draft model.
+    draft_source: Literal["auto", "draft_model", "prompt_lookup", "none"] = "auto"
+    lookup_ngram_min: int = Field(2, ge=1, le=16)
+    lookup_ngram_max: int = Field(4, ge=1, le=16)
+    lookup_max_draft: int = Field(8, ge=1, le=32)
+    prediction_max_draft: int = Field(16, ge=1, le=32)
     max_batch_size: int = Field(8, ge=1, le=256)
     startup_timeout: float = Field(600.0, gt=0)
     health_interval: float = Field(2.0, gt=0)
@@ -111,6 +119,12 @@ class LanesSettings(Frozen):
     env: dict[str, str] = Field(default_factory=dict)
     speculative: LaneSpec = LaneSpec()
     batching: LaneSpec = LaneSpec()
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> LanesSettings:
+        if self.lookup_ngram_min > self.lookup_ngram_max:
+            raise ValueError("lookup_ngram_min must not exceed lookup_ngram_max")
+        return self
 
 
 class RetrySettings(Frozen):

@@ -52,11 +52,28 @@ def build_worker_command(
                        max_batch_size=settings.max_batch_size, parent_pid=os.getpid(),
                        prompt_cache_bytes=settings.prompt_cache_bytes,
                        prefill_step_size=settings.prefill_step_size,
-                       prefill_chunk_seconds=settings.prefill_chunk_seconds)
+                       prefill_chunk_seconds=settings.prefill_chunk_seconds,
+                       speculative=speculative_args(settings, draft_dir))
     env = preload_env()
     env.update(settings.env)
     env["PYTHONUNBUFFERED"] = "1"  # stderr lines must reach the ring buffer as they happen
     return WorkerCommand(lane=lane, argv=tuple(argv), env=env)
+
+
+def speculative_args(settings: LanesSettings, draft_dir: Path | None) -> tuple[str, ...]:
+    """The speculative lane's draft flags. Without a draft directory (none configured, or the
+    gate refused the pair) ``auto`` and ``draft_model`` mean no lane-wide drafting, as before
+    draft sources existed; ``prompt_lookup`` needs no draft model and is always honoured."""
+    source = settings.draft_source
+    if source in ("auto", "draft_model"):
+        source = "draft_model" if draft_dir is not None else "none"
+    return (
+        "--draft-source", source,
+        "--lookup-ngram-min", str(settings.lookup_ngram_min),
+        "--lookup-ngram-max", str(settings.lookup_ngram_max),
+        "--lookup-max-draft", str(settings.lookup_max_draft),
+        "--prediction-max-draft", str(settings.prediction_max_draft),
+    )
 
 
 class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):

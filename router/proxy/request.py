@@ -18,6 +18,7 @@ import orjson
 
 from router.errors import bad_request
 from router.routing.types import Endpoint, RouteRequest
+from router.speculation.families import classify_family
 from router.worker.contract import DRAFT_TOKENS_FIELD
 
 MAX_N = 128
@@ -84,6 +85,7 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
         max_tokens=max_tokens,
         temperature=None if temperature is None else float(temperature),
         prompt_chars=_prompt_chars(endpoint, data),
+        family=classify_family(data) if endpoint != "embeddings" else "chat",
     )
     parsed = ParsedRequest(endpoint=endpoint, raw=raw, data=data, route=route)
     try:

@@ -47,7 +47,13 @@ from router.speculation.observed import (
     speculation_status,
 )
 from router.speculation.parsers import output_tokens, parse_response, parse_stream_events
-from router.speculation.record import Observation, SpecRecord, SpecResult, unavailable_reason
+from router.speculation.record import (
+    NotReported,
+    Observation,
+    SpecRecord,
+    SpecResult,
+    unavailable_reason,
+)
 
 log = logging.getLogger("speclane.spec")
 
@@ -152,12 +158,15 @@ class SpecTelemetry:
         if claim.key is not None and claim.key != key:
             self._release(claim, now)  # a retry moved it to another backend
             claim.ticket = None
-        if speculates(backend.lane, _judged(backend), served):
+        if speculates(backend.lane, _judged(backend), served) and not _ran_plain(backend, result):
             transitions = self.auto.record(key, result, observation, now, claim.ticket)
             self._publish(key, transitions)
         elif _unobservable(backend):
             self._release(claim, now)  # drafting, unseen: neither a sample nor a baseline
         elif observation is not None:
+            if claim.ticket is not None and not claim.baseline:
+                self.auto.cancel(claim.ticket, now)  # a probe that did not speculate
+                claim.ticket = None
             self.auto.record_baseline(model, workload, observation, now,
                                       claim.ticket if claim.baseline else None)
         elif claim.ticket is not None:
@@ -176,6 +185,10 @@ class SpecTelemetry:
             m.spec_accepted_tokens.labels(*labels).inc(result.accepted)
             m.spec_rejected_tokens.labels(*labels).inc(result.rejected)
             m.spec_ignored_tokens.labels(*labels).inc(result.ignored)
+            source = result.draft_source or result.kind
+            m.spec_source_tokens.labels(backend.name, model, source, "drafted").inc(result.drafted)
+            m.spec_source_tokens.labels(backend.name, model, source, "accepted").inc(
+                result.accepted)
             self._per_request_seen.add(backend.name)
         else:
             reason = unavailable_reason(result) or "unknown"
@@ -245,6 +258,13 @@ class SpecTelemetry:
                     for b in self._pool]
         return {"settings": self._settings.model_dump(), "workloads": workloads,
                 "backends": backends}
+
+
+def _ran_plain(backend: Backend, result: SpecResult) -> bool:
+    """speclane's lane said it decoded without drafting (the client's ``num_draft_tokens: 0``,
+    or logits processors): a plain-decoding speed sample, not a speculative one."""
+    return (backend.lane == "speculative" and isinstance(result, NotReported)
+            and result.reason == "no_draft")
 
 
 def _with(decision: Decision, candidates: tuple[Candidate, ...]) -> Decision:

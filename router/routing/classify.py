@@ -34,17 +34,22 @@ The steps, in order (the first failing step answers):
      for the draft to win back its prefill.
    - ``spec-inactive``: the lane reports no active speculation (e.g. no draft loaded).
    - ``spec-not-paying``: the per-workload speculative state says it does not pay (a
-     probe request still goes: ``spec-probe``).
+     probe request still goes: ``spec-probe``). The state is kept per request family
+     (``router.speculation.families``), so one client's edits and chat are judged apart.
    - ``spec-lane-busy``: the lane is at capacity (default 1): a request never waits
      behind another on the speculative lane while the batching lane can start it now.
    - ``low-priority``: a sheddable client (priority < 0) and the lanes are not idle.
    - ``load-high``: the load gate (``router.routing.load.LoadGate``) is busy; a client with
      priority > 0 passes it.
 
+   A request with an OpenAI ``prediction`` that passes these rules takes the speculative lane
+   under the rule ``prediction`` (the lane drafts from the prediction, even when it has no
+   draft model, so ``spec-inactive`` does not apply to it).
    Then ``cache-affinity`` (``router.routing.affinity``): when the request's prefix was
    last served by the other lane (``RequestFacts.cache_holder``), that lane goes first
    unless load is imbalanced against it beyond ``affinity_abs_threshold`` and
-   ``affinity_rel_threshold``; not for a ``batching`` preference, nor for ``n>1``.
+   ``affinity_rel_threshold``; only over a rule that chose by load alone
+   (``AFFINITY_MAY_OVERRULE``), never over a request-shape or speculation rule.
 
    A lane that is down or cooling down is never a candidate: ``spec-lane-down`` /
    ``no-spec-lane`` send to batching, ``batching-down`` / ``no-batching-lane`` to the
@@ -87,6 +92,7 @@ from router.routing.speculate import (
     speculation_pays,
 )
 from router.routing.types import BackendView, Candidate, Decision, RouteRequest
+from router.speculation.families import workload_key
 
 __all__ = [
     "DEFAULT_RULES", "RULES", "SPECULATION_PAYS", "Classification", "RequestFacts",
@@ -95,7 +101,7 @@ __all__ = [
 
 SHAPE_RULES = ("n>1", "long-prompt", "high-temperature", "short-output")
 RULES = (
-    "override", "spec-lane-free", "spec-probe", "prefer-batching", "external",
+    "override", "spec-lane-free", "prediction", "spec-probe", "prefer-batching", "external",
     *SHAPE_RULES, "spec-inactive", "spec-not-paying", "spec-lane-busy", "low-priority",
     "load-high", "spec-lane-down", "no-spec-lane", "batching-down", "no-batching-lane",
     AFFINITY_RULE,
@@ -124,7 +130,7 @@ class Classification:
     decision: Decision
     client: str
     preset: str | None
-    workload: str  # "<client>:<preset or none>", the speculative-state key
+    workload: str  # "<client>:<preset or none>:<family>", the speculative-state key
     model: str  # alias and preset suffix resolved
     body_changes: dict[str, Any] = field(default_factory=dict)  # set these body fields
     gate: LoadGate = field(default_factory=LoadGate)  # keep for the next decision
@@ -141,6 +147,7 @@ class _Shape:
     temperature: float | None
     max_tokens: int | None
     prompt_chars: int
+    family: str = "chat"
 
 
 def classify(
@@ -169,7 +176,7 @@ def classify(
                         param="model", code="model_not_found")
     load = lanes_load(backends)
     gate = (gate or gate_for(rules)).observe(load)
-    workload = f"{policy.client}:{preset or 'none'}"
+    workload = workload_key(policy.client, preset, request.family)
     advice = spec(model, workload)
     pref = policy.lane_for(preset, presets)
     override = _override_target(facts.lane_header, policy, backends)
@@ -317,6 +324,7 @@ def _shape(request: RouteRequest, changes: Mapping[str, Any]) -> _Shape:
         temperature=temperature,
         max_tokens=tokens if tokens is not None else request.max_tokens,
         prompt_chars=request.prompt_chars,
+        family=request.family,
     )
 
 
@@ -378,6 +386,7 @@ def _route(
     externals = sorted((b for b in usable if b.lane is None), key=_load_key)
     if spec is None and batch is None:
         return tuple(candidate_for(b) for b in externals), "external"
+    predicted = shape.family == "prediction"
     if pref == "batching":
         first, rule = (batch, "prefer-batching") if batch else (spec, _missing(serving, "batching"))
     elif spec is None:
@@ -386,10 +395,10 @@ def _route(
         first, rule = spec, _missing(serving, "batching")
     else:
         blocker = _spec_blocker(spec, shape, policy, gate, advice, load, rules)
-        first, rule = (batch, blocker) if blocker else (spec, free_rule(advice))
+        first, rule = (batch, blocker) if blocker else (spec, free_rule(advice, predicted))
     assert first is not None  # at least one lane is usable here
     lanes = [first, *sorted((b for b in (spec, batch) if b and b is not first), key=_load_key)]
-    return tuple(_lane_candidate(b, advice) for b in lanes) + tuple(
+    return tuple(_lane_candidate(b, advice, predicted) for b in lanes) + tuple(
         candidate_for(b) for b in externals), rule
 
 
@@ -406,7 +415,7 @@ def _spec_blocker(
         return "high-temperature"
     if shape.max_tokens is not None and shape.max_tokens <= rules.short_output_tokens:
         return "short-output"
-    if not spec.speculative:
+    if not spec.speculative and shape.family != "prediction":  # a prediction always drafts
         return "spec-inactive"
     if off := advice_rule(advice):
         return off
@@ -430,10 +439,11 @@ def _lane(views: Sequence[BackendView], lane: LaneName) -> BackendView | None:
     return next((v for v in views if v.lane == lane), None)
 
 
-def _lane_candidate(view: BackendView, advice: SpecAdvice) -> Candidate:
+def _lane_candidate(view: BackendView, advice: SpecAdvice, predicted: bool) -> Candidate:
     candidate = candidate_for(view)
     if view.lane == "speculative":
-        return Candidate(candidate.backend, candidate.lane, lane_speculates(view, advice))
+        return Candidate(candidate.backend, candidate.lane,
+                         lane_speculates(view, advice, predicted))
     return candidate
 
 

@@ -57,14 +57,18 @@ def advice_rule(advice: SpecAdvice) -> str | None:
     return None if advice.use or advice.probe else "spec-not-paying"
 
 
-def free_rule(advice: SpecAdvice) -> str:
-    """The rule naming a request the speculative lane takes."""
-    return "spec-probe" if not advice.use and advice.probe else "spec-lane-free"
+def free_rule(advice: SpecAdvice, predicted: bool = False) -> str:
+    """The rule naming a request the speculative lane takes (``prediction``: the request
+    brings its own draft, an OpenAI Predicted Output)."""
+    if not advice.use and advice.probe:
+        return "spec-probe"
+    return "prediction" if predicted else "spec-lane-free"
 
 
-def lane_speculates(view: BackendView, advice: SpecAdvice) -> bool:
-    """Whether the speculative lane decodes this request with its draft."""
-    return view.speculative and (advice.use or advice.probe)
+def lane_speculates(view: BackendView, advice: SpecAdvice, predicted: bool = False) -> bool:
+    """Whether the speculative lane drafts for this request: with its own draft source, or
+    from the request's prediction (even on a lane without a draft model)."""
+    return (view.speculative or predicted) and (advice.use or advice.probe)
 
 
 def advice_label(advice: SpecAdvice) -> str:

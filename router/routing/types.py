@@ -40,6 +40,7 @@ class RouteRequest:
     max_tokens: int | None = None
     temperature: float | None = None
     prompt_chars: int = 0
+    family: str = "chat"  # router.speculation.families: part of the speculative-state key
 
 
 @dataclass(frozen=True, slots=True)

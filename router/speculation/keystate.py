@@ -1,4 +1,8 @@
-"""The state kept per (backend, model, workload) by the auto-disable, and its JSON view."""
+"""The state kept per (backend, model, workload) by the auto-disable, and its JSON view.
+
+The workload is ``<client>:<preset>:<family>`` (``router.speculation.families``): the state is
+per (backend, model, client, preset, family), and the view shows the parts.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from router.config.speculation import SpecSettings
+from router.speculation.families import workload_parts
 from router.speculation.probes import ProbeSchedule
 from router.speculation.window import AcceptanceWindow, SpeedWindow, WindowEntry
 
@@ -48,6 +53,7 @@ class KeyState:
         reason = (self.off_reason or "on") if s.enabled else "auto_disable_off"
         return {
             "backend": key.backend, "model": key.model, "workload": key.workload,
+            **workload_parts(key.workload),
             "state": self.state, "reason": reason,
             "since": self.since, "for_seconds": _r(now - self.since), "changes": self.changes,
             "window": {

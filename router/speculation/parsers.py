@@ -10,6 +10,7 @@ figures: /work/shared/notes/backend-stats.md. Neither function raises: bad input
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -185,6 +186,9 @@ def parse_vllm_mlx(body: Payload) -> SpecResult:
     return _count_pair("vllm_mlx", "mtp", meta, "mtp_drafts", "mtp_accepted")
 
 
+SPECLANE_DRAFT_SOURCES = frozenset({"draft_model", "prompt_lookup", "prediction"})
+
+
 def parse_speclane(body: Payload) -> SpecResult:
     """speclane's own worker: ``usage.speclane_spec`` on every response (worker-contract.md)."""
     usage = section(body, "usage")
@@ -195,13 +199,17 @@ def parse_speclane(body: Payload) -> SpecResult:
         raise BadField("incomplete", "speclane_spec")
     if not count(spec, "num_draft_tokens") and not count(spec, "drafted"):
         return NotReported("speclane", "no_draft")
-    return _result(
+    result = _result(
         "speclane", "draft",
         drafted=count(spec, "drafted"),
         accepted=count(spec, "accepted"),
         rejected=count(spec, "rejected"),
         steps=count(spec, "steps"),
     )
+    source = spec.get("source")
+    if isinstance(result, SpecRecord) and source in SPECLANE_DRAFT_SOURCES:
+        result = dataclasses.replace(result, draft_source=source)
+    return result
 
 
 def parse_openai(body: Payload) -> SpecResult:

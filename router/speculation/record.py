@@ -64,6 +64,7 @@ class SpecRecord:
     mean_accept_len: float | None
     per_position: tuple[int, ...] = ()
     reported: frozenset[str] = frozenset()
+    draft_source: str | None = None  # speclane's lanes: draft_model, prompt_lookup, prediction
 
     @property
     def derived(self) -> frozenset[str]:

@@ -28,6 +28,11 @@ DRAFT_TOKENS_FIELD = "num_draft_tokens"  # request field: 0 decodes without the 
 MAX_DRAFT_TOKENS = 16  # per verification round, for the flag and the request field
 DEFAULT_DRAFT_TOKENS = 3
 DEFAULT_BATCH_SIZE = 8
+# What drafts on the speculative lane for requests without a ``prediction`` (which always
+# drafts from its prediction).
+DRAFT_SOURCES = ("draft_model", "prompt_lookup", "none")
+MAX_LOOKUP_NGRAM = 16
+MAX_DRAFT_PER_STEP = 32  # prompt_lookup and prediction drafts, per verification step
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
 DEFAULT_PREFILL_STEP_SIZE = 2048  # mlx-lm's own default: the bound of one chunk
 DEFAULT_CHUNK_SECONDS = 0.5  # the time one prefill chunk may take between decoding steps
@@ -45,6 +50,18 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
     p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS,
                    help=f"speculative mode: tokens drafted per round, 0 to {MAX_DRAFT_TOKENS} "
                         f"(default {DEFAULT_DRAFT_TOKENS})")
+    p.add_argument("--draft-source", choices=DRAFT_SOURCES,
+                   help="speculative mode: what drafts for requests without a 'prediction' "
+                        "(default: draft_model with --draft-model, else none)")
+    p.add_argument("--lookup-ngram-min", type=int, default=2,
+                   help="prompt_lookup: shortest n-gram matched (default 2)")
+    p.add_argument("--lookup-ngram-max", type=int, default=4,
+                   help="prompt_lookup: longest n-gram matched (default 4)")
+    p.add_argument("--lookup-max-draft", type=int, default=8,
+                   help="prompt_lookup: tokens drafted per step (default 8)")
+    p.add_argument("--prediction-max-draft", type=int, default=16,
+                   help="prediction: tokens of the request's prediction verified per step "
+                        "(default 16)")
     p.add_argument("--max-batch-size", type=int, default=DEFAULT_BATCH_SIZE,
                    help=f"batching mode: sequences decoded together (default "
                         f"{DEFAULT_BATCH_SIZE})")
@@ -75,18 +92,31 @@ def check_worker_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
         p.error("--prefill-step-size must be at least 1")
     if not args.prefill_chunk_seconds > 0:
         p.error("--prefill-chunk-seconds must be > 0")
+    if not 1 <= args.lookup_ngram_min <= args.lookup_ngram_max <= MAX_LOOKUP_NGRAM:
+        p.error(f"--lookup-ngram-min/max must satisfy 1 <= min <= max <= {MAX_LOOKUP_NGRAM}")
+    for flag in ("lookup_max_draft", "prediction_max_draft"):
+        if not 1 <= getattr(args, flag) <= MAX_DRAFT_PER_STEP:
+            p.error(f"--{flag.replace('_', '-')} must be between 1 and {MAX_DRAFT_PER_STEP}")
+    if args.draft_source is None:
+        args.draft_source = "draft_model" if args.draft_model else "none"
+    if args.draft_source == "draft_model" and args.mode == "speculative" and not args.draft_model:
+        p.error("--draft-source draft_model needs --draft-model")
 
 
 def worker_argv(python: str, mode: str, model: Path, model_name: str, *,
                 draft: Path | None, num_draft_tokens: int, max_batch_size: int,
                 parent_pid: int, prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
                 prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
-                prefill_chunk_seconds: float = DEFAULT_CHUNK_SECONDS) -> list[str]:
-    """The command line of a worker on a free loopback port."""
+                prefill_chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
+                speculative: tuple[str, ...] = ()) -> list[str]:
+    """The command line of a worker on a free loopback port; ``speculative``: the draft
+    source flags of the speculative lane."""
     argv = [python, "-m", MODULE, "--mode", mode, "--model", str(model),
             "--model-name", model_name]
     if draft is not None and mode == "speculative":
         argv += ["--draft-model", str(draft)]
+    if mode == "speculative":
+        argv += speculative
     if mode == "batching":
         argv += ["--prefill-step-size", str(prefill_step_size),
                  "--prefill-chunk-seconds", str(prefill_chunk_seconds)]

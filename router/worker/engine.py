@@ -2,9 +2,8 @@
 
 Two engines share the plumbing (a job queue in, events out, a cancel flag read every step):
 
-- ``SpeculativeEngine`` runs one request at a time through ``mlx_lm.stream_generate`` with the
-  draft model (or without it when the request asks for ``num_draft_tokens: 0``), counting the
-  draft statistics from the per-token ``from_draft`` flags (``router.worker.stats``).
+- ``SpeculativeEngine`` (``router.worker.speculative``) runs one request at a time through its
+  own draft-and-verify loop, with a draft model, prompt lookup or the request's prediction.
 - ``BatchingEngine`` (``router.worker.batching``) feeds ``mlx_lm.generate.BatchGenerator``:
   requests join the running batch between decoding steps, up to ``capacity`` sequences.
 
@@ -170,60 +169,3 @@ class Engine(ABC):
     def _serve(self, models: Models) -> None: ...
 
 
-class SpeculativeEngine(Engine):
-    capacity = 1
-
-    def __init__(self, load: Callable[[], Models], num_draft_tokens: int) -> None:
-        super().__init__(load)
-        self.num_draft_tokens = num_draft_tokens
-
-    def effective_draft_tokens(self, request: GenerationRequest) -> int:
-        """The worker's K, or fewer when the request asks (0: plain decoding)."""
-        if self.models is None or self.models.draft is None:
-            return 0
-        asked = request.num_draft_tokens
-        return self.num_draft_tokens if asked is None else min(asked, self.num_draft_tokens)
-
-    def _serve(self, models: Models) -> None:
-        while (job := self._queue.get(block=True)) is not None:
-            self.active = 1
-            try:
-                self._answer(job, self._generate(models, job))
-            except Exception as e:
-                log.exception("generation failed")
-                self._answer(job, generation_failed(e))
-            finally:
-                self.active = 0
-
-    def _generate(self, models: Models, job: Job) -> Event:
-        import mlx.core as mx
-        from mlx_lm import stream_generate
-
-        request = job.request
-        if job.cancelled.is_set():
-            return aborted()
-        k = self.effective_draft_tokens(request)
-        progress = Progress(job, k)
-        if request.seed is not None:
-            mx.random.seed(request.seed)
-        kwargs: dict[str, Any] = {
-            "max_tokens": request.max_tokens,
-            "sampler": sampler_for(request),
-            "logits_processors": processors_for(request),
-        }
-        if k:
-            kwargs.update(draft_model=models.draft, num_draft_tokens=k)
-        reason = "length"
-        responses = stream_generate(models.model, models.tokenizer, job.prompt_ids, **kwargs)
-        try:
-            for response in responses:
-                if progress.token(response.text, response.from_draft):
-                    reason = "stop"
-                    break
-                reason = response.finish_reason or reason
-                # Checked before pulling the next response: that pull runs the next round.
-                if job.cancelled.is_set():
-                    return aborted()
-        finally:
-            responses.close()
-        return progress.finish(reason)

@@ -48,6 +48,7 @@ class Job:
     ) -> None:
         self.request = request
         self.prompt_ids = prompt_ids
+        self.prediction_ids: list[int] = []  # the tokenized ``prediction``, if any
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
         self._loop = loop

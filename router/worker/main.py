@@ -20,8 +20,10 @@ from typing import NoReturn, TextIO
 
 from router.worker.batching import BatchingEngine
 from router.worker.contract import add_worker_flags, check_worker_flags, ready_line
-from router.worker.engine import Engine, LoadError, Models, SpeculativeEngine
+from router.worker.drafts import LookupConfig, PredictionConfig
+from router.worker.engine import Engine, LoadError, Models
 from router.worker.server import WorkerInfo, make_app, start_site
+from router.worker.speculative import SpecSettings, SpeculativeEngine
 
 PARENT_POLL_SECONDS = 0.5
 SHUTDOWN_SECONDS = 3.0
@@ -94,11 +96,21 @@ def build_engine(args: argparse.Namespace) -> Engine:
         return Models(model, tokenizer, draft_model)
 
     if args.mode == "speculative":
-        return SpeculativeEngine(load, args.num_draft_tokens)
+        return SpeculativeEngine(load, spec_settings(args))
     return BatchingEngine(
         load, args.max_batch_size,
         prompt_cache_bytes=args.prompt_cache_bytes, prefill_step_size=args.prefill_step_size,
         chunk_seconds=args.prefill_chunk_seconds,
+    )
+
+
+def spec_settings(args: argparse.Namespace) -> SpecSettings:
+    return SpecSettings(
+        draft_source=args.draft_source,
+        num_draft_tokens=args.num_draft_tokens,
+        lookup=LookupConfig(args.lookup_ngram_min, args.lookup_ngram_max, args.lookup_max_draft),
+        prediction=PredictionConfig(max_draft=args.prediction_max_draft),
+        prompt_cache_bytes=args.prompt_cache_bytes,
     )
 
 
@@ -110,15 +122,27 @@ def model_dir(path: Path) -> Path:
 
 
 def worker_info(args: argparse.Namespace, models: Models) -> WorkerInfo:
-    speculating = models.draft is not None and args.num_draft_tokens > 0
+    source, k = lane_source(args, models)
     config = getattr(models.model, "args", None)
     return WorkerInfo(
         mode=args.mode,
         model_name=args.model_name or _dir_name(args.model),
         draft_name=_dir_name(args.draft_model) if models.draft is not None else None,
-        num_draft_tokens=args.num_draft_tokens if speculating else 0,
+        num_draft_tokens=k,
         context_length=getattr(config, "max_position_embeddings", None),
+        draft_source=source,
     )
+
+
+def lane_source(args: argparse.Namespace, models: Models) -> tuple[str | None, int]:
+    """The draft source of requests without a prediction, and its k (None, 0: no drafting)."""
+    if args.mode != "speculative":
+        return None, 0
+    if args.draft_source == "draft_model" and models.draft is not None and args.num_draft_tokens:
+        return "draft_model", args.num_draft_tokens
+    if args.draft_source == "prompt_lookup":
+        return "prompt_lookup", args.lookup_max_draft
+    return None, 0
 
 
 def _dir_name(path: Path) -> str:

@@ -100,6 +100,9 @@ class GenerationRequest:
     # A compiled decoding constraint (router.worker.constrain.Constraint), attached by the
     # server after tokenizing; processors_for turns it into a logits processor per job.
     constraint: Any = None
+    # OpenAI Predicted Outputs: the expected text of the answer. The speculative lane drafts
+    # from it; the batching lane ignores it (the answer is the same, only slower to come).
+    prediction: str | None = None
 
     @property
     def calls_tools(self) -> bool:
@@ -137,6 +140,7 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
         logit_bias=_logit_bias(body),
         **tooling,
         **_response_format(body),
+        prediction=_prediction(body),
     )
 
 
@@ -417,3 +421,22 @@ def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
             )
         out.append((int(key), float(bias)))
     return tuple(out)
+
+
+def _prediction(body: Mapping[str, Any]) -> str | None:
+    """``{"type": "content", "content": str | [{"type": "text", "text": str}, ...]}``."""
+    raw = body.get("prediction")
+    if raw is None:
+        return None
+    message = "'prediction' must be {\"type\": \"content\", \"content\": string or text parts}"
+    if not isinstance(raw, Mapping) or raw.get("type") != "content":
+        raise bad_request(message, param="prediction")
+    content = raw.get("content")
+    if isinstance(content, str):
+        return content or None
+    if isinstance(content, list) and all(
+        isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content) or None
+    raise bad_request(message, param="prediction")

@@ -43,6 +43,7 @@ class WorkerInfo:
     draft_name: str | None
     num_draft_tokens: int  # 0 when the lane does not speculate
     context_length: int | None = None
+    draft_source: str | None = None  # the speculative lane's source without a prediction
 
 
 ENGINE = web.AppKey("engine", Engine)
@@ -112,6 +113,7 @@ async def health(request: web.Request) -> web.Response:
             "draft_model": info.draft_name,
             "speculative": info.num_draft_tokens > 0,
             "num_draft_tokens": info.num_draft_tokens,
+            "draft_source": info.draft_source,
             "active": engine.active,
             "queued": engine.queued,
             "capacity": engine.capacity,
@@ -176,6 +178,10 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
             code="context_length_exceeded",
         )
     job = Job(prepared.generation, prompt_ids, loop)
+    if prepared.generation.prediction:
+        job.prediction_ids = await loop.run_in_executor(
+            request.app[TOKENIZE], encode_prediction, tokenizer, prepared.generation.prediction
+        )
     engine.submit(job)
     answer = Answer(kind, info.model_name)
     try:
@@ -235,6 +241,11 @@ def encode(
     if not ids:
         raise bad_request("the prompt is empty after tokenization", param="prompt")
     return list(ids)
+
+
+def encode_prediction(tokenizer: Any, text: str) -> list[int]:
+    """The prediction as the answer's tokens would spell it (no BOS: it is not a prompt)."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def _pieces(tools: ToolStream | None, text: str | None) -> list[str | ParsedCall]:

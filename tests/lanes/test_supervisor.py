@@ -391,7 +391,9 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
     assert cmd.argv == (
         "/usr/bin/python3", "-m", "router.worker", "--mode", "speculative",
         "--model", str(tmp_path / "model"), "--model-name", "smol",
-        "--draft-model", str(tmp_path / "draft"),
+        "--draft-model", str(tmp_path / "draft"), "--draft-source", "draft_model",
+        "--lookup-ngram-min", "2", "--lookup-ngram-max", "4", "--lookup-max-draft", "8",
+        "--prediction-max-draft", "16",
         "--num-draft-tokens", "4", "--max-batch-size", "6",
         "--prompt-cache-bytes", str(1 << 30),
         "--host", "127.0.0.1", "--port", "0", "--parent-pid", str(os.getpid()),
@@ -400,10 +402,33 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
     assert cmd.env.get("LD_PRELOAD") == preload_env().get("LD_PRELOAD")
 
 
+@pytest.mark.parametrize(("source", "with_draft", "passed"), [
+    ("auto", True, "draft_model"),
+    ("auto", False, "none"),  # the gate refused the draft: the lane does not speculate
+    ("draft_model", False, "none"),
+    ("prompt_lookup", False, "prompt_lookup"),
+    ("prompt_lookup", True, "prompt_lookup"),
+    ("none", True, "none"),
+])
+def test_the_speculative_lane_gets_its_draft_source(tmp_path, source, with_draft, passed):
+    settings = LanesSettings(draft_source=source, lookup_ngram_max=5, lookup_max_draft=12)
+    draft = tmp_path / "draft" if with_draft else None
+    argv = build_worker_command("speculative", settings, tmp_path, draft, "m").argv
+    assert argv[argv.index("--draft-source") + 1] == passed
+    assert argv[argv.index("--lookup-ngram-max") + 1] == "5"
+    assert argv[argv.index("--lookup-max-draft") + 1] == "12"
+    assert ("--draft-model" in argv) == with_draft
+
+
+def test_lookup_ngram_sizes_must_be_ordered():
+    with pytest.raises(ValueError, match="lookup_ngram_min"):
+        LanesSettings(lookup_ngram_min=5, lookup_ngram_max=3)
+
+
 def test_build_worker_command_batching_lane_has_no_draft(tmp_path):
     cmd = build_worker_command("batching", LanesSettings(), tmp_path, tmp_path / "draft", "m")
     assert cmd.argv[0] == sys.executable
-    assert "--draft-model" not in cmd.argv
+    assert "--draft-model" not in cmd.argv and "--draft-source" not in cmd.argv
     assert cmd.argv[cmd.argv.index("--mode") + 1] == "batching"
 
 

@@ -83,6 +83,7 @@ class Case:
     ext: dict[str, Any] | None = None
     gate_busy: bool = False
     advice: SpecAdvice = SPECULATION_PAYS
+    family: str = "chat"
 
 
 CASES = [
@@ -195,6 +196,20 @@ CASES = [
     # caps
     Case("cap-reject", 400, "cap_exceeded", max_tokens=5000,
          policy={"caps": {"max_tokens": 4096, "action": "reject"}}),
+    # a prediction goes to the speculative lane (rule "prediction") unless override or load
+    Case("prediction-idle", "speculative", "prediction", family="prediction"),
+    Case("prediction-no-draft-model", "speculative", "prediction", family="prediction",
+         spec={"speculative": False}),
+    Case("prediction-busy-lane", "batching", "spec-lane-busy", family="prediction",
+         spec={"inflight": 1}),
+    Case("prediction-load-high", "batching", "load-high", family="prediction",
+         batch={"inflight": 3}),
+    Case("prediction-override", "batching", "override", family="prediction", lane="batching",
+         policy={"allow_lane_override": True}),
+    Case("prediction-not-paying", "batching", "spec-not-paying", family="prediction",
+         advice=SpecAdvice(use=False)),
+    Case("prediction-probe", "speculative", "spec-probe", family="prediction",
+         advice=SpecAdvice(use=False, probe=True)),
     Case("cap-clamp", "speculative", "spec-lane-free", max_tokens=5000,
          policy={"caps": {"max_tokens": 4096}}),
     Case("n-cap-clamps-before-shape", "speculative", "spec-lane-free", n=3,
@@ -213,6 +228,7 @@ def run(case: Case) -> Classification:
         temperature=case.temperature,
         max_tokens=case.max_tokens,
         prompt_chars=case.prompt_chars,
+        family=case.family,
     )
     facts = RequestFacts(request, preset_header=case.preset, lane_header=case.lane)
     return classify(
@@ -313,7 +329,7 @@ def test_preset_defaults_fill_only_fields_the_client_did_not_set() -> None:
                          body_keys=frozenset({"model", "messages", "temperature"}))
     result = classify(facts, Policy(client="c"), PRESETS, snapshot())
     assert result.body_changes == {"max_tokens": 512, "model": MODEL}
-    assert (result.model, result.preset, result.workload) == (MODEL, "chatty", "c:chatty")
+    assert (result.model, result.preset, result.workload) == (MODEL, "chatty", "c:chatty:chat")
 
 
 def test_preset_default_above_a_cap_is_lowered_without_an_error() -> None:
@@ -332,7 +348,7 @@ def test_embeddings_get_no_body_changes() -> None:
 
 def test_no_preset_workload_and_labels() -> None:
     result = run(Case("x", "speculative", "spec-lane-free"))
-    assert (result.preset, result.workload) == (None, "c:none")
+    assert (result.preset, result.workload) == (None, "c:none:chat")
     labels = result.decision.labels
     assert labels["preset_source"] == "none" and labels["lane_pref"] == "auto"
     assert "rule='spec-lane-free'" in log_line(result)
@@ -568,9 +584,18 @@ def test_random_inputs_exercise_every_rule() -> None:
             batch=rng.choice([None, {}, {"inflight": 1}, {"inflight": 3}, {"ready": False}]),
             ext=rng.choice([None, {}]),
             gate_busy=rng.random() < 0.3, advice=SpecAdvice(rng.random() < 0.7, rng.random() < .5),
+            family=rng.choice(["chat", "chat", "prediction"]),
         )
         try:
             seen.add(run(case).decision.labels["rule"])
         except RouterError:
             pass
     assert seen >= set(RULES) - {"override", "cache-affinity"}  # see test_affinity.py
+
+
+def test_the_family_is_part_of_the_workload_and_a_prediction_always_drafts() -> None:
+    result = run(Case("x", "speculative", "prediction", family="prediction",
+                      spec={"speculative": False}))
+    assert result.workload == "c:none:prediction"
+    assert result.decision.candidates[0].speculative
+    assert result.decision.reason == "preset=none,prediction->speculative"

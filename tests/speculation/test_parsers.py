@@ -372,3 +372,16 @@ def test_output_tokens_wherever_the_backend_puts_them() -> None:
     assert output_tokens({"eval_count": 7}) == 7
     assert output_tokens({"usage": {"completion_tokens": "x"}}) is None
     assert output_tokens("nope") is None
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [("prompt_lookup", "prompt_lookup"), ("prediction", "prediction"),
+     ("draft_model", "draft_model"), (None, None), ("<script>", None), (7, None)],
+)
+def test_speclane_draft_source_is_read_from_a_closed_vocabulary(
+    source: object, expected: str | None
+) -> None:
+    body = p.speclane_chat(drafted=9, accepted=6, steps=3)
+    body["usage"]["speclane_spec"]["source"] = source
+    assert record(parse_response("speclane", body)).draft_source == expected

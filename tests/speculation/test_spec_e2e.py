@@ -114,11 +114,11 @@ async def run_cycle(r: RunningRouter, spec_fake: FakeUpstream, key: SpecKey,
 async def test_speculative_lane_turns_off_probes_and_recovers() -> None:
     async with fake_upstreams("spec", "batch") as (spec, batch), lanes_router(
             spec, batch, spec=CYCLE_SPEC) as r:
-        key = SpecKey("speculative", "fake-model", "default:none")
+        key = SpecKey("speculative", "fake-model", "default:none:chat")
         await run_cycle(r, spec, key, speclane_stats(9, 1), speclane_stats(9, 8), "batching")
         text = await metrics_text(r)
         snapshot = await admin(r, "spec")
-    key_labels = {"backend": "speculative", "model": "fake-model", "workload": "default:none"}
+    key_labels = {"backend": "speculative", "model": "fake-model", "workload": "default:none:chat"}
     assert metric_value(text, "speclane_spec_enabled", **key_labels) == 1
     assert metric_value(text, "speclane_spec_state_changes_total", **key_labels,
                         reason="low_acceptance", state="off") == 1
@@ -128,6 +128,10 @@ async def test_speculative_lane_turns_off_probes_and_recovers() -> None:
     assert (metric_value(text, "speclane_spec_draft_tokens_total", **key_labels) or 0) > 0
     row = next(w for w in snapshot["workloads"] if w["backend"] == "speculative")
     assert row["state"] == "on" and row["changes"] == 2
+    assert (row["client"], row["preset"], row["family"]) == ("default", "none", "chat")
+    # These fake answers name no draft source: counted under their kind.
+    assert (metric_value(text, "speclane_spec_source_tokens_total", backend="speculative",
+                         model="fake-model", source="draft", outcome="drafted") or 0) > 0
     assert batch.requests and all("num_draft_tokens" not in r.body for r in spec.requests)
 
 
@@ -144,10 +148,10 @@ async def test_external_speculative_backend_is_routed_around_and_back(
         ]
         settings = router_settings(backends=backends, spec=CYCLE_SPEC)
         async with run_router(settings) as r:
-            key = SpecKey("lms", "fake-model", "default:none")
+            key = SpecKey("lms", "fake-model", "default:none:chat")
             await run_cycle(r, lms, key, low, high, "plain", stream=stream)
             text = await metrics_text(r)
-    key_labels = {"backend": "lms", "model": "fake-model", "workload": "default:none"}
+    key_labels = {"backend": "lms", "model": "fake-model", "workload": "default:none:chat"}
     assert (metric_value(text, "speclane_spec_accepted_tokens_total", **key_labels) or 0) > 0
     assert metric_value(text, "speclane_spec_state_changes_total", **key_labels,
                         reason="low_acceptance", state="off") == 1
@@ -156,7 +160,7 @@ async def test_probes_back_off_while_acceptance_stays_at_zero() -> None:
     async with fake_upstreams("spec", "batch") as (spec, batch), lanes_router(
             spec, batch, spec=FAST_SPEC) as r:
         spec.behaviour = speclane_stats(9, 0)
-        key = SpecKey("speculative", "fake-model", "default:none")
+        key = SpecKey("speculative", "fake-model", "default:none:chat")
         await chat(r)
         gaps, last = [], None
         for _ in range(4):

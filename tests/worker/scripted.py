@@ -79,3 +79,57 @@ class ScriptedEngine(Engine):
             if progress.token(char, False):
                 return progress.finish("stop")
         return progress.finish("stop" if len(self.reply) <= max_tokens else "length")
+
+
+class ScriptedCache:
+    """A trimmable KV cache that only counts positions (what ``trim_prompt_cache`` needs)."""
+
+    def __init__(self) -> None:
+        import mlx.core as mx
+
+        self.tokens: list[int] = []  # what the positions hold, to check what is kept
+        self.state = mx.array(0)
+
+    @property
+    def offset(self) -> int:
+        return len(self.tokens)
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        n = min(self.offset, n)
+        del self.tokens[len(self.tokens) - n :]
+        return n
+
+
+class ScriptedLM:
+    """A "language model" that always continues ``text`` (token ids), then says ``eos``.
+
+    Called like an mlx-lm model, ``model(inputs[None], cache=cache)``: it checks that what the
+    cache kept from earlier passes is the script (so a rejected draft token left in the cache
+    by a wrong trim fails loudly), appends the fed tokens, and answers one-hot logits of the
+    scripted token after each position.
+    """
+
+    def __init__(self, text: list[int], eos: int, vocab: int = 0x180) -> None:
+        self.text = text
+        self.eos = eos
+        self.vocab = vocab
+        self.passes: list[int] = []  # tokens fed per forward pass
+
+    def __call__(self, inputs: Any, cache: list[ScriptedCache]) -> Any:
+        import mlx.core as mx
+
+        fed = inputs[0].tolist()
+        start = cache[0].offset
+        if cache[0].tokens != self.text[:start]:
+            raise AssertionError(f"the cache kept {cache[0].tokens[-8:]}..., not the script")
+        cache[0].tokens.extend(fed)
+        self.passes.append(len(fed))
+        rows = []
+        for i in range(len(fed)):
+            nxt = start + i + 1
+            token = self.text[nxt] if nxt < len(self.text) else self.eos
+            rows.append([10.0 if t == token else 0.0 for t in range(self.vocab)])
+        return mx.array([rows])

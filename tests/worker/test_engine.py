@@ -5,26 +5,8 @@ import threading
 
 import pytest
 
-from router.worker.engine import Models, SpeculativeEngine
 from router.worker.jobs import Job, JobQueue
 from router.worker.protocol import GenerationRequest
-
-
-def spec_engine(k: int, with_draft: bool) -> SpeculativeEngine:
-    engine = SpeculativeEngine(lambda: Models(None, None), num_draft_tokens=k)
-    engine.models = Models(model=None, tokenizer=None, draft=object() if with_draft else None)
-    return engine
-
-
-@pytest.mark.parametrize(("asked", "used"), [(None, 3), (0, 0), (2, 2), (3, 3), (10, 3)])
-def test_a_request_may_lower_k_but_not_raise_it(asked: int | None, used: int) -> None:
-    request = GenerationRequest(kind="chat", num_draft_tokens=asked)
-    assert spec_engine(3, with_draft=True).effective_draft_tokens(request) == used
-
-
-def test_without_a_draft_there_is_no_speculation() -> None:
-    request = GenerationRequest(kind="chat", num_draft_tokens=2)
-    assert spec_engine(3, with_draft=False).effective_draft_tokens(request) == 0
 
 
 def job() -> Job:

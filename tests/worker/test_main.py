@@ -53,6 +53,11 @@ def test_model_dir_must_be_local(tmp_path: Path) -> None:
         ["--mode", "batching", "--model", "m", "--prompt-cache-bytes", "-1"],
         ["--mode", "batching", "--model", "m", "--prefill-step-size", "0"],
         ["--mode", "batching", "--model", "m", "--prefill-chunk-seconds", "0"],
+        ["--mode", "speculative", "--model", "m", "--draft-source", "draft_model"],  # no draft
+        ["--mode", "speculative", "--model", "m", "--draft-source", "magic"],
+        ["--mode", "speculative", "--model", "m", "--lookup-ngram-min", "5",
+         "--lookup-ngram-max", "3"],
+        ["--mode", "speculative", "--model", "m", "--lookup-max-draft", "0"],
     ],
 )
 def test_bad_command_lines_are_refused(argv: list[str]) -> None:
@@ -70,3 +75,8 @@ def test_defaults() -> None:
     assert (args.prompt_cache_bytes, args.prefill_step_size, args.prefill_chunk_seconds) == (
         1 << 30, 2048, 0.5
     )
+    assert args.draft_source == "none"  # no draft model: no lane-wide drafting
+    with_draft = parse_args(["--mode", "speculative", "--model", "m", "--draft-model", "d"])
+    assert with_draft.draft_source == "draft_model"
+    assert (args.lookup_ngram_min, args.lookup_ngram_max, args.lookup_max_draft) == (2, 4, 8)
+    assert args.prediction_max_draft == 16

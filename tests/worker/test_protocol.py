@@ -303,3 +303,31 @@ def test_hostile_tool_fields_are_parsed_or_a_400(
         return
     for tool in req.tools:  # what was accepted renders
         assert tool.openai_dict()["function"]["name"] == tool.name
+
+
+@pytest.mark.parametrize(
+    ("prediction", "expected"),
+    [
+        (None, None),
+        ({"type": "content", "content": "def f():\n    pass\n"}, "def f():\n    pass\n"),
+        ({"type": "content", "content": [{"type": "text", "text": "a"},
+                                         {"type": "text", "text": "b"}]}, "ab"),
+        ({"type": "content", "content": ""}, None),  # nothing to draft from
+    ],
+)
+def test_predicted_outputs_are_read(prediction: Any, expected: str | None) -> None:
+    assert parse_request(chat(prediction=prediction), "chat").prediction == expected
+
+
+@pytest.mark.parametrize(
+    "prediction",
+    [
+        "text",
+        {"type": "text", "content": "x"},
+        {"type": "content", "content": 3},
+        {"type": "content", "content": [{"type": "image_url", "image_url": "x"}]},
+        {"type": "content", "content": [{"type": "text", "text": None}]},
+    ],
+)
+def test_malformed_predictions_are_a_400_naming_the_parameter(prediction: Any) -> None:
+    assert rejected(chat(prediction=prediction)).param == "prediction"

@@ -81,6 +81,7 @@ def test_health_reports_each_lane(spec_worker: WorkerProcess, batch_worker: Work
         "draft_model": DEFAULT_DRAFT_NAME,
         "speculative": True,
         "num_draft_tokens": 3,
+        "draft_source": "draft_model",
         "active": 0,
         "queued": 0,
         "capacity": 1,
@@ -113,6 +114,27 @@ def test_greedy_answer_and_honest_draft_statistics(spec_worker: WorkerProcess) -
     assert details.rejected_prediction_tokens == spec["rejected"]
 
 
+def test_a_prediction_drafts_and_a_repeated_prompt_reuses_the_cache(
+    spec_worker: WorkerProcess,
+) -> None:
+    messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+    ask = client(spec_worker).chat.completions.create
+    plain = ask(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=16, temperature=0,
+                extra_body={"num_draft_tokens": 0})
+    text = plain.choices[0].message.content or ""
+    predicted = ask(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=16, temperature=0,
+                    prediction={"type": "content", "content": text.replace("add", "sum", 1)})
+    assert predicted.choices[0].message.content == text  # lossless
+    usage = predicted.usage
+    assert usage is not None and usage.completion_tokens_details is not None
+    assert spec_of(usage)["source"] == "prediction"
+    assert spec_of(usage)["accepted"] > 0
+    assert usage.completion_tokens_details.accepted_prediction_tokens > 0
+    # The same prompt again: everything but its last token came from the prompt cache.
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
+
+
 def test_zero_draft_tokens_decodes_without_the_draft(spec_worker: WorkerProcess) -> None:
     reply = client(spec_worker).chat.completions.create(
         model=DEFAULT_MODEL_NAME,
@@ -123,7 +145,8 @@ def test_zero_draft_tokens_decodes_without_the_draft(spec_worker: WorkerProcess)
     )
     assert reply.usage is not None
     assert spec_of(reply.usage) == {
-        "drafted": 0, "accepted": 0, "rejected": 0, "steps": 0, "num_draft_tokens": 0
+        "drafted": 0, "accepted": 0, "rejected": 0, "steps": 0, "num_draft_tokens": 0,
+        "source": None,
     }
     assert reply.usage.completion_tokens_details is None
     assert "Paris" in (reply.choices[0].message.content or "")

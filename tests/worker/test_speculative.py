@@ -1,0 +1,131 @@
+"""The speculative lane's decode loop on a scripted model: acceptance, KV trimming, stops."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft
+from router.worker.protocol import GenerationRequest
+from router.worker.speculative import (
+    Plan,
+    SpecSettings,
+    decode,
+    lookup_proposer,
+    plan,
+    prediction_proposer,
+)
+from tests.worker.scripted import ScriptedCache, ScriptedLM
+
+EOS = 0x17F
+
+
+def ids(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def greedy(logprobs):  # what make_sampler(temp=0) does
+    import mlx.core as mx
+
+    return mx.argmax(logprobs, axis=-1)
+
+
+def run(prompt: str, answer: str, propose=None, k: int = 0, max_tokens: int = 200):
+    model = ScriptedLM(ids(prompt + answer), EOS)
+    history = ids(prompt)
+    steps = list(
+        decode(model, [ScriptedCache()], history, 0, max_tokens=max_tokens, sampler=greedy,
+               propose=propose, k=k, stop_tokens=frozenset({EOS}))
+    )
+    out = [t for s in steps for t in s.tokens]
+    return model, steps, out, history
+
+
+PROMPT = "Rewrite:\ndef f(x):\n    return x + 1\n\ndef g(y):\n    return y * 2\n\nAnswer:\n"
+ANSWER = "def f(x):\n    return x + 2\n\ndef g(y):\n    return y * 2\n"
+
+
+def test_plain_decoding_feeds_one_token_per_pass() -> None:
+    model, steps, out, history = run(PROMPT, ANSWER)
+    assert out == [*ids(ANSWER), EOS]
+    assert model.passes[1:] == [1] * len(out)  # after the one prefill pass
+    assert all(s.drafted == 0 for s in steps)
+    assert history == [*ids(PROMPT + ANSWER), EOS]
+
+
+@pytest.mark.parametrize("source", ["prompt_lookup", "prediction"])
+def test_drafting_changes_the_passes_not_the_output(source: str) -> None:
+    if source == "prompt_lookup":
+        propose = lookup_proposer(LookupConfig(2, 4, 8))
+    else:
+        original = ANSWER.replace("x + 2", "x + 1")
+        propose = prediction_proposer(PredictionDraft(ids(original), PredictionConfig(2, 4, 8)))
+    model, steps, out, _ = run(PROMPT, ANSWER, propose, k=8)
+    assert out == [*ids(ANSWER), EOS]
+    accepted = sum(s.accepted for s in steps)
+    assert accepted >= len(ANSWER) // 2  # copied text came in runs
+    assert len(model.passes) - 1 < len(out) // 2
+    assert sum(s.drafted for s in steps) >= accepted
+
+
+def test_rejected_drafts_are_trimmed_from_the_cache() -> None:
+    # A prediction that is wrong everywhere: every pass is partly rejected, and the scripted
+    # model raises if a rejected token were still in the cache at the next pass.
+    wrong = PredictionDraft(ids("zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz"), PredictionConfig(1, 2, 4))
+    _model, steps, out, _ = run("q", "abcabcabc", prediction_proposer(wrong), k=4)
+    assert out == [*ids("abcabcabc"), EOS]
+    assert steps[0].drafted == 4 and steps[0].accepted == 0
+
+
+def test_max_tokens_caps_the_draft_and_the_output() -> None:
+    propose = lookup_proposer(LookupConfig(2, 4, 8))
+    for max_tokens in (1, 2, 5, 17):
+        _, _steps, out, _ = run(PROMPT, ANSWER, propose, k=8, max_tokens=max_tokens)
+        assert out == ids(ANSWER)[:max_tokens]
+
+
+def test_eos_inside_an_accepted_run_ends_the_output_there() -> None:
+    prediction = PredictionDraft([*ids("abc"), EOS, *ids("abc")], PredictionConfig(2, 4, 8))
+    _, _steps, out, history = run("p", "abc", prediction_proposer(prediction), k=8)
+    assert out == [*ids("abc"), EOS]
+    assert history == [*ids("pabc"), EOS]
+
+
+def test_the_cache_may_already_hold_a_prefix() -> None:
+    model = ScriptedLM(ids(PROMPT + ANSWER), EOS)
+    cache = ScriptedCache()
+    model(__import__("mlx.core", fromlist=["array"]).array([ids(PROMPT[:10])]), cache=[cache])
+    history = ids(PROMPT)
+    out = [t for s in decode(model, [cache], history, 10, max_tokens=5, sampler=greedy)
+           for t in s.tokens]
+    assert out == ids(ANSWER)[:5]
+    with pytest.raises(ValueError):
+        next(decode(model, [ScriptedCache()], ids("ab"), 2, max_tokens=5, sampler=greedy))
+
+
+SETTINGS = SpecSettings(draft_source="draft_model", num_draft_tokens=3)
+
+
+@pytest.mark.parametrize(
+    ("request_", "settings", "has_draft", "processors", "expected"),
+    [
+        (GenerationRequest("chat"), SETTINGS, True, False, Plan("draft_model", 3)),
+        (GenerationRequest("chat", num_draft_tokens=2), SETTINGS, True, False,
+         Plan("draft_model", 2)),
+        (GenerationRequest("chat", num_draft_tokens=10), SETTINGS, True, False,
+         Plan("draft_model", 3)),
+        (GenerationRequest("chat", num_draft_tokens=0), SETTINGS, True, False, Plan(None, 0)),
+        (GenerationRequest("chat"), SETTINGS, False, False, Plan(None, 0)),  # no draft loaded
+        (GenerationRequest("chat"), SpecSettings(draft_source="prompt_lookup"), False, False,
+         Plan("prompt_lookup", 8)),
+        (GenerationRequest("chat"), SpecSettings(draft_source="none"), True, False, Plan(None, 0)),
+        (GenerationRequest("chat", prediction="x"), SETTINGS, True, False, Plan("prediction", 16)),
+        (GenerationRequest("chat", prediction="x", num_draft_tokens=4), SETTINGS, True, False,
+         Plan("prediction", 4)),
+        # penalties, logit bias, constraints: plain decoding, whatever the source
+        (GenerationRequest("chat", prediction="x"), SETTINGS, True, True, Plan(None, 0)),
+        (GenerationRequest("chat"), SpecSettings(draft_source="prompt_lookup"), False, True,
+         Plan(None, 0)),
+    ],
+)
+def test_plan_picks_the_draft_source(request_, settings, has_draft, processors, expected) -> None:
+    assert plan(request_, settings, has_draft, processors) == expected

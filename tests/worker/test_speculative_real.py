@@ -1,0 +1,95 @@
+"""Greedy equality on the real default model: every draft source writes exactly what plain
+decoding writes, token for token (in-process, short answers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft
+from router.worker.speculative import (
+    DraftModel,
+    decode,
+    lookup_proposer,
+    prediction_proposer,
+)
+
+pytestmark = pytest.mark.realmodel
+
+MAX_TOKENS = 24
+CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"
+PROMPTS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": f"Repeat this code exactly:\n{CODE}"}],
+]
+
+
+@pytest.fixture(scope="module")
+def loaded(prepared_models: tuple[Path, Path]) -> tuple[Any, Any, Any]:
+    from mlx_lm import load
+
+    model, tokenizer = load(str(prepared_models[0]))
+    draft, _ = load(str(prepared_models[1]))
+    return model, tokenizer, draft
+
+
+def greedy(logprobs: Any) -> Any:
+    import mlx.core as mx
+
+    return mx.argmax(logprobs, axis=-1)
+
+
+def generate(model: Any, tokenizer: Any, prompt: list[int], propose: Any = None, k: int = 0):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    history = list(prompt)
+    steps = list(
+        decode(model, make_prompt_cache(model), history, 0, max_tokens=MAX_TOKENS,
+               sampler=greedy, propose=propose, k=k,
+               stop_tokens=frozenset(tokenizer.eos_token_ids))
+    )
+    return [t for s in steps for t in s.tokens], sum(s.accepted for s in steps)
+
+
+def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize("messages", PROMPTS, ids=["fact", "copy"])
+def test_every_draft_source_writes_what_plain_decoding_writes(
+    loaded: tuple[Any, Any, Any], messages: list[dict[str, str]]
+) -> None:
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, tokenizer, draft = loaded
+    prompt = prompt_ids(tokenizer, messages)
+    plain, _ = generate(model, tokenizer, prompt)
+
+    # The plain loop is mlx-lm's own greedy decoding.
+    import mlx.core as mx
+
+    reference = []
+    for token, _ in generate_step(mx.array(prompt), model, max_tokens=len(plain)):
+        reference.append(int(token))
+    assert plain == reference
+
+    # A prediction with one changed line exercises acceptance, rejection and re-alignment.
+    text = tokenizer.decode(plain)
+    changed = text.replace("return", "yield", 1) if "return" in text else "Paris!" + text
+    prediction = PredictionDraft(
+        tokenizer.encode(changed, add_special_tokens=False), PredictionConfig()
+    )
+    sources = {
+        "prompt_lookup": (lookup_proposer(LookupConfig()), 8),
+        "prediction": (prediction_proposer(prediction), 16),
+        "draft_model": (DraftModel(draft, make_prompt_cache(draft), []).propose, 3),
+    }
+    accepted = {}
+    for name, (propose, k) in sources.items():
+        out, accepted[name] = generate(model, tokenizer, prompt, propose, k)
+        assert out == plain, name
+    assert accepted["prediction"] > 0
