@@ -1,7 +1,7 @@
 """The prompt families (pure, deterministic): how well a draft guesses depends on the text.
 
 - ``chat``: short conversational questions: free prose, the draft's hardest case after code.
-- ``code``: small programming tasks: acceptance is usually lowest here (seed 004).
+- ``code``: small programming tasks: acceptance is usually lowest here.
 - ``list``: repetitive and list-shaped output (counting, enumerations): the draft's best case.
 - ``long``: a long document and a question about it: prefill dominates, which speculation
   does not speed up (and the draft has to prefill the prompt too).

@@ -1,8 +1,8 @@
 """Is speculation actually happening on a backend? (pure)
 
 A backend configured as speculative that reports no draft tokens over a window of
-responses is flagged, instead of silently looking like 0 % acceptance (seed 001: speculation
-configured but stripped; seed 003: 0.0 for a whole run).
+responses is flagged, instead of silently looking like 0 % acceptance (speculation configured
+but stripped by a server, or 0.0 acceptance for a whole run, have both been seen).
 
 Some servers never put draft statistics on the wire whatever they run (``mlx_lm.server``
 keeps ``from_draft`` internal, Ollama drops llama-server's ``draft_n``): for those kinds a
