@@ -1,6 +1,7 @@
 """Both front doors in front of the real MLX lanes (slow, serial; few tokens).
 
-Text round trips, streaming and not, with the official anthropic and ollama clients; the
+Text round trips, streaming and not, with the official anthropic and ollama clients; a forced
+tool call and its result through the Anthropic door; the
 lanes' own tokenizer for count_tokens; the lanes' refusal of an image in Anthropic's shape.
 """
 
@@ -114,3 +115,41 @@ def test_count_tokens_for_a_model_the_lanes_do_not_serve_is_a_404(router: Router
     with claude(router) as client, pytest.raises(anthropic.NotFoundError):
         client.messages.count_tokens(model="no-such-model",
                                      messages=QUESTION)  # type: ignore[arg-type]
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The current weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                     "required": ["city"]},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_anthropic_tool_round_trip_on_the_lanes(router: Router, stream: bool) -> None:
+    """A forced tool call from the lane (constrained decoding through the fallback template),
+    its result sent back as a tool_result block, and the model's answer after it."""
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kwargs = {"model": DEFAULT_MODEL_NAME, "max_tokens": 40, "tools": [WEATHER],
+              "tool_choice": {"type": "tool", "name": "get_weather"},
+              "extra_body": {"temperature": 0}}
+    with claude(router) as client:
+        if stream:
+            with client.messages.stream(messages=ask, **kwargs) as s:  # type: ignore[arg-type]
+                called = s.get_final_message()
+        else:
+            called = client.messages.create(messages=ask, **kwargs)  # type: ignore[arg-type]
+        uses = [b for b in called.content if b.type == "tool_use"]
+        assert called.stop_reason == "tool_use", called
+        assert len(uses) == 1 and uses[0].name == "get_weather"
+        assert isinstance(uses[0].input, dict) and isinstance(uses[0].input.get("city"), str)
+        answer = client.messages.create(
+            model=DEFAULT_MODEL_NAME, max_tokens=12, tools=[WEATHER],  # type: ignore[list-item]
+            extra_body={"temperature": 0},
+            messages=[*ask,  # type: ignore[list-item]
+                      {"role": "assistant", "content": called.content},
+                      {"role": "user", "content": [
+                          {"type": "tool_result", "tool_use_id": uses[0].id,
+                           "content": "Sunny, 21 degrees"}]}])
+    assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    assert answer.usage.input_tokens > called.usage.input_tokens  # the result reached the lane
