@@ -37,7 +37,10 @@ async def supervised_lane(*flags: str) -> AsyncIterator[
         tuple[RunningRouter, LaneSupervisor, Recorder, FakeUpstream]]:
     """A router whose speculative lane is a supervised fake worker; batching is a fake."""
     async with fake_upstreams("batch") as (batch,):
-        settings = router_settings(backends=[], cooldown={"allowed_fails": 1, "seconds": 1})
+        # Cache affinity off: these tests send one conversation again and again, and follow
+        # where the lanes' health (not a cached prefix) sends it.
+        settings = router_settings(backends=[], cooldown={"allowed_fails": 1, "seconds": 1},
+                                   routing={"cache_affinity": False})
         spec = lane_backend("speculative", settings, "fake-model")
         watch = Recorder(WAIT)
 
