@@ -13,19 +13,6 @@ from router.proxy.request import ParsedRequest, parse_request
 from router.routing.types import Endpoint
 
 
-def load_object(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400."""
-    if not raw.strip():
-        raise bad_request("request body is empty; expected a JSON object", code="invalid_json")
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from e
-    if not isinstance(data, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_json")
-    return data
-
-
 def to_parsed(endpoint: Endpoint, openai: dict[str, Any]) -> ParsedRequest:
     """The translated request, checked and described exactly as an OpenAI client's would be."""
     return parse_request(endpoint, orjson.dumps(openai))

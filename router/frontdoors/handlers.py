@@ -23,9 +23,10 @@ from router.config.policies import bearer_token
 from router.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
-from router.frontdoors.common import load_object, to_parsed
+from router.frontdoors.common import to_parsed
 from router.frontdoors.ollama_out import OllamaEgress, now_iso
 from router.proxy.handlers import Inbound, identify, proxy
+from router.proxy.request import load_object
 
 ANTHROPIC_KEY_HEADER = "x-api-key"
 TOKENIZE_PATH = "/tokenize"  # under a lane worker's /v1 (router.worker.server)

@@ -54,7 +54,8 @@ class ParsedRequest:
         return self._encoded
 
 
-def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
+def load_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 (every front door reads bodies this way)."""
     if not raw.strip():
         raise bad_request("request body is empty; expected a JSON object", code="invalid_json")
     try:
@@ -63,6 +64,11 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
         raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from e
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
+    return data
+
+
+def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
+    data = load_object(raw)
     model = data.get("model")
     if not isinstance(model, str) or not model.strip():
         raise bad_request("'model' is required and must be a non-empty string", param="model")
