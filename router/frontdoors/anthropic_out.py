@@ -16,7 +16,7 @@ import orjson
 
 from router import errors
 from router.errors import RouterError
-from router.frontdoors.common import arguments_object, openai_events, upstream_error_event
+from router.frontdoors.common import arguments_object, translate_events
 
 STREAM_CONTENT_TYPE = "text/event-stream"
 
@@ -124,16 +124,8 @@ class AnthropicEgress:
     def events(self, data: bytes) -> bytes:
         if self._ended:
             return b""
-        out = bytearray(self._start())
-        for event in openai_events(data):
-            if self._ended:
-                break
-            failed = upstream_error_event(event)
-            if failed is not None:
-                out += self.error(failed)
-                break
-            out += self._chunk(event)
-        return bytes(out)
+        return translate_events(data, chunk=self._chunk, error=self.error,
+                                ended=lambda: self._ended, head=self._start())
 
     def finish(self) -> bytes:
         if self._ended:

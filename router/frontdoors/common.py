@@ -3,7 +3,7 @@ pipeline, and reading the OpenAI events an upstream streams back (pure)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -74,3 +74,20 @@ def arguments_object(arguments: Any) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def translate_events(data: bytes, *, chunk: Callable[[dict[str, Any]], bytes],
+                     error: Callable[[RouterError], bytes], ended: Callable[[], bool],
+                     head: bytes = b"") -> bytes:
+    """The OpenAI SSE events of ``data`` in another API's framing (``chunk`` per event),
+    after ``head``; an upstream error event ends the stream with that API's ``error``."""
+    out = bytearray(head)
+    for event in openai_events(data):
+        if ended():
+            break
+        failed = upstream_error_event(event)
+        if failed is not None:
+            out += error(failed)
+            break
+        out += chunk(event)
+    return bytes(out)

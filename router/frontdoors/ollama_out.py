@@ -20,7 +20,7 @@ import orjson
 
 from router import errors
 from router.errors import RouterError
-from router.frontdoors.common import arguments_object, openai_events, upstream_error_event
+from router.frontdoors.common import arguments_object, translate_events
 
 STREAM_CONTENT_TYPE = "application/x-ndjson"
 Kind = Literal["chat", "generate"]
@@ -127,16 +127,8 @@ class OllamaEgress:
     def events(self, data: bytes) -> bytes:
         if self._ended:
             return b""
-        out = bytearray()
-        for event in openai_events(data):
-            if self._ended:
-                break
-            failed = upstream_error_event(event)
-            if failed is not None:
-                out += self.error(failed)
-                break
-            out += self._chunk(event)
-        return bytes(out)
+        return translate_events(data, chunk=self._chunk, error=self.error,
+                                ended=lambda: self._ended)
 
     def finish(self) -> bytes:
         if self._ended:
