@@ -78,6 +78,28 @@ def test_a_shared_prefix_is_reused_and_gives_the_same_greedy_answer(
     assert health(uncached_worker)["prompt_cache"]["entries"] == 0
 
 
+def test_a_new_conversation_reuses_the_system_prompt_of_an_earlier_one(
+    cached_worker: WorkerProcess,
+) -> None:
+    """mlx_lm.server keeps a separate entry for the system prompt; here the nearest longer
+    entry (an earlier conversation) is trimmed back to the shared prefix, which gives a new
+    conversation with the same system prompt the same reuse."""
+    system = SYSTEM + " Answer in one short sentence."
+    first = [{"role": "system", "content": system}, {"role": "user", "content": "Name a fruit."}]
+    turn = client(cached_worker).chat.completions.create(
+        model=MODEL, messages=first, max_tokens=6, temperature=0)  # type: ignore[arg-type]
+    assert turn.usage is not None
+    other = [{"role": "system", "content": system},
+             {"role": "user", "content": "Which colour is the sky?"}]
+    fresh = client(cached_worker).chat.completions.create(
+        model=MODEL, messages=other, max_tokens=6, temperature=0)  # type: ignore[arg-type]
+    assert fresh.usage is not None
+    # At least the system prompt's tokens come from the first conversation's entry; not the
+    # whole of it (the user messages differ).
+    system_tokens = len(system) // 8
+    assert system_tokens <= cached_tokens(fresh.usage) < turn.usage.prompt_tokens
+
+
 async def stream_completion(
     session: aiohttp.ClientSession, worker: WorkerProcess, body: dict[str, Any],
     on_text: Any,
