@@ -1,20 +1,18 @@
 """Does speculation pay on this machine, per kind of content and draft source? And what did
 auto-disable decide?
 
-    python examples/spec_families.py [--draft-source prompt_lookup|draft_model]
-        [--families chat,code,list,edit,refactor-with-prediction] [--requests 6]
-        [--max-tokens 48] [--edit-max-tokens 160] [--out FILE]
+    python examples/spec_families.py [--families chat,code,list,edit,refactor-with-prediction]
+        [--requests 3] [--max-tokens 48] [--edit-max-tokens 160] [--settle-max 12] [--out FILE]
 
-Starts speclane with both lanes on the default model (or attaches with --url, which then
-needs the three family policies below in its policies_dir). Each prompt family is sent as
-its own client (X-Speclane-Client: family-<name>), so each is its own auto-disable workload.
-Per family: plain decoding on the speculative lane (num_draft_tokens 0), speculative
-decoding on the same lane, then requests the router routes by itself; finally the
-workload's state from GET /admin/spec. Decode speed = (tokens - 1) / (last - first token).
-
-The speculative lane drafts with ``--draft-source`` (``[lanes] draft_source``); the family
-``refactor-with-prediction`` carries the original function as its ``prediction``, which the
-lane drafts from whatever its source (``router/bench/edits.py``).
+Starts speclane with both lanes on the default model, `[lanes] draft_source = "auto"` (or
+attaches with --url, which then needs the family policies below in its policies_dir). Each
+prompt family is sent as its own client (X-Speclane-Client: family-<name>), so each is its
+own auto-disable workload. Per family, on the speculative lane: plain decoding
+(num_draft_tokens 0) and every draft source (the lane's `draft_source` request field;
+`prediction` for the family that carries one), at concurrency 1 (interleaved) and 2; plain
+on the batching lane at concurrency 2; then requests without a lane header until
+auto-disable has decided (GET /admin/spec), and the routed requests that are measured.
+Decode speed = (tokens - 1) / (last - first token). The pure parts: router/bench/sources.py.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -32,9 +31,8 @@ from typing import Any
 
 import aiohttp
 
-from router.bench import procs
+from router.bench import procs, sources
 from router.bench.edits import EDIT_FAMILIES, edit_body
-from router.bench.stats import mean
 
 FAMILIES = {
     "chat": "Tell me about your favourite season and why you like it.",
@@ -46,7 +44,7 @@ CONFIG = """
 policies_dir = "{tmp}/policies"
 log_level = "warning"
 [lanes]
-draft_source = "{source}"
+draft_source = "auto"
 [spec]
 window_size = 96
 min_sample = 48
@@ -66,7 +64,7 @@ client_header = ["family-{name}"]
 
 
 async def one(session: aiohttp.ClientSession, url: str, family: str, prompt: str,
-              max_tokens: int, lane: str | None, drafts: int | None) -> dict[str, Any]:
+              max_tokens: int, lane: str | None, variant: str | None) -> dict[str, Any]:
     headers = {"X-Speclane-Client": f"family-{family}"}
     if lane:
         headers["X-Speclane-Lane"] = lane
@@ -79,8 +77,8 @@ async def one(session: aiohttp.ClientSession, url: str, family: str, prompt: str
         endpoint = "completions"
         del body["messages"]
         body.update(edit_body(family))
-    if drafts is not None:
-        body["num_draft_tokens"] = drafts
+    if variant is not None:
+        body = sources.apply_variant(body, variant)
     first = last = None
     usage: dict[str, Any] = {}
     async with session.post(f"{url}/{endpoint}", json=body, headers=headers) as resp:
@@ -103,18 +101,8 @@ async def one(session: aiohttp.ClientSession, url: str, family: str, prompt: str
             "cached": cached}
 
 
-def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    drafted = sum((r["spec"] or {}).get("drafted", 0) for r in runs)
-    accepted = sum((r["spec"] or {}).get("accepted", 0) for r in runs)
-    sources = sorted({str((r["spec"] or {}).get("source")) for r in runs})
-    return {"tps": mean([r["tps"] for r in runs if r["tps"]]), "drafted": drafted,
-            "accepted": accepted, "acceptance": accepted / drafted if drafted else None,
-            "lanes": sorted({r["lane"] for r in runs}), "sources": sources,
-            "tokens": [r["tokens"] for r in runs]}
-
-
 @contextlib.asynccontextmanager
-async def router(url: str | None, source: str) -> AsyncIterator[str]:
+async def router(url: str | None) -> AsyncIterator[str]:
     if url:
         yield url
         return
@@ -123,7 +111,7 @@ async def router(url: str | None, source: str) -> AsyncIterator[str]:
         for name in FAMILIES:
             (Path(tmp) / "policies" / f"family-{name}.toml").write_text(POLICY.format(name=name))
         config = Path(tmp) / "speclane.toml"
-        config.write_text(CONFIG.format(tmp=tmp, source=source))
+        config.write_text(CONFIG.format(tmp=tmp))
         proc, m = await procs.spawn_until_line(
             [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"],
             r"listening on (http://\S+)", deadline=600)
@@ -133,53 +121,69 @@ async def router(url: str | None, source: str) -> AsyncIterator[str]:
             await procs.stop(proc)
 
 
+async def both(session: aiohttp.ClientSession, url: str, family: str, prompt: str,
+               tokens: int, lane: str | None, variant: str | None) -> dict[str, Any]:
+    """Two identical requests at once."""
+    start = time.perf_counter()
+    runs = await asyncio.gather(*(one(session, url, family, prompt, tokens, lane, variant)
+                                  for _ in range(2)))
+    return sources.together(runs, time.perf_counter() - start)
+
+
+async def spec_state(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with session.get(url.removesuffix("/v1") + "/admin/spec") as resp:
+        return await resp.json()
+
+
+async def settle(session: aiohttp.ClientSession, url: str, family: str, prompt: str,
+                 tokens: int, most: int) -> int:
+    """Routed requests until auto-disable has decided for the source the router drafts this
+    family with (or ``most`` requests); how many were sent."""
+    source: str | None = None
+    for sent in range(most):
+        rows = sources.family_rows(await spec_state(session, url), family)
+        if sent and sources.decided(rows, source):
+            return sent
+        run = await one(session, url, family, prompt, tokens, None, None)
+        source = (run["spec"] or {}).get("source") or source
+    return most
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with router(args.url, args.draft_source) as url, \
-            aiohttp.ClientSession(timeout=timeout) as session:
+    timeout = aiohttp.ClientTimeout(total=900)
+    async with router(args.url) as url, aiohttp.ClientSession(timeout=timeout) as session:
         for family in args.families:
             prompt = FAMILIES[family]
             tokens = args.edit_max_tokens if family in EDIT_FAMILIES else args.max_tokens
-            plain, spec, auto = [], [], []
-            for _ in range(args.requests):  # interleaved, so drift hits both alike
-                plain.append(await one(session, url, family, prompt, tokens, "speculative", 0))
-                spec.append(await one(session, url, family, prompt, tokens, "speculative", None))
-            for _ in range(args.requests):
-                auto.append(await one(session, url, family, prompt, tokens, None, None))
-            results[family] = {"plain": summarise(plain), "speculative": summarise(spec),
-                               "auto": summarise(auto)}
-            print(f"  {family}: done", flush=True)
-        async with session.get(url.removesuffix("/v1") + "/admin/spec") as resp:
-            spec_state = await resp.json()
-    for row in spec_state["workloads"]:
-        family = row["workload"].split(":")[0].removeprefix("family-")
-        if family in results and row["backend"] == "speculative":
-            results[family]["auto_disable"] = {
-                "state": row["state"], "reason": row["reason"],
-                "window_acceptance": row["window"]["acceptance"],
-                "spec_tps": row["speed"]["spec_tps"], "baseline_tps": row["speed"]["baseline_tps"]}
+            names = sources.variants(family)
+            c1: dict[str, list[dict[str, Any]]] = {v: [] for v in names}
+            for _ in range(args.requests):  # interleaved, so drift hits every variant alike
+                for v in names:
+                    c1[v].append(await one(session, url, family, prompt, tokens,
+                                           "speculative", v))
+            c2 = {v: await both(session, url, family, prompt, tokens, "speculative", v)
+                  for v in names}
+            c2_batching = await both(session, url, family, prompt, tokens, "batching",
+                                     sources.PLAIN)
+            settled = await settle(session, url, family, prompt, tokens, args.settle_max)
+            routed = [await one(session, url, family, prompt, tokens, None, None)
+                      for _ in range(args.requests)]
+            routed_c2 = await both(session, url, family, prompt, tokens, None, None)
+            rows = sources.family_rows(await spec_state(session, url), family)
+            results[family] = {
+                "c1": {v: sources.summarise(runs) for v, runs in c1.items()},
+                "c2": c2, "c2_batching": c2_batching, "settle_requests": settled,
+                "routed": sources.summarise(routed), "routed_c2": routed_c2,
+                "auto_disable": [{
+                    "workload": row["workload"], "source": row.get("source"),
+                    "state": row["state"], "reason": row["reason"],
+                    "window_acceptance": row["window"]["acceptance"],
+                    "spec_tps": row["speed"]["spec_tps"],
+                    "baseline_tps": row["speed"]["baseline_tps"]} for row in rows],
+            }
+            print(f"  {family}: done (settled after {settled} routed requests)", flush=True)
     return results
-
-
-def table(results: dict[str, Any]) -> str:
-    def f(v: Any, spec: str = ".2f") -> str:
-        return "-" if v is None else format(v, spec)
-
-    lines = ["| family | source | acceptance | spec tok/s | plain tok/s | spec/plain | "
-             "auto-disable | routed to | routed tok/s (/plain) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for family, r in results.items():
-        s, p, a = r["speculative"], r["plain"], r["auto"]
-        ratio = s["tps"] / p["tps"] if s["tps"] and p["tps"] else None
-        auto_ratio = a["tps"] / p["tps"] if a["tps"] and p["tps"] else None
-        ad = r.get("auto_disable", {})
-        lines.append(f"| {family} | {', '.join(s['sources'])} | {f(s['acceptance'])} "
-                     f"({s['accepted']}/{s['drafted']}) | "
-                     f"{f(s['tps'], '.1f')} | {f(p['tps'], '.1f')} | {f(ratio)} | "
-                     f"{ad.get('state', '-')} ({ad.get('reason', '-')}) | "
-                     f"{', '.join(a['lanes'])} | {f(a['tps'], '.1f')} ({f(auto_ratio)}) |")
-    return "\n".join(lines)
 
 
 def _commit() -> str | None:
@@ -195,11 +199,11 @@ def _commit() -> str | None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="an already running speclane (with the family policies)")
-    p.add_argument("--requests", type=int, default=6)
+    p.add_argument("--requests", type=int, default=3, help="per variant and family")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--edit-max-tokens", type=int, default=160)
-    p.add_argument("--draft-source", choices=("prompt_lookup", "draft_model"),
-                   default="prompt_lookup", help="the speculative lane's [lanes] draft_source")
+    p.add_argument("--settle-max", type=int, default=12,
+                   help="routed requests at most while waiting for auto-disable to decide")
     p.add_argument("--families", type=lambda v: [f for f in v.split(",") if f],
                    default=list(FAMILIES), help="comma-separated, of: " + ", ".join(FAMILIES))
     p.add_argument("--out", type=Path, default=Path("bench-results/spec-families.json"))
@@ -208,12 +212,14 @@ def main() -> int:
     if unknown:
         p.error(f"unknown families: {', '.join(sorted(unknown))}")
     results = asyncio.run(run(args))
-    print(table(results))
+    print(sources.table(results))
+    print(json.dumps(sources.goals(results), indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"draft_source": args.draft_source, "requests": args.requests,
-            "max_tokens": args.max_tokens, "edit_max_tokens": args.edit_max_tokens,
+    meta = {"requests": args.requests, "max_tokens": args.max_tokens,
+            "edit_max_tokens": args.edit_max_tokens,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "commit": _commit(), "table": table(results).split("\n")}
+            "commit": _commit(), "load_average": list(os.getloadavg()),
+            "table": sources.table(results).split("\n"), "goals": sources.goals(results)}
     args.out.write_text(json.dumps({"meta": meta, "families": results}, indent=2))
     print(f"saved {args.out}")
     return 0
