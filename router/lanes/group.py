@@ -70,6 +70,7 @@ def lane_backend(lane: LaneName, settings: Settings, model_name: str) -> Backend
         connect_timeout=5.0,
         read_timeout=settings.lanes.read_timeout,
         speculative_requested=lane == "speculative",
+        source_setting=settings.lanes.draft_source if lane == "speculative" else None,
         still_working=lambda b: for_lane(b.base_url, b.reported),
     )
 
