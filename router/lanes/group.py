@@ -94,8 +94,10 @@ async def gate_speculation(settings: Settings, models: LaneModels) -> GateDecisi
     if gate.fatal:
         raise LaneStartupError(gate.message)
     if not gate.active:
-        log.warning("speculative lane starts WITHOUT speculation (requested=true, "
-                    "active=false, mode=%s): %s", gate.mode, gate.reason)
+        fallback = ("; requests draft by prompt lookup instead (draft_source auto)"
+                    if settings.lanes.draft_source == "auto" else "")
+        log.warning("speculative lane starts WITHOUT speculation by a draft model (requested=true, "
+                    "active=false, mode=%s): %s%s", gate.mode, gate.reason, fallback)
     for warning in gate.warnings:
         log.warning("speculative lane: %s", warning)
     return gate
