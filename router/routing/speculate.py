@@ -1,4 +1,6 @@
-"""Whether a request speculates: decided here, and only here (pure, no side effects).
+"""Whether a request speculates, and with which draft source: decided here, and only here
+(pure, no side effects). The source (``lane_source``, ``request_source``) is a part of the
+auto-disable key and what the router asks its speculative lane for.
 
 Inputs are the classification's own fields and the workload's auto-disable state as plain
 values; the proxy (``router.proxy.telemetry``) reads that state, takes a probe ticket when this
@@ -34,11 +36,12 @@ __all__ = [
     "probe_decision", "request_source", "settle", "speculates", "speculation_pays",
 ]
 
+# The families whose answers copy given text: prompt lookup's case under ``auto``.
+COPYING_FAMILIES = frozenset({"code-block", "tools"})
 # The draft sources, as the auto-disable state and the metrics name them: on the speculative
 # lane ``prediction`` (the request's own), ``draft_model`` and ``prompt_lookup`` (the two a
-# body may ask for) or ``none``; an external backend's is its draft model.
-COPYING_FAMILIES = frozenset({"code-block", "tools"})
-EXTERNAL_SOURCE = "draft_model"  # what an external backend configured as speculative runs
+# body may ask for, ``LANE_ASKABLE``) or ``none``; an external backend's is its draft model.
+EXTERNAL_SOURCE = "draft_model"
 LANE_ASKABLE = frozenset(REQUEST_DRAFT_SOURCES)
 
 
