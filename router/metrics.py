@@ -188,7 +188,7 @@ class Metrics:
             ["result"], registry=r)
 
         # --- speculative telemetry ----------------------------------------------------
-        spec_labels = ["backend", "model", "workload"]
+        spec_labels = ["backend", "model", "workload", "source"]
         self.spec_draft_tokens = Counter(
             "speclane_spec_draft_tokens_total", "Draft tokens proposed.",
             spec_labels, registry=r)

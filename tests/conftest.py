@@ -121,6 +121,7 @@ def add_fake_lane(app: web.Application, lane: str, fake: FakeUpstream, *,
     backend.base_url = fake.base_url
     backend.ready = True
     backend.speculative_active = speculative and lane == "speculative"
+    backend.has_draft = backend.speculative_active  # as a lane running its draft model says
     backend.reported = {"capacity": capacity or (1 if lane == "speculative" else 8)}
     app[POOL].add(backend)
 

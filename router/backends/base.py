@@ -46,6 +46,11 @@ class Backend:
     started: int = 0  # requests begun, ever: tells whether another began during one
     reported: dict[str, Any] = field(default_factory=dict)  # a lane worker's /health
     speculative_active: bool = False
+    # The speculative lane: ``[lanes] draft_source`` as configured, and whether its worker
+    # reports a loaded draft model (the gate may have refused the pair): together they say
+    # which source the router asks the lane for, per request family.
+    source_setting: str | None = None
+    has_draft: bool = False
     last_error: str | None = None  # why it is not ready (health probe or lane supervisor)
     last_failure: str | None = None  # the reason of the last failed request (the relay)
     # speculation status (capability gating and telemetry), shown at /admin/lanes
@@ -101,6 +106,7 @@ class Backend:
         self.reported = dict(health or {})
         if health is not None:
             self.speculative_active = bool(self.reported.get("speculative"))
+            self.has_draft = bool(self.reported.get("draft_model"))
 
     def gated(self, draft: str | None, mode: str | None, reason: str | None) -> None:
         """Capability gating's verdict on the draft/target pair (the speculative lane)."""
@@ -146,4 +152,6 @@ class Backend:
             queued=int(self.reported.get("queued", 0) or 0),
             capacity=self.reported.get("capacity") or self.max_concurrency,
             speculative=self.speculative_active,
+            source_setting=self.source_setting,
+            has_draft=self.has_draft,
         )

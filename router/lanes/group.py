@@ -70,6 +70,7 @@ def lane_backend(lane: LaneName, settings: Settings, model_name: str) -> Backend
         connect_timeout=5.0,
         read_timeout=settings.lanes.read_timeout,
         speculative_requested=lane == "speculative",
+        source_setting=settings.lanes.draft_source if lane == "speculative" else None,
         still_working=lambda b: for_lane(b.base_url, b.reported),
     )
 
@@ -93,8 +94,10 @@ async def gate_speculation(settings: Settings, models: LaneModels) -> GateDecisi
     if gate.fatal:
         raise LaneStartupError(gate.message)
     if not gate.active:
-        log.warning("speculative lane starts WITHOUT speculation (requested=true, "
-                    "active=false, mode=%s): %s", gate.mode, gate.reason)
+        fallback = ("; requests draft by prompt lookup instead (draft_source auto)"
+                    if settings.lanes.draft_source == "auto" else "")
+        log.warning("speculative lane starts WITHOUT speculation by a draft model (requested=true, "
+                    "active=false, mode=%s): %s%s", gate.mode, gate.reason, fallback)
     for warning in gate.warnings:
         log.warning("speculative lane: %s", warning)
     return gate

@@ -35,6 +35,7 @@ from router.routing.classify import (
     classify,
     log_line,
 )
+from router.routing.speculate import asked_source
 from router.routing.types import Candidate, Endpoint
 
 log = logging.getLogger("speclane.route")
@@ -88,8 +89,12 @@ def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
 
 
 def body_for(parsed: ParsedRequest) -> BodyFor:
+    """Only speclane's own speculative lane gets a body changed for it: ``num_draft_tokens: 0``
+    to decode plainly, or the ``draft_source`` chosen for the request's family."""
     def build(backend: Backend, cand: Candidate) -> bytes:
-        return parsed.body(plain=backend.lane == "speculative" and not cand.speculative)
+        if backend.lane != "speculative":
+            return parsed.body()
+        return parsed.body(plain=not cand.speculative, draft_source=asked_source(cand))
 
     return build
 

@@ -19,7 +19,7 @@ import orjson
 from router.errors import bad_request
 from router.routing.types import Endpoint, RouteRequest
 from router.speculation.families import classify_family
-from router.worker.contract import DRAFT_TOKENS_FIELD
+from router.worker.contract import DRAFT_SOURCE_FIELD, DRAFT_TOKENS_FIELD, REQUEST_DRAFT_SOURCES
 
 MAX_N = 128
 MAX_TOKENS_LIMIT = 1_000_000
@@ -42,13 +42,17 @@ class ParsedRequest:
         self.changed = True
         self._encoded = None
 
-    def body(self, *, plain: bool = False) -> bytes:
+    def body(self, *, plain: bool = False, draft_source: str | None = None) -> bytes:
         """The bytes to forward: ``data`` re-encoded (encoded once, reused by retries), so the
         upstream sees exactly what was validated. ``plain``: for the speculative lane decoding
         without its draft (a workload where speculation is off, or the baseline it is compared
-        against), through the worker's ``num_draft_tokens`` request field."""
+        against), through the worker's ``num_draft_tokens`` request field. ``draft_source``:
+        for the speculative lane drafting, the source the router chose for the request's
+        family; never over the client's own ``draft_source``, which is forwarded as sent."""
         if plain:
             return orjson.dumps({**self.data, DRAFT_TOKENS_FIELD: 0})
+        if draft_source is not None and DRAFT_SOURCE_FIELD not in self.data:
+            return orjson.dumps({**self.data, DRAFT_SOURCE_FIELD: draft_source})
         if self._encoded is None:
             self._encoded = orjson.dumps(self.data)
         return self._encoded
@@ -92,6 +96,7 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
         temperature=None if temperature is None else float(temperature),
         prompt_chars=_prompt_chars(endpoint, data),
         family=classify_family(data) if endpoint != "embeddings" else "chat",
+        draft_source=_asked_source(data),
     )
     parsed = ParsedRequest(endpoint=endpoint, raw=raw, data=data, route=route)
     try:
@@ -99,6 +104,13 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
     except orjson.JSONEncodeError as e:  # orjson writes 254 levels of nesting, reads 1024
         raise bad_request(f"request body cannot be forwarded: {e}", code="invalid_json") from e
     return parsed
+
+
+def _asked_source(data: dict[str, Any]) -> str | None:
+    """The client's own ``draft_source`` when it is one the lane accepts (any other value is
+    forwarded too, and the lane answers the 400)."""
+    value = data.get(DRAFT_SOURCE_FIELD)
+    return value if isinstance(value, str) and value in REQUEST_DRAFT_SOURCES else None
 
 
 def _check_payload(endpoint: Endpoint, data: dict[str, Any]) -> None:

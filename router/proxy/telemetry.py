@@ -2,7 +2,7 @@
 
 Whether a request speculates is decided in ``router.routing.speculate`` (pure); this module
 feeds it the workload's state and carries out what it decides. Per request:
-1. ``advise(model, workload)`` gives classification a side-effect-free view of the
+1. ``advise(model, workload, source)`` gives classification a side-effect-free view of the
    workload's state (``AutoDisable.peek``).
 2. ``claim_route(result, claim)`` runs after classification: when the first candidate
    speculates it takes the key's verdict for real, so a probe (or a baseline sample, which
@@ -30,7 +30,9 @@ from router.metrics import Metrics
 from router.proxy.outcome import Outcome
 from router.routing.classify import Classification
 from router.routing.speculate import (
+    EXTERNAL_SOURCE,
     SpecAdvice,
+    candidate_source,
     paused_last,
     probe_decision,
     settle,
@@ -99,9 +101,11 @@ class SpecTelemetry:
 
     # --- before routing -----------------------------------------------------------------
 
-    def advise(self, model: str, workload: str) -> SpecAdvice:
-        """The workload's state on the speculative lane, peeked: nothing is taken."""
-        verdict = self.auto.peek(SpecKey("speculative", model, workload), time.monotonic())
+    def advise(self, model: str, workload: str, source: str) -> SpecAdvice:
+        """The workload's state on the speculative lane with ``source``, peeked: nothing is
+        taken."""
+        key = SpecKey("speculative", model, workload, source)
+        verdict = self.auto.peek(key, time.monotonic())
         return SpecAdvice(use=verdict.use_speculation and not verdict.probe, probe=verdict.probe)
 
     def claim_route(self, result: Classification, claim: SpecClaim) -> Decision:
@@ -115,7 +119,7 @@ class SpecTelemetry:
         backend = self._pool[first.backend]
         if not speculates(backend.lane, _judged(backend), first):
             return _with(decision, candidates)
-        key = SpecKey(backend.name, claim.model, claim.workload)
+        key = SpecKey(backend.name, claim.model, claim.workload, candidate_source(first))
         verdict = self.auto.verdict(key, now)
         settled = settle(candidates, backend.lane, verdict.use_speculation, verdict.probe,
                          verdict.reason == "baseline_sample")
@@ -135,7 +139,8 @@ class SpecTelemetry:
         """An external backend configured as speculative whose workload is off."""
         b = self._pool[candidate.backend]
         return (b.lane is None and _judged(b) and not self.auto.peek(
-            SpecKey(b.name, claim.model, claim.workload), now).use_speculation)
+            SpecKey(b.name, claim.model, claim.workload, candidate_source(candidate)),
+            now).use_speculation)
 
     # --- after the response -------------------------------------------------------------
 
@@ -148,13 +153,14 @@ class SpecTelemetry:
         result = self._parse(backend, outcome)
         model = claim.model or _model_of(outcome) or "unknown"
         workload = claim.workload or "unclassified"
-        self._count(backend, model, workload, result)
+        source = candidate_source(served)
+        self._count(backend, model, workload, source, result)
         observation = _observation(outcome)
         if observation is not None and observation.decode_tps() is not None:
             speculative = isinstance(result, SpecRecord) and result.drafted > 0
             self._metrics.decode_tps.labels(served.lane, str(speculative).lower()).observe(
                 observation.decode_tps() or 0.0)
-        key = SpecKey(backend.name, model, workload)
+        key = SpecKey(backend.name, model, workload, source)
         if claim.key is not None and claim.key != key:
             self._release(claim, now)  # a retry moved it to another backend
             claim.ticket = None
@@ -177,10 +183,11 @@ class SpecTelemetry:
             return parse_response(backend.kind, outcome.body_json)
         return parse_stream_events(backend.kind, outcome.tail_events)
 
-    def _count(self, backend: Backend, model: str, workload: str, result: SpecResult) -> None:
+    def _count(self, backend: Backend, model: str, workload: str, source: str,
+               result: SpecResult) -> None:
         m = self._metrics
         if isinstance(result, SpecRecord):
-            labels = (backend.name, model, workload)
+            labels = (backend.name, model, workload, source)
             m.spec_draft_tokens.labels(*labels).inc(result.drafted)
             m.spec_accepted_tokens.labels(*labels).inc(result.accepted)
             m.spec_rejected_tokens.labels(*labels).inc(result.rejected)
@@ -206,7 +213,7 @@ class SpecTelemetry:
             if d.restarted:
                 m.spec_counter_resets.labels(backend.name).inc()
             if isinstance(d.result, SpecRecord) and backend.name not in self._per_request_seen:
-                labels = (backend.name, d.key.model or "unknown", "cumulative")
+                labels = (backend.name, d.key.model or "unknown", "cumulative", EXTERNAL_SOURCE)
                 m.spec_draft_tokens.labels(*labels).inc(d.result.drafted)
                 m.spec_accepted_tokens.labels(*labels).inc(d.result.accepted)
                 m.spec_rejected_tokens.labels(*labels).inc(d.result.rejected)

@@ -64,6 +64,7 @@ the bare rule, from the closed vocabulary ``RULES``, for metrics.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +83,7 @@ from router.routing.affinity import RULE as AFFINITY_RULE
 from router.routing.affinity import steer, thresholds_of
 from router.routing.load import LoadGate, available, candidate_for, gate_for, lane_load, lanes_load
 from router.routing.speculate import (
+    EXTERNAL_SOURCE,
     SPECULATION_PAYS,
     SpecAdvice,
     SpecOracle,
@@ -89,6 +91,7 @@ from router.routing.speculate import (
     advice_rule,
     free_rule,
     lane_speculates,
+    request_source,
     speculation_pays,
 )
 from router.routing.types import BackendView, Candidate, Decision, RouteRequest
@@ -177,7 +180,8 @@ def classify(
     load = lanes_load(backends)
     gate = (gate or gate_for(rules)).observe(load)
     workload = workload_key(policy.client, preset, request.family)
-    advice = spec(model, workload)
+    source = _spec_source(serving, request)
+    advice = spec(model, workload, source)
     pref = policy.lane_for(preset, presets)
     override = _override_target(facts.lane_header, policy, backends)
     if override is not None:
@@ -190,6 +194,8 @@ def classify(
             candidates, rule = steer(candidates, rule, facts.cache_holder, serving,
                                      thresholds_of(rules))
         reason = f"preset={preset or 'none'},{rule}->{candidates[0].lane}"
+    candidates = tuple(dataclasses.replace(c, source=source) if c.lane == "speculative" else c
+                       for c in candidates)
     if clamped:
         reason += ",clamped=" + "+".join(clamped)
     labels = {
@@ -198,7 +204,8 @@ def classify(
         "lane_header": facts.lane_header or "", "lanes_load": str(load),
         "cache_holder": facts.cache_holder or "",
         "gate": "busy" if gate.busy else "free", "priority": str(policy.priority),
-        "spec_advice": advice_label(advice), "clamped": ",".join(clamped),
+        "spec_advice": advice_label(advice), "spec_source": source,
+        "clamped": ",".join(clamped),
     }
     return Classification(Decision(candidates, reason, labels), policy.client, preset,
                           workload, model, changes, gate)
@@ -326,6 +333,16 @@ def _shape(request: RouteRequest, changes: Mapping[str, Any]) -> _Shape:
         prompt_chars=request.prompt_chars,
         family=request.family,
     )
+
+
+def _spec_source(serving: Sequence[BackendView], request: RouteRequest) -> str:
+    """The source this request drafts with on the speculative lane (the auto-disable key
+    part, and what the router asks the lane for)."""
+    lane = _lane(serving, "speculative")
+    if lane is None:
+        return EXTERNAL_SOURCE
+    return request_source(request.family, request.draft_source, lane.source_setting or "auto",
+                          lane.has_draft)
 
 
 def _serves_endpoint(view: BackendView, request: RouteRequest) -> bool:

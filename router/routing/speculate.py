@@ -1,4 +1,6 @@
-"""Whether a request speculates: decided here, and only here (pure, no side effects).
+"""Whether a request speculates, and with which draft source: decided here, and only here
+(pure, no side effects). The source (``lane_source``, ``request_source``) is a part of the
+auto-disable key and what the router asks its speculative lane for.
 
 Inputs are the classification's own fields and the workload's auto-disable state as plain
 values; the proxy (``router.proxy.telemetry``) reads that state, takes a probe ticket when this
@@ -26,30 +28,85 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from router.routing.types import BackendView, Candidate, Decision
+from router.worker.contract import REQUEST_DRAFT_SOURCES
 
 __all__ = [
     "SPECULATION_PAYS", "Settled", "SpecAdvice", "SpecOracle", "advice_label", "advice_rule",
-    "lane_speculates", "paused_last", "probe_decision", "settle", "speculates",
-    "speculation_pays",
+    "asked_source", "candidate_source", "lane_source", "lane_speculates", "paused_last",
+    "probe_decision", "request_source", "settle", "speculates", "speculation_pays",
 ]
+
+# The families whose answers copy given text: prompt lookup's case under ``auto``.
+COPYING_FAMILIES = frozenset({"code-block", "tools"})
+# The draft sources, as the auto-disable state and the metrics name them: on the speculative
+# lane ``prediction`` (the request's own), ``draft_model`` and ``prompt_lookup`` (the two a
+# body may ask for, ``LANE_ASKABLE``) or ``none``; an external backend's is its draft model.
+EXTERNAL_SOURCE = "draft_model"
+LANE_ASKABLE = frozenset(REQUEST_DRAFT_SOURCES)
 
 
 @dataclass(frozen=True, slots=True)
 class SpecAdvice:
-    """The speculative state for one (model, workload): use it, or probe it while off."""
+    """The speculative state for one (model, workload, source): use it, or probe it while
+    off."""
 
     use: bool = True
     probe: bool = False
 
 
 SPECULATION_PAYS = SpecAdvice()
-# (model, workload) -> advice. A query without side effects: it is asked on every request,
-# and a probe is spent only when the decision says so (``Classification.is_probe``).
-SpecOracle = Callable[[str, str], SpecAdvice]
+# (model, workload, source) -> advice. A query without side effects: it is asked on every
+# request, and a probe is spent only when the decision says so (``Classification.is_probe``).
+SpecOracle = Callable[[str, str, str], SpecAdvice]
 
 
-def speculation_pays(model: str, workload: str) -> SpecAdvice:
+def speculation_pays(model: str, workload: str, source: str) -> SpecAdvice:
     return SPECULATION_PAYS
+
+
+def lane_source(family: str, configured: str, lane_has_draft: bool) -> str | None:
+    """The draft source the router asks its speculative lane for (the body's
+    ``draft_source``), or None to ask nothing.
+
+    ``configured`` is ``[lanes] draft_source``. ``auto`` chooses per family, from what was
+    measured (examples/results/spec-sources-*.json): a ``prediction`` request drafts from its
+    prediction (nothing to ask); ``code-block`` and ``tools`` answers copy given text (edits,
+    tool arguments quoting files), where n-gram lookup in the prompt pays and costs nearly
+    nothing; ``chat`` gets the draft model when the lane runs one, else prompt lookup. A
+    fixed value is that source for every family; ``draft_model`` without a loaded draft model,
+    and ``none``, ask nothing (the lane does not draft)."""
+    if family == "prediction":
+        return None
+    if configured == "auto":
+        if family in COPYING_FAMILIES or not lane_has_draft:
+            return "prompt_lookup"
+        return "draft_model"
+    if configured == "draft_model":
+        return "draft_model" if lane_has_draft else None
+    return "prompt_lookup" if configured == "prompt_lookup" else None
+
+
+def request_source(family: str, asked: str | None, configured: str,
+                   lane_has_draft: bool) -> str:
+    """The source a request drafts with on the speculative lane, as the auto-disable state
+    and the metrics key it: its prediction, else the client's own ``draft_source`` (``asked``,
+    forwarded as sent), else ``lane_source``'s choice, else ``none``."""
+    if family == "prediction":
+        return "prediction"
+    return asked or lane_source(family, configured, lane_has_draft) or "none"
+
+
+def asked_source(candidate: Candidate) -> str | None:
+    """What the router writes in the speculative lane's ``draft_source`` body field: the
+    candidate's source when it is one the lane takes from the body (not ``prediction``, which
+    the body's own ``prediction`` says, nor ``none``)."""
+    return candidate.source if candidate.source in LANE_ASKABLE else None
+
+
+def candidate_source(candidate: Candidate) -> str:
+    """The key part of a candidate: the lane's request source, an external backend's draft
+    model."""
+    return candidate.source or EXTERNAL_SOURCE
 
 
 def advice_rule(advice: SpecAdvice) -> str | None:

@@ -1,7 +1,8 @@
-"""The state kept per (backend, model, workload) by the auto-disable, and its JSON view.
+"""The state kept per (backend, model, workload, source) by the auto-disable, and its JSON view.
 
-The workload is ``<client>:<preset>:<family>`` (``router.speculation.families``): the state is
-per (backend, model, client, preset, family), and the view shows the parts.
+The workload is ``<client>:<preset>:<family>`` (``router.speculation.families``) and the source
+what drafts (``draft_model``, ``prompt_lookup``, ``prediction``): the state is per (backend,
+model, client, preset, family, source), and the view shows the parts.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ class SpecKey(NamedTuple):
     backend: str
     model: str
     workload: str
+    # What drafts (``router.routing.speculate.request_source``): one workload may pay with
+    # prompt lookup and not with the draft model, so each source is judged on its own.
+    source: str = "draft_model"
 
 
 State = Literal["on", "off"]
@@ -27,7 +31,7 @@ OffReason = Literal["low_acceptance", "not_faster"]
 
 @dataclass
 class KeyState:
-    """Everything known about one (backend, model, workload)."""
+    """Everything known about one (backend, model, workload, source)."""
 
     key: SpecKey
     settings: SpecSettings
@@ -53,7 +57,7 @@ class KeyState:
         reason = (self.off_reason or "on") if s.enabled else "auto_disable_off"
         return {
             "backend": key.backend, "model": key.model, "workload": key.workload,
-            **workload_parts(key.workload),
+            **workload_parts(key.workload), "source": key.source,
             "state": self.state, "reason": reason,
             "since": self.since, "for_seconds": _r(now - self.since), "changes": self.changes,
             "window": {

@@ -8,7 +8,8 @@ Used by the worker (``router.worker.main``), the supervisor (``router.lanes.proc
 - the ready line: the one line a worker prints on stdout once it listens
   (``SPECLANE_WORKER_READY {"port": ..., ...}``), written by ``ready_line`` and read by
   ``parse_ready_line``;
-- the bounds of a request's ``num_draft_tokens`` field.
+- the bounds of a request's ``num_draft_tokens`` field, and the values of its
+  ``draft_source`` field.
 
 Imports nothing of speclane's, so the fakes can use it without MLX.
 """
@@ -25,6 +26,11 @@ MODULE = "router.worker"  # python -m MODULE
 MODES = ("speculative", "batching")
 READY_PREFIX = "SPECLANE_WORKER_READY "
 DRAFT_TOKENS_FIELD = "num_draft_tokens"  # request field: 0 decodes without the draft
+# Request field: the speculative lane's draft source for this request (without a
+# ``prediction``, which always wins); the batching lane ignores it. The router writes it per
+# request family (``router.routing.speculate.lane_source``).
+DRAFT_SOURCE_FIELD = "draft_source"
+REQUEST_DRAFT_SOURCES = ("draft_model", "prompt_lookup")
 MAX_DRAFT_TOKENS = 16  # per verification round, for the flag and the request field
 DEFAULT_DRAFT_TOKENS = 3
 DEFAULT_BATCH_SIZE = 8

@@ -20,7 +20,12 @@ from typing import Any, Literal
 import orjson
 
 from router.errors import bad_request
-from router.worker.contract import DRAFT_TOKENS_FIELD, MAX_DRAFT_TOKENS
+from router.worker.contract import (
+    DRAFT_SOURCE_FIELD,
+    DRAFT_TOKENS_FIELD,
+    MAX_DRAFT_TOKENS,
+    REQUEST_DRAFT_SOURCES,
+)
 
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_TEMPERATURE = 0.0
@@ -103,6 +108,10 @@ class GenerationRequest:
     # OpenAI Predicted Outputs: the expected text of the answer. The speculative lane drafts
     # from it; the batching lane ignores it (the answer is the same, only slower to come).
     prediction: str | None = None
+    # The speculative lane's draft source for this request (``draft_model`` or
+    # ``prompt_lookup``; None: the lane's own). A prediction still wins; the batching lane
+    # ignores it, like ``prediction``.
+    draft_source: str | None = None
 
     @property
     def calls_tools(self) -> bool:
@@ -141,6 +150,7 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
         **tooling,
         **_response_format(body),
         prediction=_prediction(body),
+        draft_source=_draft_source(body),
     )
 
 
@@ -440,3 +450,13 @@ def _prediction(body: Mapping[str, Any]) -> str | None:
     ):
         return "".join(p["text"] for p in content) or None
     raise bad_request(message, param="prediction")
+
+
+def _draft_source(body: Mapping[str, Any]) -> str | None:
+    value = body.get(DRAFT_SOURCE_FIELD)
+    if value is None:
+        return None
+    if value not in REQUEST_DRAFT_SOURCES:
+        names = " or ".join(f"'{v}'" for v in REQUEST_DRAFT_SOURCES)
+        raise bad_request(f"'{DRAFT_SOURCE_FIELD}' must be {names}", param=DRAFT_SOURCE_FIELD)
+    return str(value)

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from router.errors import RouterError, bad_request, not_found, render, sse_error_event
 from router.worker.constrain import COMPILER
+from router.worker.contract import DRAFT_SOURCE_FIELD
 from router.worker.engine import Engine
 from router.worker.jobs import Failed, Finished, Job, TextDelta
 from router.worker.protocol import GenerationRequest, Kind, parse_request
@@ -168,6 +169,7 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         raise not_found(
             f"model '{generation.model}' is not served here", param="model", code="model_not_found"
         )
+    check_draft_source(info, generation)
     tokenizer = engine.models.tokenizer if engine.models else None
     loop = asyncio.get_running_loop()
     prepared = await loop.run_in_executor(request.app[TOKENIZE], prepare, tokenizer, generation)
@@ -190,6 +192,18 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         return await _collect(job, answer, prepared.tool_stream())
     finally:
         engine.cancel(job)  # a no-op once answered; otherwise the client left or we failed
+
+
+def check_draft_source(info: WorkerInfo, generation: GenerationRequest) -> None:
+    """``draft_source: draft_model`` on a speculative lane that has no draft model loaded is
+    the client's error, said plainly, rather than a silent plain decoding."""
+    if (generation.draft_source == "draft_model" and info.mode == "speculative"
+            and info.draft_name is None):
+        raise bad_request(
+            f"'{DRAFT_SOURCE_FIELD}': this lane has no draft model loaded; use "
+            "'prompt_lookup' or leave the field out",
+            param=DRAFT_SOURCE_FIELD,
+        )
 
 
 @dataclass(frozen=True)

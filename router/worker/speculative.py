@@ -14,6 +14,9 @@ Draft sources (``router.worker.drafts`` for the pure ones):
 - ``prompt_lookup``: n-gram lookup in the prompt and the output so far.
 - ``prediction``: the request's OpenAI ``prediction`` content, re-aligned on divergence.
 
+A request chooses its source with the ``draft_source`` field (``draft_model`` or
+``prompt_lookup``; the router sets it per request family); a ``prediction`` still wins.
+
 A request with logits processors (penalties, logit bias, constraints) decodes plainly: those
 processors depend on every previous token, and drafting around them is not worth the risk.
 
@@ -69,7 +72,9 @@ class Plan:
 def plan(
     request: GenerationRequest, settings: SpecSettings, has_draft: bool, has_processors: bool
 ) -> Plan:
-    """Which draft source a request decodes with, and its maximum draft length (pure)."""
+    """Which draft source a request decodes with, and its maximum draft length (pure): its
+    prediction, else its own ``draft_source``, else the lane's; plain with processors or
+    ``num_draft_tokens: 0``."""
     asked = request.num_draft_tokens
     if has_processors or asked == 0:
         return Plan(None, 0)
@@ -79,9 +84,10 @@ def plan(
 
     if request.prediction:
         return Plan("prediction", capped(settings.prediction.max_draft))
-    if settings.draft_source == "draft_model" and has_draft and settings.num_draft_tokens:
+    source = request.draft_source or settings.draft_source
+    if source == "draft_model" and has_draft and settings.num_draft_tokens:
         return Plan("draft_model", capped(settings.num_draft_tokens))
-    if settings.draft_source == "prompt_lookup":
+    if source == "prompt_lookup":
         return Plan("prompt_lookup", capped(settings.lookup.max_draft))
     return Plan(None, 0)
 

@@ -62,7 +62,9 @@ def test_strict_mode_refuses_to_start_and_names_the_setting(tmp_path: Path) -> N
 def test_graceful_mode_serves_without_speculation_and_says_why(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     draft = mismatched_draft(tmp_path)
-    router = start_router(tmp_path, f'draft_model = "{draft}"\n')
+    # A fixed draft_model: without it no source drafts (auto would fall back to prompt lookup,
+    # routing.speculate.lane_source).
+    router = start_router(tmp_path, f'draft_model = "{draft}"\ndraft_source = "draft_model"\n')
     root = router.base_url.removesuffix("/v1")
     try:
         lanes = get_json(f"{root}/admin/lanes")

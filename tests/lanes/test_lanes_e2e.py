@@ -133,6 +133,24 @@ def test_speculative_lane_answers_and_reports_drafts(router: Router, stream: boo
     assert details["accepted_prediction_tokens"] == spec["accepted"]
 
 
+def test_the_router_chooses_the_draft_source_per_family(router: Router) -> None:
+    """chat drafts with the draft model; a request quoting a file looks up its prompt."""
+    code = "```python\n" + "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(5))
+    edit = [{"role": "user", "content": f"Repeat this code exactly:\n{code}```"}]
+    client = router.client()
+    answers = {}
+    for family, messages in (("chat", QUESTION), ("code-block", edit)):
+        done = client.chat.completions.create(
+            model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=12,  # type: ignore[arg-type]
+            temperature=0, extra_headers={"X-Speclane-Lane": "speculative"})
+        answers[family] = done.usage.model_extra["speclane_spec"]  # type: ignore[union-attr]
+    assert answers["chat"]["source"] == "draft_model"
+    assert answers["code-block"]["source"] == "prompt_lookup"
+    text = router.metrics()
+    assert (metric_value(text, "speclane_spec_draft_tokens_total", backend="speculative",
+                         source="prompt_lookup") or 0) > 0
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_batching_lane_answers_without_drafts(router: Router, stream: bool) -> None:
     text, usage, headers = ask(router, "batching", stream)

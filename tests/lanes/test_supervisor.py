@@ -404,7 +404,7 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
 
 @pytest.mark.parametrize(("source", "with_draft", "passed"), [
     ("auto", True, "draft_model"),
-    ("auto", False, "none"),  # the gate refused the draft: the lane does not speculate
+    ("auto", False, "prompt_lookup"),  # the gate refused the draft: lookup, free to make
     ("draft_model", False, "none"),
     ("prompt_lookup", False, "prompt_lookup"),
     ("prompt_lookup", True, "prompt_lookup"),

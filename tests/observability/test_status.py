@@ -95,8 +95,8 @@ def test_history_reads_the_metrics() -> None:
     from router.observability.history import take
 
     m = Metrics()
-    m.spec_draft_tokens.labels("speculative", "m", "default:none").inc(12)
-    m.spec_accepted_tokens.labels("speculative", "m", "default:none").inc(5)
+    m.spec_draft_tokens.labels("speculative", "m", "default:none", "draft_model").inc(12)
+    m.spec_accepted_tokens.labels("speculative", "m", "default:none", "draft_model").inc(5)
     m.decode_tps.labels("speculative", "true").observe(20.0)
     m.requests.labels("chat", "speculative", "200", "openai").inc()
     s = take(m, 1.0)

@@ -138,3 +138,25 @@ def test_nesting_too_deep_to_forward_is_a_400() -> None:
     with pytest.raises(RouterError) as info:
         parse_request("chat", raw)
     assert info.value.status == 400
+
+
+def test_the_body_for_the_lane_carries_the_chosen_draft_source() -> None:
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    parsed = parse_request("chat", raw)
+    assert parsed.route.draft_source is None
+    asked = orjson.loads(parsed.body(draft_source="prompt_lookup"))
+    assert asked["draft_source"] == "prompt_lookup" and "num_draft_tokens" not in asked
+    plain = orjson.loads(parsed.body(plain=True, draft_source="prompt_lookup"))
+    assert plain["num_draft_tokens"] == 0 and "draft_source" not in plain
+    assert "draft_source" not in orjson.loads(parsed.body())  # other backends: as validated
+
+
+@pytest.mark.parametrize(("sent", "route"), [
+    ("draft_model", "draft_model"), ("prompt_lookup", "prompt_lookup"), ("magic", None), (3, None),
+])
+def test_a_client_draft_source_is_forwarded_as_sent(sent: object, route: str | None) -> None:
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                        "draft_source": sent})
+    parsed = parse_request("chat", raw)
+    assert parsed.route.draft_source == route  # only a value the lane accepts picks the key
+    assert orjson.loads(parsed.body(draft_source="prompt_lookup"))["draft_source"] == sent

@@ -237,7 +237,7 @@ def run(case: Case) -> Classification:
         PRESETS,
         snapshot(case.spec, case.batch, case.ext),
         gate=LoadGate(busy=case.gate_busy),
-        spec=lambda model, workload: case.advice,
+        spec=lambda model, workload, source: case.advice,
     )
 
 
@@ -493,7 +493,7 @@ def _classify(
     advice: SpecAdvice, preset: str | None = None, lane: str | None = None,
 ) -> Classification:
     facts = RequestFacts(request, preset_header=preset, lane_header=lane)
-    return classify(facts, policy, PRESETS, views, gate=gate, spec=lambda m, w: advice)
+    return classify(facts, policy, PRESETS, views, gate=gate, spec=lambda m, w, s: advice)
 
 
 @settings(max_examples=300, deadline=None)

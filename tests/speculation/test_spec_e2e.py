@@ -35,9 +35,11 @@ FAST_SPEC = {
 CYCLE_SPEC = {**FAST_SPEC, "probe_initial": 0.5}
 
 
-def speclane_stats(drafted: int, accepted: int) -> Behaviour:
-    spec = {"drafted": drafted, "accepted": accepted, "rejected": drafted - accepted,
-            "steps": 3, "num_draft_tokens": 3}
+def speclane_stats(drafted: int, accepted: int, source: str | None = None) -> Behaviour:
+    spec: dict[str, Any] = {"drafted": drafted, "accepted": accepted,
+                            "rejected": drafted - accepted, "steps": 3, "num_draft_tokens": 3}
+    if source is not None:
+        spec["source"] = source
     return Behaviour(usage_extra={"speclane_spec": spec})
 
 
@@ -133,6 +135,49 @@ async def test_speculative_lane_turns_off_probes_and_recovers() -> None:
     assert (metric_value(text, "speclane_spec_source_tokens_total", backend="speculative",
                          model="fake-model", source="draft", outcome="drafted") or 0) > 0
     assert batch.requests and all("num_draft_tokens" not in r.body for r in spec.requests)
+
+
+async def test_one_client_two_families_two_sources_judged_apart() -> None:
+    """Edits draft with prompt lookup and pay; chat drafts with the draft model and does not:
+    speculation ends on for the first and off for the second, each row showing its source."""
+    code = "Fix this:\n```python\n" + "".join(
+        f"def f{i}(x):\n    return x + {i}\n" for i in range(6)) + "```\n"
+    edit = [{"role": "user", "content": code}]
+    chat_key = SpecKey("speculative", "fake-model", "default:none:chat", "draft_model")
+    edit_key = SpecKey("speculative", "fake-model", "default:none:code-block", "prompt_lookup")
+    async with fake_upstreams("spec", "batch") as (spec, batch), lanes_router(
+            spec, batch, spec=CYCLE_SPEC) as r:
+        client = r.client()
+        for _ in range(3):
+            spec.behaviour = speclane_stats(9, 8, "prompt_lookup")
+            await client.chat.completions.create(model="fake-model", messages=edit)
+            assert spec.requests[-1].body["draft_source"] == "prompt_lookup"
+            spec.behaviour = speclane_stats(9, 1, "draft_model")
+            await client.chat.completions.create(model="fake-model", messages=CHAT)
+        auto = r.app[SPEC].auto
+        assert auto.enabled(edit_key) and not auto.enabled(chat_key)
+        # the edits still take the speculative lane with their source; chat goes to batching
+        spec.behaviour = speclane_stats(9, 8, "prompt_lookup")
+        assert (await chat_headers(r))["x-speclane-backend"] == "batching"
+        served = await client.chat.completions.with_raw_response.create(
+            model="fake-model", messages=edit)
+        assert served.headers["x-speclane-backend"] == "speculative"
+        assert spec.requests[-1].body["draft_source"] == "prompt_lookup"
+        text = await metrics_text(r)
+        snapshot = await admin(r, "spec")
+    rows = {(w["family"], w["source"]): w for w in snapshot["workloads"]}
+    assert rows[("code-block", "prompt_lookup")]["state"] == "on"
+    assert rows[("chat", "draft_model")]["state"] == "off"
+    assert rows[("chat", "draft_model")]["reason"] == "low_acceptance"
+    assert len(rows) == 2
+    assert metric_value(text, "speclane_spec_enabled", workload="default:none:code-block",
+                        source="prompt_lookup") == 1
+    assert metric_value(text, "speclane_spec_enabled", workload="default:none:chat",
+                        source="draft_model") == 0
+    assert metric_value(text, "speclane_spec_draft_tokens_total",
+                        workload="default:none:code-block", source="prompt_lookup") == 36
+    assert metric_value(text, "speclane_spec_source_tokens_total", source="prompt_lookup",
+                        outcome="accepted") == 32
 
 
 @pytest.mark.parametrize(("kind", "low", "high", "stream"), [

@@ -69,6 +69,21 @@ async def test_chat_answer_shape_and_usage() -> None:
     assert reply.usage.model_extra["speclane_spec"]["num_draft_tokens"] == 0
 
 
+async def test_draft_model_on_a_lane_without_one_is_a_400_naming_draft_source() -> None:
+    async with serving(ScriptedEngine("Hello")) as url:
+        ask = client(url).chat.completions.create
+        with pytest.raises(openai.BadRequestError) as info:
+            await ask(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                      extra_body={"draft_source": "draft_model"})
+        # prompt_lookup needs no draft model: served
+        reply = await ask(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                          extra_body={"draft_source": "prompt_lookup"})
+    body = info.value.body
+    assert isinstance(body, dict) and body["param"] == "draft_source"
+    assert "no draft model" in body["message"]
+    assert reply.choices[0].message.content == "Hello"
+
+
 async def test_text_completion_length_and_stop() -> None:
     async with serving(ScriptedEngine("one two three")) as url:
         c = client(url)

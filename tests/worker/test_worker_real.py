@@ -152,6 +152,27 @@ def test_zero_draft_tokens_decodes_without_the_draft(spec_worker: WorkerProcess)
     assert "Paris" in (reply.choices[0].message.content or "")
 
 
+def test_a_request_names_its_draft_source(spec_worker: WorkerProcess) -> None:
+    """prompt_lookup on a lane configured with draft_model: that source drafts, and the text
+    is plain decoding's (lossless); an unknown source is a 400 naming the field."""
+    code = "def add(a, b):\n    return a + b\n"
+    messages = [{"role": "user", "content": f"Repeat this code exactly:\n{code}"}]
+    ask = client(spec_worker).chat.completions.create
+    plain = ask(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=16, temperature=0,
+                extra_body={"num_draft_tokens": 0})
+    looked = ask(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=16, temperature=0,
+                 extra_body={"draft_source": "prompt_lookup"})
+    assert looked.choices[0].message.content == plain.choices[0].message.content
+    assert looked.usage is not None and plain.usage is not None
+    assert spec_of(plain.usage)["source"] is None
+    assert spec_of(looked.usage)["source"] == "prompt_lookup"
+    assert spec_of(looked.usage)["num_draft_tokens"] == 8  # --lookup-max-draft's default
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=4,
+            extra_body={"draft_source": "prediction"})
+    assert info.value.body["param"] == "draft_source"  # type: ignore[index]
+
+
 @pytest.mark.parametrize("lane", ["spec_worker", "batch_worker"])
 def test_streaming_chat_with_usage(lane: str, request: pytest.FixtureRequest) -> None:
     worker: WorkerProcess = request.getfixturevalue(lane)

@@ -1,0 +1,116 @@
+"""The speculative lane's draft source per request family (pure), and how classification
+carries it to the auto-disable oracle and the candidates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from router.config.policies import Policy
+from router.config.presets import DEFAULT_PRESETS
+from router.routing.classify import SPECULATION_PAYS, RequestFacts, classify
+from router.routing.speculate import asked_source, candidate_source, lane_source, request_source
+from router.routing.types import BackendView, Candidate, RouteRequest
+from router.speculation.families import FAMILIES
+
+
+@pytest.mark.parametrize(("family", "configured", "has_draft", "expected"), [
+    # auto: copying families look up the prompt; chat gets the draft model while one runs
+    ("code-block", "auto", True, "prompt_lookup"),
+    ("tools", "auto", True, "prompt_lookup"),
+    ("chat", "auto", True, "draft_model"),
+    ("chat", "auto", False, "prompt_lookup"),
+    ("code-block", "auto", False, "prompt_lookup"),
+    ("prediction", "auto", True, None),  # the lane drafts from the prediction: ask nothing
+    # a fixed value is that source for every family
+    ("code-block", "draft_model", True, "draft_model"),
+    ("chat", "draft_model", False, None),  # no draft model loaded: nothing to ask for
+    ("chat", "prompt_lookup", True, "prompt_lookup"),
+    ("tools", "prompt_lookup", False, "prompt_lookup"),
+    ("chat", "none", True, None),
+    ("code-block", "none", True, None),
+    ("prediction", "prompt_lookup", True, None),
+])
+def test_lane_source_per_family(family: str, configured: str, has_draft: bool,
+                                expected: str | None) -> None:
+    assert lane_source(family, configured, has_draft) == expected
+
+
+@pytest.mark.parametrize(("family", "asked", "configured", "has_draft", "expected"), [
+    ("prediction", "draft_model", "auto", True, "prediction"),  # a prediction always wins
+    ("chat", "prompt_lookup", "auto", True, "prompt_lookup"),  # the client's own choice
+    ("code-block", "draft_model", "auto", True, "draft_model"),
+    ("code-block", None, "auto", True, "prompt_lookup"),
+    ("chat", None, "auto", True, "draft_model"),
+    ("chat", None, "none", True, "none"),
+    ("chat", None, "draft_model", False, "none"),
+])
+def test_request_source_is_the_key_part(family: str, asked: str | None, configured: str,
+                                        has_draft: bool, expected: str) -> None:
+    assert request_source(family, asked, configured, has_draft) == expected
+
+
+def test_every_family_and_setting_gives_a_known_source() -> None:
+    for family in FAMILIES:
+        for configured in ("auto", "draft_model", "prompt_lookup", "none"):
+            for has_draft in (True, False):
+                source = request_source(family, None, configured, has_draft)
+                assert source in ("prediction", "draft_model", "prompt_lookup", "none")
+
+
+@pytest.mark.parametrize(("candidate", "asked", "key"), [
+    (Candidate("speculative", "speculative", True, "prompt_lookup"), "prompt_lookup",
+     "prompt_lookup"),
+    (Candidate("speculative", "speculative", True, "draft_model"), "draft_model", "draft_model"),
+    (Candidate("speculative", "speculative", True, "prediction"), None, "prediction"),
+    (Candidate("speculative", "speculative", False, "none"), None, "none"),
+    (Candidate("llamacpp", "llamacpp", True), None, "draft_model"),  # external: its draft
+])
+def test_what_the_body_asks_and_what_the_state_is_keyed_by(
+        candidate: Candidate, asked: str | None, key: str) -> None:
+    assert asked_source(candidate) == asked
+    assert candidate_source(candidate) == key
+
+
+def lanes(has_draft: bool, setting: str = "auto") -> tuple[BackendView, ...]:
+    common: dict[str, Any] = {"models": frozenset({"m"}), "ready": True, "cooled_down": False}
+    return (
+        BackendView("speculative", "speculative", speculative=True, source_setting=setting,
+                    has_draft=has_draft, **common),
+        BackendView("batching", "batching", **common),
+        BackendView("ext", None, speculative=True, **common),
+    )
+
+
+@pytest.mark.parametrize(("family", "asked", "has_draft", "source"), [
+    ("chat", None, True, "draft_model"),
+    ("code-block", None, True, "prompt_lookup"),
+    ("chat", None, False, "prompt_lookup"),
+    ("chat", "prompt_lookup", True, "prompt_lookup"),
+    ("prediction", None, False, "prediction"),
+])
+def test_classify_asks_the_oracle_and_marks_the_lane_candidate(
+        family: str, asked: str | None, has_draft: bool, source: str) -> None:
+    asked_oracle: list[tuple[str, str, str]] = []
+
+    def oracle(model: str, workload: str, src: str) -> Any:
+        asked_oracle.append((model, workload, src))
+        return SPECULATION_PAYS
+
+    request = RouteRequest("chat", "m", family=family, draft_source=asked)
+    result = classify(RequestFacts(request), Policy(client="c"), DEFAULT_PRESETS,
+                      lanes(has_draft), spec=oracle)
+    assert asked_oracle == [("m", f"c:none:{family}", source)]
+    by_backend = {c.backend: c for c in result.decision.candidates}
+    assert by_backend["speculative"].source == source
+    assert by_backend["batching"].source is None and by_backend["ext"].source is None
+    assert result.decision.labels["spec_source"] == source
+
+
+def test_without_a_lane_the_oracle_is_asked_about_the_external_draft_model() -> None:
+    seen: list[str] = []
+    views = tuple(v for v in lanes(True) if v.lane is None)
+    classify(RequestFacts(RouteRequest("chat", "m", family="code-block")), Policy(client="c"),
+             DEFAULT_PRESETS, views, spec=lambda m, w, s: seen.append(s) or SPECULATION_PAYS)
+    assert seen == ["draft_model"]
