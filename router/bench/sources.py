@@ -72,12 +72,14 @@ def decided(rows: Sequence[Mapping[str, Any]], source: str | None) -> bool:
 
 
 def summarise(runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """One cell: mean decode tok/s of the streams, draft totals, lanes and sources seen."""
+    """One cell: mean tok/s of the streams (``tps``: from sending to the last token;
+    ``decode_tps``: first to last token), draft totals, lanes and sources seen."""
     runs = list(runs)
     drafted = sum((r.get("spec") or {}).get("drafted", 0) for r in runs)
     accepted = sum((r.get("spec") or {}).get("accepted", 0) for r in runs)
     return {
         "tps": mean([r["tps"] for r in runs if r.get("tps")]),
+        "decode_tps": mean([r["decode_tps"] for r in runs if r.get("decode_tps")]),
         "drafted": drafted, "accepted": accepted,
         "acceptance": accepted / drafted if drafted else None,
         "lanes": sorted({str(r.get("lane")) for r in runs}),
