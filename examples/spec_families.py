@@ -180,14 +180,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             c2_batching = await both(session, url, family, prompt, tokens, "batching",
                                      sources.PLAIN)
             settled = await settle(session, url, family, prompt, tokens, args.settle_max)
-            routed = [await one(session, url, family, prompt, tokens, None, None)
-                      for _ in range(args.requests)]
+            routed, plain_after = [], []
+            for _ in range(args.requests):  # interleaved with plain decoding again, so that
+                # the routed/plain ratio compares requests of the same minutes
+                plain_after.append(await one(session, url, family, prompt, tokens,
+                                             "speculative", sources.PLAIN))
+                routed.append(await one(session, url, family, prompt, tokens, None, None))
             routed_c2 = await both(session, url, family, prompt, tokens, None, None)
             rows = sources.family_rows(await spec_state(session, url), family)
             results[family] = {
                 "c1": {v: sources.summarise(runs) for v, runs in c1.items()},
                 "c2": c2, "c2_batching": c2_batching, "settle_requests": settled,
                 "routed": sources.summarise(routed), "routed_c2": routed_c2,
+                "plain_beside_routed": sources.summarise(plain_after),
                 "routed_decisions": [r["decision"] for r in routed],
                 "auto_disable": [{
                     "workload": row["workload"], "source": row.get("source"),

@@ -79,7 +79,8 @@ def results(routed_tps: float) -> dict[str, Any]:
         "edit": {"c1": {"plain": plain, "prompt_lookup": sources.summarise([run(16.0)])},
                  "c2": {"plain": cell, "prompt_lookup": cell}, "c2_batching": cell,
                  "routed": sources.summarise([run(16.0)]), "routed_c2": cell,
-                 "auto_disable": [row("prompt_lookup")]},
+                 "auto_disable": [row("prompt_lookup")],
+                 "plain_beside_routed": sources.summarise([run(8.0)])},
         "refactor-with-prediction": {
             "c1": {"plain": plain, "prediction": sources.summarise([run(25.0)])},
             "c2": {}, "routed": sources.summarise([run(routed_tps)])},
@@ -92,6 +93,8 @@ def test_goals_are_ratios_of_the_run() -> None:
     assert g["met"] == {"prediction>=2.0": True, "prompt_lookup>=1.5": True,
                         "routed>=0.95 everywhere": False}
     assert sources.goals(results(routed_tps=9.5))["met"]["routed>=0.95 everywhere"]
+    # Routed requests are judged against the plain ones sent between them, when measured.
+    assert g["routed_over_plain"] == {"edit": 2.0, "refactor-with-prediction": 0.9}
 
 
 def test_the_table_has_a_row_per_variant_and_a_routed_row() -> None:
