@@ -28,7 +28,9 @@ from router.worker.jobs import Failed, Finished, Job, TextDelta
 from router.worker.protocol import GenerationRequest, Kind, parse_request
 from router.worker.shapes import Answer
 from router.worker.tools import (
+    CallDelta,
     ParsedCall,
+    Piece,
     ToolStream,
     ToolSyntax,
     chat_inputs,
@@ -215,10 +217,11 @@ class Prepared:
     syntax: ToolSyntax | None  # None: the answer is not parsed for tool calls
 
     def tool_stream(self) -> ToolStream | None:
+        """How to read the answer; a streamed one sends JSON-syntax calls as they are written."""
         if self.syntax is None:
             return None
         g = self.generation
-        return ToolStream(self.syntax, g.tools, g.parallel_tool_calls)
+        return ToolStream(self.syntax, g.tools, g.parallel_tool_calls, incremental=g.stream)
 
 
 def prepare(tokenizer: Any, generation: GenerationRequest) -> Prepared:
@@ -262,7 +265,7 @@ def encode_prediction(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _pieces(tools: ToolStream | None, text: str | None) -> list[str | ParsedCall]:
+def _pieces(tools: ToolStream | None, text: str | None) -> list[Piece]:
     """Answer text as content and tool calls; ``None`` text: the answer has ended."""
     if tools is None:
         return [text] if text else []
@@ -274,7 +277,7 @@ def _finish_reason(tools: ToolStream | None, reason: str) -> str:
 
 
 async def _collect(job: Job, answer: Answer, tools: ToolStream | None) -> web.Response:
-    parts: list[str | ParsedCall] = []
+    parts: list[Piece] = []
     while True:
         event = await job.events.get()
         if isinstance(event, TextDelta):
@@ -291,18 +294,19 @@ async def _collect(job: Job, answer: Answer, tools: ToolStream | None) -> web.Re
             raise event.error
 
 
-# While a tool call is being written nothing can be sent (a call is sent once complete), so
-# a long call (a patch, a file) would look like silence to the router's read timeout. An
-# empty delta at most this often says "still generating"; OpenAI clients ignore it.
+# While a tool call that is sent whole (a native syntax, keys in another order) or a streamed
+# call's head is being written nothing can be sent, so a long call (a patch, a file) would look
+# like silence to the router's read timeout. An empty delta at most this often says "still
+# generating"; OpenAI clients ignore it.
 PROGRESS_EVERY = 5.0
 
 
-async def _send_pieces(
-    response: web.StreamResponse, answer: Answer, pieces: list[str | ParsedCall]
-) -> None:
+async def _send_pieces(response: web.StreamResponse, answer: Answer, pieces: list[Piece]) -> None:
     for piece in pieces:
         if isinstance(piece, str):
             await _send(response, answer.chunk(piece))
+        elif isinstance(piece, CallDelta):
+            await _send(response, answer.chunk(None, tool_calls=[piece.delta()]))
         else:
             for delta in piece.stream_deltas():
                 await _send(response, answer.chunk(None, tool_calls=[delta]))

@@ -18,10 +18,17 @@ Two syntaxes, chosen once per request by ``syntax_for``:
 Output is split with mlx-lm's ``TextStateMachine`` on the markers (text, not token ids, as
 mlx_lm.server does), and each complete call is parsed by the syntax's mlx-lm parser. A call
 that does not parse is given back as text content, never dropped.
+
+Streamed answers in the JSON syntax (``json_tools``: a body ``{"name": ..., "arguments":
+{...}}``) do not wait for the end of the call: ``ArgumentsScanner`` reads the body as it is
+written, and once the name is closed and the arguments object has begun the call's head goes
+out, then each new piece of the arguments' raw JSON text, as OpenAI streams them. Any other
+shape (keys in another order, a list of calls, a native syntax) is sent whole at its end.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -235,7 +242,130 @@ class ParsedCall:
         return [head] + [{"index": self.index, "function": {"arguments": p}} for p in pieces]
 
 
-Piece = str | ParsedCall  # text content, or one complete call
+@dataclass(frozen=True)
+class CallDelta:
+    """One streamed piece of a call written as it is generated: its head (``name`` set: the
+    id, type and name with empty arguments) or a fragment of its arguments' JSON text."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+    def delta(self) -> dict[str, Any]:
+        if self.name is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {
+            "index": self.index,
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+# Text content, one complete call, or a piece of a call being streamed.
+Piece = str | ParsedCall | CallDelta
+
+_WS = " \t\n\r"  # JSON's whitespace
+_NAME = None  # the head step that is the function name (a JSON string)
+# What a call body must begin with to be streamed: `{"name": "<name>", "arguments": {`.
+_HEAD_STEPS: tuple[str | None, ...] = ("{", '"name"', ":", _NAME, ",", '"arguments"', ":", "{")
+MAX_NAME = 256  # characters of JSON text; a longer name is not streamed (sent whole if valid)
+
+
+class ArgumentsScanner:
+    """Reads a ``json_tools`` call body as it arrives: the head, then the arguments object.
+
+    A tiny JSON scanner, not a parser: it only needs to know where the name ends and where the
+    arguments object ends (string and escape state, brace depth), and the whole body is parsed
+    at the end of the call anyway. ``state``: ``head`` (matching ``_HEAD_STEPS``), ``arguments``
+    (inside the object), ``after`` (the object closed; the rest is the outer object's end) or
+    ``off`` (the body is not that shape: the call is sent whole at its end).
+    """
+
+    def __init__(self) -> None:
+        self.state = "head"
+        self.name: str | None = None
+        self._step = 0
+        self._matched = 0  # characters of the current literal step matched
+        self._name_text = ""
+        self._depth = 0
+        self._in_string = False
+        self._escape = False
+
+    def feed(self, text: str) -> tuple[bool, str]:
+        """(whether the head was completed by this text, the arguments text it adds)."""
+        head_done = False
+        begin = end = 0  # text[begin:end] is arguments text
+        for i, ch in enumerate(text):
+            if self.state == "head":
+                if self._head(ch):
+                    head_done = True
+                    begin, end = i, i + 1
+            elif self.state == "arguments":
+                self._arguments(ch)
+                end = i + 1
+            else:  # "after" or "off": nothing more to find
+                break
+        return head_done, text[begin:end]
+
+    def _off(self) -> bool:
+        self.state = "off"
+        return False
+
+    def _head(self, ch: str) -> bool:
+        """One character of the head; True when it completes it (``ch`` opens the arguments)."""
+        step = _HEAD_STEPS[self._step]
+        if step is _NAME:
+            if not self._name_text:
+                if ch in _WS:
+                    return False
+                if ch != '"':
+                    return self._off()
+            self._name_text += ch
+            if len(self._name_text) > MAX_NAME:
+                return self._off()
+            if self._escape:
+                self._escape = False
+            elif ch == "\\":
+                self._escape = True
+            elif ch == '"' and len(self._name_text) > 1:
+                try:
+                    self.name = json.loads(self._name_text)
+                except ValueError:  # a control character or a bad escape: not a call's name
+                    return self._off()
+                self._step += 1
+            return False
+        if self._matched == 0 and ch in _WS:
+            return False
+        if ch != step[self._matched]:
+            return self._off()
+        self._matched += 1
+        if self._matched < len(step):
+            return False
+        self._matched = 0
+        self._step += 1
+        if self._step < len(_HEAD_STEPS):
+            return False
+        self.state, self._depth = "arguments", 1
+        return True
+
+    def _arguments(self, ch: str) -> None:
+        if self._in_string:
+            if self._escape:
+                self._escape = False
+            elif ch == "\\":
+                self._escape = True
+            elif ch == '"':
+                self._in_string = False
+        elif ch == '"':
+            self._in_string = True
+        elif ch in "{[":
+            self._depth += 1
+        elif ch in "}]":
+            self._depth -= 1
+            if self._depth == 0:
+                self.state = "after"
 
 
 def _arguments_text(arguments: Any) -> str:
@@ -250,18 +380,28 @@ def _arguments_text(arguments: Any) -> str:
 
 @dataclass
 class ToolStream:
-    """Splits streamed answer text into content and parsed tool calls.
+    """Splits streamed answer text into content and tool calls.
 
     Trailing whitespace is held until more content follows, so that the newlines around calls
     do not become content next to the calls, whatever the chunking.
+
+    ``incremental`` (streamed answers): a call in the ``json_tools`` syntax comes out as
+    ``CallDelta`` pieces while it is written (see ``ArgumentsScanner``); such a call is the
+    client's once its head is out, so it is kept as streamed even if it ends up malformed or cut
+    (OpenAI's arguments may be invalid JSON too). Every other call is a ``ParsedCall`` at its
+    end, and one that does not parse is content.
     """
 
     syntax: ToolSyntax
     tools: tuple[Tool, ...]
     parallel: bool = True
+    incremental: bool = False
     calls: list[ParsedCall] = field(default_factory=list)
     _state: Any = None
     _call_text: str = ""
+    _in_call: bool = False
+    _scanner: ArgumentsScanner | None = None
+    _streamed: str = ""  # the arguments text sent so far for the call being streamed
     _blank: str = ""
 
     def __post_init__(self) -> None:
@@ -273,6 +413,7 @@ class ToolStream:
         }
         self._state = TextStateMachine(transitions).make_state("normal")
         self._tool_dicts = [t.openai_dict() for t in self.tools]
+        self._scans = self.incremental and self.syntax.parser is _json_tools_parser()
 
     def feed(self, text: str) -> list[Piece]:
         from mlx_lm.generate import TextStateMachine
@@ -286,7 +427,7 @@ class ToolStream:
 
         self._state, held, state = TextStateMachine.flush(self._state)
         out = self._segments([(state, held)])
-        if state == "tool" and self._call_text:
+        if state == "tool" and self._in_call:
             out += self._close_call(closed=False)
         if self._blank and not self.calls:
             out.append(self._blank)
@@ -298,7 +439,7 @@ class ToolStream:
         previous = None
         for state, text in segments:
             if state == "tool":
-                self._call_text += text
+                out += self._call_piece(text)
             else:
                 if previous == "tool":
                     out += self._close_call()
@@ -315,9 +456,37 @@ class ToolStream:
         out, self._blank = self._blank + kept, text[len(kept) :]
         return [out]
 
+    def _call_piece(self, text: str) -> list[Piece]:
+        """Text inside a call: kept for the parser, and streamed when the call can be."""
+        if not self._in_call:
+            self._in_call = True
+            # A second call without parallel_tool_calls is dropped at its end: never streamed.
+            if self._scans and (self.parallel or not self.calls):
+                self._scanner = ArgumentsScanner()
+        self._call_text += text
+        if self._scanner is None:
+            return []
+        head_done, arguments = self._scanner.feed(text)
+        out: list[Piece] = []
+        if head_done:
+            call = ParsedCall(
+                len(self.calls), "call_" + uuid.uuid4().hex[:24], self._scanner.name or "", ""
+            )
+            self.calls.append(call)
+            out.append(CallDelta(call.index, call.id, call.name))
+        if arguments:
+            self._streamed += arguments
+            out.append(CallDelta(self.calls[-1].index, arguments=arguments))
+        if self._scanner.state == "off":
+            self._scanner = None  # not the streamable shape: parsed whole at its end
+        return out
+
     def _close_call(self, closed: bool = True) -> list[Piece]:
-        """Parse one call; ``closed``: its end marker was seen (some syntaxes have none)."""
-        raw, self._call_text = self._call_text, ""
+        """End one call; ``closed``: its end marker was seen (some syntaxes have none)."""
+        raw, self._call_text, self._in_call = self._call_text, "", False
+        scanner, self._scanner = self._scanner, None
+        if scanner is not None and scanner.state != "head":
+            return self._close_streamed(raw, scanner)
         try:
             parsed = self.syntax.parser(raw, self._tool_dicts)
             items = parsed if isinstance(parsed, list) else [parsed]
@@ -335,3 +504,17 @@ class ToolStream:
             self.calls.append(call)
             out.append(call)
         return out
+
+    def _close_streamed(self, raw: str, scanner: ArgumentsScanner) -> list[Piece]:
+        """A streamed call ends: every argument character went out as it came, so nothing is
+        left to send; the whole body is still parsed, to log a call the client got malformed."""
+        arguments, self._streamed = self._streamed, ""
+        self.calls[-1] = dataclasses.replace(self.calls[-1], arguments=arguments)
+        try:
+            parsed = self.syntax.parser(raw, self._tool_dicts)
+            if json.loads(arguments) != parsed["arguments"]:
+                log.info("a streamed tool call's body repeats its arguments: kept as streamed")
+        except Exception as e:
+            log.info("a streamed tool call is malformed (%s: %s): kept as streamed "
+                     "(%s)", type(e).__name__, e, scanner.state)
+        return []
