@@ -321,10 +321,47 @@ async def test_tools_reach_the_prompt_through_the_fallback() -> None:
     assert prompt.endswith("<user><tool_response>\nsunny\n</tool_response>")
 
 
+async def test_the_arguments_stream_while_the_call_is_written() -> None:
+    engine = ScriptedEngine(CALLING, paced=True)
+    cut = CALLING.index("capital")  # the model has written '{"city": "Paris, the ' so far
+    async with serving(engine) as url:
+        engine.release(cut)
+        stream = await client(url).chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "weather?"}],
+            tools=[WEATHER_TOOL],
+            stream=True,
+        )
+        chunks = aiter(stream)
+        arguments, head, written = "", None, '{"city": "Paris, the '
+        while len(arguments) < len(written):  # times out (the stream waits) if not streamed
+            chunk = await anext(chunks)
+            for d in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+                head = head or d
+                arguments += d.function.arguments or "" if d.function else ""
+        assert engine.steps_taken == cut  # before the rest of the call was generated
+        assert head is not None and head.function and head.function.name == "get_weather"
+        assert arguments == written
+        engine.release(len(CALLING) - cut)
+        rest = [c async for c in chunks]
+    for c in rest:
+        for d in c.choices[0].delta.tool_calls or [] if c.choices else []:
+            arguments += d.function.arguments or "" if d.function else ""
+    assert orjson.loads(arguments) == {"city": "Paris, the capital of France, on the Seine"}
+    assert rest[-1].choices[0].finish_reason == "tool_calls"
+
+
+# Keys in the other order: the call is not streamed as written but sent whole at its end.
+CALLING_WHOLE = (
+    'Checking.\n<tool_call>\n{"arguments": {"city": "Paris, the capital of France, on the '
+    'Seine"}, "name": "get_weather"}\n</tool_call>'
+)
+
+
 async def test_a_call_being_written_still_shows_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     # Every held token may send an empty delta (the real interval is seconds).
     monkeypatch.setattr("router.worker.server.PROGRESS_EVERY", 0.0)
-    async with serving(ScriptedEngine(CALLING)) as url:
+    async with serving(ScriptedEngine(CALLING_WHOLE)) as url:
         stream = await client(url).chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "weather?"}],
@@ -339,7 +376,7 @@ async def test_a_call_being_written_still_shows_progress(monkeypatch: pytest.Mon
         and c.choices[0].delta.model_dump(exclude_none=True) == {}
         and c.choices[0].finish_reason is None
     ]
-    assert len(empty) > 10  # one per token of the held call, none of them with content
+    assert len(empty) > 60  # one per token of the held call (not only its head), no content
     deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
     arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
     assert orjson.loads(arguments) == {"city": "Paris, the capital of France, on the Seine"}
