@@ -121,6 +121,37 @@ def test_streamed_round_trip_on_the_speculative_lane(spec_worker: WorkerProcess)
     assert not any(p.choices[0].delta.tool_calls for p in parts if p.choices)
 
 
+def test_streamed_arguments_come_token_by_token_and_match_the_answer(
+    batch_worker: WorkerProcess,
+) -> None:
+    c = client(batch_worker)
+    ask: dict[str, Any] = {
+        "model": DEFAULT_MODEL_NAME,
+        "messages": QUESTION,
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "max_tokens": 40,
+        "temperature": 0.0,
+    }
+    chunks = list(c.chat.completions.create(stream=True, **ask))
+    deltas = [d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or []]
+    head, fragments = deltas[0], deltas[1:]
+    assert head.id and head.function and head.function.name == "get_weather"
+    assert head.function.arguments == ""
+    texts = [d.function.arguments for d in fragments if d.function and d.function.arguments]
+    # Whole calls used to go out in 32-character pieces: arguments this short came in one.
+    # Here each token's text is its own fragment, sent as the model wrote it.
+    assert len(texts) == len(fragments) > 1, texts
+    assert all(d.index == 0 and d.id is None for d in fragments)
+    streamed = json.loads("".join(texts))
+    assert chunks[-1].choices[0].finish_reason == "tool_calls", "|".join(texts)
+    whole = c.chat.completions.create(**ask).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.tool_calls is not None
+    (call,) = whole.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert streamed == json.loads(call.function.arguments)  # the same greedy call
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_json_schema_answers_are_well_formed(batch_worker: WorkerProcess, seed: int) -> None:
     schema = {
