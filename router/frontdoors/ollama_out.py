@@ -2,15 +2,17 @@
 
 A stream becomes NDJSON: one line per piece of text (``message.content`` for chat,
 ``response`` for generate), one line with the tool calls once they are whole (Ollama sends
-them whole, with arguments as an object), then the ``done`` line with ``done_reason`` and the
-counts and durations in nanoseconds. Durations are measured at the router: the prompt's is the
-time to the first token, the eval's the rest; ``load_duration`` is 0 (the lanes stay loaded).
+them whole, with arguments as an object; a call cut by the token limit is dropped), then the
+``done`` line with ``done_reason`` and the counts and durations in nanoseconds. Durations are
+measured at the router: the prompt's is the time to the first token, the eval's the rest;
+``load_duration`` is 0 (the lanes stay loaded).
 A whole answer cannot be split that way: its time is reported as ``eval_duration``.
 A failure ends a stream with a line holding ``error``.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -22,6 +24,7 @@ from router import errors
 from router.errors import RouterError
 from router.frontdoors.common import arguments_object, translate_events
 
+log = logging.getLogger("speclane.frontdoors")
 STREAM_CONTENT_TYPE = "application/x-ndjson"
 Kind = Literal["chat", "generate"]
 
@@ -192,6 +195,17 @@ class OllamaEgress:
             return b""
         gathered = [{"function": self._calls[i]} for i in sorted(self._calls)]
         self._calls = {}
+        if self._finish_reason == "length":
+            # A call cut by the token limit (OpenAI-style backends stream it as far as it got)
+            # is unusable, and Ollama sends only whole calls: the done line says "length".
+            whole = [c for c in gathered
+                     if arguments_object(c["function"]["arguments"]) is not None]
+            if len(whole) < len(gathered):
+                log.info("dropped %d tool call(s) cut by the token limit",
+                         len(gathered) - len(whole))
+            if not whole:
+                return b""
+            gathered = whole
         try:
             calls = tool_calls(gathered)
         except RouterError as err:

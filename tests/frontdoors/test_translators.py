@@ -253,6 +253,26 @@ def test_ollama_stream_tool_calls_are_sent_whole() -> None:
     assert lines[1]["done"] and lines[1]["done_reason"] == "stop"
 
 
+def test_ollama_stream_drops_a_tool_call_cut_by_the_token_limit() -> None:
+    egress = OllamaEgress("chat", "m", arrival=0.0, clock=fake_clock(1.0), stamp=lambda: "T")
+    out = egress.events(sse(
+        chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f",
+                                                                    "arguments": '{"a":'}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": ' "b'}}]}),
+        chunk({"tool_calls": [{"index": 1, "id": "d", "function": {"name": "g",
+                                                                    "arguments": "{}"}}]}),
+        chunk({"tool_calls": [{"index": 2, "id": "e", "function": {"name": "h",
+                                                                    "arguments": '{"x'}}]}),
+        chunk({}, "length"))) + egress.finish()
+    lines = [orjson.loads(x) for x in out.splitlines()]
+    # The whole call is sent; the cut ones are dropped, not an error.
+    assert lines[0]["message"]["tool_calls"] == [{"function": {"name": "g", "arguments": {}}}]
+    lines = lines[1:]
+    assert len(lines) == 1 and "error" not in lines[0]
+    assert lines[0]["done"] and lines[0]["done_reason"] == "length"
+    assert "tool_calls" not in lines[0]["message"]
+
+
 def test_ollama_generate_and_errors() -> None:
     egress = OllamaEgress("generate", "m", arrival=0.0, clock=fake_clock(1.0), stamp=lambda: "T")
     out = egress.events(b'data: {"choices": [{"index": 0, "text": "x", "finish_reason": null}]}'
