@@ -484,12 +484,15 @@ class Relay:
                           outcome: Outcome, held: bytes) -> None:
         """Read the upstream's end of body (and pass on what little may follow [DONE])."""
         rest = held
-        try:
-            async with asyncio.timeout(TAIL_GRACE):
-                while len(rest) <= TAIL_LIMIT and (chunk := await resp.readany()):
-                    rest += chunk
-        except (TimeoutError, *CONNECT_ERRORS):
-            pass
+        # Usually the end of body came in the same read as [DONE]: nothing to wait for, so
+        # no timer is armed (the connection goes back to the pool in ``_end``).
+        if not resp.complete:
+            try:
+                async with asyncio.timeout(TAIL_GRACE):
+                    while len(rest) <= TAIL_LIMIT and (chunk := await resp.readany()):
+                        rest += chunk
+            except (TimeoutError, *CONNECT_ERRORS):
+                pass
         if not resp.complete:
             resp.close()  # silent, broken or endless after [DONE]: its connection is dropped
         if rest:
