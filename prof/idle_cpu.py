@@ -30,6 +30,7 @@ try:
     from router.proxy.connections import GuardedRunner as Runner
 except ImportError:  # an older tree, to compare
     from aiohttp.web import AppRunner as Runner  # type: ignore[assignment]
+
     from router.server import setup_logging  # type: ignore[attr-defined,no-redef]
 
 

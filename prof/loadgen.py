@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from count_instructions import relay_streams  # noqa: E402
+from count_instructions import relay_streams
 
 if __name__ == "__main__":
     url, streams, concurrency, tokens = sys.argv[1], *map(int, sys.argv[2:5])
