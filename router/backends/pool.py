@@ -12,6 +12,9 @@ from router.routing.types import BackendView
 class BackendPool:
     def __init__(self, backends: list[Backend] | None = None) -> None:
         self._by_name: dict[str, Backend] = {}
+        # speclane's own lanes are among the backends: only then can a request's prefix be
+        # held by a lane (cache affinity), so only then are its fingerprints worth computing.
+        self.has_lanes = False
         for b in backends or []:
             self.add(b)
 
@@ -19,6 +22,7 @@ class BackendPool:
         if backend.name in self._by_name:
             raise ValueError(f"backend '{backend.name}' is already registered")
         self._by_name[backend.name] = backend
+        self.has_lanes = self.has_lanes or backend.lane is not None
 
     def get(self, name: str) -> Backend | None:
         return self._by_name.get(name)

@@ -22,7 +22,6 @@ from typing import Any
 from aiohttp import web
 
 from router.proxy.outcome import Outcome
-from router.speculation.parsers import output_tokens
 
 log = logging.getLogger("speclane.access")
 
@@ -83,17 +82,7 @@ def record_of(outcome: Outcome, *, client: str, model: str | None,
         backend=backend.name if backend is not None else None, decision=decision,
         status=status, duration_ms=round((finished - outcome.arrival) * 1000, 3),
         ttft_ms=None if ttft is None else round(ttft * 1000, 3),
-        tokens=_tokens(outcome), attempts=outcome.attempts, error=error)
-
-
-def _tokens(outcome: Outcome) -> int | None:
-    if outcome.body_json is not None:
-        return output_tokens(outcome.body_json)
-    for event in reversed(outcome.tail_events):
-        tokens = output_tokens(event)
-        if tokens is not None:
-            return tokens
-    return None
+        tokens=outcome.reported_tokens(), attempts=outcome.attempts, error=error)
 
 
 class AccessLog:

@@ -69,6 +69,10 @@ def body_timeout_error(seconds: float) -> RouterError:
 async def read_body(request: web.Request, deadline: float) -> bytes:
     """The whole request body, or a 408 when it takes longer than ``deadline`` seconds."""
     try:
+        if request.content.is_eof():
+            # Already in whole (a short body comes with its head): reading it cannot wait,
+            # so no deadline timer is armed and cancelled for it.
+            return await request.read()
         async with asyncio.timeout(deadline):
             return await request.read()
     except TimeoutError:

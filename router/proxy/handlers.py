@@ -128,7 +128,9 @@ async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "
             endpoint = outcome.endpoint = parsed.endpoint  # e.g. Ollama's raw generate
         model = parsed.route.model
         limiter = app[LIMITER]
-        if app[SETTINGS].routing.cache_affinity:
+        # Fingerprints serve only to send a conversation back to the lane holding its
+        # prefix: without lanes of ours nothing ever holds one, so none are computed.
+        if app[SETTINGS].routing.cache_affinity and app[POOL].has_lanes:
             prints = fingerprints(endpoint, parsed.data)
         async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
             result = decide(request, parsed, policy, claim, prints)

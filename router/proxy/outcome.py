@@ -9,6 +9,7 @@ from typing import Any
 from router.backends.base import Backend
 from router.errors import RouterError
 from router.routing.types import Candidate
+from router.speculation.parsers import output_tokens
 
 
 @dataclass(slots=True)
@@ -37,10 +38,31 @@ class Outcome:
     tail_events: list[dict[str, Any]] = field(default_factory=list)  # last events of a stream
     solo: bool = True  # no other request was in flight on the backend meanwhile
     _epoch: int = 0
+    # reported_tokens(), remembered with the answer it was read from
+    _tokens: tuple[object, object, int | None] | None = None
 
     @property
     def ttft(self) -> float | None:
         return None if self.first_byte_at is None else self.first_byte_at - self.arrival
+
+    def reported_tokens(self) -> int | None:
+        """The output tokens the backend reported: in the body of a non-streaming answer,
+        else in the newest of a stream's last events that has a count. Read once for the
+        access log and the telemetry both (again only if the answer read changed)."""
+        body, events = self.body_json, self.tail_events
+        memo = self._tokens
+        if memo is not None and memo[0] is body and memo[1] is events:
+            return memo[2]
+        tokens = None
+        if body is not None:
+            tokens = output_tokens(body)
+        else:
+            for event in reversed(events):
+                tokens = output_tokens(event)
+                if tokens is not None:
+                    break
+        self._tokens = (body, events, tokens)
+        return tokens
 
     def client_left(self) -> None:
         """The client closed (or its connection broke): a disconnect unless it already had

@@ -427,7 +427,7 @@ class Relay:
                 except ConnectionResetError:
                     outcome.client_left()  # the client went away; nothing more to send
                     return out
-                if b"[DONE]" in whole and _DONE_LINE.search(whole):
+                if b"[DONE]" in whole and has_done_line(whole):
                     self._delivered(outcome, tail)
                     await self._after_done(out, backend, resp, outcome, held)
                     return out
@@ -484,12 +484,15 @@ class Relay:
                           outcome: Outcome, held: bytes) -> None:
         """Read the upstream's end of body (and pass on what little may follow [DONE])."""
         rest = held
-        try:
-            async with asyncio.timeout(TAIL_GRACE):
-                while len(rest) <= TAIL_LIMIT and (chunk := await resp.readany()):
-                    rest += chunk
-        except (TimeoutError, *CONNECT_ERRORS):
-            pass
+        # Usually the end of body came in the same read as [DONE]: nothing to wait for, so
+        # no timer is armed (the connection goes back to the pool in ``_end``).
+        if not resp.complete:
+            try:
+                async with asyncio.timeout(TAIL_GRACE):
+                    while len(rest) <= TAIL_LIMIT and (chunk := await resp.readany()):
+                        rest += chunk
+            except (TimeoutError, *CONNECT_ERRORS):
+                pass
         if not resp.complete:
             resp.close()  # silent, broken or endless after [DONE]: its connection is dropped
         if rest:
@@ -661,6 +664,19 @@ def _known_headers(err: RouterError, headers: dict[str, str], decision: Decision
         known["X-Speclane-Backend"], known["X-Speclane-Lane"] = tried.backend, tried.lane
     for name, value in known.items():
         err.headers.setdefault(name, value)
+
+
+def has_done_line(events: bytes) -> bool:
+    """A ``data: [DONE]`` line among these events (``_DONE_LINE``).
+
+    The search starts just before the first ``[DONE]``: from the start of a whole stream's
+    bytes the pattern's leading alternation is tried at every position, which cost more per
+    short stream (about 16 us for 10 events) than the rest of the relay loop. A match cannot
+    start earlier than 7 bytes before its ``[DONE]`` (``\\ndata: ``), and ``^`` still
+    matches only at the real start of ``events``, so the answer is the same.
+    """
+    first = events.find(b"[DONE]")
+    return first >= 0 and _DONE_LINE.search(events, max(0, first - 7)) is not None
 
 
 def _ends_with_done(events: bytes) -> bool:

@@ -258,7 +258,9 @@ def _tail_payloads(buf: bytes | bytearray, want: int) -> list[bytes]:
     while True:
         whole = window >= len(buf)
         text = bytes(buf if whole else buf[-window:])
-        events = text.replace(b"\r\n", b"\n").split(b"\n\n")
+        if b"\r" in text:  # CRLF events (rare): a copy with LF line ends
+            text = text.replace(b"\r\n", b"\n")
+        events = text.split(b"\n\n")
         if not whole:
             events = events[1:]  # the window may have cut the first one
         payloads = [p for p in map(_payload, events) if p is not None]

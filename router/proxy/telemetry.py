@@ -48,7 +48,7 @@ from router.speculation.observed import (
     observable,
     speculation_status,
 )
-from router.speculation.parsers import output_tokens, parse_response, parse_stream_events
+from router.speculation.parsers import parse_response, parse_stream_events
 from router.speculation.record import (
     NotReported,
     Observation,
@@ -302,11 +302,7 @@ def _observation(outcome: Outcome) -> Observation | None:
     """Decode speed is only seen on streams: a non-streaming body arrives all at once."""
     if not outcome.stream or outcome.first_byte_at is None or outcome.last_byte_at is None:
         return None
-    tokens = None
-    for event in reversed(outcome.tail_events):
-        tokens = output_tokens(event)
-        if tokens is not None:
-            break
+    tokens = outcome.reported_tokens()  # a stream's: shared with the access log
     if tokens is None:
         return None
     return Observation(output_tokens=tokens,

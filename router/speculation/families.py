@@ -41,6 +41,8 @@ def classify_family(data: Mapping[str, Any]) -> str:
 
 
 def _has_prediction(value: Any) -> bool:
+    if value is None:  # the usual request: no isinstance check against the Mapping ABC
+        return False
     if not isinstance(value, Mapping) or value.get("type") != "content":
         return False
     content = value.get("content")

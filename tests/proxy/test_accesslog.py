@@ -112,3 +112,18 @@ async def test_serve_log_flags(tmp_path: Path, fake: FakeUpstream) -> None:
     [line] = access_lines()
     assert line["client"] == "default" and line["status"] == 200 and line["backend"] == "fake"
     assert all(x.startswith("{") for x in proc.stderr if x.strip())  # every line is JSON
+
+
+def test_reported_tokens_read_once_and_again_when_the_answer_read_changes() -> None:
+    from router.proxy.outcome import Outcome
+
+    streamed = Outcome(endpoint="chat", arrival=0.0, stream=True)
+    assert streamed.reported_tokens() is None  # nothing read yet
+    streamed.tail_events = [{"usage": {"completion_tokens": 5}}, {"choices": []}]
+    assert streamed.reported_tokens() == 5  # the newest event with a count
+    assert streamed.reported_tokens() == 5
+    streamed.tail_events = [{"usage": {"completion_tokens": 9}}]
+    assert streamed.reported_tokens() == 9  # a new tail is read again
+    whole = Outcome(endpoint="chat", arrival=0.0, tail_events=[{"usage": {"completion_tokens": 1}}])
+    whole.body_json = {"usage": {"completion_tokens": 3}}
+    assert whole.reported_tokens() == 3  # a body, when there is one, says it
