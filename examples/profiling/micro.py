@@ -1,5 +1,5 @@
 """Per-call cost (no profiler) of the per-request pieces of the hot path, on the bench's
-7-token request and answer. ``PYTHONPATH=$PWD python prof/micro.py``."""
+7-token request and answer. ``PYTHONPATH=$PWD python examples/profiling/micro.py``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Per-call cost (no profiler) of each per-request step of ``router.proxy.handlers.proxy``
 outside the network, on the bench configuration (no lanes, one openai backend) and its
-7-token request and answer. ``PYTHONPATH=$PWD python prof/pipeline.py``.
+7-token request and answer. ``PYTHONPATH=$PWD python examples/profiling/pipeline.py``.
 
 Each step is timed alone, best of 5 repeats, so a change to one of them shows up here
 within a few percent even on a shared machine.

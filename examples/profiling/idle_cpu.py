@@ -5,7 +5,7 @@ Under callgrind, which runs the router about 50x slower, whatever it does per se
 wall time (timers, polls, samplers) is counted into every stream of a measured run, so an
 idle cost that is negligible natively can be a large share of ``instructions per stream``.
 
-    PYTHONPATH=$PWD python prof/idle_cpu.py [--seconds 20]
+    PYTHONPATH=$PWD python examples/profiling/idle_cpu.py [--seconds 20]
 """
 
 from __future__ import annotations
