@@ -10,7 +10,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/
 from count_instructions import relay_streams
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@ upstream of ``bench overhead`` / ``examples/count_instructions.py`` (same config
 no lanes, one openai backend, log level warning). The load generator runs in its own
 process (``loadgen.py``) so that the profile holds the router alone.
 
-    PYTHONPATH=$PWD python examples/profiling/profile_streams.py [--streams 3000] [--concurrency 64]
-                                                   [--tokens 7] [--out examples/profiling/streams.pstats]
+    PYTHONPATH=$PWD python examples/profiling/profile_streams.py [--streams 3000]
+        [--concurrency 64] [--tokens 7] [--out examples/profiling/streams.pstats]
 
 Prints the top functions by self time (all, then speclane's own ``router/`` code), or with
 ``--cpu-only`` the router's CPU time per stream, unprofiled.
