@@ -97,10 +97,10 @@ class LanesSettings(Frozen):
     num_draft_tokens: int = Field(DEFAULT_DRAFT_TOKENS, ge=1, le=MAX_DRAFT_TOKENS)
     # The speculative lane's draft for requests without a ``prediction`` (which always drafts
     # from its prediction). auto: chosen per request family by the router
-    # (router.routing.speculate.lane_source): prompt_lookup for code-block and tools,
-    # draft_model for chat when a draft model runs (the gate may refuse it), else
-    # prompt_lookup. A fixed value is that source for every family; prompt_lookup needs no
-    # draft model.
+    # (router.routing.speculate.lane_sources): prompt_lookup then draft_model for code-block
+    # and tools, draft_model then prompt_lookup for chat when a draft model runs (the gate
+    # may refuse it), else prompt_lookup; the first source still paying is used. A fixed
+    # value is that source alone for every family; prompt_lookup needs no draft model.
     draft_source: Literal["auto", "draft_model", "prompt_lookup", "none"] = "auto"
     lookup_ngram_min: int = Field(2, ge=1, le=16)
     lookup_ngram_max: int = Field(4, ge=1, le=16)

@@ -89,9 +89,10 @@ from router.routing.speculate import (
     SpecOracle,
     advice_label,
     advice_rule,
+    choose_source,
     free_rule,
     lane_speculates,
-    request_source,
+    request_sources,
     speculation_pays,
 )
 from router.routing.types import BackendView, Candidate, Decision, RouteRequest
@@ -180,8 +181,8 @@ def classify(
     load = lanes_load(backends)
     gate = (gate or gate_for(rules)).observe(load)
     workload = workload_key(policy.client, preset, request.family)
-    source = _spec_source(serving, request)
-    advice = spec(model, workload, source)
+    source, advice = choose_source(_spec_sources(serving, request),
+                                   lambda src: spec(model, workload, src))
     pref = policy.lane_for(preset, presets)
     override = _override_target(facts.lane_header, policy, backends)
     if override is not None:
@@ -335,13 +336,13 @@ def _shape(request: RouteRequest, changes: Mapping[str, Any]) -> _Shape:
     )
 
 
-def _spec_source(serving: Sequence[BackendView], request: RouteRequest) -> str:
-    """The source this request drafts with on the speculative lane (the auto-disable key
-    part, and what the router asks the lane for)."""
+def _spec_sources(serving: Sequence[BackendView], request: RouteRequest) -> tuple[str, ...]:
+    """The sources this request may draft with on the speculative lane, in order of
+    preference (each an auto-disable key part, and what the router asks the lane for)."""
     lane = _lane(serving, "speculative")
     if lane is None:
-        return EXTERNAL_SOURCE
-    return request_source(request.family, request.draft_source, lane.source_setting or "auto",
+        return (EXTERNAL_SOURCE,)
+    return request_sources(request.family, request.draft_source, lane.source_setting or "auto",
                           lane.has_draft)
 
 

@@ -1,5 +1,5 @@
 """Whether a request speculates, and with which draft source: decided here, and only here
-(pure, no side effects). The source (``lane_source``, ``request_source``) is a part of the
+(pure, no side effects). The source (``request_sources``, ``choose_source``) is a part of the
 auto-disable key and what the router asks its speculative lane for.
 
 Inputs are the classification's own fields and the workload's auto-disable state as plain
@@ -24,7 +24,7 @@ Three moments of one decision:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from router.routing.types import BackendView, Candidate, Decision
@@ -32,8 +32,9 @@ from router.worker.contract import REQUEST_DRAFT_SOURCES
 
 __all__ = [
     "SPECULATION_PAYS", "Settled", "SpecAdvice", "SpecOracle", "advice_label", "advice_rule",
-    "asked_source", "candidate_source", "lane_source", "lane_speculates", "paused_last",
-    "probe_decision", "request_source", "settle", "speculates", "speculation_pays",
+    "asked_source", "candidate_source", "choose_source", "lane_source", "lane_sources",
+    "lane_speculates", "paused_last", "probe_decision", "request_source", "request_sources",
+    "settle", "speculates", "speculation_pays",
 ]
 
 # The families whose answers copy given text: prompt lookup's case under ``auto``.
@@ -64,36 +65,71 @@ def speculation_pays(model: str, workload: str, source: str) -> SpecAdvice:
     return SPECULATION_PAYS
 
 
-def lane_source(family: str, configured: str, lane_has_draft: bool) -> str | None:
-    """The draft source the router asks its speculative lane for (the body's
-    ``draft_source``), or None to ask nothing.
+def lane_sources(family: str, configured: str, lane_has_draft: bool) -> tuple[str, ...]:
+    """The draft sources the router may ask its speculative lane for (the body's
+    ``draft_source``), in order of preference; empty: ask nothing.
 
-    ``configured`` is ``[lanes] draft_source``. ``auto`` chooses per family, from what was
-    measured (examples/results/spec-sources-*.json): a ``prediction`` request drafts from its
-    prediction (nothing to ask); ``code-block`` and ``tools`` answers copy given text (edits,
-    tool arguments quoting files), where n-gram lookup in the prompt pays and costs nearly
-    nothing; ``chat`` gets the draft model when the lane runs one, else prompt lookup. A
-    fixed value is that source for every family; ``draft_model`` without a loaded draft model,
-    and ``none``, ask nothing (the lane does not draft)."""
+    ``configured`` is ``[lanes] draft_source``. ``auto`` orders them per family, from what
+    was measured (examples/results/spec-sources.json): a ``prediction`` request drafts from
+    its prediction (nothing to ask); ``code-block`` and ``tools`` answers copy given text
+    (edits, tool arguments quoting files), where n-gram lookup in the prompt pays and costs
+    nearly nothing, so prompt lookup comes first; ``chat`` tries the draft model first when
+    the lane runs one. The second source is what ``choose_source`` falls back on once the
+    first has stopped paying for a workload (a list or a quoted answer in ``chat`` may copy
+    enough for prompt lookup). A fixed value is that source alone for every family;
+    ``draft_model`` without a loaded draft model, and ``none``, ask nothing (no drafting)."""
     if family == "prediction":
-        return None
+        return ()
     if configured == "auto":
-        if family in COPYING_FAMILIES or not lane_has_draft:
-            return "prompt_lookup"
-        return "draft_model"
+        if not lane_has_draft:
+            return ("prompt_lookup",)
+        if family in COPYING_FAMILIES:
+            return ("prompt_lookup", "draft_model")
+        return ("draft_model", "prompt_lookup")
     if configured == "draft_model":
-        return "draft_model" if lane_has_draft else None
-    return "prompt_lookup" if configured == "prompt_lookup" else None
+        return ("draft_model",) if lane_has_draft else ()
+    return ("prompt_lookup",) if configured == "prompt_lookup" else ()
+
+
+def lane_source(family: str, configured: str, lane_has_draft: bool) -> str | None:
+    """The source preferred for a family (``lane_sources``' first), or None."""
+    sources = lane_sources(family, configured, lane_has_draft)
+    return sources[0] if sources else None
+
+
+def request_sources(family: str, asked: str | None, configured: str,
+                    lane_has_draft: bool) -> tuple[str, ...]:
+    """The sources a request may draft with on the speculative lane, each a key of the
+    auto-disable state and the metrics, in order of preference: its prediction alone, else
+    the client's own ``draft_source`` alone (``asked``, forwarded as sent), else
+    ``lane_sources``, else ``none``."""
+    if family == "prediction":
+        return ("prediction",)
+    if asked:
+        return (asked,)
+    return lane_sources(family, configured, lane_has_draft) or ("none",)
 
 
 def request_source(family: str, asked: str | None, configured: str,
                    lane_has_draft: bool) -> str:
-    """The source a request drafts with on the speculative lane, as the auto-disable state
-    and the metrics key it: its prediction, else the client's own ``draft_source`` (``asked``,
-    forwarded as sent), else ``lane_source``'s choice, else ``none``."""
-    if family == "prediction":
-        return "prediction"
-    return asked or lane_source(family, configured, lane_has_draft) or "none"
+    """The preferred one of ``request_sources``."""
+    return request_sources(family, asked, configured, lane_has_draft)[0]
+
+
+def choose_source(sources: Sequence[str],
+                  advise: Callable[[str], SpecAdvice]) -> tuple[str, SpecAdvice]:
+    """The source a request drafts with, and its state's advice: the first source that is on
+    or whose probe is due (so a preferred source that was turned off is still probed on its
+    schedule), else the first one (off everywhere: the request decodes plainly). ``sources``
+    is never empty."""
+    first: tuple[str, SpecAdvice] | None = None
+    for source in sources:
+        advice = advise(source)
+        if advice.use or advice.probe:
+            return source, advice
+        first = first or (source, advice)
+    assert first is not None, "choose_source needs at least one source"
+    return first
 
 
 def asked_source(candidate: Candidate) -> str | None:

@@ -74,7 +74,9 @@ async def test_plain_decoding_asks_for_no_source() -> None:
              "source": "prompt_lookup"}
     async with fake_upstreams("spec") as (spec,):
         spec.behaviour = Behaviour(usage_extra={"speclane_spec": stats})
-        settings = router_settings(backends=[], spec=LOW)
+        # one source (under auto, code-block would fall back on the draft model)
+        settings = router_settings(backends=[], spec=LOW,
+                                   lanes={"enabled": False, "draft_source": "prompt_lookup"})
         async with run_router(settings, setup=lambda app: add_fake_lane(
                 app, "speculative", spec)) as r:
             await send(r, EDIT)

@@ -10,7 +10,16 @@ import pytest
 from router.config.policies import Policy
 from router.config.presets import DEFAULT_PRESETS
 from router.routing.classify import SPECULATION_PAYS, RequestFacts, classify
-from router.routing.speculate import asked_source, candidate_source, lane_source, request_source
+from router.routing.speculate import (
+    SpecAdvice,
+    asked_source,
+    candidate_source,
+    choose_source,
+    lane_source,
+    lane_sources,
+    request_source,
+    request_sources,
+)
 from router.routing.types import BackendView, Candidate, RouteRequest
 from router.speculation.families import FAMILIES
 
@@ -49,6 +58,55 @@ def test_lane_source_per_family(family: str, configured: str, has_draft: bool,
 def test_request_source_is_the_key_part(family: str, asked: str | None, configured: str,
                                         has_draft: bool, expected: str) -> None:
     assert request_source(family, asked, configured, has_draft) == expected
+
+
+@pytest.mark.parametrize(("family", "configured", "has_draft", "expected"), [
+    # auto: the preferred source first, the other one to fall back on
+    ("chat", "auto", True, ("draft_model", "prompt_lookup")),
+    ("code-block", "auto", True, ("prompt_lookup", "draft_model")),
+    ("tools", "auto", True, ("prompt_lookup", "draft_model")),
+    ("chat", "auto", False, ("prompt_lookup",)),
+    ("prediction", "auto", True, ()),
+    # a fixed value is one source
+    ("chat", "prompt_lookup", True, ("prompt_lookup",)),
+    ("code-block", "draft_model", True, ("draft_model",)),
+    ("chat", "none", True, ()),
+])
+def test_lane_sources_in_order_of_preference(family: str, configured: str, has_draft: bool,
+                                             expected: tuple[str, ...]) -> None:
+    assert lane_sources(family, configured, has_draft) == expected
+
+
+def test_a_request_source_of_its_own_is_the_only_one() -> None:
+    assert request_sources("chat", "prompt_lookup", "auto", True) == ("prompt_lookup",)
+    assert request_sources("prediction", "draft_model", "auto", True) == ("prediction",)
+    assert request_sources("chat", None, "none", True) == ("none",)
+
+
+ON, OFF, PROBE = SpecAdvice(), SpecAdvice(use=False), SpecAdvice(use=False, probe=True)
+
+
+@pytest.mark.parametrize(("states", "expected"), [
+    ({"draft_model": ON, "prompt_lookup": ON}, ("draft_model", ON)),
+    # the preferred source stopped paying: the next one that is on
+    ({"draft_model": OFF, "prompt_lookup": ON}, ("prompt_lookup", ON)),
+    # ...unless the preferred one's probe is due: it is probed on its schedule
+    ({"draft_model": PROBE, "prompt_lookup": ON}, ("draft_model", PROBE)),
+    ({"draft_model": OFF, "prompt_lookup": PROBE}, ("prompt_lookup", PROBE)),
+    # off everywhere: the first, off (the request decodes plainly)
+    ({"draft_model": OFF, "prompt_lookup": OFF}, ("draft_model", OFF)),
+])
+def test_choose_source_takes_the_first_that_pays(states: dict[str, SpecAdvice],
+                                                 expected: tuple[str, SpecAdvice]) -> None:
+    asked: list[str] = []
+
+    def advise(source: str) -> SpecAdvice:
+        asked.append(source)
+        return states[source]
+
+    assert choose_source(("draft_model", "prompt_lookup"), advise) == expected
+    assert asked[0] == "draft_model"  # the preferred source is always asked first
+    assert len(asked) == (1 if states["draft_model"] is not OFF else 2)
 
 
 def test_every_family_and_setting_gives_a_known_source() -> None:
@@ -114,3 +172,21 @@ def test_without_a_lane_the_oracle_is_asked_about_the_external_draft_model() -> 
     classify(RequestFacts(RouteRequest("chat", "m", family="code-block")), Policy(client="c"),
              DEFAULT_PRESETS, views, spec=lambda m, w, s: seen.append(s) or SPECULATION_PAYS)
     assert seen == ["draft_model"]
+
+
+def test_chat_falls_back_on_prompt_lookup_once_the_draft_model_is_off() -> None:
+    def oracle(model: str, workload: str, src: str) -> SpecAdvice:
+        return OFF if src == "draft_model" else ON
+
+    result = classify(RequestFacts(RouteRequest("chat", "m", family="chat")),
+                      Policy(client="c"), DEFAULT_PRESETS, lanes(True), spec=oracle)
+    first = result.decision.candidates[0]
+    assert (first.backend, first.source) == ("speculative", "prompt_lookup")
+    assert result.decision.labels["spec_source"] == "prompt_lookup"
+    assert result.decision.labels["rule"] == "spec-lane-free"
+    # both off: spec-not-paying sends it to batching
+    result = classify(RequestFacts(RouteRequest("chat", "m", family="chat")),
+                      Policy(client="c"), DEFAULT_PRESETS, lanes(True),
+                      spec=lambda m, w, s: OFF)
+    assert result.decision.candidates[0].backend == "batching"
+    assert result.decision.labels["rule"] == "spec-not-paying"

@@ -115,7 +115,8 @@ async def run_cycle(r: RunningRouter, spec_fake: FakeUpstream, key: SpecKey,
 
 async def test_speculative_lane_turns_off_probes_and_recovers() -> None:
     async with fake_upstreams("spec", "batch") as (spec, batch), lanes_router(
-            spec, batch, spec=CYCLE_SPEC) as r:
+            spec, batch, spec=CYCLE_SPEC,
+            lanes={"enabled": False, "draft_source": "draft_model"}) as r:  # one source
         key = SpecKey("speculative", "fake-model", "default:none:chat")
         await run_cycle(r, spec, key, speclane_stats(9, 1), speclane_stats(9, 8), "batching")
         text = await metrics_text(r)
@@ -138,8 +139,9 @@ async def test_speculative_lane_turns_off_probes_and_recovers() -> None:
 
 
 async def test_one_client_two_families_two_sources_judged_apart() -> None:
-    """Edits draft with prompt lookup and pay; chat drafts with the draft model and does not:
-    speculation ends on for the first and off for the second, each row showing its source."""
+    """Edits draft with prompt lookup and pay; chat drafts with the draft model and does not,
+    then with its second source, prompt lookup, which does not either: speculation ends on for
+    the first and off for the second, each row showing its source."""
     code = "Fix this:\n```python\n" + "".join(
         f"def f{i}(x):\n    return x + {i}\n" for i in range(6)) + "```\n"
     edit = [{"role": "user", "content": code}]
@@ -148,15 +150,22 @@ async def test_one_client_two_families_two_sources_judged_apart() -> None:
     async with fake_upstreams("spec", "batch") as (spec, batch), lanes_router(
             spec, batch, spec=CYCLE_SPEC) as r:
         client = r.client()
-        for _ in range(3):
+        for i in range(3):
             spec.behaviour = speclane_stats(9, 8, "prompt_lookup")
             await client.chat.completions.create(model="fake-model", messages=edit)
             assert spec.requests[-1].body["draft_source"] == "prompt_lookup"
-            spec.behaviour = speclane_stats(9, 1, "draft_model")
-            await client.chat.completions.create(model="fake-model", messages=CHAT)
+            if i == 0:  # one window's worth: the draft model is judged off for chat
+                spec.behaviour = speclane_stats(9, 1, "draft_model")
+                await client.chat.completions.create(model="fake-model", messages=CHAT)
+                assert spec.requests[-1].body["draft_source"] == "draft_model"
         auto = r.app[SPEC].auto
         assert auto.enabled(edit_key) and not auto.enabled(chat_key)
-        # the edits still take the speculative lane with their source; chat goes to batching
+        # chat falls back on its second source, prompt lookup, which does not pay either
+        spec.behaviour = speclane_stats(9, 1, "prompt_lookup")
+        assert (await chat_headers(r))["x-speclane-backend"] == "speculative"
+        assert spec.requests[-1].body["draft_source"] == "prompt_lookup"
+        assert not auto.enabled(chat_key._replace(source="prompt_lookup"))
+        # both of chat's sources off: it goes to batching; the edits keep their source
         spec.behaviour = speclane_stats(9, 8, "prompt_lookup")
         assert (await chat_headers(r))["x-speclane-backend"] == "batching"
         served = await client.chat.completions.with_raw_response.create(
@@ -169,7 +178,8 @@ async def test_one_client_two_families_two_sources_judged_apart() -> None:
     assert rows[("code-block", "prompt_lookup")]["state"] == "on"
     assert rows[("chat", "draft_model")]["state"] == "off"
     assert rows[("chat", "draft_model")]["reason"] == "low_acceptance"
-    assert len(rows) == 2
+    assert rows[("chat", "prompt_lookup")]["state"] == "off"
+    assert len(rows) == 3
     assert metric_value(text, "speclane_spec_enabled", workload="default:none:code-block",
                         source="prompt_lookup") == 1
     assert metric_value(text, "speclane_spec_enabled", workload="default:none:chat",
@@ -177,7 +187,7 @@ async def test_one_client_two_families_two_sources_judged_apart() -> None:
     assert metric_value(text, "speclane_spec_draft_tokens_total",
                         workload="default:none:code-block", source="prompt_lookup") == 36
     assert metric_value(text, "speclane_spec_source_tokens_total", source="prompt_lookup",
-                        outcome="accepted") == 32
+                        outcome="accepted") == 4 * 8 + 1  # the edits, and chat's one try
 
 
 @pytest.mark.parametrize(("kind", "low", "high", "stream"), [
