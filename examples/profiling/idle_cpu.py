@@ -16,9 +16,9 @@ import gc
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from aiohttp import web
+from benchconfig import bench_config  # examples/profiling/, the script's own folder
 
 from router.app import make_app
 from router.bench import procs
@@ -37,13 +37,7 @@ except ImportError:  # an older tree, to compare
 async def run(seconds: float) -> None:
     async with procs.bench_upstream() as upstream:
         with tempfile.TemporaryDirectory(prefix="speclane-idle-") as tmp:
-            config = Path(tmp) / "speclane.toml"
-            (Path(tmp) / "policies").mkdir()
-            config.write_text(
-                f'policies_dir = "{tmp}/policies"\nlog_level = "warning"\n'
-                f'[lanes]\nenabled = false\n[[backends]]\nname = "bench"\nkind = "openai"\n'
-                f'base_url = "{upstream.url}"\n')
-            settings = load_settings(config, port=0)
+            settings = load_settings(bench_config(tmp, upstream.url), port=0)
             app = make_app(settings)
             kwargs = {"access_log": None}
             runner = (Runner(app, settings.client_limits, 1024, **kwargs)  # type: ignore[call-arg]

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from aiohttp import web
+from benchconfig import bench_config  # examples/profiling/, the script's own folder
 
 from router.app import make_app
 from router.bench import procs
@@ -45,13 +46,7 @@ async def load(url: str, streams: int, concurrency: int, tokens: int) -> None:
 async def run(args: argparse.Namespace, profiler: cProfile.Profile) -> None:
     async with procs.bench_upstream() as upstream:
         with tempfile.TemporaryDirectory(prefix="speclane-prof-") as tmp:
-            config = Path(tmp) / "speclane.toml"
-            (Path(tmp) / "policies").mkdir()
-            config.write_text(
-                f'policies_dir = "{tmp}/policies"\nlog_level = "warning"\n'
-                f'[lanes]\nenabled = false\n[[backends]]\nname = "bench"\nkind = "openai"\n'
-                f'base_url = "{upstream.url}"\n')
-            settings = load_settings(config, port=0)
+            settings = load_settings(bench_config(tmp, upstream.url), port=0)
             app = make_app(settings)
             runner = GuardedRunner(app, settings.client_limits, 1024, handler_cancellation=True,
                                    shutdown_timeout=settings.shutdown_grace, access_log=None)
