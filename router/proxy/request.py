@@ -49,13 +49,25 @@ class ParsedRequest:
         against), through the worker's ``num_draft_tokens`` request field. ``draft_source``:
         for the speculative lane drafting, the source the router chose for the request's
         family; never over the client's own ``draft_source``, which is forwarded as sent."""
-        if plain:
-            return orjson.dumps({**self.data, DRAFT_TOKENS_FIELD: 0})
-        if draft_source is not None and DRAFT_SOURCE_FIELD not in self.data:
-            return orjson.dumps({**self.data, DRAFT_SOURCE_FIELD: draft_source})
         if self._encoded is None:
             self._encoded = orjson.dumps(self.data)
+        if plain:
+            return self._with_field(DRAFT_TOKENS_FIELD, 0)
+        if draft_source is not None and DRAFT_SOURCE_FIELD not in self.data:
+            return self._with_field(DRAFT_SOURCE_FIELD, draft_source)
         return self._encoded
+
+    def _with_field(self, key: str, value: Any) -> bytes:
+        """The encoded body with one more top-level field. A key the client did not send is
+        appended to the bytes already encoded (an agent's 50 KB body is not encoded a second
+        time for one field); one it did send is replaced in a re-encoded copy, so no key is
+        ever sent twice."""
+        assert self._encoded is not None
+        if key in self.data:
+            return orjson.dumps({**self.data, key: value})
+        # ``data`` is a non-empty object (it has ``model``): its encoding ends with "}".
+        return b"".join((self._encoded[:-1], b",", orjson.dumps(key), b":",
+                         orjson.dumps(value), b"}"))
 
 
 def load_object(raw: bytes) -> dict[str, Any]:

@@ -160,3 +160,16 @@ def test_a_client_draft_source_is_forwarded_as_sent(sent: object, route: str | N
     parsed = parse_request("chat", raw)
     assert parsed.route.draft_source == route  # only a value the lane accepts picks the key
     assert orjson.loads(parsed.body(draft_source="prompt_lookup"))["draft_source"] == sent
+
+
+@pytest.mark.parametrize("extra", [{}, {"num_draft_tokens": 3}, {"draft_source": "draft_model"}])
+def test_a_field_added_for_the_lane_is_never_sent_twice(extra: dict[str, object]) -> None:
+    data = {"model": "m", "messages": [{"role": "user", "content": "é \u2028 x"}], **extra}
+    parsed = parse_request("chat", orjson.dumps(data))
+    for body, key, value in ((parsed.body(plain=True), "num_draft_tokens", 0),
+                             (parsed.body(draft_source="prompt_lookup"), "draft_source",
+                              extra.get("draft_source", "prompt_lookup"))):
+        assert body.count(f'"{key}"'.encode()) == 1
+        assert orjson.loads(body) == {**data, key: value}
+    parsed.set_field("max_tokens", 5)  # a change after parsing reaches the variants too
+    assert orjson.loads(parsed.body(plain=True))["max_tokens"] == 5
