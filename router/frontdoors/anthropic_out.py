@@ -16,7 +16,7 @@ import orjson
 
 from router import errors
 from router.errors import RouterError
-from router.frontdoors.common import arguments_object, translate_events
+from router.frontdoors.common import translate_events, whole_call
 
 STREAM_CONTENT_TYPE = "text/event-stream"
 
@@ -72,20 +72,12 @@ def message_body(answer: Any, model: str, stops: tuple[str, ...]) -> dict[str, A
         content.append({"type": "text", "text": text})
     calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
     for call in calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise errors.upstream_failed("the backend's answer has a malformed tool call",
-                                         code="upstream_bad_json")
-        args = arguments_object(function.get("arguments"))
-        if args is None:
-            raise errors.upstream_failed(
-                f"the backend called tool '{function['name']}' with arguments that are not a "
-                "JSON object", code="upstream_bad_tool_call")
+        name, args = whole_call(call)
         call_id = call.get("id")
         content.append({"type": "tool_use",
                         "id": call_id if isinstance(call_id, str) and call_id
                         else "toolu_" + uuid.uuid4().hex[:24],
-                        "name": function["name"], "input": args})
+                        "name": name, "input": args})
     reason, sequence = stop_reason(choice.get("finish_reason"), choice.get("stop_reason"),
                                    stops, bool(calls))
     return {"id": message_id(answer.get("id")), "type": "message", "role": "assistant",

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from router import errors
 from router.errors import RouterError, bad_request, from_upstream_body
 from router.proxy.request import ParsedRequest, parse_request
 from router.routing.types import Endpoint
@@ -58,6 +59,22 @@ def str_field(data: dict[str, Any], key: str, *, required: bool = False) -> str 
         what = "a non-empty string" if required else "a string"
         raise bad_request(f"'{key}' must be {what}", param=key)
     return value
+
+
+def whole_call(call: Any) -> tuple[str, dict[str, Any]]:
+    """A whole OpenAI tool call's function name and arguments object, for the front doors
+    that send arguments as an object (Anthropic's ``input``, Ollama's ``arguments``); a 502
+    for a malformed call or arguments that are not a JSON object."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise errors.upstream_failed("the backend's answer has a malformed tool call",
+                                     code="upstream_bad_json")
+    args = arguments_object(function.get("arguments"))
+    if args is None:
+        raise errors.upstream_failed(
+            f"the backend called tool '{function['name']}' with arguments that are not a "
+            "JSON object", code="upstream_bad_tool_call")
+    return function["name"], args
 
 
 def arguments_object(arguments: Any) -> dict[str, Any] | None:

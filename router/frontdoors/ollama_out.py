@@ -22,7 +22,7 @@ import orjson
 
 from router import errors
 from router.errors import RouterError
-from router.frontdoors.common import arguments_object, translate_events
+from router.frontdoors.common import arguments_object, translate_events, whole_call
 
 log = logging.getLogger("speclane.frontdoors")
 STREAM_CONTENT_TYPE = "application/x-ndjson"
@@ -50,16 +50,8 @@ def tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI tool calls (arguments as JSON text) as Ollama's (arguments as an object)."""
     out = []
     for call in calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise errors.upstream_failed("the backend's answer has a malformed tool call",
-                                         code="upstream_bad_json")
-        args = arguments_object(function.get("arguments"))
-        if args is None:
-            raise errors.upstream_failed(
-                f"the backend called tool '{function['name']}' with arguments that are not a "
-                "JSON object", code="upstream_bad_tool_call")
-        out.append({"function": {"name": function["name"], "arguments": args}})
+        name, args = whole_call(call)
+        out.append({"function": {"name": name, "arguments": args}})
     return out
 
 
