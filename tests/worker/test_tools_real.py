@@ -15,6 +15,7 @@ import pytest
 
 from router.lanes.modelprep import DEFAULT_MODEL_NAME
 from tests.worker.conftest import WorkerProcess
+from tests.worker.test_constrain import REJECTED
 
 pytestmark = pytest.mark.realmodel
 
@@ -184,33 +185,7 @@ def test_json_schema_answers_are_well_formed(batch_worker: WorkerProcess, seed: 
             {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
             "tool_choice",
         ),
-        (
-            {
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {
-                        "name": "x",
-                        "schema": {"type": "string", "pattern": "(?<=a)b"},
-                    },
-                }
-            },
-            "response_format",
-        ),
-        (
-            {
-                "tools": [
-                    {
-                        "type": "function",
-                        "function": {
-                            "name": "f",
-                            "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}},
-                        },
-                    }
-                ],
-                "tool_choice": "required",
-            },
-            "tools",
-        ),
+        *REJECTED,  # what the constraint library rejects
     ],
 )
 def test_what_cannot_be_honoured_is_a_400_naming_the_parameter(
