@@ -388,6 +388,22 @@ def non_loopback_ipv4() -> str | None:
 # --- a misbehaving upstream below HTTP -----------------------------------------------------------
 
 MODELS_ANSWER = orjson.dumps({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+
+async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
+    """One request off a scripted upstream's connection: its body, or None when it was the
+    model list, answered here (the router asks for it on its own schedule)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = re.search(rb"(?i)content-length:\s*(\d+)", head)
+    body = await reader.readexactly(int(length.group(1))) if length else b""
+    if head.startswith(b"GET /v1/models"):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(MODELS_ANSWER), MODELS_ANSWER))
+        await writer.drain()
+        return None
+    return body
+
+
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Coroutine[Any, Any, None]]
 
 
@@ -422,14 +438,8 @@ class RawUpstream:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = re.search(rb"(?i)content-length:\s*(\d+)", head)
-                body = await reader.readexactly(int(length.group(1))) if length else b""
-                if head.startswith(b"GET /v1/models"):
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                 b"Content-Length: %d\r\n\r\n%s" % (len(MODELS_ANSWER),
-                                                                    MODELS_ANSWER))
-                    await writer.drain()
+                body = await read_request(reader, writer)
+                if body is None:
                     continue
                 self.requests += 1
                 await self.script(reader, writer, body)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import Awaitable, Callable
 
-from tests.reliability.harness import MODELS_ANSWER
+from tests.reliability.harness import read_request
 
 # (writer, request body, index of the request on its connection) -> keep the connection?
 Script = Callable[[asyncio.StreamWriter, bytes, int], Awaitable[bool]]
@@ -56,14 +55,8 @@ class HostileUpstream:
         index = 0
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = re.search(rb"(?i)content-length:\s*(\d+)", head)
-                body = await reader.readexactly(int(length.group(1))) if length else b""
-                if head.startswith(b"GET /v1/models"):
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                 b"Content-Length: %d\r\n\r\n%s" % (len(MODELS_ANSWER),
-                                                                    MODELS_ANSWER))
-                    await writer.drain()
+                body = await read_request(reader, writer)
+                if body is None:
                     continue
                 self.requests += 1
                 index += 1
