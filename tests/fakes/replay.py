@@ -19,6 +19,8 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.fakes.loopback import LoopbackServer
+
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "real-backends"
 
 
@@ -59,7 +61,7 @@ def sse_events(body: bytes) -> list[bytes]:
     return pieces
 
 
-class ReplayUpstream:
+class ReplayUpstream(LoopbackServer):
     """Answers every POST with ``post`` (a stream goes out event by event, see the module
     doc) and each GET path in ``gets`` with its capture. Keeps connections alive."""
 
@@ -70,19 +72,12 @@ class ReplayUpstream:
         self.endless_tail = endless_tail
         self.gets = gets or {}
         self.tail_gap = tail_gap
-        self.port = 0
         self.answered = 0  # bodies sent to their end
         self.writing = 0  # answers being written now
-        self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
+        await self.listen()
 
     async def stop(self) -> None:
         if self._server is not None:

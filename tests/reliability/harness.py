@@ -39,6 +39,7 @@ from aiohttp import web
 
 from router.app import make_app
 from router.config.settings import Settings
+from tests.fakes.loopback import LoopbackServer
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -407,7 +408,7 @@ async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Coroutine[Any, Any, None]]
 
 
-class RawUpstream:
+class RawUpstream(LoopbackServer):
     """Answers ``GET /v1/models`` properly (so health checks pass) and runs ``script`` for
     every other request. Notes when the router closes a connection it had sent a request on:
     that is the upstream work being stopped."""
@@ -415,19 +416,12 @@ class RawUpstream:
     def __init__(self, script: Script, name: str = "raw") -> None:
         self.script = script
         self.name = name
-        self.port = 0
         self.requests = 0
         self.peer_closed = 0
         self.closed_event = asyncio.Event()
-        self._server: asyncio.Server | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
+        await self.listen()
 
     async def stop(self) -> None:
         if self._server is not None:

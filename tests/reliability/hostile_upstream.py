@@ -12,30 +12,24 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
+from tests.fakes.loopback import LoopbackServer
 from tests.reliability.harness import read_request
 
 # (writer, request body, index of the request on its connection) -> keep the connection?
 Script = Callable[[asyncio.StreamWriter, bytes, int], Awaitable[bool]]
 
 
-class HostileUpstream:
+class HostileUpstream(LoopbackServer):
     def __init__(self, script: Script, name: str = "hostile") -> None:
         self.script = script
         self.name = name
-        self.port = 0
         self.connections = 0
         self.requests = 0
         self.request_connections = 0  # connections that carried a request (not a health check)
         self.tasks: set[asyncio.Task[None]] = set()
-        self._server: asyncio.Server | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
     async def __aenter__(self) -> HostileUpstream:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
+        await self.listen()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
