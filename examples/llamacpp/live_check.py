@@ -43,6 +43,8 @@ from typing import Any
 import aiohttp
 import openai
 
+from router.bench import procs
+
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("SPECLANE_LLAMA_CACHE", Path.home() / ".cache/speclane/llama.cpp"))
 MODEL = "smollm2"
@@ -92,25 +94,13 @@ async def process(cmd: list[str], ready_url: str, log: Path,
         proc = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=subprocess.STDOUT,
                                                     env=env)
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        async with aiohttp.ClientSession() as s:
-            while True:
-                if proc.returncode is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{cmd[0]} did not start; see {log}")
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with s.get(ready_url) as resp:
-                        if resp.status == 200:
-                            break
-                await asyncio.sleep(0.5)
+        try:
+            await procs.wait_http(ready_url, proc, START_TIMEOUT)
+        except RuntimeError as e:
+            raise RuntimeError(f"{cmd[0]} did not start ({e}); see {log}") from e
         yield
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 20)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await procs.stop(proc, 20)
 
 
 def spec_counters(text: str) -> tuple[int, int]:

@@ -314,22 +314,11 @@ async def mlx_lm_server(model_dir: Path, log_path: Path) -> AsyncIterator[str]:
             "--host", "127.0.0.1", "--port", str(port),
             stdout=log, stderr=log, env=env, start_new_session=True)
         try:
-            await _wait_http(f"http://127.0.0.1:{port}/v1/models", proc)
+            await procs.wait_http(f"http://127.0.0.1:{port}/v1/models", proc,
+                                  MLX_START_DEADLINE)
             yield f"http://127.0.0.1:{port}/v1"
         finally:
             await procs.stop_group(proc)
-
-
-async def _wait_http(url: str, proc: asyncio.subprocess.Process) -> None:
-    async with asyncio.timeout(MLX_START_DEADLINE), aiohttp.ClientSession() as session:
-        while True:
-            if proc.returncode is not None:
-                raise RuntimeError(f"mlx_lm.server exited with {proc.returncode}")
-            with contextlib.suppress(aiohttp.ClientError):
-                async with session.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.5)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
+import aiohttp
+
 Spawned = tuple[asyncio.subprocess.Process, re.Match[str]]
 
 
@@ -46,6 +48,25 @@ async def spawn_until_line(argv: list[str], pattern: str, deadline: float = 60.0
     except BaseException:
         await stop(proc)
         raise
+
+
+async def wait_http(url: str, proc: asyncio.subprocess.Process, deadline: float) -> None:
+    """Ask ``url`` every half second until it answers 200: a server in another process has
+    nothing else to await. RuntimeError when the process exits or ``deadline`` seconds pass."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    async with aiohttp.ClientSession() as session:
+        while True:
+            if proc.returncode is not None:
+                raise RuntimeError(f"the process exited with {proc.returncode} before {url} "
+                                   "answered")
+            if loop.time() > end:
+                raise RuntimeError(f"{url} did not answer 200 within {deadline:g} s")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            await asyncio.sleep(0.5)
 
 
 async def stop(proc: asyncio.subprocess.Process, grace: float = 10.0) -> None:

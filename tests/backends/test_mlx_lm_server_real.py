@@ -22,6 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from router.bench import procs
 from router.lanes.blas import preload_env
 from router.lanes.modelprep import ensure_default_models
 from tests.conftest import metric_value, router_settings, run_router
@@ -52,27 +53,13 @@ async def mlx_lm_server(model: Path, draft: Path | None, hf_home: Path) -> Async
                                                 stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        # A separate process: nothing to await but its answer, asked until a deadline.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + START_TIMEOUT
-        async with aiohttp.ClientSession() as s:
-            while True:
-                assert proc.returncode is None, _tail(log)
-                assert loop.time() < deadline, "mlx_lm.server did not start\n" + _tail(log)
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with s.get(f"{url}/health") as resp:
-                        if resp.status == 200:
-                            break
-                await asyncio.sleep(0.5)
+        try:
+            await procs.wait_http(f"{url}/health", proc, START_TIMEOUT)
+        except RuntimeError as e:
+            raise AssertionError(f"mlx_lm.server did not start: {e}\n{_tail(log)}") from e
         yield url
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 20)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await procs.stop(proc, 20)
         log.close()
 
 

@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from router.appkeys import METRICS, SETTINGS
+from router.bench import procs
 from router.lanes.group import apply_status, lane_backend
 from router.lanes.process import WorkerCommand
 from router.lanes.status import LaneState, LaneStatus
@@ -117,12 +118,7 @@ async def prometheus(tmp: Path, target_port: int):  # type: ignore[no-untyped-de
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 20)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        await procs.stop(proc, 20)
 
 
 async def query(s: aiohttp.ClientSession, base: str, expr: str) -> dict[str, Any]:
