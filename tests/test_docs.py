@@ -228,6 +228,21 @@ def test_documented_serve_flags_exist(capsys: pytest.CaptureFixture[str]) -> Non
     assert documented == flags
 
 
+def test_documented_worker_flags_exist() -> None:
+    """docs/lanes.md names the lane worker's flags beside the [lanes] settings."""
+    import argparse
+
+    from router.worker.contract import add_worker_flags
+
+    parser = argparse.ArgumentParser()
+    add_worker_flags(parser, required=False)
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", parser.format_help()))
+    text = (DOCS / "lanes.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"`(--[a-z][a-z-]*)", text)) - {"--no-lanes"}
+    assert documented, "docs/lanes.md names no worker flag?"
+    assert sorted(documented - flags) == []
+
+
 # ---------------------------------------------------------------------------------------
 # Headers and metrics.
 
