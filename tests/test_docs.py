@@ -356,6 +356,23 @@ def test_every_link_leads_somewhere() -> None:
     assert broken == []
 
 
+FILE_NAME = re.compile(r"`((?:[\w.*-]+/)+(?:[\w.*-]+\.(?:py|md|toml|json5?|yml|sh|txt|png|"
+                       r"service|plist))?)`")
+
+
+def test_every_file_named_exists() -> None:
+    """A path in backticks (``router/proxy/relay.py``, ``proxy/relay.py`` inside router/,
+    ``examples/grafana/``) names a file or folder that exists."""
+    gone = []
+    for page in documentation():
+        for name in FILE_NAME.findall(page.read_text(encoding="utf-8")):
+            if name.startswith(("docs/incoming", "mlx_lm/", "text/", "./", "bench-results/")):
+                continue  # not ours, not a path, or what a command writes
+            if not any(any(base.glob(name.rstrip("/"))) for base in (ROOT, ROOT / "router")):
+                gone.append(f"{page.relative_to(ROOT)}: {name}")
+    assert gone == []
+
+
 def test_the_readme_stays_short() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= README_MAX_LINES, "the README is the way in; reference goes to docs/"
