@@ -1,12 +1,14 @@
 """The documentation and the code name the same things.
 
-Every knob (the settings models, the policy model, the commands' flags), header
-(``router/config/names.py``), metric (``router/metrics.py``) and endpoint (the app's route
-table) the code defines appears in ``docs/`` or the README, and every one the documentation
-names as such exists in the code, with the default the code gives it. The lists come from
-the code itself (the pydantic models, the metrics registry, the app's router, the argument
-parsers), so a new knob, header, metric or endpoint fails here until it is documented.
-Every relative link in the documentation leads to a file, and every ``#anchor`` to a heading.
+Every knob the code defines (the settings and policy models: ``docs/configuration.md``
+with its default and environment variable; the commands' flags), header
+(``router/config/names.py``: ``docs/routing.md``), metric (``router/metrics.py``:
+``docs/metrics.md``) and endpoint (the app's route table: ``docs/frontdoors.md``) is
+documented, and every one the documentation names as such exists in the code. The lists come
+from the code itself (the pydantic models, the metrics registry, the app's router, the
+argument parsers), so a new knob, header, metric or endpoint fails here until it is
+documented. Every relative link leads to a file and every ``#anchor`` to a heading; every
+file named in backticks exists.
 
 ``docs/incoming/`` holds notes waiting to be folded into the pages: not read here.
 """
