@@ -25,6 +25,7 @@ from router.frontdoors import anthropic_in, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
 from router.frontdoors.common import to_parsed
 from router.frontdoors.ollama_out import OllamaEgress, now_iso
+from router.frontdoors.responses_http import setup_responses_routes
 from router.proxy.handlers import Inbound, identify, proxy
 from router.proxy.request import load_object
 
@@ -174,3 +175,4 @@ def setup_frontdoor_routes(app: web.Application) -> None:
     app.router.add_post("/api/show", ollama_show)
     app.router.add_get("/api/ps", ollama_ps)
     app.router.add_get("/api/version", ollama_version)
+    setup_responses_routes(app)
