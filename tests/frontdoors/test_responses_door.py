@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import ollama
 import openai
 import orjson
 import pytest
@@ -179,3 +180,23 @@ async def test_upstream_error_event_ends_with_response_failed() -> None:
     assert events[-1]["type"] == "response.failed"
     assert events[-1]["response"]["error"]["code"] == "invalid_prompt"
     assert "context too long" in events[-1]["response"]["error"]["message"]
+
+
+async def test_ollama_door_answers_what_codex_oss_asks(fake: FakeUpstream) -> None:
+    """``codex --oss`` reads /api/version (it requires 0.13.4 or newer, the first Ollama with
+    a /v1/responses it accepts) and pulls its model when the model list lacks it."""
+    async with run_router(router_settings(fake)) as r:
+        client = ollama.AsyncClient(host=r.url)
+        pulled = await client.pull(MODEL)
+        streamed = [p async for p in await client.pull(MODEL, stream=True)]
+        with pytest.raises(ollama.ResponseError) as missing:
+            await client.pull("gpt-oss:20b")
+        with pytest.raises(ollama.ResponseError) as missing_stream:
+            async for _ in await client.pull("gpt-oss:20b", stream=True):
+                pass
+        async with aiohttp.ClientSession() as s, s.get(f"{r.url}/api/version") as resp:
+            version = (await resp.json())["version"]
+    assert pulled.status == "success" and streamed[-1].status == "success"
+    assert "does not download models" in missing.value.error
+    assert "served: fake-model" in missing_stream.value.error
+    assert tuple(int(x) for x in version.split(".")) >= (0, 13, 4)
