@@ -200,3 +200,20 @@ async def test_ollama_door_answers_what_codex_oss_asks(fake: FakeUpstream) -> No
     assert "does not download models" in missing.value.error
     assert "served: fake-model" in missing_stream.value.error
     assert tuple(int(x) for x in version.split(".")) >= (0, 13, 4)
+
+
+async def test_prompt_cache_key_steers_to_the_lane_that_served_it() -> None:
+    """Without a known prefix, the key's last lane is the cache holder (cache affinity)."""
+    async with fake_upstream(name="spec") as spec, fake_upstream(name="batch") as batch, \
+            lanes_router(spec, batch) as r:
+        client = r.client()
+        await client.responses.create(model=MODEL, input="First conversation.",
+                                      prompt_cache_key="session-1",
+                                      extra_headers={"X-Speclane-Lane": "batching"})
+        keyed = await client.responses.with_raw_response.create(
+            model=MODEL, input="Rewritten history.", prompt_cache_key="session-1")
+        other = await client.responses.with_raw_response.create(
+            model=MODEL, input="Another conversation.", prompt_cache_key="session-2")
+    assert keyed.headers["x-speclane-lane"] == "batching"
+    assert "cache-affinity" in keyed.headers["x-speclane-decision"]
+    assert other.headers["x-speclane-lane"] == "speculative"
