@@ -217,3 +217,13 @@ async def test_prompt_cache_key_steers_to_the_lane_that_served_it() -> None:
     assert keyed.headers["x-speclane-lane"] == "batching"
     assert "cache-affinity" in keyed.headers["x-speclane-decision"]
     assert other.headers["x-speclane-lane"] == "speculative"
+
+
+async def test_store_bounds_come_from_the_configuration(fake: FakeUpstream) -> None:
+    async with run_router(router_settings(fake, responses={"store_entries": 1})) as r:
+        client = r.client()
+        older = await client.responses.create(model=MODEL, input="one")
+        newer = await client.responses.create(model=MODEL, input="two")
+        assert (await client.responses.retrieve(newer.id)).id == newer.id
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.retrieve(older.id)  # evicted: one response is kept
