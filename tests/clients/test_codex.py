@@ -3,9 +3,8 @@
 the model runs a shell command and reads its output, then a second turn of the same session
 (``codex exec resume --last``); and ``codex exec --oss`` through the Ollama door.
 
-The package is installed once into a cache directory (``SPECLANE_CLIENTS_CACHE``, default
-``~/.cache/speclane/clients``); the tests skip, saying why, only when npm is missing or the
-registry cannot be reached.
+The pinned package is installed once into a cache directory (``tests.clients.programs``);
+the tests skip, saying why, only when the npm registry cannot be reached.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,50 +19,22 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.clients.programs import require
 from tests.fakes.upstream import Behaviour, FakeUpstream, fake_upstream
 from tests.reliability.harness import RouterProcess, clean_env, config_text
 
-CODEX_PACKAGE = "@openai/codex"
-CODEX_VERSION = "0.169.0"
 MODEL = "fake-model"
 MARKER = "speclane-tool-ok"
 FIRST_ANSWER = "The command printed the marker."
 SECOND_ANSWER = "Second turn answered."
 RUN_TIMEOUT = 240.0
-# npm's own words when it cannot reach the registry: then the test skips, nothing else.
-OFFLINE = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ETIMEDOUT", "ECONNRESET",
-           "network request", "getaddrinfo")
 
-
-def _cache_dir() -> Path:
-    root = os.environ.get("SPECLANE_CLIENTS_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "speclane" / "clients"
-
-
-def install_codex() -> Path:
-    """The ``codex`` executable of the pinned version, installed on first use."""
-    prefix = _cache_dir() / f"codex-{CODEX_VERSION}"
-    binary = prefix / "node_modules" / ".bin" / "codex"
-    if binary.exists():
-        return binary
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed: cannot install Codex")
-    prefix.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        [npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix),
-         f"{CODEX_PACKAGE}@{CODEX_VERSION}"],
-        capture_output=True, text=True, timeout=600, check=False)
-    if done.returncode != 0:
-        if any(word in done.stderr for word in OFFLINE):
-            pytest.skip(f"the npm registry cannot be reached: {done.stderr.strip()[-300:]}")
-        raise AssertionError(f"npm install {CODEX_PACKAGE} failed:\n{done.stderr[-2000:]}")
-    return binary
+pytestmark = pytest.mark.clients
 
 
 @pytest.fixture(scope="module")
 def codex() -> Path:
-    return install_codex()
+    return require("codex")
 
 
 # --- the scripted upstream --------------------------------------------------------------------
