@@ -96,25 +96,10 @@ def to_openai(body: dict[str, Any],
     choice = _tool_choice(body.get("tool_choice"), namespaces)
     if choice is not None:
         out["tool_choice"] = choice
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None:
-        if not isinstance(parallel, bool):
-            raise bad_request("'parallel_tool_calls' must be a boolean",
-                              param="parallel_tool_calls")
-        if tools:
-            out["parallel_tool_calls"] = parallel
-    limit = body.get("max_output_tokens")
-    if limit is not None:
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise bad_request("'max_output_tokens' must be a positive integer",
-                              param="max_output_tokens")
-        out["max_tokens"] = limit
-    for key in ("temperature", "top_p"):
-        value = body.get(key)
-        if value is not None:
-            if not isinstance(value, int | float) or isinstance(value, bool):
-                raise bad_request(f"'{key}' must be a number", param=key)
-            out[key] = value
+    parallel = _flag(body, "parallel_tool_calls", None)
+    if tools and parallel is not None:
+        out["parallel_tool_calls"] = parallel
+    out.update(_sampling(body))
     text = _text(body.get("text"))
     if text is not None:
         out["response_format"] = text
@@ -127,24 +112,16 @@ def to_openai(body: dict[str, Any],
             raise bad_request(f"'prompt_cache_key' must be a string of up to {MAX_ID_CHARS} "
                               "characters", param="prompt_cache_key")
         out["prompt_cache_key"] = cache_key  # OpenAI's chat API has the same field
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise bad_request("'stream' must be a boolean", param="stream")
+    stream = bool(_flag(body, "stream", False))
     if stream:
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
-    store = body.get("store", True)
-    if store is None:
-        store = True
-    if not isinstance(store, bool):
-        raise bad_request("'store' must be a boolean", param="store")
+    store = bool(_flag(body, "store", True))
     echo = {
         "instructions": instructions,
-        "max_output_tokens": limit,
+        "max_output_tokens": out.get("max_tokens"),
         "metadata": _metadata(body.get("metadata")),
-        "parallel_tool_calls": parallel if isinstance(parallel, bool) else True,
+        "parallel_tool_calls": parallel is not False,
         "previous_response_id": body.get("previous_response_id"),
         "prompt_cache_key": cache_key,
         "store": store,
@@ -157,6 +134,32 @@ def to_openai(body: dict[str, Any],
         "user": out.get("user"),
     }
     return ResponsesRequest(out, model, stream, store, conversation, echo, namespaces)
+
+
+def _flag(body: dict[str, Any], key: str, default: bool | None) -> bool | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"'{key}' must be a boolean", param=key)
+    return value
+
+
+def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    limit = body.get("max_output_tokens")
+    if limit is not None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise bad_request("'max_output_tokens' must be a positive integer",
+                              param="max_output_tokens")
+        out["max_tokens"] = limit
+    for key in ("temperature", "top_p"):
+        value = body.get(key)
+        if value is not None:
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise bad_request(f"'{key}' must be a number", param=key)
+            out[key] = value
+    return out
 
 
 # --- input --------------------------------------------------------------------------------
