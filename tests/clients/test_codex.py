@@ -162,3 +162,20 @@ async def test_codex_oss_through_the_ollama_door(codex: Path, tmp_path: Path) ->
     assert code == 0, f"codex exec --oss failed ({code}):\n{out}\n{err}"
     assert FIRST_ANSWER in out
     assert len(fake.requests) == 1 and fake.requests[0].body["model"] == MODEL
+
+
+async def test_codex_oss_with_a_model_speclane_does_not_serve(codex: Path,
+                                                              tmp_path: Path) -> None:
+    """Codex pulls a model missing from the list; speclane's answer says what it serves."""
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    async with fake_upstream(models=(MODEL,)) as fake, \
+            speclane_in_front_of(fake, tmp_path) as router:
+        code, out, err = await run_codex(
+            codex, home, work, "exec", "--oss", "--local-provider", "ollama",
+            "-m", "gpt-oss:20b", "--skip-git-repo-check", "Say hello.",
+            env={"CODEX_OSS_BASE_URL": router.base_url})
+    assert code != 0
+    assert "does not download models" in out + err and MODEL in out + err
+    assert not fake.requests
