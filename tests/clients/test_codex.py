@@ -24,7 +24,8 @@ from tests.fakes.upstream import Behaviour, FakeUpstream, fake_upstream
 from tests.reliability.harness import RouterProcess, clean_env, config_text
 
 MODEL = "fake-model"
-MARKER = "speclane-tool-ok"
+COMMAND = "echo speclane-$((6*7))-ok"  # its output differs from its text: the shell ran
+MARKER = "speclane-42-ok"
 FIRST_ANSWER = "The command printed the marker."
 SECOND_ANSWER = "Second turn answered."
 RUN_TIMEOUT = 240.0
@@ -119,7 +120,7 @@ async def test_codex_exec_runs_a_tool_then_a_second_turn(codex: Path, tmp_path: 
     work.mkdir()
     async with fake_upstream(models=(MODEL,)) as fake, \
             speclane_in_front_of(fake, tmp_path) as router:
-        fake.then(shell_call(f"echo {MARKER}"), text(FIRST_ANSWER), text(SECOND_ANSWER))
+        fake.then(shell_call(COMMAND), text(FIRST_ANSWER), text(SECOND_ANSWER))
         flags = provider_flags(router.base_url)
         code, out, err = await run_codex(codex, home, work, "exec", *flags,
                                          "Run the marker command and tell me what it printed.")
