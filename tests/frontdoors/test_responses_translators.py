@@ -294,3 +294,30 @@ def test_any_upstream_event_is_translated_or_skipped(events: list[object]) -> No
             ResponsesEgress(translate(input="x"), 0).body(event)
         except RouterError as e:
             assert e.status == 502
+
+
+def test_stream_cut_by_the_token_limit_ends_incomplete() -> None:
+    egress = ResponsesEgress(translate(input="Hi", stream=True), 0)
+    data = egress.events(sse(chunk({"content": "abc"}), chunk({}, "length"))) + egress.finish()
+    events = parse_stream(data)
+    assert events[-1].type == "response.incomplete"
+    final = events[-1].response
+    assert final.status == "incomplete" and final.incomplete_details.reason == "max_output_tokens"
+    assert final.output[0].status == "incomplete" and final.output_text == "abc"
+
+
+def test_parallel_calls_keep_their_output_indexes() -> None:
+    req = translate(input="x", tools=[WEATHER], stream=True)
+    egress = ResponsesEgress(req, 0)
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": ""}}
+    data = egress.events(sse(
+        chunk({"tool_calls": [{"index": 0, "id": "a", **call}, {"index": 1, "id": "b", **call}]}),
+        chunk({"tool_calls": [{"index": 1, "function": {"arguments": '{"city":"Rome"}'}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city":"Oslo"}'}}]}),
+        chunk({}, "tool_calls"))) + egress.finish()
+    events = parse_stream(data)
+    final = events[-1].response
+    assert [(o.call_id, o.arguments) for o in final.output] == [
+        ("a", '{"city":"Oslo"}'), ("b", '{"city":"Rome"}')]
+    done = [e for e in events if e.type == "response.output_item.done"]
+    assert [e.output_index for e in done] == [0, 1]
