@@ -1,0 +1,190 @@
+"""The ``suffix`` draft source: drafts from earlier requests' prompts and answers (pure).
+
+After SuffixDecoding (arXiv 2411.04975, vLLM's ``suffix`` method) and llama.cpp's shared
+n-gram pool (``ngram-mod``): agent loops repeat themselves across requests (the same tool call
+shape every turn, a file re-emitted after a small change, a retried prompt), so the tokens that
+followed the sequence's latest n-gram in an earlier request are a good draft.
+
+- ``SuffixIndex``: n-gram tables over finished requests (prompt and output, one entry each),
+  one table per **partition** (the client's prompt-cache partition): a lookup only ever sees
+  its own partition's entries, so one client's text never drafts another's answer and the
+  acceptance rate says nothing about what another client sent. Bounded in bytes: entries are
+  evicted least recently used (inserted or drafted from) across all partitions, so one
+  client's traffic can evict another's entries (which says how much it sends, never what).
+- ``SuffixDraft``: one request's proposer. Its own prompt and output so far are indexed too
+  (as ``router.worker.drafts.PromptLookup`` does), and the longer match of the two wins (the
+  current context on a tie: it is what is being copied right now).
+
+Keys are the hashes of the n-grams (a Python int each, far smaller than a tuple): a collision
+only makes a wrong draft, which verification rejects like any other.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+# Accounted bytes, conservative for CPython 3.11 on 64 bits: a token in an entry's list (a
+# pointer and an int object), and an n-gram in a table (an int key, an int value, the dict
+# slot and index with the table's growth headroom).
+TOKEN_BYTES = 40
+NGRAM_BYTES = 120
+ENTRY_BYTES = 200
+_END_BITS = 32  # a table value packs (entry id, end) in one int
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    ngrams: tuple[int, ...] = (3, 4, 6, 8, 12, 16)  # sizes matched, the longest first
+    max_draft: int = 16
+    max_bytes: int = 64 << 20  # the whole index, all partitions; 0: nothing is kept
+    max_entry_tokens: int = 8192  # an entry keeps the last this many tokens of a request
+
+    def __post_init__(self) -> None:
+        if not self.ngrams or min(self.ngrams) < 1:
+            raise ValueError("n-gram sizes must be at least 1")
+        if self.max_draft < 1:
+            raise ValueError("the maximum draft length must be at least 1")
+        if self.max_bytes < 0 or self.max_entry_tokens < 2:
+            raise ValueError("max_bytes must be >= 0 and max_entry_tokens >= 2")
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.ngrams), reverse=True))
+
+
+def entry_cost(tokens: int, sizes: int) -> int:
+    return ENTRY_BYTES + tokens * (TOKEN_BYTES + sizes * NGRAM_BYTES)
+
+
+def _key(tokens: Sequence[int], end: int, n: int) -> int:
+    return hash((n, *tokens[end - n : end]))
+
+
+def _ngrams(tokens: Sequence[int], sizes: tuple[int, ...],
+            first_end: int = 1) -> Iterator[tuple[int, int]]:
+    """(key, end) of every n-gram ending before the last token (it needs a continuation)."""
+    for end in range(max(first_end, 1), len(tokens)):
+        for n in sizes:
+            if end >= n:
+                yield _key(tokens, end, n), end
+
+
+@dataclass
+class _Entry:
+    partition: str
+    tokens: list[int]
+    cost: int
+
+
+class SuffixIndex:
+    """Earlier requests' token sequences, looked up by n-gram within one partition."""
+
+    def __init__(self, config: SuffixConfig) -> None:
+        self.config = config
+        self._sizes = config.sizes
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # LRU order, oldest first
+        self._tables: dict[str, dict[int, int]] = {}  # partition -> key -> id << 32 | end
+        self._next_id = 0
+        self.bytes = 0
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def partitions(self) -> int:
+        return len(self._tables)
+
+    def insert(self, partition: str, tokens: Sequence[int]) -> None:
+        """Keep a finished request's prompt and output (their last ``max_entry_tokens``)."""
+        kept = list(tokens[-self.config.max_entry_tokens :])
+        cost = entry_cost(len(kept), len(self._sizes))
+        if len(kept) < 2 or cost > self.config.max_bytes:
+            return
+        while self._entries and self.bytes + cost > self.config.max_bytes:
+            self._evict()
+        entry_id = self._next_id
+        self._next_id += 1
+        self._entries[entry_id] = _Entry(partition, kept, cost)
+        self.bytes += cost
+        table = self._tables.setdefault(partition, {})
+        for key, end in _ngrams(kept, self._sizes):
+            table[key] = entry_id << _END_BITS | end  # the latest occurrence wins
+
+    def match(self, partition: str, tokens: Sequence[int], k: int) -> tuple[int, list[int]]:
+        """(n, draft): the continuation of the longest n-gram ending ``tokens`` found in the
+        partition, the most recent occurrence; (0, []) when none is."""
+        table = self._tables.get(partition)
+        if not table or k <= 0:
+            return 0, []
+        size = len(tokens)
+        for n in self._sizes:
+            if size < n:
+                continue
+            packed = table.get(_key(tokens, size, n))
+            if packed is None:
+                continue
+            entry_id, end = packed >> _END_BITS, packed & ((1 << _END_BITS) - 1)
+            entry = self._entries.get(entry_id)
+            if entry is None or entry.tokens[end - n : end] != list(tokens[size - n :]):
+                continue  # a hash collision
+            self._entries.move_to_end(entry_id)
+            return n, entry.tokens[end : end + k]
+        return 0, []
+
+    def _evict(self) -> None:
+        entry_id, entry = self._entries.popitem(last=False)
+        self.bytes -= entry.cost
+        self.evicted += 1
+        table = self._tables[entry.partition]
+        for key, _ in _ngrams(entry.tokens, self._sizes):
+            packed = table.get(key)
+            if packed is not None and packed >> _END_BITS == entry_id:
+                del table[key]
+        if not table:
+            del self._tables[entry.partition]
+
+
+class SuffixDraft:
+    """One request's proposer: its partition of the index, and its own context."""
+
+    def __init__(self, index: SuffixIndex, partition: str) -> None:
+        self.index = index
+        self.partition = partition
+        self._sizes = index.config.sizes
+        self._tokens: list[int] = []
+        self._own: dict[int, int] = {}  # key -> end of its latest occurrence in _tokens
+        self.from_index = 0  # proposals taken from earlier requests (for tests and stats)
+
+    def _sync(self, tokens: Sequence[int]) -> None:
+        known = len(self._tokens)
+        if len(tokens) < known or list(tokens[:known]) != self._tokens:
+            self._tokens, self._own, known = [], {}, 0  # not our sequence: start over
+        self._tokens.extend(tokens[known:])
+        # Index n-grams ending at known..len-1 (the one ending at len is the suffix itself).
+        for key, end in _ngrams(self._tokens, self._sizes, first_end=known):
+            self._own[key] = end
+
+    def _own_match(self, k: int) -> tuple[int, list[int]]:
+        size = len(self._tokens)
+        for n in self._sizes:
+            if size < n:
+                continue
+            end = self._own.get(_key(self._tokens, size, n))
+            if end is not None and self._tokens[end - n : end] == self._tokens[size - n :]:
+                return n, self._tokens[end : end + k]
+        return 0, []
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` draft tokens to follow ``tokens`` (the prompt and the output so far)."""
+        k = min(k, self.index.config.max_draft)
+        if k <= 0:
+            return []
+        self._sync(tokens)
+        own_n, own = self._own_match(k)
+        n, earlier = self.index.match(self.partition, self._tokens, k)
+        if n > own_n and earlier:
+            self.from_index += 1
+            return earlier
+        return own
