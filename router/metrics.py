@@ -201,7 +201,7 @@ class Metrics:
         self.spec_source_tokens = Counter(
             "speclane_spec_source_tokens_total",
             "Draft tokens by draft source (speclane's lanes: draft_model, prompt_lookup, "
-            "prediction; other backends: their kind), outcome drafted or accepted.",
+            "suffix, prediction; other backends: their kind), outcome drafted or accepted.",
             ["backend", "model", "source", "outcome"], registry=r)
         self.spec_ignored_tokens = Counter(
             "speclane_spec_ignored_tokens_total",

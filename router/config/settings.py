@@ -39,6 +39,7 @@ from router.worker.contract import (
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_PREFILL_STEP_SIZE,
     DEFAULT_PROMPT_CACHE_BYTES,
+    DEFAULT_SUFFIX_BYTES,
     MAX_DRAFT_TOKENS,
 )
 
@@ -101,11 +102,16 @@ class LanesSettings(Frozen):
     # and tools, draft_model then prompt_lookup for chat when a draft model runs (the gate
     # may refuse it), else prompt_lookup; the first source still paying is used. A fixed
     # value is that source alone for every family; prompt_lookup needs no draft model.
-    draft_source: Literal["auto", "draft_model", "prompt_lookup", "none"] = "auto"
+    # suffix drafts from the same client's earlier prompts and answers (and the request's
+    # own context); auto tries it after prompt_lookup, and for chat after the other two.
+    draft_source: Literal["auto", "draft_model", "prompt_lookup", "suffix", "none"] = "auto"
     lookup_ngram_min: int = Field(2, ge=1, le=16)
     lookup_ngram_max: int = Field(4, ge=1, le=16)
     lookup_max_draft: int = Field(8, ge=1, le=32)
     prediction_max_draft: int = Field(16, ge=1, le=32)
+    suffix_max_draft: int = Field(16, ge=1, le=32)
+    # The suffix source's index of earlier requests, all clients together (LRU); 0: none.
+    suffix_bytes: int = Field(DEFAULT_SUFFIX_BYTES, ge=0)
     max_batch_size: int = Field(8, ge=1, le=256)
     startup_timeout: float = Field(600.0, gt=0)
     health_interval: float = Field(2.0, gt=0)

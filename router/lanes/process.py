@@ -65,7 +65,7 @@ def speculative_args(settings: LanesSettings, draft_dir: Path | None) -> tuple[s
     router names one per request family, ``router.routing.speculate.lane_source``). ``auto``
     is the draft model when one runs, else prompt lookup (free to make, needs no model);
     ``draft_model`` without a draft directory (none configured, or the gate refused the pair)
-    means no lane-wide drafting; ``prompt_lookup`` is always honoured."""
+    means no lane-wide drafting; ``prompt_lookup`` and ``suffix`` are always honoured."""
     source = settings.draft_source
     if source == "auto":
         source = "draft_model" if draft_dir is not None else "prompt_lookup"
@@ -77,6 +77,8 @@ def speculative_args(settings: LanesSettings, draft_dir: Path | None) -> tuple[s
         "--lookup-ngram-max", str(settings.lookup_ngram_max),
         "--lookup-max-draft", str(settings.lookup_max_draft),
         "--prediction-max-draft", str(settings.prediction_max_draft),
+        "--suffix-max-draft", str(settings.suffix_max_draft),
+        "--suffix-bytes", str(settings.suffix_bytes),
     )
 
 

@@ -40,8 +40,9 @@ __all__ = [
 # The families whose answers copy given text: prompt lookup's case under ``auto``.
 COPYING_FAMILIES = frozenset({"code-block", "tools"})
 # The draft sources, as the auto-disable state and the metrics name them: on the speculative
-# lane ``prediction`` (the request's own), ``draft_model`` and ``prompt_lookup`` (the two a
-# body may ask for, ``LANE_ASKABLE``) or ``none``; an external backend's is its draft model.
+# lane ``prediction`` (the request's own), ``draft_model``, ``prompt_lookup`` and ``suffix``
+# (the ones a body may ask for, ``LANE_ASKABLE``) or ``none``; an external backend's is its
+# draft model.
 EXTERNAL_SOURCE = "draft_model"
 LANE_ASKABLE = frozenset(REQUEST_DRAFT_SOURCES)
 
@@ -76,19 +77,22 @@ def lane_sources(family: str, configured: str, lane_has_draft: bool) -> tuple[st
     nearly nothing, so prompt lookup comes first; ``chat`` tries the draft model first when
     the lane runs one. The second source is what ``choose_source`` falls back on once the
     first has stopped paying for a workload (a list or a quoted answer in ``chat`` may copy
-    enough for prompt lookup). A fixed value is that source alone for every family;
-    ``draft_model`` without a loaded draft model, and ``none``, ask nothing (no drafting)."""
+    enough for prompt lookup). ``suffix`` (the client's earlier requests, then the request's
+    own context) comes right after prompt lookup for the copying families (agent loops
+    repeat tool call shapes and re-emit files across turns) and last for ``chat`` (a retried
+    prompt). A fixed value is that source alone for every family; ``draft_model`` without a
+    loaded draft model, and ``none``, ask nothing (no drafting)."""
     if family == "prediction":
         return ()
     if configured == "auto":
         if not lane_has_draft:
-            return ("prompt_lookup",)
+            return ("prompt_lookup", "suffix")
         if family in COPYING_FAMILIES:
-            return ("prompt_lookup", "draft_model")
-        return ("draft_model", "prompt_lookup")
+            return ("prompt_lookup", "suffix", "draft_model")
+        return ("draft_model", "prompt_lookup", "suffix")
     if configured == "draft_model":
         return ("draft_model",) if lane_has_draft else ()
-    return ("prompt_lookup",) if configured == "prompt_lookup" else ()
+    return (configured,) if configured in ("prompt_lookup", "suffix") else ()
 
 
 def lane_source(family: str, configured: str, lane_has_draft: bool) -> str | None:

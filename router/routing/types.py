@@ -27,8 +27,8 @@ class BackendView:
     queued: int = 0  # requests the backend itself reports as waiting (lanes only)
     capacity: int | None = None  # concurrent requests it serves at full speed
     speculative: bool = False  # speculation is active on it
-    # The speculative lane: ``[lanes] draft_source`` (auto, draft_model, prompt_lookup, none)
-    # and whether its worker reports a loaded draft model; None for other backends.
+    # The speculative lane: ``[lanes] draft_source`` (auto, draft_model, prompt_lookup, suffix,
+    # none) and whether its worker reports a loaded draft model; None for other backends.
     source_setting: str | None = None
     has_draft: bool = False
 
@@ -54,8 +54,8 @@ class Candidate:
     lane: str  # shown in X-Speclane-Lane: the lane name, or the backend name if external
     speculative: bool = False  # for the speculative lane: decode with the draft model
     # The speculative lane: the source the request drafts with there (``prediction``,
-    # ``draft_model``, ``prompt_lookup``, ``none``; ``routing.speculate.request_source``);
-    # None for other backends (their own draft model).
+    # ``draft_model``, ``prompt_lookup``, ``suffix``, ``none``;
+    # ``routing.speculate.request_source``); None for other backends (their own draft model).
     source: str | None = None
 
 

@@ -1,8 +1,8 @@
 """The state kept per (backend, model, workload, source) by the auto-disable, and its JSON view.
 
 The workload is ``<client>:<preset>:<family>`` (``router.speculation.families``) and the source
-what drafts (``draft_model``, ``prompt_lookup``, ``prediction``): the state is per (backend,
-model, client, preset, family, source), and the view shows the parts.
+what drafts (``draft_model``, ``prompt_lookup``, ``suffix``, ``prediction``): the state is per
+(backend, model, client, preset, family, source), and the view shows the parts.
 """
 
 from __future__ import annotations

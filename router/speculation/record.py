@@ -64,7 +64,8 @@ class SpecRecord:
     mean_accept_len: float | None
     per_position: tuple[int, ...] = ()
     reported: frozenset[str] = frozenset()
-    draft_source: str | None = None  # speclane's lanes: draft_model, prompt_lookup, prediction
+    # speclane's lanes: draft_model, prompt_lookup, suffix, prediction
+    draft_source: str | None = None
 
     @property
     def derived(self) -> frozenset[str]:

@@ -30,16 +30,17 @@ DRAFT_TOKENS_FIELD = "num_draft_tokens"  # request field: 0 decodes without the 
 # ``prediction``, which always wins); the batching lane ignores it. The router writes it per
 # request family (``router.routing.speculate.lane_source``).
 DRAFT_SOURCE_FIELD = "draft_source"
-REQUEST_DRAFT_SOURCES = ("draft_model", "prompt_lookup")
+REQUEST_DRAFT_SOURCES = ("draft_model", "prompt_lookup", "suffix")
 MAX_DRAFT_TOKENS = 16  # per verification round, for the flag and the request field
 DEFAULT_DRAFT_TOKENS = 3
 DEFAULT_BATCH_SIZE = 8
 # What drafts on the speculative lane for requests without a ``prediction`` (which always
 # drafts from its prediction).
-DRAFT_SOURCES = ("draft_model", "prompt_lookup", "none")
+DRAFT_SOURCES = ("draft_model", "prompt_lookup", "suffix", "none")
 MAX_LOOKUP_NGRAM = 16
 MAX_DRAFT_PER_STEP = 32  # prompt_lookup and prediction drafts, per verification step
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
+DEFAULT_SUFFIX_BYTES = 64 << 20  # the suffix source's index of earlier requests
 DEFAULT_PREFILL_STEP_SIZE = 2048  # mlx-lm's own default: the bound of one chunk
 DEFAULT_CHUNK_SECONDS = 0.5  # the time one prefill chunk may take between decoding steps
 
@@ -68,6 +69,11 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
     p.add_argument("--prediction-max-draft", type=int, default=16,
                    help="prediction: tokens of the request's prediction verified per step "
                         "(default 16)")
+    p.add_argument("--suffix-max-draft", type=int, default=16,
+                   help="suffix: tokens drafted per step from earlier requests (default 16)")
+    p.add_argument("--suffix-bytes", type=int, default=DEFAULT_SUFFIX_BYTES,
+                   help="suffix: bound of the index of earlier requests' prompts and answers, "
+                        f"all clients together (default {DEFAULT_SUFFIX_BYTES}; 0: no index)")
     p.add_argument("--max-batch-size", type=int, default=DEFAULT_BATCH_SIZE,
                    help=f"batching mode: sequences decoded together (default "
                         f"{DEFAULT_BATCH_SIZE})")
@@ -100,7 +106,9 @@ def check_worker_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
         p.error("--prefill-chunk-seconds must be > 0")
     if not 1 <= args.lookup_ngram_min <= args.lookup_ngram_max <= MAX_LOOKUP_NGRAM:
         p.error(f"--lookup-ngram-min/max must satisfy 1 <= min <= max <= {MAX_LOOKUP_NGRAM}")
-    for flag in ("lookup_max_draft", "prediction_max_draft"):
+    if args.suffix_bytes < 0:
+        p.error("--suffix-bytes must be >= 0")
+    for flag in ("lookup_max_draft", "prediction_max_draft", "suffix_max_draft"):
         if not 1 <= getattr(args, flag) <= MAX_DRAFT_PER_STEP:
             p.error(f"--{flag.replace('_', '-')} must be between 1 and {MAX_DRAFT_PER_STEP}")
     if args.draft_source is None:

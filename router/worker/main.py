@@ -24,6 +24,7 @@ from router.worker.drafts import LookupConfig, PredictionConfig
 from router.worker.engine import Engine, LoadError, Models
 from router.worker.server import WorkerInfo, make_app, start_site
 from router.worker.speculative import SpecSettings, SpeculativeEngine
+from router.worker.suffix import SuffixConfig
 
 PARENT_POLL_SECONDS = 0.5
 SHUTDOWN_SECONDS = 3.0
@@ -111,6 +112,7 @@ def spec_settings(args: argparse.Namespace) -> SpecSettings:
         lookup=LookupConfig(args.lookup_ngram_min, args.lookup_ngram_max, args.lookup_max_draft),
         prediction=PredictionConfig(max_draft=args.prediction_max_draft),
         prompt_cache_bytes=args.prompt_cache_bytes,
+        suffix=SuffixConfig(max_draft=args.suffix_max_draft, max_bytes=args.suffix_bytes),
     )
 
 
@@ -142,6 +144,8 @@ def lane_source(args: argparse.Namespace, models: Models) -> tuple[str | None, i
         return "draft_model", args.num_draft_tokens
     if args.draft_source == "prompt_lookup":
         return "prompt_lookup", args.lookup_max_draft
+    if args.draft_source == "suffix":
+        return "suffix", args.suffix_max_draft
     return None, 0
 
 

@@ -108,9 +108,9 @@ class GenerationRequest:
     # OpenAI Predicted Outputs: the expected text of the answer. The speculative lane drafts
     # from it; the batching lane ignores it (the answer is the same, only slower to come).
     prediction: str | None = None
-    # The speculative lane's draft source for this request (``draft_model`` or
-    # ``prompt_lookup``; None: the lane's own). A prediction still wins; the batching lane
-    # ignores it, like ``prediction``.
+    # The speculative lane's draft source for this request (``draft_model``,
+    # ``prompt_lookup`` or ``suffix``; None: the lane's own). A prediction still wins; the
+    # batching lane ignores it, like ``prediction``.
     draft_source: str | None = None
 
     @property

@@ -203,7 +203,7 @@ def check_draft_source(info: WorkerInfo, generation: GenerationRequest) -> None:
             and info.draft_name is None):
         raise bad_request(
             f"'{DRAFT_SOURCE_FIELD}': this lane has no draft model loaded; use "
-            "'prompt_lookup' or leave the field out",
+            "'prompt_lookup', 'suffix' or leave the field out",
             param=DRAFT_SOURCE_FIELD,
         )
 

@@ -13,9 +13,13 @@ Draft sources (``router.worker.drafts`` for the pure ones):
 - ``draft_model``: a small model decodes k tokens greedily on its own KV cache, kept in step.
 - ``prompt_lookup``: n-gram lookup in the prompt and the output so far.
 - ``prediction``: the request's OpenAI ``prediction`` content, re-aligned on divergence.
+- ``suffix``: n-gram lookup in earlier requests' prompts and answers of the same client
+  partition (``router.worker.suffix``), and in the request's own context. Every finished
+  request is indexed, whatever it drafted with, so a plain first answer drafts its retry.
 
-A request chooses its source with the ``draft_source`` field (``draft_model`` or
-``prompt_lookup``; the router sets it per request family); a ``prediction`` still wins.
+A request chooses its source with the ``draft_source`` field (``draft_model``,
+``prompt_lookup`` or ``suffix``; the router sets it per request family); a ``prediction``
+still wins.
 
 A request with logits processors (penalties, logit bias, constraints) decodes plainly: those
 processors depend on every previous token, and drafting around them is not worth the risk.
@@ -38,6 +42,7 @@ from router.worker.jobs import Event, Finished, Job, TextDelta, aborted
 from router.worker.protocol import GenerationRequest
 from router.worker.stats import SpecStats, usage
 from router.worker.stops import StopScanner
+from router.worker.suffix import SuffixConfig, SuffixDraft, SuffixIndex
 
 log = logging.getLogger("speclane.worker")
 
@@ -57,6 +62,7 @@ class SpecSettings:
     lookup: LookupConfig = field(default_factory=LookupConfig)
     prediction: PredictionConfig = field(default_factory=PredictionConfig)
     prompt_cache_bytes: int = 512 << 20  # 0: no prompt cache
+    suffix: SuffixConfig = field(default_factory=SuffixConfig)
 
     def __post_init__(self) -> None:
         if self.draft_source not in SOURCES:
@@ -89,6 +95,8 @@ def plan(
         return Plan("draft_model", capped(settings.num_draft_tokens))
     if source == "prompt_lookup":
         return Plan("prompt_lookup", capped(settings.lookup.max_draft))
+    if source == "suffix":
+        return Plan("suffix", capped(settings.suffix.max_draft))
     return Plan(None, 0)
 
 
@@ -149,6 +157,17 @@ def lookup_proposer(config: LookupConfig) -> Propose:
 
 def prediction_proposer(draft: PredictionDraft) -> Propose:
     return lambda history, prompt_len, k: draft.propose(history[prompt_len:], k)
+
+
+def suffix_proposer(draft: SuffixDraft) -> Propose:
+    return lambda history, prompt_len, k: draft.propose(history, k)
+
+
+def job_partition(job: Job) -> str:
+    """The client partition of a job: the suffix index's, the same as the prompt cache's.
+    ``Job.partition`` (set from the ``X-Speclane-Cache-Partition`` header) comes with the
+    prompt-cache isolation work; without it every request shares the default partition."""
+    return str(getattr(job, "partition", "") or "")
 
 
 @dataclass
@@ -280,10 +299,18 @@ class SpeculativeEngine(Engine):
         super().__init__(load)
         self.settings = settings
         self.prompt_cache: Any = None
+        # Earlier requests' prompts and answers, per client partition (generation thread only).
+        self.suffix = SuffixIndex(settings.suffix)
 
     @property
     def num_draft_tokens(self) -> int:
         return self.settings.num_draft_tokens
+
+    def report(self) -> dict[str, object]:
+        """The suffix index's size for /health (plain ints, read from the event loop)."""
+        index = self.suffix
+        return {"suffix_index": {"entries": len(index), "bytes": index.bytes,
+                                 "max_bytes": index.config.max_bytes, "evicted": index.evicted}}
 
     def plan(self, request: GenerationRequest) -> Plan:
         has_draft = self.models is not None and self.models.draft is not None
@@ -349,6 +376,8 @@ class SpeculativeEngine(Engine):
             propose = prediction_proposer(prediction)
         elif chosen.source == "prompt_lookup":
             propose = lookup_proposer(self.settings.lookup)
+        elif chosen.source == "suffix":
+            propose = suffix_proposer(SuffixDraft(self.suffix, job_partition(job)))
         elif chosen.source == "draft_model":
             draft_cache, draft_cached = self._fetch(DRAFT_KEY, models.draft, history)
             draft_model = DraftModel(models.draft, draft_cache, history[:draft_cached])
@@ -382,4 +411,5 @@ class SpeculativeEngine(Engine):
             self._store(DRAFT_KEY, draft_model.cached, draft_model.cache)
         if reason == "aborted":
             return aborted()
+        self.suffix.insert(job_partition(job), history)
         return progress.finish(reason, cached, prediction)

@@ -393,7 +393,8 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
         "--model", str(tmp_path / "model"), "--model-name", "smol",
         "--draft-model", str(tmp_path / "draft"), "--draft-source", "draft_model",
         "--lookup-ngram-min", "2", "--lookup-ngram-max", "4", "--lookup-max-draft", "8",
-        "--prediction-max-draft", "16",
+"--prediction-max-draft", "16",
+        "--suffix-max-draft", "16", "--suffix-bytes", str(64 << 20),
         "--num-draft-tokens", "4", "--max-batch-size", "6",
         "--prompt-cache-bytes", str(1 << 30),
         "--host", "127.0.0.1", "--port", "0", "--parent-pid", str(os.getpid()),
@@ -408,6 +409,7 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
     ("draft_model", False, "none"),
     ("prompt_lookup", False, "prompt_lookup"),
     ("prompt_lookup", True, "prompt_lookup"),
+    ("suffix", False, "suffix"),
     ("none", True, "none"),
 ])
 def test_the_speculative_lane_gets_its_draft_source(tmp_path, source, with_draft, passed):
@@ -417,6 +419,7 @@ def test_the_speculative_lane_gets_its_draft_source(tmp_path, source, with_draft
     assert argv[argv.index("--draft-source") + 1] == passed
     assert argv[argv.index("--lookup-ngram-max") + 1] == "5"
     assert argv[argv.index("--lookup-max-draft") + 1] == "12"
+    assert argv[argv.index("--suffix-bytes") + 1] == str(settings.suffix_bytes)
     assert ("--draft-model" in argv) == with_draft
 
 

@@ -37,6 +37,7 @@ from router.speculation.families import FAMILIES
     ("chat", "draft_model", False, None),  # no draft model loaded: nothing to ask for
     ("chat", "prompt_lookup", True, "prompt_lookup"),
     ("tools", "prompt_lookup", False, "prompt_lookup"),
+    ("tools", "suffix", False, "suffix"),
     ("chat", "none", True, None),
     ("code-block", "none", True, None),
     ("prediction", "prompt_lookup", True, None),
@@ -49,6 +50,7 @@ def test_lane_source_per_family(family: str, configured: str, has_draft: bool,
 @pytest.mark.parametrize(("family", "asked", "configured", "has_draft", "expected"), [
     ("prediction", "draft_model", "auto", True, "prediction"),  # a prediction always wins
     ("chat", "prompt_lookup", "auto", True, "prompt_lookup"),  # the client's own choice
+    ("chat", "suffix", "auto", True, "suffix"),
     ("code-block", "draft_model", "auto", True, "draft_model"),
     ("code-block", None, "auto", True, "prompt_lookup"),
     ("chat", None, "auto", True, "draft_model"),
@@ -62,10 +64,12 @@ def test_request_source_is_the_key_part(family: str, asked: str | None, configur
 
 @pytest.mark.parametrize(("family", "configured", "has_draft", "expected"), [
     # auto: the preferred source first, the other one to fall back on
-    ("chat", "auto", True, ("draft_model", "prompt_lookup")),
-    ("code-block", "auto", True, ("prompt_lookup", "draft_model")),
-    ("tools", "auto", True, ("prompt_lookup", "draft_model")),
-    ("chat", "auto", False, ("prompt_lookup",)),
+    ("chat", "auto", True, ("draft_model", "prompt_lookup", "suffix")),
+    ("code-block", "auto", True, ("prompt_lookup", "suffix", "draft_model")),
+    ("tools", "auto", True, ("prompt_lookup", "suffix", "draft_model")),
+    ("chat", "auto", False, ("prompt_lookup", "suffix")),
+    ("tools", "suffix", True, ("suffix",)),
+    ("chat", "suffix", False, ("suffix",)),
     ("prediction", "auto", True, ()),
     # a fixed value is one source
     ("chat", "prompt_lookup", True, ("prompt_lookup",)),
@@ -111,10 +115,11 @@ def test_choose_source_takes_the_first_that_pays(states: dict[str, SpecAdvice],
 
 def test_every_family_and_setting_gives_a_known_source() -> None:
     for family in FAMILIES:
-        for configured in ("auto", "draft_model", "prompt_lookup", "none"):
+        for configured in ("auto", "draft_model", "prompt_lookup", "suffix", "none"):
             for has_draft in (True, False):
                 source = request_source(family, None, configured, has_draft)
-                assert source in ("prediction", "draft_model", "prompt_lookup", "none")
+                assert source in ("prediction", "draft_model", "prompt_lookup", "suffix",
+                                  "none")
 
 
 @pytest.mark.parametrize(("candidate", "asked", "key"), [

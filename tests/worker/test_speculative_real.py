@@ -14,7 +14,9 @@ from router.worker.speculative import (
     decode,
     lookup_proposer,
     prediction_proposer,
+    suffix_proposer,
 )
+from router.worker.suffix import SuffixConfig, SuffixDraft, SuffixIndex
 
 pytestmark = pytest.mark.realmodel
 
@@ -83,7 +85,11 @@ def test_every_draft_source_writes_what_plain_decoding_writes(
     prediction = PredictionDraft(
         tokenizer.encode(changed, add_special_tokens=False), PredictionConfig()
     )
+    # An earlier answer with the same change: the suffix source drafts from it.
+    index = SuffixIndex(SuffixConfig())
+    index.insert("p", prompt + tokenizer.encode(changed, add_special_tokens=False))
     sources = {
+        "suffix": (suffix_proposer(SuffixDraft(index, "p")), 16),
         "prompt_lookup": (lookup_proposer(LookupConfig()), 8),
         "prediction": (prediction_proposer(prediction), 16),
         "draft_model": (DraftModel(draft, make_prompt_cache(draft), []).propose, 3),
@@ -93,3 +99,4 @@ def test_every_draft_source_writes_what_plain_decoding_writes(
         out, accepted[name] = generate(model, tokenizer, prompt, propose, k)
         assert out == plain, name
     assert accepted["prediction"] > 0
+    assert accepted["suffix"] > 0

@@ -1,0 +1,89 @@
+"""The ``suffix`` source on the real speculative engine (in-process, the default model):
+lossless, a repeated prompt drafts from the earlier answer, and only within its partition."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.worker.engine import Models
+from router.worker.jobs import Finished, Job, TextDelta
+from router.worker.protocol import GenerationRequest, Message
+from router.worker.speculative import SpecSettings, SpeculativeEngine
+from router.worker.suffix import SuffixIndex
+
+pytestmark = pytest.mark.realmodel
+
+MAX_TOKENS = 32
+QUESTION = "Write a short Python function that returns the sum of a list of numbers."
+
+
+@pytest.fixture(scope="module")
+def engine(prepared_models: tuple[Path, Path]) -> Iterator[SpeculativeEngine]:
+    from mlx_lm import load
+
+    def load_models() -> Models:
+        model, tokenizer = load(str(prepared_models[0]))
+        return Models(model, tokenizer)
+
+    engine = SpeculativeEngine(load_models, SpecSettings(draft_source="none"))
+    engine.start()
+    yield engine
+    engine.stop(30)
+
+
+def run(engine: SpeculativeEngine, partition: str,
+        source: str | None) -> tuple[str, dict[str, Any]]:
+    """One greedy answer to QUESTION: its text and its ``speclane_spec`` usage."""
+    assert engine.models is not None
+    tokenizer = engine.models.tokenizer
+    text = tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}],
+                                         tokenize=False, add_generation_prompt=True)
+    prompt = list(tokenizer.encode(text, add_special_tokens=False))
+    request = GenerationRequest(kind="chat", messages=(Message("user", QUESTION),),
+                                temperature=0.0, max_tokens=MAX_TOKENS, draft_source=source)
+
+    async def answer() -> tuple[str, dict[str, Any]]:
+        job = Job(request, prompt, asyncio.get_running_loop())
+        job.partition = partition  # what the cache-partition header sets
+        engine.submit(job)
+        out = []
+        while True:
+            event = await asyncio.wait_for(job.events.get(), 300)
+            if isinstance(event, TextDelta):
+                out.append(event.text)
+            else:
+                assert isinstance(event, Finished), event
+                spec = event.usage["speclane_spec"]
+                assert isinstance(spec, dict)
+                return "".join(out), spec
+
+    return asyncio.run(answer())
+
+
+def test_suffix_drafts_a_repeat_from_the_earlier_answer_of_its_own_partition_only(
+    engine: SpeculativeEngine,
+) -> None:
+    # What the request drafts from its own context alone, with nothing indexed.
+    alone_text, alone = run(engine, "bob", "suffix")
+    engine.suffix = SuffixIndex(engine.settings.suffix)  # forget it
+
+    plain_text, plain = run(engine, "alice", None)  # indexed under alice's partition
+    assert plain["drafted"] == 0 and len(engine.suffix) == 1
+
+    bob_text, bob = run(engine, "bob", "suffix")
+    assert bob_text == plain_text == alone_text  # lossless
+    # Another partition: exactly the drafts of its own context, nothing from alice's answer.
+    assert (bob["drafted"], bob["accepted"], bob["steps"]) == (
+        alone["drafted"], alone["accepted"], alone["steps"])
+
+    alice_text, alice = run(engine, "alice", "suffix")
+    assert alice_text == plain_text
+    assert alice["source"] == "suffix"
+    # The retry drafts its whole answer from the first one.
+    assert alice["accepted"] > bob["accepted"]
+    assert alice["accepted"] >= MAX_TOKENS // 2
