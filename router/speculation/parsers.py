@@ -186,7 +186,8 @@ def parse_vllm_mlx(body: Payload) -> SpecResult:
     return _count_pair("vllm_mlx", "mtp", meta, "mtp_drafts", "mtp_accepted")
 
 
-SPECLANE_DRAFT_SOURCES = frozenset({"draft_model", "prompt_lookup", "suffix", "prediction"})
+SPECLANE_DRAFT_SOURCES = frozenset(
+    {"draft_model", "prompt_lookup", "suffix", "prediction", "forced"})
 
 
 def parse_speclane(body: Payload) -> SpecResult:

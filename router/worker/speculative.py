@@ -21,8 +21,11 @@ A request chooses its source with the ``draft_source`` field (``draft_model``,
 ``prompt_lookup`` or ``suffix``; the router sets it per request family); a ``prediction``
 still wins.
 
-A request with logits processors (penalties, logit bias, constraints) decodes plainly: those
-processors depend on every previous token, and drafting around them is not worth the risk.
+A constrained request (tool calls, ``json_schema``) drafts the tokens its grammar forces
+(``router.worker.forced``), else from its source, every position verified under the grammar's
+mask; ``usage.speclane_spec.forced`` counts the forced tokens kept. A request with other logits
+processors (penalties, logit bias) decodes plainly: they depend on every previous token, and
+drafting around them is not worth the risk.
 
 Prompt cache: the KV cache of earlier requests (target and draft model, each under its own key)
 is reused for the longest common token prefix (mlx-lm's ``LRUPromptCache``, bounded in bytes).
@@ -30,6 +33,7 @@ is reused for the longest common token prefix (mlx-lm's ``LRUPromptCache``, boun
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +42,7 @@ from typing import Any
 from router.worker.contract import DRAFT_SOURCES
 from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft, PromptLookup
 from router.worker.engine import Engine, Models, generation_failed, processors_for, sampler_for
+from router.worker.forced import FORCED_MAX_DRAFT, ConstraintDraft
 from router.worker.jobs import Event, Finished, Job, TextDelta, aborted
 from router.worker.protocol import GenerationRequest
 from router.worker.stats import SpecStats, usage
@@ -71,16 +76,18 @@ class SpecSettings:
 
 @dataclass(frozen=True)
 class Plan:
-    source: str | None  # None: plain decoding
+    source: str | None  # None: no draft source (forced tokens only, or plain decoding)
     k: int
+    forced: int = 0  # a constrained request: its grammar's forced tokens drafted per step
 
 
 def plan(
-    request: GenerationRequest, settings: SpecSettings, has_draft: bool, has_processors: bool
+    request: GenerationRequest, settings: SpecSettings, has_draft: bool, has_processors: bool,
+    constrained: bool = False,
 ) -> Plan:
     """Which draft source a request decodes with, and its maximum draft length (pure): its
-    prediction, else its own ``draft_source``, else the lane's; plain with processors or
-    ``num_draft_tokens: 0``."""
+    prediction, else its own ``draft_source``, else the lane's; plus the forced tokens of a
+    ``constrained`` one. Plain with other processors or ``num_draft_tokens: 0``."""
     asked = request.num_draft_tokens
     if has_processors or asked == 0:
         return Plan(None, 0)
@@ -88,6 +95,14 @@ def plan(
     def capped(k: int) -> int:
         return k if asked is None else min(asked, k)
 
+    chosen = _source_plan(request, settings, has_draft, capped)
+    if constrained:
+        return dataclasses.replace(chosen, forced=capped(FORCED_MAX_DRAFT))
+    return chosen
+
+
+def _source_plan(request: GenerationRequest, settings: SpecSettings, has_draft: bool,
+                 capped: Callable[[int], int]) -> Plan:
     if request.prediction:
         return Plan("prediction", capped(settings.prediction.max_draft))
     source = request.draft_source or settings.draft_source
@@ -175,6 +190,7 @@ class Step:
     tokens: list[int]  # emitted this step, in order
     accepted: int  # how many of them were draft tokens
     drafted: int
+    forced: int = 0  # how many of the accepted ones the grammar forced
 
 
 def decode(
@@ -189,11 +205,15 @@ def decode(
     propose: Propose | None = None,
     k: int = 0,
     stop_tokens: frozenset[int] = frozenset(),
+    constraint: ConstraintDraft | None = None,
+    forced_k: int = 0,
 ) -> Iterator[Step]:
     """Generate after ``history`` (the prompt), of which ``cache`` holds the first ``cached``.
 
     ``history`` grows in place with every emitted token; when the generator ends (or is
     closed) the cache holds exactly ``history[:-1]``, ready for the prompt cache.
+    ``constraint``: every position is masked by the grammar (instead of ``processors``), and
+    up to ``forced_k`` forced tokens are the draft when there are any.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
@@ -206,11 +226,17 @@ def decode(
     while produced < max_tokens:
         budget = max_tokens - produced
         draft: list[int] = []
-        if propose is not None and k > 0 and budget > 1:
+        if constraint is not None and budget > 1:
+            draft = constraint.forced(history, min(forced_k, budget - 1))
+        forced = len(draft)
+        if not draft and propose is not None and k > 0 and budget > 1:
             draft = propose(history, prompt_len, min(k, budget - 1))
         inputs = mx.array(history[-1:] + draft, mx.uint32)
         logits = model(inputs[None], cache=cache)[0]  # (1 + len(draft), vocab)
-        if processors:  # only ever without a draft: one row
+        if constraint is not None:
+            allowed = constraint.masks(history, draft, logits.shape[-1])
+            logits = mx.where(mx.array(allowed), logits, -mx.inf)
+        elif processors:  # only ever without a draft: one row
             context = mx.array(history, mx.uint32)
             for processor in processors:
                 logits = processor(context, logits)
@@ -228,7 +254,8 @@ def decode(
         produced += len(emitted)
         # The cache took 1 + len(draft) positions; keep those of history[:-1] only.
         trim_prompt_cache(cache, len(draft) + 1 - len(emitted))
-        yield Step(emitted, min(n, len(emitted)), len(draft))
+        accepted = min(n, len(emitted))
+        yield Step(emitted, accepted, len(draft), accepted if forced else 0)
         if emitted[-1] in stop_tokens:
             return
 
@@ -248,6 +275,7 @@ class SpecProgress:
         self.tokens = 0
         self.drafted = 0
         self.accepted = 0
+        self.forced = 0
         self.steps = 0
         self.k = 0
 
@@ -257,6 +285,7 @@ class SpecProgress:
             self.steps += 1
             self.drafted += step.drafted
             self.accepted += step.accepted
+            self.forced += step.forced
         for token in step.tokens:
             self.tokens += 1
             if token in self.eos:
@@ -283,6 +312,7 @@ class SpecProgress:
         spec = body["speclane_spec"]
         assert isinstance(spec, dict)
         spec["source"] = self.source
+        spec["forced"] = self.forced  # accepted draft tokens the grammar forced
         if prediction is not None:  # OpenAI's meaning: prediction tokens (not) in the output
             body["completion_tokens_details"] = {
                 "accepted_prediction_tokens": prediction.matched,
@@ -314,7 +344,9 @@ class SpeculativeEngine(Engine):
 
     def plan(self, request: GenerationRequest) -> Plan:
         has_draft = self.models is not None and self.models.draft is not None
-        return plan(request, self.settings, has_draft, bool(processors_for(request)))
+        others = processors_for(dataclasses.replace(request, constraint=None))
+        return plan(request, self.settings, has_draft, bool(others),
+                    constrained=request.constraint is not None)
 
     def _serve(self, models: Models) -> None:
         if self.settings.prompt_cache_bytes > 0:
@@ -364,8 +396,9 @@ class SpeculativeEngine(Engine):
         if request.seed is not None:
             mx.random.seed(request.seed)
         chosen = self.plan(request)
-        progress = SpecProgress(job, models.tokenizer, chosen.source)
-        progress.k = chosen.k
+        forced_only = "forced" if chosen.forced else None
+        progress = SpecProgress(job, models.tokenizer, chosen.source or forced_only)
+        progress.k = max(chosen.k, chosen.forced)
         history = list(job.prompt_ids)
         cache, cached = self._fetch(TARGET_KEY, models.model, history)
         propose: Propose | None = None
@@ -382,6 +415,9 @@ class SpeculativeEngine(Engine):
             draft_cache, draft_cached = self._fetch(DRAFT_KEY, models.draft, history)
             draft_model = DraftModel(models.draft, draft_cache, history[:draft_cached])
             propose = draft_model.propose
+        constraint: ConstraintDraft | None = None
+        if chosen.forced:
+            constraint = ConstraintDraft.for_constraint(request.constraint, len(history))
         steps = decode(
             models.model,
             cache,
@@ -389,10 +425,12 @@ class SpeculativeEngine(Engine):
             cached,
             max_tokens=request.max_tokens,
             sampler=sampler_for(request),
-            processors=processors_for(request),
+            processors=() if constraint is not None else processors_for(request),
             propose=propose,
             k=chosen.k,
             stop_tokens=progress.eos,
+            constraint=constraint,
+            forced_k=chosen.forced,
         )
         reason = "length"
         try:

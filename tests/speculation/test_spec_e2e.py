@@ -140,8 +140,8 @@ async def test_speculative_lane_turns_off_probes_and_recovers() -> None:
 
 async def test_one_client_two_families_two_sources_judged_apart() -> None:
     """Edits draft with prompt lookup and pay; chat drafts with the draft model and does not,
-    then with its second source, prompt lookup, which does not either: speculation ends on for
-    the first and off for the second, each row showing its source."""
+    then with its second and third sources, prompt lookup and suffix, which do not either:
+    speculation ends on for the first and off for the second, each row showing its source."""
     code = "Fix this:\n```python\n" + "".join(
         f"def f{i}(x):\n    return x + {i}\n" for i in range(6)) + "```\n"
     edit = [{"role": "user", "content": code}]
@@ -165,7 +165,12 @@ async def test_one_client_two_families_two_sources_judged_apart() -> None:
         assert (await chat_headers(r))["x-speclane-backend"] == "speculative"
         assert spec.requests[-1].body["draft_source"] == "prompt_lookup"
         assert not auto.enabled(chat_key._replace(source="prompt_lookup"))
-        # both of chat's sources off: it goes to batching; the edits keep their source
+        # then on its third, suffix (earlier requests), which does not pay either
+        spec.behaviour = speclane_stats(9, 1, "suffix")
+        assert (await chat_headers(r))["x-speclane-backend"] == "speculative"
+        assert spec.requests[-1].body["draft_source"] == "suffix"
+        assert not auto.enabled(chat_key._replace(source="suffix"))
+        # all of chat's sources off: it goes to batching; the edits keep their source
         spec.behaviour = speclane_stats(9, 8, "prompt_lookup")
         assert (await chat_headers(r))["x-speclane-backend"] == "batching"
         served = await client.chat.completions.with_raw_response.create(
@@ -179,7 +184,8 @@ async def test_one_client_two_families_two_sources_judged_apart() -> None:
     assert rows[("chat", "draft_model")]["state"] == "off"
     assert rows[("chat", "draft_model")]["reason"] == "low_acceptance"
     assert rows[("chat", "prompt_lookup")]["state"] == "off"
-    assert len(rows) == 3
+    assert rows[("chat", "suffix")]["state"] == "off"
+    assert len(rows) == 4
     assert metric_value(text, "speclane_spec_enabled", workload="default:none:code-block",
                         source="prompt_lookup") == 1
     assert metric_value(text, "speclane_spec_enabled", workload="default:none:chat",

@@ -148,3 +148,26 @@ SETTINGS = SpecSettings(draft_source="draft_model", num_draft_tokens=3)
 )
 def test_plan_picks_the_draft_source(request_, settings, has_draft, processors, expected) -> None:
     assert plan(request_, settings, has_draft, processors) == expected
+
+
+@pytest.mark.parametrize(
+    ("request_", "processors", "expected"),
+    [
+        # a constrained request drafts its forced tokens, beside its own source
+        (GenerationRequest("chat"), False, Plan("draft_model", 3, forced=16)),
+        (GenerationRequest("chat", draft_source="suffix"), False, Plan("suffix", 16, forced=16)),
+        (GenerationRequest("chat", num_draft_tokens=2), False, Plan("draft_model", 2, forced=2)),
+        # num_draft_tokens 0 is the plain baseline: no forced drafting either
+        (GenerationRequest("chat", num_draft_tokens=0), False, Plan(None, 0)),
+        # penalties or a logit bias beside the constraint: plain
+        (GenerationRequest("chat"), True, Plan(None, 0)),
+    ],
+)
+def test_plan_drafts_forced_tokens_of_a_constrained_request(request_, processors,
+                                                            expected) -> None:
+    assert plan(request_, SETTINGS, True, processors, constrained=True) == expected
+    if request_.draft_source is not None or not expected.forced:
+        return
+    no_source = plan(request_, SpecSettings(draft_source="none"), False, processors,
+                     constrained=True)
+    assert no_source.source is None and no_source.forced == expected.forced

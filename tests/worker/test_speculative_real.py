@@ -100,3 +100,52 @@ def test_every_draft_source_writes_what_plain_decoding_writes(
         assert out == plain, name
     assert accepted["prediction"] > 0
     assert accepted["suffix"] > 0
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"]}}}
+CONSTRAINED = {
+    "tool_call": {"tools": [WEATHER_TOOL], "tool_choice": "required"},
+    "json_schema": {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "person", "schema": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"]}}}},
+}
+
+
+@pytest.mark.parametrize("case", list(CONSTRAINED))
+def test_forced_tokens_write_what_plain_constrained_decoding_writes(
+    loaded: tuple[Any, Any, Any], case: str
+) -> None:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from router.worker.constrain import COMPILER
+    from router.worker.forced import ConstraintDraft
+    from router.worker.protocol import parse_request
+
+    model, tokenizer, _ = loaded
+    messages = [{"role": "user", "content": "What is the weather in Paris? Tom is 31 years old."}]
+    request = parse_request({"messages": messages, **CONSTRAINED[case]}, "chat")
+    constraint = COMPILER.compile(request, tokenizer)
+    prompt = prompt_ids(tokenizer, messages)
+    eos = frozenset(tokenizer.eos_token_ids)
+
+    def run(**how: Any) -> tuple[list[int], int, int]:
+        history = list(prompt)
+        steps = list(decode(model, make_prompt_cache(model), history, 0, max_tokens=40,
+                            sampler=greedy, stop_tokens=eos, **how))
+        out = [t for s in steps for t in s.tokens]
+        return out, sum(s.forced for s in steps), len(steps)
+
+    plain, _, plain_steps = run(processors=[constraint.processor()])
+    forced, kept, forced_steps = run(
+        constraint=ConstraintDraft.for_constraint(constraint, len(prompt)), forced_k=16)
+    assert forced == plain
+    assert kept > 0 and forced_steps < plain_steps
+    # Forced tokens first, prompt lookup where nothing is forced: still the same answer.
+    both, _, _ = run(constraint=ConstraintDraft.for_constraint(constraint, len(prompt)),
+                     forced_k=16, propose=lookup_proposer(LookupConfig()), k=8)
+    assert both == plain

@@ -1,0 +1,108 @@
+"""Drafting under a decoding constraint: the grammar's forced tokens, verified like any draft.
+
+A constrained answer (tool calls, ``json_schema``) is full of text the grammar forces: the
+``<tool_call>`` marker, braces, quotes, key names, a named function. llguidance computes those
+tokens (``compute_ff_tokens``, its jump-forward / fast-forward tokens). Emitting them outright
+would not be lossless: they are the grammar's canonical tokenization of the forced bytes, and
+plain constrained decoding may spell the same bytes with other tokens. So they are a draft:
+the speculative lane feeds them through the target in one forward pass, masks every position
+with the grammar's mask in the state after the draft tokens before it, samples each position
+and keeps the run the target agrees with. Every emitted token is then the target's own sample
+under the exact mask plain constrained decoding applies, so the output is plain constrained
+decoding's, token for token (greedy), and drawn from the same distribution (sampling).
+
+When the grammar forces nothing, the request's own draft source (prompt lookup, suffix, its
+prediction) drafts instead, verified under the same masks.
+
+``ConstraintDraft`` holds the request's matcher, kept in step with the answer: it follows the
+emitted tokens, walks a draft forward to compute the per-position masks, and rolls back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("speclane.worker")
+
+FORCED_MAX_DRAFT = 16  # forced tokens verified per step
+
+
+class ConstraintDraft:
+    """One constrained request's matcher, and the draft and masks it gives each step."""
+
+    def __init__(self, matcher: Any, vocab: int, eos: Sequence[int], prompt_len: int,
+                 on_error: Callable[[str], None] | None = None) -> None:
+        self._matcher = matcher
+        self._eos = tuple(eos)
+        self._start = prompt_len
+        self._consumed: list[int] = []  # the answer tokens the matcher has taken, in order
+        self._bitmask = np.zeros((vocab + 31) // 32, dtype=np.int32)
+        self._on_error = on_error
+
+    @classmethod
+    def for_constraint(cls, constraint: Any, prompt_len: int,
+                       on_error: Callable[[str], None] | None = None) -> ConstraintDraft:
+        """From a compiled ``router.worker.constrain.Constraint``."""
+        import llguidance
+
+        matcher = llguidance.LLMatcher(constraint.lltokenizer, constraint.grammar)
+        return cls(matcher, constraint.lltokenizer.vocab_size, constraint.eos, prompt_len,
+                   on_error)
+
+    def _sync(self, history: Sequence[int]) -> None:
+        """Bring the matcher to the end of ``history`` (the prompt and the answer so far)."""
+        answer = history[self._start :]
+        keep = 0
+        for had, has in zip(self._consumed, answer, strict=False):
+            if had != has:
+                break
+            keep += 1
+        if keep < len(self._consumed):
+            self._matcher.rollback(len(self._consumed) - keep)
+            del self._consumed[keep:]
+        for token in answer[keep:]:
+            self._matcher.consume_token(token)
+            self._consumed.append(token)
+
+    def forced(self, history: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` tokens the grammar forces after ``history``."""
+        self._sync(history)
+        if k <= 0 or self._matcher.is_error() or self._matcher.is_stopped():
+            return []
+        return [int(t) for t in self._matcher.compute_ff_tokens()[:k]]
+
+    def masks(self, history: Sequence[int], draft: Sequence[int], width: int) -> np.ndarray:
+        """(1 + len(draft), width) booleans: row i is the grammar's mask after ``history``
+        and ``draft[:i]``. Rows after a draft token the grammar refuses repeat its row: the
+        target's sample there cannot be that token, so nothing after it is ever kept."""
+        self._sync(history)
+        valid = self._matcher.validate_tokens(list(draft)) if draft else 0
+        rows = []
+        for i in range(valid + 1):
+            rows.append(self._allowed(width))
+            if i < valid:
+                self._matcher.consume_token(draft[i])
+        if valid:
+            self._matcher.rollback(valid)
+        rows += [rows[-1]] * (len(draft) - valid)
+        return np.stack(rows)
+
+    def _allowed(self, width: int) -> np.ndarray:
+        allowed = np.zeros(width, dtype=bool)
+        if self._matcher.is_error():  # as GrammarProcessor: end the answer
+            message = str(self._matcher.get_error())
+            log.warning("constraint failed: %s", message)
+            if self._on_error is not None:
+                self._on_error(message)
+                self._on_error = None
+            allowed[[t for t in self._eos if t < width]] = True
+            return allowed
+        self._matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
+        bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
+        n_bits = min(width, bits.size)
+        allowed[:n_bits] = bits[:n_bits]
+        return allowed
