@@ -3,6 +3,7 @@ auto-disable decide?
 
     python examples/spec_families.py [--families chat,code,list,edit,refactor-with-prediction]
         [--requests 3] [--max-tokens 48] [--edit-max-tokens 160] [--settle-max 12] [--out FILE]
+        [--scenarios repeat,near-repeat,tool-call,json-schema]
 
 Starts speclane with both lanes on the default model, `[lanes] draft_source = "auto"` (or
 attaches with --url, which then needs the family policies below in its policies_dir). Each
@@ -14,6 +15,11 @@ on the batching lane at concurrency 2; then requests without a lane header until
 auto-disable has decided (GET /admin/spec), and the routed requests that are measured.
 Speed = tokens / (last token - request sent), the prompt cached by a warm-up request
 on each lane. The pure parts: router/bench/sources.py.
+
+`--scenarios` (then `--families ""` skips the families) measures, on the speculative lane
+as one client: a repeated prompt and a near-repeat (one name changed) with the `suffix`
+source against plain decoding, and constrained answers (a required tool call, a
+`json_schema`) with the grammar's forced tokens against plain constrained decoding.
 """
 
 from __future__ import annotations
@@ -57,6 +63,29 @@ probe_min_spacing = 600
 probe_initial = 600
 probe_max = 1200
 """
+SCENARIO_CLIENT = "scenarios"
+REPEAT_PROMPT = ("Write a Python class named {name} with methods add(item), remove(item) and "
+                 "total() for a shopping cart, with a docstring for each method.")
+NAMES = ["ShoppingCart", "Basket", "OrderList", "Trolley", "CartBox", "Bag", "Checkout",
+         "Purchase", "ItemStore", "Collector"]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {
+        "city": {"type": "string"}, "country": {"type": "string"},
+        "unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer"}},
+    "required": ["city", "country", "unit", "days"]}}}
+PERSON = {"type": "object", "properties": {
+    "first_name": {"type": "string"}, "last_name": {"type": "string"},
+    "age": {"type": "integer"}, "city": {"type": "string"},
+    "occupation": {"type": "string"}, "languages": {"type": "array",
+                                                    "items": {"type": "string"}}},
+    "required": ["first_name", "last_name", "age", "city", "occupation", "languages"]}
+CONSTRAINED = {
+    "tool-call": ("What will the weather be in Lyon, France over the next 3 days in celsius?",
+                  {"tools": [WEATHER], "tool_choice": "required"}),
+    "json-schema": ("Describe Ada Lovelace as a JSON object.",
+                    {"response_format": {"type": "json_schema", "json_schema": {
+                        "name": "person", "schema": PERSON}}}),
+}
 POLICY = """client = "family-{name}"
 allow_lane_override = true
 [match]
@@ -119,7 +148,7 @@ async def router(url: str | None) -> AsyncIterator[str]:
         return
     with tempfile.TemporaryDirectory(prefix="speclane-families-") as tmp:
         (Path(tmp) / "policies").mkdir()
-        for name in FAMILIES:
+        for name in [*FAMILIES, SCENARIO_CLIENT]:
             (Path(tmp) / "policies" / f"family-{name}.toml").write_text(POLICY.format(name=name))
         config = Path(tmp) / "speclane.toml"
         config.write_text(CONFIG.format(tmp=tmp))
@@ -160,10 +189,65 @@ async def settle(session: aiohttp.ClientSession, url: str, family: str, prompt: 
     return most
 
 
+async def scenario_one(session: aiohttp.ClientSession, url: str, prompt: str,
+                       extra: dict[str, Any], max_tokens: int, variant: str) -> dict[str, Any]:
+    """One streamed chat request of a scenario on the speculative lane."""
+    headers = {"X-Speclane-Client": f"family-{SCENARIO_CLIENT}",
+               "X-Speclane-Lane": "speculative"}
+    body: dict[str, Any] = {"model": "SmolLM2-135M-Instruct", "max_tokens": max_tokens,
+                            "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True},
+                            "messages": [{"role": "user", "content": prompt}], **extra}
+    body = sources.scenario_body(body, variant)
+    last = None
+    usage: dict[str, Any] = {}
+    sent = time.perf_counter()
+    async with session.post(f"{url}/chat/completions", json=body, headers=headers) as resp:
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[6:])
+            delta = ((event.get("choices") or [{}])[0].get("delta") or {})
+            if delta.get("content") or delta.get("tool_calls"):
+                last = time.perf_counter()
+            if event.get("usage"):
+                usage = event["usage"]
+    tokens = usage.get("completion_tokens", 0)
+    return {"lane": "speculative", "tokens": tokens,
+            "tps": tokens / (last - sent) if last and tokens else None,
+            "spec": usage.get("speclane_spec")}
+
+
+async def scenarios(session: aiohttp.ClientSession, url: str, names: list[str],
+                    rounds: int, max_tokens: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in names:
+        variants = sources.SCENARIO_VARIANTS[name]
+        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+        if name in CONSTRAINED:
+            prompt, extra = CONSTRAINED[name]
+            await scenario_one(session, url, prompt, extra, 4, sources.PLAIN)  # warm-up
+        else:  # the first answer, which the suffix index keeps
+            prompt, extra = REPEAT_PROMPT.format(name=NAMES[0]), {}
+            await scenario_one(session, url, prompt, extra, max_tokens, sources.PLAIN)
+        for i in range(rounds):
+            if name == "near-repeat":  # a name never sent before: only others' answers
+                prompt = REPEAT_PROMPT.format(name=NAMES[1 + i % (len(NAMES) - 1)])
+            for v in variants:
+                runs[v].append(await scenario_one(session, url, prompt, extra, max_tokens, v))
+        out[name] = {v: sources.summarise(r) for v, r in runs.items()}
+        print(f"  {name}: done", flush=True)
+    return out
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     timeout = aiohttp.ClientTimeout(total=900)
     async with router(args.url) as url, aiohttp.ClientSession(timeout=timeout) as session:
+        if args.scenarios:
+            results["scenarios"] = await scenarios(session, url, args.scenarios, args.requests,
+                                                   args.scenario_max_tokens)
         for family in args.families:
             prompt = FAMILIES[family]
             tokens = args.edit_max_tokens if family in EDIT_FAMILIES else args.max_tokens
@@ -225,21 +309,36 @@ def main() -> int:
                    help="routed requests at most while waiting for auto-disable to decide")
     p.add_argument("--families", type=lambda v: [f for f in v.split(",") if f],
                    default=list(FAMILIES), help="comma-separated, of: " + ", ".join(FAMILIES))
+    p.add_argument("--scenarios", type=lambda v: [s for s in v.split(",") if s], default=[],
+                   help="comma-separated, of: " + ", ".join(sources.SCENARIO_VARIANTS))
+    p.add_argument("--scenario-max-tokens", type=int, default=96)
     p.add_argument("--out", type=Path, default=Path("bench-results/spec-families.json"))
     args = p.parse_args()
     unknown = set(args.families) - set(FAMILIES)
     if unknown:
         p.error(f"unknown families: {', '.join(sorted(unknown))}")
+    if set(args.scenarios) - set(sources.SCENARIO_VARIANTS):
+        p.error(f"unknown scenarios: {', '.join(args.scenarios)}")
     results = asyncio.run(run(args))
-    print(sources.table(results))
-    print(json.dumps(sources.goals(results), indent=1))
+    scenario_results = results.pop("scenarios", {})
+    meta: dict[str, Any] = {
+        "requests": args.requests, "max_tokens": args.max_tokens,
+        "edit_max_tokens": args.edit_max_tokens,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": _commit(), "load_average": list(os.getloadavg())}
+    if results:
+        print(sources.table(results))
+        print(json.dumps(sources.goals(results), indent=1))
+        meta.update(table=sources.table(results).split("\n"), goals=sources.goals(results))
+    if scenario_results:
+        print(sources.scenario_table(scenario_results))
+        print(json.dumps(sources.scenario_goals(scenario_results), indent=1))
+        meta.update(scenario_max_tokens=args.scenario_max_tokens,
+                    scenario_table=sources.scenario_table(scenario_results).split("\n"),
+                    scenario_goals=sources.scenario_goals(scenario_results))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"requests": args.requests, "max_tokens": args.max_tokens,
-            "edit_max_tokens": args.edit_max_tokens,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "commit": _commit(), "load_average": list(os.getloadavg()),
-            "table": sources.table(results).split("\n"), "goals": sources.goals(results)}
-    args.out.write_text(json.dumps({"meta": meta, "families": results}, indent=2))
+    args.out.write_text(json.dumps({"meta": meta, "families": results,
+                                    "scenarios": scenario_results}, indent=2))
     print(f"saved {args.out}")
     return 0
 

@@ -23,7 +23,7 @@ from router.bench.stats import mean
 
 PLAIN = "plain"
 # Sources named in the body (the speculative lane's ``draft_source`` request field).
-BODY_SOURCES = ("prompt_lookup", "draft_model")
+BODY_SOURCES = ("prompt_lookup", "draft_model", "suffix")
 PREDICTION_FAMILY = "refactor-with-prediction"
 
 
@@ -77,11 +77,12 @@ def summarise(runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     runs = list(runs)
     drafted = sum((r.get("spec") or {}).get("drafted", 0) for r in runs)
     accepted = sum((r.get("spec") or {}).get("accepted", 0) for r in runs)
+    forced = sum((r.get("spec") or {}).get("forced", 0) for r in runs)
     return {
         "tps": mean([r["tps"] for r in runs if r.get("tps")]),
         "decode_tps": mean([r["decode_tps"] for r in runs if r.get("decode_tps")]),
         "drafted": drafted, "accepted": accepted,
-        "acceptance": accepted / drafted if drafted else None,
+        "acceptance": accepted / drafted if drafted else None, "forced": forced,
         "lanes": sorted({str(r.get("lane")) for r in runs}),
         "sources": sorted({str((r.get("spec") or {}).get("source")) for r in runs}),
         "tokens": [r.get("tokens", 0) for r in runs],
@@ -97,6 +98,56 @@ def together(runs: Sequence[Mapping[str, Any]], wall: float) -> dict[str, Any]:
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
+
+
+# Cross-request and constrained scenarios (``--scenarios``): one client, the speculative lane.
+# ``repeat``: the same prompt again; ``near-repeat``: the same task with one name changed (a
+# fresh name every round, the suffix variant first, so its index only holds other names'
+# answers); ``tool-call`` and ``json-schema``: constrained answers, plain constrained decoding
+# against the lane's default (the grammar's forced tokens, then the lane's source).
+SCENARIO_VARIANTS = {
+    "repeat": (PLAIN, "suffix"),
+    "near-repeat": ("suffix", PLAIN),
+    "tool-call": (PLAIN, "forced"),
+    "json-schema": (PLAIN, "forced"),
+}
+
+
+def scenario_body(body: Mapping[str, Any], variant: str) -> dict[str, Any]:
+    """``forced``: the body as it is (a constrained request drafts its forced tokens)."""
+    return dict(body) if variant == "forced" else apply_variant(body, variant)
+
+
+def scenario_table(results: Mapping[str, Any]) -> str:
+    lines = ["| scenario | variant | acceptance | forced | tok/s | / plain |",
+             "|---|---|---|---|---|---|"]
+    for name, cells in results.items():
+        plain = cells[PLAIN]["tps"]
+        for variant, cell in cells.items():
+            acc = "-" if cell["acceptance"] is None else (
+                f"{cell['acceptance']:.2f} ({cell['accepted']}/{cell['drafted']})")
+            lines.append(f"| {name} | {variant} | {acc} | {cell.get('forced', 0)} | "
+                         f"{_f(cell['tps'], '.1f')} | {_f(ratio(cell['tps'], plain))} |")
+    return "\n".join(lines)
+
+
+def scenario_goals(results: Mapping[str, Any]) -> dict[str, Any]:
+    """The issue's goals: a repeated prompt's answer >= 2x, constrained answers >= 1.3x."""
+    def over(name: str, variant: str) -> float | None:
+        cells = results.get(name)
+        return ratio(cells[variant]["tps"], cells[PLAIN]["tps"]) if cells else None
+
+    return {
+        "repeat_suffix": over("repeat", "suffix"),
+        "near_repeat_suffix": over("near-repeat", "suffix"),
+        "tool_call_forced": over("tool-call", "forced"),
+        "json_schema_forced": over("json-schema", "forced"),
+        "met": {
+            "repeat>=2.0": _at_least(over("repeat", "suffix"), 2.0),
+            "tool_call>=1.3": _at_least(over("tool-call", "forced"), 1.3),
+            "json_schema>=1.3": _at_least(over("json-schema", "forced"), 1.3),
+        },
+    }
 
 
 def _f(value: Any, spec: str = ".2f") -> str:
@@ -168,5 +219,6 @@ def _at_least(value: float | None, bound: float) -> bool | None:
     return None if value is None else value >= bound
 
 
-__all__ = ["BODY_SOURCES", "EDIT_FAMILIES", "PLAIN", "apply_variant", "decided", "family_rows",
-           "goals", "row_decided", "summarise", "table", "together", "variants"]
+__all__ = ["BODY_SOURCES", "EDIT_FAMILIES", "PLAIN", "SCENARIO_VARIANTS", "apply_variant",
+           "decided", "family_rows", "goals", "row_decided", "scenario_body", "scenario_goals",
+           "scenario_table", "summarise", "table", "together", "variants"]

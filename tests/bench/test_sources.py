@@ -10,8 +10,8 @@ from router.bench import sources
 
 
 def test_every_family_is_measured_against_plain_decoding() -> None:
-    assert sources.variants("chat") == ("plain", "prompt_lookup", "draft_model")
-    assert sources.variants("edit") == ("plain", "prompt_lookup", "draft_model")
+    assert sources.variants("chat") == ("plain", "prompt_lookup", "draft_model", "suffix")
+    assert sources.variants("edit") == ("plain", "prompt_lookup", "draft_model", "suffix")
     # A prediction wins over any named source on the lane, so that family has two variants.
     assert sources.variants("refactor-with-prediction") == ("plain", "prediction")
 
@@ -102,3 +102,17 @@ def test_the_table_has_a_row_per_variant_and_a_routed_row() -> None:
     assert len(lines) == 2 + 3 + 3
     assert lines[3].startswith("| edit | prompt_lookup | - | 16.0 | 1.60 |")
     assert "**routed**" in lines[4] and "prompt_lookup: on (on)" in lines[4]
+
+
+def test_scenario_bodies_and_goals() -> None:
+    body = {"messages": []}
+    assert sources.scenario_body(body, "forced") == body
+    assert sources.scenario_body(body, "plain") == {"messages": [], "num_draft_tokens": 0}
+    assert sources.scenario_body(body, "suffix") == {"messages": [], "draft_source": "suffix"}
+    cell = {"tps": 10.0, "acceptance": None, "accepted": 0, "drafted": 0}
+    results = {"repeat": {"plain": cell, "suffix": {**cell, "tps": 25.0}},
+               "tool-call": {"plain": cell, "forced": {**cell, "tps": 12.0, "forced": 9}}}
+    goals = sources.scenario_goals(results)
+    assert goals["met"] == {"repeat>=2.0": True, "tool_call>=1.3": False,
+                            "json_schema>=1.3": None}
+    assert "| tool-call | forced | - | 9 | 12.0 | 1.20 |" in sources.scenario_table(results)

@@ -1,15 +1,18 @@
-"""The ``suffix`` source on the real speculative engine (in-process, the default model):
-lossless, a repeated prompt drafts from the earlier answer, and only within its partition."""
+"""The speculative engine on the real default model (in-process): the ``suffix`` source
+(lossless, a repeated prompt drafts from the earlier answer, only within its partition) and
+a constrained request's forced tokens (reported in ``usage``)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from router.worker.constrain import COMPILER
 from router.worker.engine import Models
 from router.worker.jobs import Finished, Job, TextDelta
 from router.worker.protocol import GenerationRequest, Message
@@ -36,8 +39,8 @@ def engine(prepared_models: tuple[Path, Path]) -> Iterator[SpeculativeEngine]:
     engine.stop(30)
 
 
-def run(engine: SpeculativeEngine, partition: str,
-        source: str | None) -> tuple[str, dict[str, Any]]:
+def run(engine: SpeculativeEngine, partition: str, source: str | None,
+        **fields: Any) -> tuple[str, dict[str, Any]]:
     """One greedy answer to QUESTION: its text and its ``speclane_spec`` usage."""
     assert engine.models is not None
     tokenizer = engine.models.tokenizer
@@ -45,7 +48,11 @@ def run(engine: SpeculativeEngine, partition: str,
                                          tokenize=False, add_generation_prompt=True)
     prompt = list(tokenizer.encode(text, add_special_tokens=False))
     request = GenerationRequest(kind="chat", messages=(Message("user", QUESTION),),
-                                temperature=0.0, max_tokens=MAX_TOKENS, draft_source=source)
+                                temperature=0.0, max_tokens=MAX_TOKENS, draft_source=source,
+                                **fields)
+    if request.response_format != "text":
+        constraint = COMPILER.compile(request, tokenizer)
+        request = dataclasses.replace(request, constraint=constraint)
 
     async def answer() -> tuple[str, dict[str, Any]]:
         job = Job(request, prompt, asyncio.get_running_loop())
@@ -87,3 +94,16 @@ def test_suffix_drafts_a_repeat_from_the_earlier_answer_of_its_own_partition_onl
     # The retry drafts its whole answer from the first one.
     assert alice["accepted"] > bob["accepted"]
     assert alice["accepted"] >= MAX_TOKENS // 2
+    assert engine.report()["suffix_index"]["entries"] == 3  # type: ignore[index]
+
+
+def test_a_constrained_answer_drafts_its_forced_tokens(engine: SpeculativeEngine) -> None:
+    schema = ('{"type":"object","properties":{"function_name":{"type":"string"},'
+              '"language":{"const":"python"}},"required":["function_name","language"]}')
+    fields = {"response_format": "json_schema", "response_schema": schema}
+    plain_text, plain = run(engine, "carol", None, num_draft_tokens=0, **fields)
+    text, spec = run(engine, "carol", None, **fields)
+    assert text == plain_text and text.startswith('{"function_name": "')
+    assert plain["drafted"] == 0
+    assert spec["source"] == "forced" and spec["forced"] > 0
+    assert spec["forced"] == spec["accepted"]  # no other source: every kept draft was forced
