@@ -86,6 +86,11 @@ CONSTRAINED = {
                     {"response_format": {"type": "json_schema", "json_schema": {
                         "name": "person", "schema": PERSON}}}),
 }
+# The scenarios compare variants the body names: no request of theirs may become a plain
+# baseline sample of auto-disable (at most one a week).
+SCENARIO_SPEC = """[spec]
+baseline_spacing = 604800
+"""
 POLICY = """client = "family-{name}"
 allow_lane_override = true
 [match]
@@ -148,8 +153,10 @@ async def router(url: str | None) -> AsyncIterator[str]:
         return
     with tempfile.TemporaryDirectory(prefix="speclane-families-") as tmp:
         (Path(tmp) / "policies").mkdir()
-        for name in [*FAMILIES, SCENARIO_CLIENT]:
+        for name in FAMILIES:
             (Path(tmp) / "policies" / f"family-{name}.toml").write_text(POLICY.format(name=name))
+        (Path(tmp) / "policies" / f"family-{SCENARIO_CLIENT}.toml").write_text(
+            POLICY.format(name=SCENARIO_CLIENT) + SCENARIO_SPEC)
         config = Path(tmp) / "speclane.toml"
         config.write_text(CONFIG.format(tmp=tmp))
         proc, m = await procs.spawn_until_line(
