@@ -13,7 +13,10 @@ followed the sequence's latest n-gram in an earlier request are a good draft.
   client's traffic can evict another's entries (which says how much it sends, never what).
 - ``SuffixDraft``: one request's proposer. Its own prompt and output so far are indexed too
   (as ``router.worker.drafts.PromptLookup`` does), and the longer match of the two wins (the
-  current context on a tie: it is what is being copied right now).
+  current context on a tie: it is what is being copied right now). The draft is at most
+  ``spec_factor`` times as long as the match (SuffixDecoding's adaptive length, vLLM's
+  ``suffix_decoding_max_spec_factor``): a long match drafts far, a short one after a
+  divergence risks little.
 
 Keys are the hashes of the n-grams (a Python int each, far smaller than a tuple): a collision
 only makes a wrong draft, which verification rejects like any other.
@@ -21,6 +24,7 @@ only makes a wrong draft, which verification rejects like any other.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,14 +42,15 @@ _END_BITS = 32  # a table value packs (entry id, end) in one int
 class SuffixConfig:
     ngrams: tuple[int, ...] = (3, 4, 6, 8, 12, 16)  # sizes matched, the longest first
     max_draft: int = 16
+    spec_factor: float = 1.0  # the draft is at most this many times the match's length
     max_bytes: int = 64 << 20  # the whole index, all partitions; 0: nothing is kept
     max_entry_tokens: int = 8192  # an entry keeps the last this many tokens of a request
 
     def __post_init__(self) -> None:
         if not self.ngrams or min(self.ngrams) < 1:
             raise ValueError("n-gram sizes must be at least 1")
-        if self.max_draft < 1:
-            raise ValueError("the maximum draft length must be at least 1")
+        if self.max_draft < 1 or not self.spec_factor > 0:
+            raise ValueError("the maximum draft length must be at least 1, spec_factor > 0")
         if self.max_bytes < 0 or self.max_entry_tokens < 2:
             raise ValueError("max_bytes must be >= 0 and max_entry_tokens >= 2")
 
@@ -186,5 +191,8 @@ class SuffixDraft:
         n, earlier = self.index.match(self.partition, self._tokens, k)
         if n > own_n and earlier:
             self.from_index += 1
-            return earlier
-        return own
+            return earlier[: self._length(n)]
+        return own[: self._length(own_n)]
+
+    def _length(self, match: int) -> int:
+        return max(1, math.ceil(match * self.index.config.spec_factor))

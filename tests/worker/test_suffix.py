@@ -18,7 +18,7 @@ def text(tokens: list[int]) -> str:
     return "".join(chr(t) for t in tokens)
 
 
-SMALL = SuffixConfig(ngrams=(2, 3, 4), max_draft=8)
+SMALL = SuffixConfig(ngrams=(2, 3, 4), max_draft=8, spec_factor=4)
 ANSWERED = "Q: rename foo to bar\nA: def bar(x): return x + 1\n"
 
 
@@ -58,12 +58,21 @@ def test_the_own_context_wins_a_tie_and_loses_to_a_longer_earlier_match() -> Non
 
 
 def test_a_proposal_is_capped_by_k_and_max_draft() -> None:
-    index = SuffixIndex(SuffixConfig(ngrams=(2,), max_draft=3))
+    index = SuffixIndex(SuffixConfig(ngrams=(2,), max_draft=3, spec_factor=4))
     index.insert("p", ids("ab0123456789"))
     draft = SuffixDraft(index, "p")
     assert text(draft.propose(ids("xab"), 10)) == "012"
     assert text(draft.propose(ids("xab"), 2)) == "01"
     assert draft.propose(ids("xab"), 0) == []
+
+
+def test_a_short_match_drafts_short_and_a_long_one_far() -> None:
+    index = SuffixIndex(SuffixConfig(ngrams=(2, 3, 4, 12), max_draft=16))
+    index.insert("p", ids("the quick fox jumps over the lazy dog"))
+    draft = SuffixDraft(index, "p")
+    assert text(draft.propose(ids("zz fox"), 16)) == " jum"  # " fox" matched: 4 tokens
+    assert text(draft.propose(ids("zzazy"), 16)) == " do"  # "azy": 3 tokens
+    assert text(draft.propose(ids("the quick fox"), 16)) == " jumps over "  # 12 tokens
 
 
 def test_eviction_is_least_recently_used_and_forgets_the_entry() -> None:
@@ -120,6 +129,7 @@ def test_evicting_everything_leaves_no_table_behind() -> None:
 
 
 @pytest.mark.parametrize("bad", [{"ngrams": ()}, {"ngrams": (0, 2)}, {"max_draft": 0},
+                                 {"spec_factor": 0},
                                  {"max_bytes": -1}, {"max_entry_tokens": 1}])
 def test_config_is_checked(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
