@@ -96,8 +96,10 @@ def test_streamed_round_trip_on_the_speculative_lane(spec_worker: WorkerProcess)
     assert reasons[-1] == "tool_calls"
     usage = [ch.usage for ch in chunks if ch.usage is not None]
     assert len(usage) == 1 and chunks[-1].usage is not None
-    # Constrained decoding runs plainly on the speculative lane: no draft tokens.
-    assert chunks[-1].usage.model_extra["speclane_spec"]["drafted"] == 0
+    # Constrained decoding drafts the grammar's forced tokens on the speculative lane (the
+    # marker, the named function, the keys).
+    spec = chunks[-1].usage.model_extra["speclane_spec"]
+    assert spec["forced"] > 0 and spec["accepted"] >= spec["forced"]
     assistant = {
         "role": "assistant",
         "content": None,
