@@ -231,7 +231,7 @@ async def mlx_lm_server(model_dir: Path, log_path: Path) -> AsyncIterator[str]:
                                   MLX_START_DEADLINE)
             yield f"http://127.0.0.1:{port}/v1"
         finally:
-            await procs.stop_group(proc)
+            await procs.stop(proc, 15.0, group=True)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

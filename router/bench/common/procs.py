@@ -100,32 +100,21 @@ async def wait_http(url: str, proc: asyncio.subprocess.Process, deadline: float)
             await asyncio.sleep(0.5)
 
 
-async def stop(proc: asyncio.subprocess.Process, grace: float = 10.0) -> None:
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(proc.wait(), grace)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-
-
-async def stop_group(proc: asyncio.subprocess.Process, grace: float = 15.0) -> None:
-    """SIGTERM, then after ``grace`` SIGKILL to the whole process group: a process started
-    by ``spawn_until_line`` leads its own session, and its children (lane workers) in it
-    must not outlive it."""
+async def stop(proc: asyncio.subprocess.Process, grace: float = 10.0,
+               group: bool = False) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds. ``group``: the SIGKILL goes to the
+    whole process group whatever happened: a process started here leads its own session,
+    and its children (lane workers) must not outlive it."""
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), grace)
-        except TimeoutError:
-            pass
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        elif proc.returncode is None:
+            proc.kill()
     if proc.returncode is None:
         await proc.wait()
 
@@ -222,24 +211,10 @@ async def nginx_proxy(upstream_base: str) -> AsyncIterator[Served]:
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             start_new_session=True)
         try:
-            await _wait_port(port, proc)
+            await wait_http(f"http://127.0.0.1:{port}/v1/models", proc, 10.0)
             yield Served(f"http://127.0.0.1:{port}/v1", proc.pid)
         finally:
             await stop(proc)
-
-
-async def _wait_port(port: int, proc: asyncio.subprocess.Process, deadline: float = 10) -> None:
-    async with asyncio.timeout(deadline):
-        while True:
-            if proc.returncode is not None:
-                raise RuntimeError(f"nginx exited with {proc.returncode}")
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                await asyncio.sleep(0.05)
-                continue
-            writer.close()
-            return
 
 
 @dataclass(frozen=True)
@@ -299,5 +274,5 @@ async def own_router(lanes: LaneOptions, log_path: Path) -> AsyncIterator[str]:
             try:
                 yield match.group(1)
             finally:
-                await stop_group(proc)
+                await stop(proc, 15.0, group=True)
                 drainer.cancel()

@@ -46,7 +46,6 @@ class Progress:
         self.done = 0
         self.done_seconds = 0.0
         self.cell: Cell | None = None
-        self.cell_index = 0
         self.cell_t0 = self.started
         self.cell_requests = (0, 0)
         self._ticker: asyncio.Task[None] | None = None
@@ -70,7 +69,7 @@ class Progress:
                       self.time_left(now))
 
     def cell_started(self, index: int, cell: Cell, expected_requests: int) -> None:
-        self.cell, self.cell_index = cell, index
+        self.cell = cell
         self.cell_t0 = time.monotonic()
         self.cell_requests = (0, expected_requests)
         self._draw()
@@ -87,14 +86,6 @@ class Progress:
         if self.enabled and not self.tty:
             print(f"  {run.cell.label}: {len(run.measurements)} requests in "
                   f"{run.seconds:.1f}s | {self.line()}", file=self.out, flush=True)
-        self._draw()
-
-    def note(self, text: str) -> None:
-        if not self.enabled:
-            return
-        if self.tty:
-            self.out.write("\r\033[K")
-        print(text, file=self.out, flush=True)
         self._draw()
 
     def start_ticking(self) -> None:

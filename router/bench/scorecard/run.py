@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,87 +119,42 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-OnRequest = Callable[[Measurement], None]
-
-
-async def run_cell(session: aiohttp.ClientSession, target: Target, cell: Cell,
-                   spec: MatrixSpec, clock: Clock, on_request: OnRequest | None = None,
-                   run: CellRun | None = None) -> CellRun:
-    """Run one cell into ``run`` (created when not given, so a caller that cancels the
-    cell still holds what was measured)."""
-    run = run or CellRun(cell, spec.runs, spec.max_tokens)
-    run.started = clock.now()
-
-    async def loop(stream: int) -> None:
-        for seq in range(spec.runs):
-            m = Measurement(cell.scenario, cell.family, cell.concurrency, stream, seq,
-                            prompt_index=stream * spec.runs + seq)
-            run.measurements.append(m)
-            await send(session, target, m, spec, clock)
-            if on_request:
-                on_request(m)
-
-    try:
-        async with asyncio.TaskGroup() as group:
-            for stream in range(cell.concurrency):
-                group.create_task(loop(stream))
-        run.complete = True
-    finally:
-        run.finished = clock.now()
-    return run
-
-
-async def run_cells(session: aiohttp.ClientSession, target: Target, cells: Sequence[Cell],
-                    spec: MatrixSpec, clock: Clock, stop: asyncio.Event,
-                    on_cell: Callable[[int, Cell], None] | None = None,
-                    on_request: OnRequest | None = None,
-                    on_cell_done: Callable[[int, CellRun], None] | None = None,
-                    ) -> tuple[list[CellRun], bool]:
-    """Every cell in order until done or ``stop`` is set: (runs, stopped early)."""
-    runs: list[CellRun] = []
-    for index, cell in enumerate(cells):
+async def run_cells(session: aiohttp.ClientSession, target: Target, plan: Plan, clock: Clock,
+                    stop: asyncio.Event, progress: Progress) -> tuple[list[CellRun], bool]:
+    """Every cell in order until done or ``stop`` is set: (runs, stopped early). A cell cut
+    short keeps what it measured."""
+    spec, runs = plan.spec, list[CellRun]()
+    for index, cell in enumerate(plan.cells):
         if stop.is_set():
             return runs, True
-        if on_cell:
-            on_cell(index, cell)
-        run = CellRun(cell, spec.runs, spec.max_tokens)
-        task = asyncio.create_task(run_cell(session, target, cell, spec, clock, on_request,
-                                            run))
-        stopper = asyncio.create_task(stop.wait())
+        progress.cell_started(index, cell, cell.concurrency * spec.runs)
+        run = CellRun(cell, spec.runs, spec.max_tokens, started=clock.now())
+
+        async def loop(stream: int, cell: Cell = cell, run: CellRun = run) -> None:
+            for seq in range(spec.runs):
+                m = Measurement(cell.scenario, cell.family, cell.concurrency, stream, seq,
+                                prompt_index=stream * spec.runs + seq)
+                run.measurements.append(m)
+                progress.request_done(await send(session, target, m, spec, clock))
+
+        async def all_loops(cell: Cell = cell, run: CellRun = run) -> None:
+            async with asyncio.TaskGroup() as group:
+                for stream in range(cell.concurrency):
+                    group.create_task(loop(stream))
+            run.complete = True
+
+        task, stopper = asyncio.create_task(all_loops()), asyncio.create_task(stop.wait())
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
-        if not task.done():
-            task.cancel()
+        task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        run.finished = clock.now()
         runs.append(run)
-        if on_cell_done:
-            on_cell_done(index, run)
+        progress.cell_done(index, run)
         if not run.complete:
             return runs, True
     return runs, False
-
-
-async def warm_up(session: aiohttp.ClientSession, target: Target, spec: MatrixSpec,
-                  scenarios: Sequence[str], clock: Clock, rounds: int = 1,
-                  on_request: OnRequest | None = None) -> list[Measurement]:
-    """One short chat request per forced scenario (the lanes load their first batches, and
-    the planner learns each lane's speed), plus one long prompt on the batching lane (how
-    much longer prefill takes)."""
-    done: list[Measurement] = []
-    forced = [s for s in ("spec-on", "spec-off", "batching") if s in scenarios] or ["auto"]
-    plan = [(s, "chat") for s in forced]
-    long_lane = "batching" if "batching" in forced else forced[0]
-    if "long" in spec.families:
-        plan.append((long_lane, "long"))
-    for r in range(rounds):
-        for i, (scenario, family) in enumerate(plan):
-            m = Measurement(scenario, family, 1, stream=0, seq=r, prompt_index=i + r)
-            await send(session, target, m, spec, clock)
-            done.append(m)
-            if on_request:
-                on_request(m)
-    return done
 
 
 # --- the whole run ---------------------------------------------------------------------
@@ -282,20 +237,18 @@ async def _measure(session: aiohttp.ClientSession, base_url: str, router: str, o
     env["model"] = model
     target = Target(base_url, model, opts.api_key, opts.request_timeout)
     clock_ = Clock()
-    warmups = await _warm_up(session, target, opts, clock_, log)
-    plan = fit(opts.spec, speeds_from(warmups), opts.budget, opts.fixed)
+    warmups = await warm_up(session, target, opts, clock_, log)
+    speeds = speeds_from(warmups)
+    plan = fit(opts.spec, speeds, opts.budget, opts.fixed)
     _announce(plan, opts, log)
-    estimates = _estimates(plan, warmups)
+    estimates = [cell_seconds(c, plan.spec, speeds) for c in plan.cells] if speeds else None
     progress = Progress(estimates, len(plan.cells), enabled=opts.progress)
     result = Result(opts.spec, plan, opts.thresholds, env, warmups, budget=opts.budget)
     started = clock_.now()
     phase.measuring = True
     progress.start_ticking()
     try:
-        runs, stopped = await run_cells(
-            session, target, plan.cells, plan.spec, clock_, stop,
-            on_cell=lambda i, c: progress.cell_started(i, c, c.concurrency * plan.spec.runs),
-            on_request=progress.request_done, on_cell_done=progress.cell_done)
+        runs, stopped = await run_cells(session, target, plan, clock_, stop, progress)
     finally:
         phase.measuring = False
         progress.close()
@@ -340,13 +293,25 @@ async def _environment(session: aiohttp.ClientSession, base_url: str, router: st
     return env
 
 
-async def _warm_up(session: aiohttp.ClientSession, target: Target, opts: Options,
-                   clock_: Clock, log: Log) -> list[Measurement]:
+async def warm_up(session: aiohttp.ClientSession, target: Target, opts: Options,
+                  clock: Clock, log: Log) -> list[Measurement]:
+    """One short chat request per forced scenario (the lanes load their first batches, and
+    the planner learns each lane's speed), plus one long prompt on the batching lane (how
+    much longer prefill takes)."""
     if opts.warmup <= 0:
         return []
     spec = opts.spec.with_(max_tokens=min(opts.spec.max_tokens, WARMUP_MAX_TOKENS))
     log(f"warm-up: {opts.warmup} round(s) on each lane")
-    warmups = await warm_up(session, target, spec, opts.spec.scenarios, clock_, opts.warmup)
+    forced: list[str] = [s for s in ("spec-on", "spec-off", "batching") if s in spec.scenarios]
+    forced = forced or ["auto"]
+    plan = [(s, "chat") for s in forced]
+    if "long" in spec.families:
+        plan.append(("batching" if "batching" in forced else forced[0], "long"))
+    warmups = []
+    for r in range(opts.warmup):
+        for i, (scenario, family) in enumerate(plan):
+            m = Measurement(scenario, family, 1, stream=0, seq=r, prompt_index=i + r)
+            warmups.append(await send(session, target, m, spec, clock))
     if warmups and not any(m.ok for m in warmups):
         raise BenchError(f"every warm-up request failed: {warmups[0].error}" + _hint(warmups))
     for m in warmups:
@@ -362,13 +327,6 @@ def _hint(warmups: list[Measurement]) -> str:
     if any(m.status == 401 for m in warmups):
         return " -- pass the router's API key with --api-key"
     return ""
-
-
-def _estimates(plan: Plan, warmups: list[Measurement]) -> list[float] | None:
-    speeds = speeds_from(warmups)
-    if speeds is None:
-        return None
-    return [cell_seconds(c, plan.spec, speeds) for c in plan.cells]
 
 
 def _announce(plan: Plan, opts: Options, log: Log) -> None:
