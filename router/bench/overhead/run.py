@@ -30,9 +30,10 @@ from datetime import UTC, datetime
 import aiohttp
 
 from router import __version__
-from router.bench.common import cpu, procs
+from router.bench.common import procs
 from router.bench.common.stats import percentile
 from router.bench.common.upstream import PLAIN_BODY, stream_body
+from router.bench.overhead import cpu
 from router.bench.overhead.report import LAYOUTS, added_over_direct, judge_targets
 
 DEFAULT_TOKENS = (7, 256)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from router.bench.common import cpu, procs
-from router.bench.overhead import cli, report, run
+from router.bench.common import procs
+from router.bench.overhead import cli, cpu, report, run
 
 
 async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -> None:

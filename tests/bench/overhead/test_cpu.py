@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from router.bench.common import cpu
+from router.bench.overhead import cpu
 
 pytestmark = pytest.mark.skipif(not cpu.supported(), reason="needs /proc and sched_setaffinity")
 
