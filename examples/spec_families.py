@@ -13,7 +13,7 @@ own auto-disable workload. Per family, on the speculative lane: plain decoding
 on the batching lane at concurrency 2; then requests without a lane header until
 auto-disable has decided (GET /admin/spec), and the routed requests that are measured.
 Speed = tokens / (last token - request sent), the prompt cached by a warm-up request
-on each lane. The pure parts: router/bench/sources.py.
+on each lane. The pure parts: router/bench/sources/.
 """
 
 from __future__ import annotations
@@ -32,14 +32,15 @@ from typing import Any
 
 import aiohttp
 
-from router.bench import procs, sources
-from router.bench.edits import EDIT_FAMILIES, edit_body
+from router.bench.common import procs
+from router.bench.sources import plan, report
+from router.bench.sources.plan import EDIT_FAMILIES, edit_body
 
 FAMILIES = {
     "chat": "Tell me about your favourite season and why you like it.",
     "code": "Write a Python function that checks whether a string is a palindrome.",
     "list": "Count from 1 to 40, separated by commas.",
-    **{name: "" for name in EDIT_FAMILIES},  # bodies from router.bench.edits
+    **{name: "" for name in EDIT_FAMILIES},  # bodies from router.bench.sources.plan
 }
 CONFIG = """
 policies_dir = "{tmp}/policies"
@@ -79,7 +80,7 @@ async def one(session: aiohttp.ClientSession, url: str, family: str, prompt: str
         del body["messages"]
         body.update(edit_body(family))
     if variant is not None:
-        body = sources.apply_variant(body, variant)
+        body = plan.apply_variant(body, variant)
     first = last = None
     usage: dict[str, Any] = {}
     sent = time.perf_counter()
@@ -138,7 +139,7 @@ async def both(session: aiohttp.ClientSession, url: str, family: str, prompt: st
     start = time.perf_counter()
     runs = await asyncio.gather(*(one(session, url, family, prompt, tokens, lane, variant)
                                   for _ in range(2)))
-    return sources.together(runs, time.perf_counter() - start)
+    return report.together(runs, time.perf_counter() - start)
 
 
 async def spec_state(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
@@ -152,8 +153,8 @@ async def settle(session: aiohttp.ClientSession, url: str, family: str, prompt: 
     family with (or ``most`` requests); how many were sent."""
     source: str | None = None
     for sent in range(most):
-        rows = sources.family_rows(await spec_state(session, url), family)
-        if sent and sources.decided(rows, source):
+        rows = report.family_rows(await spec_state(session, url), family)
+        if sent and report.decided(rows, source):
             return sent
         run = await one(session, url, family, prompt, tokens, None, None)
         source = (run["spec"] or {}).get("source") or source
@@ -167,9 +168,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for family in args.families:
             prompt = FAMILIES[family]
             tokens = args.edit_max_tokens if family in EDIT_FAMILIES else args.max_tokens
-            names = sources.variants(family)
+            names = plan.variants(family)
             for lane in ("speculative", "batching"):  # warm-up: each lane caches the prompt
-                await one(session, url, family, prompt, 4, lane, sources.PLAIN)
+                await one(session, url, family, prompt, 4, lane, plan.PLAIN)
             c1: dict[str, list[dict[str, Any]]] = {v: [] for v in names}
             for _ in range(args.requests):  # interleaved, so drift hits every variant alike
                 for v in names:
@@ -178,21 +179,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             c2 = {v: await both(session, url, family, prompt, tokens, "speculative", v)
                   for v in names}
             c2_batching = await both(session, url, family, prompt, tokens, "batching",
-                                     sources.PLAIN)
+                                     plan.PLAIN)
             settled = await settle(session, url, family, prompt, tokens, args.settle_max)
             routed, plain_after = [], []
             for _ in range(args.requests):  # interleaved with plain decoding again, so that
                 # the routed/plain ratio compares requests of the same minutes
                 plain_after.append(await one(session, url, family, prompt, tokens,
-                                             "speculative", sources.PLAIN))
+                                             "speculative", plan.PLAIN))
                 routed.append(await one(session, url, family, prompt, tokens, None, None))
             routed_c2 = await both(session, url, family, prompt, tokens, None, None)
-            rows = sources.family_rows(await spec_state(session, url), family)
+            rows = report.family_rows(await spec_state(session, url), family)
             results[family] = {
-                "c1": {v: sources.summarise(runs) for v, runs in c1.items()},
+                "c1": {v: report.summarise(runs) for v, runs in c1.items()},
                 "c2": c2, "c2_batching": c2_batching, "settle_requests": settled,
-                "routed": sources.summarise(routed), "routed_c2": routed_c2,
-                "plain_beside_routed": sources.summarise(plain_after),
+                "routed": report.summarise(routed), "routed_c2": routed_c2,
+                "plain_beside_routed": report.summarise(plain_after),
                 "routed_decisions": [r["decision"] for r in routed],
                 "auto_disable": [{
                     "workload": row["workload"], "source": row.get("source"),
@@ -231,14 +232,14 @@ def main() -> int:
     if unknown:
         p.error(f"unknown families: {', '.join(sorted(unknown))}")
     results = asyncio.run(run(args))
-    print(sources.table(results))
-    print(json.dumps(sources.goals(results), indent=1))
+    print(report.table(results))
+    print(json.dumps(report.goals(results), indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"requests": args.requests, "max_tokens": args.max_tokens,
             "edit_max_tokens": args.edit_max_tokens,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "commit": _commit(), "load_average": list(os.getloadavg()),
-            "table": sources.table(results).split("\n"), "goals": sources.goals(results)}
+            "table": report.table(results).split("\n"), "goals": report.goals(results)}
     args.out.write_text(json.dumps({"meta": meta, "families": results}, indent=2))
     print(f"saved {args.out}")
     return 0

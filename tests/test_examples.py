@@ -61,7 +61,7 @@ def test_count_instructions_reads_the_last_callgrind_dump(tmp_path: Path) -> Non
 
 
 async def test_count_instructions_load_reads_streams_to_the_end_and_fails_loudly() -> None:
-    from router.bench import procs
+    from router.bench.common import procs
 
     tool = _count_instructions()
     async with procs.bench_upstream() as upstream:

@@ -15,7 +15,7 @@ ROUTER = Path(__file__).resolve().parents[1] / "router"
 FLOORS: dict[str, int] = {
     "router": 0,  # __init__: the version
     "router.config.names": 0, "router.config.suggest": 0, "router.worker.contract": 0,
-    "router.metrics": 0, "router.appkeys": 0,
+    "router.metrics": 0, "router.appkeys": 0, "router.sse": 0,
     "router.errors": 1, "router.config.base": 1,
     "router.config": 2,
     # The request family: a pure leaf that both routing and speculation read.
@@ -23,7 +23,10 @@ FLOORS: dict[str, int] = {
     "router.routing": 3, "router.speculation": 3, "router.worker": 3,
     "router.backends": 4,
     "router.lanes": 5, "router.proxy": 5,
-    "router.admin": 6, "router.bench": 6, "router.frontdoors": 6,
+    "router.admin": 6, "router.bench.common": 6, "router.frontdoors": 6,
+    # Each benchmark reads the shared pieces below it, never another benchmark.
+    "router.bench.scorecard": 7, "router.bench.overhead": 7, "router.bench.agent": 7,
+    "router.bench.sources": 7, "router.bench": 8,  # bench/cli.py: dispatch to one of them
     "router.cli": 7, "router.observability": 7,
     "router.app": 8,
     "router.server": 9,

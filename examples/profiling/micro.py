@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import timeit
 
-from router.bench.overhead import stream_body
-from router.bench.upstream import stream_events
+from router.bench.common.upstream import stream_body, stream_events
 from router.proxy import relay as relay_mod
 from router.proxy.request import SSETail, parse_request
 from router.routing.affinity import fingerprints

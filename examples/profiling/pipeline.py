@@ -18,8 +18,7 @@ from multidict import CIMultiDict
 
 from router.app import make_app
 from router.appkeys import METRICS, POOL, SPEC
-from router.bench.overhead import stream_body
-from router.bench.upstream import stream_events
+from router.bench.common.upstream import stream_body, stream_events
 from router.config.settings import load_settings
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "agent":
-        from router.bench.agent import main as agent
+        from router.bench.agent.cli import main as agent
 
         return agent(argv[1:])
     if argv and argv[0] == "overhead":
-        from router.bench.overhead import main as overhead
+        from router.bench.overhead.cli import main as overhead
 
         return overhead(argv[1:])
-    from router.bench.scorecard_cli import main as scorecard
+    from router.bench.scorecard.cli import main as scorecard
 
     return scorecard(argv)

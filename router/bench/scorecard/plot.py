@@ -1,0 +1,143 @@
+"""PNG charts of a scorecard run (matplotlib, the ``plot`` extra: optional).
+
+- ``ttft_by_concurrency.png``: TTFT average and p95 by concurrency, one line per scenario;
+- ``tps_by_concurrency.png``: decode tok/s per request and aggregate tok/s by concurrency;
+- ``acceptance_by_family.png``: acceptance per prompt family, with the floor.
+
+Each point pools every family measured for that scenario at that concurrency.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from router.bench.scorecard.records import Summary, levels, pooled
+from router.bench.scorecard.report import Result
+from router.bench.scorecard.score import Evaluation
+
+MISSING = ("--plot needs matplotlib, which is not installed: "
+           "pip install 'speclane[plot]' (or pip install matplotlib)")
+
+
+class PlotUnavailable(RuntimeError):
+    pass
+
+
+def _pyplot():  # type: ignore[no-untyped-def]
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise PlotUnavailable(MISSING) from e
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def available() -> bool:
+    try:
+        _pyplot()
+    except PlotUnavailable:
+        return False
+    return True
+
+
+def write_charts(result: Result, ev: Evaluation, out_dir: Path) -> list[str]:
+    """Write the charts; returns their file names. Raises PlotUnavailable without
+    matplotlib."""
+    plt = _pyplot()
+    title = f"{result.model or 'model'} / draft {result.draft or '?'}"
+    names = []
+    for name, draw in (("ttft_by_concurrency.png", _ttft), ("tps_by_concurrency.png", _tps),
+                       ("acceptance_by_family.png", _acceptance)):
+        fig = draw(plt, result, ev, title)
+        if fig is None:
+            continue
+        fig.savefig(out_dir / name, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+def _series(result: Result, scenario: str) -> list[tuple[int, Summary]]:
+    out = []
+    for c in levels(result.runs):
+        s = pooled(result.runs, scenario, concurrency=c)
+        if s is not None and s.ok:
+            out.append((c, s))
+    return out
+
+
+def _ttft(plt, result: Result, ev: Evaluation, title: str):  # type: ignore[no-untyped-def]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    drawn = False
+    for scenario in result.plan.scenarios:
+        points = [(c, s) for c, s in _series(result, scenario) if s.ttft_avg_ms is not None]
+        if not points:
+            continue
+        xs = [c for c, _ in points]
+        line, = ax.plot(xs, [s.ttft_avg_ms for _, s in points], marker="o",
+                        label=f"{scenario} avg")
+        ax.plot(xs, [s.ttft_p95_ms for _, s in points], linestyle="--", marker=".",
+                color=line.get_color(), alpha=0.7, label=f"{scenario} p95")
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    _axes(ax, "TTFT (ms)", f"Time to first token by concurrency\n{title}", result)
+    return fig
+
+
+def _tps(plt, result: Result, ev: Evaluation, title: str):  # type: ignore[no-untyped-def]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    drawn = False
+    for scenario in result.plan.scenarios:
+        points = _series(result, scenario)
+        decode = [(c, s.decode_tps_avg) for c, s in points if s.decode_tps_avg is not None]
+        total = [(c, s.agg_tps) for c, s in points if s.agg_tps is not None]
+        if decode:
+            left.plot(*zip(*decode, strict=True), marker="o", label=scenario)
+            drawn = True
+        if total:
+            right.plot(*zip(*total, strict=True), marker="o", label=scenario)
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    _axes(left, "decode tok/s per request", "Decode speed per request", result)
+    _axes(right, "aggregate tok/s", "Aggregate throughput", result)
+    fig.suptitle(f"Tokens per second by concurrency - {title}")
+    return fig
+
+
+def _acceptance(plt, result: Result, ev: Evaluation, title: str):  # type: ignore[no-untyped-def]
+    rows = [a for a in ev.acceptance if a.acceptance is not None]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    colors = ["tab:green" if a.passed else "tab:red" for a in rows]
+    bars = ax.bar([a.family for a in rows], [a.acceptance for a in rows], color=colors)
+    for bar, a in zip(bars, rows, strict=True):
+        ax.annotate(f"{a.acceptance:.2f}\n{a.accepted}/{a.drafted}",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    floor = ev.thresholds.acceptance_floor
+    ax.axhline(floor, color="gray", linestyle="--", label=f"floor {floor:.2f}")
+    ax.set_ylim(0, 1.15)
+    ax.set_ylabel("accepted / drafted")
+    ax.set_title(f"Draft acceptance by prompt family (spec-on)\n{title}")
+    ax.legend(loc="upper right", fontsize=8)
+    return fig
+
+
+def _axes(ax, ylabel: str, title: str, result: Result) -> None:  # type: ignore[no-untyped-def]
+    ax.set_xscale("log", base=2)
+    ticks = levels(result.runs)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(t) for t in ticks])
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
