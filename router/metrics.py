@@ -136,7 +136,8 @@ class Metrics:
             ["backend"], registry=r)
         self.stream_errors = Counter(
             "speclane_stream_errors_total",
-            "Streams ended with an error event after bytes had reached the client.",
+            "Streams ended with an error event after bytes had reached the client (reason: "
+            "timeout, disconnect, malformed, too_large, no_done, shutdown, invalid, internal).",
             ["backend", "reason"], registry=r)
         self.client_disconnects = Counter(
             "speclane_client_disconnects_total",
