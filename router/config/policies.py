@@ -129,8 +129,8 @@ class ModelRules(Frozen):
 
 
 class Caps(Frozen):
-    max_tokens: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1)
     action: Literal["clamp", "reject"] = "clamp"
 
 
@@ -138,15 +138,15 @@ class Policy(Frozen):
     """One client's policy (one TOML file). ``client`` defaults to the file's stem."""
 
     client: str = Field(pattern=NAME_PATTERN)
-    priority: int = Field(0, ge=-1000, le=1000)  # higher is more important; < 0 sheddable
+    priority: int = Field(default=0, ge=-1000, le=1000)  # higher is more important; < 0 sheddable
     require_api_key: bool = False
     allow_lane_override: bool = True
     default_preset: str | None = None  # used when the request names none
     presets: tuple[str, ...] = ()  # the presets the client may use; empty: all configured
     lanes: dict[str, LanePreference] = Field(default_factory=dict)  # preset -> lane
     models: ModelRules = ModelRules()
-    max_concurrency: int | None = Field(None, ge=1)  # None: no limit
-    queue_timeout: float = Field(30.0, ge=0, le=3600)  # seconds a request waits for a slot
+    max_concurrency: int | None = Field(default=None, ge=1)  # None: no limit
+    queue_timeout: float = Field(default=30.0, ge=0, le=3600)  # seconds a request waits for a slot
     caps: Caps = Caps()
     match: MatchRules = MatchRules()
     spec: SpecOverrides = SpecOverrides()
