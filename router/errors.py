@@ -186,9 +186,7 @@ def dump_body(err: RouterError) -> bytes:
     try:
         return orjson.dumps(body)
     except TypeError:
-        inner = {k: v.encode("utf-8", "backslashreplace").decode("utf-8")
-                 if isinstance(v, str) else v for k, v in body["error"].items()}  # type: ignore[union-attr]
-        return orjson.dumps({"error": inner})
+        return orjson.dumps(_escape(body))
 
 
 def from_upstream_body(status: int, body: bytes) -> RouterError:

@@ -51,6 +51,18 @@ def upstream_error_event(event: dict[str, Any]) -> RouterError | None:
     return from_upstream_body(status, orjson.dumps(event))
 
 
+def dict_of(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """An upstream object's member that should be an object; anything else reads as empty."""
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def list_of(data: dict[str, Any], key: str) -> list[Any]:
+    """An upstream object's member that should be a list; anything else reads as empty."""
+    value = data.get(key)
+    return value if isinstance(value, list) else []
+
+
 def str_field(data: dict[str, Any], key: str, *, required: bool = False) -> str | None:
     value = data.get(key)
     if value is None and not required:

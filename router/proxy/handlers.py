@@ -206,11 +206,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def setup_routes(app: web.Application) -> None:
-    x = {"expect_handler": expect_handler}
-    app.router.add_post("/v1/chat/completions", chat, **x)
-    app.router.add_post("/v1/completions", completions, **x)
-    app.router.add_post("/v1/embeddings", embeddings, **x)
-    app.router.add_get("/v1/models", models, **x)
-    app.router.add_get("/healthz", healthz, **x)
-    app.router.add_get("/readyz", readyz, **x)
-    app.router.add_get("/metrics", metrics, **x)
+    app.router.add_post("/v1/chat/completions", chat, expect_handler=expect_handler)
+    app.router.add_post("/v1/completions", completions, expect_handler=expect_handler)
+    app.router.add_post("/v1/embeddings", embeddings, expect_handler=expect_handler)
+    app.router.add_get("/v1/models", models, expect_handler=expect_handler)
+    app.router.add_get("/healthz", healthz, expect_handler=expect_handler)
+    app.router.add_get("/readyz", readyz, expect_handler=expect_handler)
+    app.router.add_get("/metrics", metrics, expect_handler=expect_handler)
