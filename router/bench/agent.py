@@ -82,7 +82,8 @@ def system_prompt(approx_tokens: int) -> str:
 
 
 def long_document(approx_tokens: int, topic: str) -> str:
-    lines, i = [], 0
+    lines: list[str] = []
+    i = 0
     while sum(len(x) for x in lines) < approx_tokens * 4:
         lines.append(f"{topic} log line {i}: module {i % 17} compiled, {i * 7 % 101} warnings.")
         i += 1
@@ -230,11 +231,11 @@ async def concurrent(session: aiohttp.ClientSession, t: Target, level: int,
                                      for b in bodies))
     wall = time.monotonic() - started
     tokens = sum(s.completion_tokens for s in streams)
-    row = {"concurrency": level, "tokens": tokens, "wall_s": wall,
-           "aggregate_tok_s": tokens / wall if wall > 0 else None,
+    rate = tokens / wall if wall > 0 else None
+    row = {"concurrency": level, "tokens": tokens, "wall_s": wall, "aggregate_tok_s": rate,
            "errors": [s.error for s in streams if s.error]}
     print(f"  {t.name} concurrency {level}: {tokens} tokens in {wall:.1f}s = "
-          f"{_num(row['aggregate_tok_s'])} tok/s", flush=True)
+          f"{_num(rate)} tok/s", flush=True)
     return row
 
 

@@ -95,8 +95,9 @@ def from_json(data: dict[str, Any]) -> Result:
     if data.get("schema") != SCHEMA:
         raise ValueError(f"not a speclane scorecard (schema {data.get('schema')!r})")
     settings = data["settings"]
-    requested = MatrixSpec(**{k: tuple(v) if isinstance(v, list) else v
-                              for k, v in settings["requested"].items()})
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                              for k, v in settings["requested"].items()}
+    requested = MatrixSpec(**fields)
     p = settings["plan"]
     spec = requested.with_(runs=p["runs"], max_tokens=p["max_tokens"],
                            long_prompt_chars=p["long_prompt_chars"])
