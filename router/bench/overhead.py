@@ -24,10 +24,11 @@ import contextlib
 import json
 import platform
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -38,6 +39,7 @@ from router.bench.stats import percentile
 DEFAULT_TOKENS = (7, 256)
 LAYOUTS = ("shared", "own-core")
 ROLES = ("upstream", "proxy", "loadgen")
+Row = dict[str, Any]  # one JSON object of the result (a measured row, a target verdict)
 Meters = dict[str, Callable[[], float | None]]  # role -> CPU seconds so far
 
 
@@ -80,7 +82,7 @@ class Level:
         for role, used in other.cpu_seconds.items():
             self.cpu_seconds[role] = self.cpu_seconds.get(role, 0.0) + used
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> Row:
         return {
             "target": self.target, "cpus": self.cpus, "concurrency": self.concurrency,
             "tokens": self.tokens, "requests": self.requests, "errors": self.errors,
@@ -134,13 +136,13 @@ async def _plain_once(session: aiohttp.ClientSession, url: str, level: Level) ->
 
 
 async def _closed_loop(concurrency: int, seconds: float,
-                       once: Callable[[], asyncio.Future[None] | object]) -> float:
+                       once: Callable[[], Awaitable[None]]) -> float:
     deadline = time.perf_counter() + seconds
 
     async def worker() -> None:
         while time.perf_counter() < deadline:
             try:
-                await once()  # type: ignore[misc]
+                await once()
             except (aiohttp.ClientError, TimeoutError):
                 pass
 
@@ -213,7 +215,7 @@ def layouts_for(choice: str) -> tuple[str, ...]:
 
 async def run(concurrencies: list[int], seconds: float, warmup: float,
               nginx: str, tokens: tuple[int, ...] = DEFAULT_TOKENS,
-              rounds: int = 1, cpus: str = "both") -> dict[str, object]:
+              rounds: int = 1, cpus: str = "both") -> Row:
     """Each (stream length, concurrency) cell is measured in ``rounds`` rounds that visit
     the targets in turn, starting with a different one each round, and the rounds are
     pooled: on a shared machine a burst of someone else's work then lands on every target
@@ -222,7 +224,7 @@ async def run(concurrencies: list[int], seconds: float, warmup: float,
     layouts = layouts_for(cpus)
     if not layouts:
         raise ValueError("the own-core layout needs Linux and at least two cores")
-    rows: list[dict[str, object]] = []
+    rows: list[Row] = []
     everything = cpu.allowed_cpus()
     async with _targets(with_nginx) as targets:
         names = list(targets)
@@ -234,7 +236,7 @@ async def run(concurrencies: list[int], seconds: float, warmup: float,
         finally:
             if cpu.supported() and everything:
                 cpu.pin_self(everything)  # a caller in this process keeps its cores
-    result: dict[str, object] = {
+    result: Row = {
         "benchmark": "overhead", "speclane": __version__,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
@@ -249,8 +251,8 @@ async def run(concurrencies: list[int], seconds: float, warmup: float,
 
 async def _measure_layout(layout: str, targets: dict[str, procs.Served], names: list[str],
                           concurrencies: list[int], seconds: float, warmup: float,
-                          tokens: tuple[int, ...], rounds: int) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
+                          tokens: tuple[int, ...], rounds: int) -> list[Row]:
+    rows: list[Row] = []
     for n, length in enumerate(tokens):
         for c in concurrencies:
             pooled = {name: Level(name, c, length, layout) for name in names}
@@ -267,18 +269,18 @@ async def _measure_layout(layout: str, targets: dict[str, procs.Served], names: 
     return rows
 
 
-def _cell(row: dict[str, object]) -> tuple[object, ...]:
+def _cell(row: Row) -> tuple[object, ...]:
     return row.get("cpus", LAYOUTS[0]), row["concurrency"], row.get("tokens")
 
 
-def added_over_direct(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+def added_over_direct(rows: list[Row]) -> list[Row]:
     direct = {_cell(r): r for r in rows if r["target"] == "direct"}
     added = []
     for r in rows:
         d = direct.get(_cell(r))
         if r["target"] == "direct" or d is None:
             continue
-        proxy_cpu = r.get("cpu_us_per_stream", {}).get("proxy")  # type: ignore[attr-defined]
+        proxy_cpu = r.get("cpu_us_per_stream", {}).get("proxy")
         added.append({
             "target": r["target"], "cpus": r.get("cpus", LAYOUTS[0]),
             "concurrency": r["concurrency"], "tokens": r.get("tokens"),
@@ -305,19 +307,19 @@ def _cpus() -> int:
     return os.cpu_count() or 0
 
 
-def render_table(result: dict[str, object]) -> str:
+def render_table(result: Row) -> str:
     def f(v: object, spec: str = ".2f") -> str:
         return "-" if v is None else format(v, spec)
 
-    def cpu_cell(r: dict[str, object]) -> str:
+    def cpu_cell(r: Row) -> str:
         per = r.get("cpu_us_per_stream") or {}
-        return " / ".join(f(per.get(role), ".0f") for role in ROLES)  # type: ignore[attr-defined]
+        return " / ".join(f(per.get(role), ".0f") for role in ROLES)
 
     lines = ["| target | cores | conc | tokens | TTFT p50 ms | TTFT p99 ms | total p50 ms |"
              " total p99 ms | chunks/s | non-stream req/s | CPU µs/stream upstream / proxy /"
              " loadgen | errors |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:  # type: ignore[attr-defined]
+    for r in result["rows"]:
         lines.append(f"| {r['target']} | {r.get('cpus', '-')} | {r['concurrency']} | "
                      f"{r.get('tokens', '-')} | {f(r['ttft_p50_ms'])} | "
                      f"{f(r['ttft_p99_ms'])} | {f(r['total_p50_ms'])} | {f(r['total_p99_ms'])} | "
@@ -327,7 +329,7 @@ def render_table(result: dict[str, object]) -> str:
               " added total p50 ms | added total p99 ms | chunks/s vs direct | req/s vs direct |"
               " proxy CPU µs/stream |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for a in result["added"]:  # type: ignore[attr-defined]
+    for a in result["added"]:
         lines.append(f"| {a['target']} | {a.get('cpus', '-')} | {a['concurrency']} | "
                      f"{a.get('tokens', '-')} | {f(a['added_ttft_p50_ms'])} | "
                      f"{f(a['added_ttft_p99_ms'])} | {f(a['added_total_p50_ms'])} | "
@@ -341,11 +343,11 @@ TTFT_TARGET_MS = 1.0  # added TTFT p50 at concurrency 1
 THROUGHPUT_TARGET = 0.8  # relayed chunks/s at 64 streams, as a share of direct
 
 
-def judge_targets(result: dict[str, object]) -> list[dict[str, object]]:
+def judge_targets(result: Row) -> list[Row]:
     """speclane's figures against the two targets, one entry per core layout and stream
     length."""
-    out: list[dict[str, object]] = []
-    added = [a for a in result["added"] if a["target"] == "speclane"]  # type: ignore[attr-defined]
+    out: list[Row] = []
+    added = [a for a in result["added"] if a["target"] == "speclane"]
     for a in added:
         where = {"tokens": a["tokens"], "cpus": a.get("cpus", LAYOUTS[0])}
         if a["concurrency"] == 1:
@@ -361,7 +363,7 @@ def judge_targets(result: dict[str, object]) -> list[dict[str, object]]:
     return out
 
 
-def render_targets(entries: list[dict[str, object]]) -> str:
+def render_targets(entries: list[Row]) -> str:
     lines = []
     for e in entries:
         v = e["value"]
@@ -404,7 +406,7 @@ def main(argv: list[str]) -> int:
                              max(1, args.rounds), args.cpus))
     print(render_table(result))
     print()
-    print(render_targets(result["targets"]))  # type: ignore[arg-type]
+    print(render_targets(result["targets"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"\nsaved {args.out}")

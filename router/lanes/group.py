@@ -57,7 +57,7 @@ def resolve_models(lanes: LanesSettings) -> LaneModels:
 
 
 def enabled_lanes(lanes: LanesSettings) -> list[LaneName]:
-    return [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]  # type: ignore[misc]
+    return [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]
 
 
 def lane_backend(lane: LaneName, settings: Settings, model_name: str) -> Backend:
