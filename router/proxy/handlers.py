@@ -13,7 +13,8 @@ from aiohttp import web
 from router import errors
 from router.appkeys import LIMITER, METRICS, POLICIES, POOL, RELAY, ROUTING, SETTINGS, SPEC
 from router.backends.base import Backend
-from router.config.policies import CLIENT_HEADER, Policy, bearer_token
+from router.config.names import API_KEY_HEADER, AUTHORIZATION
+from router.config.policies import CLIENT_HEADER, Policy, presented_key
 from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
 from router.proxy import observe
@@ -58,9 +59,16 @@ def identify(request: web.Request, key: str | None = None) -> Policy:
     it elsewhere, e.g. Anthropic's ``x-api-key``), ``X-Speclane-Client`` and User-Agent."""
     headers = request.headers
     if key is None:
-        key = bearer_token(headers.get("Authorization"))
+        key = request_key(request)
     return request.app[POLICIES].current.identify(
         key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
+
+
+def request_key(request: web.Request, *, use_api_key_header: bool = False) -> str | None:
+    """The request's one API key; a 400 when its credential headers disagree."""
+    headers = request.headers
+    return presented_key(headers.getall(AUTHORIZATION, []), headers.getall(API_KEY_HEADER, []),
+                         use_api_key_header=use_api_key_header)
 
 
 def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
