@@ -46,7 +46,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return to_parsed("chat", req.openai), AnthropicEgress(req.model, req.stop_sequences)
 
     return await proxy(request, "chat", api="anthropic", translate=translate,
-                       key=anthropic_key(request))
+                       api_key_header=True)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

@@ -109,6 +109,7 @@ def body_for(parsed: ParsedRequest) -> BodyFor:
 
 async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "openai",
                 translate: Translate | None = None, key: str | None = None,
+                api_key_header: bool = False,
                 arrival: float | None = None) -> web.StreamResponse:
     """The whole pipeline, for every front door: identify, admit, classify, relay.
 
@@ -125,6 +126,8 @@ async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "
     claim = SpecClaim()
     prints: tuple[bytes, ...] = ()
     try:
+        if key is None and api_key_header:  # an API with its own key header (Anthropic's)
+            key = request_key(request, use_api_key_header=True)
         policy = identify(request, key)
         client = policy.client
         raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)

@@ -64,11 +64,10 @@ async def test_conflicting_credentials_are_a_400_in_the_doors_shape(
             async with s.post(f"{r.url}{path}", json=body, headers=CIMultiDict(headers)) as resp:
                 assert resp.status == 200, (name, await resp.text())
     assert len(fake.requests) == len(AGREEING)  # no conflicting request went upstream
-    if door != "anthropic":  # identified inside the pipeline: booked like any refusal
-        booked = [rec for rec in r.app[ACCESS].recent if rec.status == 400]
-        assert len(booked) == len(CONFLICTS)
-        assert all(rec.error and rec.error.startswith("conflicting_credentials")
-                   for rec in booked)
+    # Booked like any refusal.
+    booked = [rec for rec in r.app[ACCESS].recent if rec.status == 400]
+    assert len(booked) == len(CONFLICTS)
+    assert all(rec.error and rec.error.startswith("conflicting_credentials") for rec in booked)
 
 
 @pytest.mark.parametrize(("authorizations", "api_keys", "use_api_key", "key"), [
