@@ -70,6 +70,12 @@ def unavailable(message: str, *, code: str = "no_backend_available") -> RouterEr
     return RouterError(503, message, type="service_unavailable", code=code)
 
 
+def internal_error() -> RouterError:
+    """A defect in speclane itself: the details go to its log, not to the client."""
+    return RouterError(500, "internal error in speclane (see its log)", type="internal_error",
+                       code="internal_error")
+
+
 def upstream_timeout(message: str) -> RouterError:
     return RouterError(504, message, type="upstream_error", code="upstream_timeout",
                        source="upstream")

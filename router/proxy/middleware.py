@@ -56,6 +56,4 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         raise
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
-        return to_response(RouterError(500, "internal error in speclane (see its log)",
-                                       type="internal_error", code="internal_error"),
-                           errors.api_for_path(request.path))
+        return to_response(errors.internal_error(), errors.api_for_path(request.path))

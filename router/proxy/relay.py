@@ -484,8 +484,7 @@ class Relay:
         if isinstance(e, RouterError):  # e.g. a front door that cannot translate an event
             return "invalid", e
         log.error("stream from %s failed on an unexpected error", backend.name, exc_info=e)
-        return "internal", RouterError(500, "internal error in speclane (see its log)",
-                                       type="internal_error", code="internal_error")
+        return "internal", errors.internal_error()
 
     @staticmethod
     def _delivered(outcome: Outcome, tail: SSETail) -> None:
