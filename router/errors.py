@@ -222,6 +222,20 @@ def from_upstream_body(status: int, body: bytes) -> RouterError:
     )
 
 
+def from_upstream_event(event: dict[str, object]) -> RouterError | None:
+    """The error an upstream ended its stream with (``{"error": ...}``), else None; its
+    status is an HTTP-like integer ``code`` it carries, else 502."""
+    inner = event.get("error")
+    if inner is None:
+        return None
+    status = 502
+    if isinstance(inner, dict):
+        code = inner.get("code")
+        if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600:
+            status = code
+    return from_upstream_body(status, orjson.dumps(event))
+
+
 def _code(code: object) -> str | int | None:
     """An upstream's error code as it sent it: llama-server's ``"code": 400`` stays a number
     (clients compare it as one); anything else becomes a bounded string."""

@@ -138,7 +138,8 @@ class Metrics:
         self.stream_errors = Counter(
             "speclane_stream_errors_total",
             "Streams ended with an error event after bytes had reached the client (reason: "
-            "timeout, disconnect, malformed, too_large, no_done, shutdown, invalid, internal).",
+            "timeout, disconnect, malformed, too_large, no_done, shutdown, upstream_error, "
+            "invalid, internal).",
             ["backend", "reason"], registry=r)
         self.client_disconnects = Counter(
             "speclane_client_disconnects_total",

@@ -435,7 +435,7 @@ class Relay:
                     outcome.client_left()  # the client went away; nothing more to send
                     return out
                 if b"[DONE]" in whole and has_done_line(whole):
-                    self._delivered(outcome, tail)
+                    self._delivered(backend, outcome, tail)
                     await self._after_done(out, backend, resp, outcome, held)
                     return out
                 if whole.endswith((b"[DONE]\n\n", b"[DONE]\r\n\r\n")) and _ends_with_done(whole):
@@ -443,6 +443,7 @@ class Relay:
                 chunk = await resp.readany()
             outcome.last_byte_at = time.monotonic()
             outcome.tail_events, _, saw_done = tail.finish()
+            self._upstream_failed_it(backend, outcome)
             if saw_done:
                 if held and egress is None:  # "data: [DONE]" without its blank line: as it came
                     await self._write(out, held, outcome)
@@ -486,13 +487,25 @@ class Relay:
         log.error("stream from %s failed on an unexpected error", backend.name, exc_info=e)
         return "internal", errors.internal_error()
 
-    @staticmethod
-    def _delivered(outcome: Outcome, tail: SSETail) -> None:
+    def _delivered(self, backend: Backend, outcome: Outcome, tail: SSETail) -> None:
         """[DONE] reached the client: settle the outcome now, so that nothing the client
         does next (closing, which cancels this handler) can lose it."""
         outcome.last_byte_at = time.monotonic()
         outcome.tail_events, _, _ = tail.finish()
         outcome.completed = outcome.delivered = True
+        self._upstream_failed_it(backend, outcome)
+
+    def _upstream_failed_it(self, backend: Backend, outcome: Outcome) -> None:
+        """The upstream ended its own stream with an error event (passed on to the client,
+        in its API's shape): a failure after the first byte like the others, counted and
+        booked with that error, not as a clean 200."""
+        last = outcome.tail_events[-1] if outcome.tail_events else None
+        err = errors.from_upstream_event(last) if last is not None else None
+        if err is None:
+            return
+        log.warning("stream from %s ended with its error: %s", backend.name, err.message)
+        self._metrics.stream_errors.labels(backend.name, "upstream_error").inc()
+        outcome.error, outcome.status = err, err.status
 
     async def _after_done(self, out: web.StreamResponse, backend: Backend, resp: Response,
                           outcome: Outcome, held: bytes) -> None:
