@@ -96,3 +96,16 @@ def test_presented_key_refuses_a_disagreement(authorizations: list[str], api_key
     with pytest.raises(RouterError) as info:
         presented_key(authorizations, api_keys, use_api_key_header=use_api_key)
     assert (info.value.status, info.value.code) == (400, "conflicting_credentials")
+
+
+async def test_admin_endpoints_refuse_two_different_authorizations(fake: FakeUpstream) -> None:
+    async with run_router(router_settings(fake, admin_key="s3cret")) as r, \
+            aiohttp.ClientSession() as s:
+        url = f"{r.url}/admin/status"
+        right, wrong = ("Authorization", "Bearer s3cret"), ("Authorization", "Bearer nope")
+        for order in ([right, wrong], [wrong, right]):
+            async with s.get(url, headers=CIMultiDict(order)) as resp:
+                assert resp.status == 400, await resp.text()
+                assert conflict_code("openai", await resp.json()) == "conflicting_credentials"
+        async with s.get(url, headers=CIMultiDict([right, right])) as resp:
+            assert resp.status == 200
