@@ -67,7 +67,6 @@ async def reload_policies(request: web.Request) -> web.Response:
 
 
 def setup_admin_routes(app: web.Application) -> None:
-    x = {"expect_handler": expect_handler}
-    app.router.add_get("/admin/lanes", lanes, **x)
-    app.router.add_get("/admin/spec", spec, **x)
-    app.router.add_post("/admin/reload", reload_policies, **x)
+    app.router.add_get("/admin/lanes", lanes, expect_handler=expect_handler)
+    app.router.add_get("/admin/spec", spec, expect_handler=expect_handler)
+    app.router.add_post("/admin/reload", reload_policies, expect_handler=expect_handler)

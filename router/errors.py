@@ -71,6 +71,12 @@ def unavailable(message: str, *, code: str = "no_backend_available") -> RouterEr
     return RouterError(503, message, type="service_unavailable", code=code)
 
 
+def internal_error() -> RouterError:
+    """A defect in speclane itself: the details go to its log, not to the client."""
+    return RouterError(500, "internal error in speclane (see its log)", type="internal_error",
+                       code="internal_error")
+
+
 def upstream_timeout(message: str) -> RouterError:
     return RouterError(504, message, type="upstream_error", code="upstream_timeout",
                        source="upstream")
@@ -187,9 +193,7 @@ def dump_body(err: RouterError) -> bytes:
     try:
         return orjson.dumps(body)
     except TypeError:
-        inner = {k: v.encode("utf-8", "backslashreplace").decode("utf-8")
-                 if isinstance(v, str) else v for k, v in body["error"].items()}  # type: ignore[union-attr]
-        return orjson.dumps({"error": inner})
+        return orjson.dumps(_escape(body))
 
 
 def from_upstream_body(status: int, body: bytes) -> RouterError:
@@ -217,6 +221,20 @@ def from_upstream_body(status: int, body: bytes) -> RouterError:
         param=None if param is None else str(param)[:4000],
         source="upstream",
     )
+
+
+def from_upstream_event(event: dict[str, object]) -> RouterError | None:
+    """The error an upstream ended its stream with (``{"error": ...}``), else None; its
+    status is an HTTP-like integer ``code`` it carries, else 502."""
+    inner = event.get("error")
+    if inner is None:
+        return None
+    status = 502
+    if isinstance(inner, dict):
+        code = inner.get("code")
+        if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600:
+            status = code
+    return from_upstream_body(status, orjson.dumps(event))
 
 
 def _code(code: object) -> str | int | None:

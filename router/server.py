@@ -15,6 +15,7 @@ import gc
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -174,7 +175,7 @@ def curl_example(base: str, app: web.Application) -> str:
     )
 
 
-def event_loop_factory():  # type: ignore[no-untyped-def]
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop when installed: it roughly halves the relay's per-chunk socket cost."""
     try:
         import uvloop

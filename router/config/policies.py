@@ -46,7 +46,7 @@ import hashlib
 import os
 import re
 import tomllib
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -61,7 +61,7 @@ from pydantic import (
 )
 
 from router.config.base import Frozen, validation_problems
-from router.config.names import CLIENT_HEADER
+from router.config.names import API_KEY_HEADER, AUTHORIZATION, CLIENT_HEADER
 from router.config.presets import LanePreference, PresetSpec
 from router.config.speculation import SpecOverrides, SpecSettings
 from router.errors import RouterError
@@ -129,8 +129,8 @@ class ModelRules(Frozen):
 
 
 class Caps(Frozen):
-    max_tokens: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1)
     action: Literal["clamp", "reject"] = "clamp"
 
 
@@ -138,15 +138,15 @@ class Policy(Frozen):
     """One client's policy (one TOML file). ``client`` defaults to the file's stem."""
 
     client: str = Field(pattern=NAME_PATTERN)
-    priority: int = Field(0, ge=-1000, le=1000)  # higher is more important; < 0 sheddable
+    priority: int = Field(default=0, ge=-1000, le=1000)  # higher is more important; < 0 sheddable
     require_api_key: bool = False
     allow_lane_override: bool = True
     default_preset: str | None = None  # used when the request names none
     presets: tuple[str, ...] = ()  # the presets the client may use; empty: all configured
     lanes: dict[str, LanePreference] = Field(default_factory=dict)  # preset -> lane
     models: ModelRules = ModelRules()
-    max_concurrency: int | None = Field(None, ge=1)  # None: no limit
-    queue_timeout: float = Field(30.0, ge=0, le=3600)  # seconds a request waits for a slot
+    max_concurrency: int | None = Field(default=None, ge=1)  # None: no limit
+    queue_timeout: float = Field(default=30.0, ge=0, le=3600)  # seconds a request waits for a slot
     caps: Caps = Caps()
     match: MatchRules = MatchRules()
     spec: SpecOverrides = SpecOverrides()
@@ -223,6 +223,38 @@ def bearer_token(authorization: str | None) -> str | None:
     scheme, _, token = authorization.strip().partition(" ")
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
+
+
+def presented_key(authorizations: Sequence[str], api_keys: Sequence[str] = (), *,
+                  use_api_key_header: bool = False) -> str | None:
+    """The one API key a request presents: its ``Authorization: Bearer`` token, else (where
+    the API has one, ``use_api_key_header``) its ``x-api-key``.
+
+    Credentials that disagree are a 400, never resolved silently: two different
+    ``Authorization`` values, two different ``x-api-key`` values, or a bearer token and an
+    ``x-api-key`` that differ (on every door: a gateway in front may read either header,
+    and then it and speclane would disagree about who the caller is). The same value
+    repeated is one credential.
+    """
+    authorization = _one(AUTHORIZATION, [a.strip() for a in authorizations])
+    api_key = _one(API_KEY_HEADER, [k.strip() for k in api_keys])
+    token = bearer_token(authorization)
+    if token is not None and api_key and token != api_key:
+        raise _conflict(f"the key in Authorization and the one in {API_KEY_HEADER} differ")
+    if token is not None or not use_api_key_header:
+        return token
+    return api_key or None
+
+
+def _one(header: str, values: list[str]) -> str | None:
+    if len(set(values)) > 1:
+        raise _conflict(f"{len(set(values))} different {header} headers")
+    return values[0] if values else None
+
+
+def _conflict(message: str) -> RouterError:
+    return RouterError(400, f"conflicting credentials: {message}; send one",
+                       code="conflicting_credentials")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import orjson
 
 from router import errors
 from router.errors import RouterError
-from router.frontdoors.common import translate_events, whole_call
+from router.frontdoors.common import dict_of, list_of, translate_events, whole_call
 
 STREAM_CONTENT_TYPE = "text/event-stream"
 
@@ -65,12 +65,12 @@ def message_body(answer: Any, model: str, stops: tuple[str, ...]) -> dict[str, A
         raise errors.upstream_failed("the backend's answer has no choices",
                                      code="upstream_bad_json")
     choice = choices[0]
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    message = dict_of(choice, "message")
     content: list[dict[str, Any]] = []
     text = message.get("content")
     if isinstance(text, str) and text:
         content.append({"type": "text", "text": text})
-    calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
+    calls = list_of(message, "tool_calls")
     for call in calls:
         name, args = whole_call(call)
         call_id = call.get("id")
@@ -145,9 +145,10 @@ class AnthropicEgress:
         if self._started:
             return b""
         self._started = True
-        message = {"id": message_id(None), "type": "message", "role": "assistant",
-                   "model": self.model, "content": [], "stop_reason": None,
-                   "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+        message: dict[str, Any] = {
+            "id": message_id(None), "type": "message", "role": "assistant",
+            "model": self.model, "content": [], "stop_reason": None,
+            "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
         return (sse("message_start", {"type": "message_start", "message": message})
                 + sse("ping", {"type": "ping"}))
 
@@ -161,7 +162,7 @@ class AnthropicEgress:
         for choice in choices:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            delta = dict_of(choice, "delta")
             text = delta.get("content")
             if isinstance(text, str) and text:
                 out += self._text(text)
@@ -200,7 +201,7 @@ class AnthropicEgress:
         index = call.get("index", 0)
         if not isinstance(index, int):
             index = 0  # hostile or sloppy upstream: an unhashable index must not crash us
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        function = dict_of(call, "function")
         out = b""
         block = self._tool_blocks.get(index)
         if block is None:

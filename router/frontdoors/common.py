@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from router import errors
-from router.errors import RouterError, bad_request, from_upstream_body
+from router.errors import RouterError, bad_request
 from router.proxy.request import ParsedRequest, parse_request
 from router.routing.types import Endpoint
 
@@ -38,17 +38,16 @@ def openai_events(data: bytes) -> Iterator[dict[str, Any]]:
             yield obj
 
 
-def upstream_error_event(event: dict[str, Any]) -> RouterError | None:
-    """The error an upstream ended its stream with (``{"error": ...}``), else None."""
-    inner = event.get("error")
-    if inner is None:
-        return None
-    status = 502
-    if isinstance(inner, dict):
-        code = inner.get("code")
-        if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600:
-            status = code
-    return from_upstream_body(status, orjson.dumps(event))
+def dict_of(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """An upstream object's member that should be an object; anything else reads as empty."""
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def list_of(data: dict[str, Any], key: str) -> list[Any]:
+    """An upstream object's member that should be a list; anything else reads as empty."""
+    value = data.get(key)
+    return value if isinstance(value, list) else []
 
 
 def str_field(data: dict[str, Any], key: str, *, required: bool = False) -> str | None:
@@ -102,7 +101,7 @@ def translate_events(data: bytes, *, chunk: Callable[[dict[str, Any]], bytes],
     for event in openai_events(data):
         if ended():
             break
-        failed = upstream_error_event(event)
+        failed = errors.from_upstream_event(event)
         if failed is not None:
             out += error(failed)
             break

@@ -159,7 +159,10 @@ def prepare(home: Path, *, force: bool, log: Log) -> tuple[Path, Path]:
             gguf = fetch_gguf(Path(tmp), log, progress=log)
             import mlx.core as mx
 
-            raw, meta = mx.load(str(gguf), return_metadata=True)
+            loaded = mx.load(str(gguf), return_metadata=True)
+            if not isinstance(loaded, tuple):  # a GGUF file always has its metadata
+                raise PrepareError(f"{gguf}: MLX read no GGUF metadata")
+            raw, meta = loaded
             weights = dequantized({_mlx_name(k): v for k, v in raw.items()}, getattr(mx, dtype))
             config = llama_config(meta)
             tokenizer = build_tokenizer(meta)
@@ -397,6 +400,7 @@ def build_tokenizer(meta: dict[str, Any]) -> Any:
     """
     from transformers import PreTrainedTokenizerFast
 
+    gguf_tok: Any
     try:
         from transformers.integrations.gguf import gguf_tokenizer_mapping as gguf_tok
     except ImportError:  # transformers 4.x kept the converter in integrations.ggml

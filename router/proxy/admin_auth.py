@@ -12,7 +12,8 @@ import hmac
 from aiohttp import web
 
 from router.appkeys import SETTINGS
-from router.config.policies import bearer_token
+from router.config.names import AUTHORIZATION
+from router.config.policies import presented_key
 from router.errors import RouterError
 
 
@@ -29,7 +30,8 @@ def require_admin(request: web.Request) -> None:
                               "admin_key is configured", type="permission_error",
                               code="admin_loopback_only")
         return
-    presented = bearer_token(request.headers.get("Authorization"))
+    # Every Authorization value: two that disagree are a 400, not the first one silently.
+    presented = presented_key(request.headers.getall(AUTHORIZATION, []))
     if presented is None:
         raise RouterError(401, "admin endpoints require 'Authorization: Bearer <admin_key>'",
                           type="authentication_error", code="missing_admin_key",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -131,7 +131,9 @@ class GuardedHandler(RequestHandler):
         if not self._guard.admit():
             self._refused = True
             self._guard.refused += 1
-            transport.write(TOO_MANY)  # type: ignore[attr-defined]
+            # A stream protocol's transport writes (uvloop's is not registered as an
+            # asyncio.WriteTransport, so isinstance cannot say it).
+            cast(asyncio.WriteTransport, transport).write(TOO_MANY)
             transport.close()
             self._guard.warn_refused()
             return

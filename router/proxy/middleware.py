@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiohttp import HttpVersion11, web
 
 from router import errors
 from router.errors import RouterError
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 log = logging.getLogger("speclane.errors")
 
@@ -32,7 +35,7 @@ async def expect_handler(request: web.Request) -> web.StreamResponse | None:
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except RouterError as e:
@@ -53,6 +56,4 @@ async def error_middleware(request: web.Request, handler):  # type: ignore[no-un
         raise
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
-        return to_response(RouterError(500, "internal error in speclane (see its log)",
-                                       type="internal_error", code="internal_error"),
-                           errors.api_for_path(request.path))
+        return to_response(errors.internal_error(), errors.api_for_path(request.path))

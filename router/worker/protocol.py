@@ -135,7 +135,7 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
         **source,
         temperature=_number(body, "temperature", DEFAULT_TEMPERATURE, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
-        top_k=_integer(body, "top_k", 0, 0, None),
+        top_k=_integer_or(body, "top_k", 0, 0, None),
         min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
         max_tokens=_max_tokens(body),
         stop=_stop(body),
@@ -191,11 +191,15 @@ def _integer(
     return value
 
 
+def _integer_or(body: Mapping[str, Any], key: str, default: int, lo: int,
+                hi: int | None) -> int:
+    value = _integer(body, key, default, lo, hi)
+    return default if value is None else value
+
+
 def _max_tokens(body: Mapping[str, Any]) -> int:
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    value = _integer(body, key, DEFAULT_MAX_TOKENS, 1, None)
-    assert value is not None
-    return value
+    return _integer_or(body, key, DEFAULT_MAX_TOKENS, 1, None)
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ from router.errors import RouterError, bad_request, not_found, render, sse_error
 from router.worker.constrain import COMPILER
 from router.worker.contract import DRAFT_SOURCE_FIELD
 from router.worker.engine import Engine
-from router.worker.jobs import Failed, Finished, Job, TextDelta
+from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
 from router.worker.protocol import GenerationRequest, Kind, parse_request
 from router.worker.shapes import Answer
 from router.worker.tools import (
@@ -324,7 +324,7 @@ async def _stream(
     await response.prepare(request)
     if answer.kind == "chat":
         await _send(response, answer.chunk("", role=True))
-    event = first
+    event: Event = first
     last_sent = time.monotonic()
     while True:
         if isinstance(event, TextDelta):

@@ -16,7 +16,9 @@ import asyncio
 import json
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from router.bench.common.procs import LaneOptions
 from router.bench.scorecard.plan import (
@@ -35,8 +37,8 @@ from router.bench.scorecard.score import Thresholds
 INTERRUPTED = 130
 
 
-def _csv(kind: type, choices: tuple[str, ...] | None = None):  # type: ignore[no-untyped-def]
-    def parse(text: str) -> tuple:  # type: ignore[type-arg]
+def _csv(kind: type, choices: tuple[str, ...] | None = None) -> Callable[[str], tuple[Any, ...]]:
+    def parse(text: str) -> tuple[Any, ...]:
         try:
             values = tuple(kind(v.strip()) for v in text.split(",") if v.strip())
         except ValueError as e:

@@ -10,6 +10,7 @@ Each point pools every family measured for that scenario at that concurrency.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from router.bench.scorecard.records import Summary, levels, pooled
 from router.bench.scorecard.report import Result
@@ -23,7 +24,7 @@ class PlotUnavailable(RuntimeError):
     pass
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> Any:  # matplotlib.pyplot (an optional dependency)
     try:
         import matplotlib
     except ImportError as e:
@@ -68,7 +69,7 @@ def _series(result: Result, scenario: str) -> list[tuple[int, Summary]]:
     return out
 
 
-def _ttft(plt, result: Result, ev: Evaluation, title: str):  # type: ignore[no-untyped-def]
+def _ttft(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     drawn = False
     for scenario in result.plan.scenarios:
@@ -88,7 +89,7 @@ def _ttft(plt, result: Result, ev: Evaluation, title: str):  # type: ignore[no-u
     return fig
 
 
-def _tps(plt, result: Result, ev: Evaluation, title: str):  # type: ignore[no-untyped-def]
+def _tps(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     drawn = False
     for scenario in result.plan.scenarios:
@@ -110,7 +111,7 @@ def _tps(plt, result: Result, ev: Evaluation, title: str):  # type: ignore[no-un
     return fig
 
 
-def _acceptance(plt, result: Result, ev: Evaluation, title: str):  # type: ignore[no-untyped-def]
+def _acceptance(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
     rows = [a for a in ev.acceptance if a.acceptance is not None]
     if not rows:
         return None
@@ -130,7 +131,7 @@ def _acceptance(plt, result: Result, ev: Evaluation, title: str):  # type: ignor
     return fig
 
 
-def _axes(ax, ylabel: str, title: str, result: Result) -> None:  # type: ignore[no-untyped-def]
+def _axes(ax: Any, ylabel: str, title: str, result: Result) -> None:
     ax.set_xscale("log", base=2)
     ticks = levels(result.runs)
     ax.set_xticks(ticks)
