@@ -115,10 +115,10 @@ async def test_an_invalid_reload_keeps_the_last_good_set(
     assert all(isinstance(r, ReloadResult) for r in seen)
 
 
-def test_reload_checks_presets(directory: Path) -> None:
+async def test_reload_checks_presets(directory: Path) -> None:
     watcher = PolicyWatcher(directory, load_policies(directory), presets=["interactive"])
     (directory / "agent.toml").write_text('default_preset = "turbo"\n')
-    result = watcher.reload("manual")
+    result = await watcher.reload("manual")
     assert not result.ok and result.error is not None and "unknown preset 'turbo'" in result.error
 
 

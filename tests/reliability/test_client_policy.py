@@ -58,6 +58,7 @@ async def router(directory: Path, files: dict[str, str], **overrides: Any
     for name, text in files.items():
         (directory / name).write_text(text)
     async with fake_upstreams("fake") as (fake,):
+        overrides.setdefault("policy_settle_seconds", 0)
         settings = router_settings(fake, policies_dir=str(directory),
                                    policy_poll_interval=3600, **overrides)
         async with serve_app(settings) as served:
@@ -307,7 +308,7 @@ async def test_widening_applies_only_when_asked(tmp_path: Path) -> None:
     assert "without an API key" in (held.error or "")
     assert watcher.current.default.require_api_key
     assert watcher.check() is None  # held once, not re-logged at every poll
-    applied = watcher.reload("sighup")
+    applied = await watcher.reload("sighup")
     assert applied.ok and not watcher.current.default.require_api_key
     assert metrics.registry.get_sample_value("speclane_policy_reloads_total",
                                              {"result": "held"}) == 1
