@@ -30,9 +30,9 @@ def run_reload(url: str, admin_key: str | None, timeout: float) -> int:
     port = parts.port or (443 if parts.scheme == "https" else 80)
     if key is None and _is_local(parts.hostname or ""):
         key = read_token(port)
-    request = urllib.request.Request(endpoint, method="POST", data=b"",
+    # No body: with one, urllib would label it a form, which the router refuses (CSRF rule).
+    request = urllib.request.Request(endpoint, method="POST",
                                      headers={"Accept": "application/json"})
-    request.remove_header("Content-type")  # urllib's form type would be refused (CSRF rule)
     if key:
         request.add_header("Authorization", f"Bearer {key}")
     try:
