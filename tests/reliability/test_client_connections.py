@@ -144,8 +144,8 @@ async def test_a_trickled_request_head_gets_408(timed: RouterProcess) -> None:
 async def test_a_trickled_request_body_gets_408(timed: RouterProcess) -> None:
     body = orjson.dumps({"model": "fake-model", "messages": [
         {"role": "user", "content": "x" * 2000}]})
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json"
-            b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
 
     def slow_body() -> bytes:
         with connect(timed.port) as sock:
@@ -190,7 +190,8 @@ async def test_many_slow_clients_hold_no_descriptors(timed: RouterProcess) -> No
 
 def _get(port: int, path: str) -> bytes:
     with connect(port) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+                     .encode())
         return read_until_closed(sock)
 
 
