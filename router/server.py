@@ -26,6 +26,7 @@ from router.config.settings import ConfigError, Settings, load_settings
 from router.lanes.group import LaneStartupError
 from router.observability.logfmt import LOG_FORMATS, setup_logging
 from router.proxy.connections import FD_RESERVE, GuardedRunner, connection_cap, raise_fd_limit
+from router.proxy.hosts import WILDCARD_BINDS
 from router.proxy.localtoken import remove_token, write_token
 
 log = logging.getLogger("speclane")
@@ -110,6 +111,12 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
         print(f"speclane listening on {base}", flush=True)
         print(curl_example(base, app), flush=True)
         log.info("listening on %s", base)
+        if not is_loopback_host(settings.host) and "*" not in settings.allowed_hosts:
+            bound = ("an IP address, this machine's host name" if settings.host in
+                     WILDCARD_BINDS else settings.host)
+            log.info("requests must name this router (Host) by a loopback name, %s or an "
+                     "allowed_hosts entry (%s); other names get 421", bound,
+                     ", ".join(settings.allowed_hosts) or "none set")
         if ready:
             ready.set()
         await stop.wait()

@@ -120,6 +120,8 @@ CROSS_SITE = [
     {"Origin": "http://evil.example"},
     {"Origin": "http://evil.example:8080", "Sec-Fetch-Site": "cross-site"},
     {"Origin": "null"},
+    {"Origin": "http://localhost:3000"},  # another local program's page
+    {"Origin": "http://127.0.0.1"},
     {"Sec-Fetch-Site": "cross-site"},
     {"Sec-Fetch-Site": "same-site"},  # another port of localhost, a sibling subdomain
     {"Content-Type": "text/plain"},
@@ -300,3 +302,14 @@ async def test_in_headless_chromium_a_cross_site_form_and_a_rebound_name_change_
                            "POST /admin/reload": 421, "GET /v1/models": 421}, results
         assert watcher.attempts == attempts  # no reload ran at all
         assert watcher.current.default.require_api_key
+
+
+async def test_behind_a_reverse_proxy_an_allowed_origin_may_post(
+        fake: FakeUpstream, tmp_path: Path) -> None:
+    """nginx passes Host: 127.0.0.1:port on; the page's origin is the public name."""
+    async with router(fake, tmp_path, allowed_hosts=["speclane.example"]) as r:
+        status, _ = await call(r, "POST", "/admin/reload", Origin="https://speclane.example",
+                               **{"Sec-Fetch-Site": "same-origin"})
+        assert status == 200
+        status, _ = await call(r, "POST", "/admin/reload", Origin="https://other.example")
+        assert status == 403

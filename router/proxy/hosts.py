@@ -68,6 +68,15 @@ def origin_host(origin: str) -> str | None:
     return host_name(netloc)
 
 
+def same_origin(origin: str, host_header: str) -> bool:
+    """Whether an ``Origin`` names the very host and port the request was sent to."""
+    try:
+        netloc = urlsplit(origin.strip()).netloc
+    except ValueError:
+        return False
+    return bool(netloc) and netloc.lower() == host_header.strip().lower()
+
+
 def is_loopback_name(host: str) -> bool:
     if host == "localhost" or host.endswith(".localhost"):
         return True

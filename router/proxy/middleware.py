@@ -9,7 +9,7 @@ from aiohttp import HttpVersion11, hdrs, web
 
 from router import errors
 from router.errors import RouterError
-from router.proxy.hosts import HostRule, origin_host
+from router.proxy.hosts import HostRule, is_loopback_name, origin_host, same_origin
 
 log = logging.getLogger("speclane.errors")
 
@@ -71,8 +71,9 @@ def browser_guard(rule: HostRule):  # type: ignore[no-untyped-def]
     Every request: a ``Host`` that ``rule`` does not allow is answered 421 (DNS rebinding:
     the browser thinks it talks to the attacker's name). A state-changing admin request
     (any method but GET/HEAD/OPTIONS under ``/admin/``) is refused 403 when it comes from
-    another site (``Sec-Fetch-Site: cross-site`` or ``same-site``, or an ``Origin`` whose
-    host is not allowed, or ``Origin: null``) or carries a body a form can send (CSRF).
+    another site (``Sec-Fetch-Site: cross-site`` or ``same-site``; an ``Origin`` other than
+    the request's own whose host is not allowed or is a loopback name, i.e. another local
+    program's page; ``Origin: null``) or carries a body a form can send (CSRF).
     """
 
     @web.middleware
@@ -97,8 +98,11 @@ def refuse_cross_site(request: web.Request, rule: HostRule) -> None:
     if site in ("cross-site", "same-site"):
         reason = f"Sec-Fetch-Site: {site}"
     for origin in headers.getall(hdrs.ORIGIN, ()):
-        if not rule.allows(origin_host(origin)):
-            reason = f"Origin: {origin[:100]!r}"
+        if not same_origin(origin, headers.get(hdrs.HOST, "")):
+            host = origin_host(origin)
+            # A loopback origin on another port is another local program's page.
+            if not rule.allows(host) or host is None or is_loopback_name(host):
+                reason = f"Origin: {origin[:100]!r}"
     ctype = headers.get(hdrs.CONTENT_TYPE, "").split(";", 1)[0].strip().lower()
     if ctype in FORM_TYPES:
         reason = f"Content-Type: {ctype} (admin requests take no form body)"
