@@ -48,15 +48,26 @@ MODELS_ANSWER = orjson.dumps({"object": "list", "data": [{"id": MODEL, "object":
 # --- the scripted lane ------------------------------------------------------------------------
 
 def http_answer(body: bytes, status: int = 200, ctype: str = "application/json",
-                framing: str = "length") -> bytes:
-    """A whole HTTP/1.1 answer; ``framing``: length, chunked or close (body until EOF)."""
-    head = [f"HTTP/1.1 {status} X", f"Content-Type: {ctype}", "Connection: close"]
+                framing: str = "length", close: bool = False) -> bytes:
+    """A whole HTTP/1.1 answer; ``framing``: length, chunked or close (body until EOF, and
+    the connection closes, as with ``close``; else it is kept for the next request)."""
+    head = [f"HTTP/1.1 {status} X", f"Content-Type: {ctype}"]
+    if close or framing == "close":
+        head.append("Connection: close")
     if framing == "length":
         head.append(f"Content-Length: {len(body)}")
     elif framing == "chunked":
         head.append("Transfer-Encoding: chunked")
         body = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def keeps_alive(answer: bytes) -> bool:
+    """Whether a scripted answer is a whole, framed answer that keeps its connection."""
+    head, sep, _ = answer.partition(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    framed = any(x.startswith((b"content-length:", b"transfer-encoding:")) for x in lines)
+    return bool(sep) and framed and b"connection: close" not in lines
 
 
 def chunk(delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> bytes:
@@ -96,14 +107,18 @@ class ScriptedLane(LoopbackServer):
 
     async def _serve(self, reader: Any, writer: Any) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":", 1)[1])
-            body = await reader.readexactly(length)
-            writer.write(self.answer(head, body))
-            await writer.drain()
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                body = await reader.readexactly(length)
+                answer = self.answer(head, body)
+                writer.write(answer)
+                await writer.drain()
+                if not keeps_alive(answer):
+                    return
         except (OSError, EOFError, ValueError):
             pass
         finally:
@@ -458,7 +473,7 @@ def test_fuzz_count_tokens(doors: Doors, seed: int) -> None:
             rng.choice([http_answer(b'{"count": "x"}'), http_answer(b"{}"), http_answer(b"[1]"),
                         http_answer(b'{"count": 5'), http_answer(b"", status=500),
                         http_answer(b'{"error": "no"}', status=400), b"HTTP/1.1 200 OK\r\n",
-                        b"garbage"])
+                        b"garbage", http_answer(b'{"count": 5}', close=True)[:-3]])
         with case(raw, doors.lane.tokenize):
             anthropic_answer(*doors.post("/v1/messages/count_tokens", raw), counting=True)
     doors.lane.tokenize = http_answer(b'{"count": 5}')
@@ -527,7 +542,7 @@ def tool_stream(rng: random.Random) -> bytes:
         stream = stream[: rng.randint(0, len(stream))]
     framing = rng.choice(["close", "chunked", "length", "length-lie"])
     if framing == "length-lie":  # says more than it sends: the upstream dies mid-body
-        return http_answer(stream, ctype="text/event-stream")[:-1]
+        return http_answer(stream, ctype="text/event-stream", close=True)[:-1]
     return http_answer(stream, ctype="text/event-stream", framing=framing)
 
 
@@ -578,3 +593,19 @@ def test_fuzz_streamed_tool_calls_through_every_door(doors: Doors, seed: int) ->
             TALLY.fault(f"fuzz_tool_calls_{door}")
     finally:
         doors.lane.script = None
+
+
+# --- what the fuzz found ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("count", [b'{"count": "x"}', b'{"count": -1}', b'{"count": true}',
+                                   b'{"count": null}', b'{"count": 1.5}', b"[5]"])
+def test_a_lane_count_that_is_not_a_count_is_an_upstream_error(doors: Doors, count: bytes) -> None:
+    """It was passed on: ``{"input_tokens": "x"}`` with a 200."""
+    doors.lane.tokenize = http_answer(count)
+    try:
+        status, headers, data = doors.post("/v1/messages/count_tokens", orjson.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}))
+    finally:
+        doors.lane.tokenize = http_answer(b'{"count": 5}')
+    assert status == 500 and headers["x-speclane-error-source"] == "upstream", data  # 502 as
+    assert "upstream_bad_json" in orjson.loads(data)["error"]["message"]  # Anthropic says it
