@@ -313,3 +313,20 @@ async def test_behind_a_reverse_proxy_an_allowed_origin_may_post(
         assert status == 200
         status, _ = await call(r, "POST", "/admin/reload", Origin="https://other.example")
         assert status == 403
+
+
+async def test_a_request_without_host_is_answered(fake: FakeUpstream, tmp_path: Path) -> None:
+    """HTTP/1.0 tools may send none; every browser sends one, so nothing is rebound."""
+    async with router(fake, tmp_path) as r:
+        reader, writer = await asyncio.open_connection("127.0.0.1", r.port)
+        writer.write(b"GET /healthz HTTP/1.0\r\n\r\n")
+        answer = await reader.read()
+        writer.close()
+        assert answer.startswith(b"HTTP/1.0 200") or answer.startswith(b"HTTP/1.1 200"), answer
+        # Two Host headers, one of them foreign: refused.
+        reader, writer = await asyncio.open_connection("127.0.0.1", r.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: " + FOREIGN.encode()
+                     + b"\r\nConnection: close\r\n\r\n")
+        answer = await reader.read()
+        writer.close()
+        assert answer.split(b" ", 2)[1] in (b"400", b"421"), answer
