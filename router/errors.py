@@ -18,8 +18,9 @@ import orjson
 from router.config.names import ERROR_SOURCE_HEADER
 
 Source = Literal["router", "upstream"]
-Api = Literal["openai", "anthropic", "ollama"]
-APIS: tuple[Api, ...] = ("openai", "anthropic", "ollama")
+# "responses": OpenAI's Responses API, whose errors take the OpenAI shape.
+Api = Literal["openai", "anthropic", "ollama", "responses"]
+APIS: tuple[Api, ...] = ("openai", "anthropic", "ollama", "responses")
 
 
 class RouterError(Exception):

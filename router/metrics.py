@@ -95,8 +95,8 @@ class Metrics:
         self.requests = Counter(
             "speclane_requests_total",
             "Requests answered, by endpoint, HTTP status, the API the client called (openai, "
-            "anthropic, ollama) and backend: the one that answered, else the last one tried, "
-            "else 'none' (refused before any backend was tried).",
+            "responses, anthropic, ollama) and backend: the one that answered, else the last "
+            "one tried, else 'none' (refused before any backend was tried).",
             ["endpoint", "backend", "status", "api"], registry=r)
         self.request_duration = Histogram(
             "speclane_request_duration_seconds",

@@ -219,9 +219,9 @@ def _display_host(host: str) -> str:
 
 # With the default first-generation threshold (700 net container allocations) the
 # collector runs very often under load, while many requests' objects are alive; 10,000
-# keeps the same collector with far fewer runs: 3% fewer instructions per relayed short
-# stream (counted under callgrind, which unlike timings is not moved by the machine's
-# neighbours), for at most a few MB more garbage waiting.
+# keeps the same collector with far fewer runs: fewer instructions per relayed short
+# stream (counted under callgrind, examples/results/overhead.md), for a little more garbage
+# waiting.
 GC_THRESHOLDS = (10_000, 10, 10)
 
 

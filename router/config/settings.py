@@ -160,6 +160,14 @@ class ClientLimits(Frozen):
     max_connections: int = Field(512, ge=1)  # beyond: 503 and close (lowered to fit fds)
 
 
+class ResponsesSettings(Frozen):
+    """The Responses API's store of finished responses (``previous_response_id``, ``GET``),
+    in memory, least recently used evicted first (router.frontdoors.responses_store)."""
+
+    store_entries: int = Field(1024, ge=0)  # 0: nothing is stored
+    store_bytes: int = Field(64 * 1024 * 1024, ge=0)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SPECLANE_", env_nested_delimiter="__", frozen=True, extra="forbid"
@@ -192,6 +200,7 @@ class Settings(BaseSettings):
     policy_settle_seconds: float = Field(1.0, ge=0, le=30)
     spec: SpecSettings = SpecSettings()
     gating: GatingSettings = GatingSettings()  # draft/target pair checks, strict or graceful
+    responses: ResponsesSettings = ResponsesSettings.model_validate({})
 
     @classmethod
     def settings_customise_sources(

@@ -25,6 +25,7 @@ from router.frontdoors import anthropic_in, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
 from router.frontdoors.common import to_parsed
 from router.frontdoors.ollama_out import OllamaEgress, now_iso
+from router.frontdoors.responses_http import setup_responses_routes
 from router.proxy.handlers import Inbound, identify, proxy
 from router.proxy.request import load_object
 
@@ -162,6 +163,22 @@ async def ollama_show(request: web.Request) -> web.Response:
     return web.json_response(ollama_info.show(_served(request, name), request.app[STARTED]))
 
 
+async def ollama_pull(request: web.Request) -> web.Response:
+    identify(request)
+    body = load_object(await request.read())
+    name = body.get("model") or body.get("name")
+    if not isinstance(name, str) or not name:
+        raise errors.bad_request("'model' is required", param="model")
+    # Ollama answers a failed pull with 200 and an error line, which is what its clients
+    # (the ollama libraries, Codex) read and show.
+    line = ollama_info.pull(name, _models(request))
+    if body.get("stream") is False:
+        if "error" in line:
+            raise errors.not_found(line["error"], param="model", code="model_not_found")
+        return web.json_response(line)
+    return web.Response(body=orjson.dumps(line) + b"\n", content_type="application/x-ndjson")
+
+
 async def ollama_version(request: web.Request) -> web.Response:
     return web.json_response(ollama_info.version())
 
@@ -176,3 +193,5 @@ def setup_frontdoor_routes(app: web.Application) -> None:
     app.router.add_post("/api/show", ollama_show)
     app.router.add_get("/api/ps", ollama_ps)
     app.router.add_get("/api/version", ollama_version)
+    app.router.add_post("/api/pull", ollama_pull)
+    setup_responses_routes(app)

@@ -1,4 +1,5 @@
-"""The bodies of Ollama's model endpoints: /api/tags, /api/show, /api/ps, /api/version (pure).
+"""The bodies of Ollama's model endpoints: /api/tags, /api/show, /api/ps, /api/version,
+/api/pull (pure).
 
 speclane has no model files, so sizes are 0 and the digest is the SHA-256 of the model's
 name: stable, and distinct per model, which is what clients use it for.
@@ -11,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 # The Ollama version speclane answers like. Clients compare it to gate features (tools,
-# structured outputs): it names the API level implemented here, not speclane's version.
-OLLAMA_VERSION = "0.12.0"
+# structured outputs; Codex --oss requires 0.13.4, the first Ollama whose /v1/responses it
+# accepts): it names the API level implemented here, not speclane's version.
+OLLAMA_VERSION = "0.13.4"
 # /api/ps: the lanes stay loaded; Ollama reports when a model would be unloaded.
 NEVER_EXPIRES = "2999-01-01T00:00:00Z"
 
@@ -53,3 +55,14 @@ def show(model: ServedModel, modified_at: str) -> dict[str, Any]:
 
 def version() -> dict[str, Any]:
     return {"version": OLLAMA_VERSION}
+
+
+def pull(name: str, served: list[ServedModel]) -> dict[str, Any]:
+    """/api/pull's last line: speclane downloads nothing, so a model it serves is "pulled"
+    already (``codex --oss`` pulls its model when the list lacks it) and any other is an
+    error saying what is served."""
+    if any(m.name == name for m in served):
+        return {"status": "success"}
+    names = ", ".join(m.name for m in served) or "none"
+    return {"error": f"speclane does not download models: '{name}' is not served here "
+                     f"(served: {names}); configure a lane model or a backend that serves it"}

@@ -1,7 +1,7 @@
 """Pick a fast BLAS for MLX's CPU backend on Linux.
 
-The ``mlx-cpu`` wheel bundles the reference BLAS (~3 GFLOP/s here); Debian's OpenBLAS
-is ~30x faster. It must be preloaded before the worker process starts, so the
+The ``mlx-cpu`` wheel bundles the reference BLAS; Debian's OpenBLAS is many times faster
+(docs/lanes.md). It must be preloaded before the worker process starts, so the
 supervisor puts it into the worker's environment.
 """
 

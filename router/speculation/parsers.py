@@ -3,9 +3,9 @@
 ``parse_response(kind, body)`` reads a non-streaming JSON body; ``parse_stream_events(kind,
 events)`` reads the last few parsed SSE JSON events of a stream (the statistics ride on
 the final usage chunk, ``choices: []``, or on the chunk carrying ``finish_reason``,
-depending on the backend: both are tried, newest first); the README's "Speculative
-telemetry" table says where each backend puts its figures. Neither function raises: bad input gives
-``Malformed`` with a closed-vocabulary reason, missing input ``NotReported``.
+depending on the backend: both are tried, newest first); the table in
+docs/speculation.md says where each backend puts its figures. Neither function raises: bad
+input gives ``Malformed`` with a closed-vocabulary reason, missing input ``NotReported``.
 """
 
 from __future__ import annotations

@@ -6,12 +6,12 @@ Used for ``tool_choice: "required"`` or a named function (the answer must be too
 With ``tool_choice: "auto"`` and a JSON ``response_format`` the answer is either tool calls or
 the JSON document.
 
-Why llguidance (figures in the README, ``examples/bench_constraints.py``): on the default
-model's 49k vocabulary a schema compiles in milliseconds (xgrammar: ~2 s, outlines-core: ~6 s,
-and a tool list differs per request, so compile time is paid per request), its per-token mask
-costs no more than the others', it takes Lark grammars with inline JSON schemas (the tool-call
-markers around the JSON need a grammar, not only a schema), and it has no torch dependency
-(xgrammar's wheel pulls torch and CUDA).
+Why llguidance (figures in ``examples/results/constraints.md``, from
+``examples/bench_constraints.py``): a schema compiles far faster than with xgrammar or
+outlines-core (a tool list differs per request, so compile time is paid per request), its
+per-token mask costs about what the others' do, it takes Lark grammars with inline JSON
+schemas (the tool-call markers around the JSON need a grammar, not only a schema), and it
+has no torch dependency (xgrammar's wheel pulls torch and CUDA).
 
 JSON is generated with fixed separators (``", "``, ``": "``) and no free whitespace: with free
 whitespace a small model can loop on blanks until ``max_tokens``.

@@ -2,7 +2,8 @@
 
 - ``TALLY``: what the suite tried (faults injected, fuzz cases, load requests, peak RSS);
   ``conftest.py`` prints it at the end of the run and writes it as JSON when
-  ``SPECLANE_RELIABILITY_JSON`` names a file (the README figures come from there).
+  ``SPECLANE_RELIABILITY_JSON`` names a file (the figures of examples/results/reliability.md
+  come from there).
 - ``RouterProcess``: ``python -m router serve`` as a real subprocess, for SIGTERM, start-up
   errors, and the fuzz and load targets (a crash or a leak then shows in its own process).
 - ``RawUpstream``: a TCP server that misbehaves below HTTP (never answers, headers then

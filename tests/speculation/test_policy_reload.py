@@ -1,5 +1,5 @@
 """A policy reload that changes ``[spec]`` overrides reaches workloads that already have a
-state (``AutoDisable.reconfigure``), as the README promises."""
+state (``AutoDisable.reconfigure``), as docs/speculation.md promises."""
 
 from __future__ import annotations
 

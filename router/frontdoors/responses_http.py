@@ -1,0 +1,78 @@
+"""The thin HTTP side of the OpenAI Responses API: ``POST /v1/responses`` runs the OpenAI
+chat pipeline (``router.proxy.handlers.proxy``, ``api="responses"``) with the Responses
+translators; ``GET``/``DELETE /v1/responses/{id}`` read the client's own stored responses."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from router import errors
+from router.appkeys import SETTINGS
+from router.frontdoors import responses_in
+from router.frontdoors.common import to_parsed
+from router.frontdoors.responses_out import ResponsesEgress
+from router.frontdoors.responses_store import ResponseStore
+from router.proxy.handlers import Inbound, identify, proxy
+from router.proxy.request import load_object
+
+STORE = web.AppKey("responses_store", ResponseStore)
+
+
+def _missing(resp_id: str, param: str | None = None) -> errors.RouterError:
+    # The same answer for an id that never existed, one evicted, and another client's.
+    return errors.not_found(f"Response with id '{resp_id[:256]}' not found (responses are "
+                            "kept in memory, per client, and the oldest are evicted)",
+                            param=param, code="response_not_found")
+
+
+async def create(request: web.Request) -> web.StreamResponse:
+    arrival = time.monotonic()
+    store = request.app[STORE]
+
+    def translate(raw: bytes) -> Inbound:
+        client = identify(request).client  # already identified (and allowed) by proxy()
+        body = load_object(raw)
+        previous = responses_in.previous_id(body)
+        history: list[dict[str, object]] = []
+        if previous is not None:
+            entry = store.get(client, previous)
+            if entry is None:
+                raise _missing(previous, "previous_response_id")
+            history = entry.messages
+        req = responses_in.to_openai(body, history)
+
+        def save(response: dict[str, object], messages: list[dict[str, object]]) -> None:
+            store.put(client, str(response["id"]), response, messages)
+
+        egress = ResponsesEgress(req, int(time.time()), save if req.store else None)
+        return to_parsed("chat", req.openai), egress
+
+    return await proxy(request, "chat", api="responses", translate=translate,
+                       arrival=arrival)
+
+
+async def retrieve(request: web.Request) -> web.Response:
+    client = identify(request).client
+    resp_id = request.match_info["response_id"]
+    entry = request.app[STORE].get(client, resp_id)
+    if entry is None:
+        raise _missing(resp_id)
+    return web.json_response(entry.response)
+
+
+async def delete(request: web.Request) -> web.Response:
+    client = identify(request).client
+    resp_id = request.match_info["response_id"]
+    if not request.app[STORE].delete(client, resp_id):
+        raise _missing(resp_id)
+    return web.json_response({"id": resp_id, "object": "response", "deleted": True})
+
+
+def setup_responses_routes(app: web.Application) -> None:
+    settings = app[SETTINGS].responses
+    app[STORE] = ResponseStore(settings.store_entries, settings.store_bytes)
+    app.router.add_post("/v1/responses", create)
+    app.router.add_get("/v1/responses/{response_id}", retrieve)
+    app.router.add_delete("/v1/responses/{response_id}", delete)
