@@ -1,6 +1,7 @@
 """Fuzzing the front doors over HTTP: the Anthropic door (``/v1/messages``), the Ollama door
 (``/api/chat``, ``/api/generate``), ``/v1/messages/count_tokens``, and streamed tool calls
-that an upstream sends malformed or cut, through every door (OpenAI, Anthropic, Ollama).
+that an upstream sends malformed or cut, through every door (OpenAI chat, Anthropic, Ollama,
+OpenAI Responses).
 
 One router runs in a thread of this process, in front of a scripted lane (both lanes are
 the same loopback server: it answers generation, ``/tokenize`` and the model list). Each
@@ -228,7 +229,7 @@ def anthropic_answer(status: int, headers: dict[str, str], data: bytes,
                      counting: bool = False) -> None:
     not_a_router_fault(status, headers, data)
     if status == 200 and headers.get("content-type", "").startswith("text/event-stream"):
-        events = anthropic_events(data)
+        events = typed_events(data)
         # (an upstream that fails before its first event: the error event alone)
         assert events and events[0][0] in ("message_start", "error"), data[:300]
         assert events[-1][0] in ("message_stop", "error"), data[-300:]
@@ -244,7 +245,9 @@ def anthropic_answer(status: int, headers: dict[str, str], data: bytes,
     assert isinstance(body["error"]["type"], str)
 
 
-def anthropic_events(data: bytes) -> list[tuple[str, Any]]:
+def typed_events(data: bytes) -> list[tuple[str, Any]]:
+    """SSE events that name their type twice (Anthropic, OpenAI Responses): ``event: X``
+    and ``data: {"type": "X", ...}``."""
     events = []
     for block in data.replace(b"\r\n", b"\n").split(b"\n\n"):
         if not block.strip():
@@ -270,6 +273,21 @@ def ollama_answer(status: int, headers: dict[str, str], data: bytes) -> None:
         assert body.get("done") is True, body
     else:
         assert isinstance(body["error"], str), body
+
+
+def responses_answer(status: int, headers: dict[str, str], data: bytes) -> None:
+    not_a_router_fault(status, headers, data)
+    if status == 200 and headers.get("content-type", "").startswith("text/event-stream"):
+        events = typed_events(data)
+        assert events and events[0][0] == "response.created", data[:300]
+        assert events[-1][0] in ("response.completed", "response.incomplete",
+                                 "response.failed"), data[-300:]
+        return
+    body = orjson.loads(data)
+    if status == 200:
+        assert body["object"] == "response" and isinstance(body["output"], list), body
+    else:
+        assert isinstance(body["error"]["message"], str), body
 
 
 def openai_answer(status: int, headers: dict[str, str], data: bytes) -> None:
@@ -591,6 +609,8 @@ DOORS = {
                                    "tools": TOOLS_ANTHROPIC}, anthropic_answer),
     "ollama": ("/api/chat", {"model": MODEL, "messages": ASK, "tools": TOOLS_OPENAI},
                ollama_answer),
+    "responses": ("/v1/responses", {"model": MODEL, "input": "weather in Paris?", "tools": [
+        {"type": "function", **TOOLS_OPENAI[0]["function"]}]}, responses_answer),
 }
 
 
