@@ -3,6 +3,8 @@
 Access: with ``admin_key`` configured, ``Authorization: Bearer <admin_key>`` is required
 from any address (401 without, 403 with a wrong key). Without an admin key they answer
 loopback clients only, so a router bound to 0.0.0.0 never exposes them by accident.
+``router.proxy.middleware.browser_guard`` refuses what a web page can send them (a foreign
+Host, a cross-site POST) before they run.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from aiohttp import web
 
 from router.appkeys import POLICIES, POOL, SPEC, SUPERVISORS
 from router.backends.base import Backend
+from router.errors import RouterError
 from router.proxy.admin_auth import require_admin
 from router.proxy.middleware import expect_handler
 from router.speculation.observed import speculation_status
@@ -59,8 +62,14 @@ async def spec(request: web.Request) -> web.Response:
 
 
 async def reload_policies(request: web.Request) -> web.Response:
-    require_admin(request)
-    result = request.app[POLICIES].reload("admin")
+    # A bare loopback request (no admin key set, none presented) may be any web page's
+    # doing: it reloads, but a change that widens access waits for the key.
+    proven = require_admin(request)
+    result = await request.app[POLICIES].reload("admin", widen=proven)
+    if result.held:
+        raise RouterError(403, f"{result.error}. This request carried neither the admin key "
+                          "nor the local admin token", type="permission_error",
+                          code="reload_needs_admin_key")
     body = {"ok": result.ok, "error": result.error,
             "clients": [p.client for p in request.app[POLICIES].current]}
     return web.json_response(body, status=200 if result.ok else 422)

@@ -21,12 +21,14 @@ from pathlib import Path
 from aiohttp import web
 
 from router.app import make_app
-from router.appkeys import POLICIES, POOL, RELAY
+from router.appkeys import LOCAL_TOKEN, POLICIES, POOL, RELAY
 from router.config.policies import PolicyError
 from router.config.settings import ConfigError, Settings, load_settings
 from router.lanes.group import LaneStartupError
 from router.observability.logfmt import LOG_FORMATS, setup_logging
 from router.proxy.connections import FD_RESERVE, GuardedRunner, connection_cap, raise_fd_limit
+from router.proxy.hosts import WILDCARD_BINDS
+from router.proxy.localtoken import remove_token, write_token
 
 log = logging.getLogger("speclane")
 
@@ -36,6 +38,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--config", type=Path, help="TOML configuration file (default: none)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8080; 0 picks a free one)")
+    p.add_argument("--allowed-host", action="append", dest="allowed_hosts", metavar="NAME",
+                   help="a host name requests may carry in their Host header besides "
+                   "loopback names and the bind address (repeatable; '.example.com' for a "
+                   "domain and its subdomains, '*' for any; default: allowed_hosts of the "
+                   "configuration)")
     p.add_argument("--no-lanes", action="store_true", help="do not start the two MLX lanes")
     p.add_argument("--policies", type=Path,
                    help="policy directory (default: policies_dir of --config, relative to "
@@ -56,6 +63,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
+    if args.allowed_hosts:
+        overrides["allowed_hosts"] = tuple(args.allowed_hosts)
     if args.policies:
         overrides["policies_dir"] = args.policies
     if args.no_lanes:
@@ -83,6 +92,7 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     warn_if_exposed(settings, app)
+    token_file: Path | None = None
     try:
         await runner.setup()
     except LaneStartupError as e:
@@ -97,17 +107,37 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
             raise StartupError(f"cannot listen on {settings.host}:{settings.port}: "
                                f"{e.strerror or e}") from None
         port = runner.addresses[0][1]
+        token_file = publish_local_token(app, port)
         base = f"http://{_display_host(settings.host)}:{port}/v1"
         print(f"speclane listening on {base}", flush=True)
         print(curl_example(base, app), flush=True)
         log.info("listening on %s", base)
+        if not is_loopback_host(settings.host) and "*" not in settings.allowed_hosts:
+            bound = ("an IP address, this machine's host name" if settings.host in
+                     WILDCARD_BINDS else settings.host)
+            log.info("requests must name this router (Host) by a loopback name, %s or an "
+                     "allowed_hosts entry (%s); other names get 421", bound,
+                     ", ".join(settings.allowed_hosts) or "none set")
         if ready:
             ready.set()
         await stop.wait()
         await drain(app, settings.shutdown_grace, stop)
     finally:
         await runner.cleanup()
+        if token_file is not None:
+            remove_token(token_file, app[LOCAL_TOKEN])
         log.info("stopped")
+
+
+def publish_local_token(app: web.Application, port: int) -> Path | None:
+    """Write the run's local admin token for ``speclane policy reload`` (best effort: a
+    read-only home only costs that command its key-less mode)."""
+    try:
+        return write_token(port, app[LOCAL_TOKEN])
+    except OSError as e:
+        log.warning("cannot write the local admin token (%s); 'speclane policy reload' "
+                    "will need --admin-key", e)
+        return None
 
 
 async def drain(app: web.Application, grace: float, stop: asyncio.Event) -> None:

@@ -7,6 +7,8 @@ override the file (nested keys use ``__``: ``SPECLANE_LANES__ENABLED=false``).
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
@@ -174,6 +176,10 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    # Host names (besides loopback ones and the bind address) that requests may name in
+    # their Host header: "name", ".domain" (it and its subdomains), or "*" (any: no DNS
+    # rebinding protection). See router.proxy.hosts.
+    allowed_hosts: tuple[str, ...] = ()
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     client_limits: ClientLimits = ClientLimits()
     policies_dir: Path = Path("policies")
@@ -190,6 +196,9 @@ class Settings(BaseSettings):
     presets: dict[str, PresetSpec] = Field(default_factory=lambda: dict(DEFAULT_PRESETS))
     routing: RoutingRules = RoutingRules()
     policy_poll_interval: float = Field(default=2.0, gt=0)  # seconds between policy file checks
+    # A policy file is read only once nothing in the directory has changed for this long,
+    # so that a file being rewritten in place is never loaded half written.
+    policy_settle_seconds: float = Field(default=1.0, ge=0, le=30)
     spec: SpecSettings = SpecSettings()
     gating: GatingSettings = GatingSettings()  # draft/target pair checks, strict or graceful
     responses: ResponsesSettings = ResponsesSettings.model_validate({})
@@ -207,6 +216,11 @@ class Settings(BaseSettings):
         return (init_settings, env_settings,
                 InitSettingsSource(settings_cls, init_kwargs=_FILE_DATA.get() or {}))
 
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(allowed_host_entry(entry) for entry in v)
+
     @model_validator(mode="after")
     def _unique_backend_names(self) -> Settings:
         seen: set[str] = set()
@@ -215,6 +229,25 @@ class Settings(BaseSettings):
                 raise ValueError(f"backend name '{b.name}' is used twice")
             seen.add(b.name)
         return self
+
+
+def allowed_host_entry(value: str) -> str:
+    """One ``allowed_hosts`` entry, lower-cased; a scheme, port, path or space is refused
+    (a Host is matched by name alone)."""
+    entry = value.strip().lower().rstrip(".")
+    if entry == "*":
+        return entry
+    try:
+        address = ipaddress.ip_address(entry.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        pass
+    else:
+        return f"[{address.compressed}]" if address.version == 6 else address.compressed
+    name = entry[1:] if entry.startswith(".") else entry
+    if not re.fullmatch(r"[a-z0-9_-][a-z0-9_.-]*", name):
+        raise ValueError(f"{value!r}: expected a host name or address without scheme or "
+                         "port (e.g. 'mybox.lan', '.example.com' or '*')")
+    return entry
 
 
 class ConfigError(Exception):

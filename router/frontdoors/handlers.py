@@ -74,9 +74,11 @@ async def count_tokens(request: web.Request) -> web.Response:
         raise errors.from_upstream_body(status, answer)
     try:
         count = orjson.loads(answer)["count"]
-    except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        count = None
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise errors.upstream_failed(f"lane '{lane.name}' answered the count with a malformed "
-                                     "body", code="upstream_bad_json") from e
+                                     "body", code="upstream_bad_json")
     return web.json_response({"input_tokens": count})
 
 
