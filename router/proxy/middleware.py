@@ -7,6 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import HttpVersion11, hdrs, web
+from aiohttp.typedefs import Middleware
 
 from router import errors
 from router.errors import RouterError
@@ -66,7 +67,7 @@ FORM_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def browser_guard(rule: HostRule) -> web.Middleware:
+def browser_guard(rule: HostRule) -> Middleware:
     """A middleware that refuses what a hostile web page can make a browser send.
 
     Every request: a ``Host`` that ``rule`` does not allow is answered 421 (DNS rebinding:
