@@ -15,6 +15,7 @@ from typing import Literal
 
 import orjson
 
+from router import sse
 from router.config.names import ERROR_SOURCE_HEADER
 
 Source = Literal["router", "upstream"]
@@ -108,7 +109,7 @@ def render(err: RouterError, api: Api = "openai") -> tuple[int, bytes, dict[str,
 
 def sse_error_event(err: RouterError) -> bytes:
     """The terminating event of a stream that failed after bytes reached the client."""
-    return b"data: " + dump_body(err) + b"\n\ndata: [DONE]\n\n"
+    return sse.frame(dump_body(err)) + sse.DONE_EVENT
 
 
 def stream_error(err: RouterError, api: Api = "openai") -> bytes:
@@ -117,7 +118,7 @@ def stream_error(err: RouterError, api: Api = "openai") -> bytes:
     line holding ``error``."""
     if api == "anthropic":
         body = anthropic_body(err, anthropic_status(err.status)[1])
-        return b"event: error\ndata: " + _dumps(body) + b"\n\n"
+        return sse.frame(_dumps(body), "error")
     if api == "ollama":
         return _dumps(ollama_body(err)) + b"\n"
     return sse_error_event(err)

@@ -36,6 +36,7 @@ from typing import Any
 
 import aiohttp
 
+from router import sse
 from router.bench import environment, launch, procs
 
 LANE_HEADERS = {"X-Speclane-Lane": "batching"}
@@ -163,12 +164,8 @@ async def stream_chat(session: aiohttp.ClientSession, base_url: str, body: dict[
             if resp.status != 200:
                 result.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                 return result
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
+            async for data in sse.read_payloads(resp.content):
+                if sse.is_done(data):
                     break
                 chunk = json.loads(data)
                 if isinstance(chunk.get("usage"), dict):

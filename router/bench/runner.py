@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from router import sse
 from router.bench.matrix import SCENARIOS, Cell, MatrixSpec, request_body, request_headers
 from router.bench.records import CellRun, Measurement
 
@@ -78,12 +79,8 @@ async def send(session: aiohttp.ClientSession, target: Target, m: Measurement,
 
 async def _read_stream(resp: aiohttp.ClientResponse, m: Measurement, start: float) -> None:
     done = False
-    async for raw in resp.content:
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
+    async for data in sse.read_payloads(resp.content):
+        if sse.is_done(data):
             done = True
             break
         chunk = orjson.loads(data)

@@ -17,6 +17,8 @@ import functools
 import orjson
 from aiohttp import web
 
+from router import sse
+
 CONTENT_CHUNKS = 7
 
 
@@ -24,7 +26,7 @@ def _event(delta: dict, finish: str | None = None) -> bytes:
     chunk = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0,
              "model": "bench-model",
              "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+    return sse.frame(orjson.dumps(chunk))
 
 
 MAX_CHUNKS = 4096
@@ -36,7 +38,7 @@ def stream_events(content_chunks: int) -> tuple[bytes, ...]:
         _event({"role": "assistant", "content": ""}),
         *[_event({"content": f"tok{i} "}) for i in range(content_chunks)],
         _event({}, "stop"),
-        b"data: [DONE]\n\n",
+        sse.DONE_EVENT,
     )
 BODY = orjson.dumps({
     "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench-model",
