@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from router.config.names import LANE_NAMES
 from router.config.settings import LanesSettings
@@ -90,11 +91,16 @@ class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
     def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(limit=limit, loop=loop)
         self.exited: asyncio.Future[int] = loop.create_future()
+        self._process: asyncio.SubprocessTransport | None = None  # asyncio's is private
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._process = cast(asyncio.SubprocessTransport, transport)
+        super().connection_made(transport)
 
     def process_exited(self) -> None:
         # Read the code first: when the pipes closed before the exit was noticed (the
-        # usual order under uvloop), the base class drops the transport right here.
-        transport = self._transport
+        # usual order under uvloop), the base class drops its transport right here.
+        transport, self._process = self._process, None
         code = transport.get_returncode() if transport is not None else None
         super().process_exited()
         if not self.exited.done():
