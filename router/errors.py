@@ -16,7 +16,7 @@ from typing import Literal
 import orjson
 
 from router import sse
-from router.config.names import ERROR_SOURCE_HEADER
+from router.config.names import CLIENT_HEADER, ERROR_SOURCE_HEADER
 
 Source = Literal["router", "upstream"]
 Api = Literal["openai", "anthropic", "ollama"]
@@ -105,6 +105,12 @@ def render(err: RouterError, api: Api = "openai") -> tuple[int, bytes, dict[str,
     if api == "ollama":
         return err.status, _dumps(ollama_body(err)), headers
     return err.status, dump_body(err), headers
+
+
+def unauthorized(message: str, code: str, client: str) -> RouterError:
+    """A request the key rule refused, answered under ``client``'s name."""
+    return RouterError(401, message, code=code,
+                       headers={"WWW-Authenticate": "Bearer", CLIENT_HEADER: client})
 
 
 def sse_error_event(err: RouterError) -> bytes:

@@ -61,10 +61,8 @@ from pydantic import (
 )
 
 from router.config.base import Frozen, validation_problems
-from router.config.names import CLIENT_HEADER
 from router.config.presets import LanePreference, PresetSpec
 from router.config.speculation import SpecOverrides, SpecSettings
-from router.errors import RouterError
 
 DEFAULT_CLIENT = "default"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # also a metrics label value
@@ -293,7 +291,7 @@ class PolicySet:
     def identify(
         self, api_key: str | None, client_header: str | None, user_agent: str | None
     ) -> Policy:
-        """The request's policy, or a 401 RouterError when the key rule refuses it."""
+        """The request's policy, or ``Unauthorized`` when the key rule refuses it."""
         identity = self.match(api_key, client_header, user_agent)
         self.authorize(identity)
         return identity.policy
@@ -315,11 +313,19 @@ class PolicySet:
         return policy
 
 
-def _unauthorized(policy: Policy, message: str, code: str) -> RouterError:
-    return RouterError(
-        401, message, code=code,
-        headers={"WWW-Authenticate": "Bearer", CLIENT_HEADER: policy.client},
-    )
+class Unauthorized(Exception):
+    """The key rule refused a request; the proxy answers it with a 401 (configuration
+    knows no HTTP)."""
+
+    def __init__(self, message: str, code: str, client: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.client = client  # the policy answered under: the default, for every label
+
+
+def _unauthorized(policy: Policy, message: str, code: str) -> Unauthorized:
+    return Unauthorized(message, code, policy.client)
 
 
 # Policy files are a few KiB; anything far bigger is a mistake (or a device), not a policy.

@@ -13,7 +13,8 @@ from aiohttp import web
 from router import errors
 from router.appkeys import LIMITER, METRICS, POLICIES, POOL, RELAY, ROUTING, SETTINGS, SPEC
 from router.backends.base import Backend
-from router.config.policies import CLIENT_HEADER, Policy, bearer_token
+from router.config.names import CLIENT_HEADER
+from router.config.policies import Policy, Unauthorized, bearer_token
 from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
 from router.proxy import observe
@@ -59,8 +60,11 @@ def identify(request: web.Request, key: str | None = None) -> Policy:
     headers = request.headers
     if key is None:
         key = bearer_token(headers.get("Authorization"))
-    return request.app[POLICIES].current.identify(
-        key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
+    try:
+        return request.app[POLICIES].current.identify(
+            key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
+    except Unauthorized as refused:
+        raise errors.unauthorized(refused.message, refused.code, refused.client) from None
 
 
 def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
