@@ -11,8 +11,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from router.config.names import CLIENT_HEADER
 from router.config.policies import (
-    CLIENT_HEADER,
     DEFAULT_CLIENT,
     Policy,
     PolicyError,
