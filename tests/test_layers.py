@@ -19,7 +19,7 @@ FLOORS: dict[str, int] = {
     # The request family: a pure leaf that both routing and speculation read.
     "router.speculation.families": 0,
     "router.errors": 1,
-    "router.config": 2,
+    "router.config": 2, "router.request_rules": 2,
     "router.routing": 3, "router.speculation": 3, "router.worker": 3,
     "router.backends": 4,
     "router.lanes": 5, "router.proxy": 5,

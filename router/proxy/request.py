@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from router.errors import bad_request
+from router.request_rules import integer, number, typed
 from router.routing.types import Endpoint, RouteRequest
 from router.speculation.families import classify_family
 from router.worker.contract import DRAFT_SOURCE_FIELD, DRAFT_TOKENS_FIELD, REQUEST_DRAFT_SOURCES
@@ -91,21 +92,17 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
     if len(model) > 512:
         raise bad_request("'model' is too long (512 characters at most)", param="model")
     _check_payload(endpoint, data)
-    stream = _optional(data, "stream", bool, False)
-    n = _optional(data, "n", int, 1)
-    if not 1 <= n <= MAX_N:
-        raise bad_request(f"'n' must be between 1 and {MAX_N}", param="n")
+    stream = typed(data, "stream", bool, False)
+    n = integer(data, "n", 1, 1, MAX_N)
     max_tokens = _max_tokens(data)
-    temperature = _optional(data, "temperature", (int, float), None)
-    if temperature is not None and not 0 <= temperature <= 2:
-        raise bad_request("'temperature' must be between 0 and 2", param="temperature")
+    temperature = number(data, "temperature", None, 0, 2)
     route = RouteRequest(
         endpoint=endpoint,
         model=model,
         stream=stream,
         n=n,
         max_tokens=max_tokens,
-        temperature=None if temperature is None else float(temperature),
+        temperature=temperature,
         prompt_chars=_prompt_chars(endpoint, data),
         family=classify_family(data) if endpoint != "embeddings" else "chat",
         draft_source=_asked_source(data),
@@ -141,19 +138,7 @@ def _check_payload(endpoint: Endpoint, data: dict[str, Any]) -> None:
             raise bad_request("'prompt' is required (a string or an array)", param="prompt")
     elif not isinstance(data.get("input"), str | list):
         raise bad_request("'input' is required (a string or an array)", param="input")
-    options = data.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise bad_request("'stream_options' must be an object", param="stream_options")
-
-
-def _optional(data: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any) -> Any:
-    value = data.get(key)
-    if value is None:
-        return default
-    # bool is an int subclass: reject true/false where a number is expected.
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise bad_request(f"'{key}' has the wrong type", param=key)
-    return value
+    typed(data, "stream_options", dict, None)
 
 
 TOKEN_TWINS = {"max_tokens": "max_completion_tokens", "max_completion_tokens": "max_tokens"}
@@ -165,10 +150,8 @@ def _max_tokens(data: dict[str, Any]) -> int | None:
     ``max_completion_tokens``, others ``max_tokens``) and the caps apply to one value."""
     found = []
     for key in ("max_completion_tokens", "max_tokens"):
-        value = _optional(data, key, int, None)
+        value = integer(data, key, None, 1, MAX_TOKENS_LIMIT)
         if value is not None:
-            if not 1 <= value <= MAX_TOKENS_LIMIT:
-                raise bad_request(f"'{key}' must be between 1 and {MAX_TOKENS_LIMIT}", param=key)
             found.append(value)
     if not found:
         return None
