@@ -24,10 +24,12 @@ FLOORS: dict[str, int] = {
     "router.backends": 4,
     "router.lanes": 5, "router.proxy": 5,
     "router.admin": 6, "router.bench": 6, "router.frontdoors": 6,
-    "router.cli": 7, "router.observability": 7,
+    "router.observability": 7,
     "router.app": 8,
     "router.server": 9,
-    "router.__main__": 10,
+    # Every command's entry point: above the server it starts.
+    "router.cli": 10,
+    "router.__main__": 11,
 }
 
 
