@@ -21,18 +21,21 @@ _JSON_TYPES: dict[Kind, str] = {
 }
 
 
-def typed(data: Mapping[str, Any], key: str, kind: Kind, default: Any) -> Any:
-    """``data[key]`` when it is of ``kind``, ``default`` when absent or null, else a 400."""
+def typed(data: Mapping[str, Any], key: str, kind: Kind, default: Any, *,
+          where: str = "") -> Any:
+    """``data[key]`` when it is of ``kind``, ``default`` when absent or null, else a 400.
+    ``where``: the path of ``data`` in the request (``"options."``), for the message."""
     value = data.get(key)
     if value is None:
         return default
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise wrong_type(key, kind)
+        raise wrong_type(where + key, kind)
     return value
 
 
-def wrong_type(key: str, kind: Kind) -> RouterError:
-    return bad_request(f"'{key}' must be of type {_JSON_TYPES.get(kind, 'value')}", param=key)
+def wrong_type(param: str, kind: Kind) -> RouterError:
+    return bad_request(f"'{param}' must be of type {_JSON_TYPES.get(kind, 'value')}",
+                       param=param)
 
 
 @overload

@@ -55,3 +55,17 @@ def test_ranges() -> None:
 
 def test_null_is_absent() -> None:
     assert typed({"k": None}, "k", str, "default") == "default"
+
+
+def test_the_other_front_doors_word_a_type_fault_alike() -> None:
+    from router.frontdoors.anthropic_in import to_openai
+    from router.frontdoors.ollama_in import chat_to_openai
+
+    anthropic = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    assert fault(lambda: to_openai({**anthropic, "top_k": 1.5})) == (
+        "'top_k' must be of type integer", "top_k")
+    assert fault(lambda: to_openai({**anthropic, "temperature": "hot"})) == (
+        "'temperature' must be of type number", "temperature")
+    ollama = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert fault(lambda: chat_to_openai({**ollama, "options": {"num_ctx": 1.5}})) == (
+        "'options.num_ctx' must be of type integer", "options.num_ctx")
