@@ -15,7 +15,8 @@ from typing import Literal
 
 import orjson
 
-from router.config.names import ERROR_SOURCE_HEADER
+from router import sse
+from router.config.names import CLIENT_HEADER, ERROR_SOURCE_HEADER
 
 Source = Literal["router", "upstream"]
 # "responses": OpenAI's Responses API, whose errors take the OpenAI shape.
@@ -113,9 +114,15 @@ def render(err: RouterError, api: Api = "openai") -> tuple[int, bytes, dict[str,
     return err.status, dump_body(err), headers
 
 
+def unauthorized(message: str, code: str, client: str) -> RouterError:
+    """A request the key rule refused, answered under ``client``'s name."""
+    return RouterError(401, message, code=code,
+                       headers={"WWW-Authenticate": "Bearer", CLIENT_HEADER: client})
+
+
 def sse_error_event(err: RouterError) -> bytes:
     """The terminating event of a stream that failed after bytes reached the client."""
-    return b"data: " + dump_body(err) + b"\n\ndata: [DONE]\n\n"
+    return sse.frame(dump_body(err)) + sse.DONE_EVENT
 
 
 def stream_error(err: RouterError, api: Api = "openai") -> bytes:
@@ -124,7 +131,7 @@ def stream_error(err: RouterError, api: Api = "openai") -> bytes:
     line holding ``error``."""
     if api == "anthropic":
         body = anthropic_body(err, anthropic_status(err.status)[1])
-        return b"event: error\ndata: " + _dumps(body) + b"\n\n"
+        return sse.frame(_dumps(body), "error")
     if api == "ollama":
         return _dumps(ollama_body(err)) + b"\n"
     return sse_error_event(err)

@@ -1,4 +1,5 @@
-"""``speclane serve``: run the router until SIGINT/SIGTERM, then shut down gracefully.
+"""Run the router until SIGINT/SIGTERM, then shut down gracefully (``speclane serve``:
+``router.cli.serve``).
 
 Shutdown order: keep the listener open but answer new requests 503 while in-flight
 requests finish for up to ``shutdown_grace`` seconds (a second signal ends that at once),
@@ -8,10 +9,8 @@ cleanup contexts stop the lane workers and close the client session.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import sys
@@ -23,55 +22,13 @@ from aiohttp import web
 from router.app import make_app
 from router.appkeys import LOCAL_TOKEN, POLICIES, POOL, RELAY
 from router.config.policies import PolicyError
-from router.config.settings import ConfigError, Settings, load_settings
+from router.config.settings import Settings
 from router.lanes.group import LaneStartupError
-from router.observability.logfmt import LOG_FORMATS, setup_logging
 from router.proxy.connections import FD_RESERVE, GuardedRunner, connection_cap, raise_fd_limit
 from router.proxy.hosts import WILDCARD_BINDS
 from router.proxy.localtoken import remove_token, write_token
 
 log = logging.getLogger("speclane")
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="speclane serve", description="Run the speclane router.")
-    p.add_argument("--config", type=Path, help="TOML configuration file (default: none)")
-    p.add_argument("--host", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8080; 0 picks a free one)")
-    p.add_argument("--allowed-host", action="append", dest="allowed_hosts", metavar="NAME",
-                   help="a host name requests may carry in their Host header besides "
-                   "loopback names and the bind address (repeatable; '.example.com' for a "
-                   "domain and its subdomains, '*' for any; default: allowed_hosts of the "
-                   "configuration)")
-    p.add_argument("--no-lanes", action="store_true", help="do not start the two MLX lanes")
-    p.add_argument("--policies", type=Path,
-                   help="policy directory (default: policies_dir of --config, relative to "
-                   "it; else ./policies, else policies/ next to --config, else the shipped "
-                   "defaults)")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
-                   help="log level (default: log_level of the configuration, info); the "
-                   "access log is written at info, its 5xx lines at warning")
-    p.add_argument("--log-format", choices=LOG_FORMATS, default="text",
-                   help="text for people (default) or json: one object per line, with the "
-                   "access log's fields as keys, for log shippers")
-    return p.parse_args(argv)
-
-
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    overrides: dict[str, object] = {}
-    if args.host:
-        overrides["host"] = args.host
-    if args.port is not None:
-        overrides["port"] = args.port
-    if args.allowed_hosts:
-        overrides["allowed_hosts"] = tuple(args.allowed_hosts)
-    if args.policies:
-        overrides["policies_dir"] = args.policies
-    if args.no_lanes:
-        overrides["lanes"] = {"enabled": False}
-    if args.log_level:
-        overrides["log_level"] = args.log_level
-    return load_settings(args.config, **overrides)
 
 
 async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
@@ -224,24 +181,6 @@ def _display_host(host: str) -> str:
 # stream (counted under callgrind, examples/results/overhead.md), for a little more garbage
 # waiting.
 GC_THRESHOLDS = (10_000, 10, 10)
-
-
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    try:
-        settings = settings_from_args(args)
-    except ConfigError as e:
-        print(f"speclane: invalid configuration\n{e}", file=sys.stderr)
-        return 2
-    setup_logging(settings.log_level, args.log_format)
-    gc.set_threshold(*GC_THRESHOLDS)
-    try:
-        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            runner.run(run(settings))
-    except StartupError as e:
-        print(f"speclane: could not start: {e}", file=sys.stderr)
-        return 1
-    return 0
 
 
 class StartupError(Exception):

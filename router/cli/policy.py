@@ -15,8 +15,8 @@ from pathlib import Path
 
 from router.cli.reload import run_reload
 from router.cli.status import ADMIN_KEY_ENV, DEFAULT_URL
+from router.config.names import CLIENT_HEADER
 from router.config.policies import (
-    CLIENT_HEADER,
     DEFAULT_CLIENT,
     Policy,
     PolicyError,

@@ -46,7 +46,7 @@ import hashlib
 import os
 import re
 import tomllib
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -61,10 +61,8 @@ from pydantic import (
 )
 
 from router.config.base import Frozen, validation_problems
-from router.config.names import API_KEY_HEADER, AUTHORIZATION, CLIENT_HEADER
 from router.config.presets import LanePreference, PresetSpec
 from router.config.speculation import SpecOverrides, SpecSettings
-from router.errors import RouterError
 
 DEFAULT_CLIENT = "default"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # also a metrics label value
@@ -225,38 +223,6 @@ def bearer_token(authorization: str | None) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def presented_key(authorizations: Sequence[str], api_keys: Sequence[str] = (), *,
-                  use_api_key_header: bool = False) -> str | None:
-    """The one API key a request presents: its ``Authorization: Bearer`` token, else (where
-    the API has one, ``use_api_key_header``) its ``x-api-key``.
-
-    Credentials that disagree are a 400, never resolved silently: two different
-    ``Authorization`` values, two different ``x-api-key`` values, or a bearer token and an
-    ``x-api-key`` that differ (on every door: a gateway in front may read either header,
-    and then it and speclane would disagree about who the caller is). The same value
-    repeated is one credential.
-    """
-    authorization = _one(AUTHORIZATION, [a.strip() for a in authorizations])
-    api_key = _one(API_KEY_HEADER, [k.strip() for k in api_keys])
-    token = bearer_token(authorization)
-    if token is not None and api_key and token != api_key:
-        raise _conflict(f"the key in Authorization and the one in {API_KEY_HEADER} differ")
-    if token is not None or not use_api_key_header:
-        return token
-    return api_key or None
-
-
-def _one(header: str, values: list[str]) -> str | None:
-    if len(set(values)) > 1:
-        raise _conflict(f"{len(set(values))} different {header} headers")
-    return values[0] if values else None
-
-
-def _conflict(message: str) -> RouterError:
-    return RouterError(400, f"conflicting credentials: {message}; send one",
-                       code="conflicting_credentials")
-
-
 @dataclass(frozen=True)
 class PolicySet:
     """The validated policies of one directory, with the lookup tables built once."""
@@ -325,7 +291,7 @@ class PolicySet:
     def identify(
         self, api_key: str | None, client_header: str | None, user_agent: str | None
     ) -> Policy:
-        """The request's policy, or a 401 RouterError when the key rule refuses it."""
+        """The request's policy, or ``Unauthorized`` when the key rule refuses it."""
         identity = self.match(api_key, client_header, user_agent)
         self.authorize(identity)
         return identity.policy
@@ -347,11 +313,19 @@ class PolicySet:
         return policy
 
 
-def _unauthorized(policy: Policy, message: str, code: str) -> RouterError:
-    return RouterError(
-        401, message, code=code,
-        headers={"WWW-Authenticate": "Bearer", CLIENT_HEADER: policy.client},
-    )
+class Unauthorized(Exception):
+    """The key rule refused a request; the proxy answers it with a 401 (configuration
+    knows no HTTP)."""
+
+    def __init__(self, message: str, code: str, client: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.client = client  # the policy answered under: the default, for every label
+
+
+def _unauthorized(policy: Policy, message: str, code: str) -> Unauthorized:
+    return Unauthorized(message, code, policy.client)
 
 
 # Policy files are a few KiB; anything far bigger is a mistake (or a device), not a policy.

@@ -31,7 +31,6 @@ complete; a directory without a current marker is rebuilt.
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
@@ -175,24 +174,6 @@ def prepare(home: Path, *, force: bool, log: Log) -> tuple[Path, Path]:
                     draft_config["quantization"] = quantization
                 _write_model(draft, draft_weights, draft_config, tokenizer, draft_format, log)
     return target, draft
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="speclane models",
-                                     description=__doc__.splitlines()[0].replace("``", "'"))
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("prepare", help="fetch and convert the default model and its draft")
-    p.add_argument("--dir", type=Path, help=f"data directory (default: {data_dir()})")
-    p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
-    args = parser.parse_args(argv)
-    home = args.dir.expanduser() if args.dir else data_dir()
-    try:
-        target, draft = prepare(home, force=args.force, log=print)
-    except PrepareError as e:
-        print(f"speclane models prepare: {e}", file=sys.stderr)
-        return 1
-    print(f"model: {target}\ndraft: {draft}")
-    return 0
 
 
 class PrepareError(Exception):

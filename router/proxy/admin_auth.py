@@ -18,8 +18,8 @@ from aiohttp import web
 
 from router.appkeys import LOCAL_TOKEN, SETTINGS
 from router.config.names import AUTHORIZATION
-from router.config.policies import presented_key
 from router.errors import RouterError
+from router.proxy.credentials import presented_key
 
 
 def is_loopback(request: web.Request) -> bool:

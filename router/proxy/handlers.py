@@ -13,14 +13,15 @@ from aiohttp import web
 from router import errors
 from router.appkeys import LIMITER, METRICS, POLICIES, POOL, RELAY, ROUTING, SETTINGS, SPEC
 from router.backends.base import Backend
-from router.config.names import API_KEY_HEADER, AUTHORIZATION
-from router.config.policies import CLIENT_HEADER, Policy, presented_key
+from router.config.names import API_KEY_HEADER, AUTHORIZATION, CLIENT_HEADER
+from router.config.policies import Policy, Unauthorized
 from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of
 from router.proxy.admin_auth import is_loopback, require_admin
 from router.proxy.connections import read_body
+from router.proxy.credentials import presented_key
 from router.proxy.headers import decision_headers
 from router.proxy.middleware import expect_handler
 from router.proxy.outcome import Outcome
@@ -60,8 +61,11 @@ def identify(request: web.Request, key: str | None = None) -> Policy:
     headers = request.headers
     if key is None:
         key = request_key(request)
-    return request.app[POLICIES].current.identify(
-        key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
+    try:
+        return request.app[POLICIES].current.identify(
+            key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
+    except Unauthorized as refused:
+        raise errors.unauthorized(refused.message, refused.code, refused.client) from None
 
 
 def request_key(request: web.Request, *, use_api_key_header: bool = False) -> str | None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,14 +58,7 @@ from router.errors import RouterError
 from router.metrics import Metrics
 from router.proxy.headers import served_headers
 from router.proxy.outcome import Outcome
-from router.proxy.request import (
-    HELD_LIMIT,
-    ParsedRequest,
-    SSETail,
-    first_event_is_json,
-    looks_like_sse,
-    split_events,
-)
+from router.proxy.request import ParsedRequest
 from router.proxy.upstream import (
     HeadTimeout,
     Http1Pool,
@@ -75,6 +67,15 @@ from router.proxy.upstream import (
     UpstreamTooLarge,
 )
 from router.routing.types import Candidate, Decision
+from router.sse import (
+    HELD_LIMIT,
+    SSETail,
+    first_event_is_json,
+    has_done_line,
+    looks_like_sse,
+    split_events,
+)
+from router.sse import ends_with_done as _ends_with_done
 
 log = logging.getLogger("speclane.relay")
 
@@ -86,8 +87,6 @@ CONNECT_ERRORS = (ConnectionError,)
 # and read that much at most, then drop the connection instead of reusing it.
 TAIL_GRACE = 5.0
 TAIL_LIMIT = 64 * 1024
-# "data: [DONE]" at the start of a line (a model can write "[DONE]" inside its content).
-_DONE_LINE = re.compile(rb"(?:^|\n)data: ?\[DONE\][ \t]*(?:\r?\n|$)")
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -698,22 +697,3 @@ def _known_headers(err: RouterError, headers: dict[str, str], decision: Decision
         known["X-Speclane-Backend"], known["X-Speclane-Lane"] = tried.backend, tried.lane
     for name, value in known.items():
         err.headers.setdefault(name, value)
-
-
-def has_done_line(events: bytes) -> bool:
-    """A ``data: [DONE]`` line among these events (``_DONE_LINE``).
-
-    The search starts just before the first ``[DONE]``: from the start of a whole stream's
-    bytes the pattern's leading alternation is tried at every position, which cost more per
-    short stream than the rest of the relay loop (examples/results/overhead.md). A match cannot
-    start earlier than 7 bytes before its ``[DONE]`` (``\\ndata: ``), and ``^`` still
-    matches only at the real start of ``events``, so the answer is the same.
-    """
-    first = events.find(b"[DONE]")
-    return first >= 0 and _DONE_LINE.search(events, max(0, first - 7)) is not None
-
-
-def _ends_with_done(events: bytes) -> bool:
-    """The last of these whole events is ``data: [DONE]``."""
-    body = events.rstrip()
-    return body[body.rfind(b"\n") + 1:].replace(b" ", b"") == b"data:[DONE]"

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from router.config.policies import presented_key
+from router.proxy.credentials import presented_key
 from router.errors import RouterError
 from router.proxy.accesslog import ACCESS
 from tests.conftest import router_settings, run_router

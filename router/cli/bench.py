@@ -1,4 +1,5 @@
-"""``speclane bench [overhead | agent] ...``: dispatch to the benchmark asked for."""
+"""``speclane bench [overhead | agent] ...``: dispatch to the benchmark asked for (each
+parses its own flags)."""
 
 from __future__ import annotations
 
