@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from router.proxy.credentials import presented_key
 from router.errors import RouterError
 from router.proxy.accesslog import ACCESS
+from router.proxy.credentials import presented_key
 from tests.conftest import router_settings, run_router
 from tests.fakes.upstream import FakeUpstream
 
