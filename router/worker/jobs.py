@@ -44,10 +44,12 @@ def aborted() -> Failed:
 
 class Job:
     def __init__(
-        self, request: GenerationRequest, prompt_ids: list[int], loop: asyncio.AbstractEventLoop
+        self, request: GenerationRequest, prompt_ids: list[int], loop: asyncio.AbstractEventLoop,
+        *, partition: str = "",
     ) -> None:
         self.request = request
         self.prompt_ids = prompt_ids
+        self.partition = partition  # the prompt cache's partition: entries of others are unseen
         self.prediction_ids: list[int] = []  # the tokenized ``prediction``, if any
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
