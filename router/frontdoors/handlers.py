@@ -17,7 +17,7 @@ import orjson
 from aiohttp import web
 
 from router import errors
-from router.appkeys import POOL, SESSION
+from router.appkeys import LIMITER, POOL, SESSION, SETTINGS
 from router.backends.base import Backend
 from router.config.policies import bearer_token
 from router.errors import RouterError
@@ -25,6 +25,7 @@ from router.frontdoors import anthropic_in, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
 from router.frontdoors.common import to_parsed
 from router.frontdoors.ollama_out import OllamaEgress, now_iso
+from router.proxy.connections import read_body
 from router.proxy.handlers import Inbound, identify, proxy
 from router.proxy.request import load_object
 
@@ -53,18 +54,34 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    """The prompt's tokens under the lanes' own tokenizer and chat template."""
+    """The prompt's tokens under the lanes' own tokenizer and chat template.
+
+    A request like a generation request: its body is read under the same limit
+    (``max_body_bytes``) and deadline, and it holds one of its client's concurrency slots
+    (waiting in the client's queue, 429 past ``queue_timeout``) while the lane counts. On the
+    lane a count never goes ahead of preparing a generation request
+    (``router.worker.tokenizing``).
+    """
+    app = request.app
     policy = identify(request, anthropic_key(request))
-    req = anthropic_in.to_openai(load_object(await request.read()), for_count=True)
+    raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
+    req = anthropic_in.to_openai(load_object(raw), for_count=True)
     if not policy.allows_model(req.model):
         raise RouterError(403, f"client '{policy.client}' may not use model '{req.model}'",
                           type="permission_error", param="model", code="model_not_allowed")
-    lane = _tokenizing_lane(request.app[POOL], req.model)
+    lane = _tokenizing_lane(app[POOL], req.model)
     body = {"model": req.model, "messages": req.openai["messages"]}
+    async with app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout):
+        count = await _count(app[SESSION], lane, body)
+    return web.json_response({"input_tokens": count})
+
+
+async def _count(session: aiohttp.ClientSession, lane: Backend, body: dict[str, Any]) -> int:
     timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT, connect=lane.connect_timeout)
     try:
-        async with request.app[SESSION].post(lane.base_url + TOKENIZE_PATH, json=body,
-                                             timeout=timeout) as resp:
+        async with session.post(lane.base_url + TOKENIZE_PATH, data=orjson.dumps(body),
+                                headers={"Content-Type": "application/json"},
+                                timeout=timeout) as resp:
             answer = await resp.read()
             status = resp.status
     except TimeoutError as e:
@@ -79,7 +96,10 @@ async def count_tokens(request: web.Request) -> web.Response:
     except (orjson.JSONDecodeError, KeyError, TypeError) as e:
         raise errors.upstream_failed(f"lane '{lane.name}' answered the count with a malformed "
                                      "body", code="upstream_bad_json") from e
-    return web.json_response({"input_tokens": count})
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise errors.upstream_failed(f"lane '{lane.name}' answered a count that is not an "
+                                     "integer", code="upstream_bad_json")
+    return count
 
 
 def _tokenizing_lane(pool: Any, model: str) -> Backend:

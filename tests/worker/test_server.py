@@ -380,3 +380,51 @@ async def test_a_call_being_written_still_shows_progress(monkeypatch: pytest.Mon
     deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
     arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
     assert orjson.loads(arguments) == {"city": "Paris, the capital of France, on the Seine"}
+
+
+async def test_the_partition_header_reaches_the_job_and_a_malformed_one_is_a_400() -> None:
+    from router.worker.contract import CACHE_PARTITION_HEADER
+
+    engine = ScriptedEngine("ok")
+    async with serving(engine) as url:
+        ask = client(url).chat.completions.create
+        messages = [{"role": "user", "content": "hi"}]
+        await ask(model=MODEL, messages=messages, extra_headers={CACHE_PARTITION_HEADER: "a1"})
+        await ask(model=MODEL, messages=messages)
+        with pytest.raises(openai.BadRequestError) as info:
+            await ask(model=MODEL, messages=messages,
+                      extra_headers={CACHE_PARTITION_HEADER: "not/a token"})
+    assert [job.partition for job in engine.started] == ["a1", ""]
+    assert CACHE_PARTITION_HEADER in info.value.message
+
+
+async def test_a_body_past_the_limit_is_a_413_in_the_openai_shape() -> None:
+    engine = ScriptedEngine("ok")
+    engine.start()
+    info = WorkerInfo(mode="batching", model_name=MODEL, draft_name=None, num_draft_tokens=0)
+    runner, port = await start_site(make_app(engine, info, 4096), "127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            small = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 3000}]}
+            big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 5000}]}
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            async with session.post(url, json=small) as ok:
+                assert ok.status == 200
+            async with session.post(url, json=big) as refused:
+                body = await refused.json()
+                assert refused.status == 413
+            assert body["error"]["code"] == "body_too_large"
+            assert "4096" in body["error"]["message"]
+    finally:
+        await asyncio.to_thread(engine.stop, 2.0)
+        await runner.cleanup()
+
+
+def test_the_default_body_limit_is_the_routers() -> None:
+    from router.config.settings import Settings
+    from router.worker.contract import DEFAULT_MAX_BODY_BYTES
+    from router.worker.main import parse_args
+
+    assert Settings.model_fields["max_body_bytes"].default == DEFAULT_MAX_BODY_BYTES
+    assert parse_args(["--mode", "batching", "--model", "/m"]).max_body_bytes == (
+        DEFAULT_MAX_BODY_BYTES)
