@@ -58,6 +58,7 @@ async def test_a_cancelled_caller_leaves_and_errors_reach_theirs() -> None:
         left = asyncio.ensure_future(thread.run(COUNT, ran.append, "left"))
         await asyncio.sleep(0)
         left.cancel()
+        await asyncio.gather(left, return_exceptions=True)  # the caller has gone
         gate.set()
         try:
             await thread.run(COUNT, boom)
