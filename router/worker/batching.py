@@ -184,7 +184,7 @@ class BatchingEngine(Engine):
                     caches=[lookup.cache],
                     all_tokens=[prompt[: lookup.cached_tokens]],
                     samplers=[sampler_for(request)],
-                    logits_processors=[processors_for(request)],
+                    logits_processors=[processors_for(request, job.constraint_failed)],
                 )
             except ValueError as e:
                 self._answer(job, Failed(RouterError(400, str(e))))

@@ -365,7 +365,7 @@ class SpeculativeEngine(Engine):
             cached,
             max_tokens=request.max_tokens,
             sampler=sampler_for(request),
-            processors=processors_for(request),
+            processors=processors_for(request, job.constraint_failed),
             propose=propose,
             k=chosen.k,
             stop_tokens=progress.eos,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,6 +13,8 @@ import openai
 import orjson
 import pytest
 
+from router.worker import server as server_module
+from router.worker.protocol import GenerationRequest
 from router.worker.server import WorkerInfo, make_app, start_site
 from tests.worker.scripted import ScriptedEngine
 
@@ -428,3 +431,37 @@ def test_the_default_body_limit_is_the_routers() -> None:
     assert Settings.model_fields["max_body_bytes"].default == DEFAULT_MAX_BODY_BYTES
     assert parse_args(["--mode", "batching", "--model", "/m"]).max_body_bytes == (
         DEFAULT_MAX_BODY_BYTES)
+
+
+async def test_a_constraint_failing_mid_answer_is_an_error_never_a_stop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scripted tokenizer has no grammar support: the request is given a constraint
+    after preparing, and the engine reports its failure as GrammarProcessor would."""
+    from router.worker.constrain import Constraint
+
+    engine = ScriptedEngine("{\"a\": 1}")
+    engine.constraint_fails_at = 2
+    prepare = server_module.prepare
+
+    def constrained(tokenizer: object, generation: GenerationRequest) -> server_module.Prepared:
+        prepared = prepare(tokenizer, generation)
+        constraint = Constraint("", None, (), "response_format")
+        return dataclasses.replace(prepared, generation=dataclasses.replace(
+            prepared.generation, constraint=constraint))
+
+    monkeypatch.setattr(server_module, "prepare", constrained)
+    async with serving(engine) as url:
+        ask = client(url).chat.completions.create
+        messages = [{"role": "user", "content": "hi"}]
+        with pytest.raises(openai.BadRequestError) as whole:
+            await ask(model=MODEL, messages=messages)
+        stream = await ask(model=MODEL, messages=messages, stream=True)
+        text = ""
+        with pytest.raises(openai.APIError) as streamed:
+            async for chunk in stream:
+                text += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+    assert whole.value.code == "constraint_failed"
+    assert whole.value.param == "response_format"
+    assert "scripted matcher failure" in whole.value.message
+    assert text == "{\"a\": 1}"  # what was sent stays sent; then the error, no stop
+    assert "constraint library failed" in streamed.value.message
