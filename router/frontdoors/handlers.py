@@ -129,7 +129,8 @@ async def ollama_chat(request: web.Request) -> web.StreamResponse:
 
 async def ollama_generate(request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
-    body = load_object(await request.read())  # aiohttp keeps it for proxy()'s read
+    # Read under the body deadline; aiohttp keeps the bytes for proxy()'s own read.
+    body = load_object(await read_body(request, request.app[SETTINGS].client_limits.body_timeout))
     if ollama_in.is_load_request(body):
         identify(request)
         model = ollama_in.generate_to_openai(body).model
@@ -173,7 +174,7 @@ async def ollama_ps(request: web.Request) -> web.Response:
 
 async def ollama_show(request: web.Request) -> web.Response:
     identify(request)
-    body = load_object(await request.read())
+    body = load_object(await read_body(request, request.app[SETTINGS].client_limits.body_timeout))
     name = body.get("model") or body.get("name")  # "name" is the older clients' field
     if not isinstance(name, str) or not name:
         raise errors.bad_request("'model' is required", param="model")
