@@ -465,3 +465,56 @@ async def test_a_constraint_failing_mid_answer_is_an_error_never_a_stop(
     assert "scripted matcher failure" in whole.value.message
     assert text == "{\"a\": 1}"  # what was sent stays sent; then the error, no stop
     assert "constraint library failed" in streamed.value.message
+
+
+async def test_queued_counts_wait_behind_a_generation_requests_preparation() -> None:
+    """A flood of /v1/tokenize calls: the chat that arrives after them is prepared as soon
+    as the count already running ends, before every queued count."""
+    from router.worker.engine import Models
+    from router.worker.server import TOKENIZE
+    from tests.conftest import wait_until
+    from tests.worker.scripted import CharTokenizer
+
+    gate = threading.Event()
+    order: list[str] = []
+
+    class GatedTokenizer(CharTokenizer):
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            order.append(text.removeprefix("<user>"))
+            if text.endswith("count0"):
+                gate.wait(WAIT)
+            return super().encode(text, add_special_tokens)
+
+    engine = ScriptedEngine("ok")
+    engine._load = lambda: Models(model=None, tokenizer=GatedTokenizer())
+    engine.start()
+    info = WorkerInfo(mode="speculative", model_name=MODEL, draft_name=None, num_draft_tokens=0)
+    app = make_app(engine, info)
+    runner, port = await start_site(app, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def count(i: int) -> int:
+                body = {"messages": [{"role": "user", "content": f"count{i}"}]}
+                async with session.post(f"{url}/v1/tokenize", json=body) as r:
+                    return (await r.json())["count"]
+
+            counts = [asyncio.ensure_future(count(0))]
+            await wait_until(lambda: order == ["count0"], WAIT)
+            counts += [asyncio.ensure_future(count(i)) for i in range(1, 4)]
+            await wait_until(lambda: app[TOKENIZE].waiting() == 3, WAIT)
+            chat = asyncio.ensure_future(client(url).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "chat"}]))
+            await wait_until(lambda: app[TOKENIZE].waiting() == 4, WAIT)
+            gate.set()
+            reply = await chat
+            assert await asyncio.gather(*counts) == [len(f"<user>count{i}") for i in range(4)]
+    finally:
+        gate.set()
+        while _open_clients:
+            await _open_clients.pop().close()
+        await asyncio.to_thread(engine.stop, 2.0)
+        await runner.cleanup()
+    assert reply.choices[0].message.content == "ok"
+    assert order == ["count0", "chat", "count1", "count2", "count3"]
+
