@@ -70,16 +70,20 @@ async def count_tokens(request: web.Request) -> web.Response:
         raise RouterError(403, f"client '{policy.client}' may not use model '{req.model}'",
                           type="permission_error", param="model", code="model_not_allowed")
     lane = _tokenizing_lane(app[POOL], req.model)
-    body = {"model": req.model, "messages": req.openai["messages"]}
+    try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
+        body = orjson.dumps({"model": req.model, "messages": req.openai["messages"]})
+    except orjson.JSONEncodeError as e:
+        raise errors.bad_request(f"request body cannot be forwarded: {e}",
+                                 code="invalid_json") from e
     async with app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout):
         count = await _count(app[SESSION], lane, body)
     return web.json_response({"input_tokens": count})
 
 
-async def _count(session: aiohttp.ClientSession, lane: Backend, body: dict[str, Any]) -> int:
+async def _count(session: aiohttp.ClientSession, lane: Backend, body: bytes) -> int:
     timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT, connect=lane.connect_timeout)
     try:
-        async with session.post(lane.base_url + TOKENIZE_PATH, data=orjson.dumps(body),
+        async with session.post(lane.base_url + TOKENIZE_PATH, data=body,
                                 headers={"Content-Type": "application/json"},
                                 timeout=timeout) as resp:
             answer = await resp.read()

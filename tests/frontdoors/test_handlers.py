@@ -165,3 +165,25 @@ async def test_a_body_past_the_limit_is_a_413_in_each_doors_shape(tmp_path: Path
         assert refused_o.status_code == 413 and "larger than the limit" in refused_o.error
     assert completions[0] == 413 and completions[1]["error"]["code"] == "body_too_large"
     assert engine.started == []  # nothing reached the lane
+
+
+async def test_a_tool_use_too_deeply_nested_to_forward_is_a_400(tmp_path: Path) -> None:
+    """Not a 500: orjson reads 1,024 levels of nesting but writes only 254."""
+    deep: object = "x"
+    for _ in range(300):
+        deep = [deep]
+    engine = ScriptedEngine("ok")
+    body = {"model": MODEL, "max_tokens": 4, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
+                                           "input": {"a": deep}}]},
+        {"role": "user", "content": "go"}]}
+    answers = []
+    async with scripted_router(engine, tmp_path) as r, aiohttp.ClientSession() as session:
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            async with session.post(root(r) + path, json=body) as resp:
+                answers.append((resp.status, await resp.json()))
+    for status, answer in answers:
+        assert status == 400, answer
+        assert answer["type"] == "error" and "cannot be forwarded" in answer["error"]["message"]
+    assert engine.started == []
