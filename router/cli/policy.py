@@ -102,8 +102,8 @@ def _ordered(policies: PolicySet) -> list[Policy]:
 def _row(policy: Policy, policies: PolicySet, presets: Mapping[str, PresetSpec]) -> list[list[str]]:
     source = policies.sources.get(policy.client, "")
     client = [policy.client, f"({Path(source).name if source != '(implied)' else source})"]
-    return [client, _match(policy, policies), _lanes(policy, presets), _access(policy),
-            _limits(policy)]
+    return [client, _match(policy, policies), _lanes(policy, presets),
+            _access(policy) + _cache(policy, policies), _limits(policy)]
 
 
 def _match(policy: Policy, policies: PolicySet) -> list[str]:
@@ -136,6 +136,20 @@ def _access(policy: Policy) -> list[str]:
     lines.append(f"presets: {', '.join(policy.presets) or 'all'}")
     lines.append("lane override: " + ("allowed" if policy.allow_lane_override else "403"))
     lines.append("api key: " + ("required" if policy.require_api_key else "optional"))
+    return lines
+
+
+def _cache(policy: Policy, policies: PolicySet) -> list[str]:
+    """Whose cached prompts the client's requests can reuse (``PolicySet.cache_partition``):
+    only a request proved by a key has its policy's partition."""
+    if policy.cache_partition == policies.default.cache_partition:
+        return ["prompt cache: default"]
+    labels = policies.key_labels.get(policy.client, ())
+    if all(label.endswith("(unset)") for label in labels):
+        return ["prompt cache: default (no key)"]
+    lines = [f"prompt cache: {f'group {policy.cache_group}' if policy.cache_group else 'own'}"]
+    if not policy.require_api_key:
+        lines.append("  (default without the key)")
     return lines
 
 

@@ -35,6 +35,14 @@ machine is busy; below 0 it takes it only while both lanes are idle.
 value and says so in ``X-Speclane-Decision`` (``clamped=max_tokens``); ``"reject"`` answers
 400. A ``max_tokens`` cap also applies when the request sets no ``max_tokens``.
 
+Prompt-cache partitions (``PolicySet.cache_partition``): a lane reuses the KV state of an
+earlier prompt only for a request of the same partition, so that ``cached_tokens`` and the
+time to the first token never tell one client what another has sent. A request identified
+by one of a policy's keys is in that policy's partition, or in the ``cache_group`` it names
+(policies naming the same group share their cache entries); every other request (identified
+by ``X-Speclane-Client``, User-Agent, or nothing: labels prove nothing) is in the default
+policy's partition.
+
 API keys are given inline (``api_keys``) or by environment variable name (``api_key_env``,
 preferred). They are kept as SHA-256 digests for lookup and shown only as ``key#<8 hex>``
 or ``$NAME``; no message or table prints a key.
@@ -145,6 +153,8 @@ class Policy(Frozen):
     models: ModelRules = ModelRules()
     max_concurrency: int | None = Field(default=None, ge=1)  # None: no limit
     queue_timeout: float = Field(default=30.0, ge=0, le=3600)  # seconds a request waits for a slot
+    # Policies naming the same group share prompt-cache entries (None: the policy's own).
+    cache_group: str | None = Field(default=None, pattern=NAME_PATTERN)
     caps: Caps = Caps()
     match: MatchRules = MatchRules()
     spec: SpecOverrides = SpecOverrides()
@@ -164,6 +174,12 @@ class Policy(Frozen):
     @property
     def name(self) -> str:
         return self.client
+
+    @property
+    def cache_partition(self) -> str:
+        """Groups and clients are named apart: a policy joins another's entries only by both
+        naming one group."""
+        return f"group:{self.cache_group}" if self.cache_group else f"client:{self.client}"
 
     def allows_preset(self, preset: str) -> bool:
         return not self.presets or preset in self.presets
@@ -287,6 +303,12 @@ class PolicySet:
                         policy := self._policy(name)):
                     return Identity(policy, "user_agent", presented)
         return Identity(self.default, "default", presented)
+
+    def cache_partition(self, identity: Identity) -> str:
+        """The request's prompt-cache partition: its policy's when a key proved who it is,
+        else the default policy's (see the module docstring)."""
+        policy = identity.policy if identity.via == "api_key" else self.default
+        return policy.cache_partition
 
     def identify(
         self, api_key: str | None, client_header: str | None, user_agent: str | None

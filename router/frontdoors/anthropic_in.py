@@ -190,8 +190,12 @@ def _tool_use(block: dict[str, Any], at: str) -> dict[str, Any]:
     if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(args, dict):
         raise bad_request(f"'{at}': a tool_use block needs a string 'id' and 'name' and an "
                           "object 'input'", param=at)
+    try:  # orjson reads 1,024 levels of nesting but writes 254
+        arguments = orjson.dumps(args).decode()
+    except orjson.JSONEncodeError as e:
+        raise bad_request(f"'{at}.input' cannot be forwarded: {e}", param=at) from e
     return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
+            "function": {"name": name, "arguments": arguments}}
 
 
 def _tool_result(block: dict[str, Any], at: str) -> dict[str, Any]:

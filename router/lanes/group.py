@@ -125,7 +125,8 @@ async def start_lanes(settings: Settings, pool: BackendPool,
             metrics.spec_requested.labels(lane).set(1)
             metrics.spec_active.labels(lane).set(0)
         pool.add(backend)
-        command = build_worker_command(lane, settings.lanes, Path(models.model), draft, models.name)
+        command = build_worker_command(lane, settings.lanes, Path(models.model), draft,
+                                       models.name, max_body_bytes=settings.max_body_bytes)
         supervisors.append(LaneSupervisor.from_settings(
             command, settings.lanes, metrics=metrics,
             on_change=functools.partial(apply_status, backend, metrics=metrics)))

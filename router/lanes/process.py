@@ -22,7 +22,7 @@ from signal import Signals
 from router.config.names import LANE_NAMES
 from router.config.settings import LanesSettings
 from router.lanes.blas import preload_env
-from router.worker.contract import parse_ready_line, worker_argv
+from router.worker.contract import DEFAULT_MAX_BODY_BYTES, parse_ready_line, worker_argv
 
 log = logging.getLogger("router.lanes.supervisor")
 
@@ -45,7 +45,9 @@ def build_worker_command(
     draft_dir: Path | None,
     model_name: str,
     python: str = sys.executable,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> WorkerCommand:
+    """``max_body_bytes``: the router's own limit (the worker accepts what the router does)."""
     if lane not in LANE_NAMES:
         raise ValueError(f"unknown lane {lane!r}; expected one of {LANE_NAMES}")
     argv = worker_argv(python, lane, model_dir, model_name, draft=draft_dir,
@@ -54,7 +56,8 @@ def build_worker_command(
                        prompt_cache_bytes=settings.prompt_cache_bytes,
                        prefill_step_size=settings.prefill_step_size,
                        prefill_chunk_seconds=settings.prefill_chunk_seconds,
-                       speculative=speculative_args(settings, draft_dir))
+                       speculative=speculative_args(settings, draft_dir),
+                       max_body_bytes=max_body_bytes)
     env = preload_env()
     env.update(settings.env)
     env["PYTHONUNBUFFERED"] = "1"  # stderr lines must reach the ring buffer as they happen

@@ -25,6 +25,7 @@ from router.proxy.credentials import presented_key
 from router.proxy.headers import decision_headers
 from router.proxy.middleware import expect_handler
 from router.proxy.outcome import Outcome
+from router.proxy.partition import wire_token
 from router.proxy.relay import BodyFor, Egress
 from router.proxy.request import ParsedRequest, parse_request
 from router.proxy.telemetry import SpecClaim
@@ -55,17 +56,20 @@ Inbound = tuple[ParsedRequest, Egress | None]
 Translate = Callable[[bytes], Inbound]
 
 
-def identify(request: web.Request, key: str | None = None) -> Policy:
+def caller(request: web.Request, key: str | None = None) -> tuple[Policy, str]:
     """The client's policy, from its key (``Authorization: Bearer`` unless a front door found
-    it elsewhere, e.g. Anthropic's ``x-api-key``), ``X-Speclane-Client`` and User-Agent."""
+    it elsewhere, e.g. Anthropic's ``x-api-key``), ``X-Speclane-Client`` and User-Agent; and
+    its prompt-cache partition (``PolicySet.cache_partition``)."""
     headers = request.headers
     if key is None:
         key = request_key(request)
+    policies = request.app[POLICIES].current
     try:
-        return request.app[POLICIES].current.identify(
-            key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
+        identity = policies.match(key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
+        policies.authorize(identity)
     except Unauthorized as refused:
         raise errors.unauthorized(refused.message, refused.code, refused.client) from None
+    return identity.policy, policies.cache_partition(identity)
 
 
 def request_key(request: web.Request, *, use_api_key_header: bool = False) -> str | None:
@@ -73,6 +77,10 @@ def request_key(request: web.Request, *, use_api_key_header: bool = False) -> st
     headers = request.headers
     return presented_key(headers.getall(AUTHORIZATION, []), headers.getall(API_KEY_HEADER, []),
                          use_api_key_header=use_api_key_header)
+
+
+def identify(request: web.Request, key: str | None = None) -> Policy:
+    return caller(request, key)[0]
 
 
 def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
@@ -132,7 +140,7 @@ async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "
     try:
         if key is None and api_key_header:  # an API with its own key header (Anthropic's)
             key = request_key(request, use_api_key_header=True)
-        policy = identify(request, key)
+        policy, partition = caller(request, key)
         client = policy.client
         raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
         egress: Egress | None = None
@@ -142,11 +150,13 @@ async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "
             parsed, egress = translate(raw)
             endpoint = outcome.endpoint = parsed.endpoint  # e.g. Ollama's raw generate
         model = parsed.route.model
+        parsed.cache_partition = wire_token(partition)
         limiter = app[LIMITER]
         # Fingerprints serve only to send a conversation back to the lane holding its
-        # prefix: without lanes of ours nothing ever holds one, so none are computed.
+        # prefix: without lanes of ours nothing ever holds one, so none are computed. They
+        # are the partition's own: another client's traffic never steers this request.
         if app[SETTINGS].routing.cache_affinity and app[POOL].has_lanes:
-            prints = fingerprints(endpoint, parsed.data)
+            prints = fingerprints(endpoint, parsed.data, partition)
         async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
             result = decide(request, parsed, policy, claim, prints)
             decision = result.decision.reason

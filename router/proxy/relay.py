@@ -58,6 +58,7 @@ from router.errors import RouterError
 from router.metrics import Metrics
 from router.proxy.headers import served_headers
 from router.proxy.outcome import Outcome
+from router.proxy.partition import CACHE_PARTITION_HEADER
 from router.proxy.request import ParsedRequest
 from router.proxy.upstream import (
     HeadTimeout,
@@ -273,6 +274,8 @@ class Relay:
     async def _open(self, backend: Backend, cand: Candidate, parsed: ParsedRequest, path: str,
                     body_for: BodyFor) -> Opened:
         headers = {"Content-Type": "application/json", **backend.auth_headers()}
+        if backend.lane is not None and parsed.cache_partition:  # never to external backends
+            headers[CACHE_PARTITION_HEADER] = parsed.cache_partition
         try:
             resp = await self._post(backend, f"{backend.base_url}{path}",
                                     body=body_for(backend, cand), headers=headers,

@@ -33,6 +33,8 @@ class ParsedRequest:
     data: dict[str, Any]
     route: RouteRequest
     changed: bool = False  # speclane changed a field (clamped, aliased...)
+    # The token a lane of ours files the prompt's KV cache under (``router.proxy.partition``).
+    cache_partition: str | None = None
     _encoded: bytes | None = None
 
     def set_field(self, key: str, value: Any) -> None:

@@ -153,7 +153,8 @@ def _dir_name(path: Path) -> str:
 
 async def serve(args: argparse.Namespace, engine: Engine, info: WorkerInfo, out: TextIO) -> int:
     try:
-        runner, port = await start_site(make_app(engine, info), args.host, args.port)
+        app = make_app(engine, info, args.max_body_bytes)
+        runner, port = await start_site(app, args.host, args.port)
     except OSError as e:
         print(f"speclane worker: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1

@@ -2,8 +2,12 @@
 /v1/tokenize (a prompt's token count under the chat template: Anthropic's count_tokens).
 
 Handlers never wait on the generation thread except through their job's event queue, so
-/health answers while a batch is decoding. Tokenizing runs on a one-thread executor: off the
-event loop, and never two encodes at once on the shared tokenizer.
+/health answers while a batch is decoding. Tokenizing runs on one thread
+(``router.worker.tokenizing``): off the event loop, never two encodes at once on the shared
+tokenizer, and a generation request's preparation before any token count.
+
+A request's prompt-cache partition comes in the ``X-Speclane-Cache-Partition`` header
+(``router.worker.contract``); its job reuses cached KV state of that partition only.
 """
 
 from __future__ import annotations
@@ -11,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +27,17 @@ from aiohttp import web
 from router import sse
 from router.errors import RouterError, bad_request, not_found, render, sse_error_event
 from router.worker.constrain import COMPILER
-from router.worker.contract import DRAFT_SOURCE_FIELD
+from router.worker.contract import (
+    CACHE_PARTITION_HEADER,
+    CACHE_PARTITION_PATTERN,
+    DEFAULT_MAX_BODY_BYTES,
+    DRAFT_SOURCE_FIELD,
+)
 from router.worker.engine import Engine
 from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
 from router.worker.protocol import GenerationRequest, Kind, parse_request
 from router.worker.shapes import Answer
+from router.worker.tokenizing import COUNT, GENERATION, TokenizerThread
 from router.worker.tools import (
     CallDelta,
     ParsedCall,
@@ -52,11 +62,13 @@ class WorkerInfo:
 
 ENGINE = web.AppKey("engine", Engine)
 INFO = web.AppKey("info", WorkerInfo)
-TOKENIZE = web.AppKey("tokenize", ThreadPoolExecutor)
+TOKENIZE = web.AppKey("tokenize", TokenizerThread)
+_PARTITION = re.compile(CACHE_PARTITION_PATTERN)
 
 
-def make_app(engine: Engine, info: WorkerInfo) -> web.Application:
-    app = web.Application(middlewares=[error_middleware])
+def make_app(engine: Engine, info: WorkerInfo,
+             max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[error_middleware])
     app[ENGINE] = engine
     app[INFO] = info
     app.cleanup_ctx.append(_tokenize_pool)
@@ -69,9 +81,9 @@ def make_app(engine: Engine, info: WorkerInfo) -> web.Application:
 
 
 async def _tokenize_pool(app: web.Application) -> AsyncIterator[None]:
-    app[TOKENIZE] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+    app[TOKENIZE] = TokenizerThread()
     yield
-    app[TOKENIZE].shutdown(wait=False, cancel_futures=True)
+    app[TOKENIZE].shutdown()
 
 
 @web.middleware
@@ -80,6 +92,9 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return await handler(request)
     except RouterError as err:
         return _error_response(err)
+    except web.HTTPRequestEntityTooLarge as e:  # past --max-body-bytes: OpenAI-shaped too
+        return _error_response(RouterError(413, f"request body is larger than the limit: "
+                                                f"{e.text}", code="body_too_large"))
     except web.HTTPException:
         raise
     except Exception as e:  # the worker's own bug: still an OpenAI-shaped answer
@@ -156,8 +171,7 @@ async def tokenize(request: web.Request) -> web.Response:
             f"model '{generation.model}' is not served here", param="model", code="model_not_found"
         )
     tokenizer = engine.models.tokenizer if engine.models else None
-    loop = asyncio.get_running_loop()
-    ids = await loop.run_in_executor(request.app[TOKENIZE], encode, tokenizer, generation)
+    ids = await request.app[TOKENIZE].run(COUNT, encode, tokenizer, generation)
     return _json({"count": len(ids), "model": info.model_name})
 
 
@@ -173,19 +187,21 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
             f"model '{generation.model}' is not served here", param="model", code="model_not_found"
         )
     check_draft_source(info, generation)
+    partition = cache_partition(request)
     tokenizer = engine.models.tokenizer if engine.models else None
     loop = asyncio.get_running_loop()
-    prepared = await loop.run_in_executor(request.app[TOKENIZE], prepare, tokenizer, generation)
+    thread = request.app[TOKENIZE]
+    prepared = await thread.run(GENERATION, prepare, tokenizer, generation)
     prompt_ids = prepared.prompt_ids
     if info.context_length and len(prompt_ids) >= info.context_length:
         raise bad_request(
             f"the prompt has {len(prompt_ids)} tokens; the context is {info.context_length}",
             code="context_length_exceeded",
         )
-    job = Job(prepared.generation, prompt_ids, loop)
+    job = Job(prepared.generation, prompt_ids, loop, partition=partition)
     if prepared.generation.prediction:
-        job.prediction_ids = await loop.run_in_executor(
-            request.app[TOKENIZE], encode_prediction, tokenizer, prepared.generation.prediction
+        job.prediction_ids = await thread.run(
+            GENERATION, encode_prediction, tokenizer, prepared.generation.prediction
         )
     engine.submit(job)
     answer = Answer(kind, info.model_name)
@@ -195,6 +211,14 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         return await _collect(job, answer, prepared.tool_stream())
     finally:
         engine.cancel(job)  # a no-op once answered; otherwise the client left or we failed
+
+
+def cache_partition(request: web.Request) -> str:
+    """The request's prompt-cache partition ("" without the header)."""
+    value = request.headers.get(CACHE_PARTITION_HEADER, "")
+    if value and not _PARTITION.fullmatch(value):
+        raise bad_request(f"'{CACHE_PARTITION_HEADER}' must match {CACHE_PARTITION_PATTERN}")
+    return value
 
 
 def check_draft_source(info: WorkerInfo, generation: GenerationRequest) -> None:

@@ -21,7 +21,8 @@ A request with logits processors (penalties, logit bias, constraints) decodes pl
 processors depend on every previous token, and drafting around them is not worth the risk.
 
 Prompt cache: the KV cache of earlier requests (target and draft model, each under its own key)
-is reused for the longest common token prefix (mlx-lm's ``LRUPromptCache``, bounded in bytes).
+is reused for the longest common token prefix (mlx-lm's ``LRUPromptCache``, bounded in bytes),
+only between requests of the same partition (``router.worker.promptcache.entry_key``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from router.worker.contract import DRAFT_SOURCES
 from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft, PromptLookup
 from router.worker.engine import Engine, Models, generation_failed, processors_for, sampler_for
 from router.worker.jobs import Event, Finished, Job, TextDelta, aborted
+from router.worker.promptcache import entry_key
 from router.worker.protocol import GenerationRequest
 from router.worker.stats import SpecStats, usage
 from router.worker.stops import StopScanner
@@ -306,7 +308,8 @@ class SpeculativeEngine(Engine):
             finally:
                 self.active = 0
 
-    def _fetch(self, key: str, model: Any, tokens: list[int]) -> tuple[list[Any], int]:
+    def _fetch(self, key: tuple[str, str], model: Any,
+               tokens: list[int]) -> tuple[list[Any], int]:
         """A cache for ``model`` holding a prefix of ``tokens`` (shorter than all of them)."""
         from mlx_lm.models.cache import (
             can_trim_prompt_cache,
@@ -325,7 +328,7 @@ class SpeculativeEngine(Engine):
                     return cache, cached - 1
         return make_prompt_cache(model), 0
 
-    def _store(self, key: str, tokens: list[int], cache: list[Any]) -> None:
+    def _store(self, key: tuple[str, str], tokens: list[int], cache: list[Any]) -> None:
         if self.prompt_cache is not None and tokens:
             self.prompt_cache.insert_cache(key, list(tokens), cache)
 
@@ -341,7 +344,9 @@ class SpeculativeEngine(Engine):
         progress = SpecProgress(job, models.tokenizer, chosen.source)
         progress.k = chosen.k
         history = list(job.prompt_ids)
-        cache, cached = self._fetch(TARGET_KEY, models.model, history)
+        target_key = entry_key(TARGET_KEY, job.partition)
+        draft_key = entry_key(DRAFT_KEY, job.partition)
+        cache, cached = self._fetch(target_key, models.model, history)
         propose: Propose | None = None
         prediction: PredictionDraft | None = None
         draft_model: DraftModel | None = None
@@ -351,7 +356,7 @@ class SpeculativeEngine(Engine):
         elif chosen.source == "prompt_lookup":
             propose = lookup_proposer(self.settings.lookup)
         elif chosen.source == "draft_model":
-            draft_cache, draft_cached = self._fetch(DRAFT_KEY, models.draft, history)
+            draft_cache, draft_cached = self._fetch(draft_key, models.draft, history)
             draft_model = DraftModel(models.draft, draft_cache, history[:draft_cached])
             propose = draft_model.propose
         steps = decode(
@@ -361,7 +366,7 @@ class SpeculativeEngine(Engine):
             cached,
             max_tokens=request.max_tokens,
             sampler=sampler_for(request),
-            processors=processors_for(request),
+            processors=processors_for(request, job.constraint_failed),
             propose=propose,
             k=chosen.k,
             stop_tokens=progress.eos,
@@ -378,9 +383,9 @@ class SpeculativeEngine(Engine):
         finally:
             steps.close()
         # Only after a clean run: a pass that raised may have left the cache half-written.
-        self._store(TARGET_KEY, history[:-1], cache)
+        self._store(target_key, history[:-1], cache)
         if draft_model is not None:
-            self._store(DRAFT_KEY, draft_model.cached, draft_model.cache)
+            self._store(draft_key, draft_model.cached, draft_model.cache)
         if reason == "aborted":
             return aborted()
         return progress.finish(reason, cached, prediction)

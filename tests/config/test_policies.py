@@ -313,3 +313,30 @@ def test_spec_overrides_that_break_the_configured_spec_are_refused_at_load(tmp_p
     assert any("agent.toml: spec: " in p and "window_size" in p for p in err.value.problems), \
         err.value.problems
     load_policies(tmp_path, spec=SpecSettings(min_sample=32))  # fits a smaller sample
+
+
+def test_cache_partitions_follow_keys_and_groups_never_labels(tmp_path: Path) -> None:
+    loaded = load_policies(write(tmp_path, {
+        "default.toml": 'client = "default"\n',
+        "alice.toml": '[match]\napi_keys = ["sk-alice-000000"]\nclient_header = ["alice"]\n',
+        "bob.toml": 'cache_group = "team"\n[match]\napi_keys = ["sk-bob-000000"]\n',
+        "carol.toml": 'cache_group = "team"\n[match]\nuser_agent = ["carol"]\n',
+        "team.toml": '[match]\napi_keys = ["sk-team-000000"]\n',
+    }))
+
+    def partition(key: str | None = None, header: str | None = None,
+                  agent: str | None = None) -> str:
+        return loaded.cache_partition(loaded.match(key, header, agent))
+
+    assert partition("sk-alice-000000") == "client:alice"
+    assert partition("sk-bob-000000") == "group:team"
+    # a policy named like a group is not in it: groups and clients are named apart
+    assert partition("sk-team-000000") == "client:team"
+    # identified by a header or user agent: the default's partition, whatever the policy
+    assert partition(header="alice") == partition(agent="carol") == "client:default"
+    assert partition() == partition("sk-unknown") == "client:default"
+
+
+def test_a_cache_group_is_a_name(tmp_path: Path) -> None:
+    found = problems(write(tmp_path, {"a.toml": 'cache_group = "no spaces"\n'}))
+    assert len(found) == 1 and "cache_group" in found[0]

@@ -33,6 +33,8 @@ class ScriptedEngine(Engine):
         self.capacity = capacity
         self.reply = reply
         self.fail_at: int | None = None  # step index at which the "model" raises
+        # step index at which the decoding constraint fails (as GrammarProcessor reports it)
+        self.constraint_fails_at: int | None = None
         self.steps_taken = 0
         self.started: list[Job] = []
         self.job_started = threading.Event()
@@ -76,6 +78,8 @@ class ScriptedEngine(Engine):
             self.steps_taken += 1
             if index == self.fail_at:
                 return generation_failed(RuntimeError("scripted failure"))
+            if index == self.constraint_fails_at:
+                job.constraint_failed("scripted matcher failure")
             if progress.token(char, False):
                 return progress.finish("stop")
         return progress.finish("stop" if len(self.reply) <= max_tokens else "length")
