@@ -310,8 +310,9 @@ def _acceptance_by_family(runs: Sequence[CellRun],
     for family in dict.fromkeys(r.cell.family for r in runs if r.cell.scenario == "spec-on"):
         s = pooled(runs, "spec-on", families=[family])
         assert s is not None
-        out.append(FamilyAcceptance(family, s.drafted, s.accepted, s.acceptance, None
-                                    if s.acceptance is None else s.acceptance >= t.acceptance_floor))
+        acc = s.acceptance
+        out.append(FamilyAcceptance(family, s.drafted, s.accepted, acc,
+                                    None if acc is None else acc >= t.acceptance_floor))
     return tuple(out)
 
 
