@@ -1,20 +1,8 @@
-"""``speclane bench agent``: an agent-shaped conversation against speclane's batching lane and,
-in the same run, against ``mlx_lm.server`` started here on the same model directory.
-
-What a coding agent does to a local server: a long system prompt and a few tools resent on
-every turn, each turn appending the previous answer and a new user message. Both servers run
-for the whole bench (an idle one costs nothing); each measurement talks to one target at a
-time, alternating between them, so that the load of a shared machine weighs on both alike:
-
-- per turn: time to the first token (TTFT), decode tokens/s after it, prompt tokens and the
-  prompt tokens the server reports as cached (``usage.prompt_tokens_details.cached_tokens``);
-- aggregate decode throughput of ``concurrency`` simultaneous short streams (end-of-text
-  tokens banned, so every stream runs its full ``max_tokens``);
-- starvation: a short stream is decoding when a long new prompt arrives; its largest gap
-  between two tokens while that prompt is prefilled (until the long prompt's first token).
-
-The goals (``report.py``) are ratios from one run; nothing here asserts them.
-"""
+"""``speclane bench agent``: an agent-shaped conversation (a long system prompt and tools
+resent every turn), concurrent short streams and a starvation test, against speclane's
+batching lane and ``mlx_lm.server`` on the same model directory. Both servers stay up for
+the whole run and the measurements alternate between them, so that a shared machine's load
+weighs on both alike. The goals (``report.py``) are ratios from one run."""
 
 from __future__ import annotations
 

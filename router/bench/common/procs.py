@@ -1,13 +1,7 @@
 """Start and stop the processes a benchmark measures: the synthetic upstream, speclane (in
-front of it, or with its two MLX lanes), nginx.
-
-``own_router`` runs speclane in a temporary configuration that keeps the defaults except for
-what the bench must control: loopback on a free port, the lanes' model flags, a batch size
-that fits the highest concurrency, and its own policies: ``default.toml``, permissive (lane
-overrides allowed), which the scorecard's ``auto`` scenario uses; and ``speclane-bench.toml``
-for the client the forced scenarios identify as, with the speculative auto-disable off, so
-that "speculation on" stays on whatever it measures.
-"""
+front of it, or with its two MLX lanes), nginx. ``own_router`` keeps speclane's defaults
+except what the bench must control, including its policies (``POLICIES``): the forced
+scenarios' client has the auto-disable off, so that "speculation on" stays on."""
 
 from __future__ import annotations
 

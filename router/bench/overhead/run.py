@@ -1,20 +1,10 @@
 """``speclane bench overhead``: what the router adds, direct vs through speclane (vs nginx).
 
-A synthetic upstream answers instantly; a load generator in this process drives closed
-loops of streaming requests at each concurrency for a fixed time, then non-streaming ones.
-Two stream lengths (``--tokens``): short answers (7 tokens, 10 events), where the cost of
-each request dominates, and long ones (256 tokens), where the cost of relaying each chunk
-does, as in a real LLM answer. Reported per target: TTFT (to the first body bytes) and
-total latency p50/p99, relayed chunks/s, non-streaming requests/s, the CPU time each
-process spent per stream; and for the proxies, what they add over direct.
-
-Two core layouts (``--cpus``): ``shared``, where load generator, upstream and proxy compete
-for every core (on a 2-core machine a proxy's throughput ratio is then bounded by its CPU
-cost against theirs), and ``own-core`` (Linux), where the proxies get one core to
-themselves and upstream and load generator share the rest, for direct and proxied runs
-alike: whether the proxy keeps up when it is not starved, as beside a GPU-bound backend.
-Compare proxies measured in the same run, not against figures from elsewhere.
-"""
+A synthetic upstream answers instantly, so what is measured is the proxy: closed loops of
+streaming requests per concurrency and stream length, then non-streaming ones, in rounds
+that visit the targets in turn, under two core layouts (shared cores, or a core of the
+proxies' own). Compare proxies measured in the same run, never figures from elsewhere
+(``docs/benchmarks.md``)."""
 
 from __future__ import annotations
 

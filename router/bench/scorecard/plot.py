@@ -1,11 +1,6 @@
-"""PNG charts of a scorecard run (matplotlib, the ``plot`` extra: optional).
-
-- ``ttft_by_concurrency.png``: TTFT average and p95 by concurrency, one line per scenario;
-- ``tps_by_concurrency.png``: decode tok/s per request and aggregate tok/s by concurrency;
-- ``acceptance_by_family.png``: acceptance per prompt family, with the floor.
-
-Each point pools every family measured for that scenario at that concurrency.
-"""
+"""PNG charts of a scorecard run (matplotlib, the optional ``plot`` extra): TTFT and tokens
+per second by concurrency (each point pools every family of a scenario at a level), and
+acceptance per prompt family against the floor."""
 
 from __future__ import annotations
 

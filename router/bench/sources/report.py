@@ -1,17 +1,7 @@
 """The draft-source benchmark's figures (pure): when auto-disable has decided for a family,
-each cell's summary, the report's table and the goals.
-
-``examples/spec_families.py`` runs it. Every family is its own client (so its own workload);
-per family, on the speculative lane:
-
-- concurrency 1: plain decoding (``num_draft_tokens: 0``) and each draft source, interleaved
-  request by request, so that a shared machine's drift weighs on all of them alike;
-- concurrency 2: two identical requests at once per variant (the speculative lane serves one
-  at a time, so the second waits: the aggregate shows what that costs), and plain decoding
-  on the batching lane (what two streams get without speculation);
-- then, without a lane header, requests until auto-disable has decided for the family, and
-  the routed requests that are measured, one at a time and two at once.
-"""
+each cell's summary, the report's table and the goals. ``examples/spec_families.py`` runs
+it: per family, plain decoding and each draft source on the speculative lane (interleaved,
+so drift weighs on all alike), then routed requests once auto-disable has decided."""
 
 from __future__ import annotations
 
