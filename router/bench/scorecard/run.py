@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from router.bench.common import environment, procs
-from router.bench.common.stream import Reply, pieces, stream
+from router.bench.common.stream import Reply, stream
 from router.bench.scorecard import report
 from router.bench.scorecard.plan import (
     DEFAULT_BUDGET,
@@ -58,28 +58,20 @@ async def send(session: aiohttp.ClientSession, target: Target, m: Measurement,
     scenario = SCENARIOS[m.scenario]
     body = request_body(target.model, scenario, m.family, m.prompt_index, spec.max_tokens,
                         spec.long_prompt_chars)
-    start = time.perf_counter()
-    m.started = start - target.origin
-
-    def on_chunk(chunk: dict[str, Any]) -> bool:
-        for _ in pieces(chunk):
-            now = time.perf_counter() - start
-            if m.ttft is None:
-                m.ttft = now
-            m.last_token = now
-            m.content_chunks += 1
-        return False
-
     reply = Reply()
     try:
         await stream(session, f"{target.base_url}/chat/completions", body,
-                     request_headers(scenario, target.api_key), reply, on_chunk,
-                     aiohttp.ClientTimeout(total=target.request_timeout))
+                     request_headers(scenario, target.api_key), reply,
+                     limit=aiohttp.ClientTimeout(total=target.request_timeout))
     except asyncio.CancelledError:
         m.cancelled = True
         raise
     finally:
-        m.e2e = time.perf_counter() - start
+        m.started, m.e2e = reply.sent - target.origin, time.perf_counter() - reply.sent
+        if reply.token_times:
+            m.ttft = reply.token_times[0] - reply.sent
+            m.last_token = reply.token_times[-1] - reply.sent
+        m.content_chunks = len(reply.token_times)
         m.status = reply.status
         m.lane, m.decision = reply.headers.get(LANE_HEADER), reply.headers.get(DECISION_HEADER)
     if reply.usage:  # the last event's (stream_options.include_usage), with speclane_spec
