@@ -216,10 +216,6 @@ def cell_seconds(cell: Cell, spec: MatrixSpec, speeds: Speeds) -> float:
     return spec.runs * one * cell.concurrency ** BATCH_EXPONENT
 
 
-def estimate(cells: Iterable[Cell], spec: MatrixSpec, speeds: Speeds) -> float:
-    return sum(cell_seconds(c, spec, speeds) for c in cells)
-
-
 Step = Callable[[Plan], Plan | None]
 
 
@@ -303,7 +299,7 @@ def eta(remaining_estimate: float, done_estimate: float, done_actual: float) -> 
 
 
 def _estimated(plan: Plan, speeds: Speeds) -> Plan:
-    return replace(plan, estimate=estimate(plan.cells, plan.spec, speeds))
+    return replace(plan, estimate=sum(cell_seconds(c, plan.spec, speeds) for c in plan.cells))
 
 
 def _cut(plan: Plan, note: str, **changes: Any) -> Plan:
