@@ -20,9 +20,9 @@ from typing import Any
 import aiohttp
 
 from router.bench.agent.plan import QUESTIONS, TOOLS, long_document, system_prompt
-from router.bench.agent.report import fmt_row, largest_gap, num, ratios
+from router.bench.agent.report import fmt_row, largest_gap, ratios
 from router.bench.common import environment, procs
-from router.bench.common.stats import mean
+from router.bench.common.stats import fmt, mean
 from router.bench.common.stream import Reply, stream
 from router.config.names import LANE_HEADER
 
@@ -96,7 +96,7 @@ async def concurrent(session: aiohttp.ClientSession, t: Target, level: int,
     rate = tokens / wall if wall > 0 else None
     row = {"concurrency": level, "tokens": tokens, "wall_s": wall, "aggregate_tok_s": rate,
            "errors": [s.error for s in streams if s.error]}
-    print(f"  {t.name} concurrency {level}: {tokens} tokens in {wall:.1f}s = {num(rate)} tok/s",
+    print(f"  {t.name} concurrency {level}: {tokens} tokens in {wall:.1f}s = {fmt(rate)} tok/s",
           flush=True)
     return row
 
@@ -130,8 +130,8 @@ async def starvation(session: aiohttp.ClientSession, t: Target, long_tokens: int
            and short_stream.token_times[-1] < end,
            "errors": [e for e in (long.error, short_stream.error) if e]}
     print(f"  {t.name} starvation: long prompt {row['long_prompt_tokens']} tokens, first token "
-          f"after {num(long.ttft)}s; short stream: {row['short_tokens_during_prefill']} tokens "
-          f"meanwhile, largest gap {num(gap)}s", flush=True)
+          f"after {fmt(long.ttft)}s; short stream: {row['short_tokens_during_prefill']} tokens "
+          f"meanwhile, largest gap {fmt(gap)}s", flush=True)
     return row
 
 

@@ -3,6 +3,8 @@ figures against its two targets, and the tables printed at the end (pure)."""
 
 from __future__ import annotations
 
+from router.bench.common.stats import fmt, ratio
+
 LAYOUTS = ("shared", "own-core")
 ROLES = ("upstream", "proxy", "loadgen")
 TTFT_TARGET_MS = 1.0  # added TTFT p50 at concurrency 1
@@ -26,8 +28,8 @@ def added_over_direct(rows: list[dict[str, object]]) -> list[dict[str, object]]:
             "concurrency": r["concurrency"], "tokens": r.get("tokens"),
             **{f"added_{k}": _diff(r[k], d[k]) for k in
                ("ttft_p50_ms", "ttft_p99_ms", "total_p50_ms", "total_p99_ms")},
-            "chunks_vs_direct": _ratio(r["chunks_per_s"], d["chunks_per_s"]),
-            "plain_vs_direct": _ratio(r["plain_requests_per_s"], d["plain_requests_per_s"]),
+            "chunks_vs_direct": ratio(r["chunks_per_s"], d["chunks_per_s"]),
+            "plain_vs_direct": ratio(r["plain_requests_per_s"], d["plain_requests_per_s"]),
             "proxy_cpu_us_per_stream": proxy_cpu,
         })
     return added
@@ -37,17 +39,10 @@ def _diff(a: object, b: object) -> float | None:
     return a - b if isinstance(a, int | float) and isinstance(b, int | float) else None
 
 
-def _ratio(a: object, b: object) -> float | None:
-    return a / b if isinstance(a, int | float) and isinstance(b, int | float) and b else None
-
-
 def render_table(result: dict[str, object]) -> str:
-    def f(v: object, spec: str = ".2f") -> str:
-        return "-" if v is None else format(v, spec)
-
     def cpu_cell(r: dict[str, object]) -> str:
         per = r.get("cpu_us_per_stream") or {}
-        return " / ".join(f(per.get(role), ".0f") for role in ROLES)  # type: ignore[attr-defined]
+        return " / ".join(fmt(per.get(role), "{:.0f}") for role in ROLES)  # type: ignore[attr-defined]
 
     lines = ["| target | cores | conc | tokens | TTFT p50 ms | TTFT p99 ms | total p50 ms |"
              " total p99 ms | chunks/s | non-stream req/s | CPU µs/stream upstream / proxy /"
@@ -55,9 +50,10 @@ def render_table(result: dict[str, object]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:  # type: ignore[attr-defined]
         lines.append(f"| {r['target']} | {r.get('cpus', '-')} | {r['concurrency']} | "
-                     f"{r.get('tokens', '-')} | {f(r['ttft_p50_ms'])} | "
-                     f"{f(r['ttft_p99_ms'])} | {f(r['total_p50_ms'])} | {f(r['total_p99_ms'])} | "
-                     f"{f(r['chunks_per_s'], '.0f')} | {f(r['plain_requests_per_s'], '.0f')} | "
+                     f"{r.get('tokens', '-')} | {fmt(r['ttft_p50_ms'])} | "
+                     f"{fmt(r['ttft_p99_ms'])} | {fmt(r['total_p50_ms'])} | "
+                     f"{fmt(r['total_p99_ms'])} | {fmt(r['chunks_per_s'], '{:.0f}')} | "
+                     f"{fmt(r['plain_requests_per_s'], '{:.0f}')} | "
                      f"{cpu_cell(r)} | {r['errors']} |")
     lines += ["", "| proxy | cores | conc | tokens | added TTFT p50 ms | added TTFT p99 ms |"
               " added total p50 ms | added total p99 ms | chunks/s vs direct | req/s vs direct |"
@@ -65,11 +61,11 @@ def render_table(result: dict[str, object]) -> str:
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for a in result["added"]:  # type: ignore[attr-defined]
         lines.append(f"| {a['target']} | {a.get('cpus', '-')} | {a['concurrency']} | "
-                     f"{a.get('tokens', '-')} | {f(a['added_ttft_p50_ms'])} | "
-                     f"{f(a['added_ttft_p99_ms'])} | {f(a['added_total_p50_ms'])} | "
-                     f"{f(a['added_total_p99_ms'])} | {f(a['chunks_vs_direct'], '.2f')} | "
-                     f"{f(a['plain_vs_direct'], '.2f')} | "
-                     f"{f(a.get('proxy_cpu_us_per_stream'), '.0f')} |")
+                     f"{a.get('tokens', '-')} | {fmt(a['added_ttft_p50_ms'])} | "
+                     f"{fmt(a['added_ttft_p99_ms'])} | {fmt(a['added_total_p50_ms'])} | "
+                     f"{fmt(a['added_total_p99_ms'])} | {fmt(a['chunks_vs_direct'])} | "
+                     f"{fmt(a['plain_vs_direct'])} | "
+                     f"{fmt(a.get('proxy_cpu_us_per_stream'), '{:.0f}')} |")
     return "\n".join(lines)
 
 

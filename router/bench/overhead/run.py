@@ -15,12 +15,11 @@ import platform
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 import aiohttp
 
 from router import __version__
-from router.bench.common import procs
+from router.bench.common import environment, procs
 from router.bench.common.stats import percentile
 from router.bench.common.upstream import PLAIN_BODY, stream_body
 from router.bench.overhead import cpu
@@ -210,7 +209,7 @@ async def run(concurrencies: list[int], seconds: float, warmup: float,
                 cpu.pin_self(everything)  # a caller in this process keeps its cores
     result: dict[str, object] = {
         "benchmark": "overhead", "speclane": __version__,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": environment.now_iso(),
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpus": os.cpu_count() or 0},
         "seconds_per_level": seconds, "rounds": rounds, "nginx": with_nginx,

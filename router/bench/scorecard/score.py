@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from router.bench.common.stats import ratio
+from router.bench.common.stats import fmt, ratio
 from router.bench.scorecard.records import CellRun, Summary, levels, pooled, shared_pair, summarize
 
 
@@ -235,7 +235,7 @@ def _score_parts(f: Figures, crossover: tuple[Level, ...],
          "aggregate tok/s up, falling linearly to 0 at 0.50x", f.throughput, "{:.2f}x",
          lambda v: (v - 0.5) / (floor - 0.5)),
     )
-    parts = [ScorePart(key, title, weight, rule, _fmt(value, pattern),
+    parts = [ScorePart(key, title, weight, rule, fmt(value, pattern, "n/a"),
                        0.0 if value is None else weight * _clamp(share(value)))
              for key, title, weight, rule, value, pattern, share in table]
     judged = [lv for lv in crossover if lv.pays is not None]
@@ -318,7 +318,3 @@ def _acceptance_by_family(runs: Sequence[CellRun],
 
 def _clamp(x: float) -> float:
     return max(0.0, min(1.0, x))
-
-
-def _fmt(value: float | None, pattern: str) -> str:
-    return "n/a" if value is None else pattern.format(value)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from router.bench.common.stats import mean, ratio
+from router.bench.common.stats import fmt, mean, ratio
 from router.bench.sources.plan import PLAIN, PREDICTION_FAMILY
 
 
@@ -61,10 +61,6 @@ def together(runs: Sequence[Mapping[str, Any]], wall: float) -> dict[str, Any]:
             "aggregate_tps": tokens / wall if wall > 0 else None}
 
 
-def _f(value: Any, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def table(results: Mapping[str, Any]) -> str:
     """The markdown table of a run: one row per family and variant, then the routed row."""
     lines = [
@@ -81,19 +77,19 @@ def table(results: Mapping[str, Any]) -> str:
             acc = "-" if cell["acceptance"] is None else (
                 f"{cell['acceptance']:.2f} ({cell['accepted']}/{cell['drafted']})")
             lines.append(
-                f"| {family} | {variant} | {acc} | {_f(cell['tps'], '.1f')} | "
-                f"{_f(ratio(cell['tps'], plain))} | {_f(c2.get('tps'), '.1f')} | "
-                f"{_f(c2_tps, '.1f')} ({_f(ratio(c2_tps, batch))}) |")
+                f"| {family} | {variant} | {acc} | {fmt(cell['tps'], '{:.1f}')} | "
+                f"{fmt(ratio(cell['tps'], plain))} | {fmt(c2.get('tps'), '{:.1f}')} | "
+                f"{fmt(c2_tps, '{:.1f}')} ({fmt(ratio(c2_tps, batch))}) |")
         routed, routed2 = r["routed"], r.get("routed_c2") or {}
         ad = ", ".join(f"{row.get('source')}: {row['state']} ({row['reason']})"
                        for row in r.get("auto_disable", [])) or "-"
         lines.append(
             f"| {family} | **routed** ({', '.join(routed['lanes'])}; "
-            f"{', '.join(routed['sources'])}) | {ad} | {_f(routed['tps'], '.1f')} | "
-            f"**{_f(ratio(routed['tps'], _plain_beside_routed(r)))}** | "
-            f"{_f(routed2.get('tps'), '.1f')} | "
-            f"{_f(routed2.get('aggregate_tps'), '.1f')} "
-            f"({_f(ratio(routed2.get('aggregate_tps'), batch))}) |")
+            f"{', '.join(routed['sources'])}) | {ad} | {fmt(routed['tps'], '{:.1f}')} | "
+            f"**{fmt(ratio(routed['tps'], _plain_beside_routed(r)))}** | "
+            f"{fmt(routed2.get('tps'), '{:.1f}')} | "
+            f"{fmt(routed2.get('aggregate_tps'), '{:.1f}')} "
+            f"({fmt(ratio(routed2.get('aggregate_tps'), batch))}) |")
     return "\n".join(lines)
 
 
