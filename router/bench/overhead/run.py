@@ -45,14 +45,6 @@ class Level:
     plain_seconds: float = 0.0
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # streaming phase, per role
 
-    def add(self, other: Level) -> None:
-        """Pool another round of the same cell into this one."""
-        for name in ("requests", "errors", "chunks", "seconds", "ttft_ms", "total_ms",
-                     "plain_requests", "plain_seconds"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for role, used in other.cpu_seconds.items():
-            self.cpu_seconds[role] = self.cpu_seconds.get(role, 0.0) + used
-
     def summary(self) -> dict[str, object]:
         return {
             "target": self.target, "cpus": self.cpus, "concurrency": self.concurrency,
@@ -122,25 +114,24 @@ async def _closed_loop(concurrency: int, seconds: float,
     return time.perf_counter() - start
 
 
-async def measure(target: str, base_url: str, concurrency: int, seconds: float,
-                  warmup: float, tokens: int = DEFAULT_TOKENS[0], plain: bool = True,
-                  meters: Meters | None = None, cpus: str = LAYOUTS[0]) -> Level:
-    level = Level(target, concurrency, tokens, cpus)
-    url = f"{base_url}/chat/completions"
-    body = stream_body(tokens)
+async def measure(level: Level, base_url: str, seconds: float, warmup: float,
+                  plain: bool = True, meters: Meters | None = None) -> Level:
+    """One round of a cell, pooled into ``level``: a warm-up, streams for ``seconds``, then
+    (``plain``) non-streaming requests for half as long."""
+    url, body, c = f"{base_url}/chat/completions", stream_body(level.tokens), level.concurrency
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
-        warm = Level(target, concurrency, tokens)
-        await _closed_loop(concurrency, warmup, lambda: _stream_once(session, url, body, warm))
+        warm = Level(level.target, c, level.tokens)
+        await _closed_loop(c, warmup, lambda: _stream_once(session, url, body, warm))
         before = _read(meters or {})
-        level.seconds = await _closed_loop(concurrency, seconds,
-                                           lambda: _stream_once(session, url, body, level))
+        level.seconds += await _closed_loop(c, seconds,
+                                            lambda: _stream_once(session, url, body, level))
         after = _read(meters or {})
-        level.cpu_seconds = {role: after[role] - before[role]
-                             for role in before.keys() & after.keys()}
+        for role in before.keys() & after.keys():
+            level.cpu_seconds[role] = level.cpu_seconds.get(role, 0.0) + after[role] - before[role]
         if plain:
-            level.plain_seconds = await _closed_loop(concurrency, seconds / 2,
-                                                     lambda: _plain_once(session, url, level))
+            level.plain_seconds += await _closed_loop(c, seconds / 2,
+                                                      lambda: _plain_once(session, url, level))
     return level
 
 
@@ -230,9 +221,8 @@ async def _measure_layout(layout: str, targets: dict[str, procs.Served], names: 
             for r in range(rounds):
                 for name in names[r % len(names):] + names[:r % len(names)]:
                     # Non-streaming requests/s does not depend on the stream length.
-                    pooled[name].add(await measure(
-                        name, targets[name].url, c, seconds, warmup, length, plain=n == 0,
-                        meters=_meters(targets, name), cpus=layout))
+                    await measure(pooled[name], targets[name].url, seconds, warmup,
+                                  plain=n == 0, meters=_meters(targets, name))
             for name in names:
                 rows.append(pooled[name].summary())
                 print(f"  measured {name:<8} {layout:<8} c={c:<3} {length:>4} tokens: "
