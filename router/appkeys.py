@@ -34,3 +34,5 @@ LIMITER: web.AppKey[ConcurrencyLimiter] = web.AppKey("limiter")
 ROUTING: web.AppKey[RoutingState] = web.AppKey("routing")
 SUPERVISORS: web.AppKey[list[LaneSupervisor]] = web.AppKey("supervisors")
 SPEC: web.AppKey[SpecTelemetry] = web.AppKey("spec")
+# The local admin token of this run (router.proxy.localtoken): the admin key's authority.
+LOCAL_TOKEN: web.AppKey[str] = web.AppKey("local_token")

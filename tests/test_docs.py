@@ -204,13 +204,12 @@ def flags_of(main: Any, argv: list[str], capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_every_command_and_flag_is_documented(capsys: pytest.CaptureFixture[str]) -> None:
-    from router import server
-    from router.cli import main, policy, status
+    from router.cli import main, policy, serve, status
 
     text = all_text()
     missing = [f"speclane {name}" for name in main.COMMANDS if f"speclane {name}" not in text]
     commands = {
-        "serve": flags_of(server.parse_args, ["--help"], capsys),
+        "serve": flags_of(serve.parse_args, ["--help"], capsys),
         "status": flags_of(status.parse_args, ["--help"], capsys),
         "policy check": flags_of(policy.main, ["check", "--help"], capsys),
     }
@@ -222,9 +221,9 @@ def test_every_command_and_flag_is_documented(capsys: pytest.CaptureFixture[str]
 
 
 def test_documented_serve_flags_exist(capsys: pytest.CaptureFixture[str]) -> None:
-    from router import server
+    from router.cli import serve
 
-    flags = flags_of(server.parse_args, ["--help"], capsys)
+    flags = flags_of(serve.parse_args, ["--help"], capsys)
     table = section_of(CONFIGURATION, "## `speclane serve` flags")
     documented = set(re.findall(r"^\| `(--[a-z-]+)", table, re.M))
     assert documented == flags

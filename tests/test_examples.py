@@ -90,7 +90,7 @@ def test_opta_example_names_the_header_its_policy_matches() -> None:
 
 
 def _serve_flags_parse(args: list[str]) -> None:
-    from router.server import parse_args
+    from router.cli.serve import parse_args
 
     assert args[0] == "serve", args
     parse_args(args[1:])  # exits (failing the test) on an unknown flag

@@ -25,8 +25,9 @@ from router.proxy.accesslog import ACCESS, record_of
 from router.proxy.handlers import decide, identify
 from router.proxy.headers import decision_headers
 from router.proxy.outcome import Outcome
-from router.proxy.request import SSETail, parse_request
+from router.proxy.request import parse_request
 from router.proxy.telemetry import SpecClaim
+from router.sse import SSETail
 
 RAW = stream_body(7)
 CHUNK = b"".join(stream_events(7))

@@ -61,10 +61,8 @@ from pydantic import (
 )
 
 from router.config.base import Frozen, validation_problems
-from router.config.names import CLIENT_HEADER
 from router.config.presets import LanePreference, PresetSpec
 from router.config.speculation import SpecOverrides, SpecSettings
-from router.errors import RouterError
 
 DEFAULT_CLIENT = "default"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # also a metrics label value
@@ -129,8 +127,8 @@ class ModelRules(Frozen):
 
 
 class Caps(Frozen):
-    max_tokens: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1)
     action: Literal["clamp", "reject"] = "clamp"
 
 
@@ -138,15 +136,15 @@ class Policy(Frozen):
     """One client's policy (one TOML file). ``client`` defaults to the file's stem."""
 
     client: str = Field(pattern=NAME_PATTERN)
-    priority: int = Field(0, ge=-1000, le=1000)  # higher is more important; < 0 sheddable
+    priority: int = Field(default=0, ge=-1000, le=1000)  # higher is more important; < 0 sheddable
     require_api_key: bool = False
     allow_lane_override: bool = True
     default_preset: str | None = None  # used when the request names none
     presets: tuple[str, ...] = ()  # the presets the client may use; empty: all configured
     lanes: dict[str, LanePreference] = Field(default_factory=dict)  # preset -> lane
     models: ModelRules = ModelRules()
-    max_concurrency: int | None = Field(None, ge=1)  # None: no limit
-    queue_timeout: float = Field(30.0, ge=0, le=3600)  # seconds a request waits for a slot
+    max_concurrency: int | None = Field(default=None, ge=1)  # None: no limit
+    queue_timeout: float = Field(default=30.0, ge=0, le=3600)  # seconds a request waits for a slot
     caps: Caps = Caps()
     match: MatchRules = MatchRules()
     spec: SpecOverrides = SpecOverrides()
@@ -293,7 +291,7 @@ class PolicySet:
     def identify(
         self, api_key: str | None, client_header: str | None, user_agent: str | None
     ) -> Policy:
-        """The request's policy, or a 401 RouterError when the key rule refuses it."""
+        """The request's policy, or ``Unauthorized`` when the key rule refuses it."""
         identity = self.match(api_key, client_header, user_agent)
         self.authorize(identity)
         return identity.policy
@@ -315,11 +313,19 @@ class PolicySet:
         return policy
 
 
-def _unauthorized(policy: Policy, message: str, code: str) -> RouterError:
-    return RouterError(
-        401, message, code=code,
-        headers={"WWW-Authenticate": "Bearer", CLIENT_HEADER: policy.client},
-    )
+class Unauthorized(Exception):
+    """The key rule refused a request; the proxy answers it with a 401 (configuration
+    knows no HTTP)."""
+
+    def __init__(self, message: str, code: str, client: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.client = client  # the policy answered under: the default, for every label
+
+
+def _unauthorized(policy: Policy, message: str, code: str) -> Unauthorized:
+    return Unauthorized(message, code, policy.client)
 
 
 # Policy files are a few KiB; anything far bigger is a mistake (or a device), not a policy.

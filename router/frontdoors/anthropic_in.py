@@ -18,6 +18,7 @@ import orjson
 
 from router.errors import bad_request
 from router.frontdoors.common import str_field
+from router.request_rules import typed
 
 MAX_STOP_SEQUENCES = 16
 DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
@@ -60,11 +61,8 @@ def to_openai(body: dict[str, Any], *, for_count: bool = False) -> MessagesReque
     if stops:
         out["stop"] = list(stops)
     for key in ("temperature", "top_p", "top_k"):
-        if body.get(key) is not None:
-            value = body[key]
-            kind = int if key == "top_k" else (int, float)
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise bad_request(f"'{key}' must be a number", param=key)
+        value = typed(body, key, int if key == "top_k" else (int, float), None)
+        if value is not None:
             out[key] = value
     metadata = body.get("metadata")
     if metadata is not None:

@@ -16,7 +16,8 @@ import orjson
 
 from router import errors
 from router.errors import RouterError
-from router.frontdoors.common import translate_events, whole_call
+from router.frontdoors.common import dict_of, list_of, translate_events, whole_call
+from router.sse import event_json
 
 STREAM_CONTENT_TYPE = "text/event-stream"
 
@@ -65,12 +66,12 @@ def message_body(answer: Any, model: str, stops: tuple[str, ...]) -> dict[str, A
         raise errors.upstream_failed("the backend's answer has no choices",
                                      code="upstream_bad_json")
     choice = choices[0]
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    message = dict_of(choice, "message")
     content: list[dict[str, Any]] = []
     text = message.get("content")
     if isinstance(text, str) and text:
         content.append({"type": "text", "text": text})
-    calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
+    calls = list_of(message, "tool_calls")
     for call in calls:
         name, args = whole_call(call)
         call_id = call.get("id")
@@ -83,10 +84,6 @@ def message_body(answer: Any, model: str, stops: tuple[str, ...]) -> dict[str, A
     return {"id": message_id(answer.get("id")), "type": "message", "role": "assistant",
             "model": model, "content": content, "stop_reason": reason,
             "stop_sequence": sequence, "usage": usage(answer.get("usage"))}
-
-
-def sse(event: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
 class AnthropicEgress:
@@ -127,10 +124,10 @@ class AnthropicEgress:
         reason, sequence = stop_reason(self._finish_reason, self._matched, self.stops,
                                        self._saw_tool)
         self._ended = True
-        out += sse("message_delta", {"type": "message_delta",
+        out += event_json("message_delta", {"type": "message_delta",
                                      "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                      "usage": usage(self._usage)})
-        out += sse("message_stop", {"type": "message_stop"})
+        out += event_json("message_stop", {"type": "message_stop"})
         return bytes(out)
 
     def error(self, err: RouterError) -> bytes:
@@ -145,11 +142,12 @@ class AnthropicEgress:
         if self._started:
             return b""
         self._started = True
-        message = {"id": message_id(None), "type": "message", "role": "assistant",
-                   "model": self.model, "content": [], "stop_reason": None,
-                   "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
-        return (sse("message_start", {"type": "message_start", "message": message})
-                + sse("ping", {"type": "ping"}))
+        message: dict[str, Any] = {
+            "id": message_id(None), "type": "message", "role": "assistant",
+            "model": self.model, "content": [], "stop_reason": None,
+            "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+        return (event_json("message_start", {"type": "message_start", "message": message})
+                + event_json("ping", {"type": "ping"}))
 
     def _chunk(self, event: dict[str, Any]) -> bytes:
         out = bytearray()
@@ -161,7 +159,7 @@ class AnthropicEgress:
         for choice in choices:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            delta = dict_of(choice, "delta")
             text = delta.get("content")
             if isinstance(text, str) and text:
                 out += self._text(text)
@@ -179,20 +177,20 @@ class AnthropicEgress:
         out = self._close_block()
         self._block, self._block_kind = self._next_block, kind
         self._next_block += 1
-        return out + sse("content_block_start", {"type": "content_block_start",
+        return out + event_json("content_block_start", {"type": "content_block_start",
                                                  "index": self._block, "content_block": block})
 
     def _close_block(self) -> bytes:
         if self._block < 0:
             return b""
         index, self._block = self._block, -1
-        return sse("content_block_stop", {"type": "content_block_stop", "index": index})
+        return event_json("content_block_stop", {"type": "content_block_stop", "index": index})
 
     def _text(self, text: str) -> bytes:
         out = b""
         if self._block_kind != "text" or self._block < 0:
             out = self._open("text", {"type": "text", "text": ""})
-        return out + sse("content_block_delta", {
+        return out + event_json("content_block_delta", {
             "type": "content_block_delta", "index": self._block,
             "delta": {"type": "text_delta", "text": text}})
 
@@ -200,7 +198,7 @@ class AnthropicEgress:
         index = call.get("index", 0)
         if not isinstance(index, int):
             index = 0  # hostile or sloppy upstream: an unhashable index must not crash us
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        function = dict_of(call, "function")
         out = b""
         block = self._tool_blocks.get(index)
         if block is None:
@@ -217,7 +215,7 @@ class AnthropicEgress:
             return b""  # arguments for a call whose block is closed: Anthropic cannot say it
         args = function.get("arguments")
         if isinstance(args, str) and args:
-            out += sse("content_block_delta", {
+            out += event_json("content_block_delta", {
                 "type": "content_block_delta", "index": block,
                 "delta": {"type": "input_json_delta", "partial_json": args}})
         return out

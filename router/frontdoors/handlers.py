@@ -19,17 +19,15 @@ from aiohttp import web
 from router import errors
 from router.appkeys import POOL, SESSION
 from router.backends.base import Backend
-from router.config.policies import bearer_token
 from router.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
 from router.frontdoors.common import to_parsed
 from router.frontdoors.ollama_out import OllamaEgress, now_iso
 from router.frontdoors.responses_http import setup_responses_routes
-from router.proxy.handlers import Inbound, identify, proxy
+from router.proxy.handlers import Inbound, identify, proxy, request_key
 from router.proxy.request import load_object
 
-ANTHROPIC_KEY_HEADER = "x-api-key"
 TOKENIZE_PATH = "/tokenize"  # under a lane worker's /v1 (router.worker.server)
 TOKENIZE_TIMEOUT = 30.0
 STARTED = web.AppKey("frontdoors_started", str)  # what Ollama calls a model's modified_at
@@ -38,8 +36,7 @@ STARTED = web.AppKey("frontdoors_started", str)  # what Ollama calls a model's m
 def anthropic_key(request: web.Request) -> str | None:
     """Anthropic clients send their key as ``x-api-key``; Claude Code with
     ``ANTHROPIC_AUTH_TOKEN`` sends ``Authorization: Bearer``. Either identifies the client."""
-    return bearer_token(request.headers.get("Authorization")) or (
-        request.headers.get(ANTHROPIC_KEY_HEADER) or None)
+    return request_key(request, use_api_key_header=True)
 
 
 # --- Anthropic -------------------------------------------------------------------------------
@@ -50,7 +47,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return to_parsed("chat", req.openai), AnthropicEgress(req.model, req.stop_sequences)
 
     return await proxy(request, "chat", api="anthropic", translate=translate,
-                       key=anthropic_key(request))
+                       api_key_header=True)
 
 
 async def count_tokens(request: web.Request) -> web.Response:
@@ -77,9 +74,11 @@ async def count_tokens(request: web.Request) -> web.Response:
         raise errors.from_upstream_body(status, answer)
     try:
         count = orjson.loads(answer)["count"]
-    except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        count = None
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise errors.upstream_failed(f"lane '{lane.name}' answered the count with a malformed "
-                                     "body", code="upstream_bad_json") from e
+                                     "body", code="upstream_bad_json")
     return web.json_response({"input_tokens": count})
 
 

@@ -14,9 +14,10 @@ import os
 import signal
 import sys
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from signal import Signals
 
 from router.config.names import LANE_NAMES
 from router.config.settings import LanesSettings
@@ -90,12 +91,17 @@ class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
     def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(limit=limit, loop=loop)
         self.exited: asyncio.Future[int] = loop.create_future()
+        # Our own reference: the base class drops its transport when the process exits
+        # after its pipes closed (the usual order under uvloop), before the code is read.
+        # (uvloop's transport is no asyncio.SubprocessTransport: only its method is kept.)
+        self._returncode: Callable[[], int | None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._returncode = getattr(transport, "get_returncode", None)
+        super().connection_made(transport)
 
     def process_exited(self) -> None:
-        # Read the code first: when the pipes closed before the exit was noticed (the
-        # usual order under uvloop), the base class drops the transport right here.
-        transport = self._transport
-        code = transport.get_returncode() if transport is not None else None
+        code = self._returncode() if self._returncode is not None else None
         super().process_exited()
         if not self.exited.done():
             self.exited.set_result(-1 if code is None else code)
@@ -154,13 +160,13 @@ class WorkerProcess:
         """Let the readers collect what the process wrote before it exited."""
         await asyncio.wait(self.readers, timeout=_PIPE_DRAIN_TIMEOUT)
 
-    def signal(self, sig: signal.Signals) -> None:
+    def signal(self, sig: Signals) -> None:
         """Signal the worker's process group (its own session) while the worker lives."""
         if self.exited.done() or self._group_killed:
             return
         self._killpg(sig)
 
-    def _killpg(self, sig: signal.Signals) -> None:
+    def _killpg(self, sig: Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
 

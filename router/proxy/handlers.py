@@ -13,13 +13,15 @@ from aiohttp import web
 from router import errors
 from router.appkeys import LIMITER, METRICS, POLICIES, POOL, RELAY, ROUTING, SETTINGS, SPEC
 from router.backends.base import Backend
-from router.config.policies import CLIENT_HEADER, Policy, bearer_token
+from router.config.names import API_KEY_HEADER, AUTHORIZATION, CLIENT_HEADER
+from router.config.policies import Policy, Unauthorized
 from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of
 from router.proxy.admin_auth import is_loopback, require_admin
 from router.proxy.connections import read_body
+from router.proxy.credentials import presented_key
 from router.proxy.headers import decision_headers
 from router.proxy.middleware import expect_handler
 from router.proxy.outcome import Outcome
@@ -58,9 +60,19 @@ def identify(request: web.Request, key: str | None = None) -> Policy:
     it elsewhere, e.g. Anthropic's ``x-api-key``), ``X-Speclane-Client`` and User-Agent."""
     headers = request.headers
     if key is None:
-        key = bearer_token(headers.get("Authorization"))
-    return request.app[POLICIES].current.identify(
-        key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
+        key = request_key(request)
+    try:
+        return request.app[POLICIES].current.identify(
+            key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
+    except Unauthorized as refused:
+        raise errors.unauthorized(refused.message, refused.code, refused.client) from None
+
+
+def request_key(request: web.Request, *, use_api_key_header: bool = False) -> str | None:
+    """The request's one API key; a 400 when its credential headers disagree."""
+    headers = request.headers
+    return presented_key(headers.getall(AUTHORIZATION, []), headers.getall(API_KEY_HEADER, []),
+                         use_api_key_header=use_api_key_header)
 
 
 def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
@@ -101,6 +113,7 @@ def body_for(parsed: ParsedRequest) -> BodyFor:
 
 async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "openai",
                 translate: Translate | None = None, key: str | None = None,
+                api_key_header: bool = False,
                 arrival: float | None = None) -> web.StreamResponse:
     """The whole pipeline, for every front door: identify, admit, classify, relay.
 
@@ -117,6 +130,8 @@ async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "
     claim = SpecClaim()
     prints: tuple[bytes, ...] = ()
     try:
+        if key is None and api_key_header:  # an API with its own key header (Anthropic's)
+            key = request_key(request, use_api_key_header=True)
         policy = identify(request, key)
         client = policy.client
         raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
@@ -206,11 +221,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def setup_routes(app: web.Application) -> None:
-    x = {"expect_handler": expect_handler}
-    app.router.add_post("/v1/chat/completions", chat, **x)
-    app.router.add_post("/v1/completions", completions, **x)
-    app.router.add_post("/v1/embeddings", embeddings, **x)
-    app.router.add_get("/v1/models", models, **x)
-    app.router.add_get("/healthz", healthz, **x)
-    app.router.add_get("/readyz", readyz, **x)
-    app.router.add_get("/metrics", metrics, **x)
+    app.router.add_post("/v1/chat/completions", chat, expect_handler=expect_handler)
+    app.router.add_post("/v1/completions", completions, expect_handler=expect_handler)
+    app.router.add_post("/v1/embeddings", embeddings, expect_handler=expect_handler)
+    app.router.add_get("/v1/models", models, expect_handler=expect_handler)
+    app.router.add_get("/healthz", healthz, expect_handler=expect_handler)
+    app.router.add_get("/readyz", readyz, expect_handler=expect_handler)
+    app.router.add_get("/metrics", metrics, expect_handler=expect_handler)

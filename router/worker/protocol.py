@@ -20,6 +20,7 @@ from typing import Any, Literal
 import orjson
 
 from router.errors import bad_request
+from router.request_rules import integer, number, typed
 from router.worker.contract import (
     DRAFT_SOURCE_FIELD,
     DRAFT_TOKENS_FIELD,
@@ -122,30 +123,30 @@ class GenerationRequest:
 def parse_request(body: Any, kind: Kind) -> GenerationRequest:
     if not isinstance(body, Mapping):
         raise bad_request("the request body must be a JSON object")
-    if _get(body, "n", int, 1) != 1:
+    if typed(body, "n", int, 1) != 1:
         raise bad_request("only n=1 is supported", param="n")
     source: dict[str, Any] = (
         {"messages": _messages(body)} if kind == "chat" else {"prompt": _prompt(body)}
     )
-    stream_options = _get(body, "stream_options", Mapping, {})
+    stream_options = typed(body, "stream_options", Mapping, {})
     tooling = _tooling(body) if kind == "chat" else {}
     return GenerationRequest(
         kind=kind,
-        model=_get(body, "model", str, None),
+        model=typed(body, "model", str, None),
         **source,
-        temperature=_number(body, "temperature", DEFAULT_TEMPERATURE, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
-        top_k=_integer(body, "top_k", 0, 0, None),
-        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+        temperature=number(body, "temperature", DEFAULT_TEMPERATURE, 0.0, 2.0),
+        top_p=number(body, "top_p", 1.0, 0.0, 1.0),
+        top_k=integer(body, "top_k", 0, 0, None),
+        min_p=number(body, "min_p", 0.0, 0.0, 1.0),
         max_tokens=_max_tokens(body),
         stop=_stop(body),
-        seed=_get(body, "seed", int, None),
-        stream=_get(body, "stream", bool, False),
-        include_usage=_get(stream_options, "include_usage", bool, False),
-        num_draft_tokens=_integer(body, DRAFT_TOKENS_FIELD, None, 0, MAX_DRAFT_TOKENS),
-        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
-        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, None),
+        seed=typed(body, "seed", int, None),
+        stream=typed(body, "stream", bool, False),
+        include_usage=typed(stream_options, "include_usage", bool, False),
+        num_draft_tokens=integer(body, DRAFT_TOKENS_FIELD, None, 0, MAX_DRAFT_TOKENS),
+        presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=number(body, "repetition_penalty", 1.0, 0.0, None),
         logit_bias=_logit_bias(body),
         **tooling,
         **_response_format(body),
@@ -154,46 +155,9 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
     )
 
 
-def _get(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: Any) -> Any:
-    value = body.get(key)
-    if value is None:
-        return default
-    # bool is an int subclass: true is not a valid max_tokens.
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise bad_request(f"'{key}' must be of type {_json_type(name)}", param=key)
-    return value
-
-
-def _json_type(python_name: str) -> str:
-    return {"str": "string", "int": "integer", "bool": "boolean", "Mapping": "object"}.get(
-        python_name, python_name
-    )
-
-
-def _number(
-    body: Mapping[str, Any], key: str, default: float, lo: float, hi: float | None
-) -> float:
-    value = _get(body, key, (int, float), default)
-    if isinstance(value, bool) or value < lo or (hi is not None and value > hi):
-        upper = "" if hi is None else f" and <= {hi}"
-        raise bad_request(f"'{key}' must be a number >= {lo}{upper}", param=key)
-    return float(value)
-
-
-def _integer(
-    body: Mapping[str, Any], key: str, default: int | None, lo: int, hi: int | None
-) -> int | None:
-    value = _get(body, key, int, default)
-    if value is not None and (value < lo or (hi is not None and value > hi)):
-        upper = "" if hi is None else f" and <= {hi}"
-        raise bad_request(f"'{key}' must be an integer >= {lo}{upper}", param=key)
-    return value
-
-
 def _max_tokens(body: Mapping[str, Any]) -> int:
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    value = _integer(body, key, DEFAULT_MAX_TOKENS, 1, None)
+    value = integer(body, key, DEFAULT_MAX_TOKENS, 1, None)
     assert value is not None
     return value
 
@@ -282,7 +246,7 @@ def _is_json_object(text: str) -> bool:
 
 def _tooling(body: Mapping[str, Any]) -> dict[str, Any]:
     tools = _tools(body.get("tools"))
-    parallel = _get(body, "parallel_tool_calls", bool, True)
+    parallel = typed(body, "parallel_tool_calls", bool, True)
     choice, forced = _tool_choice(body.get("tool_choice"), tools)
     return {
         "tools": tools,
@@ -365,7 +329,7 @@ def _tool_choice(raw: Any, tools: tuple[Tool, ...]) -> tuple[ToolChoice, str | N
 
 
 def _response_format(body: Mapping[str, Any]) -> dict[str, Any]:
-    raw = _get(body, "response_format", Mapping, None)
+    raw = typed(body, "response_format", Mapping, None)
     if raw is None:
         return {}
     kind = raw.get("type")
@@ -421,7 +385,7 @@ def _is_token(value: Any) -> bool:
 
 
 def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
-    raw = _get(body, "logit_bias", Mapping, {})
+    raw = typed(body, "logit_bias", Mapping, {})
     out = []
     for key, bias in raw.items():
         ok = str(key).isdigit() and isinstance(bias, int | float) and not isinstance(bias, bool)

@@ -20,11 +20,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from router import sse
 from router.errors import RouterError, bad_request, not_found, render, sse_error_event
 from router.worker.constrain import COMPILER
 from router.worker.contract import DRAFT_SOURCE_FIELD
 from router.worker.engine import Engine
-from router.worker.jobs import Failed, Finished, Job, TextDelta
+from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
 from router.worker.protocol import GenerationRequest, Kind, parse_request
 from router.worker.shapes import Answer
 from router.worker.tools import (
@@ -324,7 +325,7 @@ async def _stream(
     await response.prepare(request)
     if answer.kind == "chat":
         await _send(response, answer.chunk("", role=True))
-    event = first
+    event: Event = first
     last_sent = time.monotonic()
     while True:
         if isinstance(event, TextDelta):
@@ -345,7 +346,7 @@ async def _stream(
                 await _send(response, answer.usage_chunk(event.usage))
             else:
                 await _send(response, answer.final_chunk(reason, event.usage, event.stop_string))
-            await response.write(b"data: [DONE]\n\n")
+            await response.write(sse.DONE_EVENT)
             break
         else:
             await response.write(sse_error_event(event.error))
@@ -356,7 +357,7 @@ async def _stream(
 
 
 async def _send(response: web.StreamResponse, chunk: dict[str, object]) -> None:
-    await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    await response.write(sse.frame(orjson.dumps(chunk)))
 
 
 def _json(body: dict[str, object], status: int = 200) -> web.Response:

@@ -27,9 +27,9 @@ is reused for the longest common token prefix (mlx-lm's ``LRUPromptCache``, boun
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from router.worker.contract import DRAFT_SOURCES
 from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft, PromptLookup
@@ -95,7 +95,7 @@ def plan(
 # --- the MLX side ---------------------------------------------------------------------------
 
 
-def prefill(model: Any, cache: list[Any], tokens: Sequence[int]) -> None:
+def prefill(model: Any, cache: list[Any], tokens: list[int]) -> None:
     """Run ``tokens`` through ``model`` into ``cache`` in bounded steps (no logits kept)."""
     import mlx.core as mx
 
@@ -136,7 +136,8 @@ class DraftModel:
             y = mx.argmax(logits, axis=-1, keepdims=True).astype(mx.uint32)
             mx.async_eval(y)
             drafts.append(y)
-        tokens = mx.concatenate(drafts).tolist() if drafts else []
+        # A 1-D uint32 array: its tolist() is a list of ints (the stub types every rank).
+        tokens = cast("list[int]", mx.concatenate(drafts).tolist()) if drafts else []
         # The last draft was produced but never fed.
         self.cached = history + tokens[:-1] if tokens else history[:-1]
         return tokens
@@ -170,7 +171,7 @@ def decode(
     propose: Propose | None = None,
     k: int = 0,
     stop_tokens: frozenset[int] = frozenset(),
-) -> Iterator[Step]:
+) -> Generator[Step, None, None]:
     """Generate after ``history`` (the prompt), of which ``cache`` holds the first ``cached``.
 
     ``history`` grows in place with every emitted token; when the generator ends (or is

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from router.config.policies import load_policies
-from router.config.watch import PolicyWatcher, ReloadResult, fingerprint
+from router.config.watch import PolicyWatcher, ReloadResult, fingerprint, whole
 from router.metrics import Metrics
 
 
@@ -115,10 +115,10 @@ async def test_an_invalid_reload_keeps_the_last_good_set(
     assert all(isinstance(r, ReloadResult) for r in seen)
 
 
-def test_reload_checks_presets(directory: Path) -> None:
+async def test_reload_checks_presets(directory: Path) -> None:
     watcher = PolicyWatcher(directory, load_policies(directory), presets=["interactive"])
     (directory / "agent.toml").write_text('default_preset = "turbo"\n')
-    result = watcher.reload("manual")
+    result = await watcher.reload("manual")
     assert not result.ok and result.error is not None and "unknown preset 'turbo'" in result.error
 
 
@@ -130,3 +130,62 @@ def test_a_removed_directory_is_an_error_not_a_crash(directory: Path) -> None:
     result = watcher.check()
     assert result is not None and not result.ok
     assert watcher.current.get("agent") is not None
+
+
+# --- settling: a file being written is never read half way -----------------------------------
+
+async def test_an_explicit_reload_waits_until_the_file_is_whole(directory: Path) -> None:
+    watcher = watcher_for(directory, settle=0.5)
+    whole_text = b"priority = 5\nmax_concurrency = 3\n"
+    with (directory / "default.toml").open("r+b") as f:
+        f.truncate(0)
+        f.write(whole_text[:13])  # "priority = 5\n": valid on its own
+        f.flush()
+        reloading = asyncio.create_task(watcher.reload("sighup"))
+        await asyncio.sleep(0)  # the reload has read once: too fresh, it waits
+        assert not reloading.done()
+        f.write(whole_text[13:])
+    result = await asyncio.wait_for(reloading, 10)
+    assert result.ok and watcher.current.default.max_concurrency == 3
+
+
+async def test_an_explicit_reload_gives_up_on_files_that_never_settle(directory: Path) -> None:
+    watcher = watcher_for(directory, settle=0.2, patience=0.5)
+    good = watcher.current
+    reloading = asyncio.create_task(watcher.reload("admin"))
+    n = 0
+    while not reloading.done():  # a writer that never stops
+        n += 1
+        (directory / "default.toml").write_text(f"priority = {n % 5}\n")
+        await asyncio.sleep(0.02)
+    result = reloading.result()
+    assert not result.ok and "kept changing" in (result.error or "")
+    assert watcher.current is good
+
+
+async def test_a_file_dated_in_the_future_settles_by_watching(directory: Path) -> None:
+    """mtime ahead of the clock (a skewed NFS server, touch -d): the watcher counts how
+    long it has seen the files unchanged instead."""
+    path = directory / "default.toml"
+    path.write_text("priority = 4\n")
+    ahead = path.stat().st_mtime + 3600
+    os.utime(path, (ahead, ahead))
+    watcher = watcher_for(directory, settle=0.1)
+    result = await asyncio.wait_for(watcher.reload("admin"), 10)
+    assert result.ok and watcher.current.default.priority == 4
+
+
+def test_a_poll_takes_nothing_until_the_directory_settled(directory: Path) -> None:
+    watcher = watcher_for(directory, settle=3600)  # nothing counts as settled
+    (directory / "default.toml").write_text("priority = 2\n")
+    assert [watcher.check() for _ in range(3)] == [None, None, None]
+    assert watcher.current.default.priority == 0
+
+
+def test_a_reading_is_whole_only_if_nothing_moved() -> None:
+    before = (1, (("a.toml", 10, 3),))
+    assert whole({"a.toml": b"abc"}, before, before)
+    assert not whole({"a.toml": b"abc"}, before, (2, (("a.toml", 10, 3),)))  # dir changed
+    assert not whole({"a.toml": b"abc"}, before, (1, (("a.toml", 11, 3),)))  # file written
+    assert not whole({"a.toml": b"ab"}, before, before)  # listed at 3 bytes, read 2
+    assert not whole({"b.toml": b""}, before, before)  # not listed at all

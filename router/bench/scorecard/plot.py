@@ -5,6 +5,7 @@ acceptance per prompt family against the floor."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from router.bench.scorecard.records import levels, pooled
 from router.bench.scorecard.report import Result
@@ -18,7 +19,7 @@ class PlotUnavailable(RuntimeError):
     pass
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> Any:  # matplotlib.pyplot (an optional dependency)
     try:
         import matplotlib
     except ImportError as e:
@@ -61,7 +62,7 @@ def _series(result: Result, scenario: str, figure: str) -> list[tuple[int, float
             if s is not None and s.ok and (value := getattr(s, figure)) is not None]
 
 
-def _lines(ax, result: Result, figures: dict[str, str]) -> bool:  # type: ignore[no-untyped-def]
+def _lines(ax: Any, result: Result, figures: dict[str, str]) -> bool:
     """One line per scenario and figure (``figures``: field -> label suffix, the first solid,
     the others dashed in the same colour); whether anything was drawn."""
     drawn = False
@@ -77,7 +78,7 @@ def _lines(ax, result: Result, figures: dict[str, str]) -> bool:  # type: ignore
     return drawn
 
 
-def _ttft(plt, result: Result, ev: Evaluation, title: str):  # type: ignore[no-untyped-def]
+def _ttft(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     if not _lines(ax, result, {"ttft_avg_ms": " avg", "ttft_p95_ms": " p95"}):
         plt.close(fig)
@@ -86,7 +87,7 @@ def _ttft(plt, result: Result, ev: Evaluation, title: str):  # type: ignore[no-u
     return fig
 
 
-def _tps(plt, result: Result, ev: Evaluation, title: str):  # type: ignore[no-untyped-def]
+def _tps(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     drawn = _lines(left, result, {"decode_tps_avg": ""})
     if not _lines(right, result, {"agg_tps": ""}) and not drawn:
@@ -98,7 +99,7 @@ def _tps(plt, result: Result, ev: Evaluation, title: str):  # type: ignore[no-un
     return fig
 
 
-def _acceptance(plt, result: Result, ev: Evaluation, title: str):  # type: ignore[no-untyped-def]
+def _acceptance(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
     rows = [a for a in ev.acceptance if a.acceptance is not None]
     if not rows:
         return None
@@ -118,7 +119,7 @@ def _acceptance(plt, result: Result, ev: Evaluation, title: str):  # type: ignor
     return fig
 
 
-def _axes(ax, ylabel: str, title: str, result: Result) -> None:  # type: ignore[no-untyped-def]
+def _axes(ax: Any, ylabel: str, title: str, result: Result) -> None:
     ax.set_xscale("log", base=2)
     ticks = levels(result.runs)
     ax.set_xticks(ticks)

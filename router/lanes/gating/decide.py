@@ -100,7 +100,8 @@ def matching_rule(settings: GatingSettings, target: str | Path,
     """The rule for a pair: the first matching deny, else the first matching allow."""
     matches = [r for r in settings.pairs if rule_matches(r, target, draft)]
     denied = [r for r in matches if r.action == "deny"]
-    return (denied or matches or [None])[0]
+    first = denied or matches
+    return first[0] if first else None
 
 
 def below_floor(rule: PairRule, floor: float) -> bool:
