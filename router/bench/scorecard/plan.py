@@ -265,8 +265,9 @@ def _one_family(plan: Plan) -> Plan | None:
 
 def fit(spec: MatrixSpec, speeds: Speeds | None, budget: float | None,
         fixed: frozenset[str] = frozenset()) -> Plan:
-    """The largest plan (by the order above) whose estimate fits ``budget`` seconds; the
-    smallest one when none fits. ``budget`` None or 0, or no speeds: the whole matrix."""
+    """The largest plan whose estimate fits ``budget`` seconds, cut in the order of
+    ``steps`` (each step only while still over budget, never on a dimension in ``fixed``);
+    the smallest one when none fits. ``budget`` None or 0, or no speeds: the whole matrix."""
     if speeds is None:
         return Plan.full(spec)
     plan = _estimated(Plan.full(spec), speeds)
