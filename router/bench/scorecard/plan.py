@@ -180,6 +180,7 @@ class Plan:
     cells: tuple[Cell, ...]
     reductions: tuple[str, ...] = ()
     estimate: float | None = None  # seconds, None when no speeds were known
+    cell_estimates: tuple[float, ...] = ()  # each cell's seconds (the progress line's ETA)
 
     @classmethod
     def full(cls, spec: MatrixSpec) -> Plan:
@@ -300,7 +301,8 @@ def eta(remaining_estimate: float, done_estimate: float, done_actual: float) -> 
 
 
 def _estimated(plan: Plan, speeds: Speeds) -> Plan:
-    return replace(plan, estimate=sum(cell_seconds(c, plan.spec, speeds) for c in plan.cells))
+    each = tuple(cell_seconds(c, plan.spec, speeds) for c in plan.cells)
+    return replace(plan, estimate=sum(each), cell_estimates=each)
 
 
 def _cut(plan: Plan, note: str, **changes: Any) -> Plan:

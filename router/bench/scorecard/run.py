@@ -27,7 +27,6 @@ from router.bench.scorecard.plan import (
     Cell,
     MatrixSpec,
     Plan,
-    cell_seconds,
     fit,
     request_body,
     request_headers,
@@ -207,11 +206,9 @@ async def _measure(session: aiohttp.ClientSession, base_url: str, router: str, o
     env["model"] = model
     target = Target(base_url, model, opts.api_key, opts.request_timeout)
     warmups = await warm_up(session, target, opts, log)
-    speeds = speeds_from(warmups)
-    plan = fit(opts.spec, speeds, opts.budget, opts.fixed)
+    plan = fit(opts.spec, speeds_from(warmups), opts.budget, opts.fixed)
     _announce(plan, opts, log)
-    estimates = [cell_seconds(c, plan.spec, speeds) for c in plan.cells] if speeds else None
-    progress = Progress(estimates, len(plan.cells), enabled=opts.progress)
+    progress = Progress(plan.cell_estimates, len(plan.cells), enabled=opts.progress)
     result = Result(opts.spec, plan, opts.thresholds, env, warmups, budget=opts.budget)
     started = target.now()
     phase.measuring = True
