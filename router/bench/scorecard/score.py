@@ -144,7 +144,8 @@ def figures(runs: Sequence[CellRun], t: Thresholds) -> Figures:
     low = measured[0] if measured else 1
     everything = summarize((m for r in runs for m in r.measurements),
                            sum(r.seconds for r in runs))
-    ours, batching = shared_pair(runs, mine, "batching", target) if target else (None, None)
+    ours, batching = (shared_pair(runs, mine, "batching", target) if target is not None
+                      else (None, None))
     return Figures(pooled(runs, "spec-on"), everything, low, target, mine,
                    *shared_pair(runs, "spec-on", "spec-off", low), ours, batching)
 
