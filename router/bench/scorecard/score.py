@@ -125,15 +125,20 @@ class Figures:
 
     @property
     def speedup(self) -> float | None:
-        return ratio(*(s.decode_tps_avg if s else None for s in (self.on, self.off)))
+        return _compare(self.on, self.off, "decode_tps_avg")
 
     @property
     def ttft(self) -> float | None:
-        return ratio(*(s.ttft_avg_ms if s else None for s in (self.on, self.off)))
+        return _compare(self.on, self.off, "ttft_avg_ms")
 
     @property
     def throughput(self) -> float | None:
-        return ratio(*(s.agg_tps if s else None for s in (self.ours, self.batching)))
+        return _compare(self.ours, self.batching, "agg_tps")
+
+
+def _compare(a: Summary | None, b: Summary | None, figure: str) -> float | None:
+    """``a``'s figure over ``b``'s; None when either is missing."""
+    return ratio(getattr(a, figure, None), getattr(b, figure, None))
 
 
 def figures(runs: Sequence[CellRun], t: Thresholds) -> Figures:
