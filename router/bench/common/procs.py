@@ -168,7 +168,7 @@ async def _router(config: str, policies: dict[str, str], env: dict[str, str],
                                encoding="utf-8")
         proc, m = await spawn_until_line(
             [*prefix, sys.executable, "-m", "router", "serve", "--config", str(config_path),
-             "--port", "0"], r"listening on (http://\S+)", deadline=deadline, env=env,
+             "--port", "0"], r"speclane listening on (http://\S+)", deadline=deadline, env=env,
             stderr=log or asyncio.subprocess.DEVNULL)
         drainer = asyncio.create_task(drain(proc.stdout, log))
         try:
