@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from pathlib import Path
 
 from router.bench.agent.report import render
 from router.bench.agent.run import run
+from router.bench.common.cli import save
 
 
 def main(argv: list[str]) -> int:
@@ -29,8 +29,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=Path("bench-results/agent.json"))
     args = p.parse_args(argv)
     report = asyncio.run(run(args))
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print()
-    print(render(report))
-    print(f"\nwritten to {args.out}")
+    print(f"\n{render(report)}")
+    save(args.out, report)
     return 0

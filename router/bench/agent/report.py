@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from router.bench.common.stats import mean, ratio
+from router.bench.common.stats import fmt, mean, ratio
 
 GAP_GOAL = 2.0
 
@@ -45,12 +45,8 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
 def fmt_row(row: dict[str, Any]) -> str:
-    return (f"TTFT {num(row['ttft_s'])}s, decode {num(row['decode_tok_s'])} tok/s, "
+    return (f"TTFT {fmt(row['ttft_s'])}s, decode {fmt(row['decode_tok_s'])} tok/s, "
             f"prompt {row['prompt_tokens']} (cached {row['cached_tokens']})"
             + (f", error {row['error']}" if row["error"] else ""))
 
@@ -60,19 +56,19 @@ def render(report: dict[str, Any]) -> str:
              "|---|---:|---:|---:|---:|---:|"]
     for name, r in report["results"].items():
         for row in r["turns"]:
-            lines.append(f"| {name} | {row['turn']} | {num(row['ttft_s'])} | "
-                         f"{num(row['decode_tok_s'])} | {row['prompt_tokens']} | "
+            lines.append(f"| {name} | {row['turn']} | {fmt(row['ttft_s'])} | "
+                         f"{fmt(row['decode_tok_s'])} | {row['prompt_tokens']} | "
                          f"{row['cached_tokens']} |")
     lines += ["", "| target | aggregate tok/s (concurrency) | long prompt tokens | "
               "short stream tokens during its prefill | largest gap s |",
               "|---|---:|---:|---:|---:|"]
     for name, r in report["results"].items():
         tp, st = r["throughput"], r["starvation"]
-        lines.append(f"| {name} | {num(tp['aggregate_tok_s'])} ({tp['concurrency']}) | "
+        lines.append(f"| {name} | {fmt(tp['aggregate_tok_s'])} ({tp['concurrency']}) | "
                      f"{st['long_prompt_tokens']} | {st['short_tokens_during_prefill']} | "
-                     f"{num(st['largest_gap_s'])} |")
+                     f"{fmt(st['largest_gap_s'])} |")
     rt = report["ratios"]
-    lines += ["", f"turn 2+ TTFT ratio {num(rt['turn2plus_ttft'])} (goal <= 1.0); aggregate "
-              f"throughput ratio {num(rt['aggregate_throughput'])} (goal >= 1.0); largest gap "
-              f"{num(rt['largest_gap_s'])}s (goal < {GAP_GOAL:g}s)"]
+    lines += ["", f"turn 2+ TTFT ratio {fmt(rt['turn2plus_ttft'])} (goal <= 1.0); aggregate "
+              f"throughput ratio {fmt(rt['aggregate_throughput'])} (goal >= 1.0); largest gap "
+              f"{fmt(rt['largest_gap_s'])}s (goal < {GAP_GOAL:g}s)"]
     return "\n".join(lines)

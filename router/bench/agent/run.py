@@ -1,20 +1,8 @@
-"""``speclane bench agent``: an agent-shaped conversation against speclane's batching lane and,
-in the same run, against ``mlx_lm.server`` started here on the same model directory.
-
-What a coding agent does to a local server: a long system prompt and a few tools resent on
-every turn, each turn appending the previous answer and a new user message. Both servers run
-for the whole bench (an idle one costs nothing); each measurement talks to one target at a
-time, alternating between them, so that the load of a shared machine weighs on both alike:
-
-- per turn: time to the first token (TTFT), decode tokens/s after it, prompt tokens and the
-  prompt tokens the server reports as cached (``usage.prompt_tokens_details.cached_tokens``);
-- aggregate decode throughput of ``concurrency`` simultaneous short streams (end-of-text
-  tokens banned, so every stream runs its full ``max_tokens``);
-- starvation: a short stream is decoding when a long new prompt arrives; its largest gap
-  between two tokens while that prompt is prefilled (until the long prompt's first token).
-
-The goals (``report.py``) are ratios from one run; nothing here asserts them.
-"""
+"""``speclane bench agent``: an agent-shaped conversation (a long system prompt and tools
+resent every turn), concurrent short streams and a starvation test, against speclane's
+batching lane and ``mlx_lm.server`` on the same model directory. Both servers stay up for
+the whole run and the measurements alternate between them, so that a shared machine's load
+weighs on both alike. The goals (``report.py``) are ratios from one run."""
 
 from __future__ import annotations
 
@@ -25,17 +13,17 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from router.bench.agent.plan import QUESTIONS, TOOLS, long_document, system_prompt
-from router.bench.agent.report import fmt_row, largest_gap, num, ratios
+from router.bench.agent.report import fmt_row, largest_gap, ratios
 from router.bench.common import environment, procs
-from router.bench.common.stats import mean
-from router.bench.common.stream import Reply, pieces, stream
+from router.bench.common.stats import fmt, mean
+from router.bench.common.stream import Reply, stream
 from router.config.names import LANE_HEADER
 
 LANE_HEADERS = {LANE_HEADER: "batching"}
@@ -44,63 +32,22 @@ MLX_START_DEADLINE = 600.0
 REQUEST_TIMEOUT = 1800.0
 
 
-@dataclass
-class Stream:
-    """One streamed answer as the client saw it (monotonic seconds)."""
-
-    sent: float
-    token_times: list[float] = field(default_factory=list)  # arrival of each content chunk
-    text: str = ""
-    usage: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-
-    @property
-    def ttft(self) -> float | None:
-        return self.token_times[0] - self.sent if self.token_times else None
-
-    @property
-    def completion_tokens(self) -> int:
-        value = self.usage.get("completion_tokens")
-        return value if isinstance(value, int) else len(self.token_times)
-
-    @property
-    def cached_tokens(self) -> int | None:
-        details = self.usage.get("prompt_tokens_details")
-        value = details.get("cached_tokens") if isinstance(details, dict) else None
-        return value if isinstance(value, int) else None
-
-    def decode_rate(self) -> float | None:
-        """Tokens after the first per second after the first."""
-        if len(self.token_times) < 2:
-            return None
-        span = self.token_times[-1] - self.token_times[0]
-        return (self.completion_tokens - 1) / span if span > 0 else None
-
-
 async def stream_chat(session: aiohttp.ClientSession, base_url: str, body: dict[str, Any],
                       headers: dict[str, str] | None = None,
-                      stop_when: asyncio.Event | None = None,
-                      into: Stream | None = None,
-                      after: tuple[int, asyncio.Event] | None = None) -> Stream:
-    """POST a streaming chat completion and record when each content chunk arrived (into
-    ``into`` when given, so that a caller can watch it while it runs). ``after`` = (n, event):
-    set the event once n tokens have arrived."""
-    result = into or Stream(sent=0.0)
+                      stop_when: asyncio.Event | None = None, into: Reply | None = None,
+                      after: tuple[int, asyncio.Event] | None = None) -> Reply:
+    """A streaming chat completion (into ``into`` when given, so that a caller can watch it
+    while it runs). ``after`` = (n, event): set the event once n tokens have arrived."""
+    reply = into or Reply()
 
     def on_chunk(chunk: dict[str, Any]) -> bool:
-        for piece in pieces(chunk):
-            result.token_times.append(time.monotonic())
-            result.text += piece
-            if after is not None and len(result.token_times) >= after[0]:
-                after[1].set()
+        if after is not None and len(reply.token_times) >= after[0]:
+            after[1].set()
         return stop_when is not None and stop_when.is_set()
 
-    result.sent = time.monotonic()
-    reply = await stream(session, f"{base_url}/chat/completions",
-                         {**body, "stream": True, "stream_options": {"include_usage": True}},
-                         headers or {}, Reply(), on_chunk)
-    result.usage, result.error = reply.usage, reply.error
-    return result
+    return await stream(session, f"{base_url}/chat/completions",
+                        {**body, "stream": True, "stream_options": {"include_usage": True}},
+                        headers or {}, reply, on_chunk)
 
 
 @dataclass
@@ -141,15 +88,15 @@ async def concurrent(session: aiohttp.ClientSession, t: Target, level: int,
                "logit_bias": NO_EOS,
                "messages": [{"role": "user", "content": f"Tell story number {i} about a cat."}]}
               for i in range(level)]
-    started = time.monotonic()
+    started = time.perf_counter()
     streams = await asyncio.gather(*(stream_chat(session, t.base_url, b, t.headers)
                                      for b in bodies))
-    wall = time.monotonic() - started
+    wall = time.perf_counter() - started
     tokens = sum(s.completion_tokens for s in streams)
     rate = tokens / wall if wall > 0 else None
     row = {"concurrency": level, "tokens": tokens, "wall_s": wall, "aggregate_tok_s": rate,
            "errors": [s.error for s in streams if s.error]}
-    print(f"  {t.name} concurrency {level}: {tokens} tokens in {wall:.1f}s = {num(rate)} tok/s",
+    print(f"  {t.name} concurrency {level}: {tokens} tokens in {wall:.1f}s = {fmt(rate)} tok/s",
           flush=True)
     return row
 
@@ -161,7 +108,7 @@ async def starvation(session: aiohttp.ClientSession, t: Target, long_tokens: int
     short_body = {"model": t.model, "max_tokens": 4000, "temperature": 0, "logit_bias": NO_EOS,
                   "messages": [{"role": "user", "content": "Count upwards from one."}]}
 
-    short_stream = Stream(sent=0.0)
+    short_stream = Reply()
     short_task = asyncio.create_task(stream_chat(session, t.base_url, short_body, t.headers,
                                                  stop_when=done, into=short_stream,
                                                  after=(3, short_started)))
@@ -174,7 +121,7 @@ async def starvation(session: aiohttp.ClientSession, t: Target, long_tokens: int
     long = await stream_chat(session, t.base_url, long_body, t.headers)
     done.set()
     await short_task
-    end = long.token_times[0] if long.token_times else time.monotonic()
+    end = long.token_times[0] if long.token_times else time.perf_counter()
     gap = largest_gap(short_stream.token_times, long.sent, end)
     row = {"long_prompt_tokens": long.usage.get("prompt_tokens"), "long_ttft_s": long.ttft,
            "short_tokens_during_prefill": sum(long.sent <= x <= end
@@ -183,8 +130,8 @@ async def starvation(session: aiohttp.ClientSession, t: Target, long_tokens: int
            and short_stream.token_times[-1] < end,
            "errors": [e for e in (long.error, short_stream.error) if e]}
     print(f"  {t.name} starvation: long prompt {row['long_prompt_tokens']} tokens, first token "
-          f"after {num(long.ttft)}s; short stream: {row['short_tokens_during_prefill']} tokens "
-          f"meanwhile, largest gap {num(gap)}s", flush=True)
+          f"after {fmt(long.ttft)}s; short stream: {row['short_tokens_during_prefill']} tokens "
+          f"meanwhile, largest gap {fmt(gap)}s", flush=True)
     return row
 
 

@@ -1,13 +1,7 @@
 """Start and stop the processes a benchmark measures: the synthetic upstream, speclane (in
-front of it, or with its two MLX lanes), nginx.
-
-``own_router`` runs speclane in a temporary configuration that keeps the defaults except for
-what the bench must control: loopback on a free port, the lanes' model flags, a batch size
-that fits the highest concurrency, and its own policies: ``default.toml``, permissive (lane
-overrides allowed), which the scorecard's ``auto`` scenario uses; and ``speclane-bench.toml``
-for the client the forced scenarios identify as, with the speculative auto-disable off, so
-that "speculation on" stays on whatever it measures.
-"""
+front of it, or with its two MLX lanes), nginx. ``own_router`` keeps speclane's defaults
+except what the bench must control, including its policies (``POLICIES``): the forced
+scenarios' client has the auto-disable off, so that "speculation on" stays on."""
 
 from __future__ import annotations
 
@@ -144,20 +138,44 @@ async def speclane_router(upstream_base: str, prefix: Sequence[str] = (),
                           deadline: float = 60.0) -> AsyncIterator[Served]:
     """speclane without lanes, one backend: the upstream. ``prefix`` runs it under another
     program (``valgrind --tool=callgrind ...``)."""
+    config = ('log_level = "warning"\n[lanes]\nenabled = false\n[[backends]]\nname = "bench"\n'
+              f'kind = "openai"\nbase_url = "{upstream_base}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
+    async with _router(config, {}, env, prefix, deadline) as served:
+        yield served
+
+
+@contextlib.asynccontextmanager
+async def own_router(lanes: LaneOptions, log_path: Path) -> AsyncIterator[str]:
+    """A running router with both lanes; yields its base URL (``.../v1``). Its log is
+    truncated per run: it sits next to the results it explains, which each run rewrites."""
+    with log_path.open("wb") as log:
+        async with _router(lanes_config(lanes), POLICIES, router_env(), (), START_DEADLINE,
+                           log) as served:
+            yield served.url
+
+
+@contextlib.asynccontextmanager
+async def _router(config: str, policies: dict[str, str], env: dict[str, str],
+                  prefix: Sequence[str], deadline: float,
+                  log: IO[bytes] | None = None) -> AsyncIterator[Served]:
+    """speclane serving ``config`` from a temporary directory with these policy files; its
+    output goes to ``log`` (with its lane workers, which it takes down with it)."""
     with tempfile.TemporaryDirectory(prefix="speclane-bench-") as tmp:
-        config = Path(tmp) / "speclane.toml"
-        (Path(tmp) / "policies").mkdir()
-        config.write_text(
-            f'policies_dir = "{tmp}/policies"\nlog_level = "warning"\n[lanes]\nenabled = false\n'
-            f'[[backends]]\nname = "bench"\nkind = "openai"\nbase_url = "{upstream_base}"\n')
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
+        config_path, policies_dir = Path(tmp) / "speclane.toml", Path(tmp) / "policies"
+        write_policies(policies_dir, policies)
+        config_path.write_text(f"policies_dir = {json.dumps(str(policies_dir))}\n{config}",
+                               encoding="utf-8")
         proc, m = await spawn_until_line(
-            [*prefix, sys.executable, "-m", "router", "serve", "--config", str(config),
-             "--port", "0"], r"listening on (http://\S+)", deadline=deadline, env=env)
+            [*prefix, sys.executable, "-m", "router", "serve", "--config", str(config_path),
+             "--port", "0"], r"speclane listening on (http://\S+)", deadline=deadline, env=env,
+            stderr=log or asyncio.subprocess.DEVNULL)
+        drainer = asyncio.create_task(drain(proc.stdout, log))
         try:
             yield Served(m.group(1), proc.pid)
         finally:
-            await stop(proc)
+            await stop(proc, 15.0 if log else 10.0, group=log is not None)
+            drainer.cancel()
 
 
 def nginx_binary() -> str | None:
@@ -225,21 +243,19 @@ class LaneOptions:
     max_batch_size: int = 8
 
 
-def write_policies(directory: Path) -> Path:
+def write_policies(directory: Path, policies: dict[str, str] = POLICIES) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    for name, text in POLICIES.items():
+    for name, text in policies.items():
         (directory / name).write_text(text, encoding="utf-8")
     return directory
 
 
-def config_text(policies_dir: Path, lanes: LaneOptions) -> str:
+def lanes_config(lanes: LaneOptions) -> str:
     q = json.dumps  # a JSON string is a valid TOML basic string
-    lines = [f"policies_dir = {q(str(policies_dir))}", 'log_level = "info"',
-             "shutdown_grace = 2", "[lanes]", f"max_batch_size = {lanes.max_batch_size}"]
-    if lanes.model:
-        lines.append(f"model = {q(lanes.model)}")
-    if lanes.draft_model:
-        lines.append(f"draft_model = {q(lanes.draft_model)}")
+    lines = ['log_level = "info"', "shutdown_grace = 2", "[lanes]",
+             f"max_batch_size = {lanes.max_batch_size}"]
+    lines += [f"{key} = {q(value)}" for key, value in
+              (("model", lanes.model), ("draft_model", lanes.draft_model)) if value]
     if lanes.num_draft_tokens is not None:
         lines.append(f"num_draft_tokens = {lanes.num_draft_tokens}")
     return "\n".join(lines) + "\n"
@@ -254,25 +270,3 @@ def router_env() -> dict[str, str]:
     return {key: value for key, value in os.environ.items()
             if not (key.startswith("SPECLANE_")
                     and key[len("SPECLANE_"):].lower().split("__", 1)[0] in fields)}
-
-
-@contextlib.asynccontextmanager
-async def own_router(lanes: LaneOptions, log_path: Path) -> AsyncIterator[str]:
-    """A running router with both lanes; yields its base URL (``.../v1``). Its log is
-    truncated per run: it sits next to the results it explains, which each run rewrites."""
-    with tempfile.TemporaryDirectory(prefix="speclane-bench-") as tmp:
-        config = Path(tmp) / "speclane.toml"
-        config.write_text(config_text(write_policies(Path(tmp) / "policies"), lanes),
-                          encoding="utf-8")
-        with log_path.open("wb") as log:
-            proc, match = await spawn_until_line(
-                [sys.executable, "-m", "router", "serve", "--config", str(config),
-                 "--port", "0"],
-                r"speclane listening on (http://\S+)", deadline=START_DEADLINE,
-                env=router_env(), stderr=log)
-            drainer = asyncio.create_task(drain(proc.stdout, log))
-            try:
-                yield match.group(1)
-            finally:
-                await stop(proc, 15.0, group=True)
-                drainer.cancel()

@@ -22,6 +22,11 @@ def mean(values: Sequence[float | None]) -> float | None:
     return sum(real) / len(real) if real else None
 
 
+def fmt(value: float | None, pattern: str = "{:.2f}", missing: str = "-") -> str:
+    """A table's cell: ``value`` in ``pattern``, or ``missing`` when there is none."""
+    return missing if value is None else pattern.format(value)
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b, None when either is missing or b is zero."""
     return a / b if a is not None and b else None

@@ -1,9 +1,6 @@
-"""A synthetic OpenAI-shaped upstream used only as the load target of ``bench overhead``.
-
-It answers instantly with a fixed stream (role chunk, ``max_tokens`` content chunks (7
-when not given), finish chunk, then [DONE]) so that what the benchmark measures is the
-proxy, not a model. It is a measuring instrument, never a backend speclane routes real
-traffic to.
+"""A synthetic OpenAI-shaped upstream, the load target of ``bench overhead``: it answers
+instantly with a fixed stream (role chunk, ``max_tokens`` content chunks, finish chunk,
+[DONE]), so that what is measured is the proxy, not a model. Never a real backend.
 
     python -m router.bench.common.upstream --port 0   # prints "UPSTREAM_READY <port>"
 """

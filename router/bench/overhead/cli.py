@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from pathlib import Path
 
+from router.bench.common.cli import csv, save
 from router.bench.overhead.report import render_table, render_targets
 from router.bench.overhead.run import DEFAULT_TOKENS, layouts_for, run
 
@@ -14,8 +14,9 @@ from router.bench.overhead.run import DEFAULT_TOKENS, layouts_for, run
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="speclane bench overhead",
                                 description="Measure the latency and throughput speclane adds.")
-    p.add_argument("--concurrency", default="1,16,64", help="comma-separated (default 1,16,64)")
-    p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)),
+    p.add_argument("--concurrency", type=csv(int), default=(1, 16, 64),
+                   help="comma-separated (default 1,16,64)")
+    p.add_argument("--tokens", type=csv(int), default=DEFAULT_TOKENS,
                    help="comma-separated stream lengths in tokens (default 7,256)")
     p.add_argument("--seconds", type=float, default=3.0,
                    help="measured seconds per target, level and round (default 3)")
@@ -32,19 +33,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=Path("bench-results/overhead.json"),
                    help="where to write the JSON results (default bench-results/overhead.json)")
     args = p.parse_args(argv)
-    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
-    tokens = tuple(int(x) for x in args.tokens.split(",") if x.strip())
     layouts = layouts_for(args.cpus)
     if not layouts:
         p.error("--cpus own-core needs Linux and at least two cores")
-    print(f"speclane bench overhead: levels {levels}, streams of {list(tokens)} tokens, "
-          f"{args.rounds} x {args.seconds:g}s each, core layouts {list(layouts)}", flush=True)
-    result = asyncio.run(run(levels, args.seconds, args.warmup, args.nginx, tokens,
-                             max(1, args.rounds), args.cpus))
-    print(render_table(result))
-    print()
-    print(render_targets(result["targets"]))  # type: ignore[arg-type]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"\nsaved {args.out}")
+    print(f"speclane bench overhead: levels {list(args.concurrency)}, streams of "
+          f"{list(args.tokens)} tokens, {args.rounds} x {args.seconds:g}s each, core layouts "
+          f"{list(layouts)}", flush=True)
+    result = asyncio.run(run(list(args.concurrency), args.seconds, args.warmup, args.nginx,
+                             args.tokens, max(1, args.rounds), args.cpus))
+    print(f"{render_table(result)}\n\n{render_targets(result['targets'])}")  # type: ignore[arg-type]
+    save(args.out, result)
     return 0

@@ -1,11 +1,9 @@
 """CPU time of the processes a benchmark measures, and pinning them to cores (Linux).
 
-Throughput ratios on a small shared machine mostly say how the cores were shared: the
-load generator, the upstream and the proxy all compete for them. CPU seconds per request
-say what each one costs, whatever the sharing; pinning the proxies to a core of their own
-says whether they keep up when they are not starved. Both need ``/proc`` and
-``sched_setaffinity``; elsewhere (macOS) the figures are left out, never guessed.
-"""
+On a small shared machine throughput ratios mostly say how the cores were shared; CPU
+seconds per request say what each process costs, and pinning the proxies to a core of their
+own says whether they keep up when not starved. Without ``/proc`` and ``sched_setaffinity``
+(macOS) the figures are left out, never guessed."""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """``speclane bench overhead``: what the router adds, direct vs through speclane (vs nginx).
 
-A synthetic upstream answers instantly; a load generator in this process drives closed
-loops of streaming requests at each concurrency for a fixed time, then non-streaming ones.
-Two stream lengths (``--tokens``): short answers (7 tokens, 10 events), where the cost of
-each request dominates, and long ones (256 tokens), where the cost of relaying each chunk
-does, as in a real LLM answer. Reported per target: TTFT (to the first body bytes) and
-total latency p50/p99, relayed chunks/s, non-streaming requests/s, the CPU time each
-process spent per stream; and for the proxies, what they add over direct.
-
-Two core layouts (``--cpus``): ``shared``, where load generator, upstream and proxy compete
-for every core (on a 2-core machine a proxy's throughput ratio is then bounded by its CPU
-cost against theirs), and ``own-core`` (Linux), where the proxies get one core to
-themselves and upstream and load generator share the rest, for direct and proxied runs
-alike: whether the proxy keeps up when it is not starved, as beside a GPU-bound backend.
-Compare proxies measured in the same run, not against figures from elsewhere.
-"""
+A synthetic upstream answers instantly, so what is measured is the proxy: closed loops of
+streaming requests per concurrency and stream length, then non-streaming ones, in rounds
+that visit the targets in turn, under two core layouts (shared cores, or a core of the
+proxies' own). Compare proxies measured in the same run, never figures from elsewhere
+(``docs/benchmarks.md``)."""
 
 from __future__ import annotations
 
@@ -25,12 +15,11 @@ import platform
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 import aiohttp
 
 from router import __version__
-from router.bench.common import procs
+from router.bench.common import environment, procs
 from router.bench.common.stats import percentile
 from router.bench.common.upstream import PLAIN_BODY, stream_body
 from router.bench.overhead import cpu
@@ -55,14 +44,6 @@ class Level:
     plain_requests: int = 0
     plain_seconds: float = 0.0
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # streaming phase, per role
-
-    def add(self, other: Level) -> None:
-        """Pool another round of the same cell into this one."""
-        for name in ("requests", "errors", "chunks", "seconds", "ttft_ms", "total_ms",
-                     "plain_requests", "plain_seconds"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for role, used in other.cpu_seconds.items():
-            self.cpu_seconds[role] = self.cpu_seconds.get(role, 0.0) + used
 
     def summary(self) -> dict[str, object]:
         return {
@@ -133,25 +114,24 @@ async def _closed_loop(concurrency: int, seconds: float,
     return time.perf_counter() - start
 
 
-async def measure(target: str, base_url: str, concurrency: int, seconds: float,
-                  warmup: float, tokens: int = DEFAULT_TOKENS[0], plain: bool = True,
-                  meters: Meters | None = None, cpus: str = LAYOUTS[0]) -> Level:
-    level = Level(target, concurrency, tokens, cpus)
-    url = f"{base_url}/chat/completions"
-    body = stream_body(tokens)
+async def measure(level: Level, base_url: str, seconds: float, warmup: float,
+                  plain: bool = True, meters: Meters | None = None) -> Level:
+    """One round of a cell, pooled into ``level``: a warm-up, streams for ``seconds``, then
+    (``plain``) non-streaming requests for half as long."""
+    url, body, c = f"{base_url}/chat/completions", stream_body(level.tokens), level.concurrency
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
-        warm = Level(target, concurrency, tokens)
-        await _closed_loop(concurrency, warmup, lambda: _stream_once(session, url, body, warm))
+        warm = Level(level.target, c, level.tokens)
+        await _closed_loop(c, warmup, lambda: _stream_once(session, url, body, warm))
         before = _read(meters or {})
-        level.seconds = await _closed_loop(concurrency, seconds,
-                                           lambda: _stream_once(session, url, body, level))
+        level.seconds += await _closed_loop(c, seconds,
+                                            lambda: _stream_once(session, url, body, level))
         after = _read(meters or {})
-        level.cpu_seconds = {role: after[role] - before[role]
-                             for role in before.keys() & after.keys()}
+        for role in before.keys() & after.keys():
+            level.cpu_seconds[role] = level.cpu_seconds.get(role, 0.0) + after[role] - before[role]
         if plain:
-            level.plain_seconds = await _closed_loop(concurrency, seconds / 2,
-                                                     lambda: _plain_once(session, url, level))
+            level.plain_seconds += await _closed_loop(c, seconds / 2,
+                                                      lambda: _plain_once(session, url, level))
     return level
 
 
@@ -220,7 +200,7 @@ async def run(concurrencies: list[int], seconds: float, warmup: float,
                 cpu.pin_self(everything)  # a caller in this process keeps its cores
     result: dict[str, object] = {
         "benchmark": "overhead", "speclane": __version__,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": environment.now_iso(),
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpus": os.cpu_count() or 0},
         "seconds_per_level": seconds, "rounds": rounds, "nginx": with_nginx,
@@ -241,9 +221,8 @@ async def _measure_layout(layout: str, targets: dict[str, procs.Served], names: 
             for r in range(rounds):
                 for name in names[r % len(names):] + names[:r % len(names)]:
                     # Non-streaming requests/s does not depend on the stream length.
-                    pooled[name].add(await measure(
-                        name, targets[name].url, c, seconds, warmup, length, plain=n == 0,
-                        meters=_meters(targets, name), cpus=layout))
+                    await measure(pooled[name], targets[name].url, seconds, warmup,
+                                  plain=n == 0, meters=_meters(targets, name))
             for name in names:
                 rows.append(pooled[name].summary())
                 print(f"  measured {name:<8} {layout:<8} c={c:<3} {length:>4} tokens: "

@@ -1,9 +1,4 @@
-"""``speclane bench``: the speculative readiness scorecard.
-
-    speclane bench                      # start a router with both lanes, measure, report
-    speclane bench --quick --plot       # the short version, with charts
-    speclane bench --url http://127.0.0.1:8080/v1   # measure a router already running
-    speclane bench --render out/scorecard.json      # re-render a scorecard from its JSON
+"""``speclane bench``: the speculative readiness scorecard's command line.
 
 Ctrl-C while measuring stops after the requests in flight are cut short and still writes
 what was measured; a second Ctrl-C (or one before measuring starts) exits at once.
@@ -16,11 +11,11 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from router.bench.common.cli import csv
 from router.bench.common.procs import LaneOptions
+from router.bench.scorecard import plot, report
 from router.bench.scorecard.plan import (
     DEFAULT_BUDGET,
     DEFAULT_SPEC,
@@ -35,24 +30,14 @@ from router.bench.scorecard.run import BenchError, Options, Phase, run_scorecard
 from router.bench.scorecard.score import Thresholds
 
 INTERRUPTED = 130
-
-
-def _csv(kind: type, choices: tuple[str, ...] | None = None) -> Callable[[str], tuple[Any, ...]]:
-    def parse(text: str) -> tuple[Any, ...]:
-        try:
-            values = tuple(kind(v.strip()) for v in text.split(",") if v.strip())
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(f"not a comma-separated list: {text!r}") from e
-        if not values:
-            raise argparse.ArgumentTypeError("empty list")
-        if choices:
-            bad = [v for v in values if v not in choices]
-            if bad:
-                raise argparse.ArgumentTypeError(
-                    f"unknown: {', '.join(bad)} (choose from {', '.join(choices)})")
-        return values
-
-    return parse
+MATRIX = ("scenarios", "families", "concurrency", "runs", "max_tokens", "long_prompt_chars")
+GATES = {  # Thresholds field -> what its flag sets
+    "acceptance_floor": "acceptance gate: accepted/drafted at least this",
+    "min_speedup": "interactive gate: spec-on decode tok/s over spec-off at least this",
+    "ttft_tolerance": "interactive gate: spec-on TTFT at most this fraction above spec-off",
+    "throughput_tolerance": "throughput gate: auto at most this fraction below batching at "
+                            "the target concurrency",
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -71,20 +56,20 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--model-name", help="model id to request (default: the lanes' model)")
     where.add_argument("--api-key", help="API key for a router that requires one")
     m = p.add_argument_group("matrix")
+    q = QUICK_SPEC
     m.add_argument("--quick", action="store_true",
-                   help=f"a short run: asks for {' + '.join(QUICK_SPEC.families)} at "
-                   f"concurrency {' and '.join(map(str, QUICK_SPEC.concurrency))}, "
-                   f"{QUICK_SPEC.max_tokens} tokens, within a {QUICK_BUDGET:.0f}s budget; on a "
-                   "slow or busy machine the budget cuts it further (down to "
-                   f"{QUICK_SPEC.families[0]} at concurrency {QUICK_SPEC.concurrency[0]}, "
+                   help=f"a short run: asks for {' + '.join(q.families)} at concurrency "
+                   f"{' and '.join(map(str, q.concurrency))}, {q.max_tokens} tokens, within a "
+                   f"{QUICK_BUDGET:.0f}s budget; on a slow or busy machine the budget cuts it "
+                   f"further (down to {q.families[0]} at concurrency {q.concurrency[0]}, "
                    "1 request; the scorecard lists every cut; --budget 0: no cuts)")
-    m.add_argument("--scenarios", type=_csv(str, SCENARIO_NAMES),
+    m.add_argument("--scenarios", type=csv(str, SCENARIO_NAMES),
                    help=f"default: {','.join(SCENARIO_NAMES)}")
-    m.add_argument("--families", type=_csv(str, FAMILY_NAMES),
+    m.add_argument("--families", type=csv(str, FAMILY_NAMES),
                    help=f"default: {','.join(FAMILY_NAMES)}")
-    m.add_argument("--concurrency", type=_csv(int),
+    m.add_argument("--concurrency", type=csv(int),
                    help=f"levels asked for (default {','.join(map(str, DEFAULT_SPEC.concurrency))}"
-                   f"; quick {','.join(map(str, QUICK_SPEC.concurrency))}); the budget drops the "
+                   f"; quick {','.join(map(str, q.concurrency))}); the budget drops the "
                    "highest levels that do not fit unless given here")
     m.add_argument("--runs", type=int, help="requests per client loop per cell "
                    f"(default {DEFAULT_SPEC.runs})")
@@ -101,19 +86,10 @@ def parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("gates")
     g.add_argument("--target-concurrency", type=int,
                    help="the level of the throughput gate (default: the highest measured)")
-    g.add_argument("--acceptance-floor", type=float, default=Thresholds.acceptance_floor,
-                   help="acceptance gate: accepted/drafted at least this "
-                   f"(default {Thresholds.acceptance_floor})")
-    g.add_argument("--min-speedup", type=float, default=Thresholds.min_speedup,
-                   help="interactive gate: spec-on decode tok/s over spec-off at least this "
-                   f"(default {Thresholds.min_speedup})")
-    g.add_argument("--ttft-tolerance", type=float, default=Thresholds.ttft_tolerance,
-                   help="interactive gate: spec-on TTFT at most this fraction above spec-off "
-                   f"(default {Thresholds.ttft_tolerance})")
-    g.add_argument("--throughput-tolerance", type=float,
-                   default=Thresholds.throughput_tolerance,
-                   help="throughput gate: auto at most this fraction below batching at the "
-                   f"target concurrency (default {Thresholds.throughput_tolerance})")
+    for name, text in GATES.items():
+        default = getattr(Thresholds, name)
+        g.add_argument(f"--{name.replace('_', '-')}", type=float, default=default,
+                       help=f"{text} (default {default})")
     o = p.add_argument_group("output")
     o.add_argument("--out", type=Path, default=Path("speclane-scorecard"),
                    help="output directory (default ./speclane-scorecard)")
@@ -126,18 +102,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def options(args: argparse.Namespace) -> Options:
-    base = QUICK_SPEC if args.quick else DEFAULT_SPEC
-    given = {"scenarios": args.scenarios, "families": args.families,
-             "concurrency": args.concurrency, "runs": args.runs,
-             "max_tokens": args.max_tokens, "long_prompt_chars": args.long_prompt_chars}
-    given = {k: v for k, v in given.items() if v is not None}
-    spec = MatrixSpec(**{**base.__dict__, **given})
+    given = {k: getattr(args, k) for k in MATRIX if getattr(args, k) is not None}
+    spec = MatrixSpec(**{**(QUICK_SPEC if args.quick else DEFAULT_SPEC).__dict__, **given})
     budget = args.budget if args.budget is not None else (
         QUICK_BUDGET if args.quick else DEFAULT_BUDGET)
-    thresholds = Thresholds(
-        min_speedup=args.min_speedup, ttft_tolerance=args.ttft_tolerance,
-        throughput_tolerance=args.throughput_tolerance,
-        acceptance_floor=args.acceptance_floor, target_concurrency=args.target_concurrency)
+    thresholds = Thresholds(target_concurrency=args.target_concurrency,
+                            **{name: getattr(args, name) for name in GATES})
     lanes = LaneOptions(args.model, args.draft_model, args.num_draft_tokens,
                         max_batch_size=max(8, *spec.concurrency))
     return Options(spec=spec, out_dir=args.out, fixed=frozenset(given), thresholds=thresholds,
@@ -159,18 +129,14 @@ def main(argv: list[str]) -> int:
     if opts.spec.max_tokens < MIN_MAX_TOKENS:
         print(f"note: --max-tokens {opts.spec.max_tokens} is at or below the router's "
               "short-output rule: `auto` will send everything to batching", file=sys.stderr)
-    if opts.plot:
-        from router.bench.scorecard import plot
-
-        if not plot.available():
-            print(f"speclane bench: {plot.MISSING}", file=sys.stderr)
-            return 2
+    if opts.plot and not plot.available():
+        print(f"speclane bench: {plot.MISSING}", file=sys.stderr)
+        return 2
     return asyncio.run(_main(opts))
 
 
 async def _main(opts: Options) -> int:
-    stop = asyncio.Event()
-    phase = Phase()
+    stop, phase = asyncio.Event(), Phase()
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
@@ -201,26 +167,20 @@ async def _main(opts: Options) -> int:
     return INTERRUPTED if stop.is_set() else 0
 
 
-def render(path: Path, plot: bool) -> int:
-    from router.bench.scorecard import report
-
+def render(path: Path, with_plot: bool) -> int:
     try:
         result = report.from_json(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"speclane bench: cannot read {path}: {e}", file=sys.stderr)
         return 1
-    out_dir = path.parent
-    charts = [name for name in report.CHARTS if (out_dir / name).exists()]
-    if plot:
-        from router.bench.scorecard import plot as plots
-
+    charts = [name for name in report.CHARTS if (path.parent / name).exists()]
+    if with_plot:
         try:
-            charts = plots.write_charts(result, result.evaluation(), out_dir)
-        except plots.PlotUnavailable as e:
+            charts = plot.write_charts(result, result.evaluation(), path.parent)
+        except plot.PlotUnavailable as e:
             print(f"speclane bench: {e}", file=sys.stderr)
             return 2
-    paths = report.write(result, out_dir, charts)
-    print(f"  markdown: {paths['markdown']}")
+    print(f"  markdown: {report.write(result, path.parent, charts)['markdown']}")
     return 0
 
 

@@ -1,12 +1,7 @@
-"""``speclane bench`` results as gating rules: measured acceptance per pair -> ``[[gating.pairs]]``.
-
-The bench JSON carries a ``pairs`` section, a list of ``{"target", "draft",
-"acceptance_by_family": {family: ratio}, "passed_floor": bool}`` (optionally ``"acceptance"``,
-the overall ratio, and ``"floor"``); ``pair_rule_from_bench`` turns an entry into an ``allow``
-rule with its measured acceptance (a pair that failed its floor stays ``allow`` with
-``passed_floor = false``: strict mode denies it when ``deny_below_floor`` is on, graceful runs
-it and lets auto-disable judge), and ``rules_to_toml`` renders rules to paste into speclane.toml.
-"""
+"""``speclane bench`` results as gating rules: measured acceptance per pair ->
+``[[gating.pairs]]``. A pair that failed its floor stays ``allow`` with ``passed_floor =
+false``: strict mode denies it (``deny_below_floor``), graceful mode runs it and lets the
+auto-disable judge."""
 
 from __future__ import annotations
 

@@ -1,27 +1,10 @@
 """What the scorecard measures, and fitting it into a time budget (pure).
 
-The matrix is every scenario x prompt family x concurrency level. A scenario is a way of
-sending the same request to the router:
-
-- ``spec-on``: ``X-Speclane-Lane: speculative``: the speculative lane with its draft model.
-- ``spec-off``: the same lane with ``"num_draft_tokens": 0``: plain decoding of the same
-  model, the baseline speculation must beat.
-- ``batching``: ``X-Speclane-Lane: batching``: the continuous-batching lane.
-- ``auto``: no lane header: the router decides (its choice is read from the response's
-  ``X-Speclane-Lane`` and ``X-Speclane-Decision`` headers).
-
-The forced scenarios identify as the ``speclane-bench`` client (``X-Speclane-Client``); a
-router the bench starts gives that client a policy with the auto-disable off (see
-``common/procs.py``), while ``auto`` sees the router's ordinary behaviour.
-
-The warm-up measures each lane once; from that ``fit`` estimates every cell and, while the
-matrix would overrun the budget, shrinks it in a fixed order (each step only while still over
-budget, never a dimension the user set): 1. ``runs`` down to 1; 2. ``max_tokens`` halved, down
-to ``MIN_MAX_TOKENS``; 3. the highest concurrency levels dropped, down to two; 4. above the
-lowest level, the families after the first dropped; 5. the levels down to the lowest one;
-6. the families down to the first one. A slow CPU so gets the figures that matter most (every
-family at concurrency 1, where the speculative lane is meant to be used, and one under load).
-"""
+The matrix is every scenario (``SCENARIOS``: four ways of sending the same request) x prompt
+family x concurrency level. ``fit`` shrinks it, step by step in the order its ``steps`` list,
+until the estimate from the warm-up's speeds fits the budget: a slow CPU so still gets the
+figures that matter most (every family at concurrency 1, where the speculative lane is meant
+to be used, and one level under load), and the scorecard lists every cut."""
 
 from __future__ import annotations
 
@@ -51,10 +34,6 @@ class Scenario:
     body_extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def forced(self) -> bool:
-        return self.lane_header is not None
-
-    @property
     def how(self) -> str:
         parts = [f"`X-Speclane-Lane: {self.lane_header}`" if self.lane_header else
                  "no lane header (the router decides)"]
@@ -62,6 +41,8 @@ class Scenario:
         return " + ".join(parts)
 
 
+# spec-off is plain decoding of the same model on the same lane: the baseline speculation
+# must beat; auto sends no lane header and reads the router's choice from the response.
 SCENARIOS: dict[str, Scenario] = {
     "spec-on": Scenario("spec-on", "Speculative lane, speculation on", "speculative"),
     "spec-off": Scenario("spec-off", "Speculative lane, speculation off", "speculative",
@@ -122,8 +103,8 @@ QUICK_SPEC = MatrixSpec(families=("chat", "list"), concurrency=(1, 2), runs=1,
 
 def request_headers(scenario: Scenario, api_key: str | None = None) -> dict[str, str]:
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    if scenario.forced:
-        headers[LANE_HEADER] = str(scenario.lane_header)
+    if scenario.lane_header:  # a forced scenario, with the bench's own policy
+        headers[LANE_HEADER] = scenario.lane_header
         headers[CLIENT_HEADER] = BENCH_CLIENT
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -199,6 +180,7 @@ class Plan:
     cells: tuple[Cell, ...]
     reductions: tuple[str, ...] = ()
     estimate: float | None = None  # seconds, None when no speeds were known
+    cell_estimates: tuple[float, ...] = ()  # each cell's seconds (the progress line's ETA)
 
     @classmethod
     def full(cls, spec: MatrixSpec) -> Plan:
@@ -235,17 +217,13 @@ def cell_seconds(cell: Cell, spec: MatrixSpec, speeds: Speeds) -> float:
     return spec.runs * one * cell.concurrency ** BATCH_EXPONENT
 
 
-def estimate(cells: Iterable[Cell], spec: MatrixSpec, speeds: Speeds) -> float:
-    return sum(cell_seconds(c, spec, speeds) for c in cells)
-
-
 Step = Callable[[Plan], Plan | None]
 
 
 def _fewer_runs(plan: Plan) -> Plan | None:
     if plan.spec.runs <= 1:
         return None
-    return _respec(plan, plan.spec.with_(runs=1), f"runs {plan.spec.runs} → 1")
+    return _cut(plan, f"runs {plan.spec.runs} → 1", spec=plan.spec.with_(runs=1))
 
 
 def _fewer_tokens(plan: Plan) -> Plan | None:
@@ -253,7 +231,7 @@ def _fewer_tokens(plan: Plan) -> Plan | None:
     if n <= MIN_MAX_TOKENS:
         return None
     m = max(MIN_MAX_TOKENS, n // 2)
-    return _respec(plan, plan.spec.with_(max_tokens=m), f"max_tokens {n} → {m}")
+    return _cut(plan, f"max_tokens {n} → {m}", spec=plan.spec.with_(max_tokens=m))
 
 
 def _drop_top_level(plan: Plan, keep: int) -> Plan | None:
@@ -262,7 +240,7 @@ def _drop_top_level(plan: Plan, keep: int) -> Plan | None:
         return None
     kept = levels[:keep] if keep == 1 else levels[:-1]
     cells = tuple(c for c in plan.cells if c.concurrency in kept)
-    return _recell(plan, cells, f"concurrency {_csv(levels)} → {_csv(kept)}")
+    return _cut(plan, f"concurrency {_csv(levels)} → {_csv(kept)}", cells=cells)
 
 
 def _one_family_under_load(plan: Plan) -> Plan | None:
@@ -274,7 +252,7 @@ def _one_family_under_load(plan: Plan) -> Plan | None:
     drop = loaded[-1]
     cells = tuple(c for c in plan.cells if not (c.family == drop and c.concurrency > low))
     kept = loaded[:-1]
-    return _recell(plan, cells, f"families above c={low}: {_csv(loaded)} → {_csv(kept)}")
+    return _cut(plan, f"families above c={low}: {_csv(loaded)} → {_csv(kept)}", cells=cells)
 
 
 def _one_family(plan: Plan) -> Plan | None:
@@ -283,13 +261,14 @@ def _one_family(plan: Plan) -> Plan | None:
         return None
     kept = families[:-1]
     cells = tuple(c for c in plan.cells if c.family in kept)
-    return _recell(plan, cells, f"families {_csv(families)} → {_csv(kept)}")
+    return _cut(plan, f"families {_csv(families)} → {_csv(kept)}", cells=cells)
 
 
 def fit(spec: MatrixSpec, speeds: Speeds | None, budget: float | None,
         fixed: frozenset[str] = frozenset()) -> Plan:
-    """The largest plan (by the order above) whose estimate fits ``budget`` seconds; the
-    smallest one when none fits. ``budget`` None or 0, or no speeds: the whole matrix."""
+    """The largest plan whose estimate fits ``budget`` seconds, cut in the order of
+    ``steps`` (each step only while still over budget, never on a dimension in ``fixed``);
+    the smallest one when none fits. ``budget`` None or 0, or no speeds: the whole matrix."""
     if speeds is None:
         return Plan.full(spec)
     plan = _estimated(Plan.full(spec), speeds)
@@ -322,15 +301,12 @@ def eta(remaining_estimate: float, done_estimate: float, done_actual: float) -> 
 
 
 def _estimated(plan: Plan, speeds: Speeds) -> Plan:
-    return replace(plan, estimate=estimate(plan.cells, plan.spec, speeds))
+    each = tuple(cell_seconds(c, plan.spec, speeds) for c in plan.cells)
+    return replace(plan, estimate=sum(each), cell_estimates=each)
 
 
-def _respec(plan: Plan, spec: MatrixSpec, note: str) -> Plan:
-    return replace(plan, spec=spec, reductions=_merge(plan.reductions, note))
-
-
-def _recell(plan: Plan, cells: tuple[Cell, ...], note: str) -> Plan:
-    return replace(plan, cells=cells, reductions=_merge(plan.reductions, note))
+def _cut(plan: Plan, note: str, **changes: Any) -> Plan:
+    return replace(plan, reductions=_merge(plan.reductions, note), **changes)
 
 
 def _merge(notes: tuple[str, ...], note: str) -> tuple[str, ...]:

@@ -1,18 +1,13 @@
-"""PNG charts of a scorecard run (matplotlib, the ``plot`` extra: optional).
-
-- ``ttft_by_concurrency.png``: TTFT average and p95 by concurrency, one line per scenario;
-- ``tps_by_concurrency.png``: decode tok/s per request and aggregate tok/s by concurrency;
-- ``acceptance_by_family.png``: acceptance per prompt family, with the floor.
-
-Each point pools every family measured for that scenario at that concurrency.
-"""
+"""PNG charts of a scorecard run (matplotlib, the optional ``plot`` extra): TTFT and tokens
+per second by concurrency (each point pools every family of a scenario at a level), and
+acceptance per prompt family against the floor."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from router.bench.scorecard.records import Summary, levels, pooled
+from router.bench.scorecard.records import levels, pooled
 from router.bench.scorecard.report import Result
 from router.bench.scorecard.score import Evaluation
 
@@ -60,29 +55,32 @@ def write_charts(result: Result, ev: Evaluation, out_dir: Path) -> list[str]:
     return names
 
 
-def _series(result: Result, scenario: str) -> list[tuple[int, Summary]]:
-    out = []
-    for c in levels(result.runs):
-        s = pooled(result.runs, scenario, concurrency=c)
-        if s is not None and s.ok:
-            out.append((c, s))
-    return out
+def _series(result: Result, scenario: str, figure: str) -> list[tuple[int, float]]:
+    """(concurrency, figure) of a scenario, every family pooled, where it was measured."""
+    pooled_ = ((c, pooled(result.runs, scenario, concurrency=c)) for c in levels(result.runs))
+    return [(c, value) for c, s in pooled_
+            if s is not None and s.ok and (value := getattr(s, figure)) is not None]
+
+
+def _lines(ax: Any, result: Result, figures: dict[str, str]) -> bool:
+    """One line per scenario and figure (``figures``: field -> label suffix, the first solid,
+    the others dashed in the same colour); whether anything was drawn."""
+    drawn = False
+    for scenario in result.plan.scenarios:
+        color = None
+        for i, (figure, suffix) in enumerate(figures.items()):
+            if points := _series(result, scenario, figure):
+                style = {"marker": "o"} if i == 0 else {"linestyle": "--", "marker": ".",
+                                                        "alpha": 0.7}
+                line, = ax.plot(*zip(*points, strict=True), color=color,
+                                label=f"{scenario}{suffix}", **style)
+                color, drawn = line.get_color(), True
+    return drawn
 
 
 def _ttft(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    drawn = False
-    for scenario in result.plan.scenarios:
-        points = [(c, s) for c, s in _series(result, scenario) if s.ttft_avg_ms is not None]
-        if not points:
-            continue
-        xs = [c for c, _ in points]
-        line, = ax.plot(xs, [s.ttft_avg_ms for _, s in points], marker="o",
-                        label=f"{scenario} avg")
-        ax.plot(xs, [s.ttft_p95_ms for _, s in points], linestyle="--", marker=".",
-                color=line.get_color(), alpha=0.7, label=f"{scenario} p95")
-        drawn = True
-    if not drawn:
+    if not _lines(ax, result, {"ttft_avg_ms": " avg", "ttft_p95_ms": " p95"}):
         plt.close(fig)
         return None
     _axes(ax, "TTFT (ms)", f"Time to first token by concurrency\n{title}", result)
@@ -91,18 +89,8 @@ def _ttft(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
 
 def _tps(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    drawn = False
-    for scenario in result.plan.scenarios:
-        points = _series(result, scenario)
-        decode = [(c, s.decode_tps_avg) for c, s in points if s.decode_tps_avg is not None]
-        total = [(c, s.agg_tps) for c, s in points if s.agg_tps is not None]
-        if decode:
-            left.plot(*zip(*decode, strict=True), marker="o", label=scenario)
-            drawn = True
-        if total:
-            right.plot(*zip(*total, strict=True), marker="o", label=scenario)
-            drawn = True
-    if not drawn:
+    drawn = _lines(left, result, {"decode_tps_avg": ""})
+    if not _lines(right, result, {"agg_tps": ""}) and not drawn:
         plt.close(fig)
         return None
     _axes(left, "decode tok/s per request", "Decode speed per request", result)

@@ -1,8 +1,6 @@
-"""The progress line: cells done, the cell in flight, elapsed time and the time left.
-
-On a terminal one line is redrawn in place (and every second, so the clock moves while a
-slow cell runs); elsewhere (a log, CI) one line is printed per finished cell.
-"""
+"""The progress line: cells done, the cell in flight, elapsed time and the time left. On a
+terminal one line is redrawn in place, every second so that the clock moves while a slow
+cell runs; elsewhere (a log, CI) one line is printed per finished cell."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ BAR_WIDTH = 24
 def clock(seconds: float | None) -> str:
     if seconds is None:
         return "?"
-    whole = max(0, round(seconds))
-    hours, rest = divmod(whole, 3600)
+    hours, rest = divmod(max(0, round(seconds)), 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
@@ -37,52 +34,47 @@ def render(done: int, total: int, cell: Cell | None, requests: str, elapsed: flo
 class Progress:
     def __init__(self, estimates: Sequence[float] | None, total: int,
                  out: TextIO | None = None, enabled: bool = True) -> None:
-        self.estimates = list(estimates) if estimates else None
-        self.total = total
+        self.estimates, self.total = list(estimates or ()), total
         self.out = out or sys.stderr
         self.enabled = enabled
         self.tty = enabled and self.out.isatty()
-        self.started = time.monotonic()
-        self.done = 0
-        self.done_seconds = 0.0
+        self.started = self.cell_t0 = time.monotonic()
+        self.done, self.done_seconds = 0, 0.0
         self.cell: Cell | None = None
-        self.cell_t0 = self.started
-        self.cell_requests = (0, 0)
+        self.finished = self.expected = 0  # requests of the cell in flight
         self._ticker: asyncio.Task[None] | None = None
 
     def time_left(self, now: float) -> float | None:
+        """The estimates left, scaled by how far off they were so far; without estimates,
+        the average cell so far."""
         in_cell = now - self.cell_t0 if self.cell else 0.0
-        if self.estimates is None:
-            if not self.done:
-                return None
-            per_cell = self.done_seconds / self.done
-            return max(0.0, per_cell * (self.total - self.done) - in_cell)
-        done_estimate = sum(self.estimates[: self.done])
-        remaining = sum(self.estimates[self.done:])
-        return max(0.0, eta(remaining, done_estimate, self.done_seconds) - in_cell)
+        if self.estimates:
+            left = eta(sum(self.estimates[self.done:]), sum(self.estimates[:self.done]),
+                       self.done_seconds)
+        elif self.done:
+            left = self.done_seconds / self.done * (self.total - self.done)
+        else:
+            return None
+        return max(0.0, left - in_cell)
 
     def line(self) -> str:
         now = time.monotonic()
-        finished, expected = self.cell_requests
-        requests = f"({finished}/{expected} requests)" if self.cell else ""
+        requests = f"({self.finished}/{self.expected} requests)" if self.cell else ""
         return render(self.done, self.total, self.cell, requests, now - self.started,
                       self.time_left(now))
 
     def cell_started(self, index: int, cell: Cell, expected_requests: int) -> None:
-        self.cell = cell
-        self.cell_t0 = time.monotonic()
-        self.cell_requests = (0, expected_requests)
+        self.cell, self.cell_t0 = cell, time.monotonic()
+        self.finished, self.expected = 0, expected_requests
         self._draw()
 
     def request_done(self, m: Measurement) -> None:
-        finished, expected = self.cell_requests
-        self.cell_requests = (finished + 1, expected)
+        self.finished += 1
         self._draw()
 
     def cell_done(self, index: int, run: CellRun) -> None:
-        self.done = index + 1
+        self.done, self.cell = index + 1, None
         self.done_seconds += run.seconds
-        self.cell = None
         if self.enabled and not self.tty:
             print(f"  {run.cell.label}: {len(run.measurements)} requests in "
                   f"{run.seconds:.1f}s | {self.line()}", file=self.out, flush=True)
@@ -100,12 +92,9 @@ class Progress:
     def close(self) -> None:
         if self._ticker:
             self._ticker.cancel()
-            self._ticker = None
-        if self.tty:
-            self.out.write("\r\033[K" + self.line() + "\n")
-            self.out.flush()
+        self._draw("\n")
 
-    def _draw(self) -> None:
+    def _draw(self, end: str = "") -> None:
         if self.tty:
-            self.out.write("\r\033[K" + self.line())
+            self.out.write("\r\033[K" + self.line() + end)
             self.out.flush()

@@ -1,14 +1,8 @@
-"""The prompt families (pure, deterministic): how well a draft guesses depends on the text.
-
-- ``chat``: short conversational questions: free prose, the draft's hardest case after code.
-- ``code``: small programming tasks: acceptance is usually lowest here.
-- ``list``: repetitive and list-shaped output (counting, enumerations): the draft's best case.
-- ``long``: a long document and a question about it: prefill dominates, which speculation
-  does not speed up (and the draft has to prefill the prompt too).
-
-Request ``i`` of a family uses prompt ``i mod len(prompts)``, so every scenario of a cell
-sends the same prompts in the same order.
-"""
+"""The prompt families (pure, deterministic): how well a draft guesses depends on the text,
+from free prose (``chat``) and code (the draft's hardest cases) to lists (its best) and a
+long document (prefill dominates, which speculation does not speed up). Request ``i`` of a
+family uses prompt ``i mod len(prompts)``, so every scenario of a cell sends the same
+prompts in the same order."""
 
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
-"""The raw records of a scorecard run, one per request and one per cell, and their figures,
-per cell or pooled over cells (pure).
-
-Times are seconds from ``time.perf_counter()``: a cell's ``started``/``finished`` and a
+"""The raw records of a scorecard run, one per request and one per cell, and their figures
+per cell or pooled over cells (pure). ``scorecard.json`` stores the records as they are, so
+every figure can be recomputed from it; the definitions of the figures are stated in the
+scorecard's "How this was measured". Times are ``perf_counter`` seconds: a cell's span and a
 request's ``started`` from the start of the run, a request's other times from its own start.
-The JSON report stores the records as they are, so every figure can be recomputed from it.
-
-- TTFT: from sending the request to the first non-empty content delta (queueing, prefill
-  and, with speculation, the first draft-and-verify round included).
-- decode tok/s: per request, ``(completion_tokens - 1) / (last token - first token)``.
-- aggregate tok/s: completion tokens of the successful requests / the cells' wall time.
-- acceptance: accepted / drafted draft tokens (``usage.speclane_spec``).
-
-Requests stopped by the user are left out; a failed request counts as an error and adds no
-figure.
-"""
+Requests stopped by the user count neither as results nor as errors."""
 
 from __future__ import annotations
 
@@ -73,8 +63,7 @@ class Measurement:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Measurement:
-        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**fields)
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass
@@ -94,13 +83,9 @@ class CellRun:
         return max(0.0, self.finished - self.started)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "scenario": self.cell.scenario, "family": self.cell.family,
-            "concurrency": self.cell.concurrency, "runs": self.runs,
-            "max_tokens": self.max_tokens, "started": self.started,
-            "finished": self.finished, "complete": self.complete,
-            "measurements": [m.to_json() for m in self.measurements],
-        }
+        return {**asdict(self.cell), "runs": self.runs, "max_tokens": self.max_tokens,
+                "started": self.started, "finished": self.finished, "complete": self.complete,
+                "measurements": [m.to_json() for m in self.measurements]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CellRun:
@@ -111,43 +96,34 @@ class CellRun:
 
 @dataclass(frozen=True)
 class Summary:
-    requests: int = 0  # finished: successful + errors
-    errors: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-    ttft_avg_ms: float | None = None
-    ttft_p95_ms: float | None = None
-    decode_tps_avg: float | None = None
-    agg_tps: float | None = None
-    e2e_p95_ms: float | None = None
-    drafted: int = 0
-    accepted: int = 0
-    speculated: int = 0  # successful requests that ran with a draft
-    lanes: dict[str, int] = field(default_factory=dict)  # lane that answered -> requests
-    rules: dict[str, int] = field(default_factory=dict)  # routing rule -> requests
+    """The figures of some requests (``summarize``); its fields are its JSON."""
+
+    requests: int  # finished: successful + errors
+    errors: int
+    tokens: int
+    seconds: float
+    ttft_avg_ms: float | None
+    ttft_p95_ms: float | None
+    decode_tps_avg: float | None
+    agg_tps: float | None
+    e2e_p95_ms: float | None
+    drafted: int
+    accepted: int
+    acceptance: float | None  # accepted / drafted
+    speculated: int  # successful requests that ran with a draft
+    lanes: dict[str, int]  # lane that answered -> requests
+    rules: dict[str, int]  # routing rule -> requests
 
     @property
     def ok(self) -> int:
         return self.requests - self.errors
 
     @property
-    def acceptance(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
     def error_rate(self) -> float | None:
         return self.errors / self.requests if self.requests else None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests, "errors": self.errors, "tokens": self.tokens,
-            "seconds": self.seconds, "ttft_avg_ms": self.ttft_avg_ms,
-            "ttft_p95_ms": self.ttft_p95_ms, "decode_tps_avg": self.decode_tps_avg,
-            "agg_tps": self.agg_tps, "e2e_p95_ms": self.e2e_p95_ms,
-            "drafted": self.drafted, "accepted": self.accepted,
-            "acceptance": self.acceptance, "speculated": self.speculated,
-            "lanes": self.lanes, "rules": self.rules,
-        }
+        return asdict(self)
 
 
 def summarize(measurements: Iterable[Measurement], seconds: float) -> Summary:
@@ -155,14 +131,15 @@ def summarize(measurements: Iterable[Measurement], seconds: float) -> Summary:
     ok = [m for m in done if m.ok]
     ttfts = [m.ttft * 1000 for m in ok if m.ttft is not None]
     e2es = [m.e2e * 1000 for m in ok if m.e2e is not None]
-    tps = [t for m in ok if (t := m.decode_tps) is not None]
     tokens = sum(m.completion_tokens or 0 for m in ok)
+    drafted, accepted = sum(m.drafted or 0 for m in ok), sum(m.accepted or 0 for m in ok)
     return Summary(
         requests=len(done), errors=len(done) - len(ok), tokens=tokens, seconds=seconds,
         ttft_avg_ms=mean(ttfts), ttft_p95_ms=percentile(ttfts, 95),
-        decode_tps_avg=mean(tps), agg_tps=tokens / seconds if ok and seconds > 0 else None,
-        e2e_p95_ms=percentile(e2es, 95),
-        drafted=sum(m.drafted or 0 for m in ok), accepted=sum(m.accepted or 0 for m in ok),
+        decode_tps_avg=mean([m.decode_tps for m in ok]),
+        agg_tps=tokens / seconds if ok and seconds > 0 else None,
+        e2e_p95_ms=percentile(e2es, 95), drafted=drafted, accepted=accepted,
+        acceptance=accepted / drafted if drafted else None,
         speculated=sum(1 for m in ok if m.speculated),
         lanes=dict(Counter(m.lane or "unknown" for m in ok)),
         rules=dict(Counter(rule_of(m.decision) for m in ok)),
@@ -189,24 +166,29 @@ def pooled(runs: Sequence[CellRun], scenario: str, *, concurrency: int | None = 
 
 def common_families(runs: Sequence[CellRun], scenarios: Iterable[str],
                     concurrency: int) -> tuple[str, ...]:
-    """The families measured (with a result) for every one of ``scenarios`` at a level, so
-    that a comparison compares the same prompts."""
-    sets = []
-    for s in scenarios:
-        sets.append({r.cell.family for r in runs if r.cell.scenario == s
-                     and r.cell.concurrency == concurrency
-                     and any(m.ok for m in r.measurements)})
-    common = set.intersection(*sets) if sets else set()
-    order = [r.cell.family for r in runs]
-    return tuple(sorted(common, key=order.index))
+    """The families measured with a result for every one of ``scenarios`` at a level."""
+    measured = [{r.cell.family for r in runs if r.cell.scenario == s
+                 and r.cell.concurrency == concurrency and any(m.ok for m in r.measurements)}
+                for s in scenarios]
+    common = set.intersection(*measured) if measured else set()
+    return tuple(f for f in dict.fromkeys(r.cell.family for r in runs) if f in common)
+
+
+def shared_pair(runs: Sequence[CellRun], a: str, b: str,
+                concurrency: int) -> tuple[Summary | None, Summary | None]:
+    """Scenarios ``a`` and ``b`` at a level, each pooled over the families both measured,
+    so that a comparison compares the same prompts."""
+    families = common_families(runs, (a, b), concurrency)
+    if not families:
+        return None, None
+    return (pooled(runs, a, concurrency=concurrency, families=families),
+            pooled(runs, b, concurrency=concurrency, families=families))
 
 
 def rule_of(decision: str | None) -> str:
     """The routing rule of an ``X-Speclane-Decision`` value:
     ``preset=none,spec-lane-busy->batching`` -> ``spec-lane-busy``."""
-    if not decision:
-        return "unknown"
-    for part in decision.split(","):
+    for part in (decision or "").split(","):
         if "->" in part:
             return part.split("->", 1)[0].strip() or "unknown"
     return "unknown"
@@ -214,4 +196,3 @@ def rule_of(decision: str | None) -> str:
 
 def levels(runs: Sequence[CellRun]) -> tuple[int, ...]:
     return tuple(sorted({r.cell.concurrency for r in runs}))
-

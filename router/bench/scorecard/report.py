@@ -14,8 +14,8 @@ from router.bench.scorecard.pair_rules import pair_rule_from_bench, rules_to_tom
 from router.bench.scorecard.plan import SCENARIOS, Cell, MatrixSpec, Plan
 from router.bench.scorecard.progress import clock
 from router.bench.scorecard.prompts import FAMILIES
-from router.bench.scorecard.records import CellRun, Measurement, Summary, cell_summary
-from router.bench.scorecard.score import Evaluation, Gate, Thresholds, evaluate
+from router.bench.scorecard.records import CellRun, Measurement, Summary, cell_summary, pooled
+from router.bench.scorecard.score import Evaluation, Thresholds, evaluate
 
 SCHEMA = "speclane-scorecard/1"
 
@@ -78,22 +78,15 @@ def to_json(result: Result, evaluation: Evaluation | None = None) -> dict[str, A
 
 def pair(result: Result, ev: Evaluation) -> dict[str, Any]:
     """The measured acceptance of the (target, draft) pair, for the pair allow/deny list."""
-    spec_on = [m for r in result.runs if r.cell.scenario == "spec-on" for m in r.measurements]
-    drafted = sum(m.drafted or 0 for m in spec_on if m.ok)
-    accepted = sum(m.accepted or 0 for m in spec_on if m.ok)
-    gate = ev.gate("acceptance")
+    spec, env = pooled(result.runs, "spec-on"), result.environment
     return {
-        "target": result.model,
-        "draft": result.draft,
-        "num_draft_tokens": result.environment.get("num_draft_tokens"),
-        "acceptance": ev.pooled_acceptance,
-        "drafted": drafted,
-        "accepted": accepted,
+        "target": result.model, "draft": result.draft,
+        "num_draft_tokens": env.get("num_draft_tokens"), "acceptance": ev.pooled_acceptance,
+        "drafted": spec.drafted if spec else 0, "accepted": spec.accepted if spec else 0,
         "acceptance_by_family": {a.family: a.acceptance for a in ev.acceptance},
         "floor": result.thresholds.acceptance_floor,
-        "passed_floor": gate.passed,
-        "measured_at": result.environment.get("date"),
-        "hardware": (result.environment.get("hardware") or {}).get("mlx_device"),
+        "passed_floor": ev.gate("acceptance").passed, "measured_at": env.get("date"),
+        "hardware": (env.get("hardware") or {}).get("mlx_device"),
     }
 
 
@@ -134,22 +127,11 @@ def write(result: Result, out_dir: Path, charts: Sequence[str] = (),
 
 
 def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
-    out: list[str] = ["# Speculative decoding readiness scorecard", ""]
-    out += _headline(result, ev)
-    out += _environment(result)
-    out += _gates(ev)
-    out += _crossover(ev)
-    out += _acceptance(ev)
-    out += _score(ev)
-    out += _pair_rule(result, ev)
-    out += _scenarios(result)
-    out += _charts(charts)
-    out += _errors(result.runs)
-    out += _method(result, ev)
-    return "\n".join(out).rstrip() + "\n"
-
-
-# --- sections ------------------------------------------------------------------------
+    sections = (_headline(result, ev), _environment(result), _gates(ev), _crossover(ev),
+                _acceptance(ev), _score(ev), _pair_rule(result, ev), _scenarios(result),
+                _charts(charts), _errors(result.runs), _method(result))
+    out = ["# Speculative decoding readiness scorecard", ""]
+    return "\n".join(out + [line for lines in sections for line in lines]).rstrip() + "\n"
 
 
 def _headline(result: Result, ev: Evaluation) -> list[str]:
@@ -213,13 +195,10 @@ def _load_text(load: dict[str, Any]) -> str:
 
 def _gates(ev: Evaluation) -> list[str]:
     lines = ["## Gates", "", "| Gate | Rule | Figure | Result |", "| --- | --- | --- | --- |"]
-    lines += [f"| {g.title} | {_cell(g.rule)} | {_cell(g.figure)} | {_mark(g)} |"
+    marks = {True: "✅ passed", False: "❌ failed", None: "⚪ not measured"}
+    lines += [f"| {g.title} | {_cell(g.rule)} | {_cell(g.figure)} | {marks[g.passed]} |"
               for g in ev.gates]
     return [*lines, ""]
-
-
-def _mark(g: Gate) -> str:
-    return {True: "✅ passed", False: "❌ failed", None: "⚪ not measured"}[g.passed]
 
 
 def _crossover(ev: Evaluation) -> list[str]:
@@ -289,26 +268,21 @@ def _scenarios(result: Result) -> list[str]:
         if not runs:
             lines.append("| (not measured) |" + " |" * 12)
         for run in runs:
-            lines.append(_row(run, cell_summary(run)))
+            s, partial = cell_summary(run), "" if run.complete else " (partial)"
+            lines.append(
+                f"| {_family(run.cell.family)}{partial} | {run.cell.concurrency} | {s.requests} "
+                f"| {s.errors} | {_num(s.ttft_avg_ms, '{:.0f}')} "
+                f"| {_num(s.ttft_p95_ms, '{:.0f}')} | {_num(s.decode_tps_avg)} "
+                f"| {_num(s.agg_tps)} | {_num(s.e2e_p95_ms, '{:.0f}')} | {s.drafted} "
+                f"| {s.accepted} | {_num(s.acceptance, '{:.2f}')} | {_lanes(s)} |")
         lines.append("")
     return lines
-
-
-def _row(run: CellRun, s: Summary) -> str:
-    partial = "" if run.complete else " (partial)"
-    return (f"| {_family(run.cell.family)}{partial} | {run.cell.concurrency} | {s.requests} "
-            f"| {s.errors} | {_num(s.ttft_avg_ms, '{:.0f}')} | {_num(s.ttft_p95_ms, '{:.0f}')} "
-            f"| {_num(s.decode_tps_avg)} | {_num(s.agg_tps)} | {_num(s.e2e_p95_ms, '{:.0f}')} "
-            f"| {s.drafted} | {s.accepted} | {_num(s.acceptance, '{:.2f}')} | {_lanes(s)} |")
 
 
 def _lanes(s: Summary) -> str:
     if not s.lanes:
         return "n/a"
-    parts = []
-    for lane, n in sorted(s.lanes.items(), key=lambda kv: -kv[1]):
-        parts.append(f"{lane} {n}")
-    text = ", ".join(parts)
+    text = ", ".join(f"{lane} {n}" for lane, n in sorted(s.lanes.items(), key=lambda kv: -kv[1]))
     if s.speculated and s.lanes.get("speculative"):
         text += f" ({s.speculated} with draft)"
     rules = {r: n for r, n in s.rules.items() if r not in ("override", "unknown")}
@@ -318,11 +292,8 @@ def _lanes(s: Summary) -> str:
 
 
 def _charts(charts: Sequence[str]) -> list[str]:
-    if not charts:
-        return []
-    lines = ["## Charts", ""]
-    lines += [f"![{CHARTS.get(name, name)}]({name})" for name in charts]
-    return [*lines, ""]
+    images = [f"![{CHARTS.get(name, name)}]({name})" for name in charts]
+    return ["## Charts", "", *images, ""] if images else []
 
 
 def _errors(runs: Iterable[CellRun]) -> list[str]:
@@ -335,9 +306,8 @@ def _errors(runs: Iterable[CellRun]) -> list[str]:
     return [*lines, ""]
 
 
-def _method(result: Result, ev: Evaluation) -> list[str]:
-    plan = result.plan
-    spec = plan.spec
+def _method(result: Result) -> list[str]:
+    plan, spec = result.plan, result.plan.spec
     estimate = f"~{clock(plan.estimate)}" if plan.estimate is not None else "not estimated"
     budget = f"{clock(result.budget)}" if result.budget else "none"
     reductions = "; ".join(plan.reductions) if plan.reductions else "none"
@@ -364,9 +334,6 @@ def _method(result: Result, ev: Evaluation) -> list[str]:
         "on. `auto` uses the default policy and the router's own routing and auto-disable.",
         "",
     ]
-
-
-# --- formatting ----------------------------------------------------------------------
 
 
 def _num(value: float | None, pattern: str = "{:.1f}") -> str:

@@ -1,14 +1,9 @@
 """One scorecard run: router up (or attached), warm-up, plan, every cell, reports.
 
-A cell at concurrency c runs c client loops side by side, each sending ``runs`` requests
-back to back (a closed loop: the load stays at c until the loops finish). Each request
-streams with ``stream_options.include_usage``, so its last event carries the token count and
-the draft statistics (``usage.speclane_spec``).
-
-``run_scorecard`` is the async API the CLI and the tests call. Setting ``stop`` (Ctrl-C)
-cancels the cell in flight: its finished requests are kept, the ones cut short are marked
-``cancelled`` (neither a result nor an error), and the reports are still written.
-"""
+A cell at concurrency c runs c closed client loops side by side, each sending ``runs``
+streamed requests back to back. Setting ``stop`` (Ctrl-C) cancels the cell in flight: its
+finished requests are kept, the ones cut short are marked ``cancelled``, and the reports
+are still written."""
 
 from __future__ import annotations
 
@@ -24,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from router.bench.common import environment, procs
-from router.bench.common.stream import Reply, pieces, stream
+from router.bench.common.stream import Reply, stream
 from router.bench.scorecard import report
 from router.bench.scorecard.plan import (
     DEFAULT_BUDGET,
@@ -32,7 +27,6 @@ from router.bench.scorecard.plan import (
     Cell,
     MatrixSpec,
     Plan,
-    cell_seconds,
     fit,
     request_body,
     request_headers,
@@ -51,50 +45,42 @@ class Target:
     model: str
     api_key: str | None = None
     request_timeout: float = 600.0
-
-
-class Clock:
-    """Seconds since the run started (one origin for every record)."""
-
-    def __init__(self) -> None:
-        self.origin = time.perf_counter()
+    origin: float = field(default_factory=time.perf_counter)  # every record's time zero
 
     def now(self) -> float:
         return time.perf_counter() - self.origin
 
 
 async def send(session: aiohttp.ClientSession, target: Target, m: Measurement,
-               spec: MatrixSpec, clock: Clock) -> Measurement:
+               spec: MatrixSpec) -> Measurement:
     """Stream one request and fill ``m`` in; never raises except on cancellation."""
     scenario = SCENARIOS[m.scenario]
     body = request_body(target.model, scenario, m.family, m.prompt_index, spec.max_tokens,
                         spec.long_prompt_chars)
-    start = time.perf_counter()
-    m.started = start - clock.origin
-
-    def on_chunk(chunk: dict[str, Any]) -> bool:
-        for _ in pieces(chunk):
-            now = time.perf_counter() - start
-            if m.ttft is None:
-                m.ttft = now
-            m.last_token = now
-            m.content_chunks += 1
-        return False
-
     reply = Reply()
     try:
         await stream(session, f"{target.base_url}/chat/completions", body,
-                     request_headers(scenario, target.api_key), reply, on_chunk,
-                     aiohttp.ClientTimeout(total=target.request_timeout))
+                     request_headers(scenario, target.api_key), reply,
+                     limit=aiohttp.ClientTimeout(total=target.request_timeout))
     except asyncio.CancelledError:
         m.cancelled = True
         raise
     finally:
-        m.e2e = time.perf_counter() - start
+        m.started, m.e2e = reply.sent - target.origin, time.perf_counter() - reply.sent
+        if reply.token_times:
+            m.ttft = reply.token_times[0] - reply.sent
+            m.last_token = reply.token_times[-1] - reply.sent
+        m.content_chunks = len(reply.token_times)
         m.status = reply.status
         m.lane, m.decision = reply.headers.get(LANE_HEADER), reply.headers.get(DECISION_HEADER)
-    if reply.usage:
-        _read_usage(reply.usage, m)
+    if reply.usage:  # the last event's (stream_options.include_usage), with speclane_spec
+        m.usage_reported = True
+        m.completion_tokens, m.prompt_tokens = (
+            _int(reply.usage.get(k)) for k in ("completion_tokens", "prompt_tokens"))
+        spec_stats = reply.usage.get("speclane_spec")
+        if isinstance(spec_stats, dict):
+            m.drafted, m.accepted, m.steps, m.num_draft_tokens = (_int(spec_stats.get(k)) for k in (
+                "drafted", "accepted", "steps", "num_draft_tokens"))
     m.error = reply.error or (None if reply.done else "the stream ended without data: [DONE]")
     if m.error is None:
         if m.completion_tokens is None:
@@ -103,23 +89,11 @@ async def send(session: aiohttp.ClientSession, target: Target, m: Measurement,
     return m
 
 
-def _read_usage(usage: dict[str, Any], m: Measurement) -> None:
-    m.usage_reported = True
-    m.completion_tokens = _int(usage.get("completion_tokens"))
-    m.prompt_tokens = _int(usage.get("prompt_tokens"))
-    spec = usage.get("speclane_spec")
-    if isinstance(spec, dict):
-        m.drafted = _int(spec.get("drafted"))
-        m.accepted = _int(spec.get("accepted"))
-        m.steps = _int(spec.get("steps"))
-        m.num_draft_tokens = _int(spec.get("num_draft_tokens"))
-
-
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-async def run_cells(session: aiohttp.ClientSession, target: Target, plan: Plan, clock: Clock,
+async def run_cells(session: aiohttp.ClientSession, target: Target, plan: Plan,
                     stop: asyncio.Event, progress: Progress) -> tuple[list[CellRun], bool]:
     """Every cell in order until done or ``stop`` is set: (runs, stopped early). A cell cut
     short keeps what it measured."""
@@ -128,14 +102,14 @@ async def run_cells(session: aiohttp.ClientSession, target: Target, plan: Plan, 
         if stop.is_set():
             return runs, True
         progress.cell_started(index, cell, cell.concurrency * spec.runs)
-        run = CellRun(cell, spec.runs, spec.max_tokens, started=clock.now())
+        run = CellRun(cell, spec.runs, spec.max_tokens, started=target.now())
 
         async def loop(stream: int, cell: Cell = cell, run: CellRun = run) -> None:
             for seq in range(spec.runs):
                 m = Measurement(cell.scenario, cell.family, cell.concurrency, stream, seq,
                                 prompt_index=stream * spec.runs + seq)
                 run.measurements.append(m)
-                progress.request_done(await send(session, target, m, spec, clock))
+                progress.request_done(await send(session, target, m, spec))
 
         async def all_loops(cell: Cell = cell, run: CellRun = run) -> None:
             async with asyncio.TaskGroup() as group:
@@ -149,15 +123,12 @@ async def run_cells(session: aiohttp.ClientSession, target: Target, plan: Plan, 
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        run.finished = clock.now()
+        run.finished = target.now()
         runs.append(run)
         progress.cell_done(index, run)
         if not run.complete:
             return runs, True
     return runs, False
-
-
-# --- the whole run ---------------------------------------------------------------------
 
 
 WARMUP_MAX_TOKENS = 12  # enough to time decoding; little time spent before measuring
@@ -189,9 +160,7 @@ class Options:
 @dataclass
 class Outcome:
     result: Result
-    paths: dict[str, Path]
-    charts: list[str] = field(default_factory=list)
-    chart_error: str | None = None
+    paths: dict[str, Path]  # every file written
 
 
 @dataclass
@@ -236,19 +205,16 @@ async def _measure(session: aiohttp.ClientSession, base_url: str, router: str, o
         raise BenchError(f"no model is served at {base_url} (GET /v1/models is empty)")
     env["model"] = model
     target = Target(base_url, model, opts.api_key, opts.request_timeout)
-    clock_ = Clock()
-    warmups = await warm_up(session, target, opts, clock_, log)
-    speeds = speeds_from(warmups)
-    plan = fit(opts.spec, speeds, opts.budget, opts.fixed)
+    warmups = await warm_up(session, target, opts, log)
+    plan = fit(opts.spec, speeds_from(warmups), opts.budget, opts.fixed)
     _announce(plan, opts, log)
-    estimates = [cell_seconds(c, plan.spec, speeds) for c in plan.cells] if speeds else None
-    progress = Progress(estimates, len(plan.cells), enabled=opts.progress)
+    progress = Progress(plan.cell_estimates, len(plan.cells), enabled=opts.progress)
     result = Result(opts.spec, plan, opts.thresholds, env, warmups, budget=opts.budget)
-    started = clock_.now()
+    started = target.now()
     phase.measuring = True
     progress.start_ticking()
     try:
-        runs, stopped = await run_cells(session, target, plan, clock_, stop, progress)
+        runs, stopped = await run_cells(session, target, plan, stop, progress)
     finally:
         phase.measuring = False
         progress.close()
@@ -257,7 +223,7 @@ async def _measure(session: aiohttp.ClientSession, base_url: str, router: str, o
     if stopped:
         result.stopped = (f"stopped by the user after {sum(r.complete for r in runs)} of "
                           f"{len(plan.cells)} cells")
-    result.duration = clock_.now() - started
+    result.duration = target.now() - started
     env.setdefault("load_average", {})["end"] = environment.load_average()
     return result
 
@@ -294,7 +260,7 @@ async def _environment(session: aiohttp.ClientSession, base_url: str, router: st
 
 
 async def warm_up(session: aiohttp.ClientSession, target: Target, opts: Options,
-                  clock: Clock, log: Log) -> list[Measurement]:
+                  log: Log) -> list[Measurement]:
     """One short chat request per forced scenario (the lanes load their first batches, and
     the planner learns each lane's speed), plus one long prompt on the batching lane (how
     much longer prefill takes)."""
@@ -311,7 +277,7 @@ async def warm_up(session: aiohttp.ClientSession, target: Target, opts: Options,
     for r in range(opts.warmup):
         for i, (scenario, family) in enumerate(plan):
             m = Measurement(scenario, family, 1, stream=0, seq=r, prompt_index=i + r)
-            warmups.append(await send(session, target, m, spec, clock))
+            warmups.append(await send(session, target, m, spec))
     if warmups and not any(m.ok for m in warmups):
         raise BenchError(f"every warm-up request failed: {warmups[0].error}" + _hint(warmups))
     for m in warmups:
@@ -342,18 +308,15 @@ def _announce(plan: Plan, opts: Options, log: Log) -> None:
 def _write(result: Result, opts: Options, log: Log) -> Outcome:
     ev = result.evaluation()
     charts: list[str] = []
-    chart_error = None
     if opts.plot:
         from router.bench.scorecard import plot
 
         try:
             charts = plot.write_charts(result, ev, opts.out_dir)
         except plot.PlotUnavailable as e:
-            chart_error = str(e)
-            log(chart_error)
+            log(str(e))
     paths = report.write(result, opts.out_dir, charts, ev)
-    paths.update({name: opts.out_dir / name for name in charts})
-    return Outcome(result, paths, charts, chart_error)
+    return Outcome(result, {**paths, **{name: opts.out_dir / name for name in charts}})
 
 
 def normalize_url(url: str) -> str:

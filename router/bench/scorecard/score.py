@@ -1,8 +1,9 @@
 """Gates, readiness score, crossover and verdict of a scorecard run (pure).
 
-Comparisons are made on the same prompts: only families measured for both sides at the
-level compared. The rules are stated in the scorecard itself (``report.py`` renders the
-``rule`` strings built here), so a reader never has to read this file to trust a figure.
+Every comparison is computed once (``Figures``: spec-on against spec-off at the lowest level,
+``auto`` against batching at the target level, on the prompt families both sides measured)
+and judged twice: pass or fail by the gates, points by the score. The rules are stated in
+the scorecard itself (``report.py`` renders the ``rule`` strings built here).
 """
 
 from __future__ import annotations
@@ -11,15 +12,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from router.bench.common.stats import ratio
-from router.bench.scorecard.records import (
-    CellRun,
-    Summary,
-    common_families,
-    levels,
-    pooled,
-    summarize,
-)
+from router.bench.common.stats import fmt, ratio
+from router.bench.scorecard.records import CellRun, Summary, levels, pooled, shared_pair, summarize
 
 
 @dataclass(frozen=True)
@@ -66,9 +60,7 @@ class Level:
 
     @property
     def ratio(self) -> float | None:
-        if self.spec_tps is None or not self.alternative_tps:
-            return None
-        return self.spec_tps / self.alternative_tps
+        return ratio(self.spec_tps, self.alternative_tps)
 
 
 @dataclass(frozen=True)
@@ -109,106 +101,164 @@ class Evaluation:
         }
 
 
+@dataclass(frozen=True)
+class Figures:
+    """What the gates and the score both judge."""
+
+    spec: Summary | None  # every spec-on request
+    everything: Summary  # every request
+    low: int  # the interactive level: the lowest measured
+    target: int | None  # the throughput level
+    mine: str  # what the throughput level judges: auto when measured, else spec-on
+    on: Summary | None  # spec-on and spec-off at ``low`` on shared prompts
+    off: Summary | None
+    ours: Summary | None  # ``mine`` and batching at ``target`` on shared prompts
+    batching: Summary | None
+
+    @property
+    def active(self) -> float | None:
+        return self.spec.speculated / self.spec.ok if self.spec and self.spec.ok else None
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.spec.acceptance if self.spec else None
+
+    @property
+    def speedup(self) -> float | None:
+        return _compare(self.on, self.off, "decode_tps_avg")
+
+    @property
+    def ttft(self) -> float | None:
+        return _compare(self.on, self.off, "ttft_avg_ms")
+
+    @property
+    def throughput(self) -> float | None:
+        return _compare(self.ours, self.batching, "agg_tps")
+
+
+def _compare(a: Summary | None, b: Summary | None, figure: str) -> float | None:
+    """``a``'s figure over ``b``'s; None when either is missing."""
+    return ratio(getattr(a, figure, None), getattr(b, figure, None))
+
+
+def figures(runs: Sequence[CellRun], t: Thresholds) -> Figures:
+    measured = levels(runs)
+    target = t.target_concurrency if t.target_concurrency is not None else (
+        measured[-1] if measured else None)
+    mine = "auto" if any(r.cell.scenario == "auto" for r in runs) else "spec-on"
+    low = measured[0] if measured else 1
+    everything = summarize((m for r in runs for m in r.measurements),
+                           sum(r.seconds for r in runs))
+    ours, batching = (shared_pair(runs, mine, "batching", target) if target is not None
+                      else (None, None))
+    return Figures(pooled(runs, "spec-on"), everything, low, target, mine,
+                   *shared_pair(runs, "spec-on", "spec-off", low), ours, batching)
+
+
 def evaluate(runs: Sequence[CellRun], t: Thresholds = Thresholds(),
              complete: bool = True) -> Evaluation:
-    measured = levels(runs)
-    spec = pooled(runs, "spec-on")
-    everything = _all(runs)
-    low = measured[0] if measured else 1
-    target = _target(t, measured)
-    crossover = tuple(_level(runs, c, t) for c in measured)
+    f = figures(runs, t)
+    crossover = tuple(_level(runs, c, t) for c in levels(runs))
     stop_at = next((lv.concurrency for lv in crossover if lv.pays is False), None)
-    acceptance = _acceptance_by_family(runs, t)
-    gates = (
-        _active_gate(spec),
-        _reliability_gate(everything, t),
-        _acceptance_gate(spec, t),
-        _interactive_gate(runs, low, t),
-        _throughput_gate(runs, target, t),
-    )
-    parts = _score_parts(runs, spec, everything, low, target, crossover, t)
-    score = round(sum(p.points for p in parts))
-    verdict, recommendation = _verdict(gates, stop_at, crossover, target, complete)
-    return Evaluation(score, verdict, recommendation, stop_at, gates, parts, crossover,
-                      acceptance, spec.acceptance if spec else None, t)
+    gates = _gates(f, t)
+    parts = _score_parts(f, crossover, t)
+    verdict, recommendation = _verdict(gates, stop_at, crossover, f.target, complete)
+    return Evaluation(round(sum(p.points for p in parts)), verdict, recommendation, stop_at,
+                      gates, parts, crossover, _acceptance_by_family(runs, t), f.acceptance, t)
 
 
-# --- gates ---------------------------------------------------------------------------
-
-
-def _active_gate(spec: Summary | None) -> Gate:
+def _gates(f: Figures, t: Thresholds) -> tuple[Gate, ...]:
+    spec, every, on, off = f.spec, f.everything, f.on, f.off
+    gates = []
     rule = ("every successful spec-on request ran with a draft "
             "(`usage.speclane_spec.num_draft_tokens` > 0)")
     if spec is None or not spec.ok:
-        return Gate("active", "Speculation active", rule, "no successful spec-on request", None)
-    return Gate("active", "Speculation active", rule,
-                f"{spec.speculated}/{spec.ok} spec-on requests speculated",
-                spec.speculated == spec.ok)
-
-
-def _reliability_gate(everything: Summary, t: Thresholds) -> Gate:
+        gates.append(Gate("active", "Speculation active", rule, "no successful spec-on request",
+                          None))
+    else:
+        gates.append(Gate("active", "Speculation active", rule,
+                          f"{spec.speculated}/{spec.ok} spec-on requests speculated",
+                          spec.speculated == spec.ok))
     rule = f"failed requests at most {t.max_error_rate:.0%} of all"
-    if not everything.requests:
-        return Gate("errors", "Errors", rule, "no request finished", None)
-    rate = everything.error_rate or 0.0
-    return Gate("errors", "Errors", rule,
-                f"{everything.errors} of {everything.requests} requests failed ({rate:.1%})",
-                rate <= t.max_error_rate)
-
-
-def _acceptance_gate(spec: Summary | None, t: Thresholds) -> Gate:
-    rule = (f"accepted / drafted draft tokens over every spec-on request at least "
-            f"{t.acceptance_floor:.2f} (the router's own re-enable threshold)")
+    rate = every.error_rate
+    gates.append(Gate("errors", "Errors", rule, "no request finished", None) if rate is None else
+                 Gate("errors", "Errors", rule, f"{every.errors} of {every.requests} requests "
+                      f"failed ({rate:.1%})", rate <= t.max_error_rate))
+    title, rule = "Acceptance floor (model pair)", (
+        f"accepted / drafted draft tokens over every spec-on request at least "
+        f"{t.acceptance_floor:.2f} (the router's own re-enable threshold)")
     if spec is None or spec.acceptance is None:
-        return Gate("acceptance", "Acceptance floor (model pair)", rule,
-                    "no drafted tokens reported", None)
-    return Gate("acceptance", "Acceptance floor (model pair)", rule,
-                f"{spec.acceptance:.2f} ({spec.accepted}/{spec.drafted} drafted tokens)",
-                spec.acceptance >= t.acceptance_floor)
-
-
-def _interactive_gate(runs: Sequence[CellRun], low: int, t: Thresholds) -> Gate:
-    title = f"Interactive (c={low}): TTFT and decode speed"
-    rule = (f"at concurrency {low}, spec-on vs spec-off on the same prompts: decode tok/s "
+        gates.append(Gate("acceptance", title, rule, "no drafted tokens reported", None))
+    else:
+        gates.append(Gate("acceptance", title, rule, f"{spec.acceptance:.2f} ({spec.accepted}/"
+                          f"{spec.drafted} drafted tokens)", spec.acceptance >= t.acceptance_floor))
+    title = f"Interactive (c={f.low}): TTFT and decode speed"
+    rule = (f"at concurrency {f.low}, spec-on vs spec-off on the same prompts: decode tok/s "
             f"at least {t.min_speedup:.2f}x and TTFT at most {1 + t.ttft_tolerance:.2f}x "
             "(speculation cannot make the first token earlier: its first round drafts and "
             "verifies before anything is sent)")
-    on, off = _pair(runs, "spec-on", "spec-off", low)
-    if on is None or off is None or None in (on.decode_tps_avg, off.decode_tps_avg,
-                                             on.ttft_avg_ms, off.ttft_avg_ms):
-        return Gate("interactive", title, rule, "spec-on or spec-off not measured", None)
-    speedup = ratio(on.decode_tps_avg, off.decode_tps_avg)
-    ttft = ratio(on.ttft_avg_ms, off.ttft_avg_ms)
-    assert speedup is not None and ttft is not None
-    figure = (f"decode {off.decode_tps_avg:.1f} → {on.decode_tps_avg:.1f} tok/s "
-              f"({speedup:.2f}x); TTFT {off.ttft_avg_ms:.0f} → {on.ttft_avg_ms:.0f} ms "
-              f"({ttft:.2f}x)")
-    return Gate("interactive", title, rule, figure,
-                speedup >= t.min_speedup and ttft <= 1 + t.ttft_tolerance)
-
-
-def _throughput_gate(runs: Sequence[CellRun], target: int | None, t: Thresholds) -> Gate:
-    title = f"No throughput regression (c={target})"
-    mine = "auto" if any(r.cell.scenario == "auto" for r in runs) else "spec-on"
-    rule = (f"at the target concurrency, {mine} aggregate tok/s at least "
+    if on is None or off is None or f.speedup is None or f.ttft is None:
+        gates.append(Gate("interactive", title, rule, "spec-on or spec-off not measured", None))
+    else:
+        gates.append(Gate("interactive", title, rule, (
+            f"decode {off.decode_tps_avg:.1f} → {on.decode_tps_avg:.1f} tok/s "
+            f"({f.speedup:.2f}x); TTFT {off.ttft_avg_ms:.0f} → {on.ttft_avg_ms:.0f} ms "
+            f"({f.ttft:.2f}x)"), f.speedup >= t.min_speedup and f.ttft <= 1 + t.ttft_tolerance))
+    title = f"No throughput regression (c={f.target})"
+    rule = (f"at the target concurrency, {f.mine} aggregate tok/s at least "
             f"{1 - t.throughput_tolerance:.2f}x the batching lane's on the same prompts")
-    if target is None:
-        return Gate("throughput", title, rule, "nothing measured", None)
-    ours, base = _pair(runs, mine, "batching", target)
-    ratio_ = ratio(ours.agg_tps if ours else None, base.agg_tps if base else None)
-    if ours is None or base is None or ratio_ is None:
-        return Gate("throughput", title, rule, f"{mine} or batching not measured", None)
-    figure = f"{mine} {ours.agg_tps:.1f} vs batching {base.agg_tps:.1f} tok/s ({ratio_:.2f}x)"
-    return Gate("throughput", title, rule, figure, ratio_ >= 1 - t.throughput_tolerance)
+    if f.target is None:
+        gates.append(Gate("throughput", title, rule, "nothing measured", None))
+    elif f.ours is None or f.batching is None or f.throughput is None:
+        gates.append(Gate("throughput", title, rule, f"{f.mine} or batching not measured", None))
+    else:
+        gates.append(Gate("throughput", title, rule, (
+            f"{f.mine} {f.ours.agg_tps:.1f} vs batching {f.batching.agg_tps:.1f} tok/s "
+            f"({f.throughput:.2f}x)"), f.throughput >= 1 - t.throughput_tolerance))
+    return tuple(gates)
 
 
-# --- crossover -----------------------------------------------------------------------
+def _score_parts(f: Figures, crossover: tuple[Level, ...],
+                 t: Thresholds) -> tuple[ScorePart, ...]:
+    """Each part: ``weight`` x a share in [0, 1] of its figure; 0 when not measured."""
+    tol, floor = t.ttft_tolerance, 1 - t.throughput_tolerance
+    table = (
+        ("active", "Speculation active", 10,
+         "10 x share of spec-on requests that ran with a draft", f.active, "{:.0%}",
+         lambda v: v),
+        ("errors", "Reliability", 10, "10 x (1 - error rate / 10 %), at least 0",
+         f.everything.error_rate, "{:.1%} errors", lambda v: 1 - v / 0.10),
+        ("acceptance", "Acceptance", 20,
+         f"20 x acceptance / {t.acceptance_floor:.2f}, at most 20", f.acceptance, "{:.2f}",
+         lambda v: v / t.acceptance_floor),
+        ("speedup", f"Decode speed-up (c={f.low})", 25,
+         f"25 x (speed-up - 1) / {t.full_speedup - 1:.2f}, between 0 and 25", f.speedup,
+         "{:.2f}x", lambda v: (v - 1) / (t.full_speedup - 1)),
+        ("ttft", f"TTFT (c={f.low})", 10, f"10 up to {1 + tol:.2f}x spec-off's TTFT, falling "
+         f"linearly to 0 at {1 + 2 * tol:.2f}x", f.ttft, "{:.2f}x",
+         lambda v: (1 + 2 * tol - v) / tol),
+        ("throughput", f"Throughput (c={f.target})", 15, f"15 from {floor:.2f}x batching's "
+         "aggregate tok/s up, falling linearly to 0 at 0.50x", f.throughput, "{:.2f}x",
+         lambda v: (v - 0.5) / (floor - 0.5)),
+    )
+    parts = [ScorePart(key, title, weight, rule, fmt(value, pattern, "n/a"),
+                       0.0 if value is None else weight * _clamp(share(value)))
+             for key, title, weight, rule, value, pattern, share in table]
+    judged = [lv for lv in crossover if lv.pays is not None]
+    paying = sum(1 for lv in judged if lv.pays)
+    parts.append(ScorePart(
+        "range", "Concurrency range", 10,
+        "10 x share of measured levels at which speculation pays",
+        f"{paying}/{len(judged)} levels" if judged else "n/a",
+        10 * paying / len(judged) if judged else 0.0))
+    return tuple(parts)
 
 
 def _level(runs: Sequence[CellRun], c: int, t: Thresholds) -> Level:
-    best: Level | None = None  # the alternative hardest to beat, on shared prompts
+    """spec-on against the alternative hardest to beat at level ``c``, on shared prompts."""
+    best: Level | None = None
     for alt in ("spec-off", "batching"):
-        on, other = _pair(runs, "spec-on", alt, c)
+        on, other = shared_pair(runs, "spec-on", alt, c)
         if on is None or other is None or on.agg_tps is None or other.agg_tps is None:
             continue
         level = Level(c, on.agg_tps, alt, other.agg_tps,
@@ -223,69 +273,6 @@ def _harder(a: Level, b: Level) -> bool:
         return a.pays is False
     return (a.ratio if a.ratio is not None else float("inf")) < (
         b.ratio if b.ratio is not None else float("inf"))
-
-
-# --- score ---------------------------------------------------------------------------
-
-
-def _score_parts(runs: Sequence[CellRun], spec: Summary | None, everything: Summary,
-                 low: int, target: int | None, crossover: tuple[Level, ...],
-                 t: Thresholds) -> tuple[ScorePart, ...]:
-    parts = []
-    active = spec.speculated / spec.ok if spec and spec.ok else None
-    parts.append(ScorePart("active", "Speculation active", 10,
-                           "10 x share of spec-on requests that ran with a draft",
-                           _fmt(active, "{:.0%}"), 10 * (active or 0.0)))
-    rate = everything.error_rate
-    parts.append(ScorePart("errors", "Reliability", 10,
-                           "10 x (1 - error rate / 10 %), at least 0",
-                           _fmt(rate, "{:.1%} errors"),
-                           0.0 if rate is None else 10 * _clamp(1 - rate / 0.10)))
-    acc = spec.acceptance if spec else None
-    parts.append(ScorePart("acceptance", "Acceptance", 20,
-                           f"20 x acceptance / {t.acceptance_floor:.2f}, at most 20",
-                           _fmt(acc, "{:.2f}"),
-                           0.0 if acc is None else 20 * _clamp(acc / t.acceptance_floor)))
-    on, off = _pair(runs, "spec-on", "spec-off", low)
-    speedup = ratio(on.decode_tps_avg if on else None, off.decode_tps_avg if off else None)
-    parts.append(ScorePart(
-        "speedup", f"Decode speed-up (c={low})", 25,
-        f"25 x (speed-up - 1) / {t.full_speedup - 1:.2f}, between 0 and 25",
-        _fmt(speedup, "{:.2f}x"),
-        0.0 if speedup is None else 25 * _clamp((speedup - 1) / (t.full_speedup - 1))))
-    ttft = ratio(on.ttft_avg_ms if on else None, off.ttft_avg_ms if off else None)
-    tol = t.ttft_tolerance
-    parts.append(ScorePart(
-        "ttft", f"TTFT (c={low})", 10,
-        f"10 up to {1 + tol:.2f}x spec-off's TTFT, falling linearly to 0 at {1 + 2 * tol:.2f}x",
-        _fmt(ttft, "{:.2f}x"),
-        0.0 if ttft is None else 10 * _clamp((1 + 2 * tol - ttft) / tol)))
-    throughput = _throughput_ratio(runs, target)
-    floor = 1 - t.throughput_tolerance
-    parts.append(ScorePart(
-        "throughput", f"Throughput (c={target})", 15,
-        f"15 from {floor:.2f}x batching's aggregate tok/s up, falling linearly to 0 at 0.50x",
-        _fmt(throughput, "{:.2f}x"),
-        0.0 if throughput is None else 15 * _clamp((throughput - 0.5) / (floor - 0.5))))
-    judged = [lv for lv in crossover if lv.pays is not None]
-    paying = sum(1 for lv in judged if lv.pays)
-    parts.append(ScorePart(
-        "range", "Concurrency range", 10,
-        "10 x share of measured levels at which speculation pays",
-        f"{paying}/{len(judged)} levels" if judged else "n/a",
-        10 * paying / len(judged) if judged else 0.0))
-    return tuple(parts)
-
-
-def _throughput_ratio(runs: Sequence[CellRun], target: int | None) -> float | None:
-    if target is None:
-        return None
-    mine = "auto" if any(r.cell.scenario == "auto" for r in runs) else "spec-on"
-    ours, base = _pair(runs, mine, "batching", target)
-    return ratio(ours.agg_tps if ours else None, base.agg_tps if base else None)
-
-
-# --- verdict -------------------------------------------------------------------------
 
 
 def _verdict(gates: tuple[Gate, ...], stop_at: int | None, crossover: tuple[Level, ...],
@@ -323,9 +310,6 @@ def _verdict(gates: tuple[Gate, ...], stop_at: int | None, crossover: tuple[Leve
             "defaults keep it for one request at a time and move the rest to batching.")
 
 
-# --- helpers -------------------------------------------------------------------------
-
-
 def _acceptance_by_family(runs: Sequence[CellRun],
                           t: Thresholds) -> tuple[FamilyAcceptance, ...]:
     out = []
@@ -338,28 +322,5 @@ def _acceptance_by_family(runs: Sequence[CellRun],
     return tuple(out)
 
 
-def _pair(runs: Sequence[CellRun], a: str, b: str,
-          c: int) -> tuple[Summary | None, Summary | None]:
-    families = common_families(runs, (a, b), c)
-    if not families:
-        return None, None
-    return (pooled(runs, a, concurrency=c, families=families),
-            pooled(runs, b, concurrency=c, families=families))
-
-
-def _all(runs: Sequence[CellRun]) -> Summary:
-    return summarize((m for r in runs for m in r.measurements), sum(r.seconds for r in runs))
-
-
-def _target(t: Thresholds, measured: tuple[int, ...]) -> int | None:
-    if t.target_concurrency is not None:
-        return t.target_concurrency
-    return measured[-1] if measured else None
-
-
-def _clamp(x: float, low: float = 0.0, high: float = 1.0) -> float:
-    return max(low, min(high, x))
-
-
-def _fmt(value: float | None, pattern: str) -> str:
-    return "n/a" if value is None else pattern.format(value)
+def _clamp(x: float) -> float:
+    return max(0.0, min(1.0, x))

@@ -1,12 +1,7 @@
-"""What the draft-source benchmark sends (pure, deterministic): each family's variants and the
-request body of each, and the copy-heavy families' prompts, a 60-line function to rewrite with
-one change, with and without the original passed as an OpenAI ``prediction``.
-
-- ``edit``: "rewrite this function with one change" (the answer copies the prompt: prompt
-  lookup's case). Sent to ``/v1/completions`` with the answer's first line already written.
-- ``refactor-with-prediction``: the same request with the original function as the
-  request's ``prediction`` (Predicted Outputs' case; the answer differs from it in one line).
-"""
+"""What the draft-source benchmark sends (pure, deterministic): each family's variants and
+the request body of each, and the copy-heavy families' prompt, a 60-line function to
+rewrite with one change (prompt lookup's case), also sent with the original as an OpenAI
+``prediction`` (Predicted Outputs' case)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,14 @@
 """The draft-source benchmark's figures (pure): when auto-disable has decided for a family,
-each cell's summary, the report's table and the goals.
-
-``examples/spec_families.py`` runs it. Every family is its own client (so its own workload);
-per family, on the speculative lane:
-
-- concurrency 1: plain decoding (``num_draft_tokens: 0``) and each draft source, interleaved
-  request by request, so that a shared machine's drift weighs on all of them alike;
-- concurrency 2: two identical requests at once per variant (the speculative lane serves one
-  at a time, so the second waits: the aggregate shows what that costs), and plain decoding
-  on the batching lane (what two streams get without speculation);
-- then, without a lane header, requests until auto-disable has decided for the family, and
-  the routed requests that are measured, one at a time and two at once.
-"""
+each cell's summary, the report's table and the goals. ``examples/spec_families.py`` runs
+it: per family, plain decoding and each draft source on the speculative lane (interleaved,
+so drift weighs on all alike), then routed requests once auto-disable has decided."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from router.bench.common.stats import mean, ratio
+from router.bench.common.stats import fmt, mean, ratio
 from router.bench.sources.plan import PLAIN, PREDICTION_FAMILY
 
 
@@ -71,10 +61,6 @@ def together(runs: Sequence[Mapping[str, Any]], wall: float) -> dict[str, Any]:
             "aggregate_tps": tokens / wall if wall > 0 else None}
 
 
-def _f(value: Any, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def table(results: Mapping[str, Any]) -> str:
     """The markdown table of a run: one row per family and variant, then the routed row."""
     lines = [
@@ -91,19 +77,19 @@ def table(results: Mapping[str, Any]) -> str:
             acc = "-" if cell["acceptance"] is None else (
                 f"{cell['acceptance']:.2f} ({cell['accepted']}/{cell['drafted']})")
             lines.append(
-                f"| {family} | {variant} | {acc} | {_f(cell['tps'], '.1f')} | "
-                f"{_f(ratio(cell['tps'], plain))} | {_f(c2.get('tps'), '.1f')} | "
-                f"{_f(c2_tps, '.1f')} ({_f(ratio(c2_tps, batch))}) |")
+                f"| {family} | {variant} | {acc} | {fmt(cell['tps'], '{:.1f}')} | "
+                f"{fmt(ratio(cell['tps'], plain))} | {fmt(c2.get('tps'), '{:.1f}')} | "
+                f"{fmt(c2_tps, '{:.1f}')} ({fmt(ratio(c2_tps, batch))}) |")
         routed, routed2 = r["routed"], r.get("routed_c2") or {}
         ad = ", ".join(f"{row.get('source')}: {row['state']} ({row['reason']})"
                        for row in r.get("auto_disable", [])) or "-"
         lines.append(
             f"| {family} | **routed** ({', '.join(routed['lanes'])}; "
-            f"{', '.join(routed['sources'])}) | {ad} | {_f(routed['tps'], '.1f')} | "
-            f"**{_f(ratio(routed['tps'], _plain_beside_routed(r)))}** | "
-            f"{_f(routed2.get('tps'), '.1f')} | "
-            f"{_f(routed2.get('aggregate_tps'), '.1f')} "
-            f"({_f(ratio(routed2.get('aggregate_tps'), batch))}) |")
+            f"{', '.join(routed['sources'])}) | {ad} | {fmt(routed['tps'], '{:.1f}')} | "
+            f"**{fmt(ratio(routed['tps'], _plain_beside_routed(r)))}** | "
+            f"{fmt(routed2.get('tps'), '{:.1f}')} | "
+            f"{fmt(routed2.get('aggregate_tps'), '{:.1f}')} "
+            f"({fmt(ratio(routed2.get('aggregate_tps'), batch))}) |")
     return "\n".join(lines)
 
 

@@ -6,7 +6,6 @@ import pytest
 
 from router.bench.agent.plan import long_document, system_prompt
 from router.bench.agent.report import largest_gap, ratios, render
-from router.bench.agent.run import Stream
 from router.bench.common.stats import ratio
 
 
@@ -17,16 +16,6 @@ def test_largest_gap_counts_waits_overlapping_the_window_whole() -> None:
     assert largest_gap(times, 4.3, 20.0) == pytest.approx(4.8)  # 4.2 -> 9.0 ends after the window
     assert largest_gap(times, 10.0, 11.0) is None
     assert largest_gap([], 0.0, 1.0) is None
-
-
-def test_stream_rates_use_usage_when_reported() -> None:
-    s = Stream(sent=10.0, token_times=[11.0, 11.5, 12.0], usage={
-        "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 7}})
-    assert s.ttft == 1.0
-    assert s.decode_rate() == pytest.approx(4.0)  # 4 tokens after the first in 1 s
-    assert s.cached_tokens == 7
-    assert Stream(sent=0.0).ttft is None and Stream(sent=0.0).decode_rate() is None
-    assert Stream(sent=0.0, usage={"prompt_tokens_details": None}).cached_tokens is None
 
 
 def test_ratios_and_goals() -> None:

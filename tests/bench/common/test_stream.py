@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+import pytest
 
 from router.bench.common.stream import Reply, error_message, pieces, stream
 from tests.fakes.upstream import Behaviour, FakeUpstream
@@ -33,6 +34,8 @@ async def test_a_whole_stream_hands_every_piece_and_the_usage(fake: FakeUpstream
     assert reply.done and reply.error is None and reply.status == 200
     assert reply.usage["completion_tokens"] == 4 and reply.usage["speclane_spec"] == {
         "drafted": 3}
+    assert reply.text == "w0 w1 w2 w3 " and len(reply.token_times) == 4
+    assert reply.sent <= reply.token_times[0] <= reply.token_times[-1]
     assert fake.requests[-1].headers["X-Test"] == "1"
 
 
@@ -64,3 +67,13 @@ def test_error_messages() -> None:
     assert error_message(b'{"error": {"message": "no"}}') == "no"
     assert error_message(b"plain text\n") == "plain text"
     assert error_message(b"") == "(empty body)"
+
+
+def test_reply_rates_use_usage_when_reported() -> None:
+    s = Reply(sent=10.0, token_times=[11.0, 11.5, 12.0], usage={
+        "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 7}})
+    assert s.ttft == 1.0
+    assert s.decode_rate() == pytest.approx(4.0)  # 4 tokens after the first in 1 s
+    assert s.cached_tokens == 7
+    assert Reply(sent=0.0).ttft is None and Reply(sent=0.0).decode_rate() is None
+    assert Reply(sent=0.0, usage={"prompt_tokens_details": None}).cached_tokens is None

@@ -52,12 +52,12 @@ async def test_own_core_layout_pins_the_proxy_apart_and_gives_this_process_its_c
         targets.update(served)
         arrange(layout, served, cores)
 
-    async def watching(target: str, *args: object, **kwargs: object) -> run.Level:
+    async def watching(level: run.Level, *args: object, **kwargs: object) -> run.Level:
         # While a cell is measured: where each process may run, every thread of it.
-        seen[(str(kwargs["cpus"]), target)] = {
+        seen[(level.cpus, level.target)] = {
             "loadgen": cpu.allowed_cpus(),
             **{name: _cores_of(s.sid) for name, s in targets.items()}}
-        return await measure(target, *args, **kwargs)  # type: ignore[arg-type]
+        return await measure(level, *args, **kwargs)  # type: ignore[arg-type]
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(run, "_arrange", recording)
