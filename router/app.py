@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -33,7 +31,6 @@ from router.backends.scrape import CumulativeScraper
 from router.config.policies import PolicySet, load_policies
 from router.config.policydir import is_packaged
 from router.config.settings import Settings
-from router.config.watch import PolicyWatcher
 from router.frontdoors.handlers import setup_frontdoor_routes
 from router.lanes.group import start_lanes, stop_lanes
 from router.metrics import Metrics
@@ -45,6 +42,7 @@ from router.proxy.handlers import setup_routes
 from router.proxy.hosts import HostRule
 from router.proxy.localtoken import new_token
 from router.proxy.middleware import browser_guard, error_middleware
+from router.proxy.policy_watch import PolicyWatcher
 from router.proxy.relay import Relay
 from router.proxy.telemetry import SpecTelemetry
 from router.proxy.upstream import Http1Pool
@@ -133,16 +131,15 @@ def warn_no_policies(directory: Path) -> None:
 
 async def policy_reloads(app: web.Application) -> AsyncIterator[None]:
     watcher = app[POLICIES]
-    task = None
-    if watcher.directory.is_dir():
-        task = asyncio.create_task(watcher.run(), name="speclane-policy-watch")
-        watcher.install_sighup()
+    if not watcher.directory.is_dir():
+        yield
+        return
+    poller = watcher.poller()
+    poller.start()
+    watcher.install_sighup()
     yield
-    if task:
-        watcher.remove_sighup()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    watcher.remove_sighup()
+    await poller.stop()
 
 
 async def client_session(app: web.Application) -> AsyncIterator[None]:

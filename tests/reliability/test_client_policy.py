@@ -27,8 +27,8 @@ import pytest
 
 from router.appkeys import POLICIES
 from router.config.policies import load_policies
-from router.config.watch import PolicyWatcher, ReloadResult
 from router.metrics import Metrics
+from router.proxy.policy_watch import PolicyWatcher, ReloadResult
 from tests.conftest import fake_upstreams, router_settings
 from tests.fakes.upstream import FakeUpstream
 from tests.reliability.harness import (
@@ -339,7 +339,7 @@ async def test_the_watcher_survives_running_out_of_file_descriptors(
     (tmp_path / "default.toml").write_text("priority = 0\n")
     metrics = Metrics()
     watcher = PolicyWatcher(tmp_path, load_policies(tmp_path), metrics=metrics, interval=0.01)
-    poller = asyncio.create_task(watcher.run())
+    poller = watcher.poller().start()
     try:
         with out_of_file_descriptors():
             failed = await asyncio.wait_for(watcher.wait_reload(0), 10)
@@ -402,7 +402,7 @@ async def test_files_rewritten_in_place_under_traffic_refuse_no_valid_request(
     async with router(tmp_path, files, policy_poll_interval=0.02,
                       policy_settle_seconds=settle) as (r, _):
         watcher = r.app[POLICIES]
-        poller = asyncio.create_task(watcher.run())
+        poller = watcher.poller().start()
 
         async def client(key: str) -> None:
             async with aiohttp.ClientSession() as s:

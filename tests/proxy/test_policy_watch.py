@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from router.config.policies import load_policies
-from router.config.watch import PolicyWatcher, ReloadResult, fingerprint, whole
 from router.metrics import Metrics
+from router.proxy.policy_watch import PolicyWatcher, ReloadResult, fingerprint, whole
 
 
 def sample(metrics: Metrics, result: str) -> float:
@@ -45,7 +45,7 @@ def priority(watcher: PolicyWatcher, client: str) -> int | None:
 async def test_a_changed_file_is_reloaded_by_the_poller(directory: Path) -> None:
     metrics = Metrics()
     watcher = watcher_for(directory, metrics=metrics, interval=0.01)
-    poller = asyncio.create_task(watcher.run())
+    poller = watcher.poller().start()
     try:
         (directory / "agent.toml").write_text('priority = 42\n[match]\nclient_header = "agent"\n')
         result = await asyncio.wait_for(watcher.wait_reload(0), 10)

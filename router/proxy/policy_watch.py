@@ -52,6 +52,7 @@ from router.config.policies import (
 )
 from router.config.speculation import SpecSettings
 from router.metrics import Metrics
+from router.periodic import Periodic
 
 log = logging.getLogger("speclane.policy")
 
@@ -172,15 +173,15 @@ class PolicyWatcher:
         self._candidate = None
         return self._apply(reading.files, "file-change", widen=False)
 
-    async def run(self) -> None:
-        """Poll for changes until cancelled; no error stops it."""
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                self.check()
-            except Exception:  # a bug here must not end hot reload for good
-                log.exception("policy watcher: unexpected error; watching goes on")
-                self._count("error")
+    def poller(self) -> Periodic:
+        """The polling task: one check every ``interval`` seconds; no error stops it."""
+        return Periodic("speclane-policy-watch", self.check, self.interval, wait_first=True,
+                        on_error=self._poll_failed)
+
+    def _poll_failed(self, error: Exception) -> None:
+        # A bug here must not end hot reload for good.
+        log.error("policy watcher: unexpected error; watching goes on", exc_info=error)
+        self._count("error")
 
     def install_sighup(self, loop: asyncio.AbstractEventLoop | None = None) -> bool:
         """Reload on SIGHUP; False where the platform has no SIGHUP or loop signal handlers."""
