@@ -35,7 +35,7 @@ from router.worker.contract import (
 )
 from router.worker.engine import Engine
 from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
-from router.worker.protocol import GenerationRequest, Kind, parse_request
+from router.worker.protocol import GenerationRequest, Kind, parse_request, token_budget
 from router.worker.shapes import Answer
 from router.worker.tokenizing import COUNT, GENERATION, TokenizerThread
 from router.worker.tools import (
@@ -198,7 +198,9 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
             f"the prompt has {len(prompt_ids)} tokens; the context is {info.context_length}",
             code="context_length_exceeded",
         )
-    job = Job(prepared.generation, prompt_ids, loop, partition=partition)
+    budget = token_budget(generation.max_tokens, len(prompt_ids), info.context_length)
+    job = Job(dataclasses.replace(prepared.generation, max_tokens=budget), prompt_ids, loop,
+              partition=partition)
     if prepared.generation.prediction:
         job.prediction_ids = await thread.run(
             GENERATION, encode_prediction, tokenizer, prepared.generation.prediction
