@@ -45,7 +45,8 @@ def anthropic_key(request: web.Request) -> str | None:
 async def messages(request: web.Request) -> web.StreamResponse:
     def translate(raw: bytes) -> Inbound:
         req = anthropic_in.to_openai(load_object(raw))
-        return to_parsed("chat", req.openai), AnthropicEgress(req.model, req.stop_sequences)
+        egress = AnthropicEgress(req.model, req.stop_sequences, req.applied_edits)
+        return to_parsed("chat", req.openai), egress
 
     return await proxy(request, "chat", api="anthropic", translate=translate,
                        api_key_header=True)

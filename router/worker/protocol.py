@@ -106,6 +106,9 @@ class GenerationRequest:
     seed: int | None = None
     stream: bool = False
     include_usage: bool = False
+    # vLLM's stream_options.continuous_usage_stats; here the first chunk carries the prompt's
+    # size (what Anthropic's message_start reports) and the last the whole usage.
+    continuous_usage: bool = False
     num_draft_tokens: int | None = None  # None: the worker's --num-draft-tokens
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -164,6 +167,7 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
         seed=typed(body, "seed", int, None),
         stream=typed(body, "stream", bool, False),
         include_usage=typed(stream_options, "include_usage", bool, False),
+        continuous_usage=typed(stream_options, "continuous_usage_stats", bool, False),
         num_draft_tokens=integer(body, DRAFT_TOKENS_FIELD, None, 0, MAX_DRAFT_TOKENS),
         presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),

@@ -350,7 +350,12 @@ async def _stream(
     )
     await response.prepare(request)
     if answer.kind == "chat":
-        await _send(response, answer.chunk("", role=True))
+        head = answer.chunk("", role=True)
+        if job.request.continuous_usage:
+            prompt = len(job.prompt_ids)
+            head["usage"] = {"prompt_tokens": prompt, "completion_tokens": 0,
+                             "total_tokens": prompt}
+        await _send(response, head)
     event: Event = first
     last_sent = time.monotonic()
     while True:
