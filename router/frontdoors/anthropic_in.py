@@ -91,6 +91,15 @@ def to_openai(body: dict[str, Any], *, for_count: bool = False) -> MessagesReque
                            edited.applied if edited.requested else None)
 
 
+COUNTED_FIELDS = ("model", "messages", "tools", "tool_choice", "parallel_tool_calls")
+
+
+def count_body(req: MessagesRequest) -> dict[str, Any]:
+    """A lane's /tokenize body for count_tokens: what the lane renders into the prompt (the
+    system, the messages, the tools and how they may be called), nothing it generates."""
+    return {k: req.openai[k] for k in COUNTED_FIELDS if k in req.openai}
+
+
 def _system(system: Any, at: str = "system") -> list[dict[str, Any]]:
     if system is None:
         return []

@@ -70,7 +70,7 @@ async def count_tokens(request: web.Request) -> web.Response:
                           type="permission_error", param="model", code="model_not_allowed")
     lane = _tokenizing_lane(app[POOL], req.model)
     try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
-        body = orjson.dumps({"model": req.model, "messages": req.openai["messages"]})
+        body = orjson.dumps(anthropic_in.count_body(req))
     except orjson.JSONEncodeError as e:
         raise errors.bad_request(f"request body cannot be forwarded: {e}",
                                  code="invalid_json") from e

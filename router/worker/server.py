@@ -1,5 +1,6 @@
 """The worker's HTTP side: /health, /v1/models, /v1/chat/completions, /v1/completions,
-/v1/tokenize (a prompt's token count under the chat template: Anthropic's count_tokens).
+/v1/tokenize (a prompt's token count under the chat template, tools included: Anthropic's
+count_tokens).
 
 Handlers never wait on the generation thread except through their job's event queue, so
 /health answers while a batch is decoding. Tokenizing runs on one thread
@@ -171,8 +172,14 @@ async def tokenize(request: web.Request) -> web.Response:
             f"model '{generation.model}' is not served here", param="model", code="model_not_found"
         )
     tokenizer = engine.models.tokenizer if engine.models else None
-    ids = await request.app[TOKENIZE].run(COUNT, encode, tokenizer, generation)
+    ids = await request.app[TOKENIZE].run(COUNT, count, tokenizer, generation)
     return _json({"count": len(ids), "model": info.model_name})
+
+
+def count(tokenizer: Any, generation: GenerationRequest) -> list[int]:
+    """The prompt as ``prepare`` would tokenize it, tools in the same syntax, nothing compiled."""
+    syntax = syntax_for(tokenizer, generation) if generation.kind == "chat" else None
+    return encode(tokenizer, generation, syntax)
 
 
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
