@@ -10,7 +10,8 @@ import pytest
 from tests.clients.programs import require
 from tests.clients.scripted import MODEL, agent_turn, run_program, speclane_before
 
-pytestmark = pytest.mark.clients
+# the first run installs the program (bounded by programs.INSTALL_TIMEOUT), then two turns
+pytestmark = [pytest.mark.clients, pytest.mark.timeout(900)]
 
 SECRET = "SECRET-LINE: the answer is forty-two"
 
