@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from router.errors import RouterError
 from router.frontdoors import anthropic_context, anthropic_in
@@ -146,3 +148,26 @@ def test_an_edit_speclane_cannot_apply_is_refused_by_name(edits: Any, param: str
     with pytest.raises(RouterError) as refused:
         anthropic_in.to_openai(request(conversation(1), context_management=edits))
     assert refused.value.status == 400 and refused.value.param == param
+
+
+THRESHOLD = st.none() | st.integers(-1, 3) | st.fixed_dictionaries({
+    "type": st.sampled_from(["input_tokens", "tool_uses", "thinking_turns", "x"]),
+    "value": st.integers(-1, 200) | st.booleans() | st.none()})
+EDIT = st.fixed_dictionaries({"type": st.sampled_from([
+    "clear_tool_uses_20250919", "clear_thinking_20251015", "other"])}, optional={
+    "trigger": THRESHOLD, "keep": THRESHOLD | st.just("all"), "clear_at_least": THRESHOLD,
+    "exclude_tools": st.none() | st.lists(st.sampled_from(["Read", "Bash", 3]), max_size=2),
+    "clear_tool_inputs": st.booleans() | st.lists(st.sampled_from(["Read", 1]), max_size=2)})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(EDIT, max_size=3), st.integers(0, 6))
+def test_any_edit_list_is_applied_or_refused(edits: list[dict[str, Any]], rounds: int) -> None:
+    body = request(conversation(rounds), context_management={"edits": edits})
+    try:
+        req = anthropic_in.to_openai(body)
+    except RouterError as e:
+        assert e.status == 400 and str(e.param).startswith("context_management")
+        return
+    assert req.applied_edits is not None
+    assert len(results(req.openai)) == rounds  # results are cleared, never dropped
