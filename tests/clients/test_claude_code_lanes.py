@@ -1,0 +1,47 @@
+"""Claude Code's real first request on the real lanes (slow: realmodel).
+
+Its prompt (about 20k tokens: system, tools, a system message after the user's turn) is
+larger than the default model's 8,192-token context. What must happen: the lane renders it
+with the model's chat template (the mid-conversation system message folded in, no template
+error), counts it, and answers 400 ``context_length_exceeded``, which Claude Code shows.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from router.lanes.modelprep import DEFAULT_MODEL_NAME
+from tests.clients.programs import require
+from tests.clients.test_claude_code import claude_env
+from tests.lanes.test_lanes_e2e import Router, start_router, stop_router
+
+pytestmark = [pytest.mark.clients, pytest.mark.realmodel, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
+    r = start_router(tmp_path_factory.mktemp("claude-lanes"))
+    yield r
+    stop_router(r)
+
+
+def test_claude_codes_prompt_reaches_the_lanes_and_is_measured_against_the_context(
+        router: Router, tmp_path: Path) -> None:
+    claude = require("claude")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**claude_env(router.base_url.removesuffix("/v1"), home),
+           "ANTHROPIC_SMALL_FAST_MODEL": DEFAULT_MODEL_NAME,
+           "ANTHROPIC_DEFAULT_HAIKU_MODEL": DEFAULT_MODEL_NAME,
+           "PATH": "/usr/bin:/bin"}
+    ran = subprocess.run([str(claude), "-p", "Say hi", "--model", DEFAULT_MODEL_NAME],
+                         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, timeout=300, check=False)
+    shown = ran.stdout + ran.stderr
+    assert "context_length_exceeded" in shown, shown
+    assert "the context is 8192" in shown, shown
+    assert "chat template rejected" not in shown
