@@ -9,9 +9,10 @@ System messages may come anywhere (OpenAI ``system`` and ``developer``, Anthropi
 mid-conversation system messages), but many chat templates accept one system message, first.
 ``fold_system_messages`` renders them one way for every template: the leading ones become one
 system message; a later one becomes a delimited note (``SYSTEM_NOTE``) at the end of the user
-message before it, or a user message of its own when the message before it is not a user's.
-The rule looks only backwards, so a conversation renders the same on every turn and its prompt
-cache keeps hitting.
+message before it; after another turn, at the start of the user message after it; else a
+user message of its own. A message's rendering depends only on it and its neighbours, and a
+later turn only appends (the model's answer first), so a conversation renders the same on
+every turn and its prompt cache keeps hitting.
 
 Tools (``tools``, ``tool_choice``, ``parallel_tool_calls``), assistant ``tool_calls`` and
 ``tool`` messages, and ``response_format`` are kept here as plain values; JSON schemas are kept
@@ -246,20 +247,35 @@ def fold_system_messages(messages: list[Message]) -> tuple[Message, ...]:
     if lead:
         texts = [m.content for m in messages[:lead] if m.content]
         out.append(Message("system", "\n\n".join(texts)))
-    for m in messages[lead:]:
-        if m.role not in SYSTEM_ROLES:
-            out.append(m)
+    i = lead
+    while i < len(messages):
+        if messages[i].role not in SYSTEM_ROLES:
+            out.append(messages[i])
+            i += 1
             continue
-        if not m.content:
+        end = i  # a run of later system messages makes one block of notes
+        while end < len(messages) and messages[end].role in SYSTEM_ROLES:
+            end += 1
+        notes = "\n\n".join(SYSTEM_NOTE.format(m.content) for m in messages[i:end] if m.content)
+        after = messages[end] if end < len(messages) else None
+        i = end
+        if not notes:
             continue
-        note = SYSTEM_NOTE.format(m.content)
-        before = out[-1] if out else None
-        if before is not None and before.role == "user" and not before.tool_calls:
-            joined = f"{before.content}\n\n{note}" if before.content else note
-            out[-1] = Message("user", joined, name=before.name)
+        if out and out[-1].role == "user":
+            out[-1] = _joined(out[-1], out[-1].content, notes)
+        elif after is not None and after.role == "user":
+            # Between an assistant turn and a user turn: one user turn, so templates that
+            # require turns to alternate still accept it.
+            out.append(_joined(after, notes, after.content))
+            i += 1
         else:
-            out.append(Message("user", note))
+            out.append(Message("user", notes))
     return tuple(out)
+
+
+def _joined(user: Message, first: str, second: str) -> Message:
+    return Message("user", f"{first}\n\n{second}" if first and second else first or second,
+                   name=user.name)
 
 
 def _optional_str(item: Mapping[str, Any], key: str, index: int) -> str | None:

@@ -378,12 +378,26 @@ def test_a_system_message_after_an_assistant_or_tool_turn_is_a_user_turn_of_its_
     assert got[3][1] == "<system>\nmind the time\n</system>"
 
 
+def test_a_system_message_between_turns_opens_the_next_user_message() -> None:
+    # [assistant, user-note, user] would break templates that want turns to alternate
+    got = roles([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes?"},
+                 {"role": "system", "content": "a"}, {"role": "system", "content": ""},
+                 {"role": "developer", "content": "b"}, {"role": "user", "content": "go"}])
+    assert got == [("user", "hi"), ("assistant", "yes?"),
+                   ("user", "<system>\na\n</system>\n\n<system>\nb\n</system>\n\ngo")]
+
+
 def test_a_conversation_folds_the_same_way_on_every_turn() -> None:
     turn1 = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
              {"role": "system", "content": "agents: x"}]
     turn2 = [*turn1, {"role": "assistant", "content": "hello"},
-             {"role": "user", "content": "more"}]
-    assert roles(turn2)[: len(roles(turn1))] == roles(turn1)
+             {"role": "system", "content": "reminder"}, {"role": "user", "content": "more"}]
+    turn3 = [*turn2, {"role": "assistant", "content": "ok"},
+             {"role": "system", "content": "last"}]
+    turn4 = [*turn3, {"role": "assistant", "content": "noted"},
+             {"role": "user", "content": "bye"}]
+    for before, after in ((turn1, turn2), (turn2, turn3), (turn3, turn4)):
+        assert roles(after)[: len(roles(before))] == roles(before)
 
 
 @pytest.mark.parametrize(("requested", "prompt", "context", "expected"), [
