@@ -192,14 +192,18 @@ class Ran:
         return f"exit {self.code}\n--- stdout\n{self.out[-3000:]}\n--- stderr\n{self.err[-3000:]}"
 
 
+def program_env(env: dict[str, str]) -> dict[str, str]:
+    """This environment (PATH...) without the developer's own client settings, plus ``env``."""
+    kept = {k: v for k, v in os.environ.items()
+            if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE", "QWEN", "AIDER"))}
+    return {**kept, **env}
+
+
 async def run_program(argv: list[str], *, cwd: Path, env: dict[str, str],
                       limit: float = PROGRAM_TIMEOUT) -> Ran:
     """Run a client program to its end (no stdin); kill it if it outlives ``limit`` seconds."""
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE", "QWEN", "AIDER"))}
-    full_env.update(env)
     proc = await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, env=full_env, stdin=asyncio.subprocess.DEVNULL,
+        *argv, cwd=cwd, env=program_env(env), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), limit)
