@@ -20,10 +20,9 @@ from typing import Any
 
 import orjson
 
-from router import errors
+from router import errors, sse
 from router.errors import RouterError
 from router.frontdoors.common import dict_of, list_of, translate_events, whole_call
-from router import sse
 from router.sse import event_json
 
 STREAM_CONTENT_TYPE = "text/event-stream"
