@@ -33,7 +33,9 @@ machine is busy; below 0 it takes it only while both lanes are idle.
 
 ``caps`` are limits on request parameters. ``action = "clamp"`` (the default) lowers the
 value and says so in ``X-Speclane-Decision`` (``clamped=max_tokens``); ``"reject"`` answers
-400. A ``max_tokens`` cap also applies when the request sets no ``max_tokens``.
+400. A ``max_tokens`` cap also applies when the request sets no ``max_tokens`` (the lanes
+would otherwise generate until EOS or the end of the context), and the decision header then
+says ``max_tokens_cap=<n>``: the guard against a small model looping on an agent's request.
 
 Prompt-cache partitions (``PolicySet.cache_partition``): a lane reuses the KV state of an
 earlier prompt only for a request of the same partition, so that ``cached_tokens`` and the

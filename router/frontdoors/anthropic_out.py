@@ -5,6 +5,12 @@ A whole answer becomes one ``message``; a stream becomes Anthropic's event seque
 ``content_block_delta`` events (``text_delta`` for text, ``input_json_delta`` for a tool
 call's arguments) and ``content_block_stop``, then ``message_delta`` (``stop_reason``,
 ``stop_sequence``, usage) and ``message_stop``. A failure ends it with ``event: error``.
+
+Usage as Anthropic counts it: ``input_tokens`` are the prompt tokens read fresh, without the
+``cache_read_input_tokens`` taken from the prompt cache (OpenAI's ``prompt_tokens``
+includes them). ``message_start`` goes out with the first chunk of the backend's stream,
+which carries the prompt's size when the backend honours ``continuous_usage_stats`` (the
+lanes and vLLM do); the final counts come in ``message_delta``, which clients read last.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from router import errors
+from router import errors, sse
 from router.errors import RouterError
 from router.frontdoors.common import dict_of, list_of, translate_events, whole_call
 from router.sse import event_json
@@ -47,11 +53,13 @@ def message_id(upstream_id: Any) -> str:
 
 def usage(openai_usage: Any) -> dict[str, int]:
     u = openai_usage if isinstance(openai_usage, dict) else {}
-    out = {"input_tokens": _int(u.get("prompt_tokens")),
-           "output_tokens": _int(u.get("completion_tokens"))}
     details = u.get("prompt_tokens_details")
-    if isinstance(details, dict) and _int(details.get("cached_tokens")):
-        out["cache_read_input_tokens"] = _int(details.get("cached_tokens"))
+    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    prompt = _int(u.get("prompt_tokens"))
+    out = {"input_tokens": max(0, prompt - cached),
+           "output_tokens": _int(u.get("completion_tokens"))}
+    if cached:
+        out["cache_read_input_tokens"] = cached
     return out
 
 
@@ -59,7 +67,13 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def message_body(answer: Any, model: str, stops: tuple[str, ...]) -> dict[str, Any]:
+def context_management(applied: tuple[dict[str, Any], ...] | None) -> dict[str, Any]:
+    """The answer's ``context_management`` field, when the request asked for edits."""
+    return {} if applied is None else {"context_management": {"applied_edits": list(applied)}}
+
+
+def message_body(answer: Any, model: str, stops: tuple[str, ...],
+                 applied: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
     """A whole OpenAI chat completion as an Anthropic ``message``."""
     choices = answer.get("choices") if isinstance(answer, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -83,7 +97,16 @@ def message_body(answer: Any, model: str, stops: tuple[str, ...]) -> dict[str, A
                                    stops, bool(calls))
     return {"id": message_id(answer.get("id")), "type": "message", "role": "assistant",
             "model": model, "content": content, "stop_reason": reason,
-            "stop_sequence": sequence, "usage": usage(answer.get("usage"))}
+            "stop_sequence": sequence, "usage": usage(answer.get("usage")),
+            **context_management(applied)}
+
+
+def prompt_size(data: bytes) -> int:
+    """The prompt's tokens from the first event of the backend's stream, 0 if it has none."""
+    for event in sse.json_events(data):
+        u = event.get("usage")
+        return _int(u.get("prompt_tokens")) if isinstance(u, dict) else 0
+    return 0
 
 
 class AnthropicEgress:
@@ -91,9 +114,11 @@ class AnthropicEgress:
 
     stream_content_type = STREAM_CONTENT_TYPE
 
-    def __init__(self, model: str, stops: tuple[str, ...] = ()) -> None:
+    def __init__(self, model: str, stops: tuple[str, ...] = (),
+                 applied: tuple[dict[str, Any], ...] | None = None) -> None:
         self.model = model
         self.stops = stops
+        self.applied = applied
         self._started = False
         self._ended = False
         self._block = -1  # index of the open content block, -1 when none is open
@@ -108,13 +133,13 @@ class AnthropicEgress:
     # --- Egress ------------------------------------------------------------------------
 
     def body(self, answer: Any) -> bytes:
-        return orjson.dumps(message_body(answer, self.model, self.stops))
+        return orjson.dumps(message_body(answer, self.model, self.stops, self.applied))
 
     def events(self, data: bytes) -> bytes:
         if self._ended:
             return b""
         return translate_events(data, chunk=self._chunk, error=self.error,
-                                ended=lambda: self._ended, head=self._start())
+                                ended=lambda: self._ended, head=self._start(data))
 
     def finish(self) -> bytes:
         if self._ended:
@@ -126,7 +151,8 @@ class AnthropicEgress:
         self._ended = True
         out += event_json("message_delta", {"type": "message_delta",
                                      "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                     "usage": usage(self._usage)})
+                                     "usage": usage(self._usage),
+                                     **context_management(self.applied)})
         out += event_json("message_stop", {"type": "message_stop"})
         return bytes(out)
 
@@ -138,14 +164,15 @@ class AnthropicEgress:
 
     # --- the stream's state --------------------------------------------------------------
 
-    def _start(self) -> bytes:
+    def _start(self, first: bytes = b"") -> bytes:
         if self._started:
             return b""
         self._started = True
         message: dict[str, Any] = {
             "id": message_id(None), "type": "message", "role": "assistant",
             "model": self.model, "content": [], "stop_reason": None,
-            "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+            "stop_sequence": None,
+            "usage": {"input_tokens": prompt_size(first), "output_tokens": 0}}
         return (event_json("message_start", {"type": "message_start", "message": message})
                 + event_json("ping", {"type": "ping"}))
 

@@ -45,7 +45,8 @@ def anthropic_key(request: web.Request) -> str | None:
 async def messages(request: web.Request) -> web.StreamResponse:
     def translate(raw: bytes) -> Inbound:
         req = anthropic_in.to_openai(load_object(raw))
-        return to_parsed("chat", req.openai), AnthropicEgress(req.model, req.stop_sequences)
+        egress = AnthropicEgress(req.model, req.stop_sequences, req.applied_edits)
+        return to_parsed("chat", req.openai), egress
 
     return await proxy(request, "chat", api="anthropic", translate=translate,
                        api_key_header=True)
@@ -69,7 +70,7 @@ async def count_tokens(request: web.Request) -> web.Response:
                           type="permission_error", param="model", code="model_not_allowed")
     lane = _tokenizing_lane(app[POOL], req.model)
     try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
-        body = orjson.dumps({"model": req.model, "messages": req.openai["messages"]})
+        body = orjson.dumps(anthropic_in.count_body(req))
     except orjson.JSONEncodeError as e:
         raise errors.bad_request(f"request body cannot be forwarded: {e}",
                                  code="invalid_json") from e

@@ -180,7 +180,7 @@ class BatchingEngine(Engine):
             try:
                 (uid,) = generator.insert(
                     [lookup.rest],
-                    max_tokens=[request.max_tokens],
+                    max_tokens=[request.budget],
                     caches=[lookup.cache],
                     all_tokens=[prompt[: lookup.cached_tokens]],
                     samplers=[sampler_for(request)],

@@ -91,7 +91,7 @@ class Progress:
     def __init__(self, job: Job, num_draft_tokens: int) -> None:
         self.job = job
         self.scanner = StopScanner(job.request.stop)
-        self.counter = SpecCounter(num_draft_tokens, job.request.max_tokens)
+        self.counter = SpecCounter(num_draft_tokens, job.request.budget)
         self.cached_tokens = 0  # prompt tokens taken from the prompt cache
 
     def token(self, text: str, from_draft: bool) -> bool:

@@ -1,5 +1,6 @@
 """The worker's HTTP side: /health, /v1/models, /v1/chat/completions, /v1/completions,
-/v1/tokenize (a prompt's token count under the chat template: Anthropic's count_tokens).
+/v1/tokenize (a prompt's token count under the chat template, tools included: Anthropic's
+count_tokens).
 
 Handlers never wait on the generation thread except through their job's event queue, so
 /health answers while a batch is decoding. Tokenizing runs on one thread
@@ -35,7 +36,7 @@ from router.worker.contract import (
 )
 from router.worker.engine import Engine
 from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
-from router.worker.protocol import GenerationRequest, Kind, parse_request
+from router.worker.protocol import GenerationRequest, Kind, parse_request, token_budget
 from router.worker.shapes import Answer
 from router.worker.tokenizing import COUNT, GENERATION, TokenizerThread
 from router.worker.tools import (
@@ -171,8 +172,14 @@ async def tokenize(request: web.Request) -> web.Response:
             f"model '{generation.model}' is not served here", param="model", code="model_not_found"
         )
     tokenizer = engine.models.tokenizer if engine.models else None
-    ids = await request.app[TOKENIZE].run(COUNT, encode, tokenizer, generation)
+    ids = await request.app[TOKENIZE].run(COUNT, count, tokenizer, generation)
     return _json({"count": len(ids), "model": info.model_name})
+
+
+def count(tokenizer: Any, generation: GenerationRequest) -> list[int]:
+    """The prompt as ``prepare`` would tokenize it, tools in the same syntax, nothing compiled."""
+    syntax = syntax_for(tokenizer, generation) if generation.kind == "chat" else None
+    return encode(tokenizer, generation, syntax)
 
 
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
@@ -198,7 +205,9 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
             f"the prompt has {len(prompt_ids)} tokens; the context is {info.context_length}",
             code="context_length_exceeded",
         )
-    job = Job(prepared.generation, prompt_ids, loop, partition=partition)
+    budget = token_budget(generation.max_tokens, len(prompt_ids), info.context_length)
+    job = Job(dataclasses.replace(prepared.generation, max_tokens=budget), prompt_ids, loop,
+              partition=partition)
     if prepared.generation.prediction:
         job.prediction_ids = await thread.run(
             GENERATION, encode_prediction, tokenizer, prepared.generation.prediction
@@ -348,7 +357,12 @@ async def _stream(
     )
     await response.prepare(request)
     if answer.kind == "chat":
-        await _send(response, answer.chunk("", role=True))
+        head = answer.chunk("", role=True)
+        if job.request.continuous_usage:
+            prompt = len(job.prompt_ids)
+            head["usage"] = {"prompt_tokens": prompt, "completion_tokens": 0,
+                             "total_tokens": prompt}
+        await _send(response, head)
     event: Event = first
     last_sent = time.monotonic()
     while True:

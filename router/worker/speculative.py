@@ -364,7 +364,7 @@ class SpeculativeEngine(Engine):
             cache,
             history,
             cached,
-            max_tokens=request.max_tokens,
+            max_tokens=request.budget,
             sampler=sampler_for(request),
             processors=processors_for(request, job.constraint_failed),
             propose=propose,

@@ -20,7 +20,8 @@ def test_shipped_policies_print_the_table(
     out, err = capsys.readouterr()
     assert err == ""
     rows = {line.split()[0]: line for line in out.splitlines() if line and line[0].isalpha()}
-    assert "4 client(s), all valid" in out
+    assert "5 client(s), all valid" in out
+    assert "user-agent: /^claude-cli//" in rows["claude-code"]
     assert "header: openclaw" in rows["openclaw"]
     assert "interactive * -> speculative (policy)" in rows["openclaw"]
     assert "priority 10" in rows["openclaw"]

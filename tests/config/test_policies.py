@@ -61,7 +61,8 @@ def policies(tmp_path: Path) -> PolicySet:
 def test_shipped_policies_are_valid() -> None:
     env = {"SPECLANE_BATCH_API_KEY": "batch-key"}
     loaded = load_policies(REPO_POLICIES, presets=DEFAULT_PRESETS.keys(), environ=env)
-    assert {p.client for p in loaded} == {"default", "openclaw", "opta-cli", "batch"}
+    assert {p.client for p in loaded} == {"default", "openclaw", "opta-cli", "batch",
+                                          "claude-code"}
     assert loaded.warnings == ()
     agent = loaded.identify(None, None, "OpenClaw/1.4 (darwin)")
     assert (agent.client, agent.default_preset, agent.lane_for("interactive", DEFAULT_PRESETS)) \
@@ -71,6 +72,8 @@ def test_shipped_policies_are_valid() -> None:
     assert batch.lane_for("throughput", DEFAULT_PRESETS) == "batching"
     assert (batch.max_concurrency or 0) > (agent.max_concurrency or 0)
     assert loaded.identify(None, "opta-cli", None).client == "opta-cli"
+    claude = loaded.identify(None, None, "claude-cli/2.1.332 (external, sdk-cli)")
+    assert (claude.client, claude.caps.max_tokens) == ("claude-code", 8192)
     # The header alone does not open a keyed client: it is answered like an unknown name.
     assert loaded.identify(None, "batch", None).client == DEFAULT_CLIENT
 

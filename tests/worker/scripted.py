@@ -69,7 +69,7 @@ class ScriptedEngine(Engine):
 
     def _run(self, job: Job) -> Event:
         progress = Progress(job, 0)
-        max_tokens = job.request.max_tokens
+        max_tokens = job.request.budget
         for index, char in enumerate(self.reply[:max_tokens]):
             if self._steps is not None and not self._steps.acquire(timeout=STEP_TIMEOUT):
                 return aborted()

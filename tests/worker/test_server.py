@@ -23,9 +23,11 @@ WAIT = 10.0
 
 
 @asynccontextmanager
-async def serving(engine: ScriptedEngine) -> AsyncIterator[str]:
+async def serving(engine: ScriptedEngine, context_length: int | None = None
+                  ) -> AsyncIterator[str]:
     engine.start()
-    info = WorkerInfo(mode="speculative", model_name=MODEL, draft_name=None, num_draft_tokens=0)
+    info = WorkerInfo(mode="speculative", model_name=MODEL, draft_name=None, num_draft_tokens=0,
+                      context_length=context_length)
     runner, port = await start_site(make_app(engine, info), "127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{port}"
@@ -118,6 +120,31 @@ async def test_stream_carries_usage_once_on_the_last_chunk(include_usage: bool) 
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.total_tokens == 3 + len("<user>hi")
     assert (chunks[-1].choices == []) is include_usage
+
+
+async def test_continuous_usage_gives_the_prompts_size_first() -> None:
+    async with serving(ScriptedEngine("abc")) as url:
+        stream = await client(url).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True})
+        chunks = [chunk async for chunk in stream]
+    prompt = len("<user>hi")
+    assert chunks[0].usage is not None and chunks[0].choices[0].delta.role == "assistant"
+    assert (chunks[0].usage.prompt_tokens, chunks[0].usage.completion_tokens) == (prompt, 0)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+
+
+async def test_without_a_limit_an_answer_runs_to_the_end_of_the_context() -> None:
+    reply = "x" * 600  # longer than the old default of 512 tokens
+    prompt = len("<user>hi")
+    async with serving(ScriptedEngine(reply), context_length=prompt + 550) as url:
+        ask = client(url).chat.completions.create
+        whole = await ask(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        asked = await ask(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                          max_tokens=32000)
+    for answer in (whole, asked):
+        assert answer.usage is not None and answer.usage.completion_tokens == 550
+        assert answer.choices[0].finish_reason == "length"
 
 
 async def test_raw_stream_ends_with_done() -> None:
