@@ -40,17 +40,6 @@ METRICS_PAGE = DOCS / "metrics.md"
 HEADERS_PAGE = DOCS / "routing.md"
 README_MAX_LINES = 300
 
-# Pages other helpers are writing in parallel (issue 27): links to them may point nowhere
-# until they are merged. Empty this set once they are in.
-PENDING_PAGES = {
-    "docs/clients",
-    "docs/clients/aider.md",
-    "docs/clients/claude-code.md",
-    "docs/clients/codex.md",
-    "docs/clients/ollama-clients.md",
-    "docs/clients/openclaw.md",
-    "docs/clients/qwen-code.md",
-}
 
 # speclane_* words in the documentation that are not metrics.
 NOT_METRICS = {"speclane_spec"}  # the draft statistics in a lane answer's usage
@@ -354,8 +343,7 @@ def test_every_link_leads_somewhere() -> None:
             file = (page.parent / path).resolve() if path else page
             name = f"{page.relative_to(ROOT)} -> {target}"
             if not file.exists():
-                if str(file.relative_to(ROOT)).rstrip("/") not in PENDING_PAGES:
-                    broken.append(name)
+                broken.append(name)
                 continue
             if anchor and file.suffix == ".md" and anchor not in anchors(file):
                 broken.append(name)
