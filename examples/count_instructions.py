@@ -30,8 +30,8 @@ from pathlib import Path
 
 import aiohttp
 
-from router.bench import procs
-from router.bench.overhead import stream_body
+from router.bench.common import procs
+from router.bench.common.upstream import stream_body
 
 WARMUP_STREAMS = 200
 

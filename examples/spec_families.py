@@ -14,7 +14,7 @@ own auto-disable workload. Per family, on the speculative lane: plain decoding
 on the batching lane at concurrency 2; then requests without a lane header until
 auto-disable has decided (GET /admin/spec), and the routed requests that are measured.
 Speed = tokens / (last token - request sent), the prompt cached by a warm-up request
-on each lane. The pure parts: router/bench/sources.py.
+on each lane. The pure parts: router/bench/sources/.
 
 `--scenarios` (then `--families ""` skips the families) measures, on the speculative lane
 as one client: a repeated prompt and a near-repeat (one name changed) with the `suffix`
@@ -38,14 +38,15 @@ from typing import Any
 
 import aiohttp
 
-from router.bench import procs, sources
-from router.bench.edits import EDIT_FAMILIES, edit_body
+from router.bench.common import procs
+from router.bench.sources import plan, report
+from router.bench.sources.plan import EDIT_FAMILIES, edit_body
 
 FAMILIES = {
     "chat": "Tell me about your favourite season and why you like it.",
     "code": "Write a Python function that checks whether a string is a palindrome.",
     "list": "Count from 1 to 40, separated by commas.",
-    **{name: "" for name in EDIT_FAMILIES},  # bodies from router.bench.edits
+    **{name: "" for name in EDIT_FAMILIES},  # bodies from router.bench.sources.plan
 }
 CONFIG = """
 policies_dir = "{tmp}/policies"
@@ -113,7 +114,7 @@ async def one(session: aiohttp.ClientSession, url: str, family: str, prompt: str
         del body["messages"]
         body.update(edit_body(family))
     if variant is not None:
-        body = sources.apply_variant(body, variant)
+        body = plan.apply_variant(body, variant)
     first = last = None
     usage: dict[str, Any] = {}
     sent = time.perf_counter()
@@ -174,7 +175,7 @@ async def both(session: aiohttp.ClientSession, url: str, family: str, prompt: st
     start = time.perf_counter()
     runs = await asyncio.gather(*(one(session, url, family, prompt, tokens, lane, variant)
                                   for _ in range(2)))
-    return sources.together(runs, time.perf_counter() - start)
+    return report.together(runs, time.perf_counter() - start)
 
 
 async def spec_state(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
@@ -188,8 +189,8 @@ async def settle(session: aiohttp.ClientSession, url: str, family: str, prompt: 
     family with (or ``most`` requests); how many were sent."""
     source: str | None = None
     for sent in range(most):
-        rows = sources.family_rows(await spec_state(session, url), family)
-        if sent and sources.decided(rows, source):
+        rows = report.family_rows(await spec_state(session, url), family)
+        if sent and report.decided(rows, source):
             return sent
         run = await one(session, url, family, prompt, tokens, None, None)
         source = (run["spec"] or {}).get("source") or source
@@ -205,7 +206,7 @@ async def scenario_one(session: aiohttp.ClientSession, url: str, prompt: str,
                             "temperature": 0, "stream": True,
                             "stream_options": {"include_usage": True},
                             "messages": [{"role": "user", "content": prompt}], **extra}
-    body = sources.scenario_body(body, variant)
+    body = plan.scenario_body(body, variant)
     last = None
     usage: dict[str, Any] = {}
     sent = time.perf_counter()
@@ -230,20 +231,20 @@ async def scenarios(session: aiohttp.ClientSession, url: str, names: list[str],
                     rounds: int, max_tokens: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in names:
-        variants = sources.SCENARIO_VARIANTS[name]
+        variants = plan.SCENARIO_VARIANTS[name]
         runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
         if name in CONSTRAINED:
             prompt, extra = CONSTRAINED[name]
-            await scenario_one(session, url, prompt, extra, 4, sources.PLAIN)  # warm-up
+            await scenario_one(session, url, prompt, extra, 4, plan.PLAIN)  # warm-up
         else:  # the first answer, which the suffix index keeps
             prompt, extra = REPEAT_PROMPT.format(name=NAMES[0]), {}
-            await scenario_one(session, url, prompt, extra, max_tokens, sources.PLAIN)
+            await scenario_one(session, url, prompt, extra, max_tokens, plan.PLAIN)
         for i in range(rounds):
             if name == "near-repeat":  # a name never sent before: only others' answers
                 prompt = REPEAT_PROMPT.format(name=NAMES[1 + i % (len(NAMES) - 1)])
             for v in variants:
                 runs[v].append(await scenario_one(session, url, prompt, extra, max_tokens, v))
-        out[name] = {v: sources.summarise(r) for v, r in runs.items()}
+        out[name] = {v: report.summarise(r) for v, r in runs.items()}
         print(f"  {name}: done", flush=True)
     return out
 
@@ -258,9 +259,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for family in args.families:
             prompt = FAMILIES[family]
             tokens = args.edit_max_tokens if family in EDIT_FAMILIES else args.max_tokens
-            names = sources.variants(family)
+            names = plan.variants(family)
             for lane in ("speculative", "batching"):  # warm-up: each lane caches the prompt
-                await one(session, url, family, prompt, 4, lane, sources.PLAIN)
+                await one(session, url, family, prompt, 4, lane, plan.PLAIN)
             c1: dict[str, list[dict[str, Any]]] = {v: [] for v in names}
             for _ in range(args.requests):  # interleaved, so drift hits every variant alike
                 for v in names:
@@ -269,21 +270,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             c2 = {v: await both(session, url, family, prompt, tokens, "speculative", v)
                   for v in names}
             c2_batching = await both(session, url, family, prompt, tokens, "batching",
-                                     sources.PLAIN)
+                                     plan.PLAIN)
             settled = await settle(session, url, family, prompt, tokens, args.settle_max)
             routed, plain_after = [], []
             for _ in range(args.requests):  # interleaved with plain decoding again, so that
                 # the routed/plain ratio compares requests of the same minutes
                 plain_after.append(await one(session, url, family, prompt, tokens,
-                                             "speculative", sources.PLAIN))
+                                             "speculative", plan.PLAIN))
                 routed.append(await one(session, url, family, prompt, tokens, None, None))
             routed_c2 = await both(session, url, family, prompt, tokens, None, None)
-            rows = sources.family_rows(await spec_state(session, url), family)
+            rows = report.family_rows(await spec_state(session, url), family)
             results[family] = {
-                "c1": {v: sources.summarise(runs) for v, runs in c1.items()},
+                "c1": {v: report.summarise(runs) for v, runs in c1.items()},
                 "c2": c2, "c2_batching": c2_batching, "settle_requests": settled,
-                "routed": sources.summarise(routed), "routed_c2": routed_c2,
-                "plain_beside_routed": sources.summarise(plain_after),
+                "routed": report.summarise(routed), "routed_c2": routed_c2,
+                "plain_beside_routed": report.summarise(plain_after),
                 "routed_decisions": [r["decision"] for r in routed],
                 "auto_disable": [{
                     "workload": row["workload"], "source": row.get("source"),
@@ -317,14 +318,14 @@ def main() -> int:
     p.add_argument("--families", type=lambda v: [f for f in v.split(",") if f],
                    default=list(FAMILIES), help="comma-separated, of: " + ", ".join(FAMILIES))
     p.add_argument("--scenarios", type=lambda v: [s for s in v.split(",") if s], default=[],
-                   help="comma-separated, of: " + ", ".join(sources.SCENARIO_VARIANTS))
+                   help="comma-separated, of: " + ", ".join(plan.SCENARIO_VARIANTS))
     p.add_argument("--scenario-max-tokens", type=int, default=96)
     p.add_argument("--out", type=Path, default=Path("bench-results/spec-families.json"))
     args = p.parse_args()
     unknown = set(args.families) - set(FAMILIES)
     if unknown:
         p.error(f"unknown families: {', '.join(sorted(unknown))}")
-    if set(args.scenarios) - set(sources.SCENARIO_VARIANTS):
+    if set(args.scenarios) - set(plan.SCENARIO_VARIANTS):
         p.error(f"unknown scenarios: {', '.join(args.scenarios)}")
     results = asyncio.run(run(args))
     scenario_results = results.pop("scenarios", {})
@@ -334,15 +335,15 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": _commit(), "load_average": list(os.getloadavg())}
     if results:
-        print(sources.table(results))
-        print(json.dumps(sources.goals(results), indent=1))
-        meta.update(table=sources.table(results).split("\n"), goals=sources.goals(results))
+        print(report.table(results))
+        print(json.dumps(report.goals(results), indent=1))
+        meta.update(table=report.table(results).split("\n"), goals=report.goals(results))
     if scenario_results:
-        print(sources.scenario_table(scenario_results))
-        print(json.dumps(sources.scenario_goals(scenario_results), indent=1))
+        print(report.scenario_table(scenario_results))
+        print(json.dumps(report.scenario_goals(scenario_results), indent=1))
         meta.update(scenario_max_tokens=args.scenario_max_tokens,
-                    scenario_table=sources.scenario_table(scenario_results).split("\n"),
-                    scenario_goals=sources.scenario_goals(scenario_results))
+                    scenario_table=report.scenario_table(scenario_results).split("\n"),
+                    scenario_goals=report.scenario_goals(scenario_results))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "families": results,
                                     "scenarios": scenario_results}, indent=2))

@@ -3,47 +3,19 @@
 Access: with ``admin_key`` configured, ``Authorization: Bearer <admin_key>`` is required
 from any address (401 without, 403 with a wrong key). Without an admin key they answer
 loopback clients only, so a router bound to 0.0.0.0 never exposes them by accident.
+``router.proxy.middleware.browser_guard`` refuses what a web page can send them (a foreign
+Host, a cross-site POST) before they run.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from router.appkeys import POLICIES, POOL, SPEC, SUPERVISORS
-from router.backends.base import Backend
+from router.backends.status import backend_status
+from router.errors import RouterError
 from router.proxy.admin_auth import require_admin
 from router.proxy.middleware import expect_handler
-from router.speculation.observed import speculation_status
-
-
-def backend_state(backend: Backend, supervised: dict[str, str]) -> str:
-    if backend.lane is not None:
-        return supervised.get(backend.name, "not_ready")
-    return "ready" if backend.ready else "not_ready"
-
-
-def backend_status(backend: Backend, supervised: dict[str, str]) -> dict[str, Any]:
-    models = sorted(backend.models)
-    return {
-        "name": backend.name,
-        "kind": backend.kind,
-        "lane": backend.lane,
-        "url": backend.base_url,
-        "model": models[0] if backend.lane is not None and models else None,
-        "models": models,
-        "draft": backend.draft,
-        "state": backend_state(backend, supervised),
-        "inflight": backend.inflight,
-        "cooled_down": backend.view().cooled_down,
-        "last_error": backend.last_error,
-        "last_failure": backend.last_failure,
-        "speculation": speculation_status(
-            kind=backend.kind, lane=backend.lane, requested=backend.speculative_requested,
-            active=backend.speculative_active, observed=backend.spec_observed,
-            reason=backend.spec_reason or backend.observed_reason, mode=backend.spec_mode),
-    }
 
 
 async def lanes(request: web.Request) -> web.Response:
@@ -59,15 +31,20 @@ async def spec(request: web.Request) -> web.Response:
 
 
 async def reload_policies(request: web.Request) -> web.Response:
-    require_admin(request)
-    result = request.app[POLICIES].reload("admin")
+    # A bare loopback request (no admin key set, none presented) may be any web page's
+    # doing: it reloads, but a change that widens access waits for the key.
+    proven = require_admin(request)
+    result = await request.app[POLICIES].reload("admin", widen=proven)
+    if result.held:
+        raise RouterError(403, f"{result.error}. This request carried neither the admin key "
+                          "nor the local admin token", type="permission_error",
+                          code="reload_needs_admin_key")
     body = {"ok": result.ok, "error": result.error,
             "clients": [p.client for p in request.app[POLICIES].current]}
     return web.json_response(body, status=200 if result.ok else 422)
 
 
 def setup_admin_routes(app: web.Application) -> None:
-    x = {"expect_handler": expect_handler}
-    app.router.add_get("/admin/lanes", lanes, **x)
-    app.router.add_get("/admin/spec", spec, **x)
-    app.router.add_post("/admin/reload", reload_policies, **x)
+    app.router.add_get("/admin/lanes", lanes, expect_handler=expect_handler)
+    app.router.add_get("/admin/spec", spec, expect_handler=expect_handler)
+    app.router.add_post("/admin/reload", reload_policies, expect_handler=expect_handler)

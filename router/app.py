@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -15,6 +13,7 @@ from aiohttp import web
 from router.admin import setup_admin_routes
 from router.appkeys import (
     LIMITER,
+    LOCAL_TOKEN,
     METRICS,
     POLICIES,
     POOL,
@@ -32,7 +31,6 @@ from router.backends.scrape import CumulativeScraper
 from router.config.policies import PolicySet, load_policies
 from router.config.policydir import is_packaged
 from router.config.settings import Settings
-from router.config.watch import PolicyWatcher
 from router.frontdoors.handlers import setup_frontdoor_routes
 from router.lanes.group import start_lanes, stop_lanes
 from router.metrics import Metrics
@@ -41,7 +39,10 @@ from router.observability.status import setup_status_routes
 from router.proxy.accesslog import ACCESS, AccessLog
 from router.proxy.admission import ConcurrencyLimiter
 from router.proxy.handlers import setup_routes
-from router.proxy.middleware import error_middleware
+from router.proxy.hosts import HostRule
+from router.proxy.localtoken import new_token
+from router.proxy.middleware import browser_guard, error_middleware
+from router.proxy.policy_watch import PolicyWatcher
 from router.proxy.relay import Relay
 from router.proxy.telemetry import SpecTelemetry
 from router.proxy.upstream import Http1Pool
@@ -53,14 +54,18 @@ log = logging.getLogger("speclane")
 
 def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Application:
     """Build the app; raises PolicyError when the policy set is invalid (serve refuses)."""
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
+    hosts = HostRule.build(settings.allowed_hosts, settings.host)
+    app = web.Application(client_max_size=settings.max_body_bytes,
+                          middlewares=[error_middleware, browser_guard(hosts)])
     app[SETTINGS] = settings
+    app[LOCAL_TOKEN] = new_token()
     app[METRICS] = metrics = metrics or Metrics()
     app[POOL] = BackendPool([Backend.from_spec(b, settings.cooldown) for b in settings.backends])
     app[POLICIES] = PolicyWatcher(settings.policies_dir, initial_policies(settings),
                                   presets=settings.presets.keys(), spec=settings.spec,
                                   metrics=metrics,
                                   interval=settings.policy_poll_interval,
+                                  settle=settings.policy_settle_seconds,
                                   on_reload=lambda result: app[SPEC].policies_reloaded(result.ok))
     app[LIMITER] = ConcurrencyLimiter(metrics)
     app[ROUTING] = RoutingState(gate=gate_for(settings.routing))
@@ -126,16 +131,15 @@ def warn_no_policies(directory: Path) -> None:
 
 async def policy_reloads(app: web.Application) -> AsyncIterator[None]:
     watcher = app[POLICIES]
-    task = None
-    if watcher.directory.is_dir():
-        task = asyncio.create_task(watcher.run(), name="speclane-policy-watch")
-        watcher.install_sighup()
+    if not watcher.directory.is_dir():
+        yield
+        return
+    poller = watcher.poller()
+    poller.start()
+    watcher.install_sighup()
     yield
-    if task:
-        watcher.remove_sighup()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    watcher.remove_sighup()
+    await poller.stop()
 
 
 async def client_session(app: web.Application) -> AsyncIterator[None]:

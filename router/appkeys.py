@@ -15,10 +15,10 @@ from aiohttp import web
 if TYPE_CHECKING:
     from router.backends.pool import BackendPool
     from router.config.settings import Settings
-    from router.config.watch import PolicyWatcher
     from router.lanes.supervisor import LaneSupervisor
     from router.metrics import Metrics
     from router.proxy.admission import ConcurrencyLimiter
+    from router.proxy.policy_watch import PolicyWatcher
     from router.proxy.relay import Relay
     from router.proxy.telemetry import SpecTelemetry
     from router.routing.state import RoutingState
@@ -34,3 +34,5 @@ LIMITER: web.AppKey[ConcurrencyLimiter] = web.AppKey("limiter")
 ROUTING: web.AppKey[RoutingState] = web.AppKey("routing")
 SUPERVISORS: web.AppKey[list[LaneSupervisor]] = web.AppKey("supervisors")
 SPEC: web.AppKey[SpecTelemetry] = web.AppKey("spec")
+# The local admin token of this run (router.proxy.localtoken): the admin key's authority.
+LOCAL_TOKEN: web.AppKey[str] = web.AppKey("local_token")

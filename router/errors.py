@@ -15,7 +15,8 @@ from typing import Literal
 
 import orjson
 
-from router.config.names import ERROR_SOURCE_HEADER
+from router import sse
+from router.config.names import CLIENT_HEADER, ERROR_SOURCE_HEADER
 
 Source = Literal["router", "upstream"]
 # "responses": OpenAI's Responses API, whose errors take the OpenAI shape.
@@ -71,6 +72,12 @@ def unavailable(message: str, *, code: str = "no_backend_available") -> RouterEr
     return RouterError(503, message, type="service_unavailable", code=code)
 
 
+def internal_error() -> RouterError:
+    """A defect in speclane itself: the details go to its log, not to the client."""
+    return RouterError(500, "internal error in speclane (see its log)", type="internal_error",
+                       code="internal_error")
+
+
 def upstream_timeout(message: str) -> RouterError:
     return RouterError(504, message, type="upstream_error", code="upstream_timeout",
                        source="upstream")
@@ -107,9 +114,15 @@ def render(err: RouterError, api: Api = "openai") -> tuple[int, bytes, dict[str,
     return err.status, dump_body(err), headers
 
 
+def unauthorized(message: str, code: str, client: str) -> RouterError:
+    """A request the key rule refused, answered under ``client``'s name."""
+    return RouterError(401, message, code=code,
+                       headers={"WWW-Authenticate": "Bearer", CLIENT_HEADER: client})
+
+
 def sse_error_event(err: RouterError) -> bytes:
     """The terminating event of a stream that failed after bytes reached the client."""
-    return b"data: " + dump_body(err) + b"\n\ndata: [DONE]\n\n"
+    return sse.frame(dump_body(err)) + sse.DONE_EVENT
 
 
 def stream_error(err: RouterError, api: Api = "openai") -> bytes:
@@ -118,7 +131,7 @@ def stream_error(err: RouterError, api: Api = "openai") -> bytes:
     line holding ``error``."""
     if api == "anthropic":
         body = anthropic_body(err, anthropic_status(err.status)[1])
-        return b"event: error\ndata: " + _dumps(body) + b"\n\n"
+        return sse.frame(_dumps(body), "error")
     if api == "ollama":
         return _dumps(ollama_body(err)) + b"\n"
     return sse_error_event(err)
@@ -187,9 +200,7 @@ def dump_body(err: RouterError) -> bytes:
     try:
         return orjson.dumps(body)
     except TypeError:
-        inner = {k: v.encode("utf-8", "backslashreplace").decode("utf-8")
-                 if isinstance(v, str) else v for k, v in body["error"].items()}  # type: ignore[union-attr]
-        return orjson.dumps({"error": inner})
+        return orjson.dumps(_escape(body))
 
 
 def from_upstream_body(status: int, body: bytes) -> RouterError:
@@ -217,6 +228,20 @@ def from_upstream_body(status: int, body: bytes) -> RouterError:
         param=None if param is None else str(param)[:4000],
         source="upstream",
     )
+
+
+def from_upstream_event(event: dict[str, object]) -> RouterError | None:
+    """The error an upstream ended its stream with (``{"error": ...}``), else None; its
+    status is an HTTP-like integer ``code`` it carries, else 502."""
+    inner = event.get("error")
+    if inner is None:
+        return None
+    status = 502
+    if isinstance(inner, dict):
+        code = inner.get("code")
+        if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600:
+            status = code
+    return from_upstream_body(status, orjson.dumps(event))
 
 
 def _code(code: object) -> str | int | None:

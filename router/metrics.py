@@ -20,6 +20,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics import MetricWrapperBase
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
@@ -28,7 +29,7 @@ TOKS_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
-class _CachedLabels:
+class _CachedLabels(MetricWrapperBase):
     """``labels()`` remembered per label tuple.
 
     prometheus_client validates the values and takes a lock on every ``labels()`` call; the
@@ -39,11 +40,11 @@ class _CachedLabels:
 
     def labels(self, *values: Any, **kw: Any) -> Any:
         if kw or not values:
-            return super().labels(*values, **kw)  # type: ignore[misc]
+            return super().labels(*values, **kw)
         cache: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_children_by_values", {})
         child = cache.get(values)
         if child is None:
-            child = cache[values] = super().labels(*values)  # type: ignore[misc]
+            child = cache[values] = super().labels(*values)
         return child
 
 
@@ -136,7 +137,9 @@ class Metrics:
             ["backend"], registry=r)
         self.stream_errors = Counter(
             "speclane_stream_errors_total",
-            "Streams ended with an error event after bytes had reached the client.",
+            "Streams ended with an error event after bytes had reached the client (reason: "
+            "timeout, disconnect, malformed, too_large, no_done, shutdown, upstream_error, "
+            "invalid, internal).",
             ["backend", "reason"], registry=r)
         self.client_disconnects = Counter(
             "speclane_client_disconnects_total",

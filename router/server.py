@@ -1,4 +1,5 @@
-"""``speclane serve``: run the router until SIGINT/SIGTERM, then shut down gracefully.
+"""Run the router until SIGINT/SIGTERM, then shut down gracefully (``speclane serve``:
+``router.cli.serve``).
 
 Shutdown order: keep the listener open but answer new requests 503 while in-flight
 requests finish for up to ``shutdown_grace`` seconds (a second signal ends that at once),
@@ -8,60 +9,26 @@ cleanup contexts stop the lane workers and close the client session.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
 
 from router.app import make_app
-from router.appkeys import POLICIES, POOL, RELAY
+from router.appkeys import LOCAL_TOKEN, POLICIES, POOL, RELAY
 from router.config.policies import PolicyError
-from router.config.settings import ConfigError, Settings, load_settings
+from router.config.settings import Settings
 from router.lanes.group import LaneStartupError
-from router.observability.logfmt import LOG_FORMATS, setup_logging
 from router.proxy.connections import FD_RESERVE, GuardedRunner, connection_cap, raise_fd_limit
+from router.proxy.hosts import WILDCARD_BINDS
+from router.proxy.localtoken import remove_token, write_token
 
 log = logging.getLogger("speclane")
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="speclane serve", description="Run the speclane router.")
-    p.add_argument("--config", type=Path, help="TOML configuration file (default: none)")
-    p.add_argument("--host", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8080; 0 picks a free one)")
-    p.add_argument("--no-lanes", action="store_true", help="do not start the two MLX lanes")
-    p.add_argument("--policies", type=Path,
-                   help="policy directory (default: policies_dir of --config, relative to "
-                   "it; else ./policies, else policies/ next to --config, else the shipped "
-                   "defaults)")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
-                   help="log level (default: log_level of the configuration, info); the "
-                   "access log is written at info, its 5xx lines at warning")
-    p.add_argument("--log-format", choices=LOG_FORMATS, default="text",
-                   help="text for people (default) or json: one object per line, with the "
-                   "access log's fields as keys, for log shippers")
-    return p.parse_args(argv)
-
-
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    overrides: dict[str, object] = {}
-    if args.host:
-        overrides["host"] = args.host
-    if args.port is not None:
-        overrides["port"] = args.port
-    if args.policies:
-        overrides["policies_dir"] = args.policies
-    if args.no_lanes:
-        overrides["lanes"] = {"enabled": False}
-    if args.log_level:
-        overrides["log_level"] = args.log_level
-    return load_settings(args.config, **overrides)
 
 
 async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
@@ -82,6 +49,7 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     warn_if_exposed(settings, app)
+    token_file: Path | None = None
     try:
         await runner.setup()
     except LaneStartupError as e:
@@ -96,17 +64,37 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
             raise StartupError(f"cannot listen on {settings.host}:{settings.port}: "
                                f"{e.strerror or e}") from None
         port = runner.addresses[0][1]
+        token_file = publish_local_token(app, port)
         base = f"http://{_display_host(settings.host)}:{port}/v1"
         print(f"speclane listening on {base}", flush=True)
         print(curl_example(base, app), flush=True)
         log.info("listening on %s", base)
+        if not is_loopback_host(settings.host) and "*" not in settings.allowed_hosts:
+            bound = ("an IP address, this machine's host name" if settings.host in
+                     WILDCARD_BINDS else settings.host)
+            log.info("requests must name this router (Host) by a loopback name, %s or an "
+                     "allowed_hosts entry (%s); other names get 421", bound,
+                     ", ".join(settings.allowed_hosts) or "none set")
         if ready:
             ready.set()
         await stop.wait()
         await drain(app, settings.shutdown_grace, stop)
     finally:
         await runner.cleanup()
+        if token_file is not None:
+            remove_token(token_file, app[LOCAL_TOKEN])
         log.info("stopped")
+
+
+def publish_local_token(app: web.Application, port: int) -> Path | None:
+    """Write the run's local admin token for ``speclane policy reload`` (best effort: a
+    read-only home only costs that command its key-less mode)."""
+    try:
+        return write_token(port, app[LOCAL_TOKEN])
+    except OSError as e:
+        log.warning("cannot write the local admin token (%s); 'speclane policy reload' "
+                    "will need --admin-key", e)
+        return None
 
 
 async def drain(app: web.Application, grace: float, stop: asyncio.Event) -> None:
@@ -174,7 +162,7 @@ def curl_example(base: str, app: web.Application) -> str:
     )
 
 
-def event_loop_factory():  # type: ignore[no-untyped-def]
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop when installed: it roughly halves the relay's per-chunk socket cost."""
     try:
         import uvloop
@@ -193,24 +181,6 @@ def _display_host(host: str) -> str:
 # stream (counted under callgrind, examples/results/overhead.md), for a little more garbage
 # waiting.
 GC_THRESHOLDS = (10_000, 10, 10)
-
-
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    try:
-        settings = settings_from_args(args)
-    except ConfigError as e:
-        print(f"speclane: invalid configuration\n{e}", file=sys.stderr)
-        return 2
-    setup_logging(settings.log_level, args.log_format)
-    gc.set_threshold(*GC_THRESHOLDS)
-    try:
-        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            runner.run(run(settings))
-    except StartupError as e:
-        print(f"speclane: could not start: {e}", file=sys.stderr)
-        return 1
-    return 0
 
 
 class StartupError(Exception):

@@ -61,7 +61,7 @@ def test_count_instructions_reads_the_last_callgrind_dump(tmp_path: Path) -> Non
 
 
 async def test_count_instructions_load_reads_streams_to_the_end_and_fails_loudly() -> None:
-    from router.bench import procs
+    from router.bench.common import procs
 
     tool = _count_instructions()
     async with procs.bench_upstream() as upstream:
@@ -90,7 +90,7 @@ def test_opta_example_names_the_header_its_policy_matches() -> None:
 
 
 def _serve_flags_parse(args: list[str]) -> None:
-    from router.server import parse_args
+    from router.cli.serve import parse_args
 
     assert args[0] == "serve", args
     parse_args(args[1:])  # exits (failing the test) on an unknown flag

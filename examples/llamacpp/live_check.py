@@ -43,7 +43,7 @@ from typing import Any
 import aiohttp
 import openai
 
-from router.bench import procs
+from router.bench.common import procs
 
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("SPECLANE_LLAMA_CACHE", Path.home() / ".cache/speclane/llama.cpp"))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import timeit
 
-from router.bench.overhead import stream_body
-from router.bench.upstream import stream_events
+from router.bench.common.upstream import stream_body, stream_events
 from router.proxy import relay as relay_mod
-from router.proxy.request import SSETail, parse_request
+from router.proxy.request import parse_request
 from router.routing.affinity import fingerprints
 from router.speculation.families import classify_family
+from router.sse import SSETail
 
 RAW = stream_body(7)
 CHUNK = b"".join(stream_events(7))

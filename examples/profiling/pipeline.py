@@ -18,16 +18,16 @@ from multidict import CIMultiDict
 
 from router.app import make_app
 from router.appkeys import METRICS, POOL, SPEC
-from router.bench.overhead import stream_body
-from router.bench.upstream import stream_events
+from router.bench.common.upstream import stream_body, stream_events
 from router.config.settings import load_settings
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of
 from router.proxy.handlers import decide, identify
 from router.proxy.headers import decision_headers
 from router.proxy.outcome import Outcome
-from router.proxy.request import SSETail, parse_request
+from router.proxy.request import parse_request
 from router.proxy.telemetry import SpecClaim
+from router.sse import SSETail
 
 RAW = stream_body(7)
 CHUNK = b"".join(stream_events(7))

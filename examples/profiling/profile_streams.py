@@ -26,7 +26,7 @@ from aiohttp import web
 from benchconfig import bench_config  # examples/profiling/, the script's own folder
 
 from router.app import make_app
-from router.bench import procs
+from router.bench.common import procs
 from router.config.settings import load_settings
 from router.observability.logfmt import setup_logging
 from router.proxy.connections import GuardedRunner

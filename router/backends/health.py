@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from contextlib import suppress
 
 import aiohttp
 import orjson
@@ -23,6 +22,7 @@ import orjson
 from router.backends.base import Backend
 from router.backends.pool import BackendPool
 from router.metrics import Metrics
+from router.periodic import Periodic
 
 log = logging.getLogger("speclane.health")
 
@@ -111,19 +111,13 @@ class HealthMonitor:
         self._pool = pool
         self._session = session
         self._metrics = metrics
-        self._interval = interval
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("speclane-health", self.check_all, interval)
         self.first_round = asyncio.Event()
 
     async def check_all(self) -> None:
         backends = [b for b in self._pool if b.lane is None]
         await asyncio.gather(*(check_once(self._session, b, self._metrics) for b in backends))
         self.first_round.set()
-
-    async def _run(self) -> None:
-        while True:
-            await self.check_all()
-            await asyncio.sleep(self._interval)
 
     async def start(self, wait: float) -> None:
         """Start polling; return when the first round is done or after ``wait`` seconds.
@@ -133,15 +127,15 @@ class HealthMonitor:
         from holding up start-up for its whole probe timeout. Its probe goes on, and it
         stays not ready until it answers.
         """
-        self._task = asyncio.create_task(self._run(), name="speclane-health")
+        task = self._periodic.start()
         first = asyncio.ensure_future(self.first_round.wait())
         try:
-            await asyncio.wait({first, self._task}, timeout=wait,
+            await asyncio.wait({first, task}, timeout=wait,
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
             first.cancel()
-        if self._task.done():
-            self._task.result()  # a bug in the probing: fail start-up loudly, as before
+        if task.done():
+            task.result()  # a bug in the probing: fail start-up loudly, as before
         if not self.first_round.is_set():
             waiting = [b.name for b in self._pool if b.lane is None and not b.ready
                        and b.last_error is None]
@@ -149,7 +143,4 @@ class HealthMonitor:
                         "not ready until it answers", wait, ", ".join(waiting) or "a backend")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._task
+        await self._periodic.stop()

@@ -8,7 +8,6 @@ restarted: the new value is the delta, and the reset is logged and counted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
@@ -17,6 +16,7 @@ import orjson
 
 from router.backends.base import Backend
 from router.backends.pool import BackendPool
+from router.periodic import Periodic
 from router.speculation.cumulative import (
     CounterDelta,
     CounterDiffer,
@@ -56,10 +56,9 @@ class CumulativeScraper:
                  on_deltas: OnDeltas) -> None:
         self._pool = pool
         self._session = session
-        self._interval = interval
         self._on_deltas = on_deltas
         self._differs: dict[str, CounterDiffer] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("speclane-scrape", self.scrape_all, interval)
 
     def targets(self) -> list[Backend]:
         return [b for b in self._pool if b.lane is None and b.kind in SOURCES]
@@ -85,17 +84,12 @@ class CumulativeScraper:
         if deltas:
             self._on_deltas(backend, deltas)
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.gather(*(self.scrape(b) for b in self.targets()))
-            await asyncio.sleep(self._interval)
+    async def scrape_all(self) -> None:
+        await asyncio.gather(*(self.scrape(b) for b in self.targets()))
 
     def start(self) -> None:
         if self.targets():
-            self._task = asyncio.create_task(self._run(), name="speclane-scrape")
+            self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._periodic.stop()

@@ -1,1 +1,3 @@
-"""Benchmarks: the speculative readiness scorecard and the proxy overhead measurement."""
+"""Benchmarks: one subpackage per benchmark (``scorecard``, ``overhead``, ``agent``,
+``sources``), each a pipeline of stages (``plan`` -> ``run`` -> ``score`` -> ``report``), and
+the pieces they share in ``common``."""

@@ -9,11 +9,12 @@ import sys
 # subcommand -> (module:function taking argv, one-line help). Imported lazily so that
 # `speclane policy check` does not pay for importing MLX.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("router.server:main", "run the router (and its two MLX lanes by default)"),
-    "worker": ("router.worker.main:main", "run one MLX lane worker (spawned by serve)"),
-    "models": ("router.lanes.modelprep:main", "models prepare: fetch, convert the default model"),
-    "policy": ("router.cli.policy:main", "policy check [DIR]: validate policies, print the table"),
-    "bench": ("router.bench.cli:main", "the readiness scorecard; bench overhead; bench agent"),
+    "serve": ("router.cli.serve:main", "run the router (and its two MLX lanes by default)"),
+    "worker": ("router.cli.worker:main", "run one MLX lane worker (spawned by serve)"),
+    "models": ("router.cli.models:main", "models prepare: fetch, convert the default model"),
+    "policy": ("router.cli.policy:main",
+               "policy check [DIR]: validate, print the table; policy reload: reload now"),
+    "bench": ("router.cli.bench:main", "the readiness scorecard; bench overhead; bench agent"),
     "status": ("router.cli.status:main", "print lanes, backends and speculation state"),
 }
 

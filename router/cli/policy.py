@@ -1,4 +1,6 @@
 """``speclane policy check [DIR]``: validate every policy file and print the resolved table.
+``speclane policy reload``: make a running router reload its policies now
+(``router.cli.reload``).
 
 Exit status: 0 valid (warnings go to stderr), 1 invalid (every problem names the file,
 the key and what is wrong), 2 usage error.
@@ -11,8 +13,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from router.cli.reload import run_reload
+from router.cli.status import ADMIN_KEY_ENV, DEFAULT_URL
+from router.config.names import CLIENT_HEADER
 from router.config.policies import (
-    CLIENT_HEADER,
     DEFAULT_CLIENT,
     Policy,
     PolicyError,
@@ -36,10 +40,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "--config, else the ones shipped with speclane)")
     check.add_argument("--config", type=Path,
                        help="speclane.toml, for its presets and policies_dir")
+    reload = sub.add_parser("reload", help="make a running router reload its policies now, "
+                            "including a change it held because it widens access")
+    reload.add_argument("--url", default=DEFAULT_URL,
+                        help=f"router root URL (default {DEFAULT_URL})")
+    reload.add_argument("--admin-key", default=None,
+                        help=f"admin key (default: ${ADMIN_KEY_ENV}, else the router's local "
+                        "admin token when --url is on this machine)")
+    reload.add_argument("--timeout", type=float, default=30.0,
+                        help="seconds (default 30: the router waits for files being written)")
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:
         return int(e.code or 0)
+    if args.command == "reload":
+        return run_reload(args.url, args.admin_key, args.timeout)
     return run_check(args.directory, args.config)
 
 
@@ -87,8 +102,8 @@ def _ordered(policies: PolicySet) -> list[Policy]:
 def _row(policy: Policy, policies: PolicySet, presets: Mapping[str, PresetSpec]) -> list[list[str]]:
     source = policies.sources.get(policy.client, "")
     client = [policy.client, f"({Path(source).name if source != '(implied)' else source})"]
-    return [client, _match(policy, policies), _lanes(policy, presets), _access(policy),
-            _limits(policy)]
+    return [client, _match(policy, policies), _lanes(policy, presets),
+            _access(policy) + _cache(policy, policies), _limits(policy)]
 
 
 def _match(policy: Policy, policies: PolicySet) -> list[str]:
@@ -121,6 +136,20 @@ def _access(policy: Policy) -> list[str]:
     lines.append(f"presets: {', '.join(policy.presets) or 'all'}")
     lines.append("lane override: " + ("allowed" if policy.allow_lane_override else "403"))
     lines.append("api key: " + ("required" if policy.require_api_key else "optional"))
+    return lines
+
+
+def _cache(policy: Policy, policies: PolicySet) -> list[str]:
+    """Whose cached prompts the client's requests can reuse (``PolicySet.cache_partition``):
+    only a request proved by a key has its policy's partition."""
+    if policy.cache_partition == policies.default.cache_partition:
+        return ["prompt cache: default"]
+    labels = policies.key_labels.get(policy.client, ())
+    if all(label.endswith("(unset)") for label in labels):
+        return ["prompt cache: default (no key)"]
+    lines = [f"prompt cache: {f'group {policy.cache_group}' if policy.cache_group else 'own'}"]
+    if not policy.require_api_key:
+        lines.append("  (default without the key)")
     return lines
 
 

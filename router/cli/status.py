@@ -111,7 +111,7 @@ def _error_message(e: urllib.error.HTTPError) -> str:
 
 
 def rows(backends: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
-    out = []
+    out: list[tuple[str, ...]] = []
     for b in backends:
         spec = b.get("speculation") or {}
         out.append((

@@ -12,9 +12,11 @@ LaneName = Literal["speculative", "batching"]
 LANE_NAMES: tuple[LaneName, ...] = ("speculative", "batching")
 
 # Request headers.
+AUTHORIZATION = "Authorization"
 CLIENT_HEADER = "X-Speclane-Client"  # also a response header: the policy identified
 PRESET_HEADER = "X-Speclane-Preset"
 LANE_HEADER = "X-Speclane-Lane"  # also a response header: the lane that served
+API_KEY_HEADER = "x-api-key"  # Anthropic's key header (the OpenAI door reads Authorization)
 # Response headers.
 BACKEND_HEADER = "X-Speclane-Backend"
 DECISION_HEADER = "X-Speclane-Decision"

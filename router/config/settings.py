@@ -7,6 +7,8 @@ override the file (nested keys use ``__``: ``SPECLANE_LANES__ENABLED=false``).
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
@@ -58,11 +60,11 @@ class BackendSpec(Frozen):
     base_url: str = Field(description="OpenAI base URL including /v1, e.g. http://127.0.0.1:1234/v1")
     api_key: SecretStr | None = None
     models: tuple[str, ...] = ()  # empty: discovered from GET {base_url}/models
-    connect_timeout: float = Field(5.0, gt=0)
-    read_timeout: float = Field(120.0, gt=0)  # longest silence between upstream bytes
+    connect_timeout: float = Field(default=5.0, gt=0)
+    read_timeout: float = Field(default=120.0, gt=0)  # longest silence between upstream bytes
     speculative: bool = False  # the user configured speculation on this backend
     drain_on_abort: bool = False  # let generation finish upstream when the client leaves
-    max_concurrency: int | None = Field(None, ge=1)
+    max_concurrency: int | None = Field(default=None, ge=1)
 
     @field_validator("base_url")
     @classmethod
@@ -95,7 +97,7 @@ class LanesSettings(Frozen):
     model: str | None = None  # None: the embedded default model (speclane models prepare)
     model_name: str | None = None  # the id clients send; default: the model dir's name / repo id
     draft_model: str | None = None  # None: the default draft derived from the default model
-    num_draft_tokens: int = Field(DEFAULT_DRAFT_TOKENS, ge=1, le=MAX_DRAFT_TOKENS)
+    num_draft_tokens: int = Field(default=DEFAULT_DRAFT_TOKENS, ge=1, le=MAX_DRAFT_TOKENS)
     # The speculative lane's draft for requests without a ``prediction`` (which always drafts
     # from its prediction). auto: chosen per request family by the router
     # (router.routing.speculate.lane_sources): prompt_lookup then draft_model for code-block
@@ -105,26 +107,26 @@ class LanesSettings(Frozen):
     # suffix drafts from the same client's earlier prompts and answers (and the request's
     # own context); auto tries it after prompt_lookup, and for chat after the other two.
     draft_source: Literal["auto", "draft_model", "prompt_lookup", "suffix", "none"] = "auto"
-    lookup_ngram_min: int = Field(2, ge=1, le=16)
-    lookup_ngram_max: int = Field(4, ge=1, le=16)
-    lookup_max_draft: int = Field(8, ge=1, le=32)
-    prediction_max_draft: int = Field(16, ge=1, le=32)
-    suffix_max_draft: int = Field(16, ge=1, le=32)
+    lookup_ngram_min: int = Field(default=2, ge=1, le=16)
+    lookup_ngram_max: int = Field(default=4, ge=1, le=16)
+    lookup_max_draft: int = Field(default=8, ge=1, le=32)
+    prediction_max_draft: int = Field(default=16, ge=1, le=32)
+    suffix_max_draft: int = Field(default=16, ge=1, le=32)
     # The suffix source's index of earlier requests, all clients together (LRU); 0: none.
-    suffix_bytes: int = Field(DEFAULT_SUFFIX_BYTES, ge=0)
-    max_batch_size: int = Field(8, ge=1, le=256)
-    startup_timeout: float = Field(600.0, gt=0)
-    health_interval: float = Field(2.0, gt=0)
-    max_restarts: int = Field(5, ge=0)  # within restart_window, then the lane is given up
-    restart_window: float = Field(300.0, gt=0)
-    read_timeout: float = Field(300.0, gt=0)
+    suffix_bytes: int = Field(default=DEFAULT_SUFFIX_BYTES, ge=0)
+    max_batch_size: int = Field(default=8, ge=1, le=256)
+    startup_timeout: float = Field(default=600.0, gt=0)
+    health_interval: float = Field(default=2.0, gt=0)
+    max_restarts: int = Field(default=5, ge=0)  # within restart_window, then the lane is given up
+    restart_window: float = Field(default=300.0, gt=0)
+    read_timeout: float = Field(default=300.0, gt=0)
     # KV cache of earlier requests reused for the longest common token prefix (0: off).
-    prompt_cache_bytes: int = Field(DEFAULT_PROMPT_CACHE_BYTES, ge=0)
+    prompt_cache_bytes: int = Field(default=DEFAULT_PROMPT_CACHE_BYTES, ge=0)
     # Batching lane: a long prompt is prefilled in chunks between decoding steps, so running
     # streams keep producing tokens; a chunk takes about prefill_chunk_seconds (measured),
     # and holds at most prefill_step_size tokens.
-    prefill_step_size: int = Field(DEFAULT_PREFILL_STEP_SIZE, ge=1, le=65536)
-    prefill_chunk_seconds: float = Field(DEFAULT_CHUNK_SECONDS, gt=0, le=60)
+    prefill_step_size: int = Field(default=DEFAULT_PREFILL_STEP_SIZE, ge=1, le=65536)
+    prefill_chunk_seconds: float = Field(default=DEFAULT_CHUNK_SECONDS, gt=0, le=60)
     env: dict[str, str] = Field(default_factory=dict)
     speculative: LaneSpec = LaneSpec()
     batching: LaneSpec = LaneSpec()
@@ -137,31 +139,32 @@ class LanesSettings(Frozen):
 
 
 class RetrySettings(Frozen):
-    attempts: int = Field(3, ge=1, le=10)  # total tries across candidates
-    backoff_initial: float = Field(0.05, ge=0)
-    backoff_max: float = Field(1.0, ge=0)
+    attempts: int = Field(default=3, ge=1, le=10)  # total tries across candidates
+    backoff_initial: float = Field(default=0.05, ge=0)
+    backoff_max: float = Field(default=1.0, ge=0)
 
 
 class UpstreamSettings(Frozen):
     """Bounds on every upstream answer the relay reads (lanes and external backends)."""
 
-    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)  # decoded body of one answer
-    head_timeout: float = Field(30.0, gt=0)  # an answer's head, from its first byte to its end
-    max_trailer_bytes: int = Field(16 * 1024, ge=0)  # trailers after a chunked body
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)  # decoded body of one answer
+    # an answer's head, from its first byte to its end
+    head_timeout: float = Field(default=30.0, gt=0)
+    max_trailer_bytes: int = Field(default=16 * 1024, ge=0)  # trailers after a chunked body
 
 
 class CooldownSettings(Frozen):
-    allowed_fails: int = Field(3, ge=1)
-    seconds: float = Field(5.0, ge=0)
+    allowed_fails: int = Field(default=3, ge=1)
+    seconds: float = Field(default=5.0, ge=0)
 
 
 class ClientLimits(Frozen):
     """Bounds on the connections clients open to speclane (router.proxy.connections)."""
 
-    keepalive_timeout: float = Field(75.0, gt=0)  # an idle connection is closed after this
-    head_timeout: float = Field(10.0, gt=0)  # a request's first byte to the end of its head
-    body_timeout: float = Field(60.0, gt=0)  # to receive a whole request body
-    max_connections: int = Field(512, ge=1)  # beyond: 503 and close (lowered to fit fds)
+    keepalive_timeout: float = Field(default=75.0, gt=0)  # an idle connection is closed after this
+    head_timeout: float = Field(default=10.0, gt=0)  # a request's first byte to the end of its head
+    body_timeout: float = Field(default=60.0, gt=0)  # to receive a whole request body
+    max_connections: int = Field(default=512, ge=1)  # beyond: 503 and close (lowered to fit fds)
 
 
 class ResponsesSettings(Frozen):
@@ -178,14 +181,18 @@ class Settings(BaseSettings):
     )
 
     host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    port: int = Field(default=8080, ge=0, le=65535)
+    # Host names (besides loopback ones and the bind address) that requests may name in
+    # their Host header: "name", ".domain" (it and its subdomains), or "*" (any: no DNS
+    # rebinding protection). See router.proxy.hosts.
+    allowed_hosts: tuple[str, ...] = ()
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     client_limits: ClientLimits = ClientLimits()
     policies_dir: Path = Path("policies")
     admin_key: SecretStr | None = None
     expose_metrics: Literal["public", "loopback", "admin", "off"] = "public"
-    health_interval: float = Field(5.0, gt=0)
-    shutdown_grace: float = Field(30.0, ge=0)
+    health_interval: float = Field(default=5.0, gt=0)
+    shutdown_grace: float = Field(default=30.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     retry: RetrySettings = RetrySettings()
     cooldown: CooldownSettings = CooldownSettings()
@@ -194,7 +201,10 @@ class Settings(BaseSettings):
     lanes: LanesSettings = LanesSettings()
     presets: dict[str, PresetSpec] = Field(default_factory=lambda: dict(DEFAULT_PRESETS))
     routing: RoutingRules = RoutingRules()
-    policy_poll_interval: float = Field(2.0, gt=0)  # seconds between policy file checks
+    policy_poll_interval: float = Field(default=2.0, gt=0)  # seconds between policy file checks
+    # A policy file is read only once nothing in the directory has changed for this long,
+    # so that a file being rewritten in place is never loaded half written.
+    policy_settle_seconds: float = Field(default=1.0, ge=0, le=30)
     spec: SpecSettings = SpecSettings()
     gating: GatingSettings = GatingSettings()  # draft/target pair checks, strict or graceful
     responses: ResponsesSettings = ResponsesSettings.model_validate({})
@@ -212,6 +222,11 @@ class Settings(BaseSettings):
         return (init_settings, env_settings,
                 InitSettingsSource(settings_cls, init_kwargs=_FILE_DATA.get() or {}))
 
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(allowed_host_entry(entry) for entry in v)
+
     @model_validator(mode="after")
     def _unique_backend_names(self) -> Settings:
         seen: set[str] = set()
@@ -220,6 +235,25 @@ class Settings(BaseSettings):
                 raise ValueError(f"backend name '{b.name}' is used twice")
             seen.add(b.name)
         return self
+
+
+def allowed_host_entry(value: str) -> str:
+    """One ``allowed_hosts`` entry, lower-cased; a scheme, port, path or space is refused
+    (a Host is matched by name alone)."""
+    entry = value.strip().lower().rstrip(".")
+    if entry == "*":
+        return entry
+    try:
+        address = ipaddress.ip_address(entry.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        pass
+    else:
+        return f"[{address.compressed}]" if address.version == 6 else address.compressed
+    name = entry[1:] if entry.startswith(".") else entry
+    if not re.fullmatch(r"[a-z0-9_-][a-z0-9_.-]*", name):
+        raise ValueError(f"{value!r}: expected a host name or address without scheme or "
+                         "port (e.g. 'mybox.lan', '.example.com' or '*')")
+    return entry
 
 
 class ConfigError(Exception):

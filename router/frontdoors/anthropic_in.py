@@ -1,12 +1,17 @@
 """Anthropic Messages request -> the OpenAI chat request the router forwards (pure).
 
-What maps where: ``system`` (a string or text blocks) is the first, system message; text
-blocks join into one string (the lanes take text only); ``image`` blocks become OpenAI image
+What maps where: ``system`` (a string or text blocks) is the first, system message; a
+``system`` entry inside ``messages`` (Claude Code's mid-conversation system messages) stays a
+system message in its place (the lanes fold it into the prompt, see
+``router.worker.protocol.fold_system_messages``); text blocks join into one string (the
+lanes take text only); ``image`` blocks become OpenAI image
 parts (the MLX lanes refuse those with a 400; a vision backend takes them); an assistant's
 ``tool_use`` blocks become its ``tool_calls``; a user's ``tool_result`` blocks become ``tool``
 messages, placed before the rest of that user turn as OpenAI requires; ``thinking`` blocks
 are dropped (no backend here takes them back); ``cache_control`` is ignored. ``max_tokens``
-is required, as Anthropic requires it.
+is required, as Anthropic requires it. ``context_management`` edits are applied first
+(``anthropic_context``); ``thinking`` (any type, ``adaptive`` included) and ``output_config``
+are accepted and have no effect on the lanes.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from typing import Any
 import orjson
 
 from router.errors import bad_request
+from router.frontdoors import anthropic_context
 from router.frontdoors.common import str_field
+from router.request_rules import typed
 
 MAX_STOP_SEQUENCES = 16
 DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
@@ -31,6 +38,8 @@ class MessagesRequest:
     model: str
     stream: bool
     stop_sequences: tuple[str, ...]
+    # context_management's applied_edits, or None when the request had no context_management
+    applied_edits: tuple[dict[str, Any], ...] | None = None
 
 
 def to_openai(body: dict[str, Any], *, for_count: bool = False) -> MessagesRequest:
@@ -49,7 +58,8 @@ def to_openai(body: dict[str, Any], *, for_count: bool = False) -> MessagesReque
     if not isinstance(raw, list) or not raw:
         raise bad_request("'messages' is required and must be a non-empty array",
                           param="messages")
-    for i, message in enumerate(raw):
+    edited = anthropic_context.apply(body, raw)
+    for i, message in enumerate(edited.messages):
         messages.extend(_message(message, i))
     out["messages"] = messages
     tools = _tools(body.get("tools"))
@@ -60,11 +70,8 @@ def to_openai(body: dict[str, Any], *, for_count: bool = False) -> MessagesReque
     if stops:
         out["stop"] = list(stops)
     for key in ("temperature", "top_p", "top_k"):
-        if body.get(key) is not None:
-            value = body[key]
-            kind = int if key == "top_k" else (int, float)
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise bad_request(f"'{key}' must be a number", param=key)
+        value = typed(body, key, int if key == "top_k" else (int, float), None)
+        if value is not None:
             out[key] = value
     metadata = body.get("metadata")
     if metadata is not None:
@@ -78,11 +85,22 @@ def to_openai(body: dict[str, Any], *, for_count: bool = False) -> MessagesReque
     if stream and not for_count:
         # Anthropic reports usage at the end of every stream: ask the backend for it.
         out["stream"] = True
-        out["stream_options"] = {"include_usage": True}
-    return MessagesRequest(out, model, stream and not for_count, stops)
+        # continuous_usage_stats: the first chunk has the prompt's size for message_start.
+        out["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    return MessagesRequest(out, model, stream and not for_count, stops,
+                           edited.applied if edited.requested else None)
 
 
-def _system(system: Any) -> list[dict[str, Any]]:
+COUNTED_FIELDS = ("model", "messages", "tools", "tool_choice", "parallel_tool_calls")
+
+
+def count_body(req: MessagesRequest) -> dict[str, Any]:
+    """A lane's /tokenize body for count_tokens: what the lane renders into the prompt (the
+    system, the messages, the tools and how they may be called), nothing it generates."""
+    return {k: req.openai[k] for k in COUNTED_FIELDS if k in req.openai}
+
+
+def _system(system: Any, at: str = "system") -> list[dict[str, Any]]:
     if system is None:
         return []
     if isinstance(system, str):
@@ -92,10 +110,10 @@ def _system(system: Any) -> list[dict[str, Any]]:
         for block in system:
             if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(
                     block.get("text"), str):
-                raise bad_request("'system' blocks must be text blocks", param="system")
+                raise bad_request(f"'{at}' blocks must be text blocks", param=at)
             texts.append(block["text"])
         return [{"role": "system", "content": "\n".join(texts)}] if texts else []
-    raise bad_request("'system' must be a string or an array of text blocks", param="system")
+    raise bad_request(f"'{at}' must be a string or an array of text blocks", param=at)
 
 
 def _message(message: Any, i: int) -> list[dict[str, Any]]:
@@ -103,9 +121,12 @@ def _message(message: Any, i: int) -> list[dict[str, Any]]:
     if not isinstance(message, dict):
         raise bad_request(f"'{where}' must be an object", param=where)
     role = message.get("role")
-    if role not in ("user", "assistant"):
-        raise bad_request(f"'{where}.role' must be 'user' or 'assistant'", param=where)
+    if role not in ("user", "assistant", "system"):
+        raise bad_request(f"'{where}.role' must be 'user', 'assistant' or 'system'",
+                          param=where)
     content = message.get("content")
+    if role == "system":
+        return _system(content if content is not None else "", f"{where}.content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -192,8 +213,12 @@ def _tool_use(block: dict[str, Any], at: str) -> dict[str, Any]:
     if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(args, dict):
         raise bad_request(f"'{at}': a tool_use block needs a string 'id' and 'name' and an "
                           "object 'input'", param=at)
+    try:  # orjson reads 1,024 levels of nesting but writes 254
+        arguments = orjson.dumps(args).decode()
+    except orjson.JSONEncodeError as e:
+        raise bad_request(f"'{at}.input' cannot be forwarded: {e}", param=at) from e
     return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
+            "function": {"name": name, "arguments": arguments}}
 
 
 def _tool_result(block: dict[str, Any], at: str) -> dict[str, Any]:

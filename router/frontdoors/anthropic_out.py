@@ -5,6 +5,12 @@ A whole answer becomes one ``message``; a stream becomes Anthropic's event seque
 ``content_block_delta`` events (``text_delta`` for text, ``input_json_delta`` for a tool
 call's arguments) and ``content_block_stop``, then ``message_delta`` (``stop_reason``,
 ``stop_sequence``, usage) and ``message_stop``. A failure ends it with ``event: error``.
+
+Usage as Anthropic counts it: ``input_tokens`` are the prompt tokens read fresh, without the
+``cache_read_input_tokens`` taken from the prompt cache (OpenAI's ``prompt_tokens``
+includes them). ``message_start`` goes out with the first chunk of the backend's stream,
+which carries the prompt's size when the backend honours ``continuous_usage_stats`` (the
+lanes and vLLM do); the final counts come in ``message_delta``, which clients read last.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ from typing import Any
 
 import orjson
 
-from router import errors
+from router import errors, sse
 from router.errors import RouterError
-from router.frontdoors.common import translate_events, whole_call
+from router.frontdoors.common import dict_of, list_of, translate_events, whole_call
+from router.sse import event_json
 
 STREAM_CONTENT_TYPE = "text/event-stream"
 
@@ -46,11 +53,13 @@ def message_id(upstream_id: Any) -> str:
 
 def usage(openai_usage: Any) -> dict[str, int]:
     u = openai_usage if isinstance(openai_usage, dict) else {}
-    out = {"input_tokens": _int(u.get("prompt_tokens")),
-           "output_tokens": _int(u.get("completion_tokens"))}
     details = u.get("prompt_tokens_details")
-    if isinstance(details, dict) and _int(details.get("cached_tokens")):
-        out["cache_read_input_tokens"] = _int(details.get("cached_tokens"))
+    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    prompt = _int(u.get("prompt_tokens"))
+    out = {"input_tokens": max(0, prompt - cached),
+           "output_tokens": _int(u.get("completion_tokens"))}
+    if cached:
+        out["cache_read_input_tokens"] = cached
     return out
 
 
@@ -58,19 +67,25 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def message_body(answer: Any, model: str, stops: tuple[str, ...]) -> dict[str, Any]:
+def context_management(applied: tuple[dict[str, Any], ...] | None) -> dict[str, Any]:
+    """The answer's ``context_management`` field, when the request asked for edits."""
+    return {} if applied is None else {"context_management": {"applied_edits": list(applied)}}
+
+
+def message_body(answer: Any, model: str, stops: tuple[str, ...],
+                 applied: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
     """A whole OpenAI chat completion as an Anthropic ``message``."""
     choices = answer.get("choices") if isinstance(answer, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise errors.upstream_failed("the backend's answer has no choices",
                                      code="upstream_bad_json")
     choice = choices[0]
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    message = dict_of(choice, "message")
     content: list[dict[str, Any]] = []
     text = message.get("content")
     if isinstance(text, str) and text:
         content.append({"type": "text", "text": text})
-    calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
+    calls = list_of(message, "tool_calls")
     for call in calls:
         name, args = whole_call(call)
         call_id = call.get("id")
@@ -82,11 +97,16 @@ def message_body(answer: Any, model: str, stops: tuple[str, ...]) -> dict[str, A
                                    stops, bool(calls))
     return {"id": message_id(answer.get("id")), "type": "message", "role": "assistant",
             "model": model, "content": content, "stop_reason": reason,
-            "stop_sequence": sequence, "usage": usage(answer.get("usage"))}
+            "stop_sequence": sequence, "usage": usage(answer.get("usage")),
+            **context_management(applied)}
 
 
-def sse(event: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+def prompt_size(data: bytes) -> int:
+    """The prompt's tokens from the first event of the backend's stream, 0 if it has none."""
+    for event in sse.json_events(data):
+        u = event.get("usage")
+        return _int(u.get("prompt_tokens")) if isinstance(u, dict) else 0
+    return 0
 
 
 class AnthropicEgress:
@@ -94,9 +114,11 @@ class AnthropicEgress:
 
     stream_content_type = STREAM_CONTENT_TYPE
 
-    def __init__(self, model: str, stops: tuple[str, ...] = ()) -> None:
+    def __init__(self, model: str, stops: tuple[str, ...] = (),
+                 applied: tuple[dict[str, Any], ...] | None = None) -> None:
         self.model = model
         self.stops = stops
+        self.applied = applied
         self._started = False
         self._ended = False
         self._block = -1  # index of the open content block, -1 when none is open
@@ -111,13 +133,13 @@ class AnthropicEgress:
     # --- Egress ------------------------------------------------------------------------
 
     def body(self, answer: Any) -> bytes:
-        return orjson.dumps(message_body(answer, self.model, self.stops))
+        return orjson.dumps(message_body(answer, self.model, self.stops, self.applied))
 
     def events(self, data: bytes) -> bytes:
         if self._ended:
             return b""
         return translate_events(data, chunk=self._chunk, error=self.error,
-                                ended=lambda: self._ended, head=self._start())
+                                ended=lambda: self._ended, head=self._start(data))
 
     def finish(self) -> bytes:
         if self._ended:
@@ -127,10 +149,11 @@ class AnthropicEgress:
         reason, sequence = stop_reason(self._finish_reason, self._matched, self.stops,
                                        self._saw_tool)
         self._ended = True
-        out += sse("message_delta", {"type": "message_delta",
+        out += event_json("message_delta", {"type": "message_delta",
                                      "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                     "usage": usage(self._usage)})
-        out += sse("message_stop", {"type": "message_stop"})
+                                     "usage": usage(self._usage),
+                                     **context_management(self.applied)})
+        out += event_json("message_stop", {"type": "message_stop"})
         return bytes(out)
 
     def error(self, err: RouterError) -> bytes:
@@ -141,15 +164,17 @@ class AnthropicEgress:
 
     # --- the stream's state --------------------------------------------------------------
 
-    def _start(self) -> bytes:
+    def _start(self, first: bytes = b"") -> bytes:
         if self._started:
             return b""
         self._started = True
-        message = {"id": message_id(None), "type": "message", "role": "assistant",
-                   "model": self.model, "content": [], "stop_reason": None,
-                   "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
-        return (sse("message_start", {"type": "message_start", "message": message})
-                + sse("ping", {"type": "ping"}))
+        message: dict[str, Any] = {
+            "id": message_id(None), "type": "message", "role": "assistant",
+            "model": self.model, "content": [], "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": prompt_size(first), "output_tokens": 0}}
+        return (event_json("message_start", {"type": "message_start", "message": message})
+                + event_json("ping", {"type": "ping"}))
 
     def _chunk(self, event: dict[str, Any]) -> bytes:
         out = bytearray()
@@ -161,7 +186,7 @@ class AnthropicEgress:
         for choice in choices:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            delta = dict_of(choice, "delta")
             text = delta.get("content")
             if isinstance(text, str) and text:
                 out += self._text(text)
@@ -179,20 +204,20 @@ class AnthropicEgress:
         out = self._close_block()
         self._block, self._block_kind = self._next_block, kind
         self._next_block += 1
-        return out + sse("content_block_start", {"type": "content_block_start",
+        return out + event_json("content_block_start", {"type": "content_block_start",
                                                  "index": self._block, "content_block": block})
 
     def _close_block(self) -> bytes:
         if self._block < 0:
             return b""
         index, self._block = self._block, -1
-        return sse("content_block_stop", {"type": "content_block_stop", "index": index})
+        return event_json("content_block_stop", {"type": "content_block_stop", "index": index})
 
     def _text(self, text: str) -> bytes:
         out = b""
         if self._block_kind != "text" or self._block < 0:
             out = self._open("text", {"type": "text", "text": ""})
-        return out + sse("content_block_delta", {
+        return out + event_json("content_block_delta", {
             "type": "content_block_delta", "index": self._block,
             "delta": {"type": "text_delta", "text": text}})
 
@@ -200,7 +225,7 @@ class AnthropicEgress:
         index = call.get("index", 0)
         if not isinstance(index, int):
             index = 0  # hostile or sloppy upstream: an unhashable index must not crash us
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        function = dict_of(call, "function")
         out = b""
         block = self._tool_blocks.get(index)
         if block is None:
@@ -217,7 +242,7 @@ class AnthropicEgress:
             return b""  # arguments for a call whose block is closed: Anthropic cannot say it
         args = function.get("arguments")
         if isinstance(args, str) and args:
-            out += sse("content_block_delta", {
+            out += event_json("content_block_delta", {
                 "type": "content_block_delta", "index": block,
                 "delta": {"type": "input_json_delta", "partial_json": args}})
         return out

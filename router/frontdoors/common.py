@@ -3,13 +3,13 @@ pipeline, and reading the OpenAI events an upstream streams back (pure)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from router import errors
-from router.errors import RouterError, bad_request, from_upstream_body
+from router import errors, sse
+from router.errors import RouterError, bad_request
 from router.proxy.request import ParsedRequest, parse_request
 from router.routing.types import Endpoint
 
@@ -19,36 +19,16 @@ def to_parsed(endpoint: Endpoint, openai: dict[str, Any]) -> ParsedRequest:
     return parse_request(endpoint, orjson.dumps(openai))
 
 
-def openai_events(data: bytes) -> Iterator[dict[str, Any]]:
-    """The JSON objects of whole SSE events; ``[DONE]``, comments and malformed events are
-    skipped (the relay has already judged the stream's framing and its end)."""
-    text = data.replace(b"\r\n", b"\n") if b"\r" in data else data
-    for event in text.split(b"\n\n"):
-        lines = [ln[5:].lstrip(b" ") for ln in event.split(b"\n") if ln.startswith(b"data:")]
-        if not lines:
-            continue
-        payload = b"\n".join(lines)
-        if payload.strip() == b"[DONE]":
-            continue
-        try:
-            obj = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            yield obj
+def dict_of(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """An upstream object's member that should be an object; anything else reads as empty."""
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
 
 
-def upstream_error_event(event: dict[str, Any]) -> RouterError | None:
-    """The error an upstream ended its stream with (``{"error": ...}``), else None."""
-    inner = event.get("error")
-    if inner is None:
-        return None
-    status = 502
-    if isinstance(inner, dict):
-        code = inner.get("code")
-        if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600:
-            status = code
-    return from_upstream_body(status, orjson.dumps(event))
+def list_of(data: dict[str, Any], key: str) -> list[Any]:
+    """An upstream object's member that should be a list; anything else reads as empty."""
+    value = data.get(key)
+    return value if isinstance(value, list) else []
 
 
 def str_field(data: dict[str, Any], key: str, *, required: bool = False) -> str | None:
@@ -99,10 +79,10 @@ def translate_events(data: bytes, *, chunk: Callable[[dict[str, Any]], bytes],
     """The OpenAI SSE events of ``data`` in another API's framing (``chunk`` per event),
     after ``head``; an upstream error event ends the stream with that API's ``error``."""
     out = bytearray(head)
-    for event in openai_events(data):
+    for event in sse.json_events(data):
         if ended():
             break
-        failed = upstream_error_event(event)
+        failed = errors.from_upstream_event(event)
         if failed is not None:
             out += error(failed)
             break

@@ -17,19 +17,18 @@ import orjson
 from aiohttp import web
 
 from router import errors
-from router.appkeys import POOL, SESSION
+from router.appkeys import LIMITER, POOL, SESSION, SETTINGS
 from router.backends.base import Backend
-from router.config.policies import bearer_token
 from router.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
 from router.frontdoors.common import to_parsed
 from router.frontdoors.ollama_out import OllamaEgress, now_iso
 from router.frontdoors.responses_http import setup_responses_routes
-from router.proxy.handlers import Inbound, identify, proxy
+from router.proxy.connections import read_body
+from router.proxy.handlers import Inbound, identify, proxy, request_key
 from router.proxy.request import load_object
 
-ANTHROPIC_KEY_HEADER = "x-api-key"
 TOKENIZE_PATH = "/tokenize"  # under a lane worker's /v1 (router.worker.server)
 TOKENIZE_TIMEOUT = 30.0
 STARTED = web.AppKey("frontdoors_started", str)  # what Ollama calls a model's modified_at
@@ -38,8 +37,7 @@ STARTED = web.AppKey("frontdoors_started", str)  # what Ollama calls a model's m
 def anthropic_key(request: web.Request) -> str | None:
     """Anthropic clients send their key as ``x-api-key``; Claude Code with
     ``ANTHROPIC_AUTH_TOKEN`` sends ``Authorization: Bearer``. Either identifies the client."""
-    return bearer_token(request.headers.get("Authorization")) or (
-        request.headers.get(ANTHROPIC_KEY_HEADER) or None)
+    return request_key(request, use_api_key_header=True)
 
 
 # --- Anthropic -------------------------------------------------------------------------------
@@ -47,25 +45,46 @@ def anthropic_key(request: web.Request) -> str | None:
 async def messages(request: web.Request) -> web.StreamResponse:
     def translate(raw: bytes) -> Inbound:
         req = anthropic_in.to_openai(load_object(raw))
-        return to_parsed("chat", req.openai), AnthropicEgress(req.model, req.stop_sequences)
+        egress = AnthropicEgress(req.model, req.stop_sequences, req.applied_edits)
+        return to_parsed("chat", req.openai), egress
 
     return await proxy(request, "chat", api="anthropic", translate=translate,
-                       key=anthropic_key(request))
+                       api_key_header=True)
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    """The prompt's tokens under the lanes' own tokenizer and chat template."""
+    """The prompt's tokens under the lanes' own tokenizer and chat template.
+
+    A request like a generation request: its body is read under the same limit
+    (``max_body_bytes``) and deadline, and it holds one of its client's concurrency slots
+    (waiting in the client's queue, 429 past ``queue_timeout``) while the lane counts. On the
+    lane a count never goes ahead of preparing a generation request
+    (``router.worker.tokenizing``).
+    """
+    app = request.app
     policy = identify(request, anthropic_key(request))
-    req = anthropic_in.to_openai(load_object(await request.read()), for_count=True)
+    raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
+    req = anthropic_in.to_openai(load_object(raw), for_count=True)
     if not policy.allows_model(req.model):
         raise RouterError(403, f"client '{policy.client}' may not use model '{req.model}'",
                           type="permission_error", param="model", code="model_not_allowed")
-    lane = _tokenizing_lane(request.app[POOL], req.model)
-    body = {"model": req.model, "messages": req.openai["messages"]}
+    lane = _tokenizing_lane(app[POOL], req.model)
+    try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
+        body = orjson.dumps(anthropic_in.count_body(req))
+    except orjson.JSONEncodeError as e:
+        raise errors.bad_request(f"request body cannot be forwarded: {e}",
+                                 code="invalid_json") from e
+    async with app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout):
+        count = await _count(app[SESSION], lane, body)
+    return web.json_response({"input_tokens": count})
+
+
+async def _count(session: aiohttp.ClientSession, lane: Backend, body: bytes) -> int:
     timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT, connect=lane.connect_timeout)
     try:
-        async with request.app[SESSION].post(lane.base_url + TOKENIZE_PATH, json=body,
-                                             timeout=timeout) as resp:
+        async with session.post(lane.base_url + TOKENIZE_PATH, data=body,
+                                headers={"Content-Type": "application/json"},
+                                timeout=timeout) as resp:
             answer = await resp.read()
             status = resp.status
     except TimeoutError as e:
@@ -77,10 +96,12 @@ async def count_tokens(request: web.Request) -> web.Response:
         raise errors.from_upstream_body(status, answer)
     try:
         count = orjson.loads(answer)["count"]
-    except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        count = None
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise errors.upstream_failed(f"lane '{lane.name}' answered the count with a malformed "
-                                     "body", code="upstream_bad_json") from e
-    return web.json_response({"input_tokens": count})
+                                     "body", code="upstream_bad_json")
+    return count
 
 
 def _tokenizing_lane(pool: Any, model: str) -> Backend:
@@ -110,7 +131,8 @@ async def ollama_chat(request: web.Request) -> web.StreamResponse:
 
 async def ollama_generate(request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
-    body = load_object(await request.read())  # aiohttp keeps it for proxy()'s read
+    # Read under the body deadline; aiohttp keeps the bytes for proxy()'s own read.
+    body = load_object(await read_body(request, request.app[SETTINGS].client_limits.body_timeout))
     if ollama_in.is_load_request(body):
         identify(request)
         model = ollama_in.generate_to_openai(body).model
@@ -154,7 +176,7 @@ async def ollama_ps(request: web.Request) -> web.Response:
 
 async def ollama_show(request: web.Request) -> web.Response:
     identify(request)
-    body = load_object(await request.read())
+    body = load_object(await read_body(request, request.app[SETTINGS].client_limits.body_timeout))
     name = body.get("model") or body.get("name")  # "name" is the older clients' field
     if not isinstance(name, str) or not name:
         raise errors.bad_request("'model' is required", param="model")

@@ -18,6 +18,7 @@ import orjson
 
 from router.errors import bad_request
 from router.frontdoors.common import str_field
+from router.request_rules import typed
 from router.routing.types import Endpoint
 
 _OPTION_MAP = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
@@ -106,20 +107,13 @@ def _options(options: Any) -> dict[str, Any]:
         raise bad_request("'options' must be an object", param="options")
     out: dict[str, Any] = {}
     for name, key in _OPTION_MAP.items():
-        value = options.get(name)
-        if value is None:
-            continue
         kind = int if name in _INT_OPTIONS else (int, float)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise bad_request(f"'options.{name}' must be a number", param=f"options.{name}")
-        out[key] = value
-    num_predict = options.get("num_predict")
-    if num_predict is not None:
-        if not isinstance(num_predict, int) or isinstance(num_predict, bool):
-            raise bad_request("'options.num_predict' must be an integer",
-                              param="options.num_predict")
-        if num_predict > 0:  # -1 (until done) and -2 (fill the context): no limit
-            out["max_tokens"] = num_predict
+        value = typed(options, name, kind, None, where="options.")
+        if value is not None:
+            out[key] = value
+    num_predict = typed(options, "num_predict", int, None, where="options.")
+    if num_predict is not None and num_predict > 0:  # -1 (until done), -2 (fill the
+        out["max_tokens"] = num_predict  # context): no limit
     stop = options.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
@@ -128,9 +122,7 @@ def _options(options: Any) -> dict[str, Any]:
                               param="options.stop")
         if stops:
             out["stop"] = stops
-    num_ctx = options.get("num_ctx")
-    if num_ctx is not None and (not isinstance(num_ctx, int) or isinstance(num_ctx, bool)):
-        raise bad_request("'options.num_ctx' must be an integer", param="options.num_ctx")
+    typed(options, "num_ctx", int, None, where="options.")
     return out
 
 

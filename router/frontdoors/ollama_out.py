@@ -22,7 +22,7 @@ import orjson
 
 from router import errors
 from router.errors import RouterError
-from router.frontdoors.common import arguments_object, translate_events, whole_call
+from router.frontdoors.common import arguments_object, dict_of, translate_events, whole_call
 
 log = logging.getLogger("speclane.frontdoors")
 STREAM_CONTENT_TYPE = "application/x-ndjson"
@@ -176,7 +176,7 @@ class OllamaEgress:
             index = call.get("index", 0)
             slot = self._calls.setdefault(index if isinstance(index, int) else 0,
                                           {"name": "", "arguments": ""})
-            function = call.get("function") if isinstance(call.get("function"), dict) else {}
+            function = dict_of(call, "function")
             if isinstance(function.get("name"), str):
                 slot["name"] += function["name"]
             if isinstance(function.get("arguments"), str):

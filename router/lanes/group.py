@@ -8,6 +8,7 @@ decision step sees lanes exactly like any other backend.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +57,7 @@ def resolve_models(lanes: LanesSettings) -> LaneModels:
 
 
 def enabled_lanes(lanes: LanesSettings) -> list[LaneName]:
-    return [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]  # type: ignore[misc]
+    return [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]
 
 
 def lane_backend(lane: LaneName, settings: Settings, model_name: str) -> Backend:
@@ -124,10 +125,11 @@ async def start_lanes(settings: Settings, pool: BackendPool,
             metrics.spec_requested.labels(lane).set(1)
             metrics.spec_active.labels(lane).set(0)
         pool.add(backend)
-        command = build_worker_command(lane, settings.lanes, Path(models.model), draft, models.name)
+        command = build_worker_command(lane, settings.lanes, Path(models.model), draft,
+                                       models.name, max_body_bytes=settings.max_body_bytes)
         supervisors.append(LaneSupervisor.from_settings(
             command, settings.lanes, metrics=metrics,
-            on_change=lambda status, b=backend: apply_status(b, status, metrics)))
+            on_change=functools.partial(apply_status, backend, metrics=metrics)))
     log.info("starting lanes %s on %s (draft: %s)", enabled_lanes(settings.lanes), models.model,
              models.draft)
     try:

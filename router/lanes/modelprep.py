@@ -31,7 +31,6 @@ complete; a directory without a current marker is rebuilt.
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
@@ -159,7 +158,10 @@ def prepare(home: Path, *, force: bool, log: Log) -> tuple[Path, Path]:
             gguf = fetch_gguf(Path(tmp), log, progress=log)
             import mlx.core as mx
 
-            raw, meta = mx.load(str(gguf), return_metadata=True)
+            loaded = mx.load(str(gguf), return_metadata=True)
+            if not isinstance(loaded, tuple):  # a GGUF file always has its metadata
+                raise PrepareError(f"{gguf}: MLX read no GGUF metadata")
+            raw, meta = loaded
             weights = dequantized({_mlx_name(k): v for k, v in raw.items()}, getattr(mx, dtype))
             config = llama_config(meta)
             tokenizer = build_tokenizer(meta)
@@ -172,24 +174,6 @@ def prepare(home: Path, *, force: bool, log: Log) -> tuple[Path, Path]:
                     draft_config["quantization"] = quantization
                 _write_model(draft, draft_weights, draft_config, tokenizer, draft_format, log)
     return target, draft
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="speclane models",
-                                     description=__doc__.splitlines()[0].replace("``", "'"))
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("prepare", help="fetch and convert the default model and its draft")
-    p.add_argument("--dir", type=Path, help=f"data directory (default: {data_dir()})")
-    p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
-    args = parser.parse_args(argv)
-    home = args.dir.expanduser() if args.dir else data_dir()
-    try:
-        target, draft = prepare(home, force=args.force, log=print)
-    except PrepareError as e:
-        print(f"speclane models prepare: {e}", file=sys.stderr)
-        return 1
-    print(f"model: {target}\ndraft: {draft}")
-    return 0
 
 
 class PrepareError(Exception):
@@ -397,6 +381,7 @@ def build_tokenizer(meta: dict[str, Any]) -> Any:
     """
     from transformers import PreTrainedTokenizerFast
 
+    gguf_tok: Any
     try:
         from transformers.integrations.gguf import gguf_tokenizer_mapping as gguf_tok
     except ImportError:  # transformers 4.x kept the converter in integrations.ggml

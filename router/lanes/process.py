@@ -14,14 +14,15 @@ import os
 import signal
 import sys
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from signal import Signals
 
 from router.config.names import LANE_NAMES
 from router.config.settings import LanesSettings
 from router.lanes.blas import preload_env
-from router.worker.contract import parse_ready_line, worker_argv
+from router.worker.contract import DEFAULT_MAX_BODY_BYTES, parse_ready_line, worker_argv
 
 log = logging.getLogger("router.lanes.supervisor")
 
@@ -44,7 +45,9 @@ def build_worker_command(
     draft_dir: Path | None,
     model_name: str,
     python: str = sys.executable,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> WorkerCommand:
+    """``max_body_bytes``: the router's own limit (the worker accepts what the router does)."""
     if lane not in LANE_NAMES:
         raise ValueError(f"unknown lane {lane!r}; expected one of {LANE_NAMES}")
     argv = worker_argv(python, lane, model_dir, model_name, draft=draft_dir,
@@ -53,7 +56,8 @@ def build_worker_command(
                        prompt_cache_bytes=settings.prompt_cache_bytes,
                        prefill_step_size=settings.prefill_step_size,
                        prefill_chunk_seconds=settings.prefill_chunk_seconds,
-                       speculative=speculative_args(settings, draft_dir))
+                       speculative=speculative_args(settings, draft_dir),
+                       max_body_bytes=max_body_bytes)
     env = preload_env()
     env.update(settings.env)
     env["PYTHONUNBUFFERED"] = "1"  # stderr lines must reach the ring buffer as they happen
@@ -92,12 +96,17 @@ class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
     def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(limit=limit, loop=loop)
         self.exited: asyncio.Future[int] = loop.create_future()
+        # Our own reference: the base class drops its transport when the process exits
+        # after its pipes closed (the usual order under uvloop), before the code is read.
+        # (uvloop's transport is no asyncio.SubprocessTransport: only its method is kept.)
+        self._returncode: Callable[[], int | None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._returncode = getattr(transport, "get_returncode", None)
+        super().connection_made(transport)
 
     def process_exited(self) -> None:
-        # Read the code first: when the pipes closed before the exit was noticed (the
-        # usual order under uvloop), the base class drops the transport right here.
-        transport = self._transport
-        code = transport.get_returncode() if transport is not None else None
+        code = self._returncode() if self._returncode is not None else None
         super().process_exited()
         if not self.exited.done():
             self.exited.set_result(-1 if code is None else code)
@@ -156,13 +165,13 @@ class WorkerProcess:
         """Let the readers collect what the process wrote before it exited."""
         await asyncio.wait(self.readers, timeout=_PIPE_DRAIN_TIMEOUT)
 
-    def signal(self, sig: signal.Signals) -> None:
+    def signal(self, sig: Signals) -> None:
         """Signal the worker's process group (its own session) while the worker lives."""
         if self.exited.done() or self._group_killed:
             return
         self._killpg(sig)
 
-    def _killpg(self, sig: signal.Signals) -> None:
+    def _killpg(self, sig: Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
 

@@ -415,14 +415,14 @@ async def start_all(supervisors: Iterable[LaneSupervisor], *, grace: float = 5.0
         await asyncio.wait(tasks)
         await stop_all(sups, grace=grace)
         raise
-    failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+    failed = [e for t in done if not t.cancelled() and (e := t.exception()) is not None]
     if failed:
         for task in pending:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
         await stop_all(sups, grace=grace)
-        raise failed[0].exception()  # type: ignore[misc]
+        raise failed[0]
 
 
 async def stop_all(supervisors: Iterable[LaneSupervisor], *, grace: float = 10.0) -> None:

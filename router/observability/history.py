@@ -8,8 +8,6 @@ metrics stay the one source of truth: nothing here is counted twice.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import time
 from collections import deque
@@ -20,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from router.metrics import Metrics
+from router.periodic import Periodic
 
 INTERVAL = 5.0  # seconds between samples
 KEEP = 73  # samples: six minutes of intervals
@@ -95,18 +94,12 @@ class History:
     def to_json(self) -> dict[str, Any]:
         return {"interval": self.interval, "points": points(list(self.samples))}
 
-    async def run(self) -> None:
-        while True:
-            self.sample()
-            await asyncio.sleep(self.interval)
-
-
 HISTORY = web.AppKey("history", History)
 
 
 async def history_context(app: web.Application) -> AsyncIterator[None]:
-    task = asyncio.create_task(app[HISTORY].run(), name="speclane-status-history")
+    history = app[HISTORY]
+    sampling = Periodic("speclane-status-history", history.sample, history.interval)
+    sampling.start()
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await sampling.stop()

@@ -21,8 +21,8 @@ from typing import Any
 from aiohttp import web
 
 from router import __version__
-from router.admin import backend_status
 from router.appkeys import LIMITER, POLICIES, POOL, SPEC, SUPERVISORS
+from router.backends.status import backend_status
 from router.metrics import package_version
 from router.observability.history import HISTORY
 from router.proxy.accesslog import ACCESS

@@ -14,6 +14,7 @@ The last ``RECENT`` records stay in memory for the status page's "recent decisio
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -21,11 +22,15 @@ from typing import Any
 
 from aiohttp import web
 
+from router.observability.escape import escape_controls
 from router.proxy.outcome import Outcome
 
 log = logging.getLogger("speclane.access")
 
 RECENT = 200  # records kept for the status page; a few KB each at most
+# A value is quoted when it has a space, a quote, "=", a backslash or a control character:
+# then "key=value" pairs read back unambiguously and every value stays on its line.
+_QUOTED = re.compile('[ "=\\\\\x00-\x1f\x7f-\x9f\u2028\u2029]')
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +54,8 @@ class AccessRecord:
         return asdict(self)
 
     def line(self) -> str:
-        """The text form: ``key=value`` pairs, values quoted when they contain spaces."""
+        """The text form: ``key=value`` pairs; a value with a space, quote, ``=``, backslash
+        or control character is quoted, and its control characters escaped (``\\n``)."""
         parts = []
         for key, value in self.to_json().items():
             if key == "at" or value is None:
@@ -59,8 +65,10 @@ class AccessRecord:
             elif isinstance(value, bool):
                 value = str(value).lower()
             text = str(value)
-            if not text or any(c in text for c in ' "='):
-                text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            if not text or _QUOTED.search(text):
+                # Backslash and quote first: the control escapes add backslashes of their own.
+                text = '"' + escape_controls(
+                    text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
             parts.append(f"{key}={text}")
         return " ".join(parts)
 

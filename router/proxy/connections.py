@@ -15,6 +15,11 @@ The request-body deadline (``body_timeout``) is applied where the body is read
 (``read_body``), because only the handler knows when it wants the body.
 
 ``GuardedRunner`` is ``web.AppRunner`` with these guards; ``serve`` uses it.
+
+aiohttp has no public hook for these, so ``GuardedHandler`` and ``GuardedServer`` rely on
+a few of its private names (``AIOHTTP_PRIVATE_NAMES``); ``pyproject.toml`` pins the aiohttp
+versions they were tested with and ``tests/proxy/test_connections_aiohttp.py`` fails when
+an aiohttp release moves them.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -39,6 +44,17 @@ log = logging.getLogger("speclane.clients")
 # the body is read and dropped for at most this long, so that the client sees the answer
 # rather than a reset; then the connection is closed (aiohttp's default is 10 s).
 LINGER = 2.0
+
+# What aiohttp keeps privately and this module reads or writes: on the handler the number
+# of request heads parsed, the parsed requests not yet handled, whether one is being
+# answered, and when its idle timer closes the connection; on the server the keyword
+# arguments every handler is built with; on the runner the method that builds the server.
+AIOHTTP_PRIVATE_NAMES: dict[type, tuple[str, ...]] = {
+    RequestHandler: ("_request_count", "_messages", "_request_in_progress",
+                     "_next_keepalive_close_time"),
+    Server: ("_kwargs",),
+    web.AppRunner: ("_make_server",),
+}
 
 # File descriptors kept aside for everything that is not a client connection (listening
 # sockets, lane worker pipes, log files, policy reads, health checks).
@@ -131,7 +147,9 @@ class GuardedHandler(RequestHandler):
         if not self._guard.admit():
             self._refused = True
             self._guard.refused += 1
-            transport.write(TOO_MANY)  # type: ignore[attr-defined]
+            # A stream protocol's transport writes (uvloop's is not registered as an
+            # asyncio.WriteTransport, so isinstance cannot say it).
+            cast(asyncio.WriteTransport, transport).write(TOO_MANY)
             transport.close()
             self._guard.warn_refused()
             return
@@ -172,11 +190,12 @@ class GuardedHandler(RequestHandler):
     def _arm_head_timer(self) -> None:
         deadline = self._guard.limits.head_timeout
         self._head_count = self._request_count
-        self._head_timer = self._loop.call_later(deadline, self._head_timed_out)
+        loop = asyncio.get_running_loop()
+        self._head_timer = loop.call_later(deadline, self._head_timed_out)
         # Reading a head is not idling: aiohttp's idle timer (which bytes do not reset)
         # must not cut it silently before this deadline answers 408.
         self._next_keepalive_close_time = max(self._next_keepalive_close_time,
-                                              self._loop.time() + deadline + 1.0)
+                                              loop.time() + deadline + 1.0)
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -220,8 +239,8 @@ class GuardedServer(Server):
 
     def __init__(self, base: Server, limits: ClientLimits, cap: int) -> None:
         super().__init__(base.request_handler, request_factory=base.request_factory,
-                         handler_cancellation=base.handler_cancellation, loop=base._loop,
-                         **base._kwargs)
+                         handler_cancellation=base.handler_cancellation,
+                         loop=asyncio.get_running_loop(), **base._kwargs)
         self.limits = limits
         self.cap = cap
         self.active = 0
@@ -233,7 +252,7 @@ class GuardedServer(Server):
         self._malformed_unlogged = 0
 
     def __call__(self) -> RequestHandler:
-        return GuardedHandler(self, loop=self._loop, **self._kwargs)
+        return GuardedHandler(self, loop=asyncio.get_running_loop(), **self._kwargs)
 
     def admit(self) -> bool:
         if self.active >= self.cap:
@@ -246,7 +265,7 @@ class GuardedServer(Server):
 
     def warn_malformed(self, remote: str | None, exc: BaseException) -> None:
         self.malformed += 1
-        now = self._loop.time()
+        now = asyncio.get_running_loop().time()
         if now - self._last_malformed_log < 1.0:  # at most one line a second
             self._malformed_unlogged += 1
             return
@@ -256,7 +275,7 @@ class GuardedServer(Server):
         log.warning("malformed request from %s refused: %s%s", remote, _describe(exc), also)
 
     def warn_refused(self) -> None:
-        now = self._loop.time()
+        now = asyncio.get_running_loop().time()
         if now - self._last_warning >= 10.0:  # one line per 10 s under a flood
             self._last_warning = now
             log.warning("client connection refused: %d open, the cap is %d "

@@ -13,16 +13,19 @@ from aiohttp import web
 from router import errors
 from router.appkeys import LIMITER, METRICS, POLICIES, POOL, RELAY, ROUTING, SETTINGS, SPEC
 from router.backends.base import Backend
-from router.config.policies import CLIENT_HEADER, Policy, bearer_token
+from router.config.names import API_KEY_HEADER, AUTHORIZATION, CLIENT_HEADER
+from router.config.policies import Policy, Unauthorized
 from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of
 from router.proxy.admin_auth import is_loopback, require_admin
 from router.proxy.connections import read_body
+from router.proxy.credentials import presented_key
 from router.proxy.headers import decision_headers
 from router.proxy.middleware import expect_handler
 from router.proxy.outcome import Outcome
+from router.proxy.partition import wire_token
 from router.proxy.relay import BodyFor, Egress
 from router.proxy.request import ParsedRequest, parse_request
 from router.proxy.telemetry import SpecClaim
@@ -53,14 +56,31 @@ Inbound = tuple[ParsedRequest, Egress | None]
 Translate = Callable[[bytes], Inbound]
 
 
-def identify(request: web.Request, key: str | None = None) -> Policy:
+def caller(request: web.Request, key: str | None = None) -> tuple[Policy, str]:
     """The client's policy, from its key (``Authorization: Bearer`` unless a front door found
-    it elsewhere, e.g. Anthropic's ``x-api-key``), ``X-Speclane-Client`` and User-Agent."""
+    it elsewhere, e.g. Anthropic's ``x-api-key``), ``X-Speclane-Client`` and User-Agent; and
+    its prompt-cache partition (``PolicySet.cache_partition``)."""
     headers = request.headers
     if key is None:
-        key = bearer_token(headers.get("Authorization"))
-    return request.app[POLICIES].current.identify(
-        key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
+        key = request_key(request)
+    policies = request.app[POLICIES].current
+    try:
+        identity = policies.match(key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
+        policies.authorize(identity)
+    except Unauthorized as refused:
+        raise errors.unauthorized(refused.message, refused.code, refused.client) from None
+    return identity.policy, policies.cache_partition(identity)
+
+
+def request_key(request: web.Request, *, use_api_key_header: bool = False) -> str | None:
+    """The request's one API key; a 400 when its credential headers disagree."""
+    headers = request.headers
+    return presented_key(headers.getall(AUTHORIZATION, []), headers.getall(API_KEY_HEADER, []),
+                         use_api_key_header=use_api_key_header)
+
+
+def identify(request: web.Request, key: str | None = None) -> Policy:
+    return caller(request, key)[0]
 
 
 def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
@@ -101,6 +121,7 @@ def body_for(parsed: ParsedRequest) -> BodyFor:
 
 async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "openai",
                 translate: Translate | None = None, key: str | None = None,
+                api_key_header: bool = False,
                 arrival: float | None = None) -> web.StreamResponse:
     """The whole pipeline, for every front door: identify, admit, classify, relay.
 
@@ -117,7 +138,9 @@ async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "
     claim = SpecClaim()
     prints: tuple[bytes, ...] = ()
     try:
-        policy = identify(request, key)
+        if key is None and api_key_header:  # an API with its own key header (Anthropic's)
+            key = request_key(request, use_api_key_header=True)
+        policy, partition = caller(request, key)
         client = policy.client
         raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
         egress: Egress | None = None
@@ -127,11 +150,13 @@ async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "
             parsed, egress = translate(raw)
             endpoint = outcome.endpoint = parsed.endpoint  # e.g. Ollama's raw generate
         model = parsed.route.model
+        parsed.cache_partition = wire_token(partition)
         limiter = app[LIMITER]
         # Fingerprints serve only to send a conversation back to the lane holding its
-        # prefix: without lanes of ours nothing ever holds one, so none are computed.
+        # prefix: without lanes of ours nothing ever holds one, so none are computed. They
+        # are the partition's own: another client's traffic never steers this request.
         if app[SETTINGS].routing.cache_affinity and app[POOL].has_lanes:
-            prints = fingerprints(endpoint, parsed.data)
+            prints = fingerprints(endpoint, parsed.data, partition)
         async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
             result = decide(request, parsed, policy, claim, prints)
             decision = result.decision.reason
@@ -206,11 +231,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def setup_routes(app: web.Application) -> None:
-    x = {"expect_handler": expect_handler}
-    app.router.add_post("/v1/chat/completions", chat, **x)
-    app.router.add_post("/v1/completions", completions, **x)
-    app.router.add_post("/v1/embeddings", embeddings, **x)
-    app.router.add_get("/v1/models", models, **x)
-    app.router.add_get("/healthz", healthz, **x)
-    app.router.add_get("/readyz", readyz, **x)
-    app.router.add_get("/metrics", metrics, **x)
+    app.router.add_post("/v1/chat/completions", chat, expect_handler=expect_handler)
+    app.router.add_post("/v1/completions", completions, expect_handler=expect_handler)
+    app.router.add_post("/v1/embeddings", embeddings, expect_handler=expect_handler)
+    app.router.add_get("/v1/models", models, expect_handler=expect_handler)
+    app.router.add_get("/healthz", healthz, expect_handler=expect_handler)
+    app.router.add_get("/readyz", readyz, expect_handler=expect_handler)
+    app.router.add_get("/metrics", metrics, expect_handler=expect_handler)

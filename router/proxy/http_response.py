@@ -11,6 +11,8 @@ said and nothing followed it).
 
 from __future__ import annotations
 
+from typing import TypeVar, overload
+
 import httptools
 
 MAX_HEAD = 64 * 1024  # status lines and headers of an answer, interim ones included
@@ -27,10 +29,20 @@ class _Stray(Exception):
     """Bytes after the end of the answer: they belong to no request."""
 
 
+_T = TypeVar("_T")
+
+
 class Headers(dict[str, str]):
     """Response headers by lower-cased name (repeated ones joined with ", ")."""
 
-    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
+    @overload
+    def get(self, key: str, default: None = None, /) -> str | None: ...
+    @overload
+    def get(self, key: str, default: str, /) -> str: ...
+    @overload
+    def get(self, key: str, default: _T, /) -> str | _T: ...
+
+    def get(self, key: str, default: object = None, /) -> object:
         return super().get(key.lower(), default)
 
     def __getitem__(self, key: str) -> str:

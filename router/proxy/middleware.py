@@ -1,13 +1,19 @@
-"""The error middleware: the single place where failures become HTTP responses."""
+"""The middlewares: the single place where failures become HTTP responses, and the
+browser guards every request passes before its handler (``browser_guard``)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
-from aiohttp import HttpVersion11, web
+from aiohttp import HttpVersion11, hdrs, web
+from aiohttp.typedefs import Middleware
 
 from router import errors
 from router.errors import RouterError
+from router.proxy.hosts import HostRule, is_loopback_name, origin_host, same_origin
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 log = logging.getLogger("speclane.errors")
 
@@ -32,7 +38,7 @@ async def expect_handler(request: web.Request) -> web.StreamResponse | None:
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except RouterError as e:
@@ -53,6 +59,56 @@ async def error_middleware(request: web.Request, handler):  # type: ignore[no-un
         raise
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
-        return to_response(RouterError(500, "internal error in speclane (see its log)",
-                                       type="internal_error", code="internal_error"),
-                           errors.api_for_path(request.path))
+        return to_response(errors.internal_error(), errors.api_for_path(request.path))
+
+
+# What a cross-site page can make a browser send without a CORS preflight.
+FORM_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def browser_guard(rule: HostRule) -> Middleware:
+    """A middleware that refuses what a hostile web page can make a browser send.
+
+    Every request: a ``Host`` that ``rule`` does not allow is answered 421 (DNS rebinding:
+    the browser thinks it talks to the attacker's name). A state-changing admin request
+    (any method but GET/HEAD/OPTIONS under ``/admin/``) is refused 403 when it comes from
+    another site (``Sec-Fetch-Site: cross-site`` or ``same-site``; an ``Origin`` other than
+    the request's own whose host is not allowed or is a loopback name, i.e. another local
+    program's page; ``Origin: null``) or carries a body a form can send (CSRF).
+    """
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        for value in request.headers.getall(hdrs.HOST, ()):
+            if not rule.allows_header(value):
+                raise RouterError(
+                    421, f"this server does not answer for the host {value[:100]!r}: add it "
+                    "to allowed_hosts if that name is meant to reach speclane",
+                    type="permission_error", code="host_not_allowed")
+        if request.path.startswith("/admin/") and request.method not in SAFE_METHODS:
+            refuse_cross_site(request, rule)
+        return await handler(request)
+
+    return guard
+
+
+def refuse_cross_site(request: web.Request, rule: HostRule) -> None:
+    headers = request.headers
+    site = headers.get("Sec-Fetch-Site", "").strip().lower()
+    reason = None
+    if site in ("cross-site", "same-site"):
+        reason = f"Sec-Fetch-Site: {site}"
+    for origin in headers.getall(hdrs.ORIGIN, ()):
+        if not same_origin(origin, headers.get(hdrs.HOST, "")):
+            host = origin_host(origin)
+            # A loopback origin on another port is another local program's page.
+            if not rule.allows(host) or host is None or is_loopback_name(host):
+                reason = f"Origin: {origin[:100]!r}"
+    ctype = headers.get(hdrs.CONTENT_TYPE, "").split(";", 1)[0].strip().lower()
+    if ctype in FORM_TYPES:
+        reason = f"Content-Type: {ctype} (admin requests take no form body)"
+    if reason is not None:
+        raise RouterError(403, f"admin requests from web pages are refused ({reason}); use "
+                          "the speclane CLI or curl", type="permission_error",
+                          code="cross_site_admin_request")

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,14 +58,8 @@ from router.errors import RouterError
 from router.metrics import Metrics
 from router.proxy.headers import served_headers
 from router.proxy.outcome import Outcome
-from router.proxy.request import (
-    HELD_LIMIT,
-    ParsedRequest,
-    SSETail,
-    first_event_is_json,
-    looks_like_sse,
-    split_events,
-)
+from router.proxy.partition import CACHE_PARTITION_HEADER
+from router.proxy.request import ParsedRequest
 from router.proxy.upstream import (
     HeadTimeout,
     Http1Pool,
@@ -75,6 +68,15 @@ from router.proxy.upstream import (
     UpstreamTooLarge,
 )
 from router.routing.types import Candidate, Decision
+from router.sse import (
+    HELD_LIMIT,
+    SSETail,
+    first_event_is_json,
+    has_done_line,
+    looks_like_sse,
+    split_events,
+)
+from router.sse import ends_with_done as _ends_with_done
 
 log = logging.getLogger("speclane.relay")
 
@@ -86,13 +88,20 @@ CONNECT_ERRORS = (ConnectionError,)
 # and read that much at most, then drop the connection instead of reusing it.
 TAIL_GRACE = 5.0
 TAIL_LIMIT = 64 * 1024
-# "data: [DONE]" at the start of a line (a model can write "[DONE]" inside its content).
-_DONE_LINE = re.compile(rb"(?:^|\n)data: ?\[DONE\][ \t]*(?:\r?\n|$)")
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",
 }
+
+
+class _StreamFailure(Exception):
+    """A stream that failed after its first byte, for a reason the relay found itself."""
+
+    def __init__(self, reason: str, error: RouterError) -> None:
+        super().__init__(error.message)
+        self.reason = reason
+        self.error = error
 
 
 class Retryable(Exception):
@@ -265,6 +274,8 @@ class Relay:
     async def _open(self, backend: Backend, cand: Candidate, parsed: ParsedRequest, path: str,
                     body_for: BodyFor) -> Opened:
         headers = {"Content-Type": "application/json", **backend.auth_headers()}
+        if backend.lane is not None and parsed.cache_partition:  # never to external backends
+            headers[CACHE_PARTITION_HEADER] = parsed.cache_partition
         try:
             resp = await self._post(backend, f"{backend.base_url}{path}",
                                     body=body_for(backend, cand), headers=headers,
@@ -412,11 +423,9 @@ class Relay:
                 if b"data:" in chunk:
                     last_data = time.monotonic()
                 elif time.monotonic() - last_data > backend.read_timeout:
-                    await self._stream_failed(
-                        out, backend, outcome, "timeout", errors.upstream_timeout(
-                            f"backend '{backend.name}' sent only keep-alive comments for "
-                            f"{backend.read_timeout:g}s mid-stream"), egress)
-                    return out
+                    raise _StreamFailure("timeout", errors.upstream_timeout(
+                        f"backend '{backend.name}' sent only keep-alive comments for "
+                        f"{backend.read_timeout:g}s mid-stream"))
                 tail.feed(chunk)
                 whole, held = split_events(held + chunk)
                 if egress is not None and whole:
@@ -428,57 +437,77 @@ class Relay:
                     outcome.client_left()  # the client went away; nothing more to send
                     return out
                 if b"[DONE]" in whole and has_done_line(whole):
-                    self._delivered(outcome, tail)
+                    self._delivered(backend, outcome, tail)
                     await self._after_done(out, backend, resp, outcome, held)
                     return out
                 if whole.endswith((b"[DONE]\n\n", b"[DONE]\r\n\r\n")) and _ends_with_done(whole):
                     break  # the stream has ended for the client: trailers can't add an end
                 chunk = await resp.readany()
             outcome.last_byte_at = time.monotonic()
-        except TimeoutError:
-            await self._stream_failed(out, backend, outcome, "timeout", errors.upstream_timeout(
-                f"backend '{backend.name}' sent nothing for {backend.read_timeout:g}s mid-stream"),
-                egress)
-            return out
-        except CONNECT_ERRORS as e:
-            if live.aborted:
-                await self._stream_failed(out, backend, outcome, "shutdown", shutting_down(
-                    "speclane is shutting down; the stream was cut after the grace period"),
-                    egress)
-                return out
-            if isinstance(e, UpstreamProtocolError):
-                err = self._malformed(backend, e)
-                await self._stream_failed(out, backend, outcome, "malformed", err)
-                return out
-            await self._stream_failed(out, backend, outcome, "disconnect", errors.upstream_failed(
-                f"backend '{backend.name}' closed the stream mid-way: {type(e).__name__}"),
-                egress)
-            return out
-        outcome.tail_events, _, saw_done = tail.finish()
-        if saw_done:
-            if held and egress is None:  # "data: [DONE]" without its blank line: as it came
-                await self._write(out, held, outcome)
-            outcome.completed = True
-        elif outcome.tail_events and "error" in outcome.tail_events[-1]:
-            outcome.completed = True  # the upstream ended its own stream with an error event
-            trailer = b"data: [DONE]\n\n" if egress is None else egress.finish()
-            await self._finish(out, trailer, outcome)
-            return out
-        else:
-            await self._stream_failed(out, backend, outcome, "no_done", errors.upstream_failed(
-                f"backend '{backend.name}' ended the stream without data: [DONE]",
-                code="upstream_incomplete_stream"), egress)
-            return out
-        await self._finish(out, b"" if egress is None else egress.finish(), outcome)
+            outcome.tail_events, _, saw_done = tail.finish()
+            self._upstream_failed_it(backend, outcome)
+            if saw_done:
+                if held and egress is None:  # "data: [DONE]" without its blank line: as it came
+                    await self._write(out, held, outcome)
+                outcome.completed = True
+                await self._finish(out, b"" if egress is None else egress.finish(), outcome)
+            elif outcome.tail_events and "error" in outcome.tail_events[-1]:
+                outcome.completed = True  # the upstream ended its own stream with an error event
+                trailer = b"data: [DONE]\n\n" if egress is None else egress.finish()
+                await self._finish(out, trailer, outcome)
+            else:
+                raise _StreamFailure("no_done", errors.upstream_failed(
+                    f"backend '{backend.name}' ended the stream without data: [DONE]",
+                    code="upstream_incomplete_stream"))
+        except Exception as e:  # the one exit of a stream that failed after its first byte
+            # Headers (200) and events are out: whatever went wrong, the client gets an
+            # ending in its API's shape, and the request is booked with the error.
+            reason, err = self._stream_failure(e, backend, live)
+            await self._stream_failed(out, backend, outcome, reason, err, egress)
         return out
 
-    @staticmethod
-    def _delivered(outcome: Outcome, tail: SSETail) -> None:
+    def _stream_failure(self, e: Exception, backend: Backend,
+                        live: _Live) -> tuple[str, RouterError]:
+        """(reason, error) of a stream that failed after its first byte reached the client."""
+        if live.aborted:  # shutdown() closed the upstream: whatever reading it then raised
+            return "shutdown", shutting_down(
+                "speclane is shutting down; the stream was cut after the grace period")
+        if isinstance(e, _StreamFailure):
+            return e.reason, e.error
+        if isinstance(e, TimeoutError):
+            return "timeout", errors.upstream_timeout(
+                f"backend '{backend.name}' sent nothing for {backend.read_timeout:g}s "
+                "mid-stream")
+        if isinstance(e, UpstreamProtocolError):
+            err = self._malformed(backend, e)
+            return "too_large" if isinstance(e, UpstreamTooLarge) else "malformed", err
+        if isinstance(e, CONNECT_ERRORS):
+            return "disconnect", errors.upstream_failed(
+                f"backend '{backend.name}' closed the stream mid-way: {type(e).__name__}")
+        if isinstance(e, RouterError):  # e.g. a front door that cannot translate an event
+            return "invalid", e
+        log.error("stream from %s failed on an unexpected error", backend.name, exc_info=e)
+        return "internal", errors.internal_error()
+
+    def _delivered(self, backend: Backend, outcome: Outcome, tail: SSETail) -> None:
         """[DONE] reached the client: settle the outcome now, so that nothing the client
         does next (closing, which cancels this handler) can lose it."""
         outcome.last_byte_at = time.monotonic()
         outcome.tail_events, _, _ = tail.finish()
         outcome.completed = outcome.delivered = True
+        self._upstream_failed_it(backend, outcome)
+
+    def _upstream_failed_it(self, backend: Backend, outcome: Outcome) -> None:
+        """The upstream ended its own stream with an error event (passed on to the client,
+        in its API's shape): a failure after the first byte like the others, counted and
+        booked with that error, not as a clean 200."""
+        last = outcome.tail_events[-1] if outcome.tail_events else None
+        err = errors.from_upstream_event(last) if last is not None else None
+        if err is None:
+            return
+        log.warning("stream from %s ended with its error: %s", backend.name, err.message)
+        self._metrics.stream_errors.labels(backend.name, "upstream_error").inc()
+        outcome.error, outcome.status = err, err.status
 
     async def _after_done(self, out: web.StreamResponse, backend: Backend, resp: Response,
                           outcome: Outcome, held: bytes) -> None:
@@ -501,9 +530,16 @@ class Relay:
 
     async def _stream_failed(self, out: web.StreamResponse, backend: Backend, outcome: Outcome,
                              reason: str, err: RouterError, egress: Egress | None) -> None:
+        if outcome.completed:
+            # Its ending was already written ([DONE] or the upstream's own error event):
+            # a second ending would break the stream the client already has whole.
+            log.warning("stream from %s: %s after its end", backend.name, err.message)
+            return
         log.warning("stream from %s failed after first byte: %s", backend.name, err.message)
         self._metrics.stream_errors.labels(backend.name, reason).inc()
-        outcome.error = err
+        # Booked with the error's status, not the 200 its headers carried: the client did
+        # not get its answer, and metrics, access log and status page must say so.
+        outcome.error, outcome.status = err, err.status
         if reason in ("timeout", "disconnect"):
             self._failed(backend, reason)
         trailer = errors.sse_error_event(err) if egress is None else egress.error(err)
@@ -664,22 +700,3 @@ def _known_headers(err: RouterError, headers: dict[str, str], decision: Decision
         known["X-Speclane-Backend"], known["X-Speclane-Lane"] = tried.backend, tried.lane
     for name, value in known.items():
         err.headers.setdefault(name, value)
-
-
-def has_done_line(events: bytes) -> bool:
-    """A ``data: [DONE]`` line among these events (``_DONE_LINE``).
-
-    The search starts just before the first ``[DONE]``: from the start of a whole stream's
-    bytes the pattern's leading alternation is tried at every position, which cost more per
-    short stream than the rest of the relay loop (examples/results/overhead.md). A match cannot
-    start earlier than 7 bytes before its ``[DONE]`` (``\\ndata: ``), and ``^`` still
-    matches only at the real start of ``events``, so the answer is the same.
-    """
-    first = events.find(b"[DONE]")
-    return first >= 0 and _DONE_LINE.search(events, max(0, first - 7)) is not None
-
-
-def _ends_with_done(events: bytes) -> bool:
-    """The last of these whole events is ``data: [DONE]``."""
-    body = events.rstrip()
-    return body[body.rfind(b"\n") + 1:].replace(b" ", b"") == b"data:[DONE]"

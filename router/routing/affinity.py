@@ -11,7 +11,10 @@ What a lane holds is approximated without asking it: a request's *fingerprints* 
 of its cumulative message prefixes (the tools and the first message, then the first two
 messages, ...), and ``AffinityMap`` remembers, for a bounded number of fingerprints, the lane
 that last served a request containing that prefix. The holder of a new request is the lane
-of its longest known fingerprint.
+of its longest known fingerprint. Fingerprints are seeded with the request's prompt-cache
+partition, as the lanes' caches are partitioned: a request only ever finds its own
+partition's prefixes, so the rule ``cache-affinity`` in a decision header never says that
+another client sent the same conversation.
 
 Load overrides affinity the way SGLang's cache-aware router does it: affinity is ignored
 only when the load is imbalanced against the holder by more than an absolute AND a relative
@@ -53,8 +56,11 @@ def thresholds_of(rules: RoutingRules) -> AffinityThresholds:
     return AffinityThresholds(rules.affinity_abs_threshold, rules.affinity_rel_threshold)
 
 
-def fingerprints(endpoint: str, data: Mapping[str, Any]) -> tuple[bytes, ...]:
-    """Chained hashes of the request's cumulative prefixes, shortest first (may be empty).
+def fingerprints(
+    endpoint: str, data: Mapping[str, Any], partition: str = ""
+) -> tuple[bytes, ...]:
+    """Chained hashes of the request's cumulative prefixes, shortest first (may be empty),
+    within ``partition`` (the same prefix in two partitions has unrelated fingerprints).
 
     Chat: one per message prefix, seeded with the tools (the chat template renders them
     before the messages). Text completions: one per ``PROMPT_BLOCK_CHARS`` of a string
@@ -62,7 +68,7 @@ def fingerprints(endpoint: str, data: Mapping[str, Any]) -> tuple[bytes, ...]:
     shortest.
     """
     seed = hashlib.blake2b(digest_size=16)
-    seed.update(endpoint.encode())
+    seed.update(orjson.dumps([partition, endpoint]))  # unambiguous: no two pairs encode alike
     if endpoint == "chat":
         messages = data.get("messages")
         if not isinstance(messages, list):

@@ -58,7 +58,9 @@ The steps, in order (the first failing step answers):
    first candidate as fallbacks, least busy first.
 
 The reason reads ``preset=<name|none>,<rule>-><lane>`` (``override-><lane>`` for an
-override), plus ``,clamped=<field>`` when a cap lowered a value; ``labels["rule"]`` is
+override), plus ``,clamped=<field>`` when a cap lowered a value, or ``,max_tokens_cap=<n>``
+when the policy's ``max_tokens`` cap set the limit of a request that named none (an
+agent's guard against a looping model); ``labels["rule"]`` is
 the bare rule, from the closed vocabulary ``RULES``, for metrics.
 """
 
@@ -170,7 +172,8 @@ def classify(
     if not policy.allows_model(model):
         raise RouterError(403, f"client '{policy.client}' may not use model '{model}'",
                           type="permission_error", param="model", code="model_not_allowed")
-    changes, clamped = _body_changes(request, facts.body_keys, presets.get(preset or ""), policy)
+    changes, clamped, filled = _body_changes(request, facts.body_keys,
+                                             presets.get(preset or ""), policy)
     if model != request.model:
         changes["model"] = model
     serving = [b for b in backends if model in b.models and _serves_endpoint(b, request)]
@@ -199,6 +202,8 @@ def classify(
                        for c in candidates)
     if clamped:
         reason += ",clamped=" + "+".join(clamped)
+    if filled is not None:
+        reason += f",max_tokens_cap={filled}"
     labels = {
         "client": policy.client, "preset": preset or "none", "preset_source": preset_source,
         "lane_pref": pref, "rule": rule, "model": model, "requested_model": request.model,
@@ -278,10 +283,12 @@ def _is_set(key: str, request: RouteRequest, body_keys: frozenset[str]) -> bool:
 
 def _body_changes(
     request: RouteRequest, body_keys: frozenset[str], preset: PresetSpec | None, policy: Policy
-) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """Preset defaults for unset fields, then the policy's caps; clamped field names."""
+) -> tuple[dict[str, Any], tuple[str, ...], int | None]:
+    """Preset defaults for unset fields, then the policy's caps: (changes, clamped field
+    names, the max_tokens cap when it became the limit of a request that named none)."""
+    filled = None
     if request.endpoint == "embeddings":
-        return {}, ()
+        return {}, (), None
     changes: dict[str, Any] = {}
     if preset is not None:
         changes = {k: v for k, v in preset.defaults.items() if not _is_set(k, request, body_keys)}
@@ -295,6 +302,8 @@ def _body_changes(
         else:  # a preset default above the cap, or none: the backend's default may be larger
             default = _int(changes.get(token_key))
             changes[token_key] = min(default, caps.max_tokens) if default else caps.max_tokens
+            if changes[token_key] == caps.max_tokens:
+                filled = caps.max_tokens
     if caps.n is not None:
         if _is_set("n", request, body_keys):
             if _over_cap(policy, "n", request.n, caps.n):
@@ -302,7 +311,7 @@ def _body_changes(
                 clamped.append("n")
         elif (_int(changes.get("n")) or 1) > caps.n:
             changes["n"] = caps.n
-    return changes, tuple(clamped)
+    return changes, tuple(clamped), filled
 
 
 def _over_cap(policy: Policy, key: str, value: int, cap: int) -> bool:

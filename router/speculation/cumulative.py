@@ -15,9 +15,11 @@ from __future__ import annotations
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from router.speculation.record import Malformed, SpecKind, SpecRecord, build_record
 
@@ -42,10 +44,6 @@ class CounterSample:
 
 # --- Prometheus text exposition -------------------------------------------------------
 
-_LINE = re.compile(
-    r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?\s*$"
-)
-_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _SPEC = re.compile(r"^(?P<source>vllm|llamacpp):spec_decode_(?P<what>[a-z_]+?)(?:_total)?$")
 _FIELDS = {
     "num_drafts": "steps",
@@ -64,11 +62,7 @@ def parse_prometheus_spec(text: str) -> dict[CounterKey, CounterSample]:
     """
     totals: dict[tuple[str, str], dict[str, Any]] = {}
     seen_total: set[tuple[str, str, str, str]] = set()
-    for line in text.splitlines():
-        parsed = _parse_line(line)
-        if parsed is None:
-            continue
-        name, labels, value = parsed
+    for name, labels, value in _spec_samples(text):
         spec = _SPEC.match(name)
         if spec is None or spec["what"] not in _FIELDS:
             continue
@@ -101,21 +95,23 @@ def parse_prometheus_spec(text: str) -> dict[CounterKey, CounterSample]:
     }
 
 
-def _parse_line(line: str) -> tuple[str, dict[str, str], int] | None:
-    line = line.strip()
-    if not line or line.startswith("#"):
-        return None
-    match = _LINE.match(line)
-    if match is None:
-        return None
-    try:
-        value = float(match["value"])
-    except ValueError:
-        return None
-    if not math.isfinite(value) or value < 0:
-        return None
-    labels = {k: _unescape(v) for k, v in _LABEL.findall(match["labels"] or "")}
-    return match["name"], labels, round(value)
+def _spec_samples(text: str) -> Iterator[tuple[str, dict[str, str], int]]:
+    """``(name, labels, value)`` of the ``spec_decode`` samples, read by prometheus_client's
+    parser one line at a time: a line it cannot read is skipped, not the whole scrape (the
+    parser gives up at the first bad line, and a backend's other metrics are not ours to
+    judge). Values that are not finite non-negative numbers are skipped too."""
+    for line in text.splitlines():
+        if "spec_decode" not in line or line.lstrip().startswith("#"):
+            continue
+        try:
+            families = list(text_string_to_metric_families(line + "\n"))
+        except (ValueError, IndexError, KeyError, TypeError):
+            continue
+        for family in families:
+            for sample in family.samples:
+                value = sample.value
+                if isinstance(value, int | float) and math.isfinite(value) and value >= 0:
+                    yield sample.name, dict(sample.labels), round(value)
 
 
 def _position(labels: Mapping[str, str]) -> int | None:
@@ -124,10 +120,6 @@ def _position(labels: Mapping[str, str]) -> int | None:
     except ValueError:
         return None
     return pos if 0 <= pos < 4096 else None
-
-
-def _unescape(value: str) -> str:
-    return value.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
 
 
 def _dense(per: Mapping[int, int]) -> tuple[int, ...]:

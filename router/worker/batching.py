@@ -176,15 +176,15 @@ class BatchingEngine(Engine):
             if request.seed is not None:
                 mx.random.seed(request.seed)
             prompt = list(job.prompt_ids)
-            lookup = self.prompt_cache.fetch(prompt)
+            lookup = self.prompt_cache.fetch(prompt, job.partition)
             try:
                 (uid,) = generator.insert(
                     [lookup.rest],
-                    max_tokens=[request.max_tokens],
+                    max_tokens=[request.budget],
                     caches=[lookup.cache],
                     all_tokens=[prompt[: lookup.cached_tokens]],
                     samplers=[sampler_for(request)],
-                    logits_processors=[processors_for(request)],
+                    logits_processors=[processors_for(request, job.constraint_failed)],
                 )
             except ValueError as e:
                 self._answer(job, Failed(RouterError(400, str(e))))
@@ -197,15 +197,16 @@ class BatchingEngine(Engine):
     def _drop_cancelled(self, generator: Any, live: dict[int, _Sequence]) -> None:
         gone = [uid for uid, seq in live.items() if seq.job.cancelled.is_set()]
         if gone:
-            self._remove(generator, gone)
+            self._remove(generator, live, gone)
             for uid in gone:
                 self._answer(live.pop(uid).job, aborted())
 
-    def _remove(self, generator: Any, uids: list[int]) -> None:
-        """Take sequences out of the batch, keeping their KV state in the prompt cache."""
+    def _remove(self, generator: Any, live: dict[int, _Sequence], uids: list[int]) -> None:
+        """Take sequences out of the batch, keeping their KV state in the prompt cache (each
+        in its request's partition)."""
         caches = generator.remove(uids, return_prompt_caches=self.prompt_cache.enabled)
-        for cache, tokens in caches.values():
-            self.prompt_cache.store(tokens, cache)
+        for uid, (cache, tokens) in caches.items():
+            self.prompt_cache.store(tokens, cache, live[uid].job.partition)
 
     def _on_prefill(self, live: dict[int, _Sequence], response: Any) -> None:
         seq = live.get(response.uid)
@@ -224,10 +225,11 @@ class BatchingEngine(Engine):
             seq.detokenizer.add_token(response.token)
         if reason is not None:
             seq.detokenizer.finalize()
-            self.prompt_cache.store(response.all_tokens, response.prompt_cache)
+            self.prompt_cache.store(response.all_tokens, response.prompt_cache,
+                                    seq.job.partition)
         if seq.progress.token(seq.detokenizer.last_segment, False):
             if reason is None:
-                self._remove(generator, [response.uid])
+                self._remove(generator, live, [response.uid])
             reason = "stop"
         if reason is not None:
             del live[response.uid]

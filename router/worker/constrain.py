@@ -15,13 +15,21 @@ has no torch dependency (xgrammar's wheel pulls torch and CUDA).
 
 JSON is generated with fixed separators (``", "``, ``": "``) and no free whitespace: with free
 whitespace a small model can loop on blanks until ``max_tokens``.
+
+A schema the library cannot follow is refused before the answer starts (a 400 naming
+``response_format`` or ``tools``): validation catches what is wrong with it, and a short
+probe walk through the start of an answer catches what only fails while matching (an
+``anyOf`` of 2,000 object shapes passes validation, then exceeds the parser's items per row
+on the answer's first key). Should the matcher still fail mid-answer, the processor closes
+the answer and reports it (``on_error``): the engine ends the answer with an error, never a
+"stop" whose text breaks the schema.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +45,9 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 # The convention the fallback template teaches and the json_tools parser reads back.
 CALL_START = "<tool_call>"
 CALL_END = "</tool_call>"
+# Tokens of an answer walked at compile time; most limits trip at the first branching (an
+# object's first key, a call's tool name), a few tokens in.
+PROBE_STEPS = 32
 
 
 def _json_rule(schema: Mapping[str, Any]) -> str:
@@ -144,12 +155,14 @@ class Constraint:
     grammar: str
     lltokenizer: Any
     eos: tuple[int, ...]
+    param: str = "response_format"  # the request parameter the grammar comes from (first)
 
-    def processor(self) -> GrammarProcessor:
+    def processor(self, on_error: Callable[[str], None] | None = None) -> GrammarProcessor:
+        """``on_error(message)``: called once if the matcher fails mid-answer."""
         import llguidance
 
         matcher = llguidance.LLMatcher(self.lltokenizer, self.grammar)
-        return GrammarProcessor(matcher, self.lltokenizer.vocab_size, self.eos)
+        return GrammarProcessor(matcher, self.lltokenizer.vocab_size, self.eos, on_error)
 
 
 class GrammarProcessor:
@@ -160,9 +173,11 @@ class GrammarProcessor:
     tokens sampled since.
     """
 
-    def __init__(self, matcher: Any, vocab: int, eos: tuple[int, ...]) -> None:
+    def __init__(self, matcher: Any, vocab: int, eos: tuple[int, ...],
+                 on_error: Callable[[str], None] | None = None) -> None:
         self._matcher = matcher
         self._eos = eos
+        self._on_error = on_error
         self._seen: int | None = None
         self._bitmask = np.zeros((vocab + 31) // 32, dtype=np.int32)
 
@@ -178,8 +193,12 @@ class GrammarProcessor:
             for token in new:
                 self._matcher.consume_token(token)
         width = logits.shape[-1]
-        if self._matcher.is_error():  # cannot happen with a validated grammar; end the answer
-            log.warning("constraint failed: %s", self._matcher.get_error())
+        if self._matcher.is_error():  # a limit the probe did not reach: end the answer, say so
+            if self._on_error is not None:
+                message = first_line(self._matcher.get_error())
+                log.warning("constraint failed: %s", message)
+                self._on_error(message)
+                self._on_error = None
             allowed = np.zeros(width, dtype=bool)
             allowed[[t for t in self._eos if t < width]] = True
         else:
@@ -228,9 +247,10 @@ class Compiler:
                 f"constrained decoding is not available: {e}", param=next(iter(parts))
             ) from e
         for param, rules in parts.items():  # one at a time, so the 400 names the culprit
-            _validated(lark({param: rules}), lltok, param)
+            probe(_validated(lark({param: rules}), lltok, param), lltok, param)
+        first = "response_format" if "response_format" in parts else "tools"
         return Constraint(
-            _validated(lark(parts), lltok, None), lltok, tuple(tokenizer.eos_token_ids)
+            _validated(lark(parts), lltok, None), lltok, tuple(tokenizer.eos_token_ids), first
         )
 
 
@@ -240,9 +260,43 @@ def _validated(lark_text: str, lltok: Any, param: str | None) -> str:
     grammar = llguidance.LLMatcher.grammar_from_lark(lark_text)
     error = llguidance.LLMatcher.validate_grammar(grammar, lltok)
     if error:
-        first = error.strip().splitlines()[0]
-        raise bad_request(f"the constraint library rejected the schema: {first}", param=param)
+        raise _rejected(error, param)
     return grammar
+
+
+def probe(grammar: str, lltok: Any, param: str | None, steps: int = PROBE_STEPS) -> None:
+    """Walk the start of an answer through the grammar: the forced tokens, else the allowed
+    token of the lowest id (in a BPE vocabulary a short one, which keeps the most
+    alternatives open). A 400 naming ``param`` if the matcher fails on the way."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
+    bitmask = np.zeros((lltok.vocab_size + 31) // 32, dtype=np.int32)
+    for _ in range(steps):
+        if matcher.is_error() or matcher.is_stopped():
+            break
+        forced = matcher.compute_ff_tokens()
+        if forced:
+            matcher.consume_tokens(forced)
+            continue
+        matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data, bitmask.nbytes)
+        if matcher.is_error():
+            break
+        allowed = np.flatnonzero(np.unpackbits(bitmask.view(np.uint8), bitorder="little"))
+        if not allowed.size:
+            break
+        matcher.consume_token(int(allowed[0]))
+    if matcher.is_error():
+        raise _rejected(matcher.get_error(), param)
+
+
+def first_line(message: str) -> str:
+    return (message.strip().splitlines() or ["unknown error"])[0]
+
+
+def _rejected(error: str, param: str | None) -> Exception:
+    return bad_request(f"the constraint library rejected the schema: {first_line(error)}",
+                       param=param)
 
 
 COMPILER = Compiler()

@@ -9,7 +9,8 @@ Used by the worker (``router.worker.main``), the supervisor (``router.lanes.proc
   (``SPECLANE_WORKER_READY {"port": ..., ...}``), written by ``ready_line`` and read by
   ``parse_ready_line``;
 - the bounds of a request's ``num_draft_tokens`` field, and the values of its
-  ``draft_source`` field.
+  ``draft_source`` field;
+- the request header that names a request's prompt-cache partition.
 
 Imports nothing of speclane's, so the fakes can use it without MLX.
 """
@@ -43,6 +44,16 @@ DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
 DEFAULT_SUFFIX_BYTES = 64 << 20  # the suffix source's index of earlier requests
 DEFAULT_PREFILL_STEP_SIZE = 2048  # mlx-lm's own default: the bound of one chunk
 DEFAULT_CHUNK_SECONDS = 0.5  # the time one prefill chunk may take between decoding steps
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024  # the router's own default max_body_bytes
+# The router re-encodes what it forwards and may add fields or translate another API's body,
+# so a lane accepts this many times the router's limit: what the router took, the lane takes.
+WORKER_BODY_HEADROOM = 2
+# Request header: the prompt-cache partition of the request, an opaque token written by the
+# router (which builds every upstream request's headers itself, so a client cannot send one
+# through). A lane reuses cached KV state only between requests of the same partition;
+# without the header a request is in the partition of requests without one.
+CACHE_PARTITION_HEADER = "X-Speclane-Cache-Partition"
+CACHE_PARTITION_PATTERN = r"[A-Za-z0-9_-]{1,64}"
 
 
 def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -85,6 +96,10 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
     p.add_argument("--prefill-chunk-seconds", type=float, default=DEFAULT_CHUNK_SECONDS,
                    help="batching mode: the time one prefill chunk may take between two "
                         "decoding steps")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="the largest request body accepted (default "
+                        f"{DEFAULT_MAX_BODY_BYTES}); the router passes "
+                        f"{WORKER_BODY_HEADROOM} times its own max_body_bytes")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0,
                    help="port to listen on; 0 (the default) picks a free one, announced in the "
@@ -102,6 +117,8 @@ def check_worker_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
         p.error("--prompt-cache-bytes must be >= 0")
     if args.prefill_step_size < 1:
         p.error("--prefill-step-size must be at least 1")
+    if args.max_body_bytes < 1024:
+        p.error("--max-body-bytes must be at least 1024")
     if not args.prefill_chunk_seconds > 0:
         p.error("--prefill-chunk-seconds must be > 0")
     if not 1 <= args.lookup_ngram_min <= args.lookup_ngram_max <= MAX_LOOKUP_NGRAM:
@@ -122,9 +139,10 @@ def worker_argv(python: str, mode: str, model: Path, model_name: str, *,
                 parent_pid: int, prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
                 prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
                 prefill_chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
-                speculative: tuple[str, ...] = ()) -> list[str]:
+                speculative: tuple[str, ...] = (),
+                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> list[str]:
     """The command line of a worker on a free loopback port; ``speculative``: the draft
-    source flags of the speculative lane."""
+    source flags of the speculative lane; ``max_body_bytes``: the router's own limit."""
     argv = [python, "-m", MODULE, "--mode", mode, "--model", str(model),
             "--model-name", model_name]
     if draft is not None and mode == "speculative":
@@ -138,6 +156,7 @@ def worker_argv(python: str, mode: str, model: Path, model_name: str, *,
         "--num-draft-tokens", str(num_draft_tokens),
         "--max-batch-size", str(max_batch_size),
         "--prompt-cache-bytes", str(prompt_cache_bytes),
+        "--max-body-bytes", str(max_body_bytes * WORKER_BODY_HEADROOM),
         "--host", "127.0.0.1", "--port", "0",
         "--parent-pid", str(parent_pid),
     ]

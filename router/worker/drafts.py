@@ -39,17 +39,20 @@ class PromptLookup:
 
     def __init__(self, config: LookupConfig) -> None:
         self.config = config
+        self._reset()
+
+    def _reset(self) -> None:
         self._tokens: list[int] = []
         # n -> n-gram -> end (exclusive) of its latest indexed occurrence. Only n-grams ending
         # before the last token are indexed, so a lookup never finds the suffix itself.
         self._index: dict[int, dict[tuple[int, ...], int]] = {
-            n: {} for n in range(config.ngram_min, config.ngram_max + 1)
+            n: {} for n in range(self.config.ngram_min, self.config.ngram_max + 1)
         }
 
     def _sync(self, tokens: Sequence[int]) -> None:
         known = len(self._tokens)
         if len(tokens) < known or list(tokens[:known]) != self._tokens:
-            self.__init__(self.config)  # type: ignore[misc]  # not our sequence: start over
+            self._reset()  # not our sequence: start over
             known = 0
         self._tokens.extend(tokens[known:])
         # Index n-grams ending at positions known..len-1 (the one ending at len stays out).

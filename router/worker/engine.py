@@ -49,11 +49,14 @@ def sampler_for(request: GenerationRequest) -> Callable[..., Any]:
     )
 
 
-def processors_for(request: GenerationRequest) -> list[Callable[..., Any]]:
+def processors_for(
+    request: GenerationRequest, on_error: Callable[[str], None] | None = None
+) -> list[Callable[..., Any]]:
     """The request's logits processors, fresh per job (a grammar matcher holds its state).
 
     The decoding constraint comes last, so that penalties and biases never re-open a token
-    the grammar has closed.
+    the grammar has closed. ``on_error``: told if the constraint fails mid-answer
+    (``Job.constraint_failed``).
     """
     from mlx_lm.sample_utils import make_logits_processors
 
@@ -65,8 +68,17 @@ def processors_for(request: GenerationRequest) -> list[Callable[..., Any]]:
         frequency_penalty=request.frequency_penalty or None,
     )
     if request.constraint is not None:
-        processors.append(request.constraint.processor())
+        processors.append(request.constraint.processor(on_error))
     return processors
+
+
+def constraint_failed(job: Job) -> Failed:
+    constraint = job.request.constraint
+    param = getattr(constraint, "param", None)
+    return Failed(RouterError(
+        400, f"the answer could not follow '{param}': the constraint library failed "
+        f"mid-answer ({job.constraint_error}); simplify the schema",
+        param=param, code="constraint_failed"))
 
 
 def generation_failed(error: Exception) -> Failed:
@@ -79,7 +91,7 @@ class Progress:
     def __init__(self, job: Job, num_draft_tokens: int) -> None:
         self.job = job
         self.scanner = StopScanner(job.request.stop)
-        self.counter = SpecCounter(num_draft_tokens, job.request.max_tokens)
+        self.counter = SpecCounter(num_draft_tokens, job.request.budget)
         self.cached_tokens = 0  # prompt tokens taken from the prompt cache
 
     def token(self, text: str, from_draft: bool) -> bool:
@@ -153,6 +165,8 @@ class Engine(ABC):
     def _answer(self, job: Job, event: Event) -> None:
         with self._lock:
             self._open.discard(job)
+        if isinstance(event, Finished) and job.constraint_error is not None:
+            event = constraint_failed(job)  # its text does not follow the schema
         job.emit(event)
 
     def _main(self) -> None:

@@ -44,14 +44,22 @@ def aborted() -> Failed:
 
 class Job:
     def __init__(
-        self, request: GenerationRequest, prompt_ids: list[int], loop: asyncio.AbstractEventLoop
+        self, request: GenerationRequest, prompt_ids: list[int], loop: asyncio.AbstractEventLoop,
+        *, partition: str = "",
     ) -> None:
         self.request = request
         self.prompt_ids = prompt_ids
+        self.partition = partition  # the prompt cache's partition: entries of others are unseen
+        # Set on the generation thread when the decoding constraint fails mid-answer: the
+        # answer then ends with an error (``Engine._answer``), never a clean finish.
+        self.constraint_error: str | None = None
         self.prediction_ids: list[int] = []  # the tokenized ``prediction``, if any
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
         self._loop = loop
+
+    def constraint_failed(self, message: str) -> None:
+        self.constraint_error = message
 
     def emit(self, event: Event) -> None:
         try:

@@ -77,8 +77,9 @@ def hard_exit(code: int) -> NoReturn:
     """
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__):
-        with contextlib.suppress(Exception):
-            stream.flush()
+        if stream is not None:  # None when started without that stream
+            with contextlib.suppress(Exception):
+                stream.flush()
     os._exit(code)
 
 
@@ -88,10 +89,11 @@ def build_engine(args: argparse.Namespace) -> Engine:
     def load() -> Models:
         from mlx_lm import load as mlx_load
 
-        model, tokenizer = mlx_load(str(model_dir(args.model)))
+        # load() returns (model, tokenizer), or also the config when asked for it.
+        model, tokenizer = mlx_load(str(model_dir(args.model)))[:2]
         draft_model = None
         if draft is not None:
-            draft_model, draft_tokenizer = mlx_load(str(model_dir(draft)))
+            draft_model, draft_tokenizer = mlx_load(str(model_dir(draft)))[:2]
             if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
                 raise LoadError(f"{draft}: the draft model's vocabulary differs from the target's")
         return Models(model, tokenizer, draft_model)
@@ -155,7 +157,8 @@ def _dir_name(path: Path) -> str:
 
 async def serve(args: argparse.Namespace, engine: Engine, info: WorkerInfo, out: TextIO) -> int:
     try:
-        runner, port = await start_site(make_app(engine, info), args.host, args.port)
+        app = make_app(engine, info, args.max_body_bytes)
+        runner, port = await start_site(app, args.host, args.port)
     except OSError as e:
         print(f"speclane worker: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1

@@ -7,6 +7,12 @@ lookup, ``LRUPromptCache.fetch_nearest_cache``). Entries are evicted least recen
 first once the total exceeds ``max_bytes``. This is what ``mlx_lm.server`` does, so an agent
 resending a long system prompt and the conversation so far prefills only the new turn.
 
+Entries are partitioned (the request's ``partition``, which the router derives from the
+client's policy): a lookup only ever sees entries stored under its own partition, so neither
+``cached_tokens`` nor the time to the first token tells one client what another has sent.
+(Partitions still share the byte bound: one client's traffic can evict another's entries,
+which says how much it sends, never what.)
+
 Used only from the generation thread; ``stats()`` is read from the event loop (plain ints).
 """
 
@@ -18,6 +24,13 @@ from typing import Any
 
 MAX_ENTRIES = 64  # LRUPromptCache also bounds the count; bytes are the real bound here
 _MODEL_KEY = "lane"  # one model per worker: the cache's per-model key is a constant
+DEFAULT_PARTITION = ""  # requests that name no partition share this one
+
+
+def entry_key(namespace: str, partition: str) -> tuple[str, str]:
+    """The key LRUPromptCache files entries under (it searches one key's trie at a time):
+    ``namespace`` keeps two models' caches apart, ``partition`` two clients'."""
+    return (namespace, partition)
 
 
 @dataclass(frozen=True)
@@ -48,11 +61,13 @@ class PromptCache:
     def enabled(self) -> bool:
         return self._lru is not None
 
-    def fetch(self, prompt: Sequence[int]) -> Lookup:
+    def fetch(self, prompt: Sequence[int], partition: str = DEFAULT_PARTITION) -> Lookup:
+        """The nearest entry of ``partition`` (never another partition's)."""
         tokens = list(prompt)
         cache, rest = None, tokens
         if self._lru is not None:
-            cache, rest = self._lru.fetch_nearest_cache(_MODEL_KEY, tokens)
+            key = entry_key(_MODEL_KEY, partition)
+            cache, rest = self._lru.fetch_nearest_cache(key, tokens)
             rest = list(rest)
             if cache is not None and not rest:
                 # An exact match: generation needs the last prompt token as its input, so
@@ -65,11 +80,12 @@ class PromptCache:
         self.prefilled_tokens += len(rest)
         return Lookup(cache if cached else None, cached, rest)
 
-    def store(self, tokens: Sequence[int], cache: list[Any] | None) -> None:
-        """Keep ``cache``, the KV state of exactly ``tokens``."""
+    def store(self, tokens: Sequence[int], cache: list[Any] | None,
+              partition: str = DEFAULT_PARTITION) -> None:
+        """Keep ``cache``, the KV state of exactly ``tokens``, for requests of ``partition``."""
         if self._lru is None or not cache or not tokens:
             return
-        self._lru.insert_cache(_MODEL_KEY, list(tokens), cache)
+        self._lru.insert_cache(entry_key(_MODEL_KEY, partition), list(tokens), cache)
 
     def stats(self) -> dict[str, int]:
         lru = self._lru

@@ -1,8 +1,18 @@
 """Request bodies of /v1/chat/completions and /v1/completions, validated into one frozen value.
 
 Unknown fields are ignored (clients send many optional ones), but a field the worker reads is
-checked, and a bad one is a 400 in the OpenAI error shape naming the parameter. Defaults follow
-mlx_lm.server, the server this worker stands in for: greedy sampling, 512 new tokens.
+checked, and a bad one is a 400 in the OpenAI error shape naming the parameter. Sampling is
+greedy by default, as in mlx_lm.server; without ``max_tokens`` an answer runs until EOS or the
+end of the context, as OpenAI and vLLM do (the server resolves the budget, ``token_budget``).
+
+System messages may come anywhere (OpenAI ``system`` and ``developer``, Anthropic's
+mid-conversation system messages), but many chat templates accept one system message, first.
+``fold_system_messages`` renders them one way for every template: the leading ones become one
+system message; a later one becomes a delimited note (``SYSTEM_NOTE``) at the end of the user
+message before it; after another turn, at the start of the user message after it; else a
+user message of its own. A message's rendering depends only on it and its neighbours, and a
+later turn only appends (the model's answer first), so a conversation renders the same on
+every turn and its prompt cache keeps hitting.
 
 Tools (``tools``, ``tool_choice``, ``parallel_tool_calls``), assistant ``tool_calls`` and
 ``tool`` messages, and ``response_format`` are kept here as plain values; JSON schemas are kept
@@ -20,6 +30,7 @@ from typing import Any, Literal
 import orjson
 
 from router.errors import bad_request
+from router.request_rules import integer, number, typed
 from router.worker.contract import (
     DRAFT_SOURCE_FIELD,
     DRAFT_TOKENS_FIELD,
@@ -27,7 +38,11 @@ from router.worker.contract import (
     REQUEST_DRAFT_SOURCES,
 )
 
-DEFAULT_MAX_TOKENS = 512
+# Without a known context length (a model config without max_position_embeddings), an answer
+# that names no limit stops here.
+UNKNOWN_CONTEXT_MAX_TOKENS = 4096
+SYSTEM_ROLES = frozenset({"system", "developer"})
+SYSTEM_NOTE = "<system>\n{}\n</system>"
 DEFAULT_TEMPERATURE = 0.0
 MAX_STOP_STRINGS = 16
 MAX_TOOLS = 128  # OpenAI's own limit
@@ -86,11 +101,15 @@ class GenerationRequest:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    # None: until EOS or the end of the context; the server sets the budget (token_budget)
+    max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
     stream: bool = False
     include_usage: bool = False
+    # vLLM's stream_options.continuous_usage_stats; here the first chunk carries the prompt's
+    # size (what Anthropic's message_start reports) and the last the whole usage.
+    continuous_usage: bool = False
     num_draft_tokens: int | None = None  # None: the worker's --num-draft-tokens
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -114,6 +133,13 @@ class GenerationRequest:
     draft_source: str | None = None
 
     @property
+    def budget(self) -> int:
+        """The new tokens the engine may generate (set by ``token_budget`` before it runs)."""
+        if self.max_tokens is None:
+            raise RuntimeError("max_tokens is resolved by token_budget before generation")
+        return self.max_tokens
+
+    @property
     def calls_tools(self) -> bool:
         """Whether the answer is parsed for tool calls: tools given, ``tool_choice`` not none."""
         return bool(self.tools) and self.tool_choice != "none"
@@ -122,30 +148,31 @@ class GenerationRequest:
 def parse_request(body: Any, kind: Kind) -> GenerationRequest:
     if not isinstance(body, Mapping):
         raise bad_request("the request body must be a JSON object")
-    if _get(body, "n", int, 1) != 1:
+    if typed(body, "n", int, 1) != 1:
         raise bad_request("only n=1 is supported", param="n")
     source: dict[str, Any] = (
         {"messages": _messages(body)} if kind == "chat" else {"prompt": _prompt(body)}
     )
-    stream_options = _get(body, "stream_options", Mapping, {})
+    stream_options = typed(body, "stream_options", Mapping, {})
     tooling = _tooling(body) if kind == "chat" else {}
     return GenerationRequest(
         kind=kind,
-        model=_get(body, "model", str, None),
+        model=typed(body, "model", str, None),
         **source,
-        temperature=_number(body, "temperature", DEFAULT_TEMPERATURE, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
-        top_k=_integer(body, "top_k", 0, 0, None),
-        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+        temperature=number(body, "temperature", DEFAULT_TEMPERATURE, 0.0, 2.0),
+        top_p=number(body, "top_p", 1.0, 0.0, 1.0),
+        top_k=integer(body, "top_k", 0, 0, None),
+        min_p=number(body, "min_p", 0.0, 0.0, 1.0),
         max_tokens=_max_tokens(body),
         stop=_stop(body),
-        seed=_get(body, "seed", int, None),
-        stream=_get(body, "stream", bool, False),
-        include_usage=_get(stream_options, "include_usage", bool, False),
-        num_draft_tokens=_integer(body, DRAFT_TOKENS_FIELD, None, 0, MAX_DRAFT_TOKENS),
-        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
-        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, None),
+        seed=typed(body, "seed", int, None),
+        stream=typed(body, "stream", bool, False),
+        include_usage=typed(stream_options, "include_usage", bool, False),
+        continuous_usage=typed(stream_options, "continuous_usage_stats", bool, False),
+        num_draft_tokens=integer(body, DRAFT_TOKENS_FIELD, None, 0, MAX_DRAFT_TOKENS),
+        presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=number(body, "repetition_penalty", 1.0, 0.0, None),
         logit_bias=_logit_bias(body),
         **tooling,
         **_response_format(body),
@@ -154,48 +181,21 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
     )
 
 
-def _get(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: Any) -> Any:
-    value = body.get(key)
-    if value is None:
-        return default
-    # bool is an int subclass: true is not a valid max_tokens.
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise bad_request(f"'{key}' must be of type {_json_type(name)}", param=key)
-    return value
-
-
-def _json_type(python_name: str) -> str:
-    return {"str": "string", "int": "integer", "bool": "boolean", "Mapping": "object"}.get(
-        python_name, python_name
-    )
-
-
-def _number(
-    body: Mapping[str, Any], key: str, default: float, lo: float, hi: float | None
-) -> float:
-    value = _get(body, key, (int, float), default)
-    if isinstance(value, bool) or value < lo or (hi is not None and value > hi):
-        upper = "" if hi is None else f" and <= {hi}"
-        raise bad_request(f"'{key}' must be a number >= {lo}{upper}", param=key)
-    return float(value)
-
-
-def _integer(
-    body: Mapping[str, Any], key: str, default: int | None, lo: int, hi: int | None
-) -> int | None:
-    value = _get(body, key, int, default)
-    if value is not None and (value < lo or (hi is not None and value > hi)):
-        upper = "" if hi is None else f" and <= {hi}"
-        raise bad_request(f"'{key}' must be an integer >= {lo}{upper}", param=key)
-    return value
-
-
-def _max_tokens(body: Mapping[str, Any]) -> int:
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    value = _integer(body, key, DEFAULT_MAX_TOKENS, 1, None)
-    assert value is not None
-    return value
+    return integer(body, key, None, 1, None)
+
+
+def token_budget(requested: int | None, prompt_tokens: int, context_length: int | None) -> int:
+    """New tokens an answer may have: what the client asked, never past the context's end.
+
+    A limit beyond the context is shortened rather than refused (agents ask for 32000 on
+    any model): the answer then ends with ``finish_reason`` ``length``, as at any limit.
+    """
+    if context_length is None:
+        return requested or UNKNOWN_CONTEXT_MAX_TOKENS
+    room = max(1, context_length - prompt_tokens)
+    return min(requested, room) if requested else room
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -232,7 +232,50 @@ def _messages(body: Mapping[str, Any]) -> tuple[Message, ...]:
                 name=_optional_str(item, "name", i),
             )
         )
-    return tuple(messages)
+    return fold_system_messages(messages)
+
+
+def fold_system_messages(messages: list[Message]) -> tuple[Message, ...]:
+    """System and developer messages anywhere -> one leading system message and user notes.
+
+    See the module docstring; ``developer`` is OpenAI's newer name for ``system``.
+    """
+    lead = 0
+    while lead < len(messages) and messages[lead].role in SYSTEM_ROLES:
+        lead += 1
+    out: list[Message] = []
+    if lead:
+        texts = [m.content for m in messages[:lead] if m.content]
+        out.append(Message("system", "\n\n".join(texts)))
+    i = lead
+    while i < len(messages):
+        if messages[i].role not in SYSTEM_ROLES:
+            out.append(messages[i])
+            i += 1
+            continue
+        end = i  # a run of later system messages makes one block of notes
+        while end < len(messages) and messages[end].role in SYSTEM_ROLES:
+            end += 1
+        notes = "\n\n".join(SYSTEM_NOTE.format(m.content) for m in messages[i:end] if m.content)
+        after = messages[end] if end < len(messages) else None
+        i = end
+        if not notes:
+            continue
+        if out and out[-1].role == "user":
+            out[-1] = _joined(out[-1], out[-1].content, notes)
+        elif after is not None and after.role == "user":
+            # Between an assistant turn and a user turn: one user turn, so templates that
+            # require turns to alternate still accept it.
+            out.append(_joined(after, notes, after.content))
+            i += 1
+        else:
+            out.append(Message("user", notes))
+    return tuple(out)
+
+
+def _joined(user: Message, first: str, second: str) -> Message:
+    return Message("user", f"{first}\n\n{second}" if first and second else first or second,
+                   name=user.name)
 
 
 def _optional_str(item: Mapping[str, Any], key: str, index: int) -> str | None:
@@ -282,7 +325,7 @@ def _is_json_object(text: str) -> bool:
 
 def _tooling(body: Mapping[str, Any]) -> dict[str, Any]:
     tools = _tools(body.get("tools"))
-    parallel = _get(body, "parallel_tool_calls", bool, True)
+    parallel = typed(body, "parallel_tool_calls", bool, True)
     choice, forced = _tool_choice(body.get("tool_choice"), tools)
     return {
         "tools": tools,
@@ -365,7 +408,7 @@ def _tool_choice(raw: Any, tools: tuple[Tool, ...]) -> tuple[ToolChoice, str | N
 
 
 def _response_format(body: Mapping[str, Any]) -> dict[str, Any]:
-    raw = _get(body, "response_format", Mapping, None)
+    raw = typed(body, "response_format", Mapping, None)
     if raw is None:
         return {}
     kind = raw.get("type")
@@ -421,7 +464,7 @@ def _is_token(value: Any) -> bool:
 
 
 def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
-    raw = _get(body, "logit_bias", Mapping, {})
+    raw = typed(body, "logit_bias", Mapping, {})
     out = []
     for key, bias in raw.items():
         ok = str(key).isdigit() and isinstance(bias, int | float) and not isinstance(bias, bool)

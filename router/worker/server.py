@@ -1,9 +1,14 @@
 """The worker's HTTP side: /health, /v1/models, /v1/chat/completions, /v1/completions,
-/v1/tokenize (a prompt's token count under the chat template: Anthropic's count_tokens).
+/v1/tokenize (a prompt's token count under the chat template, tools included: Anthropic's
+count_tokens).
 
 Handlers never wait on the generation thread except through their job's event queue, so
-/health answers while a batch is decoding. Tokenizing runs on a one-thread executor: off the
-event loop, and never two encodes at once on the shared tokenizer.
+/health answers while a batch is decoding. Tokenizing runs on one thread
+(``router.worker.tokenizing``): off the event loop, never two encodes at once on the shared
+tokenizer, and a generation request's preparation before any token count.
+
+A request's prompt-cache partition comes in the ``X-Speclane-Cache-Partition`` header
+(``router.worker.contract``); its job reuses cached KV state of that partition only.
 """
 
 from __future__ import annotations
@@ -11,22 +16,29 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from router import sse
 from router.errors import RouterError, bad_request, not_found, render, sse_error_event
 from router.worker.constrain import COMPILER
-from router.worker.contract import DRAFT_SOURCE_FIELD
+from router.worker.contract import (
+    CACHE_PARTITION_HEADER,
+    CACHE_PARTITION_PATTERN,
+    DEFAULT_MAX_BODY_BYTES,
+    DRAFT_SOURCE_FIELD,
+)
 from router.worker.engine import Engine
-from router.worker.jobs import Failed, Finished, Job, TextDelta
-from router.worker.protocol import GenerationRequest, Kind, parse_request
+from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
+from router.worker.protocol import GenerationRequest, Kind, parse_request, token_budget
 from router.worker.shapes import Answer
+from router.worker.tokenizing import COUNT, GENERATION, TokenizerThread
 from router.worker.tools import (
     CallDelta,
     ParsedCall,
@@ -51,11 +63,13 @@ class WorkerInfo:
 
 ENGINE = web.AppKey("engine", Engine)
 INFO = web.AppKey("info", WorkerInfo)
-TOKENIZE = web.AppKey("tokenize", ThreadPoolExecutor)
+TOKENIZE = web.AppKey("tokenize", TokenizerThread)
+_PARTITION = re.compile(CACHE_PARTITION_PATTERN)
 
 
-def make_app(engine: Engine, info: WorkerInfo) -> web.Application:
-    app = web.Application(middlewares=[error_middleware])
+def make_app(engine: Engine, info: WorkerInfo,
+             max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[error_middleware])
     app[ENGINE] = engine
     app[INFO] = info
     app.cleanup_ctx.append(_tokenize_pool)
@@ -68,9 +82,9 @@ def make_app(engine: Engine, info: WorkerInfo) -> web.Application:
 
 
 async def _tokenize_pool(app: web.Application) -> AsyncIterator[None]:
-    app[TOKENIZE] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+    app[TOKENIZE] = TokenizerThread()
     yield
-    app[TOKENIZE].shutdown(wait=False, cancel_futures=True)
+    app[TOKENIZE].shutdown()
 
 
 @web.middleware
@@ -79,6 +93,9 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return await handler(request)
     except RouterError as err:
         return _error_response(err)
+    except web.HTTPRequestEntityTooLarge as e:  # past --max-body-bytes: OpenAI-shaped too
+        return _error_response(RouterError(413, f"request body is larger than the limit: "
+                                                f"{e.text}", code="body_too_large"))
     except web.HTTPException:
         raise
     except Exception as e:  # the worker's own bug: still an OpenAI-shaped answer
@@ -155,9 +172,14 @@ async def tokenize(request: web.Request) -> web.Response:
             f"model '{generation.model}' is not served here", param="model", code="model_not_found"
         )
     tokenizer = engine.models.tokenizer if engine.models else None
-    loop = asyncio.get_running_loop()
-    ids = await loop.run_in_executor(request.app[TOKENIZE], encode, tokenizer, generation)
+    ids = await request.app[TOKENIZE].run(COUNT, count, tokenizer, generation)
     return _json({"count": len(ids), "model": info.model_name})
+
+
+def count(tokenizer: Any, generation: GenerationRequest) -> list[int]:
+    """The prompt as ``prepare`` would tokenize it, tools in the same syntax, nothing compiled."""
+    syntax = syntax_for(tokenizer, generation) if generation.kind == "chat" else None
+    return encode(tokenizer, generation, syntax)
 
 
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
@@ -172,19 +194,23 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
             f"model '{generation.model}' is not served here", param="model", code="model_not_found"
         )
     check_draft_source(info, generation)
+    partition = cache_partition(request)
     tokenizer = engine.models.tokenizer if engine.models else None
     loop = asyncio.get_running_loop()
-    prepared = await loop.run_in_executor(request.app[TOKENIZE], prepare, tokenizer, generation)
+    thread = request.app[TOKENIZE]
+    prepared = await thread.run(GENERATION, prepare, tokenizer, generation)
     prompt_ids = prepared.prompt_ids
     if info.context_length and len(prompt_ids) >= info.context_length:
         raise bad_request(
             f"the prompt has {len(prompt_ids)} tokens; the context is {info.context_length}",
             code="context_length_exceeded",
         )
-    job = Job(prepared.generation, prompt_ids, loop)
+    budget = token_budget(generation.max_tokens, len(prompt_ids), info.context_length)
+    job = Job(dataclasses.replace(prepared.generation, max_tokens=budget), prompt_ids, loop,
+              partition=partition)
     if prepared.generation.prediction:
-        job.prediction_ids = await loop.run_in_executor(
-            request.app[TOKENIZE], encode_prediction, tokenizer, prepared.generation.prediction
+        job.prediction_ids = await thread.run(
+            GENERATION, encode_prediction, tokenizer, prepared.generation.prediction
         )
     engine.submit(job)
     answer = Answer(kind, info.model_name)
@@ -194,6 +220,14 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         return await _collect(job, answer, prepared.tool_stream())
     finally:
         engine.cancel(job)  # a no-op once answered; otherwise the client left or we failed
+
+
+def cache_partition(request: web.Request) -> str:
+    """The request's prompt-cache partition ("" without the header)."""
+    value = request.headers.get(CACHE_PARTITION_HEADER, "")
+    if value and not _PARTITION.fullmatch(value):
+        raise bad_request(f"'{CACHE_PARTITION_HEADER}' must match {CACHE_PARTITION_PATTERN}")
+    return value
 
 
 def check_draft_source(info: WorkerInfo, generation: GenerationRequest) -> None:
@@ -324,8 +358,13 @@ async def _stream(
     )
     await response.prepare(request)
     if answer.kind == "chat":
-        await _send(response, answer.chunk("", role=True))
-    event = first
+        head = answer.chunk("", role=True)
+        if job.request.continuous_usage:
+            prompt = len(job.prompt_ids)
+            head["usage"] = {"prompt_tokens": prompt, "completion_tokens": 0,
+                             "total_tokens": prompt}
+        await _send(response, head)
+    event: Event = first
     last_sent = time.monotonic()
     while True:
         if isinstance(event, TextDelta):
@@ -346,7 +385,7 @@ async def _stream(
                 await _send(response, answer.usage_chunk(event.usage))
             else:
                 await _send(response, answer.final_chunk(reason, event.usage, event.stop_string))
-            await response.write(b"data: [DONE]\n\n")
+            await response.write(sse.DONE_EVENT)
             break
         else:
             await response.write(sse_error_event(event.error))
@@ -357,7 +396,7 @@ async def _stream(
 
 
 async def _send(response: web.StreamResponse, chunk: dict[str, object]) -> None:
-    await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    await response.write(sse.frame(orjson.dumps(chunk)))
 
 
 def _json(body: dict[str, object], status: int = 200) -> web.Response:

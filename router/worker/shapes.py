@@ -80,7 +80,9 @@ class Answer:
                     stop_string: str | None = None) -> dict[str, object]:
         """The chunk carrying finish_reason; with usage when it is the stream's last chunk."""
         chunk = self.chunk(None, finish_reason=finish_reason)
-        _stop_reason(chunk["choices"][0], stop_string)  # type: ignore[index]
+        choices = chunk["choices"]
+        if isinstance(choices, list):  # always: chunk() made it
+            _stop_reason(choices[0], stop_string)
         return chunk if usage is None else {**chunk, "usage": usage}
 
     def usage_chunk(self, usage: dict[str, object]) -> dict[str, object]:

@@ -28,22 +28,24 @@ processors (penalties, logit bias) decodes plainly: they depend on every previou
 drafting around them is not worth the risk.
 
 Prompt cache: the KV cache of earlier requests (target and draft model, each under its own key)
-is reused for the longest common token prefix (mlx-lm's ``LRUPromptCache``, bounded in bytes).
+is reused for the longest common token prefix (mlx-lm's ``LRUPromptCache``, bounded in bytes),
+only between requests of the same partition (``router.worker.promptcache.entry_key``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from router.worker.contract import DRAFT_SOURCES
 from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft, PromptLookup
 from router.worker.engine import Engine, Models, generation_failed, processors_for, sampler_for
 from router.worker.forced import FORCED_MAX_DRAFT, ConstraintDraft
 from router.worker.jobs import Event, Finished, Job, TextDelta, aborted
+from router.worker.promptcache import entry_key
 from router.worker.protocol import GenerationRequest
 from router.worker.stats import SpecStats, usage
 from router.worker.stops import StopScanner
@@ -118,7 +120,7 @@ def _source_plan(request: GenerationRequest, settings: SpecSettings, has_draft: 
 # --- the MLX side ---------------------------------------------------------------------------
 
 
-def prefill(model: Any, cache: list[Any], tokens: Sequence[int]) -> None:
+def prefill(model: Any, cache: list[Any], tokens: list[int]) -> None:
     """Run ``tokens`` through ``model`` into ``cache`` in bounded steps (no logits kept)."""
     import mlx.core as mx
 
@@ -159,7 +161,8 @@ class DraftModel:
             y = mx.argmax(logits, axis=-1, keepdims=True).astype(mx.uint32)
             mx.async_eval(y)
             drafts.append(y)
-        tokens = mx.concatenate(drafts).tolist() if drafts else []
+        # A 1-D uint32 array: its tolist() is a list of ints (the stub types every rank).
+        tokens = cast("list[int]", mx.concatenate(drafts).tolist()) if drafts else []
         # The last draft was produced but never fed.
         self.cached = history + tokens[:-1] if tokens else history[:-1]
         return tokens
@@ -176,13 +179,6 @@ def prediction_proposer(draft: PredictionDraft) -> Propose:
 
 def suffix_proposer(draft: SuffixDraft) -> Propose:
     return lambda history, prompt_len, k: draft.propose(history, k)
-
-
-def job_partition(job: Job) -> str:
-    """The client partition of a job: the suffix index's, the same as the prompt cache's.
-    ``Job.partition`` (set from the ``X-Speclane-Cache-Partition`` header) comes with the
-    prompt-cache isolation work; without it every request shares the default partition."""
-    return str(getattr(job, "partition", "") or "")
 
 
 @dataclass
@@ -207,7 +203,7 @@ def decode(
     stop_tokens: frozenset[int] = frozenset(),
     constraint: ConstraintDraft | None = None,
     forced_k: int = 0,
-) -> Iterator[Step]:
+) -> Generator[Step, None, None]:
     """Generate after ``history`` (the prompt), of which ``cache`` holds the first ``cached``.
 
     ``history`` grows in place with every emitted token; when the generator ends (or is
@@ -364,7 +360,8 @@ class SpeculativeEngine(Engine):
             finally:
                 self.active = 0
 
-    def _fetch(self, key: str, model: Any, tokens: list[int]) -> tuple[list[Any], int]:
+    def _fetch(self, key: tuple[str, str], model: Any,
+               tokens: list[int]) -> tuple[list[Any], int]:
         """A cache for ``model`` holding a prefix of ``tokens`` (shorter than all of them)."""
         from mlx_lm.models.cache import (
             can_trim_prompt_cache,
@@ -383,7 +380,7 @@ class SpeculativeEngine(Engine):
                     return cache, cached - 1
         return make_prompt_cache(model), 0
 
-    def _store(self, key: str, tokens: list[int], cache: list[Any]) -> None:
+    def _store(self, key: tuple[str, str], tokens: list[int], cache: list[Any]) -> None:
         if self.prompt_cache is not None and tokens:
             self.prompt_cache.insert_cache(key, list(tokens), cache)
 
@@ -400,7 +397,9 @@ class SpeculativeEngine(Engine):
         progress = SpecProgress(job, models.tokenizer, chosen.source or forced_only)
         progress.k = max(chosen.k, chosen.forced)
         history = list(job.prompt_ids)
-        cache, cached = self._fetch(TARGET_KEY, models.model, history)
+        target_key = entry_key(TARGET_KEY, job.partition)
+        draft_key = entry_key(DRAFT_KEY, job.partition)
+        cache, cached = self._fetch(target_key, models.model, history)
         propose: Propose | None = None
         prediction: PredictionDraft | None = None
         draft_model: DraftModel | None = None
@@ -410,22 +409,24 @@ class SpeculativeEngine(Engine):
         elif chosen.source == "prompt_lookup":
             propose = lookup_proposer(self.settings.lookup)
         elif chosen.source == "suffix":
-            propose = suffix_proposer(SuffixDraft(self.suffix, job_partition(job)))
+            propose = suffix_proposer(SuffixDraft(self.suffix, job.partition))
         elif chosen.source == "draft_model":
-            draft_cache, draft_cached = self._fetch(DRAFT_KEY, models.draft, history)
+            draft_cache, draft_cached = self._fetch(draft_key, models.draft, history)
             draft_model = DraftModel(models.draft, draft_cache, history[:draft_cached])
             propose = draft_model.propose
         constraint: ConstraintDraft | None = None
         if chosen.forced:
-            constraint = ConstraintDraft.for_constraint(request.constraint, len(history))
+            constraint = ConstraintDraft.for_constraint(request.constraint, len(history),
+                                                        job.constraint_failed)
         steps = decode(
             models.model,
             cache,
             history,
             cached,
-            max_tokens=request.max_tokens,
+            max_tokens=request.budget,
             sampler=sampler_for(request),
-            processors=() if constraint is not None else processors_for(request),
+            processors=() if constraint is not None else processors_for(request,
+                                                                        job.constraint_failed),
             propose=propose,
             k=chosen.k,
             stop_tokens=progress.eos,
@@ -444,10 +445,10 @@ class SpeculativeEngine(Engine):
         finally:
             steps.close()
         # Only after a clean run: a pass that raised may have left the cache half-written.
-        self._store(TARGET_KEY, history[:-1], cache)
+        self._store(target_key, history[:-1], cache)
         if draft_model is not None:
-            self._store(DRAFT_KEY, draft_model.cached, draft_model.cache)
+            self._store(draft_key, draft_model.cached, draft_model.cache)
         if reason == "aborted":
             return aborted()
-        self.suffix.insert(job_partition(job), history)
+        self.suffix.insert(job.partition, history)
         return progress.finish(reason, cached, prediction)

@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from router.bench import procs
+from router.bench.common import procs
 from router.lanes.blas import preload_env
 from router.lanes.modelprep import ensure_default_models
 from tests.conftest import metric_value, router_settings, run_router

@@ -20,7 +20,8 @@ def test_shipped_policies_print_the_table(
     out, err = capsys.readouterr()
     assert err == ""
     rows = {line.split()[0]: line for line in out.splitlines() if line and line[0].isalpha()}
-    assert "4 client(s), all valid" in out
+    assert "5 client(s), all valid" in out
+    assert "user-agent: /^claude-cli//" in rows["claude-code"]
     assert "header: openclaw" in rows["openclaw"]
     assert "interactive * -> speculative (policy)" in rows["openclaw"]
     assert "priority 10" in rows["openclaw"]
@@ -83,3 +84,19 @@ def test_a_missing_directory_and_usage_errors(
     assert main([]) == 2
     assert main(["check", "--help"]) == 0
     assert "policies directory" in capsys.readouterr().out
+
+
+def test_the_table_says_whose_prompt_cache_a_client_shares(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.toml").write_text('require_api_key = true\n[match]\napi_keys = ["sk-a-0001"]\n')
+    (tmp_path / "b.toml").write_text('cache_group = "team"\n[match]\napi_keys = ["sk-b-0001"]\n'
+                                     'client_header = ["b"]\n')
+    (tmp_path / "c.toml").write_text('[match]\nclient_header = ["c"]\n')
+    assert main(["check", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = [line.rstrip() for line in out.splitlines()]
+    assert any(line.endswith("prompt cache: own") for line in lines)  # a: keys only
+    b = next(i for i, line in enumerate(lines) if line.endswith("prompt cache: group team"))
+    assert lines[b + 1].endswith("(default without the key)")  # b: also by its header
+    assert any(line.endswith("prompt cache: default (no key)") for line in lines)  # c
+    assert any(line.endswith("prompt cache: default") for line in lines)  # the default

@@ -11,12 +11,12 @@ from router.config.policies import (
     Policy,
     PolicyError,
     PolicySet,
+    Unauthorized,
     bearer_token,
     load_policies,
     mask_key,
 )
 from router.config.presets import DEFAULT_PRESETS
-from router.errors import RouterError
 
 REPO_POLICIES = Path(__file__).resolve().parents[2] / "policies"
 SECRET = "sk-test-0123456789abcdef"
@@ -61,7 +61,8 @@ def policies(tmp_path: Path) -> PolicySet:
 def test_shipped_policies_are_valid() -> None:
     env = {"SPECLANE_BATCH_API_KEY": "batch-key"}
     loaded = load_policies(REPO_POLICIES, presets=DEFAULT_PRESETS.keys(), environ=env)
-    assert {p.client for p in loaded} == {"default", "openclaw", "opta-cli", "batch"}
+    assert {p.client for p in loaded} == {"default", "openclaw", "opta-cli", "batch",
+                                          "claude-code"}
     assert loaded.warnings == ()
     agent = loaded.identify(None, None, "OpenClaw/1.4 (darwin)")
     assert (agent.client, agent.default_preset, agent.lane_for("interactive", DEFAULT_PRESETS)) \
@@ -71,6 +72,8 @@ def test_shipped_policies_are_valid() -> None:
     assert batch.lane_for("throughput", DEFAULT_PRESETS) == "batching"
     assert (batch.max_concurrency or 0) > (agent.max_concurrency or 0)
     assert loaded.identify(None, "opta-cli", None).client == "opta-cli"
+    claude = loaded.identify(None, None, "claude-cli/2.1.332 (external, sdk-cli)")
+    assert (claude.client, claude.caps.max_tokens) == ("claude-code", 8192)
     # The header alone does not open a keyed client: it is answered like an unknown name.
     assert loaded.identify(None, "batch", None).client == DEFAULT_CLIENT
 
@@ -140,12 +143,12 @@ def test_a_default_that_requires_keys_closes_the_router(tmp_path: Path) -> None:
     for key, code in ((None, "missing_api_key"), ("guess", "invalid_api_key")):
         for header, agent in ((None, "curl/8"), ("open", None), (None, "open-ua/1"),
                               ("open", "open-ua/1"), ("keyed", None), ("nobody", None)):
-            with pytest.raises(RouterError) as info:
+            with pytest.raises(Unauthorized) as info:
                 loaded.identify(key, header, agent)
             err = info.value
-            assert (err.status, err.code) == (401, code), (key, header, agent)
+            assert err.code == code, (key, header, agent)
             # Alike for every label: nothing tells which names exist.
-            assert err.headers == {"WWW-Authenticate": "Bearer", "X-Speclane-Client": "default"}
+            assert err.client == "default"
 
 
 @pytest.mark.parametrize("closed", [False, True])
@@ -154,9 +157,9 @@ def test_a_key_that_is_not_utf8_is_refused(tmp_path: Path, closed: bool) -> None
     write(tmp_path, {"default.toml": f"require_api_key = {str(closed).lower()}\n"})
     loaded = load_policies(tmp_path)
     for token in ("\udcff\udcfe", "sk-\udc80"):
-        with pytest.raises(RouterError) as info:
+        with pytest.raises(Unauthorized) as info:
             loaded.identify(token, None, None)
-        assert (info.value.status, info.value.code) == (401, "invalid_api_key")
+        assert info.value.code == "invalid_api_key"
 
 
 def test_keyless_is_the_one_rule(policies: PolicySet) -> None:
@@ -313,3 +316,30 @@ def test_spec_overrides_that_break_the_configured_spec_are_refused_at_load(tmp_p
     assert any("agent.toml: spec: " in p and "window_size" in p for p in err.value.problems), \
         err.value.problems
     load_policies(tmp_path, spec=SpecSettings(min_sample=32))  # fits a smaller sample
+
+
+def test_cache_partitions_follow_keys_and_groups_never_labels(tmp_path: Path) -> None:
+    loaded = load_policies(write(tmp_path, {
+        "default.toml": 'client = "default"\n',
+        "alice.toml": '[match]\napi_keys = ["sk-alice-000000"]\nclient_header = ["alice"]\n',
+        "bob.toml": 'cache_group = "team"\n[match]\napi_keys = ["sk-bob-000000"]\n',
+        "carol.toml": 'cache_group = "team"\n[match]\nuser_agent = ["carol"]\n',
+        "team.toml": '[match]\napi_keys = ["sk-team-000000"]\n',
+    }))
+
+    def partition(key: str | None = None, header: str | None = None,
+                  agent: str | None = None) -> str:
+        return loaded.cache_partition(loaded.match(key, header, agent))
+
+    assert partition("sk-alice-000000") == "client:alice"
+    assert partition("sk-bob-000000") == "group:team"
+    # a policy named like a group is not in it: groups and clients are named apart
+    assert partition("sk-team-000000") == "client:team"
+    # identified by a header or user agent: the default's partition, whatever the policy
+    assert partition(header="alice") == partition(agent="carol") == "client:default"
+    assert partition() == partition("sk-unknown") == "client:default"
+
+
+def test_a_cache_group_is_a_name(tmp_path: Path) -> None:
+    found = problems(write(tmp_path, {"a.toml": 'cache_group = "no spaces"\n'}))
+    assert len(found) == 1 and "cache_group" in found[0]

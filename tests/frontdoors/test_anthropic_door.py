@@ -57,7 +57,8 @@ async def test_streamed_message_has_anthropics_event_sequence(fake: FakeUpstream
     assert kinds[0] == "message_start"
     assert kinds[-2:] == ["message_delta", "message_stop"]
     assert "content_block_start" in kinds and "content_block_stop" in kinds
-    assert fake.requests[0].body["stream_options"] == {"include_usage": True}
+    assert fake.requests[0].body["stream_options"] == {"include_usage": True,
+                                                       "continuous_usage_stats": True}
     assert final.content[0].text == "w0 w1 w2 w3 w4 "
     assert final.stop_reason == "end_turn" and final.usage.output_tokens == 5
     assert metric_value(metrics, "speclane_requests_total", api="anthropic", status="200") == 1

@@ -16,11 +16,15 @@ KEYS = st.sampled_from(["model", "max_tokens", "messages", "role", "content", "t
                         "tool_use_id", "id", "name", "input", "tools", "tool_choice", "system",
                         "stop_sequences", "options", "format", "tool_calls", "function",
                         "arguments", "images", "index", "delta", "choices", "finish_reason",
-                        "usage", "error", "stream", "source", "prompt", "raw", "num_predict"])
+                        "usage", "error", "stream", "source", "prompt", "raw", "num_predict",
+                        "context_management", "edits", "trigger", "keep", "value",
+                        "clear_at_least", "exclude_tools", "clear_tool_inputs"])
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False)
     | st.sampled_from(["user", "assistant", "tool", "text", "tool_use", "tool_result", "image",
-                       "m", "json", "", "stop", "length", "tool_calls"]),
+                       "m", "json", "", "stop", "length", "tool_calls", "system",
+                       "clear_tool_uses_20250919", "clear_thinking_20251015", "tool_uses",
+                       "input_tokens", "thinking_turns", "all"]),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=6),
     max_leaves=30)
 

@@ -57,8 +57,11 @@ def test_anthropic_text_round_trip(router: Router, lane: str) -> None:
     assert streamed.content[0].text == message.content[0].text  # type: ignore[union-attr]
     assert message.stop_reason in ("end_turn", "max_tokens")
     assert message.usage.output_tokens > 0
-    # count_tokens uses the lane's tokenizer and chat template: the same prompt, the same count.
-    assert counted.input_tokens == message.usage.input_tokens == streamed.usage.input_tokens
+    # count_tokens uses the lane's tokenizer and chat template: the same prompt, the same count
+    # (Anthropic's input_tokens leave out the tokens read from the prompt cache).
+    for answer in (message, streamed):
+        usage = answer.usage
+        assert counted.input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0)
     metrics = router.metrics()
     assert metric_value(metrics, "speclane_requests_total", api="anthropic", backend=lane,
                         status="200") == 2
@@ -152,4 +155,30 @@ def test_anthropic_tool_round_trip_on_the_lanes(router: Router, stream: bool) ->
                           {"type": "tool_result", "tool_use_id": uses[0].id,
                            "content": "Sunny, 21 degrees"}]}])
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
-    assert answer.usage.input_tokens > called.usage.input_tokens  # the result reached the lane
+    assert prompt_tokens(answer) > prompt_tokens(called)  # the result reached the lane
+
+
+def prompt_tokens(message: anthropic.types.Message) -> int:
+    """The whole prompt: Anthropic's input_tokens leave the cached tokens out."""
+    return message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
+
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                            "required": ["city"]}}
+
+
+def test_count_tokens_counts_tools_and_system_messages_as_the_lane_renders_them(
+        router: Router) -> None:
+    """What Claude Code sends: a system field, a system message after the user's turn, tools."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"},
+                {"role": "system", "content": "The user is in France."}]
+    asked = {"model": DEFAULT_MODEL_NAME, "system": "You are terse.", "messages": messages}
+    with claude(router) as client:
+        bare = client.messages.count_tokens(**asked)  # type: ignore[arg-type]
+        with_tools = client.messages.count_tokens(**asked, tools=[WEATHER])  # type: ignore
+        answer = client.messages.create(**asked, tools=[WEATHER], max_tokens=4,  # type: ignore
+                                        extra_body={"temperature": 0})
+    assert with_tools.input_tokens > bare.input_tokens
+    usage = answer.usage
+    assert with_tools.input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0)

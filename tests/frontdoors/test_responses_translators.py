@@ -13,9 +13,9 @@ from pydantic import TypeAdapter
 
 from router.errors import RouterError
 from router.frontdoors import responses_in
-from router.frontdoors.common import openai_events
 from router.frontdoors.responses_out import ResponsesEgress
 from router.frontdoors.responses_store import ResponseStore
+from router.sse import json_events as openai_events
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}

@@ -70,7 +70,7 @@ def test_anthropic_request_maps_every_field() -> None:
     assert o["parallel_tool_calls"] is False
     assert (o["stop"], o["temperature"], o["top_p"], o["top_k"], o["user"], o["max_tokens"]) \
         == (["X"], 0.1, 0.9, 3, "u1", 10)
-    assert o["stream_options"] == {"include_usage": True}
+    assert o["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
 
 @pytest.mark.parametrize("body, param", [
@@ -78,7 +78,7 @@ def test_anthropic_request_maps_every_field() -> None:
     ({"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]},
      "max_tokens"),
     ({"model": "m", "max_tokens": 5, "messages": []}, "messages"),
-    ({"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]},
      "messages[0]"),
     ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 3}]},
      "messages[0]"),

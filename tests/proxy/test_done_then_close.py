@@ -44,7 +44,7 @@ async def raw_close_on_done(r: RunningRouter) -> bytes:
     """POST a stream over a plain socket; close it the moment [DONE] has been read."""
     reader, writer = await asyncio.open_connection("127.0.0.1", r.port)
     body = orjson.dumps(BODY)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                  % (len(body), body))
     seen = b""

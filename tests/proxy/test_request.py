@@ -2,11 +2,9 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from router.errors import RouterError
-from router.proxy.request import SSETail, looks_like_sse, parse_request
+from router.proxy.request import parse_request
 
 
 def test_the_forwarded_body_is_what_was_parsed() -> None:
@@ -35,90 +33,6 @@ def test_route_facts() -> None:
     route = parse_request("chat", raw).route
     assert (route.stream, route.n, route.max_tokens, route.temperature, route.prompt_chars) == (
         True, 2, 9, 1.0, 4)
-
-
-def test_sse_tail_keeps_only_the_end_and_finds_done() -> None:
-    tail = SSETail(limit=200)
-    for i in range(100):
-        tail.feed(b'data: {"i": %d}\n\n' % i)
-    tail.feed(b'data: {"usage": {"completion_tokens": 3}}\n\ndata: [DONE]\n\n')
-    events, bad = tail.last_events(2)
-    assert events == [{"i": 99}, {"usage": {"completion_tokens": 3}}]
-    assert bad == 0
-    assert tail.saw_done()
-
-
-def test_sse_tail_split_across_chunks_and_crlf() -> None:
-    tail = SSETail()
-    for piece in (b'data: {"a"', b': 1}\r\n\r\nda', b"ta: [DONE]\r\n\r\n"):
-        tail.feed(piece)
-    assert tail.last_events() == ([{"a": 1}], 0)
-    assert tail.saw_done()
-
-
-def test_sse_tail_counts_malformed_events() -> None:
-    tail = SSETail()
-    tail.feed(b"data: {broken\n\ndata: 5\n\n")
-    assert tail.last_events() == ([], 2)
-    assert not tail.saw_done()
-
-
-def test_first_chunk_framing() -> None:
-    assert looks_like_sse(b"data: {}\n\n")
-    assert looks_like_sse(b": keep-alive\n\n")
-    assert looks_like_sse(b"\nevent: x\n")
-    assert not looks_like_sse(b"<html>")
-    assert not looks_like_sse(b'{"choices": []}')
-
-
-def test_sse_tail_reads_events_larger_than_its_first_window() -> None:
-    big = b'{"content": "' + b"x" * 20_000 + b'"}'
-    tail = SSETail()
-    tail.feed(b"data: " + big + b"\n\n")
-    tail.feed(b'data: {"usage": {"completion_tokens": 3}}\n\n')
-    tail.feed(b"data: [DONE]\n\n")
-    events, bad = tail.last_events(2)
-    assert (events, bad) == ([orjson.loads(big), {"usage": {"completion_tokens": 3}}], 0)
-    assert tail.saw_done()
-
-
-def test_sse_tail_of_a_long_stream_returns_only_the_last_events() -> None:
-    tail = SSETail()
-    for i in range(5000):
-        tail.feed(b'data: {"i": %d}\n\n' % i)
-    tail.feed(b"data: [DONE]\n\n")
-    assert tail.last_events(3) == ([{"i": 4997}, {"i": 4998}, {"i": 4999}], 0)
-    assert tail.saw_done()
-
-
-def test_sse_tail_passes_a_done_without_its_blank_line() -> None:
-    tail = SSETail()
-    tail.feed(b'data: {"a": 1}\n\ndata: [DONE]\n')
-    assert tail.saw_done()
-    assert tail.last_events() == ([{"a": 1}], 0)
-
-
-def tail_payloads_by_split(buf: bytes, want: int) -> list[bytes]:
-    """The straightforward reading the windowed tail must agree with: every event
-    of the whole buffer, then the last ``want`` that have data."""
-    from router.proxy.request import _payload
-
-    events = buf.replace(b"\r\n", b"\n").split(b"\n\n")
-    return [p for p in map(_payload, events) if p is not None][-want:]
-
-
-sse_pieces = st.sampled_from([b"data: ", b"data:", b"{\"a\":1}", b"[DONE]", b"\n", b"\r\n",
-                              b"\n\n", b": keep-alive", b"event: x", b"x" * 300, b" "])
-
-
-@settings(max_examples=400, deadline=None)
-@given(pieces=st.lists(sse_pieces, max_size=60), want=st.integers(1, 8))
-def test_the_tail_window_reads_the_same_payloads_as_splitting_everything(
-        pieces: list[bytes], want: int) -> None:
-    from router.proxy.request import _tail_payloads
-
-    buf = b"".join(pieces)
-    assert _tail_payloads(bytearray(buf), want) == tail_payloads_by_split(buf, want)
 
 
 def test_both_token_limits_are_checked_and_kept_equal() -> None:

@@ -363,7 +363,8 @@ async def serve_app(settings: Settings, host: str = "127.0.0.1",
                     setup: Callable[[web.Application], Any] | None = None
                     ) -> AsyncIterator[Served]:
     """``tests.conftest.run_router`` on a chosen bind address (non-loopback access tests)."""
-    app = make_app(settings)
+    # As serve does: the bind address is in the settings (the Host rule allows it).
+    app = make_app(settings.model_copy(update={"host": host}))
     if setup is not None:
         setup(app)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,

@@ -117,7 +117,7 @@ async def test_an_idle_connection_is_closed(timed: RouterProcess) -> None:
         with connect(timed.port) as quiet:
             never_spoke = read_until_closed(quiet)
         with connect(timed.port) as kept:
-            kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
             after_answer = read_until_closed(kept)
         return never_spoke, after_answer
 
@@ -128,7 +128,7 @@ async def test_an_idle_connection_is_closed(timed: RouterProcess) -> None:
 
 
 async def test_a_trickled_request_head_gets_408(timed: RouterProcess) -> None:
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 4000
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 4000
 
     def slow_head() -> bytes:
         with connect(timed.port) as sock, trickle(sock, head, 0.05):
@@ -144,8 +144,8 @@ async def test_a_trickled_request_head_gets_408(timed: RouterProcess) -> None:
 async def test_a_trickled_request_body_gets_408(timed: RouterProcess) -> None:
     body = orjson.dumps({"model": "fake-model", "messages": [
         {"role": "user", "content": "x" * 2000}]})
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-            b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
 
     def slow_body() -> bytes:
         with connect(timed.port) as sock:
@@ -170,7 +170,7 @@ async def test_many_slow_clients_hold_no_descriptors(timed: RouterProcess) -> No
         try:
             for _ in range(200):  # each says half a head at once (else it is merely idle)
                 socks.append(connect(timed.port))
-                socks[-1].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Half: ")
+                socks[-1].sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Half: ")
             return [read_until_closed(s) for s in socks]
         finally:
             for s in socks:
@@ -190,7 +190,8 @@ async def test_many_slow_clients_hold_no_descriptors(timed: RouterProcess) -> No
 
 def _get(port: int, path: str) -> bytes:
     with connect(port) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+                     .encode())
         return read_until_closed(sock)
 
 
@@ -203,7 +204,7 @@ async def test_a_long_answer_is_not_cut_by_the_head_deadline_of_a_pipelined_requ
                      body_timeout=BODY_TIMEOUT) as router:
         body = orjson.dumps({"model": "fake-model", "stream": True,
                              "messages": [{"role": "user", "content": "hi"}]})
-        request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                    % (len(body), body))
 
@@ -211,7 +212,7 @@ async def test_a_long_answer_is_not_cut_by_the_head_deadline_of_a_pipelined_requ
             with connect(router.port) as sock:
                 sock.sendall(request)
                 data = sock.recv(65536)  # the stream has begun: now half a next request
-                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
                 return data + read_until_closed(sock)
 
         data = await in_thread(pipelined)
@@ -235,7 +236,7 @@ async def test_connections_beyond_the_cap_get_503_and_descriptors_stay_bounded(
             try:
                 # Each held connection is in: it gets an answer (and stays open).
                 for s in held:
-                    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
                 for s in held:
                     assert s.recv(65536).startswith(b"HTTP/1.1 200")
                 refused = []
@@ -270,7 +271,7 @@ async def test_connections_beyond_the_cap_get_503_and_descriptors_stay_bounded(
 
 async def test_malformed_requests_log_one_rate_limited_warning_not_tracebacks(
         timed: RouterProcess) -> None:
-    bad = [b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: x\r\nBad\rHeader: y\r\n\r\n",
+    bad = [b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: localhost\r\nBad\rHeader: y\r\n\r\n",
            b"GET /healthz HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n",
            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(64)),  # TLS hello
            b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 5\r\n"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import resource
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,8 +27,8 @@ import pytest
 
 from router.appkeys import POLICIES
 from router.config.policies import load_policies
-from router.config.watch import PolicyWatcher, ReloadResult
 from router.metrics import Metrics
+from router.proxy.policy_watch import PolicyWatcher, ReloadResult
 from tests.conftest import fake_upstreams, router_settings
 from tests.fakes.upstream import FakeUpstream
 from tests.reliability.harness import (
@@ -58,8 +59,8 @@ async def router(directory: Path, files: dict[str, str], **overrides: Any
     for name, text in files.items():
         (directory / name).write_text(text)
     async with fake_upstreams("fake") as (fake,):
-        settings = router_settings(fake, policies_dir=str(directory),
-                                   policy_poll_interval=3600, **overrides)
+        overrides = {"policy_poll_interval": 3600, "policy_settle_seconds": 0, **overrides}
+        settings = router_settings(fake, policies_dir=str(directory), **overrides)
         async with serve_app(settings) as served:
             yield served, fake
 
@@ -307,7 +308,7 @@ async def test_widening_applies_only_when_asked(tmp_path: Path) -> None:
     assert "without an API key" in (held.error or "")
     assert watcher.current.default.require_api_key
     assert watcher.check() is None  # held once, not re-logged at every poll
-    applied = watcher.reload("sighup")
+    applied = await watcher.reload("sighup")
     assert applied.ok and not watcher.current.default.require_api_key
     assert metrics.registry.get_sample_value("speclane_policy_reloads_total",
                                              {"result": "held"}) == 1
@@ -338,7 +339,7 @@ async def test_the_watcher_survives_running_out_of_file_descriptors(
     (tmp_path / "default.toml").write_text("priority = 0\n")
     metrics = Metrics()
     watcher = PolicyWatcher(tmp_path, load_policies(tmp_path), metrics=metrics, interval=0.01)
-    poller = asyncio.create_task(watcher.run())
+    poller = watcher.poller().start()
     try:
         with out_of_file_descriptors():
             failed = await asyncio.wait_for(watcher.wait_reload(0), 10)
@@ -361,3 +362,90 @@ async def test_the_watcher_survives_running_out_of_file_descriptors(
         poller.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await poller
+
+
+# --- files rewritten in place under traffic ---------------------------------------------------
+
+REWRITES = 12
+CLIENTS = 6
+
+
+def keyed_file(key: str, revision: int, extra: str = "") -> bytes:
+    """A key-required policy whose key comes last: every cut before the key line that still
+    parses (and most do) is a policy that refuses its own key."""
+    return (f"# revision {revision}\nrequire_api_key = true\npriority = {revision % 7}\n"
+            f"max_concurrency = 64\n[match]\n{extra}api_keys = [\"{key}\"]\n").encode()
+
+
+async def in_force(watcher: PolicyWatcher, name: str, revision: int) -> None:
+    client = "default" if name == "default.toml" else "alice"
+    while (policy := watcher.current.get(client)) is None or policy.priority != revision % 7:
+        await asyncio.wait_for(watcher.wait_reload(watcher.attempts), 30)
+
+
+async def test_files_rewritten_in_place_under_traffic_refuse_no_valid_request(
+        tmp_path: Path) -> None:
+    """truncate, write part, pause 50-400 ms, write the rest, while clients with valid keys
+    send requests and reloads come from every side (the poller every 20 ms, SIGHUP-style
+    and admin reloads during the pauses): not one valid request is refused, and the last
+    revision is the one in force."""
+    from router.config.settings import Settings
+
+    settle = Settings.model_fields["policy_settle_seconds"].default
+    assert settle > 0.4  # longer than the longest pause a writer makes
+    alice_extra = 'client_header = ["alice"]\n'
+    files = {"default.toml": keyed_file(HOUSE_KEY, 0).decode(),
+             "alice.toml": keyed_file(ALICE_KEY, 0, alice_extra).decode()}
+    rng = random.Random(24)
+    statuses: dict[int, int] = {}
+    done = asyncio.Event()
+    async with router(tmp_path, files, policy_poll_interval=0.02,
+                      policy_settle_seconds=settle) as (r, _):
+        watcher = r.app[POLICIES]
+        poller = watcher.poller().start()
+
+        async def client(key: str) -> None:
+            async with aiohttp.ClientSession() as s:
+                while not done.is_set():
+                    async with s.post(f"{r.base_url}/chat/completions", json=chat_body(),
+                                      headers={"Authorization": f"Bearer {key}"}) as resp:
+                        await resp.read()
+                        statuses[resp.status] = statuses.get(resp.status, 0) + 1
+
+        async def admin_reload() -> int:
+            async with aiohttp.ClientSession() as s, s.post(f"{r.url}/admin/reload") as resp:
+                return resp.status
+
+        traffic = [asyncio.create_task(client(HOUSE_KEY if i % 2 else ALICE_KEY))
+                   for i in range(CLIENTS)]
+        explicit: list[asyncio.Task[Any]] = []
+        try:
+            for revision in range(1, REWRITES + 1):
+                name = rng.choice(sorted(files))
+                text = keyed_file(HOUSE_KEY if name == "default.toml" else ALICE_KEY,
+                                  revision, alice_extra if name == "alice.toml" else "")
+                cut = rng.randrange(1, len(text))
+                with (tmp_path / name).open("r+b") as f:
+                    f.truncate(0)
+                    f.write(text[:cut])
+                    f.flush()
+                    if revision % 3 == 0:
+                        explicit.append(asyncio.create_task(watcher.reload("sighup")))
+                    elif revision % 3 == 1:
+                        explicit.append(asyncio.create_task(admin_reload()))
+                    await asyncio.sleep(rng.uniform(0.05, 0.4))  # the writer's pause
+                    f.write(text[cut:])
+                if revision % 4 == 0:  # now and then the files rest: the revision is taken
+                    await in_force(watcher, name, revision)
+            await in_force(watcher, name, revision)
+            results = await asyncio.wait_for(asyncio.gather(*explicit), 60)
+        finally:
+            done.set()
+            await asyncio.gather(*traffic)
+        poller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await poller
+    assert set(statuses) == {200}, statuses  # not one 401
+    assert sum(statuses.values()) >= 50, statuses
+    assert all(res == 200 or getattr(res, "ok", False) for res in results), results
+    TALLY.fault("policy_rewritten_under_traffic", REWRITES)

@@ -1,6 +1,6 @@
 """Configuration and policy files with every kind of error: a clear message, and no start.
 
-Each case runs ``speclane serve`` (``router.server.main``, in-process for speed; two cases
+Each case runs ``speclane serve`` (``router.cli.serve.main``, in-process for speed; two cases
 also as a real subprocess for the exit code) and checks: it refuses to start, exits with 2
 (configuration) or 1 (policies), never prints a traceback, and its message names the file,
 the key and the problem. tests/config/test_settings.py and tests/config/test_policies.py
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from router.server import main
+from router.cli.serve import main
 from tests.reliability.harness import TALLY, run_serve
 
 OK_BACKEND = '[[backends]]\nname = "a"\nbase_url = "http://127.0.0.1:9/v1"\n'

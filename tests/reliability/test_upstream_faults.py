@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from router.appkeys import POOL
-from router.bench.procs import spawn_until_line, stop
+from router.bench.common.procs import spawn_until_line, stop
 from tests.conftest import fake_upstreams, router_settings, run_router, wait_until
 from tests.reliability.harness import (
     TALLY,

@@ -175,3 +175,18 @@ def test_a_cached_prefix_never_overrules_a_shape_or_speculation_rule() -> None:
     for rule in ("n>1", "long-prompt", "high-temperature", "short-output", "spec-inactive",
                  "spec-not-paying", "spec-probe", "prefer-batching", "override"):
         assert rule not in AFFINITY_MAY_OVERRULE
+
+
+def test_the_same_conversation_in_two_partitions_shares_no_fingerprint() -> None:
+    body = chat(SYSTEM, user("hi"), tools=TOOLS)
+    alice = fingerprints("chat", body, "client:alice")
+    assert alice == fingerprints("chat", body, "client:alice")
+    assert not set(alice) & set(fingerprints("chat", body, "client:bob"))
+    assert not set(alice) & set(fingerprints("chat", body))
+    # the pair is encoded unambiguously: no partition name can pose as another endpoint
+    assert fingerprints("completions", {"prompt": "x"}, "a") != fingerprints(
+        "completions", {"prompt": "x"}, "")
+    affinity = AffinityMap()
+    affinity.record(alice, "batching")
+    assert affinity.holder(fingerprints("chat", body, "client:bob")) is None
+    assert affinity.holder(alice) == "batching"

@@ -314,6 +314,7 @@ def test_cap_applies_when_the_request_sets_no_max_tokens_without_calling_it_clam
     result = run(Case("x", "speculative", "spec-lane-free", policy={"caps": {"max_tokens": 99}}))
     assert result.body_changes == {"max_tokens": 99}
     assert "clamped" not in result.decision.reason
+    assert result.decision.reason.endswith(",max_tokens_cap=99")
 
 
 def test_cap_uses_max_completion_tokens_when_the_body_does() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,6 +94,19 @@ def test_unreadable_lines_are_skipped_not_fatal() -> None:
         CounterKey("vllm", 'a "quoted", b', "spec_decode"): CounterSample(
             kind="draft", drafted=12, accepted=None, steps=None),
     }
+
+
+@pytest.mark.parametrize(("escaped", "model"), [
+    ('C:\\\\new', "C:\\new"),  # an escaped backslash then "n": not a line end
+    ('a\\nb', "a\nb"),  # an escaped line end
+    ('say \\"hi\\"', 'say "hi"'),
+    ('\\\\\\"', '\\"'),
+])
+def test_escaped_label_values(escaped: str, model: str) -> None:
+    text = f'vllm:spec_decode_num_draft_tokens_total{{model_name="{escaped}"}} 7\n'
+    assert parse_prometheus_spec(text) == {
+        CounterKey("vllm", model, "spec_decode"): CounterSample(
+            kind="draft", drafted=7, accepted=None, steps=None)}
 
 
 def test_one_series_per_model() -> None:

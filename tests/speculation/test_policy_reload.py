@@ -17,9 +17,10 @@ def _write(directory: Path, window: int) -> None:
         f'client = "agent"\n[match]\nclient_header = ["agent"]\n[spec]\nwindow_size = {window}\n')
 
 
-def test_reloaded_spec_overrides_reach_an_existing_workload(tmp_path: Path) -> None:
+async def test_reloaded_spec_overrides_reach_an_existing_workload(tmp_path: Path) -> None:
     _write(tmp_path, 256)
-    app = make_app(load_settings(None, policies_dir=tmp_path, lanes={"enabled": False}))
+    app = make_app(load_settings(None, policies_dir=tmp_path, lanes={"enabled": False},
+                                 policy_settle_seconds=0))
     auto = app[SPEC].auto
     key = SpecKey("lms", "m", "agent:none")
     auto.verdict(key, time.monotonic())  # the workload now has a state
@@ -27,18 +28,19 @@ def test_reloaded_spec_overrides_reach_an_existing_workload(tmp_path: Path) -> N
     assert row["window"]["size"] == 256
 
     _write(tmp_path, 1024)
-    assert app[POLICIES].reload("test").ok
+    assert (await app[POLICIES].reload("test")).ok
     row = next(r for r in auto.snapshot(time.monotonic()) if r["workload"] == "agent:none")
     assert row["window"]["size"] == 1024
 
 
-def test_a_failed_reload_changes_nothing(tmp_path: Path) -> None:
+async def test_a_failed_reload_changes_nothing(tmp_path: Path) -> None:
     _write(tmp_path, 256)
-    app = make_app(load_settings(None, policies_dir=tmp_path, lanes={"enabled": False}))
+    app = make_app(load_settings(None, policies_dir=tmp_path, lanes={"enabled": False},
+                                 policy_settle_seconds=0))
     auto = app[SPEC].auto
     key = SpecKey("lms", "m", "agent:none")
     auto.verdict(key, time.monotonic())
     (tmp_path / "agent.toml").write_text("client = \n")  # invalid TOML
-    assert not app[POLICIES].reload("test").ok
+    assert not (await app[POLICIES].reload("test")).ok
     row = next(r for r in auto.snapshot(time.monotonic()) if r["workload"] == "agent:none")
     assert row["window"]["size"] == 256

@@ -33,6 +33,8 @@ class ScriptedEngine(Engine):
         self.capacity = capacity
         self.reply = reply
         self.fail_at: int | None = None  # step index at which the "model" raises
+        # step index at which the decoding constraint fails (as GrammarProcessor reports it)
+        self.constraint_fails_at: int | None = None
         self.steps_taken = 0
         self.started: list[Job] = []
         self.job_started = threading.Event()
@@ -67,7 +69,7 @@ class ScriptedEngine(Engine):
 
     def _run(self, job: Job) -> Event:
         progress = Progress(job, 0)
-        max_tokens = job.request.max_tokens
+        max_tokens = job.request.budget
         for index, char in enumerate(self.reply[:max_tokens]):
             if self._steps is not None and not self._steps.acquire(timeout=STEP_TIMEOUT):
                 return aborted()
@@ -76,6 +78,8 @@ class ScriptedEngine(Engine):
             self.steps_taken += 1
             if index == self.fail_at:
                 return generation_failed(RuntimeError("scripted failure"))
+            if index == self.constraint_fails_at:
+                job.constraint_failed("scripted matcher failure")
             if progress.token(char, False):
                 return progress.finish("stop")
         return progress.finish("stop" if len(self.reply) <= max_tokens else "length")

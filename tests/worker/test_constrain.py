@@ -129,6 +129,8 @@ def test_json_object_answers_are_objects(tokenizer: Any) -> None:
         assert text.startswith("{")
 
 
+# 2,000 object shapes, each with one optional key.
+MANY_SHAPES = [{"type": "object", "properties": {f"k{i}": {"type": "string"}}} for i in range(2000)]
 # Fields the constraint library rejects, and the parameter a 400 names (also sent to a real
 # lane by tests/worker/test_tools_real.py).
 REJECTED: list[tuple[dict[str, Any], str]] = [
@@ -171,6 +173,29 @@ REJECTED: list[tuple[dict[str, Any], str]] = [
             },
             "tools",
         ),
+        # Valid, but past the parser's items per row at the answer's first key: found by the
+        # probe walk before the answer starts, not mid-answer.
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"anyOf": MANY_SHAPES}},
+                }
+            },
+            "response_format",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"anyOf": MANY_SHAPES}},
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),
 ]
 
 
@@ -201,3 +226,31 @@ def test_objects_with_listed_properties_are_closed_but_data_is_not() -> None:
     assert inner["properties"]["additionalProperties"] is False
     assert "additionalProperties" not in inner["free"]  # no properties listed: any object
     assert inner["fixed"] == {"const": {"properties": {}}}
+
+
+# Passes the probe (it is still writing the free string "s" when the walk ends) and fails
+# once an answer reaches "x": the mid-answer failure the engine must report.
+LATE_FAILURE = {
+    "type": "object",
+    "properties": {"s": {"type": "string"}, "x": {"anyOf": MANY_SHAPES}},
+    "required": ["s", "x"],
+}
+
+
+def test_a_constraint_failing_mid_answer_closes_it_and_says_so_once(tokenizer: Any) -> None:
+    fields = {"response_format": {"type": "json_schema",
+                                  "json_schema": {"name": "x", "schema": LATE_FAILURE}}}
+    constraint = COMPILER.compile(request(**fields), tokenizer)
+    assert constraint is not None and constraint.param == "response_format"
+    failures: list[str] = []
+    processor = constraint.processor(failures.append)
+    tokens = [1, 2, 3]  # a prompt
+    logits = mx.zeros((1, len(tokenizer._tokenizer)))
+    processor(mx.array(tokens), logits)
+    for token in tokenizer.encode('{"s": "a", "x": {"', add_special_tokens=False):
+        tokens.append(token)
+        masked = processor(mx.array(tokens), logits)
+    processor(mx.array(tokens), logits)  # asked again: reported once
+    assert len(failures) == 1 and "items" in failures[0]
+    allowed = np.flatnonzero(np.array(masked[0] > -np.inf))
+    assert set(allowed.tolist()) == set(tokenizer.eos_token_ids)  # only the end is left

@@ -9,12 +9,13 @@ from hypothesis import strategies as st
 
 from router.errors import RouterError
 from router.worker.protocol import (
-    DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
     MAX_DRAFT_TOKENS,
+    UNKNOWN_CONTEXT_MAX_TOKENS,
     Message,
     ToolCall,
     parse_request,
+    token_budget,
 )
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -35,7 +36,7 @@ def rejected(body: Any, kind: str = "chat") -> RouterError:
 def test_defaults() -> None:
     req = parse_request(CHAT, "chat")
     assert req.messages == (Message("user", "hi"),)
-    assert req.max_tokens == DEFAULT_MAX_TOKENS
+    assert req.max_tokens is None  # until EOS or the end of the context
     assert req.temperature == DEFAULT_TEMPERATURE
     assert (req.stop, req.seed, req.stream, req.include_usage) == ((), None, False, False)
     assert req.num_draft_tokens is None
@@ -343,3 +344,70 @@ def test_an_unknown_draft_source_is_a_400_naming_it(source: Any) -> None:
     error = rejected(chat(draft_source=source))
     assert error.status == 400 and error.param == "draft_source"
     assert "'draft_model' or 'prompt_lookup' or 'suffix'" in error.message
+
+
+def roles(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in parse_request(chat(messages=messages), "chat").messages]
+
+
+def test_leading_system_and_developer_messages_become_one_system_message() -> None:
+    got = roles([{"role": "developer", "content": "be brief"},
+                 {"role": "system", "content": [{"type": "text", "text": "use tools"}]},
+                 {"role": "user", "content": "hi"}])
+    assert got == [("system", "be brief\n\nuse tools"), ("user", "hi")]
+
+
+def test_a_later_system_message_is_a_note_on_the_user_message_before_it() -> None:
+    got = roles([{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
+                 {"role": "system", "content": "skills: a, b"},
+                 {"role": "developer", "content": "be kind"}])
+    assert got == [("system", "S"),
+                   ("user", "hi\n\n<system>\nskills: a, b\n</system>\n\n"
+                            "<system>\nbe kind\n</system>")]
+
+
+def test_a_system_message_after_an_assistant_or_tool_turn_is_a_user_turn_of_its_own() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    got = roles([{"role": "user", "content": "hi"},
+                 {"role": "assistant", "content": None, "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": "c1", "content": "42"},
+                 {"role": "system", "content": "mind the time"},
+                 {"role": "assistant", "content": "ok"},
+                 {"role": "system", "content": "again"}])
+    assert [r for r, _ in got] == ["user", "assistant", "tool", "user", "assistant", "user"]
+    assert got[3][1] == "<system>\nmind the time\n</system>"
+
+
+def test_a_system_message_between_turns_opens_the_next_user_message() -> None:
+    # [assistant, user-note, user] would break templates that want turns to alternate
+    got = roles([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes?"},
+                 {"role": "system", "content": "a"}, {"role": "system", "content": ""},
+                 {"role": "developer", "content": "b"}, {"role": "user", "content": "go"}])
+    assert got == [("user", "hi"), ("assistant", "yes?"),
+                   ("user", "<system>\na\n</system>\n\n<system>\nb\n</system>\n\ngo")]
+
+
+def test_a_conversation_folds_the_same_way_on_every_turn() -> None:
+    turn1 = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
+             {"role": "system", "content": "agents: x"}]
+    turn2 = [*turn1, {"role": "assistant", "content": "hello"},
+             {"role": "system", "content": "reminder"}, {"role": "user", "content": "more"}]
+    turn3 = [*turn2, {"role": "assistant", "content": "ok"},
+             {"role": "system", "content": "last"}]
+    turn4 = [*turn3, {"role": "assistant", "content": "noted"},
+             {"role": "user", "content": "bye"}]
+    for before, after in ((turn1, turn2), (turn2, turn3), (turn3, turn4)):
+        assert roles(after)[: len(roles(before))] == roles(before)
+
+
+@pytest.mark.parametrize(("requested", "prompt", "context", "expected"), [
+    (None, 100, 8192, 8092),  # no limit: until the end of the context
+    (32000, 100, 8192, 8092),  # an agent's large limit is shortened, not refused
+    (50, 100, 8192, 50),
+    (None, 8191, 8192, 1),
+    (None, 100, None, UNKNOWN_CONTEXT_MAX_TOKENS),
+    (7, 100, None, 7),
+])
+def test_the_token_budget(requested: int | None, prompt: int, context: int | None,
+                          expected: int) -> None:
+    assert token_budget(requested, prompt, context) == expected

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,6 +13,8 @@ import openai
 import orjson
 import pytest
 
+from router.worker import server as server_module
+from router.worker.protocol import GenerationRequest
 from router.worker.server import WorkerInfo, make_app, start_site
 from tests.worker.scripted import ScriptedEngine
 
@@ -20,9 +23,11 @@ WAIT = 10.0
 
 
 @asynccontextmanager
-async def serving(engine: ScriptedEngine) -> AsyncIterator[str]:
+async def serving(engine: ScriptedEngine, context_length: int | None = None
+                  ) -> AsyncIterator[str]:
     engine.start()
-    info = WorkerInfo(mode="speculative", model_name=MODEL, draft_name=None, num_draft_tokens=0)
+    info = WorkerInfo(mode="speculative", model_name=MODEL, draft_name=None, num_draft_tokens=0,
+                      context_length=context_length)
     runner, port = await start_site(make_app(engine, info), "127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{port}"
@@ -115,6 +120,31 @@ async def test_stream_carries_usage_once_on_the_last_chunk(include_usage: bool) 
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.total_tokens == 3 + len("<user>hi")
     assert (chunks[-1].choices == []) is include_usage
+
+
+async def test_continuous_usage_gives_the_prompts_size_first() -> None:
+    async with serving(ScriptedEngine("abc")) as url:
+        stream = await client(url).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True})
+        chunks = [chunk async for chunk in stream]
+    prompt = len("<user>hi")
+    assert chunks[0].usage is not None and chunks[0].choices[0].delta.role == "assistant"
+    assert (chunks[0].usage.prompt_tokens, chunks[0].usage.completion_tokens) == (prompt, 0)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+
+
+async def test_without_a_limit_an_answer_runs_to_the_end_of_the_context() -> None:
+    reply = "x" * 600  # longer than the old default of 512 tokens
+    prompt = len("<user>hi")
+    async with serving(ScriptedEngine(reply), context_length=prompt + 550) as url:
+        ask = client(url).chat.completions.create
+        whole = await ask(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        asked = await ask(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                          max_tokens=32000)
+    for answer in (whole, asked):
+        assert answer.usage is not None and answer.usage.completion_tokens == 550
+        assert answer.choices[0].finish_reason == "length"
 
 
 async def test_raw_stream_ends_with_done() -> None:
@@ -380,3 +410,138 @@ async def test_a_call_being_written_still_shows_progress(monkeypatch: pytest.Mon
     deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
     arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
     assert orjson.loads(arguments) == {"city": "Paris, the capital of France, on the Seine"}
+
+
+async def test_the_partition_header_reaches_the_job_and_a_malformed_one_is_a_400() -> None:
+    from router.worker.contract import CACHE_PARTITION_HEADER
+
+    engine = ScriptedEngine("ok")
+    async with serving(engine) as url:
+        ask = client(url).chat.completions.create
+        messages = [{"role": "user", "content": "hi"}]
+        await ask(model=MODEL, messages=messages, extra_headers={CACHE_PARTITION_HEADER: "a1"})
+        await ask(model=MODEL, messages=messages)
+        with pytest.raises(openai.BadRequestError) as info:
+            await ask(model=MODEL, messages=messages,
+                      extra_headers={CACHE_PARTITION_HEADER: "not/a token"})
+    assert [job.partition for job in engine.started] == ["a1", ""]
+    assert CACHE_PARTITION_HEADER in info.value.message
+
+
+async def test_a_body_past_the_limit_is_a_413_in_the_openai_shape() -> None:
+    engine = ScriptedEngine("ok")
+    engine.start()
+    info = WorkerInfo(mode="batching", model_name=MODEL, draft_name=None, num_draft_tokens=0)
+    runner, port = await start_site(make_app(engine, info, 4096), "127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            small = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 3000}]}
+            big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 5000}]}
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            async with session.post(url, json=small) as ok:
+                assert ok.status == 200
+            async with session.post(url, json=big) as refused:
+                body = await refused.json()
+                assert refused.status == 413
+            assert body["error"]["code"] == "body_too_large"
+            assert "4096" in body["error"]["message"]
+    finally:
+        await asyncio.to_thread(engine.stop, 2.0)
+        await runner.cleanup()
+
+
+def test_the_default_body_limit_is_the_routers() -> None:
+    from router.config.settings import Settings
+    from router.worker.contract import DEFAULT_MAX_BODY_BYTES
+    from router.worker.main import parse_args
+
+    assert Settings.model_fields["max_body_bytes"].default == DEFAULT_MAX_BODY_BYTES
+    assert parse_args(["--mode", "batching", "--model", "/m"]).max_body_bytes == (
+        DEFAULT_MAX_BODY_BYTES)
+
+
+async def test_a_constraint_failing_mid_answer_is_an_error_never_a_stop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scripted tokenizer has no grammar support: the request is given a constraint
+    after preparing, and the engine reports its failure as GrammarProcessor would."""
+    from router.worker.constrain import Constraint
+
+    engine = ScriptedEngine("{\"a\": 1}")
+    engine.constraint_fails_at = 2
+    prepare = server_module.prepare
+
+    def constrained(tokenizer: object, generation: GenerationRequest) -> server_module.Prepared:
+        prepared = prepare(tokenizer, generation)
+        constraint = Constraint("", None, (), "response_format")
+        return dataclasses.replace(prepared, generation=dataclasses.replace(
+            prepared.generation, constraint=constraint))
+
+    monkeypatch.setattr(server_module, "prepare", constrained)
+    async with serving(engine) as url:
+        ask = client(url).chat.completions.create
+        messages = [{"role": "user", "content": "hi"}]
+        with pytest.raises(openai.BadRequestError) as whole:
+            await ask(model=MODEL, messages=messages)
+        stream = await ask(model=MODEL, messages=messages, stream=True)
+        text = ""
+        with pytest.raises(openai.APIError) as streamed:
+            async for chunk in stream:
+                text += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+    assert whole.value.code == "constraint_failed"
+    assert whole.value.param == "response_format"
+    assert "scripted matcher failure" in whole.value.message
+    assert text == "{\"a\": 1}"  # what was sent stays sent; then the error, no stop
+    assert "constraint library failed" in streamed.value.message
+
+
+async def test_queued_counts_wait_behind_a_generation_requests_preparation() -> None:
+    """A flood of /v1/tokenize calls: the chat that arrives after them is prepared as soon
+    as the count already running ends, before every queued count."""
+    from router.worker.engine import Models
+    from router.worker.server import TOKENIZE
+    from tests.conftest import wait_until
+    from tests.worker.scripted import CharTokenizer
+
+    gate = threading.Event()
+    order: list[str] = []
+
+    class GatedTokenizer(CharTokenizer):
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            order.append(text.removeprefix("<user>"))
+            if text.endswith("count0"):
+                gate.wait(WAIT)
+            return super().encode(text, add_special_tokens)
+
+    engine = ScriptedEngine("ok")
+    engine._load = lambda: Models(model=None, tokenizer=GatedTokenizer())
+    engine.start()
+    info = WorkerInfo(mode="speculative", model_name=MODEL, draft_name=None, num_draft_tokens=0)
+    app = make_app(engine, info)
+    runner, port = await start_site(app, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def count(i: int) -> int:
+                body = {"messages": [{"role": "user", "content": f"count{i}"}]}
+                async with session.post(f"{url}/v1/tokenize", json=body) as r:
+                    return (await r.json())["count"]
+
+            counts = [asyncio.ensure_future(count(0))]
+            await wait_until(lambda: order == ["count0"], WAIT)
+            counts += [asyncio.ensure_future(count(i)) for i in range(1, 4)]
+            await wait_until(lambda: app[TOKENIZE].waiting() == 3, WAIT)
+            chat = asyncio.ensure_future(client(url).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "chat"}]))
+            await wait_until(lambda: app[TOKENIZE].waiting() == 4, WAIT)
+            gate.set()
+            reply = await chat
+            assert await asyncio.gather(*counts) == [len(f"<user>count{i}") for i in range(4)]
+    finally:
+        gate.set()
+        while _open_clients:
+            await _open_clients.pop().close()
+        await asyncio.to_thread(engine.stop, 2.0)
+        await runner.cleanup()
+    assert reply.choices[0].message.content == "ok"
+    assert order == ["count0", "chat", "count1", "count2", "count3"]
+

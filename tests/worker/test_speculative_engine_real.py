@@ -55,8 +55,8 @@ def run(engine: SpeculativeEngine, partition: str, source: str | None,
         request = dataclasses.replace(request, constraint=constraint)
 
     async def answer() -> tuple[str, dict[str, Any]]:
-        job = Job(request, prompt, asyncio.get_running_loop())
-        job.partition = partition  # what the cache-partition header sets
+        # The partition is what the X-Speclane-Cache-Partition header sets.
+        job = Job(request, prompt, asyncio.get_running_loop(), partition=partition)
         engine.submit(job)
         out = []
         while True:

@@ -198,3 +198,41 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_parameter(
             model=DEFAULT_MODEL_NAME, messages=QUESTION, max_tokens=5, **fields
         )
     assert info.value.response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("lane", ["batching", "speculative"])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_schema_failing_mid_answer_ends_with_an_error_never_a_stop(
+    request: pytest.FixtureRequest, lane: str, stream: bool
+) -> None:
+    """LATE_FAILURE passes the probe; a bias towards '"' makes the model close the free
+    string at once and reach the key where the matcher fails."""
+    from mlx_lm.tokenizer_utils import load
+
+    from tests.worker.test_constrain import LATE_FAILURE
+
+    worker: WorkerProcess = request.getfixturevalue(
+        "batch_worker" if lane == "batching" else "spec_worker")
+    tokenizer = load(request.getfixturevalue("prepared_models")[0])
+    (quote,) = tokenizer.encode('"', add_special_tokens=False)
+    fields: dict[str, Any] = {
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "late", "schema": LATE_FAILURE}},
+        "logit_bias": {str(quote): 100}, "max_tokens": 30, "temperature": 0,
+    }
+    c = client(worker)
+    if not stream:
+        with pytest.raises(openai.BadRequestError) as refused:
+            c.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=QUESTION, **fields)
+        assert refused.value.code == "constraint_failed"
+        assert refused.value.param == "response_format"
+        return
+    text, reasons = "", []
+    with pytest.raises(openai.APIError) as broken:
+        for chunk in c.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=QUESTION,
+                                               stream=True, **fields):
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                reasons.append(chunk.choices[0].finish_reason)
+    assert "constraint library failed" in broken.value.message
+    assert text.startswith('{"s": ""') and reasons[-1] is None  # no "stop" was sent

@@ -4,7 +4,7 @@
   into a ``PairReport`` (``router.lanes.gating.findings``).
 - ``GatingSettings`` (``[gating]`` in speclane.toml, ``router.config.gating``): strict or
   graceful, per lane and per preset, plus an allow/deny list of model pairs with their measured
-  acceptance (written by ``speclane bench``: ``router.bench.pair_rules``).
+  acceptance (written by ``speclane bench``: ``router.bench.scorecard.pair_rules``).
 - ``decide(report, settings, target, draft)`` (pure): the ``GateDecision``. Strict: a problem or
   a denied pair stops start-up (``fatal``). Graceful (the default): the lane starts without its
   draft, and ``reason`` says why for /admin/lanes, the metrics and one warning log line.
@@ -100,7 +100,8 @@ def matching_rule(settings: GatingSettings, target: str | Path,
     """The rule for a pair: the first matching deny, else the first matching allow."""
     matches = [r for r in settings.pairs if rule_matches(r, target, draft)]
     denied = [r for r in matches if r.action == "deny"]
-    return (denied or matches or [None])[0]
+    first = denied or matches
+    return first[0] if first else None
 
 
 def below_floor(rule: PairRule, floor: float) -> bool:

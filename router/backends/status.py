@@ -1,0 +1,37 @@
+"""What the admin API and the status page show of one backend (its state, load and
+speculation), read from the live ``Backend``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from router.backends.base import Backend
+from router.speculation.observed import speculation_status
+
+
+def backend_state(backend: Backend, supervised: dict[str, str]) -> str:
+    if backend.lane is not None:
+        return supervised.get(backend.name, "not_ready")
+    return "ready" if backend.ready else "not_ready"
+
+
+def backend_status(backend: Backend, supervised: dict[str, str]) -> dict[str, Any]:
+    models = sorted(backend.models)
+    return {
+        "name": backend.name,
+        "kind": backend.kind,
+        "lane": backend.lane,
+        "url": backend.base_url,
+        "model": models[0] if backend.lane is not None and models else None,
+        "models": models,
+        "draft": backend.draft,
+        "state": backend_state(backend, supervised),
+        "inflight": backend.inflight,
+        "cooled_down": backend.view().cooled_down,
+        "last_error": backend.last_error,
+        "last_failure": backend.last_failure,
+        "speculation": speculation_status(
+            kind=backend.kind, lane=backend.lane, requested=backend.speculative_requested,
+            active=backend.speculative_active, observed=backend.spec_observed,
+            reason=backend.spec_reason or backend.observed_reason, mode=backend.spec_mode),
+    }

@@ -1,0 +1,74 @@
+"""What an agent benchmark run says: the starvation gap, speclane's ratios to
+``mlx_lm.server`` against the goals, and the tables printed at the end (pure).
+
+The goals: turn 2+ TTFT at most 1.0x ``mlx_lm.server``'s, aggregate throughput at least
+1.0x, and the short stream's largest gap under 2 s.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from router.bench.common.stats import fmt, mean, ratio
+
+GAP_GOAL = 2.0
+
+
+def largest_gap(times: Sequence[float], start: float, end: float) -> float | None:
+    """The longest wait between two consecutive tokens that overlaps ``[start, end]``
+    (a wait that began before ``start`` or ended after ``end`` counts whole)."""
+    gaps = [b - a for a, b in itertools.pairwise(times) if b >= start and a <= end]
+    return max(gaps) if gaps else None
+
+
+def ratios(results: dict[str, Any]) -> dict[str, Any]:
+    ours, theirs = results.get("speclane", {}), results.get("mlx_lm.server", {})
+
+    def later_ttft(r: dict[str, Any]) -> float | None:
+        return mean([row["ttft_s"] for row in r.get("turns", []) if row["turn"] >= 2])
+
+    def throughput(r: dict[str, Any]) -> float | None:
+        return (r.get("throughput") or {}).get("aggregate_tok_s")
+
+    ttft, tps = ratio(later_ttft(ours), later_ttft(theirs)), ratio(throughput(ours),
+                                                                      throughput(theirs))
+    gap = (ours.get("starvation") or {}).get("largest_gap_s")
+    return {
+        "turn2plus_ttft": ttft, "aggregate_throughput": tps, "largest_gap_s": gap,
+        "goals_met": {
+            "turn2plus_ttft<=1.0": None if ttft is None else ttft <= 1.0,
+            "aggregate_throughput>=1.0": None if tps is None else tps >= 1.0,
+            f"largest_gap<{GAP_GOAL:g}s": None if gap is None else gap < GAP_GOAL,
+        },
+    }
+
+
+def fmt_row(row: dict[str, Any]) -> str:
+    return (f"TTFT {fmt(row['ttft_s'])}s, decode {fmt(row['decode_tok_s'])} tok/s, "
+            f"prompt {row['prompt_tokens']} (cached {row['cached_tokens']})"
+            + (f", error {row['error']}" if row["error"] else ""))
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = ["| target | turn | TTFT s | decode tok/s | prompt | cached |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, r in report["results"].items():
+        for row in r["turns"]:
+            lines.append(f"| {name} | {row['turn']} | {fmt(row['ttft_s'])} | "
+                         f"{fmt(row['decode_tok_s'])} | {row['prompt_tokens']} | "
+                         f"{row['cached_tokens']} |")
+    lines += ["", "| target | aggregate tok/s (concurrency) | long prompt tokens | "
+              "short stream tokens during its prefill | largest gap s |",
+              "|---|---:|---:|---:|---:|"]
+    for name, r in report["results"].items():
+        tp, st = r["throughput"], r["starvation"]
+        lines.append(f"| {name} | {fmt(tp['aggregate_tok_s'])} ({tp['concurrency']}) | "
+                     f"{st['long_prompt_tokens']} | {st['short_tokens_during_prefill']} | "
+                     f"{fmt(st['largest_gap_s'])} |")
+    rt = report["ratios"]
+    lines += ["", f"turn 2+ TTFT ratio {fmt(rt['turn2plus_ttft'])} (goal <= 1.0); aggregate "
+              f"throughput ratio {fmt(rt['aggregate_throughput'])} (goal >= 1.0); largest gap "
+              f"{fmt(rt['largest_gap_s'])}s (goal < {GAP_GOAL:g}s)"]
+    return "\n".join(lines)

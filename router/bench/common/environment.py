@@ -1,0 +1,120 @@
+"""What a benchmark was measured on: versions, hardware, the lanes' models, machine load.
+
+Versions are those installed where the bench runs (a router it starts uses the same
+environment; an attached one may not). The model, the draft and the draft length come from
+the lanes themselves (``/admin/lanes`` and each worker's ``/health``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+from datetime import UTC, datetime
+from importlib import metadata
+from typing import Any
+
+import aiohttp
+
+from router import __version__
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"speclane": __version__, "python": platform.python_version()}
+    for name in ("mlx", "mlx-lm", "aiohttp"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def hardware() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(), "machine": platform.machine(),
+        "cpu": _cpu_model(), "cpus": os.cpu_count(), "memory_gib": _memory_gib(),
+        "mlx_device": _mlx_device(),
+    }
+    if platform.system() == "Linux":
+        from router.lanes.blas import openblas_path
+
+        preload = None if os.environ.get("SPECLANE_NO_OPENBLAS") == "1" else openblas_path()
+        info["openblas_preloaded"] = preload
+    return info
+
+
+def load_average() -> list[float] | None:
+    with contextlib.suppress(OSError, AttributeError):
+        return [round(x, 2) for x in os.getloadavg()]
+    return None
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+async def lanes_info(session: aiohttp.ClientSession, root_url: str,
+                     api_key: str | None = None) -> list[dict[str, Any]]:
+    """The router's lanes as its admin endpoint and the workers' health report them; empty
+    when the admin endpoint is closed to us (another machine, an admin key)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    lanes = []
+    data = await _get_json(session, f"{root_url}/admin/lanes", headers)
+    for backend in (data or {}).get("backends", []):
+        if not backend.get("lane"):
+            continue
+        entry = {"lane": backend["lane"], "model": backend.get("model"),
+                 "draft_model": backend.get("draft"), "state": backend.get("state"),
+                 "speculation": backend.get("speculation")}
+        url = str(backend.get("url") or "")
+        health = await _get_json(session, url.removesuffix("/v1") + "/health", {}) if url else None
+        if health:
+            entry.update({k: health.get(k) for k in (
+                "mode", "model", "draft_model", "num_draft_tokens", "capacity", "pid")})
+        lanes.append(entry)
+    return lanes
+
+
+async def served_models(session: aiohttp.ClientSession, base_url: str,
+                        api_key: str | None = None) -> list[str]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    data = await _get_json(session, f"{base_url}/models", headers)
+    return [str(m["id"]) for m in (data or {}).get("data", []) if "id" in m]
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str,
+                    headers: dict[str, str]) -> dict[str, Any] | None:
+    try:
+        async with session.get(url, headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            if resp.status != 200:
+                return None
+            data = await resp.json(content_type=None)
+            return data if isinstance(data, dict) else None
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+def _cpu_model() -> str | None:
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or None
+
+
+def _memory_gib() -> float | None:
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    return None
+
+
+def _mlx_device() -> str | None:
+    try:
+        import mlx.core as mx
+
+        device = mx.default_device()
+        return str(getattr(device.type, "name", device))  # "cpu" / "gpu"
+    except Exception:  # no mlx, or no usable device: the scorecard just says so
+        return None

@@ -1,0 +1,230 @@
+"""``speclane bench overhead``: what the router adds, direct vs through speclane (vs nginx).
+
+A synthetic upstream answers instantly, so what is measured is the proxy: closed loops of
+streaming requests per concurrency and stream length, then non-streaming ones, in rounds
+that visit the targets in turn, under two core layouts (shared cores, or a core of the
+proxies' own). Compare proxies measured in the same run, never figures from elsewhere
+(``docs/benchmarks.md``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from router import __version__
+from router.bench.common import environment, procs
+from router.bench.common.stats import percentile
+from router.bench.common.upstream import PLAIN_BODY, stream_body
+from router.bench.overhead import cpu
+from router.bench.overhead.report import LAYOUTS, added_over_direct, judge_targets
+
+DEFAULT_TOKENS = (7, 256)
+Meters = dict[str, Callable[[], float | None]]  # role -> CPU seconds so far
+
+
+@dataclass
+class Level:
+    target: str
+    concurrency: int
+    tokens: int = DEFAULT_TOKENS[0]
+    cpus: str = LAYOUTS[0]
+    requests: int = 0
+    errors: int = 0
+    chunks: int = 0
+    seconds: float = 0.0
+    ttft_ms: list[float] = field(default_factory=list)
+    total_ms: list[float] = field(default_factory=list)
+    plain_requests: int = 0
+    plain_seconds: float = 0.0
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # streaming phase, per role
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "target": self.target, "cpus": self.cpus, "concurrency": self.concurrency,
+            "tokens": self.tokens, "requests": self.requests, "errors": self.errors,
+            "ttft_p50_ms": percentile(self.ttft_ms, 50),
+            "ttft_p99_ms": percentile(self.ttft_ms, 99),
+            "total_p50_ms": percentile(self.total_ms, 50),
+            "total_p99_ms": percentile(self.total_ms, 99),
+            "chunks_per_s": self.chunks / self.seconds if self.seconds else None,
+            "plain_requests_per_s": (self.plain_requests / self.plain_seconds
+                                     if self.plain_seconds else None),
+            "cpu_us_per_stream": {role: used / self.requests * 1e6
+                                  for role, used in self.cpu_seconds.items()
+                                  if self.requests},
+        }
+
+
+def _read(meters: Meters) -> dict[str, float]:
+    return {role: v for role, read in meters.items() if (v := read()) is not None}
+
+
+async def _stream_once(session: aiohttp.ClientSession, url: str, body: bytes,
+                       level: Level) -> None:
+    start = time.perf_counter()
+    first = None
+    chunks = 0
+    async with session.post(url, data=body,
+                            headers={"Content-Type": "application/json"}) as resp:
+        if resp.status != 200:
+            level.errors += 1
+            await resp.read()
+            return
+        async for data in resp.content.iter_any():
+            if first is None:
+                first = time.perf_counter()
+            chunks += data.count(b"\n\n")
+    end = time.perf_counter()
+    level.requests += 1
+    level.chunks += chunks
+    level.ttft_ms.append(((first or end) - start) * 1000)
+    level.total_ms.append((end - start) * 1000)
+
+
+async def _plain_once(session: aiohttp.ClientSession, url: str, level: Level) -> None:
+    async with session.post(url, data=PLAIN_BODY,
+                            headers={"Content-Type": "application/json"}) as resp:
+        await resp.read()
+        if resp.status == 200:
+            level.plain_requests += 1
+        else:
+            level.errors += 1
+
+
+async def _closed_loop(concurrency: int, seconds: float,
+                       once: Callable[[], asyncio.Future[None] | object]) -> float:
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        while time.perf_counter() < deadline:
+            try:
+                await once()  # type: ignore[misc]
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.perf_counter() - start
+
+
+async def measure(level: Level, base_url: str, seconds: float, warmup: float,
+                  plain: bool = True, meters: Meters | None = None) -> Level:
+    """One round of a cell, pooled into ``level``: a warm-up, streams for ``seconds``, then
+    (``plain``) non-streaming requests for half as long."""
+    url, body, c = f"{base_url}/chat/completions", stream_body(level.tokens), level.concurrency
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        warm = Level(level.target, c, level.tokens)
+        await _closed_loop(c, warmup, lambda: _stream_once(session, url, body, warm))
+        before = _read(meters or {})
+        level.seconds += await _closed_loop(c, seconds,
+                                            lambda: _stream_once(session, url, body, level))
+        after = _read(meters or {})
+        for role in before.keys() & after.keys():
+            level.cpu_seconds[role] = level.cpu_seconds.get(role, 0.0) + after[role] - before[role]
+        if plain:
+            level.plain_seconds += await _closed_loop(c, seconds / 2,
+                                                      lambda: _plain_once(session, url, level))
+    return level
+
+
+@contextlib.asynccontextmanager
+async def _targets(with_nginx: bool) -> AsyncIterator[dict[str, procs.Served]]:
+    """The upstream first (as "direct"), then the proxies in front of it."""
+    async with procs.bench_upstream() as upstream, contextlib.AsyncExitStack() as stack:
+        targets = {"direct": upstream}
+        targets["speclane"] = await stack.enter_async_context(
+            procs.speclane_router(upstream.url))
+        if with_nginx:
+            targets["nginx"] = await stack.enter_async_context(procs.nginx_proxy(upstream.url))
+        yield targets
+
+
+def _meters(targets: dict[str, procs.Served], name: str) -> Meters:
+    meters: Meters = {"upstream": lambda: cpu.session_cpu_seconds(targets["direct"].sid),
+                      "loadgen": cpu.own_cpu_seconds}
+    if name != "direct":
+        sid = targets[name].sid
+        meters["proxy"] = lambda: cpu.session_cpu_seconds(sid)
+    return meters
+
+
+def _arrange(layout: str, targets: dict[str, procs.Served], everything: set[int]) -> None:
+    """Pin the processes for a layout; ``shared`` undoes an earlier ``own-core``."""
+    if not cpu.supported():
+        return
+    halves = cpu.split(everything) if layout == "own-core" else None
+    proxy_cpus, rest = halves or (everything, everything)
+    for name, served in targets.items():
+        cpu.pin_session(served.sid, rest if name == "direct" else proxy_cpus)
+    cpu.pin_self(rest)
+
+
+def layouts_for(choice: str) -> tuple[str, ...]:
+    """The layouts ``--cpus`` asks for that this machine can do (own-core needs Linux and
+    two cores)."""
+    wanted = LAYOUTS if choice == "both" else (choice,)
+    can_split = cpu.supported() and cpu.split(cpu.allowed_cpus()) is not None
+    return tuple(w for w in wanted if w == "shared" or can_split)
+
+
+async def run(concurrencies: list[int], seconds: float, warmup: float,
+              nginx: str, tokens: tuple[int, ...] = DEFAULT_TOKENS,
+              rounds: int = 1, cpus: str = "both") -> dict[str, object]:
+    """Each (stream length, concurrency) cell is measured in ``rounds`` rounds that visit
+    the targets in turn, starting with a different one each round, and the rounds are
+    pooled: on a shared machine a burst of someone else's work then lands on every target
+    alike instead of on whichever was being measured."""
+    with_nginx = nginx == "on" or (nginx == "auto" and procs.nginx_binary() is not None)
+    layouts = layouts_for(cpus)
+    if not layouts:
+        raise ValueError("the own-core layout needs Linux and at least two cores")
+    rows: list[dict[str, object]] = []
+    everything = cpu.allowed_cpus()
+    async with _targets(with_nginx) as targets:
+        names = list(targets)
+        try:
+            for layout in layouts:
+                _arrange(layout, targets, everything)
+                rows += await _measure_layout(layout, targets, names, concurrencies, seconds,
+                                              warmup, tokens, rounds)
+        finally:
+            if cpu.supported() and everything:
+                cpu.pin_self(everything)  # a caller in this process keeps its cores
+    result: dict[str, object] = {
+        "benchmark": "overhead", "speclane": __version__,
+        "date": environment.now_iso(),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "cpus": os.cpu_count() or 0},
+        "seconds_per_level": seconds, "rounds": rounds, "nginx": with_nginx,
+        "tokens": list(tokens), "layouts": list(layouts),
+        "rows": rows, "added": added_over_direct(rows),
+    }
+    result["targets"] = judge_targets(result)
+    return result
+
+
+async def _measure_layout(layout: str, targets: dict[str, procs.Served], names: list[str],
+                          concurrencies: list[int], seconds: float, warmup: float,
+                          tokens: tuple[int, ...], rounds: int) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for n, length in enumerate(tokens):
+        for c in concurrencies:
+            pooled = {name: Level(name, c, length, layout) for name in names}
+            for r in range(rounds):
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    # Non-streaming requests/s does not depend on the stream length.
+                    await measure(pooled[name], targets[name].url, seconds, warmup,
+                                  plain=n == 0, meters=_meters(targets, name))
+            for name in names:
+                rows.append(pooled[name].summary())
+                print(f"  measured {name:<8} {layout:<8} c={c:<3} {length:>4} tokens: "
+                      f"{pooled[name].requests} streams", flush=True)
+    return rows

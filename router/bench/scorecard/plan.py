@@ -1,0 +1,325 @@
+"""What the scorecard measures, and fitting it into a time budget (pure).
+
+The matrix is every scenario (``SCENARIOS``: four ways of sending the same request) x prompt
+family x concurrency level. ``fit`` shrinks it, step by step in the order its ``steps`` list,
+until the estimate from the warm-up's speeds fits the budget: a slow CPU so still gets the
+figures that matter most (every family at concurrency 1, where the speculative lane is meant
+to be used, and one level under load), and the scorecard lists every cut."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from router.bench.common import BENCH_CLIENT
+from router.bench.scorecard.prompts import FAMILIES, prompt_for
+from router.config.names import CLIENT_HEADER, LANE_HEADER
+
+if TYPE_CHECKING:
+    from router.bench.scorecard.records import Measurement
+
+SCENARIO_NAMES = ("spec-on", "spec-off", "batching", "auto")
+FAMILY_NAMES = tuple(FAMILIES)
+# Above the router's short-output rule (16 tokens by default): shorter answers go to the
+# batching lane whatever speculation would do, and decode speeds of so few tokens are noise.
+MIN_MAX_TOKENS = 24
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    lane_header: str | None
+    body_extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def how(self) -> str:
+        parts = [f"`X-Speclane-Lane: {self.lane_header}`" if self.lane_header else
+                 "no lane header (the router decides)"]
+        parts += [f"`\"{k}\": {v}`" for k, v in self.body_extra.items()]
+        return " + ".join(parts)
+
+
+# spec-off is plain decoding of the same model on the same lane: the baseline speculation
+# must beat; auto sends no lane header and reads the router's choice from the response.
+SCENARIOS: dict[str, Scenario] = {
+    "spec-on": Scenario("spec-on", "Speculative lane, speculation on", "speculative"),
+    "spec-off": Scenario("spec-off", "Speculative lane, speculation off", "speculative",
+                         {"num_draft_tokens": 0}),
+    "batching": Scenario("batching", "Batching lane", "batching"),
+    "auto": Scenario("auto", "Router's automatic routing", None),
+}
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    scenario: str
+    family: str
+    concurrency: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.scenario} · {self.family} · c={self.concurrency}"
+
+
+@dataclass(frozen=True)
+class MatrixSpec:
+    """The matrix asked for: every scenario x family x concurrency level, ``runs`` requests
+    per concurrent client loop (a cell at concurrency c sends c x runs requests)."""
+
+    scenarios: tuple[str, ...] = SCENARIO_NAMES
+    families: tuple[str, ...] = FAMILY_NAMES
+    concurrency: tuple[int, ...] = (1, 2, 4, 8)
+    runs: int = 2
+    max_tokens: int = 64
+    long_prompt_chars: int = 3000
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.scenarios if s not in SCENARIOS]
+        unknown += [f for f in self.families if f not in FAMILIES]
+        if unknown:
+            raise ValueError(f"unknown scenario or family: {', '.join(unknown)}")
+        if not self.scenarios or not self.families or not self.concurrency:
+            raise ValueError("scenarios, families and concurrency must not be empty")
+        if min(self.concurrency) < 1 or self.runs < 1 or self.max_tokens < 2:
+            raise ValueError("concurrency and runs must be >= 1, max_tokens >= 2")
+        object.__setattr__(self, "concurrency", tuple(sorted(set(self.concurrency))))
+
+    def cells(self) -> tuple[Cell, ...]:
+        # Scenarios innermost: the four ways of serving one (family, concurrency) run back to
+        # back, so a burst of load from elsewhere on the machine hits them alike.
+        return tuple(Cell(s, f, c) for c in self.concurrency for f in self.families
+                     for s in self.scenarios)
+
+    def with_(self, **changes: Any) -> MatrixSpec:
+        return replace(self, **changes)
+
+
+DEFAULT_SPEC = MatrixSpec()
+QUICK_SPEC = MatrixSpec(families=("chat", "list"), concurrency=(1, 2), runs=1,
+                        max_tokens=MIN_MAX_TOKENS, long_prompt_chars=1500)
+
+
+def request_headers(scenario: Scenario, api_key: str | None = None) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if scenario.lane_header:  # a forced scenario, with the bench's own policy
+        headers[LANE_HEADER] = scenario.lane_header
+        headers[CLIENT_HEADER] = BENCH_CLIENT
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def request_body(model: str, scenario: Scenario, family: str, prompt_index: int,
+                 max_tokens: int, long_prompt_chars: int) -> dict[str, Any]:
+    """A streamed, greedy (temperature 0) chat request: comparable across scenarios."""
+    return {
+        "model": model,
+        "messages": [{"role": "user",
+                      "content": prompt_for(family, prompt_index, long_prompt_chars)}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **scenario.body_extra,
+    }
+
+
+# How much longer c concurrent requests take on the batching lane than one: c ** exponent.
+# 1.0 would be no batching gain at all; planning assumes a modest gain so that a slow CPU
+# is not promised a run it cannot finish (the estimate of time left corrects itself from
+# the cells already measured).
+BATCH_EXPONENT = 0.8
+SERIAL_SCENARIOS = ("spec-on", "spec-off")  # the speculative lane decodes one at a time
+DEFAULT_BUDGET = 480.0  # seconds of measurement; plus start-up and warm-up: under 10 minutes
+QUICK_BUDGET = 80.0  # plus start-up and warm-up: under 2 minutes
+
+
+@dataclass(frozen=True)
+class LaneSpeed:
+    ttft: float  # seconds to the first token of a short prompt
+    decode_tps: float  # tokens per second after the first, one request alone
+
+
+@dataclass(frozen=True)
+class Speeds:
+    by_scenario: Mapping[str, LaneSpeed]
+    long_ttft_factor: float = 1.0  # TTFT of the long prompt / TTFT of a short one
+
+    def of(self, scenario: str) -> LaneSpeed:
+        if scenario in self.by_scenario:
+            return self.by_scenario[scenario]
+        known = list(self.by_scenario.values())
+        if not known:
+            return LaneSpeed(1.0, 10.0)
+        # The slowest lane known: over-estimating is the safe side of a budget.
+        return LaneSpeed(max(s.ttft for s in known), min(s.decode_tps for s in known))
+
+
+def speeds_from(warmups: Sequence[Measurement]) -> Speeds | None:
+    """Each lane's speed from its last successful warm-up request; None when none worked."""
+    by: dict[str, LaneSpeed] = {}
+    long_ttft: dict[str, float] = {}
+    for m in warmups:
+        if not m.ok or m.ttft is None:
+            continue
+        if m.family == "long":
+            long_ttft[m.scenario] = m.ttft
+        elif (tps := m.decode_tps) is not None:
+            by[m.scenario] = LaneSpeed(m.ttft, tps)
+    if not by:
+        return None
+    factors = [t / by[s].ttft for s, t in long_ttft.items() if s in by and by[s].ttft > 0]
+    return Speeds(by, max(1.0, max(factors, default=1.0)))
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: MatrixSpec
+    cells: tuple[Cell, ...]
+    reductions: tuple[str, ...] = ()
+    estimate: float | None = None  # seconds, None when no speeds were known
+    cell_estimates: tuple[float, ...] = ()  # each cell's seconds (the progress line's ETA)
+
+    @classmethod
+    def full(cls, spec: MatrixSpec) -> Plan:
+        return cls(spec, spec.cells())
+
+    @property
+    def concurrency(self) -> tuple[int, ...]:
+        return tuple(sorted({c.concurrency for c in self.cells}))
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        present = {c.family for c in self.cells}
+        return tuple(f for f in self.spec.families if f in present)
+
+    @property
+    def scenarios(self) -> tuple[str, ...]:
+        present = {c.scenario for c in self.cells}
+        return tuple(s for s in self.spec.scenarios if s in present)
+
+
+def request_seconds(speeds: Speeds, scenario: str, family: str, max_tokens: int) -> float:
+    if scenario == "auto":  # the speculative lane alone, or a mix: the slower of the two
+        return max(request_seconds(speeds, s, family, max_tokens)
+                   for s in ("spec-on", "batching"))
+    lane = speeds.of(scenario)
+    ttft = lane.ttft * (speeds.long_ttft_factor if family == "long" else 1.0)
+    return ttft + (max_tokens - 1) / max(lane.decode_tps, 1e-6)
+
+
+def cell_seconds(cell: Cell, spec: MatrixSpec, speeds: Speeds) -> float:
+    one = request_seconds(speeds, cell.scenario, cell.family, spec.max_tokens)
+    if cell.scenario in SERIAL_SCENARIOS:
+        return cell.concurrency * spec.runs * one
+    return spec.runs * one * cell.concurrency ** BATCH_EXPONENT
+
+
+Step = Callable[[Plan], Plan | None]
+
+
+def _fewer_runs(plan: Plan) -> Plan | None:
+    if plan.spec.runs <= 1:
+        return None
+    return _cut(plan, f"runs {plan.spec.runs} → 1", spec=plan.spec.with_(runs=1))
+
+
+def _fewer_tokens(plan: Plan) -> Plan | None:
+    n = plan.spec.max_tokens
+    if n <= MIN_MAX_TOKENS:
+        return None
+    m = max(MIN_MAX_TOKENS, n // 2)
+    return _cut(plan, f"max_tokens {n} → {m}", spec=plan.spec.with_(max_tokens=m))
+
+
+def _drop_top_level(plan: Plan, keep: int) -> Plan | None:
+    levels = plan.concurrency
+    if len(levels) <= keep:
+        return None
+    kept = levels[:keep] if keep == 1 else levels[:-1]
+    cells = tuple(c for c in plan.cells if c.concurrency in kept)
+    return _cut(plan, f"concurrency {_csv(levels)} → {_csv(kept)}", cells=cells)
+
+
+def _one_family_under_load(plan: Plan) -> Plan | None:
+    low = min(plan.concurrency)
+    loaded = [f for f in plan.families if any(
+        c.family == f and c.concurrency > low for c in plan.cells)]
+    if len(loaded) <= 1:
+        return None
+    drop = loaded[-1]
+    cells = tuple(c for c in plan.cells if not (c.family == drop and c.concurrency > low))
+    kept = loaded[:-1]
+    return _cut(plan, f"families above c={low}: {_csv(loaded)} → {_csv(kept)}", cells=cells)
+
+
+def _one_family(plan: Plan) -> Plan | None:
+    families = plan.families
+    if len(families) <= 1:
+        return None
+    kept = families[:-1]
+    cells = tuple(c for c in plan.cells if c.family in kept)
+    return _cut(plan, f"families {_csv(families)} → {_csv(kept)}", cells=cells)
+
+
+def fit(spec: MatrixSpec, speeds: Speeds | None, budget: float | None,
+        fixed: frozenset[str] = frozenset()) -> Plan:
+    """The largest plan whose estimate fits ``budget`` seconds, cut in the order of
+    ``steps`` (each step only while still over budget, never on a dimension in ``fixed``);
+    the smallest one when none fits. ``budget`` None or 0, or no speeds: the whole matrix."""
+    if speeds is None:
+        return Plan.full(spec)
+    plan = _estimated(Plan.full(spec), speeds)
+    if not budget:
+        return plan
+    steps: list[tuple[str, Step]] = [
+        ("runs", _fewer_runs),
+        ("max_tokens", _fewer_tokens),
+        ("concurrency", lambda p: _drop_top_level(p, keep=2)),
+        ("families", _one_family_under_load),
+        ("concurrency", lambda p: _drop_top_level(p, keep=1)),
+        ("families", _one_family),
+    ]
+    for dimension, step in steps:
+        if dimension in fixed:
+            continue
+        while plan.estimate is not None and plan.estimate > budget:
+            smaller = step(plan)
+            if smaller is None:
+                break
+            plan = _estimated(smaller, speeds)
+    return plan
+
+
+def eta(remaining_estimate: float, done_estimate: float, done_actual: float) -> float:
+    """Seconds left: the remaining estimate, scaled by how far off the estimate was so far."""
+    if done_estimate <= 0 or done_actual <= 0:
+        return remaining_estimate
+    return remaining_estimate * done_actual / done_estimate
+
+
+def _estimated(plan: Plan, speeds: Speeds) -> Plan:
+    each = tuple(cell_seconds(c, plan.spec, speeds) for c in plan.cells)
+    return replace(plan, estimate=sum(each), cell_estimates=each)
+
+
+def _cut(plan: Plan, note: str, **changes: Any) -> Plan:
+    return replace(plan, reductions=_merge(plan.reductions, note), **changes)
+
+
+def _merge(notes: tuple[str, ...], note: str) -> tuple[str, ...]:
+    """Successive steps on one dimension read as one: 'max_tokens 64 → 32 → 24'."""
+    if notes and _head(notes[-1]) == _head(note):
+        return (*notes[:-1], f"{notes[-1]} → {note.rsplit('→ ', 1)[1]}")
+    return (*notes, note)
+
+
+def _head(note: str) -> str:
+    return note.split(":", 1)[0] if ":" in note else note.split(" ", 1)[0]
+
+
+def _csv(values: Iterable[object]) -> str:
+    return ",".join(str(v) for v in values)
+

@@ -1,0 +1,324 @@
+"""One scorecard run: router up (or attached), warm-up, plan, every cell, reports.
+
+A cell at concurrency c runs c closed client loops side by side, each sending ``runs``
+streamed requests back to back. Setting ``stop`` (Ctrl-C) cancels the cell in flight: its
+finished requests are kept, the ones cut short are marked ``cancelled``, and the reports
+are still written."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from router.bench.common import environment, procs
+from router.bench.common.stream import Reply, stream
+from router.bench.scorecard import report
+from router.bench.scorecard.plan import (
+    DEFAULT_BUDGET,
+    SCENARIOS,
+    Cell,
+    MatrixSpec,
+    Plan,
+    fit,
+    request_body,
+    request_headers,
+    speeds_from,
+)
+from router.bench.scorecard.progress import Progress, clock
+from router.bench.scorecard.records import CellRun, Measurement
+from router.bench.scorecard.report import Result
+from router.bench.scorecard.score import Thresholds
+from router.config.names import DECISION_HEADER, LANE_HEADER
+
+
+@dataclass(frozen=True)
+class Target:
+    base_url: str  # the router's OpenAI base URL, ending in /v1
+    model: str
+    api_key: str | None = None
+    request_timeout: float = 600.0
+    origin: float = field(default_factory=time.perf_counter)  # every record's time zero
+
+    def now(self) -> float:
+        return time.perf_counter() - self.origin
+
+
+async def send(session: aiohttp.ClientSession, target: Target, m: Measurement,
+               spec: MatrixSpec) -> Measurement:
+    """Stream one request and fill ``m`` in; never raises except on cancellation."""
+    scenario = SCENARIOS[m.scenario]
+    body = request_body(target.model, scenario, m.family, m.prompt_index, spec.max_tokens,
+                        spec.long_prompt_chars)
+    reply = Reply()
+    try:
+        await stream(session, f"{target.base_url}/chat/completions", body,
+                     request_headers(scenario, target.api_key), reply,
+                     limit=aiohttp.ClientTimeout(total=target.request_timeout))
+    except asyncio.CancelledError:
+        m.cancelled = True
+        raise
+    finally:
+        m.started, m.e2e = reply.sent - target.origin, time.perf_counter() - reply.sent
+        if reply.token_times:
+            m.ttft = reply.token_times[0] - reply.sent
+            m.last_token = reply.token_times[-1] - reply.sent
+        m.content_chunks = len(reply.token_times)
+        m.status = reply.status
+        m.lane, m.decision = reply.headers.get(LANE_HEADER), reply.headers.get(DECISION_HEADER)
+    if reply.usage:  # the last event's (stream_options.include_usage), with speclane_spec
+        m.usage_reported = True
+        m.completion_tokens, m.prompt_tokens = (
+            _int(reply.usage.get(k)) for k in ("completion_tokens", "prompt_tokens"))
+        spec_stats = reply.usage.get("speclane_spec")
+        if isinstance(spec_stats, dict):
+            m.drafted, m.accepted, m.steps, m.num_draft_tokens = (_int(spec_stats.get(k)) for k in (
+                "drafted", "accepted", "steps", "num_draft_tokens"))
+    m.error = reply.error or (None if reply.done else "the stream ended without data: [DONE]")
+    if m.error is None:
+        if m.completion_tokens is None:
+            m.completion_tokens = m.content_chunks  # no usage: one token per content delta
+        m.ok = True
+    return m
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+async def run_cells(session: aiohttp.ClientSession, target: Target, plan: Plan,
+                    stop: asyncio.Event, progress: Progress) -> tuple[list[CellRun], bool]:
+    """Every cell in order until done or ``stop`` is set: (runs, stopped early). A cell cut
+    short keeps what it measured."""
+    spec, runs = plan.spec, list[CellRun]()
+    for index, cell in enumerate(plan.cells):
+        if stop.is_set():
+            return runs, True
+        progress.cell_started(index, cell, cell.concurrency * spec.runs)
+        run = CellRun(cell, spec.runs, spec.max_tokens, started=target.now())
+
+        async def loop(stream: int, cell: Cell = cell, run: CellRun = run) -> None:
+            for seq in range(spec.runs):
+                m = Measurement(cell.scenario, cell.family, cell.concurrency, stream, seq,
+                                prompt_index=stream * spec.runs + seq)
+                run.measurements.append(m)
+                progress.request_done(await send(session, target, m, spec))
+
+        async def all_loops(cell: Cell = cell, run: CellRun = run) -> None:
+            async with asyncio.TaskGroup() as group:
+                for stream in range(cell.concurrency):
+                    group.create_task(loop(stream))
+            run.complete = True
+
+        task, stopper = asyncio.create_task(all_loops()), asyncio.create_task(stop.wait())
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        run.finished = target.now()
+        runs.append(run)
+        progress.cell_done(index, run)
+        if not run.complete:
+            return runs, True
+    return runs, False
+
+
+WARMUP_MAX_TOKENS = 12  # enough to time decoding; little time spent before measuring
+Log = Callable[[str], None]
+
+
+class BenchError(Exception):
+    """The bench cannot run (no router, no model, every warm-up request failed)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    spec: MatrixSpec = field(default_factory=MatrixSpec)
+    out_dir: Path = Path("speclane-scorecard")
+    fixed: frozenset[str] = frozenset()  # dimensions the user set: never reduced
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    url: str | None = None  # attach to a running router instead of starting one
+    model_name: str | None = None  # the model id to request; default: the lanes' model
+    lanes: procs.LaneOptions = field(default_factory=procs.LaneOptions)
+    api_key: str | None = None
+    budget: float | None = DEFAULT_BUDGET
+    warmup: int = 1
+    plot: bool = False
+    progress: bool = True
+    request_timeout: float = 600.0
+    note: str | None = None
+
+
+@dataclass
+class Outcome:
+    result: Result
+    paths: dict[str, Path]  # every file written
+
+
+@dataclass
+class Phase:
+    """Where the run is, for the Ctrl-C handler: before measuring there is nothing to keep,
+    so an interrupt cancels outright; while measuring it sets ``stop``."""
+
+    measuring: bool = False
+
+
+async def run_scorecard(opts: Options, stop: asyncio.Event | None = None,
+                        log: Log = print, phase: Phase | None = None) -> Outcome:
+    stop = stop or asyncio.Event()
+    phase = phase or Phase()
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    async with contextlib.AsyncExitStack() as stack:
+        if opts.url:
+            base_url = normalize_url(opts.url)
+            router = f"attached at {base_url}"
+        else:
+            log("starting a router with both lanes (the first start prepares the default "
+                f"model and can take minutes; log: {opts.out_dir / 'router.log'})")
+            try:
+                base_url = await stack.enter_async_context(
+                    procs.own_router(opts.lanes, opts.out_dir / "router.log"))
+            except (RuntimeError, TimeoutError) as e:
+                raise BenchError(f"the router did not start ({e}); see "
+                                 f"{opts.out_dir / 'router.log'}") from e
+            router = f"started by the bench at {base_url} (temporary configuration)"
+        session = await stack.enter_async_context(
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
+        result = await _measure(session, base_url, router, opts, stop, log, phase)
+        outcome = _write(result, opts, log)
+    return outcome
+
+
+async def _measure(session: aiohttp.ClientSession, base_url: str, router: str, opts: Options,
+                   stop: asyncio.Event, log: Log, phase: Phase) -> Result:
+    env = await _environment(session, base_url, router, opts)
+    model = opts.model_name or env.get("model")
+    if not model:
+        raise BenchError(f"no model is served at {base_url} (GET /v1/models is empty)")
+    env["model"] = model
+    target = Target(base_url, model, opts.api_key, opts.request_timeout)
+    warmups = await warm_up(session, target, opts, log)
+    plan = fit(opts.spec, speeds_from(warmups), opts.budget, opts.fixed)
+    _announce(plan, opts, log)
+    progress = Progress(plan.cell_estimates, len(plan.cells), enabled=opts.progress)
+    result = Result(opts.spec, plan, opts.thresholds, env, warmups, budget=opts.budget)
+    started = target.now()
+    phase.measuring = True
+    progress.start_ticking()
+    try:
+        runs, stopped = await run_cells(session, target, plan, stop, progress)
+    finally:
+        phase.measuring = False
+        progress.close()
+    result.runs = runs
+    result.complete = not stopped and len(runs) == len(plan.cells)
+    if stopped:
+        result.stopped = (f"stopped by the user after {sum(r.complete for r in runs)} of "
+                          f"{len(plan.cells)} cells")
+    result.duration = target.now() - started
+    env.setdefault("load_average", {})["end"] = environment.load_average()
+    return result
+
+
+async def _environment(session: aiohttp.ClientSession, base_url: str, router: str,
+                       opts: Options) -> dict[str, Any]:
+    root = base_url.removesuffix("/v1")
+    lanes = await environment.lanes_info(session, root, opts.api_key)
+    served = await environment.served_models(session, base_url, opts.api_key)
+    spec_lane = next((lane for lane in lanes if lane.get("lane") == "speculative"), {})
+    model = next((lane.get("model") for lane in lanes if lane.get("model")), None)
+    load = environment.load_average()
+    hw = environment.hardware()
+    env: dict[str, Any] = {
+        "date": environment.now_iso(),
+        "model": model or (served[0] if served else None),
+        "draft_model": spec_lane.get("draft_model") or opts.lanes.draft_model,
+        "num_draft_tokens": spec_lane.get("num_draft_tokens") or opts.lanes.num_draft_tokens,
+        "router": router,
+        "served_models": served,
+        "lanes": lanes,
+        "versions": environment.versions(),
+        "hardware": hw,
+        "load_average": {"start": load},
+    }
+    notes = [opts.note] if opts.note else []
+    cpus = hw.get("cpus") or os.cpu_count() or 1
+    if load and load[0] > 0.5 * cpus:
+        notes.append(f"the machine was busy when the run started (load {load[0]} on {cpus} "
+                     "CPUs): figures carry that noise")
+    if notes:
+        env["note"] = "; ".join(notes)
+    return env
+
+
+async def warm_up(session: aiohttp.ClientSession, target: Target, opts: Options,
+                  log: Log) -> list[Measurement]:
+    """One short chat request per forced scenario (the lanes load their first batches, and
+    the planner learns each lane's speed), plus one long prompt on the batching lane (how
+    much longer prefill takes)."""
+    if opts.warmup <= 0:
+        return []
+    spec = opts.spec.with_(max_tokens=min(opts.spec.max_tokens, WARMUP_MAX_TOKENS))
+    log(f"warm-up: {opts.warmup} round(s) on each lane")
+    forced: list[str] = [s for s in ("spec-on", "spec-off", "batching") if s in spec.scenarios]
+    forced = forced or ["auto"]
+    plan = [(s, "chat") for s in forced]
+    if "long" in spec.families:
+        plan.append(("batching" if "batching" in forced else forced[0], "long"))
+    warmups = []
+    for r in range(opts.warmup):
+        for i, (scenario, family) in enumerate(plan):
+            m = Measurement(scenario, family, 1, stream=0, seq=r, prompt_index=i + r)
+            warmups.append(await send(session, target, m, spec))
+    if warmups and not any(m.ok for m in warmups):
+        raise BenchError(f"every warm-up request failed: {warmups[0].error}" + _hint(warmups))
+    for m in warmups:
+        if not m.ok:
+            log(f"warm-up {m.scenario}/{m.family} failed: {m.error}")
+    return warmups
+
+
+def _hint(warmups: list[Measurement]) -> str:
+    if any(m.status == 403 for m in warmups):
+        return (" -- the bench picks lanes with the X-Speclane-Lane header; the router's "
+                "policy must allow it (allow_lane_override = true)")
+    if any(m.status == 401 for m in warmups):
+        return " -- pass the router's API key with --api-key"
+    return ""
+
+
+def _announce(plan: Plan, opts: Options, log: Log) -> None:
+    est = f", about {clock(plan.estimate)}" if plan.estimate is not None else ""
+    log(f"measuring {len(plan.cells)} cells: {', '.join(plan.scenarios)} x "
+        f"{', '.join(plan.families)} x c={','.join(map(str, plan.concurrency))}, "
+        f"{plan.spec.runs} run(s), {plan.spec.max_tokens} tokens{est}")
+    if plan.reductions:
+        log(f"to fit the {clock(opts.budget)} budget: {'; '.join(plan.reductions)} "
+            "(--budget 0 runs the whole matrix)")
+
+
+def _write(result: Result, opts: Options, log: Log) -> Outcome:
+    ev = result.evaluation()
+    charts: list[str] = []
+    if opts.plot:
+        from router.bench.scorecard import plot
+
+        try:
+            charts = plot.write_charts(result, ev, opts.out_dir)
+        except plot.PlotUnavailable as e:
+            log(str(e))
+    paths = report.write(result, opts.out_dir, charts, ev)
+    return Outcome(result, {**paths, **{name: opts.out_dir / name for name in charts}})
+
+
+def normalize_url(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"

@@ -1,0 +1,2 @@
+"""The draft-source benchmark (run by ``examples/spec_families.py``): ``plan`` (variants and
+request bodies) -> ``report`` (decided, summaries, table, goals)."""

@@ -1,0 +1,122 @@
+"""What the draft-source benchmark sends (pure, deterministic): each family's variants and
+the request body of each, and the copy-heavy families' prompt, a 60-line function to
+rewrite with one change (prompt lookup's case), also sent with the original as an OpenAI
+``prediction`` (Predicted Outputs' case)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+EDIT_FAMILIES = ("edit", "refactor-with-prediction")
+PLAIN = "plain"
+# Sources named in the body (the speculative lane's ``draft_source`` request field).
+BODY_SOURCES = ("prompt_lookup", "draft_model", "suffix")
+PREDICTION_FAMILY = EDIT_FAMILIES[1]
+
+
+def variants(family: str) -> tuple[str, ...]:
+    """Plain decoding and the draft sources a family is measured with. A request that
+    carries a ``prediction`` drafts from it whatever else it names, so the prediction family
+    is measured against plain decoding only (its other sources are the ``edit`` family)."""
+    if family == PREDICTION_FAMILY:
+        return (PLAIN, "prediction")
+    return (PLAIN, *BODY_SOURCES)
+
+
+def apply_variant(body: Mapping[str, Any], variant: str) -> dict[str, Any]:
+    """The request body for one variant (``prediction``: the body already carries it)."""
+    out = dict(body)
+    if variant == PLAIN:
+        out["num_draft_tokens"] = 0
+    elif variant in BODY_SOURCES:
+        out["draft_source"] = variant
+    return out
+
+
+# Cross-request and constrained scenarios (``--scenarios``): one client, the speculative lane.
+# ``repeat``: the same prompt again; ``near-repeat``: the same task with one name changed (a
+# fresh name every round, the suffix variant first, so its index only holds other names'
+# answers); ``tool-call`` and ``json-schema``: constrained answers, plain constrained decoding
+# against the lane's default (the grammar's forced tokens, then the lane's source).
+SCENARIO_VARIANTS = {
+    "repeat": (PLAIN, "suffix"),
+    "near-repeat": ("suffix", PLAIN),
+    "tool-call": (PLAIN, "forced"),
+    "json-schema": (PLAIN, "forced"),
+}
+
+
+def scenario_body(body: Mapping[str, Any], variant: str) -> dict[str, Any]:
+    """``forced``: the body as it is (a constrained request drafts its forced tokens)."""
+    return dict(body) if variant == "forced" else apply_variant(body, variant)
+
+
+
+
+def function_60() -> str:
+    """A plausible 60-line Python function (the same text every run)."""
+    head = [
+        "def summarize_orders(orders, currency=\"EUR\", limit=10):",
+        "    \"\"\"Summarize a list of orders: totals per customer and the largest orders.\"\"\"",
+        "    totals = {}",
+        "    counts = {}",
+        "    largest = []",
+        "    skipped = 0",
+        "    for order in orders:",
+        "        if order.get(\"currency\") != currency:",
+        "            skipped += 1",
+        "            continue",
+        "        customer = order[\"customer\"]",
+        "        amount = float(order[\"amount\"])",
+        "        totals[customer] = totals.get(customer, 0.0) + amount",
+        "        counts[customer] = counts.get(customer, 0) + 1",
+        "        largest.append((amount, order[\"id\"]))",
+    ]
+    body = []
+    for i, name in enumerate(("north", "south", "east", "west", "online", "retail", "export",
+                              "partner")):
+        body += [
+            f"    {name}_orders = [o for o in orders if o.get(\"region\") == \"{name}\"]",
+            f"    {name}_total = sum(float(o[\"amount\"]) for o in {name}_orders)",
+            f"    report_region(\"{name}\", len({name}_orders), {name}_total, rank={i + 1})",
+            f"    log.debug(\"region %s: %d orders, %.2f\", \"{name}\", len({name}_orders),"
+            f" {name}_total)",
+        ]
+    tail = [
+        "    largest.sort(reverse=True)",
+        "    top = [order_id for _, order_id in largest[:limit]]",
+        "    average = sum(totals.values()) / max(len(totals), 1)",
+        "    return {",
+        "        \"currency\": currency,",
+        "        \"totals\": totals,",
+        "        \"counts\": counts,",
+        "        \"top\": top,",
+        "        \"average\": average,",
+        "    }",
+    ]
+    lines = head + body + tail
+    while len(lines) < 60:
+        lines.insert(len(head), "    # keep the running totals in the order currency")
+    return "\n".join(lines[:60]) + "\n"
+
+
+INSTRUCTION = ("Rewrite the following Python function with one change: rename it to "
+               "`summarize_sales`. Output the complete function and nothing else.\n\n"
+               "```python\n{code}```")
+# The answer's first line, written for the model: a 135M model asked to rewrite a function
+# tends to describe it instead; started on the new first line, it copies the rest, which is
+# the copy-heavy answer this family is about. ChatML, the default model's template.
+CHATML = "<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{start}"
+ANSWER_START = "```python\ndef summarize_sales(orders, currency=\"EUR\", limit=10):\n"
+
+
+def edit_body(family: str) -> dict[str, Any]:
+    """The completions body fields of one request of an edit family (prompt, maybe
+    prediction: the original function, whose first line the answer changes)."""
+    code = function_60()
+    prompt = CHATML.format(user=INSTRUCTION.format(code=code), start=ANSWER_START)
+    body: dict[str, Any] = {"prompt": prompt}
+    if family == PREDICTION_FAMILY:
+        body["prediction"] = {"type": "content", "content": code + "```"}
+    return body

@@ -1,0 +1,18 @@
+"""``speclane bench [overhead | agent] ...``: dispatch to the benchmark asked for (each
+parses its own flags)."""
+
+from __future__ import annotations
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "agent":
+        from router.bench.agent.cli import main as agent
+
+        return agent(argv[1:])
+    if argv and argv[0] == "overhead":
+        from router.bench.overhead.cli import main as overhead
+
+        return overhead(argv[1:])
+    from router.bench.scorecard.cli import main as scorecard
+
+    return scorecard(argv)

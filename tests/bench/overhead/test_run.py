@@ -1,0 +1,117 @@
+"""``speclane bench overhead``: a short real run (upstream, speclane, load generator)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from router.bench.common import procs
+from router.bench.overhead import cli, cpu, report, run
+
+
+async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -> None:
+    result = await run.run([1, 64], seconds=0.4, warmup=0.1, nginx="off", tokens=(7, 40),
+                                rounds=2, cpus="shared")
+    rows = result["rows"]
+    assert {(r["target"], r["concurrency"], r["tokens"]) for r in rows} == {
+        (t, c, n) for t in ("direct", "speclane") for c in (1, 64) for n in (7, 40)}
+    for r in rows:
+        assert r["errors"] == 0 and r["requests"] > 0
+        assert r["cpus"] == "shared"
+        roles = {"upstream", "loadgen"} | ({"proxy"} if r["target"] == "speclane" else set())
+        if cpu.supported():
+            assert set(r["cpu_us_per_stream"]) == roles
+            assert all(v > 0 for v in r["cpu_us_per_stream"].values())
+        # role chunk + tokens + finish chunk + [DONE], every one relayed
+        per_stream = r["tokens"] + 3
+        assert r["chunks_per_s"] == pytest.approx(
+            r["requests"] * per_stream / overhead_seconds(result), rel=0.5)
+    plain = {(r["tokens"], r["plain_requests_per_s"] is not None) for r in rows}
+    assert plain == {(7, True), (40, False)}
+    targets = result["targets"]
+    assert [(t["target"].split()[0], t["tokens"]) for t in targets] == [
+        ("added", 7), ("relayed", 7), ("added", 40), ("relayed", 40)]
+    table = report.render_table(result)
+    assert "| speclane | shared | 64 | 40 |" in table
+    assert "target < 1 ms" in report.render_targets(targets)
+    assert all(a["proxy_cpu_us_per_stream"] for a in result["added"]) or not cpu.supported()
+
+
+@pytest.mark.skipif(not run.layouts_for("own-core"), reason="needs Linux and two cores")
+async def test_own_core_layout_pins_the_proxy_apart_and_gives_this_process_its_cores_back(
+        ) -> None:
+    everything = cpu.allowed_cpus()
+    proxy_cores, rest = cpu.split(everything)  # type: ignore[misc]
+    targets: dict[str, procs.Served] = {}
+    seen: dict[tuple[str, str], dict[str, set[int]]] = {}
+    arrange, measure = run._arrange, run.measure
+
+    def recording(layout: str, served: dict[str, procs.Served], cores: set[int]) -> None:
+        targets.update(served)
+        arrange(layout, served, cores)
+
+    async def watching(level: run.Level, *args: object, **kwargs: object) -> run.Level:
+        # While a cell is measured: where each process may run, every thread of it.
+        seen[(level.cpus, level.target)] = {
+            "loadgen": cpu.allowed_cpus(),
+            **{name: _cores_of(s.sid) for name, s in targets.items()}}
+        return await measure(level, *args, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(run, "_arrange", recording)
+        mp.setattr(run, "measure", watching)
+        result = await run.run([1], seconds=0.3, warmup=0.1, nginx="off", tokens=(7,),
+                                    cpus="both")
+    # Each target of a layout is measured with the same placement, direct included.
+    shared = {"loadgen": everything, "direct": everything, "speclane": everything}
+    pinned = {"loadgen": rest, "direct": rest, "speclane": proxy_cores}
+    assert seen == {("shared", "direct"): shared, ("shared", "speclane"): shared,
+                    ("own-core", "direct"): pinned, ("own-core", "speclane"): pinned}
+    assert cpu.allowed_cpus() == everything  # the test process has its cores back
+    assert [(r["target"], r["cpus"]) for r in result["rows"]] == [
+        ("direct", "shared"), ("speclane", "shared"),
+        ("direct", "own-core"), ("speclane", "own-core")]
+    assert [(t["cpus"], t["tokens"]) for t in result["targets"]] == [
+        ("shared", 7), ("own-core", 7)]
+    assert result["layouts"] == ["shared", "own-core"]
+
+
+def _cores_of(sid: int) -> set[int]:
+    """The cores a session's threads may use; they must agree."""
+    found = {frozenset(os.sched_getaffinity(int(task)))
+             for pid in cpu.session_pids(sid) for task in os.listdir(f"/proc/{pid}/task")}
+    assert len(found) == 1, found
+    return set(next(iter(found)))
+
+
+def overhead_seconds(result: dict[str, object]) -> float:
+    """Measured seconds per row: the rounds are pooled."""
+    return float(result["seconds_per_level"]) * int(result["rounds"])  # type: ignore[arg-type]
+
+
+def test_targets_are_judged_from_the_added_rows() -> None:
+    result = {"added": [
+        {"target": "speclane", "concurrency": 1, "tokens": 7, "added_ttft_p50_ms": 0.9,
+         "chunks_vs_direct": 0.5},
+        {"target": "speclane", "concurrency": 64, "tokens": 7, "added_ttft_p50_ms": 9.0,
+         "chunks_vs_direct": 0.79},
+        {"target": "speclane", "concurrency": 64, "tokens": 256, "added_ttft_p50_ms": 9.0,
+         "chunks_vs_direct": 0.81},
+        {"target": "nginx", "concurrency": 64, "tokens": 7, "added_ttft_p50_ms": 1.0,
+         "chunks_vs_direct": 0.9},
+    ]}
+    assert [t["met"] for t in report.judge_targets(result)] == [True, False, True]
+
+
+def test_main_prints_the_table_and_saves_json(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "o.json"
+    assert cli.main(["--concurrency", "1", "--tokens", "7", "--seconds", "0.3",
+                          "--rounds", "1", "--warmup", "0.1", "--nginx", "off",
+                          "--cpus", "shared", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| direct | shared | 1 | 7 |" in printed
+    assert "added TTFT p50 at concurrency 1, 7-token streams" in printed
+    assert out.exists()

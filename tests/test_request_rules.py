@@ -1,0 +1,71 @@
+"""router.request_rules: one wording per fault of an OpenAI request field, the same from
+the router (router.proxy.request) and from the lane worker (router.worker.protocol)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from router.errors import RouterError
+from router.proxy.request import parse_request as router_parse
+from router.request_rules import integer, number, typed
+from router.worker.protocol import parse_request as worker_parse
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def fault(parse: Any) -> tuple[str, str | None]:
+    with pytest.raises(RouterError) as info:
+        parse()
+    assert info.value.status == 400
+    return info.value.message, info.value.param
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("n", "2", "'n' must be of type integer"),
+    ("n", True, "'n' must be of type integer"),
+    ("n", 1.5, "'n' must be of type integer"),
+    ("stream", "yes", "'stream' must be of type boolean"),
+    ("stream_options", [], "'stream_options' must be of type object"),
+    ("temperature", "hot", "'temperature' must be of type number"),
+    ("temperature", True, "'temperature' must be of type number"),
+    ("temperature", 3, "'temperature' must be between 0 and 2"),
+    ("temperature", -0.5, "'temperature' must be between 0 and 2"),
+    ("max_tokens", "9", "'max_tokens' must be of type integer"),
+    ("max_completion_tokens", False, "'max_completion_tokens' must be of type integer"),
+])
+def test_router_and_worker_word_a_fault_alike(field: str, value: Any, message: str) -> None:
+    body = {**CHAT, field: value}
+    assert fault(lambda: router_parse("chat", orjson.dumps(body))) == (message, field)
+    assert fault(lambda: worker_parse(body, "chat")) == (message, field)
+
+
+def test_ranges() -> None:
+    data = {"a": 0, "b": 2.5, "c": 10**6 + 1}
+    assert integer(data, "a", None, 0, None) == 0
+    assert integer(data, "missing", 7, 0, 9) == 7
+    assert number(data, "b", None, 0, 2.5) == 2.5
+    assert fault(lambda: integer(data, "a", None, 1, None)) == ("'a' must be at least 1", "a")
+    assert fault(lambda: integer(data, "c", None, 1, 10**6)) == (
+        "'c' must be between 1 and 1000000", "c")
+    assert fault(lambda: number(data, "b", None, 0.0, 2.0)) == ("'b' must be between 0 and 2", "b")
+
+
+def test_null_is_absent() -> None:
+    assert typed({"k": None}, "k", str, "default") == "default"
+
+
+def test_the_other_front_doors_word_a_type_fault_alike() -> None:
+    from router.frontdoors.anthropic_in import to_openai
+    from router.frontdoors.ollama_in import chat_to_openai
+
+    anthropic = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    assert fault(lambda: to_openai({**anthropic, "top_k": 1.5})) == (
+        "'top_k' must be of type integer", "top_k")
+    assert fault(lambda: to_openai({**anthropic, "temperature": "hot"})) == (
+        "'temperature' must be of type number", "temperature")
+    ollama = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert fault(lambda: chat_to_openai({**ollama, "options": {"num_ctx": 1.5}})) == (
+        "'options.num_ctx' must be of type integer", "options.num_ctx")

@@ -1,0 +1,57 @@
+"""The lane's prompt cache with real mlx-lm KV caches: entries are seen only by requests of
+the partition that stored them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from router.worker.promptcache import DEFAULT_PARTITION, PromptCache, entry_key
+
+PROMPT = [11, 12, 13, 14, 15, 16]
+
+
+def kv(tokens: int) -> list[Any]:
+    """A one-layer KV cache holding ``tokens`` positions."""
+    from mlx_lm.models.cache import KVCache
+
+    cache = KVCache()
+    state = mx.zeros((1, 1, tokens, 4))
+    cache.update_and_fetch(state, state)
+    return [cache]
+
+
+def test_an_entry_is_found_only_in_its_own_partition() -> None:
+    cache = PromptCache(1 << 20)
+    cache.store(PROMPT, kv(len(PROMPT)), "alice")
+    longer = [*PROMPT, 17, 18]
+    other = cache.fetch(longer, "bob")
+    assert (other.cache, other.cached_tokens, other.rest) == (None, 0, longer)
+    assert cache.fetch(longer).cached_tokens == 0  # nor by requests without a partition
+    own = cache.fetch(longer, "alice")
+    assert own.cached_tokens == len(PROMPT) and own.rest == [17, 18]
+    assert own.cache is not None
+
+
+def test_an_exact_match_in_another_partition_is_no_hit() -> None:
+    cache = PromptCache(1 << 20)
+    cache.store(PROMPT, kv(len(PROMPT)), "alice")
+    assert cache.fetch(PROMPT, "bob").cached_tokens == 0
+    assert cache.fetch(PROMPT, "alice").cached_tokens == len(PROMPT) - 1  # stepped back one
+
+
+def test_each_partition_keeps_its_own_entry_for_the_same_tokens() -> None:
+    cache = PromptCache(1 << 20)
+    cache.store(PROMPT, kv(len(PROMPT)), "alice")
+    cache.store(PROMPT, kv(len(PROMPT)), "bob")
+    assert cache.stats()["entries"] == 2
+    assert cache.fetch([*PROMPT, 1], "bob").cached_tokens == len(PROMPT)
+    assert cache.fetch([*PROMPT, 1], DEFAULT_PARTITION).cached_tokens == 0
+    stats = cache.stats()
+    assert (stats["lookups"], stats["hits"]) == (2, 1)
+
+
+def test_entry_keys_keep_models_and_partitions_apart() -> None:
+    keys = {entry_key(ns, p) for ns in ("target", "draft") for p in ("", "a", "b")}
+    assert len(keys) == 6
