@@ -377,7 +377,8 @@ def test_output_tokens_wherever_the_backend_puts_them() -> None:
 @pytest.mark.parametrize(
     ("source", "expected"),
     [("prompt_lookup", "prompt_lookup"), ("prediction", "prediction"),
-     ("draft_model", "draft_model"), (None, None), ("<script>", None), (7, None)],
+     ("draft_model", "draft_model"), ("suffix", "suffix"), ("forced", "forced"),
+     (None, None), ("<script>", None), (7, None)],
 )
 def test_speclane_draft_source_is_read_from_a_closed_vocabulary(
     source: object, expected: str | None
