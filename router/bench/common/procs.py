@@ -241,6 +241,7 @@ class LaneOptions:
     draft_model: str | None = None
     num_draft_tokens: int | None = None
     max_batch_size: int = 8
+    layout: str | None = None  # [lanes] layout; None: the router's default
 
 
 def write_policies(directory: Path, policies: dict[str, str] = POLICIES) -> Path:
@@ -258,6 +259,8 @@ def lanes_config(lanes: LaneOptions) -> str:
               (("model", lanes.model), ("draft_model", lanes.draft_model)) if value]
     if lanes.num_draft_tokens is not None:
         lines.append(f"num_draft_tokens = {lanes.num_draft_tokens}")
+    if lanes.layout:
+        lines.append(f"layout = {q(lanes.layout)}")
     return "\n".join(lines) + "\n"
 
 
