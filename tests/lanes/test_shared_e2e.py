@@ -81,7 +81,7 @@ def test_alternating_turns_keep_their_cache_and_affinity_is_off(router: Router) 
         hits.append((details.cached_tokens or 0) if details else 0)
         messages += [{"role": "assistant", "content": done.choices[0].message.content or ""},
                      {"role": "user", "content": f"And another one ({turn})?"}]
-    assert hits[0] == 0 and hits[1] > 100 and hits[2] > hits[1]
+    assert hits[0] < 10 and hits[1] > 100 and hits[2] > hits[1]
     # Unforced, the decision routes by load and speculation value and says why.
     raw = client.chat.completions.with_raw_response.create(
         model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=4, temperature=0)
