@@ -127,15 +127,17 @@ class BatchingEngine(Engine):
         """Sequences in the batch, or jobs waiting for a place in it."""
         return bool(self._live) or len(self._queue) > 0
 
-    def step(self, models: Models) -> None:
+    def step(self, models: Models, others_waiting: bool = False) -> None:
         """One decoding step of the running sequences plus at most one prefill chunk of
-        each prompt being prefilled (``BatchGenerator.next``); nothing when none runs."""
+        each prompt being prefilled (``BatchGenerator.next``); nothing when none runs.
+        ``others_waiting``: another lane waits for this step to end (the shared worker), so
+        a chunk keeps to ``chunk_seconds`` even while no sequence of the batch decodes."""
         generator, live = self._generator, self._live
         self._drop_cancelled(generator, live)
         self.active = len(live)
         if not live:
             return
-        generator.prefill_step_size = self._chunk(live)
+        generator.prefill_step_size = self._chunk(live, others_waiting)
         try:
             with generator.stats() as step:
                 prompt_responses, responses = generator.next()
@@ -156,14 +158,16 @@ class BatchingEngine(Engine):
             self._on_token(generator, live, response)
         self.active = len(live)
 
-    def _chunk(self, live: dict[int, _Sequence]) -> int:
+    def _chunk(self, live: dict[int, _Sequence], others_waiting: bool = False) -> int:
         """Prompt tokens per sequence for the next call: about ``chunk_seconds`` of work
-        while some sequence decodes; ``IDLE_FACTOR`` times that while none does (bigger
-        chunks prefill faster, and only a request that has just arrived waits for one)."""
+        while some sequence decodes (or ``others_waiting``); ``IDLE_FACTOR`` times that while
+        none does (bigger chunks prefill faster, and only a request that has just arrived
+        waits for one)."""
         prefilling = sum(not seq.decoding for seq in live.values())
         if self.prefill_rate is None:
             return min(FIRST_CHUNK, self.prefill_step_size)
-        budget = self.chunk_seconds * (IDLE_FACTOR if prefilling == len(live) else 1)
+        idle = prefilling == len(live) and not others_waiting
+        budget = self.chunk_seconds * (IDLE_FACTOR if idle else 1)
         tokens = int(self.prefill_rate * budget / max(1, prefilling))
         return max(MIN_CHUNK, min(tokens, self.prefill_step_size))
 

@@ -7,7 +7,8 @@ lane's ``BatchingEngine``, taking turns:
   step, or one ``PREFILL_STEP`` chunk of a long prompt (``SpecRun.advance``);
 - the batching lane's turn: one ``BatchGenerator.next()``, i.e. one decoding step of the
   running sequences plus at most one prefill chunk per prompt being prefilled, a chunk being
-  sized to ``prefill_chunk_seconds`` (``BatchingEngine.step``).
+  sized to ``prefill_chunk_seconds`` (``BatchingEngine.step``; never the larger chunk of a
+  batch that only prefills while a speculative request waits).
 
 Fairness rule: a speculative request waits at most one batch step (one decoding step and one
 prefill chunk) between two of its rounds, and the batch waits at most one speculative round
@@ -105,7 +106,7 @@ class SharedEngine:
                 self.turns["speculative"] += 1
             batch.admit(models)
             if batch.busy:
-                batch.step(models)
+                batch.step(models, others_waiting=spec.busy)
                 self.turns["batching"] += 1
             if spec.busy or batch.busy:
                 continue

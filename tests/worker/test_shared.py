@@ -48,7 +48,7 @@ class ScriptedLane:
     def admit(self, models: Models) -> None:
         pass
 
-    def step(self, models: Models) -> None:
+    def step(self, models: Models, others_waiting: bool = False) -> None:
         self._turn()
 
 
