@@ -128,10 +128,10 @@ class LanesSettings(Frozen):
     layout: Literal["auto", "shared", "separate"] = "auto"
     # Refuse to start when the lanes' estimated memory exceeds this (None: the available
     # memory less router.lanes.layout.RESERVE_BYTES).
-    memory_limit_bytes: int | None = Field(None, ge=0)
+    memory_limit_bytes: int | None = Field(default=None, ge=0)
     # The machine's memory as auto and the guard see it (None: read from the system; total and
     # available both take this value when set).
-    machine_memory_bytes: int | None = Field(None, ge=0)
+    machine_memory_bytes: int | None = Field(default=None, ge=0)
     speculative: LaneSpec = LaneSpec()
     batching: LaneSpec = LaneSpec()
 

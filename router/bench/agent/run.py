@@ -162,30 +162,23 @@ async def measure(targets: Sequence[Target], args: argparse.Namespace) -> dict[s
 
 
 @contextlib.asynccontextmanager
-async def mlx_lm_server(model_dir: Path, log_path: Path,
-                        extra: Sequence[str] = ()) -> AsyncIterator[str]:
-    """``python -m mlx_lm.server --model DIR [extra]`` on a free port; yields its ``/v1`` URL
-    (its pid in ``SERVER_PIDS[url]``, for a memory reading)."""
+async def mlx_lm_server(model_dir: Path, log_path: Path) -> AsyncIterator[str]:
+    """``python -m mlx_lm.server --model DIR`` on a free port; yields its ``/v1`` URL."""
     from router.lanes.blas import preload_env
 
     port = procs.free_port()
     env = {**os.environ, **preload_env()}  # the same BLAS as the lanes
     with log_path.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), *extra,
+            sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir),
             "--host", "127.0.0.1", "--port", str(port),
             stdout=log, stderr=log, env=env, start_new_session=True)
         try:
             await procs.wait_http(f"http://127.0.0.1:{port}/v1/models", proc,
                                   MLX_START_DEADLINE)
-            url = f"http://127.0.0.1:{port}/v1"
-            SERVER_PIDS[url] = proc.pid
-            yield url
+            yield f"http://127.0.0.1:{port}/v1"
         finally:
             await procs.stop(proc, 15.0, group=True)
-
-
-SERVER_PIDS: dict[str, int] = {}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
