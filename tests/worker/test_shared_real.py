@@ -3,6 +3,7 @@ process, on one copy of the model and one prompt cache (short generations, run s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import urllib.request
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
@@ -148,3 +150,60 @@ def test_the_speculative_lane_keeps_its_turns_while_the_batch_decodes(
     after = get(f"{shared_worker.url}/health")["turns"]
     assert after["speculative"] > before["speculative"]
     assert after["batching"] > before["batching"]
+
+
+# A generation that cannot end early: both end-of-text tokens are banned (SmolLM2: 0 and 2).
+ENDLESS = {"prompt": "Once upon a time", "max_tokens": 4096, "logit_bias": {"0": -100, "2": -100},
+           "stream": True}
+
+
+@pytest.mark.parametrize("lane", LANES)
+async def test_a_client_disconnect_stops_its_lane_only(
+    shared_worker: WorkerProcess, lane: str
+) -> None:
+    lane_url = f"{shared_worker.url}{lane_prefix(lane)}"
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(f"{lane_url}/v1/completions", json=ENDLESS)
+        assert (await response.content.readline()).startswith(b"data: ")
+        assert get(f"{lane_url}/health")["active"] == 1
+        response.close()
+        for _ in range(600):  # the generation thread sees the cancel within one turn
+            if get(f"{lane_url}/health")["active"] == 0:
+                break
+            await asyncio.sleep(0.05)
+    assert get(f"{lane_url}/health")["active"] == 0
+    again = lane_client(shared_worker, lane).completions.create(
+        model=DEFAULT_MODEL_NAME, prompt="Hi", max_tokens=2)
+    assert again.usage is not None and again.usage.completion_tokens >= 1
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_stop_strings_and_a_json_schema_hold_on_both_lanes(
+    shared_worker: WorkerProcess, lane: str
+) -> None:
+    client = lane_client(shared_worker, lane)
+    counting = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
+    stopped = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=counting,
+                                             max_tokens=40, temperature=0, stop=["5"])
+    text = stopped.choices[0].message.content or ""
+    assert "5" not in text and "4" in text and stopped.choices[0].finish_reason == "stop"
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+              "required": ["city"], "additionalProperties": False}
+    shaped = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME, max_tokens=30, temperature=0,
+        messages=[{"role": "user", "content": "Which city is the capital of France?"}],
+        response_format={"type": "json_schema",  # type: ignore[typeddict-item]
+                         "json_schema": {"name": "answer", "schema": schema}})
+    assert set(json.loads(shaped.choices[0].message.content or "")) == {"city"}
+
+
+def test_the_speculative_lane_drafts_by_prompt_lookup_on_request(
+    shared_worker: WorkerProcess,
+) -> None:
+    code = "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(5))
+    reply = lane_client(shared_worker, "speculative").chat.completions.create(
+        model=DEFAULT_MODEL_NAME, max_tokens=12, temperature=0,
+        messages=[{"role": "user", "content": f"Repeat this code exactly:\n{code}"}],
+        extra_body={"draft_source": "prompt_lookup"})
+    spec = reply.usage.model_extra["speclane_spec"]  # type: ignore[union-attr]
+    assert spec["source"] == "prompt_lookup" and spec["drafted"] > 0
