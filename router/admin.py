@@ -11,18 +11,20 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from router.appkeys import POLICIES, POOL, SPEC, SUPERVISORS
+from router.appkeys import LAYOUT, POLICIES, POOL, SPEC, SUPERVISORS
 from router.backends.status import backend_status
 from router.errors import RouterError
+from router.lanes.view import layout, supervised_states, workers
 from router.proxy.admin_auth import require_admin
 from router.proxy.middleware import expect_handler
 
 
 async def lanes(request: web.Request) -> web.Response:
     require_admin(request)
-    supervised = {s.lane: s.status.state.value for s in request.app[SUPERVISORS]}
-    data = [backend_status(b, supervised) for b in request.app[POOL]]
-    return web.json_response({"backends": data})
+    supervisors = request.app.get(SUPERVISORS, [])
+    data = [backend_status(b, supervised_states(supervisors)) for b in request.app[POOL]]
+    return web.json_response({"backends": data, "layout": layout(request.app.get(LAYOUT)),
+                              "workers": workers(supervisors)})
 
 
 async def spec(request: web.Request) -> web.Response:

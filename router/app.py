@@ -12,6 +12,7 @@ from aiohttp import web
 
 from router.admin import setup_admin_routes
 from router.appkeys import (
+    LAYOUT,
     LIMITER,
     LOCAL_TOKEN,
     METRICS,
@@ -90,8 +91,9 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
 
 async def lanes_context(app: web.Application) -> AsyncIterator[None]:
     """speclane's own two MLX lanes (``router.lanes.group``), started before serving."""
-    app[SUPERVISORS] = []
-    app[SUPERVISORS] = await start_lanes(app[SETTINGS], app[POOL], app[METRICS])
+    app[SUPERVISORS], app[LAYOUT] = [], None
+    started = await start_lanes(app[SETTINGS], app[POOL], app[METRICS])
+    app[SUPERVISORS], app[LAYOUT] = started.supervisors, started.layout
     yield
     await stop_lanes(app[SUPERVISORS], app[SETTINGS])
 

@@ -15,6 +15,7 @@ from aiohttp import web
 if TYPE_CHECKING:
     from router.backends.pool import BackendPool
     from router.config.settings import Settings
+    from router.lanes.layout import LayoutChoice
     from router.lanes.supervisor import LaneSupervisor
     from router.metrics import Metrics
     from router.proxy.admission import ConcurrencyLimiter
@@ -33,6 +34,7 @@ POLICIES: web.AppKey[PolicyWatcher] = web.AppKey("policies")
 LIMITER: web.AppKey[ConcurrencyLimiter] = web.AppKey("limiter")
 ROUTING: web.AppKey[RoutingState] = web.AppKey("routing")
 SUPERVISORS: web.AppKey[list[LaneSupervisor]] = web.AppKey("supervisors")
+LAYOUT: web.AppKey[LayoutChoice | None] = web.AppKey("layout")  # None: no lanes
 SPEC: web.AppKey[SpecTelemetry] = web.AppKey("spec")
 # The local admin token of this run (router.proxy.localtoken): the admin key's authority.
 LOCAL_TOKEN: web.AppKey[str] = web.AppKey("local_token")

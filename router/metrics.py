@@ -153,6 +153,14 @@ class Metrics:
         self.worker_restarts = Counter(
             "speclane_worker_restarts_total", "Worker processes restarted after dying.",
             ["lane", "reason"], registry=r)
+        self.worker_memory = Gauge(
+            "speclane_worker_memory_bytes",
+            "A lane worker process's memory: resident (kind=rss) and proportional (kind=pss, "
+            "shared pages split between processes) set size; lanes: the lanes it serves.",
+            ["lanes", "kind"], registry=r)
+        self.lanes_layout = Gauge(
+            "speclane_lanes_layout", "1 for the lanes' layout in use (shared or separate).",
+            ["layout"], registry=r)
         self.worker_given_up = Gauge(
             "speclane_worker_given_up",
             "1 when the supervisor stopped restarting a lane's worker that kept dying.",

@@ -27,7 +27,7 @@ FLOORS: dict[str, int] = {
     "router.admin": 6, "router.bench": 6, "router.bench.common": 6, "router.frontdoors": 6,
     # Each benchmark reads the shared pieces below it, never another benchmark.
     "router.bench.scorecard": 7, "router.bench.overhead": 7, "router.bench.agent": 7,
-    "router.bench.sources": 7,
+    "router.bench.sources": 7, "router.bench.lanes": 7,
     "router.observability": 7,
     "router.app": 8,
     "router.server": 9,

@@ -39,6 +39,9 @@ class Backend:
     # For one request: an async "is it still working?" asked when its silence deadline
     # passes (lanes: the worker's progress counter), so a long prefill is not a 504.
     still_working: Callable[[Backend], Callable[[], Awaitable[bool]]] | None = None
+    # Lanes served by one worker process share its prompt cache: the same non-None value
+    # (the shared layout), so routing does not hold a conversation to one of them.
+    cache_domain: str | None = None
     # live state, written by the health monitor / supervisor and the relay
     ready: bool = False
     discovered_models: frozenset[str] = frozenset()
@@ -154,4 +157,5 @@ class Backend:
             speculative=self.speculative_active,
             source_setting=self.source_setting,
             has_draft=self.has_draft,
+            cache_domain=self.cache_domain,
         )

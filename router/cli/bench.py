@@ -1,4 +1,4 @@
-"""``speclane bench [overhead | agent] ...``: dispatch to the benchmark asked for (each
+"""``speclane bench [overhead | agent | lanes] ...``: dispatch to the benchmark asked for (each
 parses its own flags)."""
 
 from __future__ import annotations
@@ -9,6 +9,10 @@ def main(argv: list[str]) -> int:
         from router.bench.agent.cli import main as agent
 
         return agent(argv[1:])
+    if argv and argv[0] == "lanes":
+        from router.bench.lanes.cli import main as lanes
+
+        return lanes(argv[1:])
     if argv and argv[0] == "overhead":
         from router.bench.overhead.cli import main as overhead
 

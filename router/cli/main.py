@@ -14,7 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("router.cli.models:main", "models prepare: fetch, convert the default model"),
     "policy": ("router.cli.policy:main",
                "policy check [DIR]: validate, print the table; policy reload: reload now"),
-    "bench": ("router.cli.bench:main", "the readiness scorecard; bench overhead; bench agent"),
+    "bench": ("router.cli.bench:main", "the readiness scorecard; bench overhead | agent | lanes"),
     "status": ("router.cli.status:main", "print lanes, backends and speculation state"),
 }
 

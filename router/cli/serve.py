@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from router.config.settings import ConfigError, Settings, load_settings
+from router.lanes.layout import LAYOUTS
 from router.observability.logfmt import LOG_FORMATS, setup_logging
 from router.server import GC_THRESHOLDS, StartupError, event_loop_factory, run
 
@@ -25,6 +26,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "domain and its subdomains, '*' for any; default: allowed_hosts of the "
                    "configuration)")
     p.add_argument("--no-lanes", action="store_true", help="do not start the two MLX lanes")
+    p.add_argument("--layout", choices=LAYOUTS,
+                   help="the lanes' worker processes: shared (one process, one copy of the "
+                   "model, for both lanes), separate (one each) or auto (default: [lanes] "
+                   "layout of the configuration, auto)")
     p.add_argument("--policies", type=Path,
                    help="policy directory (default: policies_dir of --config, relative to "
                    "it; else ./policies, else policies/ next to --config, else the shipped "
@@ -48,8 +53,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         overrides["allowed_hosts"] = tuple(args.allowed_hosts)
     if args.policies:
         overrides["policies_dir"] = args.policies
+    lanes: dict[str, object] = {}
     if args.no_lanes:
-        overrides["lanes"] = {"enabled": False}
+        lanes["enabled"] = False
+    if args.layout:
+        lanes["layout"] = args.layout
+    if lanes:
+        overrides["lanes"] = lanes
     if args.log_level:
         overrides["log_level"] = args.log_level
     return load_settings(args.config, **overrides)

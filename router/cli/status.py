@@ -50,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(data, indent=2))
     else:
         print_table(data.get("backends") or [], sys.stdout)
+        print_layout(data.get("layout"), data.get("workers") or [], sys.stdout)
     return 0
 
 
@@ -137,6 +138,26 @@ def print_table(backends: Sequence[dict[str, Any]], out: TextIO) -> None:
         print("\nlast errors:", file=out)
         for name, error in errors:
             print(f"  {name}: {error}", file=out)
+
+
+def print_layout(layout: Any, workers: Sequence[dict[str, Any]], out: TextIO) -> None:
+    """The lanes' layout, the estimate behind it, and each worker process's memory."""
+    if isinstance(layout, dict):
+        print(f"\nlanes layout: {layout.get('layout')} (requested {layout.get('requested')}: "
+              f"{layout.get('reason')}); estimate {_gib(layout.get('estimate_bytes'))} of "
+              f"{_gib(layout.get('limit_bytes'))} allowed (separate "
+              f"{_gib(layout.get('separate_bytes'))}, shared {_gib(layout.get('shared_bytes'))}; "
+              f"memory {_gib(layout.get('total_bytes'))})", file=out)
+    for w in workers:
+        lanes = "+".join(str(lane) for lane in w.get("lanes") or [])
+        print(f"  worker {lanes}: {_text(w.get('state'))}, pid {_text(w.get('pid'))}, "
+              f"rss {_gib(w.get('rss_bytes'))}, pss {_gib(w.get('pss_bytes'))}", file=out)
+
+
+def _gib(value: Any) -> str:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return "-"
+    return f"{value / (1 << 30):.2f} GiB"
 
 
 def _model(b: dict[str, Any]) -> str:

@@ -128,6 +128,16 @@ class LanesSettings(Frozen):
     prefill_step_size: int = Field(default=DEFAULT_PREFILL_STEP_SIZE, ge=1, le=65536)
     prefill_chunk_seconds: float = Field(default=DEFAULT_CHUNK_SECONDS, gt=0, le=60)
     env: dict[str, str] = Field(default_factory=dict)
+    # separate: one worker process per lane (two copies of the model); shared: one process
+    # serves both lanes on one copy, with one prompt cache; auto: separate while the estimate
+    # of two copies takes under a quarter of the machine's memory (router.lanes.layout).
+    layout: Literal["auto", "shared", "separate"] = "auto"
+    # Refuse to start when the lanes' estimated memory exceeds this (None: the available
+    # memory less router.lanes.layout.RESERVE_BYTES).
+    memory_limit_bytes: int | None = Field(default=None, ge=0)
+    # The machine's memory as auto and the guard see it (None: read from the system; total and
+    # available both take this value when set).
+    machine_memory_bytes: int | None = Field(default=None, ge=0)
     speculative: LaneSpec = LaneSpec()
     batching: LaneSpec = LaneSpec()
 

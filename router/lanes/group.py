@@ -1,15 +1,18 @@
 """speclane's own two MLX lanes as backends of the pool.
 
 The supervisor owns the worker processes; this module resolves which model they serve,
-registers one ``Backend`` per enabled lane, and mirrors every supervisor status change
-(ready, port, the worker's reported load, speculation active) into that backend, so the
-decision step sees lanes exactly like any other backend.
+chooses their layout (``router.lanes.layout``: one process per lane, or one shared by both)
+and refuses to start when they would not fit in memory, registers one ``Backend`` per enabled
+lane, and mirrors every supervisor status change (ready, port, the worker's reported load,
+speculation active) into that backend, so the decision step sees lanes exactly like any other
+backend, in either layout. In the shared layout both backends follow the one process, each
+under its own path prefix (``contract.lane_prefix``) and share one ``cache_domain``.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,17 +22,22 @@ from router.backends.pool import BackendPool
 from router.config.names import LANE_NAMES, LaneName
 from router.config.settings import LanesSettings, Settings
 from router.lanes.gating.decide import GateDecision, check_pair, decide
+from router.lanes.layout import LayoutChoice, Sizes, choose, refusal
+from router.lanes.memory import machine_memory, weights_bytes
 from router.lanes.modelprep import DEFAULT_MODEL_NAME, PrepareError, ensure_default_models
 from router.lanes.progress import for_lane
+from router.lanes.status import lane_health
 from router.lanes.supervisor import (
     LaneStatus,
     LaneSupervisor,
+    WorkerCommand,
     WorkerStartError,
     build_worker_command,
     start_all,
     stop_all,
 )
 from router.metrics import Metrics
+from router.worker.contract import SHARED_MODE, lane_prefix
 
 log = logging.getLogger("speclane.lanes")
 
@@ -60,7 +68,8 @@ def enabled_lanes(lanes: LanesSettings) -> list[LaneName]:
     return [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]
 
 
-def lane_backend(lane: LaneName, settings: Settings, model_name: str) -> Backend:
+def lane_backend(lane: LaneName, settings: Settings, model_name: str,
+                 cache_domain: str | None = None) -> Backend:
     return Backend(
         name=lane,
         kind=SPECLANE_KIND,
@@ -73,12 +82,21 @@ def lane_backend(lane: LaneName, settings: Settings, model_name: str) -> Backend
         speculative_requested=lane == "speculative",
         source_setting=settings.lanes.draft_source if lane == "speculative" else None,
         still_working=lambda b: for_lane(b.base_url, b.reported),
+        cache_domain=cache_domain,
     )
 
 
-def apply_status(backend: Backend, status: LaneStatus, metrics: Metrics | None = None) -> None:
-    backend.lane_status(status.ready, status.base_url, status.health, status.last_error)
-    if status.health is not None:
+def apply_status(backend: Backend, status: LaneStatus, metrics: Metrics | None = None,
+                 shared: bool = False) -> None:
+    """Mirror the supervisor's view into the lane's backend; ``shared``: the process serves
+    both lanes, each under its prefix, and reports each in its own /health block."""
+    base_url, health = status.base_url, status.health
+    if shared and backend.lane is not None:
+        health = lane_health(health, backend.lane)
+        if base_url is not None:
+            base_url = base_url.removesuffix("/v1") + lane_prefix(backend.lane) + "/v1"
+    backend.lane_status(status.ready, base_url, health, status.last_error)
+    if health is not None:
         if metrics is not None and backend.speculative_requested:
             metrics.spec_active.labels(backend.name).set(1 if backend.speculative_active else 0)
 
@@ -104,20 +122,43 @@ async def gate_speculation(settings: Settings, models: LaneModels) -> GateDecisi
     return gate
 
 
-async def start_lanes(settings: Settings, pool: BackendPool,
-                      metrics: Metrics) -> list[LaneSupervisor]:
-    """Resolve the model, gate the draft, register one backend per enabled lane in ``pool``
-    and start the workers; raises LaneStartupError (serve refuses to start and says why)."""
+@dataclass(frozen=True)
+class StartedLanes:
+    supervisors: list[LaneSupervisor]
+    layout: LayoutChoice | None  # None: no lanes
+
+
+def plan_layout(lanes: LanesSettings, models: LaneModels) -> LayoutChoice:
+    """The layout and the numbers behind it; raises LaneStartupError when the lanes would
+    not fit (the guard: nothing has been started yet)."""
+    sizes = Sizes(weights_bytes(models.model), weights_bytes(models.draft),
+                  lanes.prompt_cache_bytes)
+    choice = choose(lanes.layout, sizes, machine_memory(lanes.machine_memory_bytes),
+                    frozenset(enabled_lanes(lanes)), lanes.memory_limit_bytes)
+    log.info("%s", choice.summary())
+    refused = refusal(choice, lanes.memory_limit_bytes is not None)
+    if refused is not None:
+        raise LaneStartupError(refused)
+    return choice
+
+
+async def start_lanes(settings: Settings, pool: BackendPool, metrics: Metrics) -> StartedLanes:
+    """Resolve the model, choose the layout (or refuse: too big), gate the draft, register
+    one backend per enabled lane in ``pool`` and start the workers; raises LaneStartupError
+    (serve refuses to start and says why)."""
     if not settings.lanes.enabled or not enabled_lanes(settings.lanes):
-        return []
+        return StartedLanes([], None)
     try:
         models = resolve_models(settings.lanes)  # may convert with MLX: main thread (above)
     except PrepareError as e:
         raise LaneStartupError(f"the default model could not be prepared: {e}") from e
-    supervisors = []
+    choice = plan_layout(settings.lanes, models)
+    shared = choice.layout == "shared"
+    metrics.lanes_layout.labels(choice.layout).set(1)
+    backends: list[Backend] = []
+    draft = None
     for lane in enabled_lanes(settings.lanes):
-        backend = lane_backend(lane, settings, models.name)
-        draft = None
+        backend = lane_backend(lane, settings, models.name, SHARED_MODE if shared else None)
         if lane == "speculative":
             gate = await gate_speculation(settings, models)
             backend.gated(models.draft, gate.mode, gate.reason)
@@ -125,18 +166,33 @@ async def start_lanes(settings: Settings, pool: BackendPool,
             metrics.spec_requested.labels(lane).set(1)
             metrics.spec_active.labels(lane).set(0)
         pool.add(backend)
-        command = build_worker_command(lane, settings.lanes, Path(models.model), draft,
-                                       models.name, max_body_bytes=settings.max_body_bytes)
-        supervisors.append(LaneSupervisor.from_settings(
-            command, settings.lanes, metrics=metrics,
-            on_change=functools.partial(apply_status, backend, metrics=metrics)))
-    log.info("starting lanes %s on %s (draft: %s)", enabled_lanes(settings.lanes), models.model,
-             models.draft)
+        backends.append(backend)
+    model_dir = Path(models.model)
+
+    def follow(lane_backends: list[Backend]) -> Callable[[LaneStatus], None]:
+        def on_change(status: LaneStatus) -> None:
+            for backend in lane_backends:
+                apply_status(backend, status, metrics, shared=shared)
+        return on_change
+
+    def command(lane: str, lane_draft: Path | None) -> WorkerCommand:
+        return build_worker_command(lane, settings.lanes, model_dir, lane_draft, models.name,
+                                    max_body_bytes=settings.max_body_bytes)
+
+    if shared:
+        supervisors = [LaneSupervisor.from_settings(command(SHARED_MODE, draft), settings.lanes,
+                                                    metrics=metrics, on_change=follow(backends))]
+    else:
+        supervisors = [LaneSupervisor.from_settings(
+            command(b.lane or "", draft if b.lane == "speculative" else None), settings.lanes,
+            metrics=metrics, on_change=follow([b])) for b in backends]
+    log.info("starting lanes %s (%s) on %s (draft: %s)", enabled_lanes(settings.lanes),
+             choice.layout, models.model, models.draft)
     try:
         await start_all(supervisors)
     except WorkerStartError as e:
         raise LaneStartupError(str(e)) from e
-    return supervisors
+    return StartedLanes(supervisors, choice)
 
 
 async def stop_lanes(supervisors: list[LaneSupervisor], settings: Settings) -> None:

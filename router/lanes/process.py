@@ -22,7 +22,12 @@ from signal import Signals
 from router.config.names import LANE_NAMES
 from router.config.settings import LanesSettings
 from router.lanes.blas import preload_env
-from router.worker.contract import DEFAULT_MAX_BODY_BYTES, parse_ready_line, worker_argv
+from router.worker.contract import (
+    DEFAULT_MAX_BODY_BYTES,
+    SHARED_MODE,
+    parse_ready_line,
+    worker_argv,
+)
 
 log = logging.getLogger("router.lanes.supervisor")
 
@@ -33,9 +38,14 @@ _PIPE_DRAIN_TIMEOUT = 1.0  # to collect the last stderr lines of an exited worke
 
 @dataclass(frozen=True)
 class WorkerCommand:
-    lane: str
+    lane: str  # a lane, or SHARED_MODE for the process serving both
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def lanes(self) -> tuple[str, ...]:
+        """The lanes this process serves."""
+        return LANE_NAMES if self.lane == SHARED_MODE else (self.lane,)
 
 
 def build_worker_command(
@@ -47,9 +57,11 @@ def build_worker_command(
     python: str = sys.executable,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> WorkerCommand:
-    """``max_body_bytes``: the router's own limit (the worker accepts what the router does)."""
-    if lane not in LANE_NAMES:
-        raise ValueError(f"unknown lane {lane!r}; expected one of {LANE_NAMES}")
+    """``max_body_bytes``: the router's own limit (the worker accepts what the router does);
+    ``lane``: a lane, or SHARED_MODE for the one process serving both."""
+    if lane not in (*LANE_NAMES, SHARED_MODE):
+        raise ValueError(f"unknown lane {lane!r}; expected one of {LANE_NAMES} or "
+                         f"{SHARED_MODE!r}")
     argv = worker_argv(python, lane, model_dir, model_name, draft=draft_dir,
                        num_draft_tokens=settings.num_draft_tokens,
                        max_batch_size=settings.max_batch_size, parent_pid=os.getpid(),

@@ -111,3 +111,12 @@ def backoff_delay(recent_restarts: int, initial: float, maximum: float, rand: fl
     """
     base = min(maximum, initial * 2.0 ** min(recent_restarts, 32))
     return base * (0.5 + 0.5 * rand)
+
+
+def lane_health(health: dict[str, Any] | None, lane: str) -> dict[str, Any] | None:
+    """One lane's view of a worker's /health: the body itself for a one-lane worker; for a
+    shared one (``{"mode": "shared", "lanes": {lane: {...}}, ...}``) that lane's block."""
+    if health is None or not isinstance(health.get("lanes"), dict):
+        return health
+    block = health["lanes"].get(lane)
+    return block if isinstance(block, dict) else None

@@ -12,6 +12,11 @@ Lifecycle of one lane (the worker's side of the contract: ``router.worker.contra
   within ``restart_window`` gives the lane up (FAILED) with one ERROR log line.
 - ``stop(grace)`` sends SIGTERM, waits ``grace``, then SIGKILLs. Every path that
   abandons a process (failure, timeout, cancellation) kills it: no orphans.
+
+One supervisor watches one process. In the shared layout that process serves both lanes
+(``WorkerCommand.lanes``): its state is both lanes' state (a crash or hang takes both DOWN
+and one restart brings both back), its gauges and restart counters are set for each lane, and
+each lane's figures come from its own block of the worker's ``/health`` (``lane_health``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from router.config.settings import LanesSettings
 from router.lanes.figures import WorkerFigures
+from router.lanes.memory import process_memory
 from router.lanes.process import WorkerCommand, WorkerProcess, build_worker_command
 from router.lanes.status import (
     LaneState,
@@ -36,6 +42,7 @@ from router.lanes.status import (
     RestartReason,
     backoff_delay,
     check_transition,
+    lane_health,
 )
 from router.metrics import Metrics
 
@@ -113,6 +120,7 @@ class LaneSupervisor:
             raise ValueError("unhealthy_after must be >= 1")
         self.command = command
         self.lane = command.lane
+        self.lanes = command.lanes
         self.startup_timeout = startup_timeout
         self.health_interval = health_interval
         self.health_timeout = health_timeout
@@ -125,7 +133,8 @@ class LaneSupervisor:
         self._metrics = metrics
         self._on_change = on_change
         self._status = LaneStatus(lane=self.lane)
-        self._figures = WorkerFigures(self.lane, metrics)
+        self._figures = {lane: WorkerFigures(lane, metrics) for lane in self.lanes}
+        self.memory: dict[str, int] | None = None  # the worker's last RSS and PSS
         self._worker: WorkerProcess | None = None
         self._session: aiohttp.ClientSession | None = None
         self._launch_task: asyncio.Task[None] | None = None
@@ -133,9 +142,8 @@ class LaneSupervisor:
         self._budget = RestartBudget(max_restarts, restart_window)
         self._stopping = False
         self._last_loss: WorkerLost | None = None  # set by _lost(); the next attempt restarts
-        if metrics is not None:
-            metrics.worker_up.labels(self.lane).set(0)
-            metrics.worker_given_up.labels(self.lane).set(0)
+        self._set_gauge("worker_up", 0)
+        self._set_gauge("worker_given_up", 0)
 
     @classmethod
     def from_settings(
@@ -298,7 +306,8 @@ class LaneSupervisor:
             self._budget.record(asyncio.get_running_loop().time())
             self._update(restarts=self._status.restarts + 1)
             if self._metrics is not None:
-                self._metrics.worker_restarts.labels(self.lane, lost.reason).inc()
+                for lane in self.lanes:
+                    self._metrics.worker_restarts.labels(lane, lost.reason).inc()
             try:
                 await self._launch()
             except WorkerStartError as e:
@@ -316,7 +325,9 @@ class LaneSupervisor:
             if health is not None:
                 failures = 0
                 self._status = dataclasses.replace(self._status, health=health)
-                self._figures.observe(health)
+                for lane, figures in self._figures.items():
+                    figures.observe(lane_health(health, lane))
+                self._observe_memory(worker.pid)
                 continue
             if worker.exited.done():
                 continue  # reported as an exit on the next turn
@@ -395,7 +406,15 @@ class LaneSupervisor:
 
     def _set_gauge(self, name: str, value: float) -> None:
         if self._metrics is not None:
-            getattr(self._metrics, name).labels(self.lane).set(value)
+            for lane in self.lanes:
+                getattr(self._metrics, name).labels(lane).set(value)
+
+    def _observe_memory(self, pid: int) -> None:
+        self.memory = process_memory(pid)
+        if self.memory is not None and self._metrics is not None:
+            label = "+".join(self.lanes)
+            for kind in ("rss", "pss"):
+                self._metrics.worker_memory.labels(label, kind).set(self.memory[f"{kind}_bytes"])
 
     async def _close_session(self) -> None:
         if self._session is not None:

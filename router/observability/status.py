@@ -21,8 +21,9 @@ from typing import Any
 from aiohttp import web
 
 from router import __version__
-from router.appkeys import LIMITER, POLICIES, POOL, SPEC, SUPERVISORS
+from router.appkeys import LAYOUT, LIMITER, POLICIES, POOL, SPEC, SUPERVISORS
 from router.backends.status import backend_status
+from router.lanes.view import layout, supervised_states, workers
 from router.metrics import package_version
 from router.observability.history import HISTORY
 from router.proxy.accesslog import ACCESS
@@ -74,13 +75,16 @@ def queues(app: web.Application) -> list[dict[str, Any]]:
 
 
 def snapshot(app: web.Application) -> dict[str, Any]:
-    supervised = {s.lane: s.status.state.value for s in app.get(SUPERVISORS, [])}
+    supervisors = app.get(SUPERVISORS, [])
+    supervised = supervised_states(supervisors)
     recent = list(app[ACCESS].recent)[-RECENT_SHOWN:]
     return {
         "version": __version__, "mlx": package_version("mlx"),
         "mlx_lm": package_version("mlx-lm"),
         "now": time.time(), "uptime_s": round(time.monotonic() - app[STARTED], 1),
         "backends": [backend_status(b, supervised) for b in app[POOL]],
+        "layout": layout(app.get(LAYOUT)),
+        "workers": workers(supervisors),
         "spec": app[SPEC].admin_snapshot(),
         "history": app[HISTORY].to_json(),
         "recent": [r.to_json() for r in reversed(recent)],

@@ -22,6 +22,11 @@ threshold (``holder_wait - other_wait > abs_threshold`` and ``holder_wait > rel_
 other_wait``), where a lane's *wait* is the number of requests that must finish before a new
 one starts there (a lane below its capacity starts it at once). A small imbalance is worth
 paying for a cache hit; a large one is not.
+
+In the shared layout both lanes live in one worker process with one prompt cache
+(``one_cache``): a prefix is found whichever lane serves the next turn, so affinity is off
+and routing goes by load and speculation value alone; the decision's reason says
+``cache=shared``.
 """
 
 from __future__ import annotations
@@ -136,6 +141,14 @@ class AffinityMap:
             self._lanes.move_to_end(fp)
         while len(self._lanes) > self.max_entries:
             self._lanes.popitem(last=False)
+
+
+def one_cache(lanes: Sequence[BackendView]) -> bool:
+    """The lanes serving the model share one prompt cache (the shared layout: one worker
+    process): whichever serves the next turn finds the prefix, so nothing is held."""
+    views = [v for v in lanes if v.lane is not None]
+    first = views[0].cache_domain if views else None
+    return len(views) > 1 and first is not None and all(v.cache_domain == first for v in views)
 
 
 def wait(view: BackendView) -> int:

@@ -49,7 +49,8 @@ The steps, in order (the first failing step answers):
    last served by the other lane (``RequestFacts.cache_holder``), that lane goes first
    unless load is imbalanced against it beyond ``affinity_abs_threshold`` and
    ``affinity_rel_threshold``; only over a rule that chose by load alone
-   (``AFFINITY_MAY_OVERRULE``), never over a request-shape or speculation rule.
+   (``AFFINITY_MAY_OVERRULE``), never over a request-shape or speculation rule. Not when the
+   lanes share one prompt cache (the shared layout): the reason then ends ``,cache=shared``.
 
    A lane that is down or cooling down is never a candidate: ``spec-lane-down`` /
    ``no-spec-lane`` send to batching, ``batching-down`` / ``no-batching-lane`` to the
@@ -58,9 +59,10 @@ The steps, in order (the first failing step answers):
    first candidate as fallbacks, least busy first.
 
 The reason reads ``preset=<name|none>,<rule>-><lane>`` (``override-><lane>`` for an
-override), plus ``,clamped=<field>`` when a cap lowered a value, or ``,max_tokens_cap=<n>``
-when the policy's ``max_tokens`` cap set the limit of a request that named none (an
-agent's guard against a looping model); ``labels["rule"]`` is
+override), plus ``,cache=shared`` when the lanes share one prompt cache, ``,clamped=<field>``
+when a cap lowered a value, or ``,max_tokens_cap=<n>`` when the policy's ``max_tokens`` cap
+set the limit of a request that named none (an agent's guard against a looping model);
+``labels["rule"]`` is
 the bare rule, from the closed vocabulary ``RULES``, for metrics.
 """
 
@@ -82,7 +84,7 @@ from router.config.presets import LanePreference, PresetSpec
 from router.config.routing import RoutingRules
 from router.errors import RouterError, bad_request, not_found, unavailable
 from router.routing.affinity import RULE as AFFINITY_RULE
-from router.routing.affinity import steer, thresholds_of
+from router.routing.affinity import one_cache, steer, thresholds_of
 from router.routing.load import LoadGate, available, candidate_for, gate_for, lane_load, lanes_load
 from router.routing.speculate import (
     EXTERNAL_SOURCE,
@@ -194,10 +196,13 @@ def classify(
     else:
         shape = _shape(request, changes)
         candidates, rule = _route(serving, pref, shape, policy, gate, advice, load, rules)
-        if rules.cache_affinity and rule in AFFINITY_MAY_OVERRULE:
+        shared_cache = one_cache(serving)
+        if rules.cache_affinity and rule in AFFINITY_MAY_OVERRULE and not shared_cache:
             candidates, rule = steer(candidates, rule, facts.cache_holder, serving,
                                      thresholds_of(rules))
         reason = f"preset={preset or 'none'},{rule}->{candidates[0].lane}"
+        if shared_cache:
+            reason += ",cache=shared"
     candidates = tuple(dataclasses.replace(c, source=source) if c.lane == "speculative" else c
                        for c in candidates)
     if clamped:

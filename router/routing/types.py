@@ -31,6 +31,8 @@ class BackendView:
     # none) and whether its worker reports a loaded draft model; None for other backends.
     source_setting: str | None = None
     has_draft: bool = False
+    # Lanes with the same non-None value share one prompt cache (one worker process).
+    cache_domain: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

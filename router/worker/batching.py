@@ -42,8 +42,8 @@ from router.worker.engine import (
     processors_for,
     sampler_for,
 )
-from router.worker.jobs import Failed, Job, aborted
-from router.worker.promptcache import PromptCache
+from router.worker.jobs import Failed, Job, JobQueue, aborted
+from router.worker.promptcache import Counters, PromptCache
 
 log = logging.getLogger("speclane.worker")
 
@@ -71,17 +71,24 @@ class BatchingEngine(Engine):
         prompt_cache_bytes: int = 0,
         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
         chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
+        prompt_cache: PromptCache | None = None,
+        queue: JobQueue | None = None,
     ) -> None:
-        super().__init__(load)
+        super().__init__(load, queue)
         if prefill_step_size < 1 or chunk_seconds <= 0:
             raise ValueError("prefill_step_size must be >= 1 and chunk_seconds > 0")
         self.capacity = capacity
         self.prefill_step_size = prefill_step_size
         self.chunk_seconds = chunk_seconds
         self.prefill_rate: float | None = None  # prompt tokens per second, moving average
-        self.prompt_cache = PromptCache(prompt_cache_bytes)
+        # ``prompt_cache``: one shared with the other lane (shared mode), else the lane's own.
+        self.prompt_cache = (prompt_cache if prompt_cache is not None
+                             else PromptCache(prompt_cache_bytes))
+        self.cache_counters = Counters()
         self.prefill_tokens = 0  # prompt tokens computed, all requests (monotonic)
         self.generated_tokens = 0  # tokens generated, all requests (monotonic)
+        self._generator: Any = None
+        self._live: dict[int, _Sequence] = {}
 
     @property
     def progress_tokens(self) -> int:
@@ -95,49 +102,72 @@ class BatchingEngine(Engine):
             "generated_tokens": self.generated_tokens,
             "prefill_step_size": self.prefill_step_size,
             "prefill_rate": round(self.prefill_rate or 0.0, 1),
-            "prompt_cache": self.prompt_cache.stats(),
+            "prompt_cache": self.prompt_cache.stats(self.cache_counters),
         }
 
     def _serve(self, models: Models) -> None:
-        generator = self._new_generator(models)
-        live: dict[int, _Sequence] = {}
+        self.open_batch(models)
         while True:
-            self._admit(models, generator, live)
-            self._drop_cancelled(generator, live)
-            self.active = len(live)
-            if not live:
-                if self._queue.closed:
-                    break
-                continue
-            generator.prefill_step_size = self._chunk(live)
-            try:
-                with generator.stats() as step:
-                    prompt_responses, responses = generator.next()
-            except Exception as e:
-                log.exception("batch step failed")
-                for seq in live.values():
-                    self._answer(seq.job, generation_failed(e))
-                live.clear()
-                generator.close()
-                generator = self._new_generator(models)
-                continue
-            for prompt_response in prompt_responses:
-                self._on_prefill(live, prompt_response)
-            self._measure(step.prompt_tokens, step.prompt_time)
-            self.generated_tokens += len(responses)
-            for response in responses:
-                self._on_token(generator, live, response)
-            self.active = len(live)
-        generator.close()
+            self.admit(models, block=not self._live)  # idle: sleep until work or shutdown
+            if not self._live and self._queue.closed:
+                break
+            self.step(models)
+        self.close_batch()
 
-    def _chunk(self, live: dict[int, _Sequence]) -> int:
+    # --- one step at a time (this lane's thread, or the shared worker's) -------------------
+
+    def open_batch(self, models: Models) -> None:
+        self._generator = self._new_generator(models)
+
+    def close_batch(self) -> None:
+        self._generator.close()
+
+    @property
+    def busy(self) -> bool:
+        """Sequences in the batch, or jobs waiting for a place in it."""
+        return bool(self._live) or len(self._queue) > 0
+
+    def step(self, models: Models, others_waiting: bool = False) -> None:
+        """One decoding step of the running sequences plus at most one prefill chunk of
+        each prompt being prefilled (``BatchGenerator.next``); nothing when none runs.
+        ``others_waiting``: another lane waits for this step to end (the shared worker), so
+        a chunk keeps to ``chunk_seconds`` even while no sequence of the batch decodes."""
+        generator, live = self._generator, self._live
+        self._drop_cancelled(generator, live)
+        self.active = len(live)
+        if not live:
+            return
+        generator.prefill_step_size = self._chunk(live, others_waiting)
+        try:
+            with generator.stats() as step:
+                prompt_responses, responses = generator.next()
+        except Exception as e:
+            log.exception("batch step failed")
+            for seq in live.values():
+                self._answer(seq.job, generation_failed(e))
+            live.clear()
+            generator.close()
+            self._generator = self._new_generator(models)
+            self.active = 0
+            return
+        for prompt_response in prompt_responses:
+            self._on_prefill(live, prompt_response)
+        self._measure(step.prompt_tokens, step.prompt_time)
+        self.generated_tokens += len(responses)
+        for response in responses:
+            self._on_token(generator, live, response)
+        self.active = len(live)
+
+    def _chunk(self, live: dict[int, _Sequence], others_waiting: bool = False) -> int:
         """Prompt tokens per sequence for the next call: about ``chunk_seconds`` of work
-        while some sequence decodes; ``IDLE_FACTOR`` times that while none does (bigger
-        chunks prefill faster, and only a request that has just arrived waits for one)."""
+        while some sequence decodes (or ``others_waiting``); ``IDLE_FACTOR`` times that while
+        none does (bigger chunks prefill faster, and only a request that has just arrived
+        waits for one)."""
         prefilling = sum(not seq.decoding for seq in live.values())
         if self.prefill_rate is None:
             return min(FIRST_CHUNK, self.prefill_step_size)
-        budget = self.chunk_seconds * (IDLE_FACTOR if prefilling == len(live) else 1)
+        idle = prefilling == len(live) and not others_waiting
+        budget = self.chunk_seconds * (IDLE_FACTOR if idle else 1)
         tokens = int(self.prefill_rate * budget / max(1, prefilling))
         return max(MIN_CHUNK, min(tokens, self.prefill_step_size))
 
@@ -162,11 +192,13 @@ class BatchingEngine(Engine):
             prefill_step_size=self.prefill_step_size,
         )
 
-    def _admit(self, models: Models, generator: Any, live: dict[int, _Sequence]) -> None:
+    def admit(self, models: Models, block: bool = False) -> None:
+        """Let queued jobs join the batch up to ``capacity``; ``block``: wait for the first."""
         import mlx.core as mx
 
+        generator, live = self._generator, self._live
         while len(live) < self.capacity:
-            job = self._queue.get(block=not live)  # idle: sleep until work or shutdown
+            job = self._queue.get(block=block and not live)
             if job is None:
                 return
             if job.cancelled.is_set():
@@ -176,7 +208,8 @@ class BatchingEngine(Engine):
             if request.seed is not None:
                 mx.random.seed(request.seed)
             prompt = list(job.prompt_ids)
-            lookup = self.prompt_cache.fetch(prompt, job.partition)
+            lookup = self.prompt_cache.fetch(prompt, job.partition,
+                                             counters=self.cache_counters)
             try:
                 (uid,) = generator.insert(
                     [lookup.rest],

@@ -10,7 +10,10 @@ Used by the worker (``router.worker.main``), the supervisor (``router.lanes.proc
   ``parse_ready_line``;
 - the bounds of a request's ``num_draft_tokens`` field, and the values of its
   ``draft_source`` field;
-- the request header that names a request's prompt-cache partition.
+- the request header that names a request's prompt-cache partition;
+- the shared mode (``--mode shared``): one process serves both lanes, each under its own path
+  prefix (``lane_prefix``: ``/lanes/speculative``, ``/lanes/batching``), below which it answers
+  exactly what a one-lane worker answers at ``/`` (``/health``, ``/v1/...``).
 
 Imports nothing of speclane's, so the fakes can use it without MLX.
 """
@@ -24,7 +27,10 @@ from pathlib import Path
 from typing import Any
 
 MODULE = "router.worker"  # python -m MODULE
-MODES = ("speculative", "batching")
+LANE_MODES = ("speculative", "batching")  # one lane per process
+SHARED_MODE = "shared"  # both lanes in one process, on one copy of the model
+MODES = (*LANE_MODES, SHARED_MODE)
+LANES_PATH = "/lanes"  # shared mode: a lane's endpoints live under LANES_PATH/<lane>
 READY_PREFIX = "SPECLANE_WORKER_READY "
 DRAFT_TOKENS_FIELD = "num_draft_tokens"  # request field: 0 decodes without the draft
 # Request field: the speculative lane's draft source for this request (without a
@@ -60,7 +66,8 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
     """The flags every worker (and every fake worker) accepts; a fake may default them."""
     p.add_argument("--mode", choices=MODES, required=required,
                    help="speculative: one request at a time with a draft; batching: continuous "
-                        "batching")
+                        "batching; shared: both lanes in one process on one copy of the model, "
+                        f"under {LANES_PATH}/<lane>")
     p.add_argument("--model", required=required, help="the model directory (mlx-lm format)")
     p.add_argument("--model-name", help="the id served in /v1/models (default: the directory "
                                         "name)")
@@ -130,8 +137,24 @@ def check_worker_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
             p.error(f"--{flag.replace('_', '-')} must be between 1 and {MAX_DRAFT_PER_STEP}")
     if args.draft_source is None:
         args.draft_source = "draft_model" if args.draft_model else "none"
-    if args.draft_source == "draft_model" and args.mode == "speculative" and not args.draft_model:
+    if (args.draft_source == "draft_model" and serves_speculative(args.mode)
+            and not args.draft_model):
         p.error("--draft-source draft_model needs --draft-model")
+
+
+def serves_speculative(mode: str) -> bool:
+    return mode in ("speculative", SHARED_MODE)
+
+
+def serves_batching(mode: str) -> bool:
+    return mode in ("batching", SHARED_MODE)
+
+
+def lane_prefix(lane: str) -> str:
+    """Shared mode: the path under which ``lane``'s endpoints are served."""
+    if lane not in LANE_MODES:
+        raise ValueError(f"unknown lane {lane!r}")
+    return f"{LANES_PATH}/{lane}"
 
 
 def worker_argv(python: str, mode: str, model: Path, model_name: str, *,
@@ -145,11 +168,11 @@ def worker_argv(python: str, mode: str, model: Path, model_name: str, *,
     source flags of the speculative lane; ``max_body_bytes``: the router's own limit."""
     argv = [python, "-m", MODULE, "--mode", mode, "--model", str(model),
             "--model-name", model_name]
-    if draft is not None and mode == "speculative":
+    if draft is not None and serves_speculative(mode):
         argv += ["--draft-model", str(draft)]
-    if mode == "speculative":
+    if serves_speculative(mode):
         argv += speculative
-    if mode == "batching":
+    if serves_batching(mode):
         argv += ["--prefill-step-size", str(prefill_step_size),
                  "--prefill-chunk-seconds", str(prefill_chunk_seconds)]
     argv += [

@@ -113,10 +113,10 @@ class Progress:
 class Engine(ABC):
     capacity: int
 
-    def __init__(self, load: Callable[[], Models]) -> None:
+    def __init__(self, load: Callable[[], Models], queue: JobQueue | None = None) -> None:
         self._load = load
         self.models: Models | None = None
-        self._queue = JobQueue()
+        self._queue = queue if queue is not None else JobQueue()
         self._open: set[Job] = set()  # submitted and not yet answered
         self._lock = threading.Lock()
         self._loaded = threading.Event()
@@ -127,6 +127,10 @@ class Engine(ABC):
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    @property
+    def queue(self) -> JobQueue:
+        return self._queue
 
     def report(self) -> dict[str, object]:
         """Engine-specific figures added to /health (read from the event loop)."""
@@ -154,13 +158,17 @@ class Engine(ABC):
             self._answer(job, aborted())
 
     def stop(self, timeout: float) -> None:
+        self.close()
+        self._thread.join(timeout)
+
+    def close(self) -> None:
+        """Refuse new jobs, abort the queued ones, and flag the running ones to stop."""
         for job in self._queue.close():
             self._answer(job, aborted())
         with self._lock:
             running = list(self._open)
         for job in running:
             job.cancelled.set()
-        self._thread.join(timeout)
 
     def _answer(self, job: Job, event: Event) -> None:
         with self._lock:

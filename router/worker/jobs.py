@@ -69,11 +69,14 @@ class Job:
 
 
 class JobQueue:
-    """A FIFO the generation thread blocks on, from which a cancelled job can be removed."""
+    """A FIFO the generation thread blocks on, from which a cancelled job can be removed.
 
-    def __init__(self) -> None:
+    ``cond``: shared by several queues (the shared worker's two lanes), so that one thread can
+    sleep until any of them has work (``wait_any``)."""
+
+    def __init__(self, cond: threading.Condition | None = None) -> None:
         self._items: deque[Job] = deque()
-        self._cond = threading.Condition()
+        self._cond = cond if cond is not None else threading.Condition()
         self.closed = False
 
     def __len__(self) -> int:
@@ -109,3 +112,12 @@ class JobQueue:
             self._items.clear()
             self._cond.notify_all()
             return left
+
+
+def wait_any(queues: list[JobQueue]) -> None:
+    """Block until one of ``queues`` (sharing one condition) holds a job or all are closed."""
+    cond = queues[0]._cond
+    assert all(q._cond is cond for q in queues), "the queues must share one condition"
+    with cond:
+        while not any(q._items for q in queues) and not all(q.closed for q in queues):
+            cond.wait()

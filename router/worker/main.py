@@ -1,4 +1,5 @@
-"""``python -m router.worker``: one MLX lane (its contract: ``router.worker.contract``).
+"""``python -m router.worker``: one MLX lane, or both on one copy of the model (``--mode
+shared``, ``router.worker.shared``); its contract: ``router.worker.contract``.
 
 Life cycle: load the model(s) on the generation thread; bind; print the one ready line on
 stdout; serve until SIGTERM/SIGINT or until the parent process disappears; then stop
@@ -15,14 +16,24 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TextIO
 
+from aiohttp import web
+
 from router.worker.batching import BatchingEngine
-from router.worker.contract import add_worker_flags, check_worker_flags, ready_line
+from router.worker.contract import (
+    SHARED_MODE,
+    add_worker_flags,
+    check_worker_flags,
+    ready_line,
+    serves_speculative,
+)
 from router.worker.drafts import LookupConfig, PredictionConfig
 from router.worker.engine import Engine, LoadError, Models
-from router.worker.server import WorkerInfo, make_app, start_site
+from router.worker.server import WorkerInfo, make_app, make_shared_app, start_site
+from router.worker.shared import SharedEngine
 from router.worker.speculative import SpecSettings, SpeculativeEngine
 from router.worker.suffix import SuffixConfig
 
@@ -58,14 +69,22 @@ def main(argv: list[str] | None = None) -> int:
         die_with_parent(args.parent_pid, args.first_ppid)
     if args.mode == "batching" and args.draft_model:
         log.warning("--draft-model is ignored in batching mode")
-    engine = build_engine(args)
+    engine = build_shared(args) if args.mode == SHARED_MODE else build_engine(args)
     try:
         models = engine.start()
     except LoadError as e:
         print(f"speclane worker: cannot load the model: {e}", file=sys.stderr, flush=True)
         hard_exit(1)
+    if isinstance(engine, SharedEngine):
+        lanes = {lane: (lane_engine, worker_info(args, models, lane))
+                 for lane, lane_engine in engine.lanes.items()}
+        app = make_shared_app(lanes, lambda: {"model": lanes["speculative"][1].model_name,
+                                              "turns": dict(engine.turns)},
+                              args.max_body_bytes)
+        hard_exit(asyncio.run(serve(args, engine, app, ready_out, lanes=list(lanes))))
     info = worker_info(args, models)
-    hard_exit(asyncio.run(serve(args, engine, info, ready_out)))
+    app = make_app(engine, info, args.max_body_bytes)
+    hard_exit(asyncio.run(serve(args, engine, app, ready_out)))
 
 
 def hard_exit(code: int) -> NoReturn:
@@ -84,7 +103,27 @@ def hard_exit(code: int) -> NoReturn:
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
-    draft = args.draft_model if args.mode == "speculative" else None
+    load = loader(args)
+    if args.mode == "speculative":
+        return SpeculativeEngine(load, spec_settings(args))
+    return BatchingEngine(
+        load, args.max_batch_size,
+        prompt_cache_bytes=args.prompt_cache_bytes, prefill_step_size=args.prefill_step_size,
+        chunk_seconds=args.prefill_chunk_seconds,
+    )
+
+
+def build_shared(args: argparse.Namespace) -> SharedEngine:
+    return SharedEngine(
+        loader(args), spec_settings(args), args.max_batch_size,
+        prompt_cache_bytes=args.prompt_cache_bytes, prefill_step_size=args.prefill_step_size,
+        chunk_seconds=args.prefill_chunk_seconds,
+    )
+
+
+def loader(args: argparse.Namespace) -> Callable[[], Models]:
+    """Loads the model, and the draft where the speculative lane runs: once per process."""
+    draft = args.draft_model if serves_speculative(args.mode) else None
 
     def load() -> Models:
         from mlx_lm import load as mlx_load
@@ -98,13 +137,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
                 raise LoadError(f"{draft}: the draft model's vocabulary differs from the target's")
         return Models(model, tokenizer, draft_model)
 
-    if args.mode == "speculative":
-        return SpeculativeEngine(load, spec_settings(args))
-    return BatchingEngine(
-        load, args.max_batch_size,
-        prompt_cache_bytes=args.prompt_cache_bytes, prefill_step_size=args.prefill_step_size,
-        chunk_seconds=args.prefill_chunk_seconds,
-    )
+    return load
 
 
 def spec_settings(args: argparse.Namespace) -> SpecSettings:
@@ -125,22 +158,26 @@ def model_dir(path: Path) -> Path:
     return path
 
 
-def worker_info(args: argparse.Namespace, models: Models) -> WorkerInfo:
-    source, k = lane_source(args, models)
+def worker_info(args: argparse.Namespace, models: Models, lane: str | None = None) -> WorkerInfo:
+    """What a lane serves: the process's own mode, or in shared mode ``lane``'s."""
+    mode = lane or args.mode
+    source, k = lane_source(args, models, mode)
     config = getattr(models.model, "args", None)
+    has_draft = models.draft is not None and mode == "speculative"
     return WorkerInfo(
-        mode=args.mode,
+        mode=mode,
         model_name=args.model_name or _dir_name(args.model),
-        draft_name=_dir_name(args.draft_model) if models.draft is not None else None,
+        draft_name=_dir_name(args.draft_model) if has_draft else None,
         num_draft_tokens=k,
         context_length=getattr(config, "max_position_embeddings", None),
         draft_source=source,
     )
 
 
-def lane_source(args: argparse.Namespace, models: Models) -> tuple[str | None, int]:
+def lane_source(args: argparse.Namespace, models: Models,
+                mode: str | None = None) -> tuple[str | None, int]:
     """The draft source of requests without a prediction, and its k (None, 0: no drafting)."""
-    if args.mode != "speculative":
+    if (mode or args.mode) != "speculative":
         return None, 0
     if args.draft_source == "draft_model" and models.draft is not None and args.num_draft_tokens:
         return "draft_model", args.num_draft_tokens
@@ -155,16 +192,19 @@ def _dir_name(path: Path) -> str:
     return path.name or path.resolve().name  # "." has no name of its own
 
 
-async def serve(args: argparse.Namespace, engine: Engine, info: WorkerInfo, out: TextIO) -> int:
+async def serve(args: argparse.Namespace, engine: Engine | SharedEngine, app: web.Application,
+                out: TextIO, *, lanes: list[str] | None = None) -> int:
+    """Serve ``app`` until told to stop; ``lanes``: shared mode's lanes (in the ready line)."""
     try:
-        app = make_app(engine, info, args.max_body_bytes)
         runner, port = await start_site(app, args.host, args.port)
     except OSError as e:
         print(f"speclane worker: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1
-    out.write(ready_line(port, mode=info.mode, model=info.model_name))
+    model_name = args.model_name or _dir_name(args.model)
+    facts: dict[str, object] = {"lanes": lanes} if lanes else {}
+    out.write(ready_line(port, mode=args.mode, model=model_name, **facts))
     out.flush()
-    log.info("serving %s (%s) on %s:%d", info.model_name, info.mode, args.host, port)
+    log.info("serving %s (%s) on %s:%d", model_name, args.mode, args.host, port)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

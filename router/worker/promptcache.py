@@ -13,6 +13,12 @@ client's policy): a lookup only ever sees entries stored under its own partition
 (Partitions still share the byte bound: one client's traffic can evict another's entries,
 which says how much it sends, never what.)
 
+One instance per worker process: in shared mode (``router.worker.shared``) both lanes fetch
+from and store into the same cache (one byte budget), so a prefix cached through one lane is
+found by the other. Each lane counts its own lookups (``Counters``); the entries are common.
+A speculative lane also keeps its draft model's KV state here, under the ``DRAFT`` key: the
+two models' caches never mix.
+
 Used only from the generation thread; ``stats()`` is read from the event loop (plain ints).
 """
 
@@ -23,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_ENTRIES = 64  # LRUPromptCache also bounds the count; bytes are the real bound here
-_MODEL_KEY = "lane"  # one model per worker: the cache's per-model key is a constant
+TARGET = "target"  # LRUPromptCache's per-model key: the served model's KV state
+DRAFT = "draft"  # the speculative lane's draft model's KV state
 DEFAULT_PARTITION = ""  # requests that name no partition share this one
 
 
@@ -42,6 +49,22 @@ class Lookup:
     rest: list[int]  # prompt tokens still to prefill (never empty)
 
 
+@dataclass
+class Counters:
+    """One lane's lookups of the target's cache (a draft model's lookups are not counted)."""
+
+    lookups: int = 0
+    hits: int = 0
+    reused_tokens: int = 0  # prompt tokens taken from the cache
+    prefilled_tokens: int = 0  # prompt tokens that had to be computed
+
+    def count(self, cached: int, rest: int) -> None:
+        self.lookups += 1
+        self.hits += cached > 0
+        self.reused_tokens += cached
+        self.prefilled_tokens += rest
+
+
 class PromptCache:
     def __init__(self, max_bytes: int) -> None:
         if max_bytes < 0:
@@ -52,21 +75,21 @@ class PromptCache:
             from mlx_lm.models.cache import LRUPromptCache
 
             self._lru = LRUPromptCache(max_size=MAX_ENTRIES, max_bytes=max_bytes)
-        self.lookups = 0
-        self.hits = 0
-        self.reused_tokens = 0  # prompt tokens taken from the cache
-        self.prefilled_tokens = 0  # prompt tokens that had to be computed
+        self.counters = Counters()  # every lane's lookups
 
     @property
     def enabled(self) -> bool:
         return self._lru is not None
 
-    def fetch(self, prompt: Sequence[int], partition: str = DEFAULT_PARTITION) -> Lookup:
-        """The nearest entry of ``partition`` (never another partition's)."""
+    def fetch(self, prompt: Sequence[int], partition: str = DEFAULT_PARTITION, *,
+              model: str = TARGET, counters: Counters | None = None) -> Lookup:
+        """The nearest cached state of ``model`` for ``prompt`` in ``partition`` (never another
+        partition's); ``counters``: the lane's own figures, counted besides the cache's
+        (target lookups only)."""
         tokens = list(prompt)
         cache, rest = None, tokens
         if self._lru is not None:
-            key = entry_key(_MODEL_KEY, partition)
+            key = entry_key(model, partition)
             cache, rest = self._lru.fetch_nearest_cache(key, tokens)
             rest = list(rest)
             if cache is not None and not rest:
@@ -74,29 +97,31 @@ class PromptCache:
                 # step the cache back by one token (or start over if it cannot be trimmed).
                 cache, rest = _back_one(cache, tokens)
         cached = len(tokens) - len(rest)
-        self.lookups += 1
-        self.hits += cached > 0
-        self.reused_tokens += cached
-        self.prefilled_tokens += len(rest)
+        if model == TARGET:
+            for counted in {id(c): c for c in (self.counters, counters) if c}.values():
+                counted.count(cached, len(rest))
         return Lookup(cache if cached else None, cached, rest)
 
     def store(self, tokens: Sequence[int], cache: list[Any] | None,
-              partition: str = DEFAULT_PARTITION) -> None:
-        """Keep ``cache``, the KV state of exactly ``tokens``, for requests of ``partition``."""
+              partition: str = DEFAULT_PARTITION, *, model: str = TARGET) -> None:
+        """Keep ``cache``, the KV state of exactly ``tokens`` for ``model``, for requests of
+        ``partition``."""
         if self._lru is None or not cache or not tokens:
             return
-        self._lru.insert_cache(entry_key(_MODEL_KEY, partition), list(tokens), cache)
+        self._lru.insert_cache(entry_key(model, partition), list(tokens), cache)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self, counters: Counters | None = None) -> dict[str, int]:
+        """The cache's figures; with ``counters``, the lookups are that lane's."""
         lru = self._lru
+        counted = counters or self.counters
         return {
             "max_bytes": self.max_bytes,
             "bytes": int(lru.nbytes) if lru is not None else 0,
             "entries": len(lru) if lru is not None else 0,
-            "lookups": self.lookups,
-            "hits": self.hits,
-            "reused_tokens": self.reused_tokens,
-            "prefilled_tokens": self.prefilled_tokens,
+            "lookups": counted.lookups,
+            "hits": counted.hits,
+            "reused_tokens": counted.reused_tokens,
+            "prefilled_tokens": counted.prefilled_tokens,
         }
 
 

@@ -18,7 +18,7 @@ import dataclasses
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,8 @@ from router.worker.contract import (
     CACHE_PARTITION_PATTERN,
     DEFAULT_MAX_BODY_BYTES,
     DRAFT_SOURCE_FIELD,
+    SHARED_MODE,
+    lane_prefix,
 )
 from router.worker.engine import Engine
 from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
@@ -70,19 +72,51 @@ _PARTITION = re.compile(CACHE_PARTITION_PATTERN)
 def make_app(engine: Engine, info: WorkerInfo,
              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes, middlewares=[error_middleware])
+    app.cleanup_ctx.append(_tokenize_pool)
+    _lane_routes(app, engine, info)
+    return app
+
+
+def make_shared_app(lanes: Mapping[str, tuple[Engine, WorkerInfo]],
+                    figures: Callable[[], dict[str, object]],
+                    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+    """Shared mode: each lane's endpoints under its prefix (``contract.lane_prefix``), as a
+    one-lane worker serves them at ``/``; ``/health`` at the root reports the process and every
+    lane (``figures``: the process's own entries). One tokenize thread serves all lanes: they
+    share one tokenizer."""
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[error_middleware])
+    app.cleanup_ctx.append(_tokenize_pool)
+    tokenizer = TokenizerThread()
+    app[TOKENIZE] = tokenizer
+    for lane, (engine, info) in lanes.items():
+        sub = web.Application(client_max_size=max_body_bytes, middlewares=[error_middleware])
+        sub[TOKENIZE] = tokenizer
+        _lane_routes(sub, engine, info)
+        app.add_subapp(lane_prefix(lane), sub)
+
+    async def shared_health(request: web.Request) -> web.Response:
+        body: dict[str, object] = {"status": "ok", "mode": SHARED_MODE, "pid": os.getpid(),
+                                   **figures()}
+        body["lanes"] = {lane: lane_health(engine, info) for lane, (engine, info) in lanes.items()}
+        return _json(body)
+
+    app.router.add_get("/health", shared_health)
+    return app
+
+
+def _lane_routes(app: web.Application, engine: Engine, info: WorkerInfo) -> None:
     app[ENGINE] = engine
     app[INFO] = info
-    app.cleanup_ctx.append(_tokenize_pool)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/tokenize", tokenize)
-    return app
 
 
 async def _tokenize_pool(app: web.Application) -> AsyncIterator[None]:
-    app[TOKENIZE] = TokenizerThread()
+    if TOKENIZE not in app:  # shared mode: set by make_shared_app for every lane
+        app[TOKENIZE] = TokenizerThread()
     yield
     app[TOKENIZE].shutdown()
 
@@ -124,23 +158,24 @@ def _error_response(err: RouterError) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    engine, info = request.app[ENGINE], request.app[INFO]
-    return _json(
-        {
-            "status": "ok",
-            "mode": info.mode,
-            "model": info.model_name,
-            "draft_model": info.draft_name,
-            "speculative": info.num_draft_tokens > 0,
-            "num_draft_tokens": info.num_draft_tokens,
-            "draft_source": info.draft_source,
-            "active": engine.active,
-            "queued": engine.queued,
-            "capacity": engine.capacity,
-            "pid": os.getpid(),
-            **engine.report(),
-        }
-    )
+    return _json(lane_health(request.app[ENGINE], request.app[INFO]))
+
+
+def lane_health(engine: Engine, info: WorkerInfo) -> dict[str, object]:
+    return {
+        "status": "ok",
+        "mode": info.mode,
+        "model": info.model_name,
+        "draft_model": info.draft_name,
+        "speculative": info.num_draft_tokens > 0,
+        "num_draft_tokens": info.num_draft_tokens,
+        "draft_source": info.draft_source,
+        "active": engine.active,
+        "queued": engine.queued,
+        "capacity": engine.capacity,
+        "pid": os.getpid(),
+        **engine.report(),
+    }
 
 
 async def models(request: web.Request) -> web.Response:

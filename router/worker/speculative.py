@@ -28,15 +28,20 @@ processors (penalties, logit bias) decodes plainly: they depend on every previou
 drafting around them is not worth the risk.
 
 Prompt cache: the KV cache of earlier requests (target and draft model, each under its own key)
-is reused for the longest common token prefix (mlx-lm's ``LRUPromptCache``, bounded in bytes),
-only between requests of the same partition (``router.worker.promptcache.entry_key``).
+is reused for the longest common token prefix (``router.worker.promptcache``, bounded in bytes;
+in shared mode the same cache as the batching lane's), only between requests of the same
+partition (``router.worker.promptcache.entry_key``).
+
+A request runs as a ``SpecRun``, advanced one round (one draft-and-verify step, or one prefill
+chunk of a long prompt) at a time: by the lane's own thread, or in shared mode by the one
+generation thread that takes turns with the batching lane (``router.worker.shared``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -44,8 +49,8 @@ from router.worker.contract import DRAFT_SOURCES
 from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft, PromptLookup
 from router.worker.engine import Engine, Models, generation_failed, processors_for, sampler_for
 from router.worker.forced import FORCED_MAX_DRAFT, ConstraintDraft
-from router.worker.jobs import Event, Finished, Job, TextDelta, aborted
-from router.worker.promptcache import entry_key
+from router.worker.jobs import Event, Finished, Job, JobQueue, TextDelta, aborted
+from router.worker.promptcache import DRAFT, TARGET, Counters, PromptCache
 from router.worker.protocol import GenerationRequest
 from router.worker.stats import SpecStats, usage
 from router.worker.stops import StopScanner
@@ -55,9 +60,6 @@ log = logging.getLogger("speclane.worker")
 
 SOURCES = DRAFT_SOURCES
 PREFILL_STEP = 512
-PROMPT_CACHE_ENTRIES = 64  # the byte bound is the one that matters; this caps trie size
-TARGET_KEY = "target"  # LRUPromptCache namespaces: the two models' caches never mix
-DRAFT_KEY = "draft"
 
 Propose = Callable[[list[int], int, int], list[int]]  # (history, prompt_len, k) -> draft
 
@@ -122,11 +124,18 @@ def _source_plan(request: GenerationRequest, settings: SpecSettings, has_draft: 
 
 def prefill(model: Any, cache: list[Any], tokens: list[int]) -> None:
     """Run ``tokens`` through ``model`` into ``cache`` in bounded steps (no logits kept)."""
+    for _ in prefill_chunks(model, cache, tokens):
+        pass
+
+
+def prefill_chunks(model: Any, cache: list[Any], tokens: list[int]) -> Iterator[int]:
+    """``prefill``, one ``PREFILL_STEP`` chunk per iteration; yields the tokens done so far."""
     import mlx.core as mx
 
     for start in range(0, len(tokens), PREFILL_STEP):
         model(mx.array(tokens[start : start + PREFILL_STEP], mx.uint32)[None], cache=cache)
         mx.eval([c.state for c in cache])
+        yield min(start + PREFILL_STEP, len(tokens))
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -203,13 +212,16 @@ def decode(
     stop_tokens: frozenset[int] = frozenset(),
     constraint: ConstraintDraft | None = None,
     forced_k: int = 0,
-) -> Generator[Step, None, None]:
+) -> Iterator[Step]:
     """Generate after ``history`` (the prompt), of which ``cache`` holds the first ``cached``.
 
-    ``history`` grows in place with every emitted token; when the generator ends (or is
-    closed) the cache holds exactly ``history[:-1]``, ready for the prompt cache.
-    ``constraint``: every position is masked by the grammar (instead of ``processors``), and
-    up to ``forced_k`` forced tokens are the draft when there are any.
+    ``history`` grows in place with every emitted token; once the first token is emitted,
+    whenever the generator ends (or is closed) the cache holds exactly ``history[:-1]``, ready
+    for the prompt cache. A prompt longer than one ``PREFILL_STEP`` chunk is prefilled one chunk
+    per step, each yielded as a step with no tokens (a point to cancel, or to let the shared
+    worker's batch take its turn). ``constraint``: every position is masked by the grammar
+    (instead of ``processors``), and up to ``forced_k`` forced tokens are the draft when there
+    are any.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
@@ -217,7 +229,10 @@ def decode(
     if not 0 <= cached < len(history):
         raise ValueError("the cache must leave at least one prompt token to feed")
     prompt_len = len(history)
-    prefill(model, cache, history[cached:-1])
+    pending = history[cached:-1]
+    for done in prefill_chunks(model, cache, pending):
+        if done < len(pending):
+            yield Step([], 0, 0)
     produced = 0
     while produced < max_tokens:
         budget = max_tokens - produced
@@ -321,10 +336,15 @@ class SpecProgress:
 class SpeculativeEngine(Engine):
     capacity = 1
 
-    def __init__(self, load: Callable[[], Models], settings: SpecSettings) -> None:
-        super().__init__(load)
+    def __init__(self, load: Callable[[], Models], settings: SpecSettings, *,
+                 prompt_cache: PromptCache | None = None, queue: JobQueue | None = None) -> None:
+        super().__init__(load, queue)
         self.settings = settings
-        self.prompt_cache: Any = None
+        # ``prompt_cache``: one shared with the other lane (shared mode), else the lane's own.
+        self.prompt_cache = (prompt_cache if prompt_cache is not None
+                             else PromptCache(settings.prompt_cache_bytes))
+        self.cache_counters = Counters()
+        self.run: SpecRun | None = None  # the request being decoded
         # Earlier requests' prompts and answers, per client partition (generation thread only).
         self.suffix = SuffixIndex(settings.suffix)
 
@@ -333,9 +353,11 @@ class SpeculativeEngine(Engine):
         return self.settings.num_draft_tokens
 
     def report(self) -> dict[str, object]:
-        """The suffix index's size for /health (plain ints, read from the event loop)."""
+        """The prompt cache's and the suffix index's figures for /health (plain ints, read
+        from the event loop)."""
         index = self.suffix
-        return {"suffix_index": {"entries": len(index), "bytes": index.bytes,
+        return {"prompt_cache": self.prompt_cache.stats(self.cache_counters),
+                "suffix_index": {"entries": len(index), "bytes": index.bytes,
                                  "max_bytes": index.config.max_bytes, "evicted": index.evicted}}
 
     def plan(self, request: GenerationRequest) -> Plan:
@@ -345,110 +367,155 @@ class SpeculativeEngine(Engine):
                     constrained=request.constraint is not None)
 
     def _serve(self, models: Models) -> None:
-        if self.settings.prompt_cache_bytes > 0:
-            from mlx_lm.models.cache import LRUPromptCache
-
-            limit = self.settings.prompt_cache_bytes
-            self.prompt_cache = LRUPromptCache(max_size=PROMPT_CACHE_ENTRIES, max_bytes=limit)
         while (job := self._queue.get(block=True)) is not None:
-            self.active = 1
-            try:
-                self._answer(job, self._generate(models, job))
-            except Exception as e:
-                log.exception("generation failed")
-                self._answer(job, generation_failed(e))
-            finally:
-                self.active = 0
+            self._begin(models, job)
+            while self.run is not None:
+                self.round()
 
-    def _fetch(self, key: tuple[str, str], model: Any,
-               tokens: list[int]) -> tuple[list[Any], int]:
-        """A cache for ``model`` holding a prefix of ``tokens`` (shorter than all of them)."""
-        from mlx_lm.models.cache import (
-            can_trim_prompt_cache,
-            make_prompt_cache,
-            trim_prompt_cache,
-        )
+    # --- one round at a time (this lane's thread, or the shared worker's) ----------------
 
-        if self.prompt_cache is not None:
-            cache, rest = self.prompt_cache.fetch_nearest_cache(key, tokens)
-            if cache is not None:
-                cached = len(tokens) - len(rest)
-                if cached < len(tokens):
-                    return cache, cached
-                if can_trim_prompt_cache(cache):  # all of it: give the last token back
-                    trim_prompt_cache(cache, 1)
-                    return cache, cached - 1
-        return make_prompt_cache(model), 0
+    @property
+    def busy(self) -> bool:
+        """A request being decoded, or waiting for its turn."""
+        return self.run is not None or len(self._queue) > 0
 
-    def _store(self, key: tuple[str, str], tokens: list[int], cache: list[Any]) -> None:
-        if self.prompt_cache is not None and tokens:
-            self.prompt_cache.insert_cache(key, list(tokens), cache)
+    def take(self, models: Models) -> bool:
+        """Start the next queued request if none is being decoded; False if there is none."""
+        if self.run is None and (job := self._queue.get(block=False)) is not None:
+            self._begin(models, job)
+        return self.run is not None
 
-    def _generate(self, models: Models, job: Job) -> Event:
+    def round(self) -> None:
+        """One draft-and-verify round (or one prefill chunk) of the running request; answer
+        it once it has ended."""
+        run = self.run
+        assert run is not None
+        try:
+            event = run.advance()
+        except Exception as e:
+            log.exception("generation failed")
+            event = generation_failed(e)
+            run.close()
+        if event is not None:
+            self.run = None
+            self.active = 0
+            self._answer(run.job, event)
+
+    def _begin(self, models: Models, job: Job) -> None:
+        self.active = 1
+        try:
+            self.run = SpecRun(self, models, job)
+        except Exception as e:
+            log.exception("generation failed")
+            self.active = 0
+            self._answer(job, generation_failed(e))
+
+    def fetch(self, key: str, model: Any, tokens: list[int],
+              partition: str) -> tuple[list[Any], int]:
+        """A cache for ``model`` holding a prefix of ``tokens`` (shorter than all of them),
+        from ``partition``'s entries."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        counters = self.cache_counters if key == TARGET else None
+        lookup = self.prompt_cache.fetch(tokens, partition, model=key, counters=counters)
+        if lookup.cache is None:
+            return make_prompt_cache(model), 0
+        return lookup.cache, lookup.cached_tokens
+
+    def store(self, key: str, tokens: list[int], cache: list[Any], partition: str) -> None:
+        self.prompt_cache.store(tokens, cache, partition, model=key)
+
+
+class SpecRun:
+    """One request on the speculative lane, advanced one round at a time."""
+
+    def __init__(self, engine: SpeculativeEngine, models: Models, job: Job) -> None:
         import mlx.core as mx
 
+        self.engine = engine
+        self.job = job
+        self.aborted = job.cancelled.is_set()
+        self.decoding = False  # a token was emitted: the cache follows the history
+        self.reason = "length"
+        self.draft_model: DraftModel | None = None
+        self.prediction: PredictionDraft | None = None
+        self.steps: Iterator[Step] = iter(())
         request = job.request
-        if job.cancelled.is_set():
-            return aborted()
+        if self.aborted:
+            return
         if request.seed is not None:
             mx.random.seed(request.seed)
-        chosen = self.plan(request)
+        settings = engine.settings
+        chosen = engine.plan(request)
         forced_only = "forced" if chosen.forced else None
-        progress = SpecProgress(job, models.tokenizer, chosen.source or forced_only)
-        progress.k = max(chosen.k, chosen.forced)
-        history = list(job.prompt_ids)
-        target_key = entry_key(TARGET_KEY, job.partition)
-        draft_key = entry_key(DRAFT_KEY, job.partition)
-        cache, cached = self._fetch(target_key, models.model, history)
+        self.progress = SpecProgress(job, models.tokenizer, chosen.source or forced_only)
+        self.progress.k = max(chosen.k, chosen.forced)
+        self.history = list(job.prompt_ids)
+        self.cache, self.cached = engine.fetch(TARGET, models.model, self.history, job.partition)
         propose: Propose | None = None
-        prediction: PredictionDraft | None = None
-        draft_model: DraftModel | None = None
         if chosen.source == "prediction":
-            prediction = PredictionDraft(job.prediction_ids, self.settings.prediction)
-            propose = prediction_proposer(prediction)
+            self.prediction = PredictionDraft(job.prediction_ids, settings.prediction)
+            propose = prediction_proposer(self.prediction)
         elif chosen.source == "prompt_lookup":
-            propose = lookup_proposer(self.settings.lookup)
+            propose = lookup_proposer(settings.lookup)
         elif chosen.source == "suffix":
-            propose = suffix_proposer(SuffixDraft(self.suffix, job.partition))
+            propose = suffix_proposer(SuffixDraft(engine.suffix, job.partition))
         elif chosen.source == "draft_model":
-            draft_cache, draft_cached = self._fetch(draft_key, models.draft, history)
-            draft_model = DraftModel(models.draft, draft_cache, history[:draft_cached])
-            propose = draft_model.propose
+            draft_cache, draft_cached = engine.fetch(DRAFT, models.draft, self.history,
+                                                     job.partition)
+            self.draft_model = DraftModel(models.draft, draft_cache, self.history[:draft_cached])
+            propose = self.draft_model.propose
         constraint: ConstraintDraft | None = None
         if chosen.forced:
-            constraint = ConstraintDraft.for_constraint(request.constraint, len(history),
+            constraint = ConstraintDraft.for_constraint(request.constraint, len(self.history),
                                                         job.constraint_failed)
-        steps = decode(
+        self.steps = decode(
             models.model,
-            cache,
-            history,
-            cached,
+            self.cache,
+            self.history,
+            self.cached,
             max_tokens=request.budget,
             sampler=sampler_for(request),
             processors=() if constraint is not None else processors_for(request,
                                                                         job.constraint_failed),
             propose=propose,
             k=chosen.k,
-            stop_tokens=progress.eos,
+            stop_tokens=self.progress.eos,
             constraint=constraint,
             forced_k=chosen.forced,
         )
-        reason = "length"
-        try:
-            for step in steps:
-                if progress.step(step):
-                    reason = "stop"
-                    break
-                if job.cancelled.is_set():
-                    reason = "aborted"
-                    break
-        finally:
-            steps.close()
-        # Only after a clean run: a pass that raised may have left the cache half-written.
-        self._store(target_key, history[:-1], cache)
-        if draft_model is not None:
-            self._store(draft_key, draft_model.cached, draft_model.cache)
-        if reason == "aborted":
+
+    def advance(self) -> Event | None:
+        """Run one step; the job's answer once it has ended, else None."""
+        if self.aborted:
             return aborted()
-        self.suffix.insert(job.partition, history)
-        return progress.finish(reason, cached, prediction)
+        step = next(self.steps, None)
+        if step is None:
+            return self._end()
+        self.decoding = self.decoding or bool(step.tokens)
+        if self.progress.step(step):
+            self.reason = "stop"
+            return self._end()
+        if self.job.cancelled.is_set():
+            self.aborted = True
+            return self._end()
+        return None
+
+    def close(self) -> None:
+        """After a failed step: drop the generator (a pass that raised may have left the cache
+        half-written, so nothing is stored)."""
+        close = getattr(self.steps, "close", None)
+        if close is not None:
+            close()
+
+    def _end(self) -> Event:
+        self.close()
+        if self.decoding:  # before that the cache may hold only part of the prompt
+            self.engine.store(TARGET, self.history[:-1], self.cache, self.job.partition)
+        if self.draft_model is not None:
+            self.engine.store(DRAFT, self.draft_model.cached, self.draft_model.cache,
+                              self.job.partition)
+        if self.aborted:
+            return aborted()
+        self.engine.suffix.insert(self.job.partition, self.history)
+        return self.progress.finish(self.reason, self.cached, self.prediction)

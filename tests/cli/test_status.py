@@ -156,3 +156,24 @@ async def test_against_a_real_router(capsys: pytest.CaptureFixture[str]) -> None
     rows = {line.split()[0]: line.split() for line in table.splitlines()[1:] if line.strip()}
     assert set(rows) == set(names)
     assert rows["speculative"][2] == "speculative" and rows["ext"][1] == "openai"
+
+
+def test_the_layout_and_each_worker_process_follow_the_table() -> None:
+    import io
+
+    from router.cli.status import print_layout
+
+    out = io.StringIO()
+    layout = {"layout": "shared", "requested": "auto", "reason": "two copies would take 9 GiB",
+              "estimate_bytes": 3 << 30, "limit_bytes": 6 << 30, "separate_bytes": 9 << 30,
+              "shared_bytes": 3 << 30, "total_bytes": 8 << 30}
+    workers = [{"lanes": ["speculative", "batching"], "state": "ready", "pid": 42,
+                "rss_bytes": 3 << 29, "pss_bytes": 1 << 30}]
+    print_layout(layout, workers, out)
+    text = out.getvalue()
+    assert "lanes layout: shared (requested auto: two copies would take 9 GiB); estimate " \
+           "3.00 GiB of 6.00 GiB allowed" in text
+    assert "worker speculative+batching: ready, pid 42, rss 1.50 GiB, pss 1.00 GiB" in text
+    out = io.StringIO()
+    print_layout(None, [], out)  # a router without lanes, or an older one
+    assert out.getvalue() == ""

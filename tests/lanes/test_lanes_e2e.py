@@ -200,6 +200,20 @@ def test_the_default_pair_starts_with_speculation_active(router: Router) -> None
     assert metric_value(router.metrics(), "speclane_spec_active", backend="speculative") == 1
 
 
+def test_auto_keeps_the_default_model_in_two_processes(router: Router) -> None:
+    """Two copies of the default model take well under a quarter of this machine's memory."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(router.base_url.removesuffix("/v1") + "/admin/lanes") as resp:
+        data = json.loads(resp.read())
+    assert (data["layout"]["requested"], data["layout"]["layout"]) == ("auto", "separate")
+    assert data["layout"]["fits"] and data["layout"]["separate_bytes"] > 0
+    assert sorted(w["lanes"][0] for w in data["workers"]) == ["batching", "speculative"]
+    assert sorted(router.workers()) == ["batching", "speculative"]
+    assert any("lanes layout separate (requested auto" in line for line in router.output)
+
+
 def test_metrics_show_the_speculative_lanes_draft_counters(router: Router) -> None:
     ask(router, "speculative", False)
     text = router.metrics()

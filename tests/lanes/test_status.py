@@ -100,3 +100,16 @@ def test_a_stopped_lane_cannot_be_ready_without_starting() -> None:
         check_transition("batching", LaneState.STOPPED, LaneState.READY)
     with pytest.raises(InvalidTransition):
         check_transition("batching", LaneState.DOWN, LaneState.READY)
+
+
+def test_a_lanes_health_is_its_own_block_of_a_shared_workers_health() -> None:
+    from router.lanes.status import lane_health
+
+    one = {"status": "ok", "mode": "batching", "queued": 1}
+    assert lane_health(one, "batching") is one
+    shared = {"status": "ok", "mode": "shared",
+              "lanes": {"speculative": {"mode": "speculative"}, "batching": one}}
+    assert lane_health(shared, "batching") is one
+    assert lane_health(shared, "speculative") == {"mode": "speculative"}
+    assert lane_health({"mode": "shared", "lanes": {}}, "batching") is None
+    assert lane_health(None, "batching") is None

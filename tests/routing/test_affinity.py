@@ -14,6 +14,7 @@ from router.routing.affinity import (
     AffinityThresholds,
     fingerprints,
     imbalanced,
+    one_cache,
     steer,
     wait,
 )
@@ -145,8 +146,9 @@ def test_wait_counts_requests_ahead_beyond_capacity() -> None:
 
 
 def decide(holder: str | None, rules: RoutingRules | None = None, n: int = 1,
-           preset_header: str | None = None) -> tuple[str, str]:
-    views = (lane("speculative", speculative=True), lane("batching", capacity=8))
+           preset_header: str | None = None, domain: str | None = None) -> tuple[str, str]:
+    views = (lane("speculative", speculative=True, cache_domain=domain),
+             lane("batching", capacity=8, cache_domain=domain))
     facts = RequestFacts(RouteRequest("chat", MODEL, n=n), cache_holder=holder,
                          preset_header=preset_header)
     result = classify(facts, Policy(client="c"), DEFAULT_PRESETS, views,
@@ -190,3 +192,23 @@ def test_the_same_conversation_in_two_partitions_shares_no_fingerprint() -> None
     affinity.record(alice, "batching")
     assert affinity.holder(fingerprints("chat", body, "client:bob")) is None
     assert affinity.holder(alice) == "batching"
+
+
+def test_lanes_of_one_worker_share_one_cache_and_nothing_is_held() -> None:
+    """The shared layout: a prefix is found by either lane, so affinity stays out of the way
+    and the decision says why."""
+    assert decide("batching", domain="shared") == (
+        "speculative", "preset=none,spec-lane-free->speculative,cache=shared")
+    assert decide(None, domain="shared")[1].endswith(",cache=shared")
+    assert decide("batching") == ("batching", "preset=none,cache-affinity->batching")
+
+
+def test_one_cache_needs_two_lanes_in_one_domain() -> None:
+    shared = [lane("speculative", cache_domain="shared"), lane("batching", cache_domain="shared")]
+    assert one_cache(shared)
+    assert not one_cache(shared[:1])
+    assert not one_cache([lane("speculative"), lane("batching")])
+    assert not one_cache([shared[0], lane("batching", cache_domain="other")])
+    external = BackendView(name="x", lane=None, models=frozenset({MODEL}), ready=True,
+                           cooled_down=False)
+    assert one_cache([*shared, external])

@@ -55,6 +55,8 @@ def test_chunks_are_bigger_while_nothing_decodes() -> None:
     e.prefill_rate = 100.0
     assert e._chunk(live(1, 0)) == 50 * IDLE_FACTOR
     assert e._chunk(live(1, 1)) == 50
+    # The shared worker: a speculative request waits for this step, so no idle chunk.
+    assert e._chunk(live(1, 0), others_waiting=True) == 50
 
 
 def test_the_rate_is_a_moving_average_of_calls_that_prefilled_enough() -> None:

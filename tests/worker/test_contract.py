@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 
 from router.worker.contract import (
+    LANE_MODES,
     MAX_DRAFT_TOKENS,
     READY_PREFIX,
     add_worker_flags,
     check_worker_flags,
+    lane_prefix,
     parse_ready_line,
     ready_line,
     worker_argv,
@@ -69,6 +71,23 @@ def test_the_batching_lane_gets_no_draft() -> None:
     argv = worker_argv(sys.executable, "batching", Path("/m"), "n", draft=Path("/d"),
                        num_draft_tokens=3, max_batch_size=8, parent_pid=1)
     assert "--draft-model" not in argv
+
+
+def test_the_shared_worker_gets_the_draft_and_both_lanes_flags() -> None:
+    argv = worker_argv(sys.executable, "shared", Path("/m"), "n", draft=Path("/d"),
+                       num_draft_tokens=3, max_batch_size=8, parent_pid=1,
+                       prefill_chunk_seconds=0.25, speculative=("--draft-source", "draft_model"))
+    p = _parser()
+    args = p.parse_args(argv[3:])
+    check_worker_flags(p, args)
+    assert (args.mode, args.draft_model, args.draft_source) == ("shared", "/d", "draft_model")
+    assert (args.max_batch_size, args.prefill_chunk_seconds) == (8, 0.25)
+
+
+def test_each_lane_of_a_shared_worker_has_its_own_prefix() -> None:
+    assert [lane_prefix(lane) for lane in LANE_MODES] == ["/lanes/speculative", "/lanes/batching"]
+    with pytest.raises(ValueError):
+        lane_prefix("shared")
 
 
 @pytest.mark.parametrize("value", [-1, MAX_DRAFT_TOKENS + 1])

@@ -241,6 +241,7 @@ class LaneOptions:
     draft_model: str | None = None
     num_draft_tokens: int | None = None
     max_batch_size: int = 8
+    layout: str | None = None  # [lanes] layout; None: the router's default
 
 
 def write_policies(directory: Path, policies: dict[str, str] = POLICIES) -> Path:
@@ -258,6 +259,8 @@ def lanes_config(lanes: LaneOptions) -> str:
               (("model", lanes.model), ("draft_model", lanes.draft_model)) if value]
     if lanes.num_draft_tokens is not None:
         lines.append(f"num_draft_tokens = {lanes.num_draft_tokens}")
+    if lanes.layout:
+        lines.append(f"layout = {q(lanes.layout)}")
     return "\n".join(lines) + "\n"
 
 
@@ -270,3 +273,27 @@ def router_env() -> dict[str, str]:
     return {key: value for key, value in os.environ.items()
             if not (key.startswith("SPECLANE_")
                     and key[len("SPECLANE_"):].lower().split("__", 1)[0] in fields)}
+
+
+MLX_START_DEADLINE = 600.0
+
+
+@contextlib.asynccontextmanager
+async def mlx_lm_server(model_dir: Path, log_path: Path,
+                        extra: Sequence[str] = ()) -> AsyncIterator[Served]:
+    """``python -m mlx_lm.server --model DIR [extra]`` on a free port, in its own session;
+    yields its ``/v1`` URL and its pid (the session's leader)."""
+    from router.lanes.blas import preload_env
+
+    port = free_port()
+    env = {**os.environ, **preload_env()}  # the same BLAS as the lanes
+    with log_path.open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), *extra,
+            "--host", "127.0.0.1", "--port", str(port),
+            stdout=log, stderr=log, env=env, start_new_session=True)
+        try:
+            await wait_http(f"http://127.0.0.1:{port}/v1/models", proc, MLX_START_DEADLINE)
+            yield Served(f"http://127.0.0.1:{port}/v1", proc.pid)
+        finally:
+            await stop(proc, 15.0, group=True)

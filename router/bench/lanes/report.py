@@ -1,0 +1,58 @@
+"""``speclane bench lanes``: the ratios against the goals, and the table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from router.bench.common.stats import ratio
+
+TARGETS = ("shared", "separate", "mlx_lm.server")
+
+
+def ratios(results: dict[str, Any]) -> dict[str, Any]:
+    shared, separate, mlx = (results.get(n, {}) for n in TARGETS)
+
+    def pss(r: dict[str, Any]) -> float | None:
+        return (r.get("memory") or {}).get("pss_bytes")
+
+    def agg(r: dict[str, Any]) -> float | None:
+        return (r.get("mixed") or {}).get("aggregate_tok_s")
+
+    turns = shared.get("turn2plus_ttft_s") or {}
+    memory = ratio(pss(shared), pss(mlx))
+    alternating = ratio(turns.get("alternating"), turns.get("one_lane"))
+    throughput = ratio(agg(shared), agg(separate))
+    return {
+        "shared_memory_vs_mlx_lm": memory,
+        "separate_memory_vs_mlx_lm": ratio(pss(separate), pss(mlx)),
+        "shared_alternating_vs_one_lane_ttft": alternating,
+        "shared_vs_separate_aggregate_tok_s": throughput,
+        "goals_met": {
+            "shared_memory<=1.1x": None if memory is None else memory <= 1.1,
+            "alternating_ttft<=1.1x": None if alternating is None else alternating <= 1.1,
+            "shared_throughput>=0.85x": None if throughput is None else throughput >= 0.85,
+        },
+    }
+
+
+def _num(value: Any, scale: float = 1.0) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value / scale:.2f}"
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = ["| target | PSS MiB | processes | interactive TTFT s | interactive tok/s | "
+             "batch aggregate tok/s | turn 2+ TTFT s alternating | one lane |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in report["results"].items():
+        m, x, t = r["memory"], r["mixed"], r["turn2plus_ttft_s"]
+        lines.append(f"| {name} | {_num(m['pss_bytes'], 1 << 20)} | {m['processes']} | "
+                     f"{_num(x['interactive_ttft_s'])} | {_num(x['interactive_tok_s'])} | "
+                     f"{_num(x['aggregate_tok_s'])} | {_num(t['alternating'])} | "
+                     f"{_num(t['one_lane'])} |")
+    rt = report["ratios"]
+    lines += ["", f"shared memory / mlx_lm.server {_num(rt['shared_memory_vs_mlx_lm'])} (goal "
+              f"<= 1.1); separate {_num(rt['separate_memory_vs_mlx_lm'])}; shared alternating / "
+              f"one-lane turn 2+ TTFT {_num(rt['shared_alternating_vs_one_lane_ttft'])} (goal "
+              f"<= 1.1); shared / separate aggregate tok/s "
+              f"{_num(rt['shared_vs_separate_aggregate_tok_s'])} (goal >= 0.85)"]
+    return "\n".join(lines)

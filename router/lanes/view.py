@@ -1,0 +1,26 @@
+"""What the admin API and the status page show of the lane worker processes: each lane's
+state, the processes with their memory, and the layout with the numbers behind it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from router.lanes.layout import LayoutChoice
+from router.lanes.supervisor import LaneSupervisor
+
+
+def supervised_states(supervisors: Iterable[LaneSupervisor]) -> dict[str, str]:
+    """Each lane's state: that of the process serving it (one process serves both lanes in
+    the shared layout)."""
+    return {lane: s.status.state.value for s in supervisors for lane in s.lanes}
+
+
+def workers(supervisors: Iterable[LaneSupervisor]) -> list[dict[str, Any]]:
+    """The lane worker processes: the lanes each serves, its state, pid and memory."""
+    return [{"lanes": list(s.lanes), "state": s.status.state.value, "pid": s.status.pid,
+             "restarts": s.status.restarts, **(s.memory or {})} for s in supervisors]
+
+
+def layout(choice: LayoutChoice | None) -> dict[str, Any] | None:
+    return choice.to_json() if choice is not None else None
