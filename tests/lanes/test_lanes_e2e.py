@@ -181,7 +181,7 @@ def test_num_draft_tokens_zero_decodes_plainly_on_the_speculative_lane(router: R
     text, usage, _ = ask(router, "speculative", False, num_draft_tokens=0)
     assert "Paris" in text
     assert usage["speclane_spec"] == {"drafted": 0, "accepted": 0, "rejected": 0, "steps": 0,
-                                      "num_draft_tokens": 0, "source": None}
+                                      "num_draft_tokens": 0, "source": None, "forced": 0}
 
 
 def test_the_default_pair_starts_with_speculation_active(router: Router) -> None:
