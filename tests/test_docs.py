@@ -222,7 +222,7 @@ def test_documented_worker_flags_exist() -> None:
     """docs/lanes.md names the lane worker's flags beside the [lanes] settings."""
     import argparse
 
-    from router.worker.contract import add_worker_flags
+    from router.worker_contract import add_worker_flags
 
     parser = argparse.ArgumentParser()
     add_worker_flags(parser, required=False)
@@ -250,7 +250,7 @@ def test_every_header_is_documented_and_no_documented_header_is_gone() -> None:
     assert sorted(h for h in in_code if f"`{h}" not in reference) == [], \
         "headers missing from docs/routing.md's tables"
     mentioned = set(re.findall(r"X-Speclane-[A-Za-z]+(?:-[A-Za-z]+)*", text))
-    from router.worker import contract  # router -> lane headers: the worker contract's
+    from router import worker_contract as contract  # router -> lane headers: the worker contract's
 
     internal = {value for name, value in vars(contract).items()
                 if name.endswith("_HEADER") and isinstance(value, str)}

@@ -14,7 +14,7 @@ ROUTER = Path(__file__).resolve().parents[1] / "router"
 # Longest prefix wins. Floor 0 are leaves: they import nothing of speclane's at run time.
 FLOORS: dict[str, int] = {
     "router": 0,  # __init__: the version
-    "router.config.names": 0, "router.config.suggest": 0, "router.worker.contract": 0,
+    "router.config.names": 0, "router.config.suggest": 0, "router.worker_contract": 0,
     "router.metrics": 0, "router.appkeys": 0, "router.sse": 0, "router.periodic": 0,
     "router.observability.escape": 0,
     # The request family: a pure leaf that both routing and speculation read.

@@ -36,7 +36,7 @@ from router.config.policydir import default_policies_dir, relative_to_config
 from router.config.presets import DEFAULT_PRESETS, PresetSpec
 from router.config.routing import RoutingRules
 from router.config.speculation import SpecSettings
-from router.worker.contract import (
+from router.worker_contract import (
     DEFAULT_CHUNK_SECONDS,
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_PREFILL_STEP_SIZE,

@@ -37,7 +37,7 @@ from router.lanes.supervisor import (
     stop_all,
 )
 from router.metrics import Metrics
-from router.worker.contract import SHARED_MODE, lane_prefix
+from router.worker_contract import SHARED_MODE, lane_prefix
 
 log = logging.getLogger("speclane.lanes")
 

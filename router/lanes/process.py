@@ -22,7 +22,7 @@ from signal import Signals
 from router.config.names import LANE_NAMES
 from router.config.settings import LanesSettings
 from router.lanes.blas import preload_env
-from router.worker.contract import (
+from router.worker_contract import (
     DEFAULT_MAX_BODY_BYTES,
     SHARED_MODE,
     parse_ready_line,

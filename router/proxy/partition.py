@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-from router.worker.contract import CACHE_PARTITION_HEADER
+from router.worker_contract import CACHE_PARTITION_HEADER
 
 __all__ = ["CACHE_PARTITION_HEADER", "wire_token"]
 

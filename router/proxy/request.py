@@ -20,7 +20,7 @@ from router.errors import bad_request
 from router.request_rules import integer, number, typed
 from router.routing.types import Endpoint, RouteRequest
 from router.speculation.families import classify_family
-from router.worker.contract import DRAFT_SOURCE_FIELD, DRAFT_TOKENS_FIELD, REQUEST_DRAFT_SOURCES
+from router.worker_contract import DRAFT_SOURCE_FIELD, DRAFT_TOKENS_FIELD, REQUEST_DRAFT_SOURCES
 
 MAX_N = 128
 MAX_TOKENS_LIMIT = 1_000_000

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.errors import RouterError
-from router.worker.contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
 from router.worker.engine import (
     Engine,
     Models,
@@ -44,6 +43,7 @@ from router.worker.engine import (
 )
 from router.worker.jobs import Failed, Job, JobQueue, aborted
 from router.worker.promptcache import Counters, PromptCache
+from router.worker_contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
 
 log = logging.getLogger("speclane.worker")
 

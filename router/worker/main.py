@@ -1,5 +1,5 @@
 """``python -m router.worker``: one MLX lane, or both on one copy of the model (``--mode
-shared``, ``router.worker.shared``); its contract: ``router.worker.contract``.
+shared``, ``router.worker.shared``); its contract: ``router.worker_contract``.
 
 Life cycle: load the model(s) on the generation thread; bind; print the one ready line on
 stdout; serve until SIGTERM/SIGINT or until the parent process disappears; then stop
@@ -23,19 +23,19 @@ from typing import NoReturn, TextIO
 from aiohttp import web
 
 from router.worker.batching import BatchingEngine
-from router.worker.contract import (
-    SHARED_MODE,
-    add_worker_flags,
-    check_worker_flags,
-    ready_line,
-    serves_speculative,
-)
 from router.worker.drafts import LookupConfig, PredictionConfig
 from router.worker.engine import Engine, LoadError, Models
 from router.worker.server import WorkerInfo, make_app, make_shared_app, start_site
 from router.worker.shared import SharedEngine
 from router.worker.speculative import SpecSettings, SpeculativeEngine
 from router.worker.suffix import SuffixConfig
+from router.worker_contract import (
+    SHARED_MODE,
+    add_worker_flags,
+    check_worker_flags,
+    ready_line,
+    serves_speculative,
+)
 
 PARENT_POLL_SECONDS = 0.5
 SHUTDOWN_SECONDS = 3.0

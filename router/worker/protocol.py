@@ -31,7 +31,7 @@ import orjson
 
 from router.errors import bad_request
 from router.request_rules import integer, number, typed
-from router.worker.contract import (
+from router.worker_contract import (
     DRAFT_SOURCE_FIELD,
     DRAFT_TOKENS_FIELD,
     MAX_DRAFT_TOKENS,

@@ -8,7 +8,7 @@ Handlers never wait on the generation thread except through their job's event qu
 tokenizer, and a generation request's preparation before any token count.
 
 A request's prompt-cache partition comes in the ``X-Speclane-Cache-Partition`` header
-(``router.worker.contract``); its job reuses cached KV state of that partition only.
+(``router.worker_contract``); its job reuses cached KV state of that partition only.
 """
 
 from __future__ import annotations
@@ -28,14 +28,6 @@ from aiohttp import web
 from router import sse
 from router.errors import RouterError, bad_request, not_found, render, sse_error_event
 from router.worker.constrain import COMPILER
-from router.worker.contract import (
-    CACHE_PARTITION_HEADER,
-    CACHE_PARTITION_PATTERN,
-    DEFAULT_MAX_BODY_BYTES,
-    DRAFT_SOURCE_FIELD,
-    SHARED_MODE,
-    lane_prefix,
-)
 from router.worker.engine import Engine
 from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
 from router.worker.protocol import GenerationRequest, Kind, parse_request, token_budget
@@ -50,6 +42,14 @@ from router.worker.tools import (
     chat_inputs,
     fallback_syntax,
     syntax_for,
+)
+from router.worker_contract import (
+    CACHE_PARTITION_HEADER,
+    CACHE_PARTITION_PATTERN,
+    DEFAULT_MAX_BODY_BYTES,
+    DRAFT_SOURCE_FIELD,
+    SHARED_MODE,
+    lane_prefix,
 )
 
 

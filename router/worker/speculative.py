@@ -45,7 +45,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from router.worker.contract import DRAFT_SOURCES
 from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft, PromptLookup
 from router.worker.engine import Engine, Models, generation_failed, processors_for, sampler_for
 from router.worker.forced import FORCED_MAX_DRAFT, ConstraintDraft
@@ -55,6 +54,7 @@ from router.worker.protocol import GenerationRequest
 from router.worker.stats import SpecStats, usage
 from router.worker.stops import StopScanner
 from router.worker.suffix import SuffixConfig, SuffixDraft, SuffixIndex
+from router.worker_contract import DRAFT_SOURCES
 
 log = logging.getLogger("speclane.worker")
 

@@ -22,7 +22,7 @@ import time
 
 from aiohttp import web
 
-from router.worker.contract import add_worker_flags, ready_line
+from router.worker_contract import add_worker_flags, ready_line
 
 PR_SET_PDEATHSIG = 1
 

@@ -20,8 +20,8 @@ import pytest
 
 from router.appkeys import LIMITER
 from router.config.settings import Settings
-from router.worker.contract import worker_argv
 from router.worker.server import WorkerInfo, make_app, start_site
+from router.worker_contract import worker_argv
 from tests.conftest import RunningRouter, add_fake_lane, router_settings, run_router, wait_until
 from tests.worker.scripted import ScriptedEngine
 

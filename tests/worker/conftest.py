@@ -17,7 +17,7 @@ import pytest
 
 from router.lanes.blas import preload_env
 from router.lanes.modelprep import ensure_default_models
-from router.worker.contract import READY_PREFIX
+from router.worker_contract import READY_PREFIX
 
 READY_TIMEOUT = 180.0  # loading competes for 2 shared cores
 BATCH_SIZE = 4

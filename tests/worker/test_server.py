@@ -413,7 +413,7 @@ async def test_a_call_being_written_still_shows_progress(monkeypatch: pytest.Mon
 
 
 async def test_the_partition_header_reaches_the_job_and_a_malformed_one_is_a_400() -> None:
-    from router.worker.contract import CACHE_PARTITION_HEADER
+    from router.worker_contract import CACHE_PARTITION_HEADER
 
     engine = ScriptedEngine("ok")
     async with serving(engine) as url:
@@ -452,8 +452,8 @@ async def test_a_body_past_the_limit_is_a_413_in_the_openai_shape() -> None:
 
 def test_the_default_body_limit_is_the_routers() -> None:
     from router.config.settings import Settings
-    from router.worker.contract import DEFAULT_MAX_BODY_BYTES
     from router.worker.main import parse_args
+    from router.worker_contract import DEFAULT_MAX_BODY_BYTES
 
     assert Settings.model_fields["max_body_bytes"].default == DEFAULT_MAX_BODY_BYTES
     assert parse_args(["--mode", "batching", "--model", "/m"]).max_body_bytes == (

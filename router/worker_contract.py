@@ -1,4 +1,5 @@
-"""The contract between the lane supervisor and a lane worker, defined once.
+"""The contract between the router (its lane supervisor) and a lane worker: the two programs
+both import this floor-0 leaf, defined once here.
 
 Used by the worker (``router.worker.main``), the supervisor (``router.lanes.process`` and
 ``router.lanes.status``) and the test fakes alike:

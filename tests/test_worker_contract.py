@@ -1,4 +1,4 @@
-"""router.worker.contract: the ready line, the flags and the command line, defined once."""
+"""router.worker_contract: the ready line, the flags and the command line, defined once."""
 
 import argparse
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from router.worker.contract import (
+from router.worker_contract import (
     LANE_MODES,
     MAX_DRAFT_TOKENS,
     READY_PREFIX,
