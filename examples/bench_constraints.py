@@ -123,8 +123,13 @@ def bench_llguidance(tokenizer: Any, vocab: int, eos: int) -> dict[str, Any]:
 
     walked: list[int] = []
     times = walk(mask_into, advance, matcher.is_stopped, matcher.reset, vocab, eos, walked)
-    return {"version": llguidance.__version__, "prep_s": prep, "compile_s": compile_s,
-            "times": times, "walked": walked}
+    return {
+        "version": llguidance.__version__,
+        "prep_s": prep,
+        "compile_s": compile_s,
+        "times": times,
+        "walked": walked,
+    }
 
 
 def bench_xgrammar(tokenizer: Any, vocab: int, eos: int) -> dict[str, Any]:
@@ -151,13 +156,16 @@ def bench_xgrammar(tokenizer: Any, vocab: int, eos: int) -> dict[str, Any]:
         assert matcher.accept_token(tok)
 
     walked: list[int] = []
-    times = walk(
-        mask_into, advance, matcher.is_terminated, matcher.reset, vocab, eos, walked
-    )
+    times = walk(mask_into, advance, matcher.is_terminated, matcher.reset, vocab, eos, walked)
     from importlib.metadata import version
 
-    return {"version": version("xgrammar"), "prep_s": prep, "compile_s": compile_s,
-            "times": times, "walked": walked}
+    return {
+        "version": version("xgrammar"),
+        "prep_s": prep,
+        "compile_s": compile_s,
+        "times": times,
+        "walked": walked,
+    }
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -206,8 +214,13 @@ def bench_outlines(tokenizer: Any, vocab: int, eos: int) -> dict[str, Any]:
     times = walk(mask_into, advance, guide.is_finished, guide.reset, vocab, eos, walked)
     from importlib.metadata import version
 
-    return {"version": version("outlines-core"), "prep_s": prep, "compile_s": compile_s,
-            "times": times, "walked": walked}
+    return {
+        "version": version("outlines-core"),
+        "prep_s": prep,
+        "compile_s": compile_s,
+        "times": times,
+        "walked": walked,
+    }
 
 
 def baseline(vocab: int) -> dict[str, Any]:
@@ -223,8 +236,10 @@ def baseline(vocab: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         int(mx.argmax(apply_mask(logits, bitmask, vocab)).item())
         times.append(time.perf_counter() - t0)
-    return {"library": "(mask apply + argmax only)",
-            "per_token_median_ms": statistics.median(times) * 1e3}
+    return {
+        "library": "(mask apply + argmax only)",
+        "per_token_median_ms": statistics.median(times) * 1e3,
+    }
 
 
 def summarise(name: str, raw: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
@@ -270,8 +285,12 @@ def main() -> None:
             row = {"library": name, "error": f"{type(e).__name__}: {e}"}
         print(json.dumps(row), flush=True)
         results.append(row)
-    out = {"vocab": vocab, "schema": SCHEMA, "results": results,
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    out = {
+        "vocab": vocab,
+        "schema": SCHEMA,
+        "results": results,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 
 

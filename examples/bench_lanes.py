@@ -120,8 +120,16 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     model, draft = ensure_default_models()
     spec, spec_url = start_worker(
-        ["--mode", "speculative", "--model", str(model), "--draft-model", str(draft),
-         "--num-draft-tokens", str(args.num_draft_tokens)]
+        [
+            "--mode",
+            "speculative",
+            "--model",
+            str(model),
+            "--draft-model",
+            str(draft),
+            "--num-draft-tokens",
+            str(args.num_draft_tokens),
+        ]
     )
     batch, batch_url = start_worker(
         ["--mode", "batching", "--model", str(model), "--max-batch-size", str(args.concurrency)]
@@ -133,7 +141,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         rows += await scenario("batching lane, 1 request", batch_url, args.max_tokens, {})
         rows += await scenario(
-            f"batching lane, {args.concurrency} concurrent", batch_url, args.max_tokens, {},
+            f"batching lane, {args.concurrency} concurrent",
+            batch_url,
+            args.max_tokens,
+            {},
             concurrency=args.concurrency,
         )
     finally:

@@ -45,8 +45,11 @@ async def relay_streams(base_url: str, streams: int, concurrency: int, tokens: i
         nonlocal left
         while left > 0:
             left -= 1
-            async with session.post(f"{base_url}/chat/completions", data=body,
-                                    headers={"Content-Type": "application/json"}) as resp:
+            async with session.post(
+                f"{base_url}/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as resp:
                 text = await resp.read()
                 if resp.status != 200 or not text.rstrip().endswith(b"data: [DONE]"):
                     raise RuntimeError(f"stream failed: {resp.status} {text[-200:]!r}")
@@ -74,10 +77,17 @@ def control(*args: str) -> None:
 async def count(streams: int, concurrency: int, tokens: int) -> int:
     with tempfile.TemporaryDirectory(prefix="speclane-callgrind-") as tmp:
         out = Path(tmp) / "callgrind.out"
-        prefix = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                  "--dump-instr=no", "--collect-jumps=no"]
-        async with procs.bench_upstream() as upstream, procs.speclane_router(
-                upstream.url, prefix=prefix, deadline=600) as router:
+        prefix = [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}",
+            "--dump-instr=no",
+            "--collect-jumps=no",
+        ]
+        async with (
+            procs.bench_upstream() as upstream,
+            procs.speclane_router(upstream.url, prefix=prefix, deadline=600) as router,
+        ):
             await relay_streams(router.url, WARMUP_STREAMS, concurrency, tokens)
             control("-z", str(router.sid))  # forget start-up and warm-up
             await relay_streams(router.url, streams, concurrency, tokens)
@@ -98,13 +108,25 @@ def main(argv: list[str]) -> int:
         return 2
     total = asyncio.run(count(args.streams, args.concurrency, args.tokens))
     per_stream = total / args.streams
-    print(f"speclane: {per_stream / 1000:,.0f} k instructions per stream "
-          f"({args.streams} streams of {args.tokens} tokens, {args.concurrency} at a time)")
+    print(
+        f"speclane: {per_stream / 1000:,.0f} k instructions per stream "
+        f"({args.streams} streams of {args.tokens} tokens, {args.concurrency} at a time)"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "benchmark": "instructions", "date": time.strftime("%Y-%m-%d"),
-        "streams": args.streams, "concurrency": args.concurrency, "tokens": args.tokens,
-        "instructions_per_stream": per_stream}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "instructions",
+                "date": time.strftime("%Y-%m-%d"),
+                "streams": args.streams,
+                "concurrency": args.concurrency,
+                "tokens": args.tokens,
+                "instructions_per_stream": per_stream,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     return 0
 
 

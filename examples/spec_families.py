@@ -65,27 +65,64 @@ probe_initial = 600
 probe_max = 1200
 """
 SCENARIO_CLIENT = "scenarios"
-REPEAT_PROMPT = ("Write a Python class named {name} with methods add(item), remove(item) and "
-                 "total() for a shopping cart, with a docstring for each method.")
-NAMES = ["ShoppingCart", "Basket", "OrderList", "Trolley", "CartBox", "Bag", "Checkout",
-         "Purchase", "ItemStore", "Collector"]
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {
-        "city": {"type": "string"}, "country": {"type": "string"},
-        "unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer"}},
-    "required": ["city", "country", "unit", "days"]}}}
-PERSON = {"type": "object", "properties": {
-    "first_name": {"type": "string"}, "last_name": {"type": "string"},
-    "age": {"type": "integer"}, "city": {"type": "string"},
-    "occupation": {"type": "string"}, "languages": {"type": "array",
-                                                    "items": {"type": "string"}}},
-    "required": ["first_name", "last_name", "age", "city", "occupation", "languages"]}
+REPEAT_PROMPT = (
+    "Write a Python class named {name} with methods add(item), remove(item) and "
+    "total() for a shopping cart, with a docstring for each method."
+)
+NAMES = [
+    "ShoppingCart",
+    "Basket",
+    "OrderList",
+    "Trolley",
+    "CartBox",
+    "Bag",
+    "Checkout",
+    "Purchase",
+    "ItemStore",
+    "Collector",
+]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "country": {"type": "string"},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer"},
+            },
+            "required": ["city", "country", "unit", "days"],
+        },
+    },
+}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "first_name": {"type": "string"},
+        "last_name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string"},
+        "occupation": {"type": "string"},
+        "languages": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["first_name", "last_name", "age", "city", "occupation", "languages"],
+}
 CONSTRAINED = {
-    "tool-call": ("What will the weather be in Lyon, France over the next 3 days in celsius?",
-                  {"tools": [WEATHER], "tool_choice": "required"}),
-    "json-schema": ("Describe Ada Lovelace as a JSON object.",
-                    {"response_format": {"type": "json_schema", "json_schema": {
-                        "name": "person", "schema": PERSON}}}),
+    "tool-call": (
+        "What will the weather be in Lyon, France over the next 3 days in celsius?",
+        {"tools": [WEATHER], "tool_choice": "required"},
+    ),
+    "json-schema": (
+        "Describe Ada Lovelace as a JSON object.",
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": PERSON},
+            }
+        },
+    ),
 }
 # The scenarios compare variants the body names: no request of theirs may become a plain
 # baseline sample of auto-disable (at most one a week).
@@ -99,15 +136,26 @@ client_header = ["family-{name}"]
 """
 
 
-async def one(session: aiohttp.ClientSession, url: str, family: str, prompt: str,
-              max_tokens: int, lane: str | None, variant: str | None) -> dict[str, Any]:
+async def one(
+    session: aiohttp.ClientSession,
+    url: str,
+    family: str,
+    prompt: str,
+    max_tokens: int,
+    lane: str | None,
+    variant: str | None,
+) -> dict[str, Any]:
     headers = {"X-Speclane-Client": f"family-{family}"}
     if lane:
         headers["X-Speclane-Lane"] = lane
-    body: dict[str, Any] = {"model": "SmolLM2-135M-Instruct", "max_tokens": max_tokens,
-                            "temperature": 0, "stream": True,
-                            "stream_options": {"include_usage": True},
-                            "messages": [{"role": "user", "content": prompt}]}
+    body: dict[str, Any] = {
+        "model": "SmolLM2-135M-Instruct",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": prompt}],
+    }
     endpoint = "chat/completions"
     if family in EDIT_FAMILIES:
         endpoint = "completions"
@@ -142,9 +190,16 @@ async def one(session: aiohttp.ClientSession, url: str, family: str, prompt: str
     if first and last and last > first and tokens > 1:
         decode = (tokens - 1) / (last - first)
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    return {"lane": chosen, "decision": decision, "tokens": tokens, "tps": tps,
-            "decode_tps": decode, "ttft": first - sent if first else None,
-            "spec": usage.get("speclane_spec"), "cached": cached}
+    return {
+        "lane": chosen,
+        "decision": decision,
+        "tokens": tokens,
+        "tps": tps,
+        "decode_tps": decode,
+        "ttft": first - sent if first else None,
+        "spec": usage.get("speclane_spec"),
+        "cached": cached,
+    }
 
 
 @contextlib.asynccontextmanager
@@ -157,24 +212,35 @@ async def router(url: str | None) -> AsyncIterator[str]:
         for name in FAMILIES:
             (Path(tmp) / "policies" / f"family-{name}.toml").write_text(POLICY.format(name=name))
         (Path(tmp) / "policies" / f"family-{SCENARIO_CLIENT}.toml").write_text(
-            POLICY.format(name=SCENARIO_CLIENT) + SCENARIO_SPEC)
+            POLICY.format(name=SCENARIO_CLIENT) + SCENARIO_SPEC
+        )
         config = Path(tmp) / "speclane.toml"
         config.write_text(CONFIG.format(tmp=tmp))
         proc, m = await procs.spawn_until_line(
             [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"],
-            r"listening on (http://\S+)", deadline=600)
+            r"listening on (http://\S+)",
+            deadline=600,
+        )
         try:
             yield m.group(1)
         finally:
             await procs.stop(proc)
 
 
-async def both(session: aiohttp.ClientSession, url: str, family: str, prompt: str,
-               tokens: int, lane: str | None, variant: str | None) -> dict[str, Any]:
+async def both(
+    session: aiohttp.ClientSession,
+    url: str,
+    family: str,
+    prompt: str,
+    tokens: int,
+    lane: str | None,
+    variant: str | None,
+) -> dict[str, Any]:
     """Two identical requests at once."""
     start = time.perf_counter()
-    runs = await asyncio.gather(*(one(session, url, family, prompt, tokens, lane, variant)
-                                  for _ in range(2)))
+    runs = await asyncio.gather(
+        *(one(session, url, family, prompt, tokens, lane, variant) for _ in range(2))
+    )
     return report.together(runs, time.perf_counter() - start)
 
 
@@ -183,8 +249,9 @@ async def spec_state(session: aiohttp.ClientSession, url: str) -> dict[str, Any]
         return await resp.json()
 
 
-async def settle(session: aiohttp.ClientSession, url: str, family: str, prompt: str,
-                 tokens: int, most: int) -> int:
+async def settle(
+    session: aiohttp.ClientSession, url: str, family: str, prompt: str, tokens: int, most: int
+) -> int:
     """Routed requests until auto-disable has decided for the source the router drafts this
     family with (or ``most`` requests); how many were sent."""
     source: str | None = None
@@ -197,15 +264,25 @@ async def settle(session: aiohttp.ClientSession, url: str, family: str, prompt: 
     return most
 
 
-async def scenario_one(session: aiohttp.ClientSession, url: str, prompt: str,
-                       extra: dict[str, Any], max_tokens: int, variant: str) -> dict[str, Any]:
+async def scenario_one(
+    session: aiohttp.ClientSession,
+    url: str,
+    prompt: str,
+    extra: dict[str, Any],
+    max_tokens: int,
+    variant: str,
+) -> dict[str, Any]:
     """One streamed chat request of a scenario on the speculative lane."""
-    headers = {"X-Speclane-Client": f"family-{SCENARIO_CLIENT}",
-               "X-Speclane-Lane": "speculative"}
-    body: dict[str, Any] = {"model": "SmolLM2-135M-Instruct", "max_tokens": max_tokens,
-                            "temperature": 0, "stream": True,
-                            "stream_options": {"include_usage": True},
-                            "messages": [{"role": "user", "content": prompt}], **extra}
+    headers = {"X-Speclane-Client": f"family-{SCENARIO_CLIENT}", "X-Speclane-Lane": "speculative"}
+    body: dict[str, Any] = {
+        "model": "SmolLM2-135M-Instruct",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": prompt}],
+        **extra,
+    }
     body = plan.scenario_body(body, variant)
     last = None
     usage: dict[str, Any] = {}
@@ -216,19 +293,23 @@ async def scenario_one(session: aiohttp.ClientSession, url: str, prompt: str,
             if not line.startswith(b"data: {"):
                 continue
             event = json.loads(line[6:])
-            delta = ((event.get("choices") or [{}])[0].get("delta") or {})
+            delta = (event.get("choices") or [{}])[0].get("delta") or {}
             if delta.get("content") or delta.get("tool_calls"):
                 last = time.perf_counter()
             if event.get("usage"):
                 usage = event["usage"]
     tokens = usage.get("completion_tokens", 0)
-    return {"lane": "speculative", "tokens": tokens,
-            "tps": tokens / (last - sent) if last and tokens else None,
-            "spec": usage.get("speclane_spec")}
+    return {
+        "lane": "speculative",
+        "tokens": tokens,
+        "tps": tokens / (last - sent) if last and tokens else None,
+        "spec": usage.get("speclane_spec"),
+    }
 
 
-async def scenarios(session: aiohttp.ClientSession, url: str, names: list[str],
-                    rounds: int, max_tokens: int) -> dict[str, Any]:
+async def scenarios(
+    session: aiohttp.ClientSession, url: str, names: list[str], rounds: int, max_tokens: int
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in names:
         variants = plan.SCENARIO_VARIANTS[name]
@@ -254,8 +335,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=900)
     async with router(args.url) as url, aiohttp.ClientSession(timeout=timeout) as session:
         if args.scenarios:
-            results["scenarios"] = await scenarios(session, url, args.scenarios, args.requests,
-                                                   args.scenario_max_tokens)
+            results["scenarios"] = await scenarios(
+                session, url, args.scenarios, args.requests, args.scenario_max_tokens
+            )
         for family in args.families:
             prompt = FAMILIES[family]
             tokens = args.edit_max_tokens if family in EDIT_FAMILIES else args.max_tokens
@@ -265,33 +347,42 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             c1: dict[str, list[dict[str, Any]]] = {v: [] for v in names}
             for _ in range(args.requests):  # interleaved, so drift hits every variant alike
                 for v in names:
-                    c1[v].append(await one(session, url, family, prompt, tokens,
-                                           "speculative", v))
-            c2 = {v: await both(session, url, family, prompt, tokens, "speculative", v)
-                  for v in names}
-            c2_batching = await both(session, url, family, prompt, tokens, "batching",
-                                     plan.PLAIN)
+                    c1[v].append(await one(session, url, family, prompt, tokens, "speculative", v))
+            c2 = {
+                v: await both(session, url, family, prompt, tokens, "speculative", v) for v in names
+            }
+            c2_batching = await both(session, url, family, prompt, tokens, "batching", plan.PLAIN)
             settled = await settle(session, url, family, prompt, tokens, args.settle_max)
             routed, plain_after = [], []
             for _ in range(args.requests):  # interleaved with plain decoding again, so that
                 # the routed/plain ratio compares requests of the same minutes
-                plain_after.append(await one(session, url, family, prompt, tokens,
-                                             "speculative", plan.PLAIN))
+                plain_after.append(
+                    await one(session, url, family, prompt, tokens, "speculative", plan.PLAIN)
+                )
                 routed.append(await one(session, url, family, prompt, tokens, None, None))
             routed_c2 = await both(session, url, family, prompt, tokens, None, None)
             rows = report.family_rows(await spec_state(session, url), family)
             results[family] = {
                 "c1": {v: report.summarise(runs) for v, runs in c1.items()},
-                "c2": c2, "c2_batching": c2_batching, "settle_requests": settled,
-                "routed": report.summarise(routed), "routed_c2": routed_c2,
+                "c2": c2,
+                "c2_batching": c2_batching,
+                "settle_requests": settled,
+                "routed": report.summarise(routed),
+                "routed_c2": routed_c2,
                 "plain_beside_routed": report.summarise(plain_after),
                 "routed_decisions": [r["decision"] for r in routed],
-                "auto_disable": [{
-                    "workload": row["workload"], "source": row.get("source"),
-                    "state": row["state"], "reason": row["reason"],
-                    "window_acceptance": row["window"]["acceptance"],
-                    "spec_tps": row["speed"]["spec_tps"],
-                    "baseline_tps": row["speed"]["baseline_tps"]} for row in rows],
+                "auto_disable": [
+                    {
+                        "workload": row["workload"],
+                        "source": row.get("source"),
+                        "state": row["state"],
+                        "reason": row["reason"],
+                        "window_acceptance": row["window"]["acceptance"],
+                        "spec_tps": row["speed"]["spec_tps"],
+                        "baseline_tps": row["speed"]["baseline_tps"],
+                    }
+                    for row in rows
+                ],
             }
             print(f"  {family}: done (settled after {settled} routed requests)", flush=True)
     return results
@@ -301,8 +392,13 @@ def _commit() -> str | None:
     import subprocess
 
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, cwd=Path(__file__).parent, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=10,
+        )
         return out.stdout.strip() or None
     return None
 
@@ -313,12 +409,24 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=3, help="per variant and family")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--edit-max-tokens", type=int, default=160)
-    p.add_argument("--settle-max", type=int, default=12,
-                   help="routed requests at most while waiting for auto-disable to decide")
-    p.add_argument("--families", type=lambda v: [f for f in v.split(",") if f],
-                   default=list(FAMILIES), help="comma-separated, of: " + ", ".join(FAMILIES))
-    p.add_argument("--scenarios", type=lambda v: [s for s in v.split(",") if s], default=[],
-                   help="comma-separated, of: " + ", ".join(plan.SCENARIO_VARIANTS))
+    p.add_argument(
+        "--settle-max",
+        type=int,
+        default=12,
+        help="routed requests at most while waiting for auto-disable to decide",
+    )
+    p.add_argument(
+        "--families",
+        type=lambda v: [f for f in v.split(",") if f],
+        default=list(FAMILIES),
+        help="comma-separated, of: " + ", ".join(FAMILIES),
+    )
+    p.add_argument(
+        "--scenarios",
+        type=lambda v: [s for s in v.split(",") if s],
+        default=[],
+        help="comma-separated, of: " + ", ".join(plan.SCENARIO_VARIANTS),
+    )
     p.add_argument("--scenario-max-tokens", type=int, default=96)
     p.add_argument("--out", type=Path, default=Path("bench-results/spec-families.json"))
     args = p.parse_args()
@@ -330,10 +438,13 @@ def main() -> int:
     results = asyncio.run(run(args))
     scenario_results = results.pop("scenarios", {})
     meta: dict[str, Any] = {
-        "requests": args.requests, "max_tokens": args.max_tokens,
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
         "edit_max_tokens": args.edit_max_tokens,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": _commit(), "load_average": list(os.getloadavg())}
+        "commit": _commit(),
+        "load_average": list(os.getloadavg()),
+    }
     if results:
         print(report.table(results))
         print(json.dumps(report.goals(results), indent=1))
@@ -341,12 +452,15 @@ def main() -> int:
     if scenario_results:
         print(report.scenario_table(scenario_results))
         print(json.dumps(report.scenario_goals(scenario_results), indent=1))
-        meta.update(scenario_max_tokens=args.scenario_max_tokens,
-                    scenario_table=report.scenario_table(scenario_results).split("\n"),
-                    scenario_goals=report.scenario_goals(scenario_results))
+        meta.update(
+            scenario_max_tokens=args.scenario_max_tokens,
+            scenario_table=report.scenario_table(scenario_results).split("\n"),
+            scenario_goals=report.scenario_goals(scenario_results),
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "families": results,
-                                    "scenarios": scenario_results}, indent=2))
+    args.out.write_text(
+        json.dumps({"meta": meta, "families": results, "scenarios": scenario_results}, indent=2)
+    )
     print(f"saved {args.out}")
     return 0
 

@@ -23,8 +23,13 @@ async def lanes(request: web.Request) -> web.Response:
     require_admin(request)
     supervisors = request.app.get(SUPERVISORS, [])
     data = [backend_status(b, supervised_states(supervisors)) for b in request.app[POOL]]
-    return web.json_response({"backends": data, "layout": layout(request.app.get(LAYOUT)),
-                              "workers": workers(supervisors)})
+    return web.json_response(
+        {
+            "backends": data,
+            "layout": layout(request.app.get(LAYOUT)),
+            "workers": workers(supervisors),
+        }
+    )
 
 
 async def spec(request: web.Request) -> web.Response:
@@ -38,11 +43,17 @@ async def reload_policies(request: web.Request) -> web.Response:
     proven = require_admin(request)
     result = await request.app[POLICIES].reload("admin", widen=proven)
     if result.held:
-        raise RouterError(403, f"{result.error}. This request carried neither the admin key "
-                          "nor the local admin token", type="permission_error",
-                          code="reload_needs_admin_key")
-    body = {"ok": result.ok, "error": result.error,
-            "clients": [p.client for p in request.app[POLICIES].current]}
+        raise RouterError(
+            403,
+            f"{result.error}. This request carried neither the admin key nor the local admin token",
+            type="permission_error",
+            code="reload_needs_admin_key",
+        )
+    body = {
+        "ok": result.ok,
+        "error": result.error,
+        "clients": [p.client for p in request.app[POLICIES].current],
+    }
     return web.json_response(body, status=200 if result.ok else 422)
 
 

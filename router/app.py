@@ -56,18 +56,24 @@ log = logging.getLogger("speclane")
 def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Application:
     """Build the app; raises PolicyError when the policy set is invalid (serve refuses)."""
     hosts = HostRule.build(settings.allowed_hosts, settings.host)
-    app = web.Application(client_max_size=settings.max_body_bytes,
-                          middlewares=[error_middleware, browser_guard(hosts)])
+    app = web.Application(
+        client_max_size=settings.max_body_bytes,
+        middlewares=[error_middleware, browser_guard(hosts)],
+    )
     app[SETTINGS] = settings
     app[LOCAL_TOKEN] = new_token()
     app[METRICS] = metrics = metrics or Metrics()
     app[POOL] = BackendPool([Backend.from_spec(b, settings.cooldown) for b in settings.backends])
-    app[POLICIES] = PolicyWatcher(settings.policies_dir, initial_policies(settings),
-                                  presets=settings.presets.keys(), spec=settings.spec,
-                                  metrics=metrics,
-                                  interval=settings.policy_poll_interval,
-                                  settle=settings.policy_settle_seconds,
-                                  on_reload=lambda result: app[SPEC].policies_reloaded(result.ok))
+    app[POLICIES] = PolicyWatcher(
+        settings.policies_dir,
+        initial_policies(settings),
+        presets=settings.presets.keys(),
+        spec=settings.spec,
+        metrics=metrics,
+        interval=settings.policy_poll_interval,
+        settle=settings.policy_settle_seconds,
+        on_reload=lambda result: app[SPEC].policies_reloaded(result.ok),
+    )
     app[LIMITER] = ConcurrencyLimiter(metrics)
     app[ROUTING] = RoutingState(gate=gate_for(settings.routing))
     app[ACCESS] = AccessLog()
@@ -111,8 +117,11 @@ def initial_policies(settings: Settings) -> PolicySet:
         return PolicySet.implied()
     policies = load_policies(directory, presets=settings.presets.keys(), spec=settings.spec)
     if is_packaged(directory):
-        log.info("policies: the defaults shipped with speclane (%s); to change them, copy "
-                 "that directory and set policies_dir (or --policies)", directory)
+        log.info(
+            "policies: the defaults shipped with speclane (%s); to change them, copy "
+            "that directory and set policies_dir (or --policies)",
+            directory,
+        )
     else:
         log.info("policies: %s", directory.absolute())
     for warning in policies.warnings:
@@ -123,10 +132,14 @@ def initial_policies(settings: Settings) -> PolicySet:
 def warn_no_policies(directory: Path) -> None:
     """Said loudly: every client, whatever it sends, gets the permissive implied default."""
     banner = "!" * 78
-    lines = [banner, f"WARNING: no policies directory found (looked for {directory.absolute()},",
-             "  policies/ next to the configuration file, and the defaults shipped with",
-             "  speclane): EVERY CLIENT GETS THE PERMISSIVE DEFAULT POLICY (no keys, no limits).",
-             "  Set policies_dir in the configuration or pass --policies DIR.", banner]
+    lines = [
+        banner,
+        f"WARNING: no policies directory found (looked for {directory.absolute()},",
+        "  policies/ next to the configuration file, and the defaults shipped with",
+        "  speclane): EVERY CLIENT GETS THE PERMISSIVE DEFAULT POLICY (no keys, no limits).",
+        "  Set policies_dir in the configuration or pass --policies DIR.",
+        banner,
+    ]
     print("\n".join(lines), file=sys.stderr, flush=True)
     log.warning("no policies directory: every client gets the permissive default")
 
@@ -149,13 +162,17 @@ async def client_session(app: web.Application) -> AsyncIterator[None]:
     # and a pool limit here would queue streams invisibly.
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
     # Ask upstreams for identity encoding: compressing on loopback only costs CPU.
-    session = aiohttp.ClientSession(connector=connector,
-                                    skip_auto_headers=("User-Agent", "Accept-Encoding"))
+    session = aiohttp.ClientSession(
+        connector=connector, skip_auto_headers=("User-Agent", "Accept-Encoding")
+    )
     app[SESSION] = session  # health checks and scraping
     bounds = app[SETTINGS].upstream
-    client = Http1Pool(keepalive=30.0,  # the relay's own: see router.proxy.upstream for why
-                       max_body=bounds.max_body_bytes, head_timeout=bounds.head_timeout,
-                       max_trailer=bounds.max_trailer_bytes)
+    client = Http1Pool(
+        keepalive=30.0,  # the relay's own: see router.proxy.upstream for why
+        max_body=bounds.max_body_bytes,
+        head_timeout=bounds.head_timeout,
+        max_trailer=bounds.max_trailer_bytes,
+    )
     app[RELAY] = Relay(client, app[POOL], app[SETTINGS].retry, app[METRICS])
     yield
     await app[RELAY].close()
@@ -164,8 +181,9 @@ async def client_session(app: web.Application) -> AsyncIterator[None]:
 
 
 async def cumulative_scraper(app: web.Application) -> AsyncIterator[None]:
-    scraper = CumulativeScraper(app[POOL], app[SESSION], app[SETTINGS].spec.scrape_interval,
-                                app[SPEC].observe_cumulative)
+    scraper = CumulativeScraper(
+        app[POOL], app[SESSION], app[SETTINGS].spec.scrape_interval, app[SPEC].observe_cumulative
+    )
     scraper.start()
     yield
     await scraper.stop()

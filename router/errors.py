@@ -74,13 +74,18 @@ def unavailable(message: str, *, code: str = "no_backend_available") -> RouterEr
 
 def internal_error() -> RouterError:
     """A defect in speclane itself: the details go to its log, not to the client."""
-    return RouterError(500, "internal error in speclane (see its log)", type="internal_error",
-                       code="internal_error")
+    return RouterError(
+        500,
+        "internal error in speclane (see its log)",
+        type="internal_error",
+        code="internal_error",
+    )
 
 
 def upstream_timeout(message: str) -> RouterError:
-    return RouterError(504, message, type="upstream_error", code="upstream_timeout",
-                       source="upstream")
+    return RouterError(
+        504, message, type="upstream_error", code="upstream_timeout", source="upstream"
+    )
 
 
 def upstream_failed(
@@ -116,8 +121,9 @@ def render(err: RouterError, api: Api = "openai") -> tuple[int, bytes, dict[str,
 
 def unauthorized(message: str, code: str, client: str) -> RouterError:
     """A request the key rule refused, answered under ``client``'s name."""
-    return RouterError(401, message, code=code,
-                       headers={"WWW-Authenticate": "Bearer", CLIENT_HEADER: client})
+    return RouterError(
+        401, message, code=code, headers={"WWW-Authenticate": "Bearer", CLIENT_HEADER: client}
+    )
 
 
 def sse_error_event(err: RouterError) -> bytes:

@@ -72,8 +72,11 @@ def package_version(name: str) -> str:
 def build_labels() -> dict[str, str]:
     from router import __version__
 
-    return {"version": __version__, "mlx": package_version("mlx"),
-            "mlx_lm": package_version("mlx-lm")}
+    return {
+        "version": __version__,
+        "mlx": package_version("mlx"),
+        "mlx_lm": package_version("mlx-lm"),
+    }
 
 
 class Metrics:
@@ -89,7 +92,10 @@ class Metrics:
         self.build_info = Gauge(
             "speclane_build_info",
             "Always 1; the labels say which speclane, mlx and mlx-lm versions run "
-            "('none' when not installed).", list(labels), registry=r)
+            "('none' when not installed).",
+            list(labels),
+            registry=r,
+        )
         self.build_info.labels(**labels).set(1)
 
         # --- the proxy core ---------------------------------------------------------
@@ -98,165 +104,259 @@ class Metrics:
             "Requests answered, by endpoint, HTTP status, the API the client called (openai, "
             "responses, anthropic, ollama) and backend: the one that answered, else the last "
             "one tried, else 'none' (refused before any backend was tried).",
-            ["endpoint", "backend", "status", "api"], registry=r)
+            ["endpoint", "backend", "status", "api"],
+            registry=r,
+        )
         self.request_duration = Histogram(
             "speclane_request_duration_seconds",
             "Time from request arrival to the last byte sent to the client.",
-            ["endpoint", "backend", "api"], buckets=LATENCY_BUCKETS, registry=r)
+            ["endpoint", "backend", "api"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.ttft = Histogram(
             "speclane_ttft_seconds",
             "Streams only: time from request arrival to the first body byte relayed to the "
             "client (a non-streaming answer's first byte is the whole answer: see "
             "speclane_request_duration_seconds).",
-            ["endpoint", "backend", "api"], buckets=LATENCY_BUCKETS, registry=r)
+            ["endpoint", "backend", "api"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.overhead = Histogram(
             "speclane_overhead_seconds",
             "Time spent inside speclane before the request was sent upstream.",
-            ["endpoint"], buckets=OVERHEAD_BUCKETS, registry=r)
+            ["endpoint"],
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
         self.inflight = Gauge(
             "speclane_inflight_requests",
             "Requests currently being relayed, per backend.",
-            ["backend"], registry=r)
+            ["backend"],
+            registry=r,
+        )
         self.backend_up = Gauge(
             "speclane_backend_up",
             "1 when the backend answered its last health check, else 0.",
-            ["backend"], registry=r)
+            ["backend"],
+            registry=r,
+        )
         self.retries = Counter(
             "speclane_upstream_retries_total",
             "Attempts repeated (on the next candidate) after a failure before the first byte "
             "reached the client, by the backend that failed and why.",
-            ["backend", "reason"], registry=r)
+            ["backend", "reason"],
+            registry=r,
+        )
         self.failures = Counter(
             "speclane_upstream_failures_total",
             "Upstream attempts that failed (timeout, connect, disconnect, empty, status_NNN, "
             "...), whether or not they were retried.",
-            ["backend", "reason"], registry=r)
+            ["backend", "reason"],
+            registry=r,
+        )
         self.cooldowns = Counter(
             "speclane_backend_cooldowns_total",
             "Times a backend was cooled down after repeated failures.",
-            ["backend"], registry=r)
+            ["backend"],
+            registry=r,
+        )
         self.stream_errors = Counter(
             "speclane_stream_errors_total",
             "Streams ended with an error event after bytes had reached the client (reason: "
             "timeout, disconnect, malformed, too_large, no_done, shutdown, upstream_error, "
             "invalid, internal).",
-            ["backend", "reason"], registry=r)
+            ["backend", "reason"],
+            registry=r,
+        )
         self.client_disconnects = Counter(
             "speclane_client_disconnects_total",
             "Requests whose client went away before the answer was complete.",
-            ["backend"], registry=r)
+            ["backend"],
+            registry=r,
+        )
 
         # --- the MLX lanes (supervisor) ----------------------------------------------
         self.worker_up = Gauge(
-            "speclane_worker_up", "1 while the lane's worker process is ready.",
-            ["lane"], registry=r)
+            "speclane_worker_up",
+            "1 while the lane's worker process is ready.",
+            ["lane"],
+            registry=r,
+        )
         self.worker_restarts = Counter(
-            "speclane_worker_restarts_total", "Worker processes restarted after dying.",
-            ["lane", "reason"], registry=r)
+            "speclane_worker_restarts_total",
+            "Worker processes restarted after dying.",
+            ["lane", "reason"],
+            registry=r,
+        )
         self.worker_memory = Gauge(
             "speclane_worker_memory_bytes",
             "A lane worker process's memory: resident (kind=rss) and proportional (kind=pss, "
             "shared pages split between processes) set size; lanes: the lanes it serves.",
-            ["lanes", "kind"], registry=r)
+            ["lanes", "kind"],
+            registry=r,
+        )
         self.lanes_layout = Gauge(
-            "speclane_lanes_layout", "1 for the lanes' layout in use (shared or separate).",
-            ["layout"], registry=r)
+            "speclane_lanes_layout",
+            "1 for the lanes' layout in use (shared or separate).",
+            ["layout"],
+            registry=r,
+        )
         self.worker_given_up = Gauge(
             "speclane_worker_given_up",
             "1 when the supervisor stopped restarting a lane's worker that kept dying.",
-            ["lane"], registry=r)
+            ["lane"],
+            registry=r,
+        )
 
         self.prompt_cache_tokens = Counter(
             "speclane_prompt_cache_tokens_total",
             "Prompt tokens of lane requests, by kind: reused from the lane's prompt cache, or "
             "prefilled. Hit rate in tokens: reused / (reused + prefilled).",
-            ["lane", "kind"], registry=r)
+            ["lane", "kind"],
+            registry=r,
+        )
         self.prompt_cache_lookups = Counter(
             "speclane_prompt_cache_lookups_total",
             "Prompt-cache lookups of lane requests, by result (hit: some prefix reused).",
-            ["lane", "result"], registry=r)
+            ["lane", "result"],
+            registry=r,
+        )
         self.prompt_cache_bytes = Gauge(
-            "speclane_prompt_cache_bytes", "Bytes held by the lane's prompt cache.",
-            ["lane"], registry=r)
+            "speclane_prompt_cache_bytes",
+            "Bytes held by the lane's prompt cache.",
+            ["lane"],
+            registry=r,
+        )
 
         # --- classification and policy -------------------------------------------------
         self.decisions = Counter(
-            "speclane_decisions_total", "Routing decisions by client, lane and reason.",
-            ["client", "lane", "reason"], registry=r)
+            "speclane_decisions_total",
+            "Routing decisions by client, lane and reason.",
+            ["client", "lane", "reason"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
-            "speclane_queue_depth", "Requests waiting for a client's concurrency slot.",
-            ["client"], registry=r)
+            "speclane_queue_depth",
+            "Requests waiting for a client's concurrency slot.",
+            ["client"],
+            registry=r,
+        )
         self.queue_wait = Histogram(
-            "speclane_queue_wait_seconds", "Time requests waited for a concurrency slot.",
-            ["client"], buckets=LATENCY_BUCKETS, registry=r)
+            "speclane_queue_wait_seconds",
+            "Time requests waited for a concurrency slot.",
+            ["client"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.rejections = Counter(
             "speclane_rejections_total",
             "Requests refused before routing (429 queue timeout, 401, 403), by client.",
-            ["client", "status"], registry=r)
+            ["client", "status"],
+            registry=r,
+        )
         self.policy_reloads = Counter(
             "speclane_policy_reloads_total",
             "Policy reloads by result: ok, error, or held (would widen access; see SIGHUP).",
-            ["result"], registry=r)
+            ["result"],
+            registry=r,
+        )
 
         # --- speculative telemetry ----------------------------------------------------
         spec_labels = ["backend", "model", "workload", "source"]
         self.spec_draft_tokens = Counter(
-            "speclane_spec_draft_tokens_total", "Draft tokens proposed.",
-            spec_labels, registry=r)
+            "speclane_spec_draft_tokens_total", "Draft tokens proposed.", spec_labels, registry=r
+        )
         self.spec_accepted_tokens = Counter(
-            "speclane_spec_accepted_tokens_total", "Draft tokens accepted by the target.",
-            spec_labels, registry=r)
+            "speclane_spec_accepted_tokens_total",
+            "Draft tokens accepted by the target.",
+            spec_labels,
+            registry=r,
+        )
         self.spec_rejected_tokens = Counter(
-            "speclane_spec_rejected_tokens_total", "Draft tokens rejected by the target.",
-            spec_labels, registry=r)
+            "speclane_spec_rejected_tokens_total",
+            "Draft tokens rejected by the target.",
+            spec_labels,
+            registry=r,
+        )
         self.spec_source_tokens = Counter(
             "speclane_spec_source_tokens_total",
             "Draft tokens by draft source (speclane's lanes: draft_model, prompt_lookup, "
             "suffix, prediction; other backends: their kind), outcome drafted or accepted.",
-            ["backend", "model", "source", "outcome"], registry=r)
+            ["backend", "model", "source", "outcome"],
+            registry=r,
+        )
         self.spec_ignored_tokens = Counter(
             "speclane_spec_ignored_tokens_total",
             "Draft tokens neither accepted nor rejected (e.g. past a stop).",
-            spec_labels, registry=r)
+            spec_labels,
+            registry=r,
+        )
         self.spec_acceptance_ratio = Gauge(
             "speclane_spec_acceptance_ratio",
-            "Accepted / drafted over the sliding window.", spec_labels, registry=r)
+            "Accepted / drafted over the sliding window.",
+            spec_labels,
+            registry=r,
+        )
         self.spec_enabled = Gauge(
             "speclane_spec_enabled",
             "1 while speculation is used for the workload, 0 while auto-disabled.",
-            spec_labels, registry=r)
+            spec_labels,
+            registry=r,
+        )
         self.spec_state_changes = Counter(
             "speclane_spec_state_changes_total",
             "Auto-disable state changes, by new state and reason.",
-            [*spec_labels, "state", "reason"], registry=r)
+            [*spec_labels, "state", "reason"],
+            registry=r,
+        )
         self.spec_probes = Counter(
-            "speclane_spec_probes_total", "Probe requests sent through speculation while off.",
-            spec_labels, registry=r)
+            "speclane_spec_probes_total",
+            "Probe requests sent through speculation while off.",
+            spec_labels,
+            registry=r,
+        )
         self.spec_telemetry_unavailable = Counter(
             "speclane_spec_telemetry_unavailable_total",
             "Responses without usable speculative statistics (not_reported or malformed).",
-            ["backend", "reason"], registry=r)
+            ["backend", "reason"],
+            registry=r,
+        )
         self.spec_counter_resets = Counter(
             "speclane_spec_counter_resets_total",
             "Scraped speculative counters that went down: the backend restarted.",
-            ["backend"], registry=r)
+            ["backend"],
+            registry=r,
+        )
         self.decode_tps = Histogram(
             "speclane_decode_tokens_per_second",
             "Per-request decode speed (output tokens after the first / time after the first).",
-            ["lane", "speculative"], buckets=TOKS_BUCKETS, registry=r)
+            ["lane", "speculative"],
+            buckets=TOKS_BUCKETS,
+            registry=r,
+        )
 
         # --- capability gating ----------------------------------------------------------
         self.spec_requested = Gauge(
-            "speclane_spec_requested", "1 when speculation is configured for the lane/backend.",
-            ["backend"], registry=r)
+            "speclane_spec_requested",
+            "1 when speculation is configured for the lane/backend.",
+            ["backend"],
+            registry=r,
+        )
         self.spec_active = Gauge(
-            "speclane_spec_active", "1 when speculation is actually running on the lane.",
-            ["backend"], registry=r)
+            "speclane_spec_active",
+            "1 when speculation is actually running on the lane.",
+            ["backend"],
+            registry=r,
+        )
         self.spec_observed = Gauge(
             "speclane_spec_observed",
             "1 when draft counts were observed from the backend in the recent window, 0 when a "
             "backend that can report them did not, -1 when its kind cannot report them.",
-            ["backend"], registry=r)
+            ["backend"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

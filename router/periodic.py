@@ -18,8 +18,15 @@ Step = Callable[[], Awaitable[object] | object]
 
 
 class Periodic:
-    def __init__(self, name: str, step: Step, interval: float, *, wait_first: bool = False,
-                 on_error: Callable[[Exception], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        step: Step,
+        interval: float,
+        *,
+        wait_first: bool = False,
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> None:
         self.name = name
         self.interval = interval
         self.task: asyncio.Task[None] | None = None

@@ -16,13 +16,18 @@ from router.errors import RouterError, bad_request
 Kind = type | tuple[type, ...]
 
 _JSON_TYPES: dict[Kind, str] = {
-    str: "string", int: "integer", float: "number", (int, float): "number", bool: "boolean",
-    Mapping: "object", dict: "object", list: "array",
+    str: "string",
+    int: "integer",
+    float: "number",
+    (int, float): "number",
+    bool: "boolean",
+    Mapping: "object",
+    dict: "object",
+    list: "array",
 }
 
 
-def typed(data: Mapping[str, Any], key: str, kind: Kind, default: Any, *,
-          where: str = "") -> Any:
+def typed(data: Mapping[str, Any], key: str, kind: Kind, default: Any, *, where: str = "") -> Any:
     """``data[key]`` when it is of ``kind``, ``default`` when absent or null, else a 400.
     ``where``: the path of ``data`` in the request (``"options."``), for the message."""
     value = data.get(key)
@@ -34,18 +39,20 @@ def typed(data: Mapping[str, Any], key: str, kind: Kind, default: Any, *,
 
 
 def wrong_type(param: str, kind: Kind) -> RouterError:
-    return bad_request(f"'{param}' must be of type {_JSON_TYPES.get(kind, 'value')}",
-                       param=param)
+    return bad_request(f"'{param}' must be of type {_JSON_TYPES.get(kind, 'value')}", param=param)
 
 
 @overload
-def number(data: Mapping[str, Any], key: str, default: float, lo: float,
-           hi: float | None) -> float: ...
+def number(
+    data: Mapping[str, Any], key: str, default: float, lo: float, hi: float | None
+) -> float: ...
 @overload
-def number(data: Mapping[str, Any], key: str, default: None, lo: float,
-           hi: float | None) -> float | None: ...
-def number(data: Mapping[str, Any], key: str, default: float | None, lo: float,
-           hi: float | None) -> float | None:
+def number(
+    data: Mapping[str, Any], key: str, default: None, lo: float, hi: float | None
+) -> float | None: ...
+def number(
+    data: Mapping[str, Any], key: str, default: float | None, lo: float, hi: float | None
+) -> float | None:
     """A number in ``[lo, hi]`` (no upper bound when ``hi`` is None), as a float."""
     value = typed(data, key, (int, float), default)
     if value is None:
@@ -56,13 +63,14 @@ def number(data: Mapping[str, Any], key: str, default: float | None, lo: float,
 
 
 @overload
-def integer(data: Mapping[str, Any], key: str, default: int, lo: int,
-            hi: int | None) -> int: ...
+def integer(data: Mapping[str, Any], key: str, default: int, lo: int, hi: int | None) -> int: ...
 @overload
-def integer(data: Mapping[str, Any], key: str, default: None, lo: int,
-            hi: int | None) -> int | None: ...
-def integer(data: Mapping[str, Any], key: str, default: int | None, lo: int,
-            hi: int | None) -> int | None:
+def integer(
+    data: Mapping[str, Any], key: str, default: None, lo: int, hi: int | None
+) -> int | None: ...
+def integer(
+    data: Mapping[str, Any], key: str, default: int | None, lo: int, hi: int | None
+) -> int | None:
     """An integer in ``[lo, hi]`` (no upper bound when ``hi`` is None)."""
     value = typed(data, key, int, default)
     if value is not None and (value < lo or (hi is not None and value > hi)):

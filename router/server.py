@@ -37,13 +37,24 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
     except PolicyError as e:
         raise StartupError(f"invalid policies in {settings.policies_dir}:\n{e}") from e
     limits = settings.client_limits
-    cap = connection_cap(limits.max_connections,
-                         raise_fd_limit(2 * limits.max_connections + FD_RESERVE))
+    cap = connection_cap(
+        limits.max_connections, raise_fd_limit(2 * limits.max_connections + FD_RESERVE)
+    )
     if cap < limits.max_connections:
-        log.warning("client_limits.max_connections lowered from %d to %d to fit the process's "
-                    "file-descriptor limit (ulimit -n)", limits.max_connections, cap)
-    runner = GuardedRunner(app, limits, cap, handler_cancellation=True,
-                           shutdown_timeout=settings.shutdown_grace, access_log=None)
+        log.warning(
+            "client_limits.max_connections lowered from %d to %d to fit the process's "
+            "file-descriptor limit (ulimit -n)",
+            limits.max_connections,
+            cap,
+        )
+    runner = GuardedRunner(
+        app,
+        limits,
+        cap,
+        handler_cancellation=True,
+        shutdown_timeout=settings.shutdown_grace,
+        access_log=None,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -56,13 +67,15 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
         await runner.cleanup()
         raise StartupError(str(e)) from None
     try:
-        site = web.TCPSite(runner, settings.host, settings.port,
-                           shutdown_timeout=settings.shutdown_grace)
+        site = web.TCPSite(
+            runner, settings.host, settings.port, shutdown_timeout=settings.shutdown_grace
+        )
         try:
             await site.start()
         except OSError as e:  # port in use, address not on this machine, no permission
-            raise StartupError(f"cannot listen on {settings.host}:{settings.port}: "
-                               f"{e.strerror or e}") from None
+            raise StartupError(
+                f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}"
+            ) from None
         port = runner.addresses[0][1]
         token_file = publish_local_token(app, port)
         base = f"http://{_display_host(settings.host)}:{port}/v1"
@@ -70,11 +83,17 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
         print(curl_example(base, app), flush=True)
         log.info("listening on %s", base)
         if not is_loopback_host(settings.host) and "*" not in settings.allowed_hosts:
-            bound = ("an IP address, this machine's host name" if settings.host in
-                     WILDCARD_BINDS else settings.host)
-            log.info("requests must name this router (Host) by a loopback name, %s or an "
-                     "allowed_hosts entry (%s); other names get 421", bound,
-                     ", ".join(settings.allowed_hosts) or "none set")
+            bound = (
+                "an IP address, this machine's host name"
+                if settings.host in WILDCARD_BINDS
+                else settings.host
+            )
+            log.info(
+                "requests must name this router (Host) by a loopback name, %s or an "
+                "allowed_hosts entry (%s); other names get 421",
+                bound,
+                ", ".join(settings.allowed_hosts) or "none set",
+            )
         if ready:
             ready.set()
         await stop.wait()
@@ -92,8 +111,11 @@ def publish_local_token(app: web.Application, port: int) -> Path | None:
     try:
         return write_token(port, app[LOCAL_TOKEN])
     except OSError as e:
-        log.warning("cannot write the local admin token (%s); 'speclane policy reload' "
-                    "will need --admin-key", e)
+        log.warning(
+            "cannot write the local admin token (%s); 'speclane policy reload' "
+            "will need --admin-key",
+            e,
+        )
         return None
 
 
@@ -103,8 +125,11 @@ async def drain(app: web.Application, grace: float, stop: asyncio.Event) -> None
     refused connection, and requests in flight get up to ``grace`` seconds. A second
     SIGINT/SIGTERM (Ctrl-C again) ends the grace period at once. The listener closes after
     this, when the runner is cleaned up."""
-    log.info("shutting down: finishing in-flight requests (up to %.0fs; new requests get "
-             "503; Ctrl-C again to stop now)", grace)
+    log.info(
+        "shutting down: finishing in-flight requests (up to %.0fs; new requests get "
+        "503; Ctrl-C again to stop now)",
+        grace,
+    )
     stop.clear()
     relay = app[RELAY]
     graceful = asyncio.create_task(relay.shutdown(grace))
@@ -138,15 +163,21 @@ def warn_if_exposed(settings: Settings, app: web.Application) -> None:
     problems = []
     if keyless:
         names = ", ".join(p.client for p in keyless)
-        problems.append("any client without an API key is served (the 'default' policy does "
-                        f"not set require_api_key; open policies: {names})")
+        problems.append(
+            "any client without an API key is served (the 'default' policy does "
+            f"not set require_api_key; open policies: {names})"
+        )
     if settings.admin_key is None:
         problems.append("admin endpoints stay loopback-only because no admin_key is set")
     banner = "!" * 78
-    lines = [banner, f"WARNING: speclane is listening on {settings.host}, "
-             "reachable from other machines,", *[f"  - {p}" for p in problems],
-             "  Set require_api_key = true in policies/default.toml (and keys per client),",
-             "  or bind to 127.0.0.1 (the default).", banner]
+    lines = [
+        banner,
+        f"WARNING: speclane is listening on {settings.host}, reachable from other machines,",
+        *[f"  - {p}" for p in problems],
+        "  Set require_api_key = true in policies/default.toml (and keys per client),",
+        "  or bind to 127.0.0.1 (the default).",
+        banner,
+    ]
     print("\n".join(lines), file=sys.stderr, flush=True)
     log.warning("listening on a non-loopback address without API keys")
 
@@ -157,8 +188,8 @@ def curl_example(base: str, app: web.Application) -> str:
     return (
         "try it:\n"
         f"  curl -s {base}/chat/completions -H 'Content-Type: application/json' \\\n"
-        f"    -d '{{\"model\": \"{model}\", \"messages\": "
-        "[{\"role\": \"user\", \"content\": \"What is the capital of France?\"}]}'"
+        f'    -d \'{{"model": "{model}", "messages": '
+        '[{"role": "user", "content": "What is the capital of France?"}]}\''
     )
 
 

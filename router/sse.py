@@ -142,7 +142,7 @@ def has_done_line(events: bytes) -> bool:
 def ends_with_done(events: bytes) -> bool:
     """The last of these whole events is ``data: [DONE]``."""
     body = events.rstrip()
-    return body[body.rfind(b"\n") + 1:].replace(b" ", b"") == b"data:[DONE]"
+    return body[body.rfind(b"\n") + 1 :].replace(b" ", b"") == b"data:[DONE]"
 
 
 # --- a client's reading, line by line -----------------------------------------------------

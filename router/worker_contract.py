@@ -65,55 +65,107 @@ CACHE_PARTITION_PATTERN = r"[A-Za-z0-9_-]{1,64}"
 
 def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     """The flags every worker (and every fake worker) accepts; a fake may default them."""
-    p.add_argument("--mode", choices=MODES, required=required,
-                   help="speculative: one request at a time with a draft; batching: continuous "
-                        "batching; shared: both lanes in one process on one copy of the model, "
-                        f"under {LANES_PATH}/<lane>")
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        required=required,
+        help="speculative: one request at a time with a draft; batching: continuous "
+        "batching; shared: both lanes in one process on one copy of the model, "
+        f"under {LANES_PATH}/<lane>",
+    )
     p.add_argument("--model", required=required, help="the model directory (mlx-lm format)")
-    p.add_argument("--model-name", help="the id served in /v1/models (default: the directory "
-                                        "name)")
+    p.add_argument("--model-name", help="the id served in /v1/models (default: the directory name)")
     p.add_argument("--draft-model", help="speculative mode: the draft model directory")
-    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS,
-                   help=f"speculative mode: tokens drafted per round, 0 to {MAX_DRAFT_TOKENS} "
-                        f"(default {DEFAULT_DRAFT_TOKENS})")
-    p.add_argument("--draft-source", choices=DRAFT_SOURCES,
-                   help="speculative mode: what drafts for requests without a 'prediction' "
-                        "(default: draft_model with --draft-model, else none)")
-    p.add_argument("--lookup-ngram-min", type=int, default=2,
-                   help="prompt_lookup: shortest n-gram matched (default 2)")
-    p.add_argument("--lookup-ngram-max", type=int, default=4,
-                   help="prompt_lookup: longest n-gram matched (default 4)")
-    p.add_argument("--lookup-max-draft", type=int, default=8,
-                   help="prompt_lookup: tokens drafted per step (default 8)")
-    p.add_argument("--prediction-max-draft", type=int, default=16,
-                   help="prediction: tokens of the request's prediction verified per step "
-                        "(default 16)")
-    p.add_argument("--suffix-max-draft", type=int, default=16,
-                   help="suffix: tokens drafted per step from earlier requests (default 16)")
-    p.add_argument("--suffix-bytes", type=int, default=DEFAULT_SUFFIX_BYTES,
-                   help="suffix: bound of the index of earlier requests' prompts and answers, "
-                        f"all clients together (default {DEFAULT_SUFFIX_BYTES}; 0: no index)")
-    p.add_argument("--max-batch-size", type=int, default=DEFAULT_BATCH_SIZE,
-                   help=f"batching mode: sequences decoded together (default "
-                        f"{DEFAULT_BATCH_SIZE})")
-    p.add_argument("--prompt-cache-bytes", type=int, default=DEFAULT_PROMPT_CACHE_BYTES,
-                   help="bound of the KV prompt cache reused across requests (0: no cache)")
-    p.add_argument("--prefill-step-size", type=int, default=DEFAULT_PREFILL_STEP_SIZE,
-                   help="batching mode: at most this many prompt tokens between two decoding "
-                        "steps")
-    p.add_argument("--prefill-chunk-seconds", type=float, default=DEFAULT_CHUNK_SECONDS,
-                   help="batching mode: the time one prefill chunk may take between two "
-                        "decoding steps")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                   help="the largest request body accepted (default "
-                        f"{DEFAULT_MAX_BODY_BYTES}); the router passes "
-                        f"{WORKER_BODY_HEADROOM} times its own max_body_bytes")
+    p.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=DEFAULT_DRAFT_TOKENS,
+        help=f"speculative mode: tokens drafted per round, 0 to {MAX_DRAFT_TOKENS} "
+        f"(default {DEFAULT_DRAFT_TOKENS})",
+    )
+    p.add_argument(
+        "--draft-source",
+        choices=DRAFT_SOURCES,
+        help="speculative mode: what drafts for requests without a 'prediction' "
+        "(default: draft_model with --draft-model, else none)",
+    )
+    p.add_argument(
+        "--lookup-ngram-min",
+        type=int,
+        default=2,
+        help="prompt_lookup: shortest n-gram matched (default 2)",
+    )
+    p.add_argument(
+        "--lookup-ngram-max",
+        type=int,
+        default=4,
+        help="prompt_lookup: longest n-gram matched (default 4)",
+    )
+    p.add_argument(
+        "--lookup-max-draft",
+        type=int,
+        default=8,
+        help="prompt_lookup: tokens drafted per step (default 8)",
+    )
+    p.add_argument(
+        "--prediction-max-draft",
+        type=int,
+        default=16,
+        help="prediction: tokens of the request's prediction verified per step (default 16)",
+    )
+    p.add_argument(
+        "--suffix-max-draft",
+        type=int,
+        default=16,
+        help="suffix: tokens drafted per step from earlier requests (default 16)",
+    )
+    p.add_argument(
+        "--suffix-bytes",
+        type=int,
+        default=DEFAULT_SUFFIX_BYTES,
+        help="suffix: bound of the index of earlier requests' prompts and answers, "
+        f"all clients together (default {DEFAULT_SUFFIX_BYTES}; 0: no index)",
+    )
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"batching mode: sequences decoded together (default {DEFAULT_BATCH_SIZE})",
+    )
+    p.add_argument(
+        "--prompt-cache-bytes",
+        type=int,
+        default=DEFAULT_PROMPT_CACHE_BYTES,
+        help="bound of the KV prompt cache reused across requests (0: no cache)",
+    )
+    p.add_argument(
+        "--prefill-step-size",
+        type=int,
+        default=DEFAULT_PREFILL_STEP_SIZE,
+        help="batching mode: at most this many prompt tokens between two decoding steps",
+    )
+    p.add_argument(
+        "--prefill-chunk-seconds",
+        type=float,
+        default=DEFAULT_CHUNK_SECONDS,
+        help="batching mode: the time one prefill chunk may take between two decoding steps",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="the largest request body accepted (default "
+        f"{DEFAULT_MAX_BODY_BYTES}); the router passes "
+        f"{WORKER_BODY_HEADROOM} times its own max_body_bytes",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0,
-                   help="port to listen on; 0 (the default) picks a free one, announced in the "
-                        "ready line")
-    p.add_argument("--parent-pid", type=int,
-                   help="exit when this process (the supervisor) is gone")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="port to listen on; 0 (the default) picks a free one, announced in the ready line",
+    )
+    p.add_argument("--parent-pid", type=int, help="exit when this process (the supervisor) is gone")
 
 
 def check_worker_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -138,8 +190,11 @@ def check_worker_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
             p.error(f"--{flag.replace('_', '-')} must be between 1 and {MAX_DRAFT_PER_STEP}")
     if args.draft_source is None:
         args.draft_source = "draft_model" if args.draft_model else "none"
-    if (args.draft_source == "draft_model" and serves_speculative(args.mode)
-            and not args.draft_model):
+    if (
+        args.draft_source == "draft_model"
+        and serves_speculative(args.mode)
+        and not args.draft_model
+    ):
         p.error("--draft-source draft_model needs --draft-model")
 
 
@@ -158,31 +213,51 @@ def lane_prefix(lane: str) -> str:
     return f"{LANES_PATH}/{lane}"
 
 
-def worker_argv(python: str, mode: str, model: Path, model_name: str, *,
-                draft: Path | None, num_draft_tokens: int, max_batch_size: int,
-                parent_pid: int, prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
-                prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
-                prefill_chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
-                speculative: tuple[str, ...] = (),
-                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> list[str]:
+def worker_argv(
+    python: str,
+    mode: str,
+    model: Path,
+    model_name: str,
+    *,
+    draft: Path | None,
+    num_draft_tokens: int,
+    max_batch_size: int,
+    parent_pid: int,
+    prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+    prefill_chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
+    speculative: tuple[str, ...] = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> list[str]:
     """The command line of a worker on a free loopback port; ``speculative``: the draft
     source flags of the speculative lane; ``max_body_bytes``: the router's own limit."""
-    argv = [python, "-m", MODULE, "--mode", mode, "--model", str(model),
-            "--model-name", model_name]
+    argv = [python, "-m", MODULE, "--mode", mode, "--model", str(model), "--model-name", model_name]
     if draft is not None and serves_speculative(mode):
         argv += ["--draft-model", str(draft)]
     if serves_speculative(mode):
         argv += speculative
     if serves_batching(mode):
-        argv += ["--prefill-step-size", str(prefill_step_size),
-                 "--prefill-chunk-seconds", str(prefill_chunk_seconds)]
+        argv += [
+            "--prefill-step-size",
+            str(prefill_step_size),
+            "--prefill-chunk-seconds",
+            str(prefill_chunk_seconds),
+        ]
     argv += [
-        "--num-draft-tokens", str(num_draft_tokens),
-        "--max-batch-size", str(max_batch_size),
-        "--prompt-cache-bytes", str(prompt_cache_bytes),
-        "--max-body-bytes", str(max_body_bytes * WORKER_BODY_HEADROOM),
-        "--host", "127.0.0.1", "--port", "0",
-        "--parent-pid", str(parent_pid),
+        "--num-draft-tokens",
+        str(num_draft_tokens),
+        "--max-batch-size",
+        str(max_batch_size),
+        "--prompt-cache-bytes",
+        str(prompt_cache_bytes),
+        "--max-body-bytes",
+        str(max_body_bytes * WORKER_BODY_HEADROOM),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--parent-pid",
+        str(parent_pid),
     ]
     return argv
 
@@ -196,7 +271,7 @@ def parse_ready_line(line: str) -> int | None:
     if not line.startswith(READY_PREFIX):
         return None
     try:
-        payload = json.loads(line[len(READY_PREFIX):])
+        payload = json.loads(line[len(READY_PREFIX) :])
     except ValueError:
         return None
     port = payload.get("port") if isinstance(payload, Mapping) else None

@@ -46,8 +46,13 @@ class RunningRouter:
 
 def router_settings(*fakes: FakeUpstream, **overrides: Any) -> Settings:
     backends = [
-        {"name": f.name, "kind": "openai", "base_url": f.base_url, "read_timeout": 5,
-         "connect_timeout": 2}
+        {
+            "name": f.name,
+            "kind": "openai",
+            "base_url": f.base_url,
+            "read_timeout": 5,
+            "connect_timeout": 2,
+        }
         for f in fakes
     ]
     data: dict[str, Any] = {
@@ -76,13 +81,15 @@ async def serve_app(app: web.Application, **runner_kwargs: Any) -> AsyncIterator
 
 
 @asynccontextmanager
-async def run_router(settings: Settings, setup: Any = None,
-                     **app_kwargs: Any) -> AsyncIterator[RunningRouter]:
+async def run_router(
+    settings: Settings, setup: Any = None, **app_kwargs: Any
+) -> AsyncIterator[RunningRouter]:
     app = make_app(settings, **app_kwargs)
     if setup is not None:
         setup(app)
-    async with serve_app(app, handler_cancellation=True,
-                         shutdown_timeout=settings.shutdown_grace) as port:
+    async with serve_app(
+        app, handler_cancellation=True, shutdown_timeout=settings.shutdown_grace
+    ) as port:
         running = RunningRouter(app, port)
         try:
             yield running
@@ -109,8 +116,14 @@ async def fake() -> AsyncIterator[FakeUpstream]:
         yield f
 
 
-def add_fake_lane(app: web.Application, lane: str, fake: FakeUpstream, *,
-                  speculative: bool = True, capacity: int | None = None) -> None:
+def add_fake_lane(
+    app: web.Application,
+    lane: str,
+    fake: FakeUpstream,
+    *,
+    speculative: bool = True,
+    capacity: int | None = None,
+) -> None:
     """Register a fake upstream as one of speclane's lanes (what the supervisor does for a
     real worker), so routing between lanes can be tested without MLX."""
     from router.appkeys import POOL, SETTINGS
@@ -127,13 +140,18 @@ def add_fake_lane(app: web.Application, lane: str, fake: FakeUpstream, *,
 
 
 @asynccontextmanager
-async def lanes_router(spec_lane: FakeUpstream, batch_lane: FakeUpstream,
-                       **overrides: Any) -> AsyncIterator[RunningRouter]:
+async def lanes_router(
+    spec_lane: FakeUpstream, batch_lane: FakeUpstream, **overrides: Any
+) -> AsyncIterator[RunningRouter]:
     """A router whose two lanes are fake upstreams (and no external backends)."""
     settings = router_settings(**{"backends": [], **overrides})
-    async with run_router(settings, setup=lambda app: (
+    async with run_router(
+        settings,
+        setup=lambda app: (
             add_fake_lane(app, "speculative", spec_lane),
-            add_fake_lane(app, "batching", batch_lane))) as r:
+            add_fake_lane(app, "batching", batch_lane),
+        ),
+    ) as r:
         yield r
 
 

@@ -30,19 +30,28 @@ FOREIGN = "rebind.attacker.example"
 
 
 @asynccontextmanager
-async def router(fake: FakeUpstream, directory: Path, **overrides: Any
-                 ) -> AsyncIterator[RunningRouter]:
+async def router(
+    fake: FakeUpstream, directory: Path, **overrides: Any
+) -> AsyncIterator[RunningRouter]:
     (directory / "default.toml").write_text(CLOSED)
-    settings = router_settings(fake, policies_dir=str(directory), policy_poll_interval=3600,
-                               policy_settle_seconds=0, **overrides)
+    settings = router_settings(
+        fake,
+        policies_dir=str(directory),
+        policy_poll_interval=3600,
+        policy_settle_seconds=0,
+        **overrides,
+    )
     async with run_router(settings) as r:
         yield r
 
 
-async def call(r: RunningRouter, method: str, path: str, body: bytes | None = None,
-               **headers: str) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as s, s.request(
-            method, f"{r.url}{path}", data=body, headers=headers) as resp:
+async def call(
+    r: RunningRouter, method: str, path: str, body: bytes | None = None, **headers: str
+) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.request(method, f"{r.url}{path}", data=body, headers=headers) as resp,
+    ):
         raw = await resp.read()
     try:
         return resp.status, orjson.loads(raw)
@@ -51,19 +60,25 @@ async def call(r: RunningRouter, method: str, path: str, body: bytes | None = No
 
 
 def held(r: RunningRouter) -> float:
-    value = r.app[METRICS].registry.get_sample_value("speclane_policy_reloads_total",
-                                                     {"result": "held"})
+    value = r.app[METRICS].registry.get_sample_value(
+        "speclane_policy_reloads_total", {"result": "held"}
+    )
     return value or 0.0
 
 
 # --- DNS rebinding: the Host rule -------------------------------------------------------------
 
-MESSAGES = orjson.dumps({"model": "fake-model", "max_tokens": 8,
-                         "messages": [{"role": "user", "content": "hi"}]})
+MESSAGES = orjson.dumps(
+    {"model": "fake-model", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+)
 ENDPOINTS = [
     ("GET", "/v1/models", None, "openai"),
-    ("POST", "/v1/chat/completions", orjson.dumps({"model": "fake-model", "messages": []}),
-     "openai"),
+    (
+        "POST",
+        "/v1/chat/completions",
+        orjson.dumps({"model": "fake-model", "messages": []}),
+        "openai",
+    ),
     ("POST", "/v1/messages", MESSAGES, "anthropic"),
     ("POST", "/v1/messages/count_tokens", MESSAGES, "anthropic"),
     ("GET", "/api/tags", None, "ollama"),
@@ -80,17 +95,19 @@ ENDPOINTS = [
 
 @pytest.mark.parametrize(("method", "path", "body", "api"), ENDPOINTS)
 async def test_a_foreign_host_is_refused_on_every_endpoint_in_the_callers_shape(
-        fake: FakeUpstream, tmp_path: Path, method: str, path: str, body: bytes | None,
-        api: str) -> None:
+    fake: FakeUpstream, tmp_path: Path, method: str, path: str, body: bytes | None, api: str
+) -> None:
     async with router(fake, tmp_path) as r:
         (tmp_path / "default.toml").write_text(OPEN)  # a held change a rebinder would apply
         for host in (FOREIGN, f"{FOREIGN}:{r.port}", "localhost.attacker.example"):
-            status, answer = await call(r, method, path, body, Host=host,
-                                        Authorization=f"Bearer {KEY}")
+            status, answer = await call(
+                r, method, path, body, Host=host, Authorization=f"Bearer {KEY}"
+            )
             assert status == 421, (host, answer)
             if api == "anthropic":
-                assert answer["type"] == "error" and "host_not_allowed" in \
-                    answer["error"]["message"]
+                assert (
+                    answer["type"] == "error" and "host_not_allowed" in answer["error"]["message"]
+                )
             elif api == "ollama":
                 assert "host_not_allowed" in answer["error"]
             else:
@@ -131,24 +148,38 @@ CROSS_SITE = [
 
 
 @pytest.mark.parametrize("headers", CROSS_SITE)
-async def test_a_cross_site_admin_post_never_runs(fake: FakeUpstream, tmp_path: Path,
-                                                  headers: dict[str, str]) -> None:
+async def test_a_cross_site_admin_post_never_runs(
+    fake: FakeUpstream, tmp_path: Path, headers: dict[str, str]
+) -> None:
     async with router(fake, tmp_path) as r:
         (tmp_path / "default.toml").write_text("priority = 3\n" + CLOSED)  # narrows nothing
         status, answer = await call(r, "POST", "/admin/reload", b"x=1", **headers)
         assert status == 403 and answer["error"]["code"] == "cross_site_admin_request"
         assert r.app[POLICIES].attempts == 0
         # ... even with the local admin token (a page cannot send one; belt and braces).
-        status, _ = await call(r, "POST", "/admin/reload", b"x=1", **headers,
-                               Authorization=f"Bearer {r.app[LOCAL_TOKEN]}")
+        status, _ = await call(
+            r,
+            "POST",
+            "/admin/reload",
+            b"x=1",
+            **headers,
+            Authorization=f"Bearer {r.app[LOCAL_TOKEN]}",
+        )
         assert status == 403 and r.app[POLICIES].attempts == 0
 
 
-@pytest.mark.parametrize("headers", [{}, {"Sec-Fetch-Site": "same-origin"},
-                                     {"Sec-Fetch-Site": "none"},
-                                     {"Content-Type": "application/json"}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Sec-Fetch-Site": "same-origin"},
+        {"Sec-Fetch-Site": "none"},
+        {"Content-Type": "application/json"},
+    ],
+)
 async def test_a_same_origin_or_non_browser_admin_post_runs(
-        fake: FakeUpstream, tmp_path: Path, headers: dict[str, str]) -> None:
+    fake: FakeUpstream, tmp_path: Path, headers: dict[str, str]
+) -> None:
     async with router(fake, tmp_path) as r:
         (tmp_path / "default.toml").write_text("priority = 3\n" + CLOSED)
         headers = {**headers, "Origin": f"http://127.0.0.1:{r.port}"} if headers else headers
@@ -159,8 +190,10 @@ async def test_a_same_origin_or_non_browser_admin_post_runs(
 
 # --- a held (widening) change needs proof ------------------------------------------------------
 
+
 async def test_a_bare_loopback_post_never_applies_a_widening_change(
-        fake: FakeUpstream, tmp_path: Path) -> None:
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
     async with router(fake, tmp_path) as r:
         (tmp_path / "default.toml").write_text(OPEN)
         status, answer = await call(r, "POST", "/admin/reload")
@@ -171,27 +204,31 @@ async def test_a_bare_loopback_post_never_applies_a_widening_change(
         status, _ = await call(r, "POST", "/admin/reload", Authorization="Bearer guess")
         assert status == 403 and r.app[POLICIES].current.default.require_api_key
         # The local admin token is.
-        status, answer = await call(r, "POST", "/admin/reload",
-                                    Authorization=f"Bearer {r.app[LOCAL_TOKEN]}")
+        status, answer = await call(
+            r, "POST", "/admin/reload", Authorization=f"Bearer {r.app[LOCAL_TOKEN]}"
+        )
         assert status == 200 and answer["ok"]
         assert not r.app[POLICIES].current.default.require_api_key
 
 
 async def test_with_an_admin_key_the_key_applies_a_widening_change(
-        fake: FakeUpstream, tmp_path: Path) -> None:
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
     async with router(fake, tmp_path, admin_key=ADMIN_KEY) as r:
         (tmp_path / "default.toml").write_text(OPEN)
         status, _ = await call(r, "POST", "/admin/reload")
         assert status == 401 and r.app[POLICIES].attempts == 0
-        status, answer = await call(r, "POST", "/admin/reload",
-                                    Authorization=f"Bearer {ADMIN_KEY}")
+        status, answer = await call(r, "POST", "/admin/reload", Authorization=f"Bearer {ADMIN_KEY}")
         assert status == 200 and answer["ok"]
         assert not r.app[POLICIES].current.default.require_api_key
 
 
 async def test_speclane_policy_reload_applies_a_held_change(
-        fake: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    fake: FakeUpstream,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
@@ -217,13 +254,22 @@ async def test_speclane_policy_reload_applies_a_held_change(
 # --- the same attacks from a real browser ------------------------------------------------------
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-proxy-server"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-proxy-server",
+]
 EVIL = "evil.example"
 # Chromium's own guard (a public page may not reach loopback) would hide the router's answer.
-LNA_FEATURES = ("LocalNetworkAccessChecks,BlockInsecurePrivateNetworkRequests,"
-                "PrivateNetworkAccessSendPreflights,PrivateNetworkAccessRespectPreflightResults")
+LNA_FEATURES = (
+    "LocalNetworkAccessChecks,BlockInsecurePrivateNetworkRequests,"
+    "PrivateNetworkAccessSendPreflights,PrivateNetworkAccessRespectPreflightResults"
+)
 
 
 def csrf_page(target: str) -> str:
@@ -251,10 +297,12 @@ REBIND_PAGE = """<!doctype html><title>rebound</title><script>
 </script>"""
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                    reason="needs Debian's chromium at /usr/bin/chromium")
+@pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason="needs Debian's chromium at /usr/bin/chromium"
+)
 async def test_in_headless_chromium_a_cross_site_form_and_a_rebound_name_change_nothing(
-        fake: FakeUpstream, tmp_path: Path) -> None:
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
     playwright_api = pytest.importorskip("playwright.async_api")
     from aiohttp import web
 
@@ -274,13 +322,17 @@ async def test_in_headless_chromium_a_cross_site_form_and_a_rebound_name_change_
         attacker = web.Application()
         attacker.router.add_get("/", prize)
         rules = f"MAP {EVIL} 127.0.0.1, MAP {FOREIGN} 127.0.0.1"
-        async with serve_app(attacker) as evil_port, \
-                playwright_api.async_playwright() as pw:
+        async with serve_app(attacker) as evil_port, playwright_api.async_playwright() as pw:
             browser = await pw.chromium.launch(
-                executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, f"--host-resolver-rules={rules}",
-                                                # a browser without local-network checks:
-                                                # the router must stand on its own
-                                                f"--disable-features={LNA_FEATURES}"])
+                executable_path=CHROMIUM,
+                args=[
+                    *CHROMIUM_ARGS,
+                    f"--host-resolver-rules={rules}",
+                    # a browser without local-network checks:
+                    # the router must stand on its own
+                    f"--disable-features={LNA_FEATURES}",
+                ],
+            )
             try:
                 page = await browser.new_page()
                 # CSRF: the form lands on the router's answer.
@@ -291,25 +343,37 @@ async def test_in_headless_chromium_a_cross_site_form_and_a_rebound_name_change_
                 # DNS rebinding: the attacker's name now points at 127.0.0.1; its page (served
                 # while the name still pointed at the attacker) talks to it "same-origin".
                 rebound = f"http://{FOREIGN}:{r.port}/attack"
-                await page.route(rebound, lambda route: route.fulfill(
-                    body=REBIND_PAGE, content_type="text/html"))
+                await page.route(
+                    rebound, lambda route: route.fulfill(body=REBIND_PAGE, content_type="text/html")
+                )
                 await page.goto(rebound)
-                results = await (await page.wait_for_function("window.results",
-                                                              timeout=15_000)).json_value()
+                results = await (
+                    await page.wait_for_function("window.results", timeout=15_000)
+                ).json_value()
             finally:
                 await browser.close()
-        assert results == {"GET /admin/status": 421, "GET /admin/lanes": 421,
-                           "POST /admin/reload": 421, "GET /v1/models": 421}, results
+        assert results == {
+            "GET /admin/status": 421,
+            "GET /admin/lanes": 421,
+            "POST /admin/reload": 421,
+            "GET /v1/models": 421,
+        }, results
         assert watcher.attempts == attempts  # no reload ran at all
         assert watcher.current.default.require_api_key
 
 
 async def test_behind_a_reverse_proxy_an_allowed_origin_may_post(
-        fake: FakeUpstream, tmp_path: Path) -> None:
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
     """nginx passes Host: 127.0.0.1:port on; the page's origin is the public name."""
     async with router(fake, tmp_path, allowed_hosts=["speclane.example"]) as r:
-        status, _ = await call(r, "POST", "/admin/reload", Origin="https://speclane.example",
-                               **{"Sec-Fetch-Site": "same-origin"})
+        status, _ = await call(
+            r,
+            "POST",
+            "/admin/reload",
+            Origin="https://speclane.example",
+            **{"Sec-Fetch-Site": "same-origin"},
+        )
         assert status == 200
         status, _ = await call(r, "POST", "/admin/reload", Origin="https://other.example")
         assert status == 403
@@ -325,8 +389,11 @@ async def test_a_request_without_host_is_answered(fake: FakeUpstream, tmp_path: 
         assert answer.startswith(b"HTTP/1.0 200") or answer.startswith(b"HTTP/1.1 200"), answer
         # Two Host headers, one of them foreign: refused.
         reader, writer = await asyncio.open_connection("127.0.0.1", r.port)
-        writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: " + FOREIGN.encode()
-                     + b"\r\nConnection: close\r\n\r\n")
+        writer.write(
+            b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: "
+            + FOREIGN.encode()
+            + b"\r\nConnection: close\r\n\r\n"
+        )
         answer = await reader.read()
         writer.close()
         assert answer.split(b" ", 2)[1] in (b"400", b"421"), answer

@@ -55,8 +55,11 @@ def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def documentation() -> list[Path]:
-    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md")),
-             *sorted((ROOT / "examples" / "results").glob("*.md"))]
+    pages = [
+        ROOT / "README.md",
+        *sorted(DOCS.rglob("*.md")),
+        *sorted((ROOT / "examples" / "results").glob("*.md")),
+    ]
     return [p for p in pages if "incoming" not in p.relative_to(ROOT).parts]
 
 
@@ -90,8 +93,9 @@ def nested_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def knobs(model: type[BaseModel], prefix: str = "", env: str | None = None,
-          leaves: tuple[str, ...] = ()) -> dict[str, tuple[str, str]]:
+def knobs(
+    model: type[BaseModel], prefix: str = "", env: str | None = None, leaves: tuple[str, ...] = ()
+) -> dict[str, tuple[str, str]]:
     """key -> (default, environment variable) for every knob of ``model``; a nested model
     with a default instance is a table whose keys are ``table.key``."""
     out: dict[str, tuple[str, str]] = {}
@@ -104,18 +108,19 @@ def knobs(model: type[BaseModel], prefix: str = "", env: str | None = None,
         default = field.get_default(call_default_factory=True)
         sub = nested_model(field.annotation)
         if sub is not None and isinstance(default, BaseModel) and key not in leaves:
-            out |= knobs(sub, key + ".",
-                         None if env is None else f"{env}{name.upper()}__", leaves)
+            out |= knobs(sub, key + ".", None if env is None else f"{env}{name.upper()}__", leaves)
         else:
             out[key] = (render(default), variable)
     return out
 
 
 def settings_knobs() -> dict[str, tuple[str, str]]:
-    return (knobs(Settings, env="SPECLANE_")
-            | knobs(BackendSpec, "backends[].")
-            | knobs(PresetSpec, "presets.<name>.")
-            | knobs(PairRule, "gating.pairs[]."))
+    return (
+        knobs(Settings, env="SPECLANE_")
+        | knobs(BackendSpec, "backends[].")
+        | knobs(PresetSpec, "presets.<name>.")
+        | knobs(PairRule, "gating.pairs[].")
+    )
 
 
 def policy_knobs() -> dict[str, tuple[str, str]]:
@@ -204,8 +209,12 @@ def test_every_command_and_flag_is_documented(capsys: pytest.CaptureFixture[str]
     }
     assert commands["serve"] >= {"--config", "--port", "--no-lanes"}  # the parser was read
     reference = CONFIGURATION.read_text(encoding="utf-8")
-    missing += [f"speclane {command} {flag}" for command, flags in commands.items()
-                for flag in sorted(flags) if f"`{flag}" not in reference]
+    missing += [
+        f"speclane {command} {flag}"
+        for command, flags in commands.items()
+        for flag in sorted(flags)
+        if f"`{flag}" not in reference
+    ]
     assert missing == []
 
 
@@ -238,8 +247,11 @@ def test_documented_worker_flags_exist() -> None:
 
 
 def header_names() -> set[str]:
-    return {value for name, value in vars(names).items()
-            if name.endswith("_HEADER") and isinstance(value, str)}
+    return {
+        value
+        for name, value in vars(names).items()
+        if name.endswith("_HEADER") and isinstance(value, str)
+    }
 
 
 def test_every_header_is_documented_and_no_documented_header_is_gone() -> None:
@@ -247,15 +259,20 @@ def test_every_header_is_documented_and_no_documented_header_is_gone() -> None:
     in_code = header_names()
     assert in_code, "router/config/names.py defines no headers?"
     reference = section_of(HEADERS_PAGE, "## Headers")
-    assert sorted(h for h in in_code if f"`{h}" not in reference) == [], \
+    assert sorted(h for h in in_code if f"`{h}" not in reference) == [], (
         "headers missing from docs/routing.md's tables"
+    )
     mentioned = set(re.findall(r"X-Speclane-[A-Za-z]+(?:-[A-Za-z]+)*", text))
     from router import worker_contract as contract  # router -> lane headers: the worker contract's
 
-    internal = {value for name, value in vars(contract).items()
-                if name.endswith("_HEADER") and isinstance(value, str)}
-    assert sorted(mentioned - in_code - internal) == [], \
+    internal = {
+        value
+        for name, value in vars(contract).items()
+        if name.endswith("_HEADER") and isinstance(value, str)
+    }
+    assert sorted(mentioned - in_code - internal) == [], (
         "documented headers the code does not define"
+    )
 
 
 def metric_names() -> tuple[set[str], set[str]]:
@@ -279,8 +296,9 @@ def test_every_metric_is_documented_and_no_documented_metric_is_gone() -> None:
     documented = set(re.findall(r"^\| `(speclane_[a-z0-9_]+)` \|", reference, re.M))
     assert sorted(families - documented) == [], "metrics missing from docs/metrics.md's table"
     mentioned = set(re.findall(r"\bspeclane_[a-z0-9_]+(?![a-z0-9_*])", text))
-    assert sorted(mentioned - series - NOT_METRICS) == [], \
+    assert sorted(mentioned - series - NOT_METRICS) == [], (
         "documented metrics the code does not define"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -290,11 +308,15 @@ def test_every_metric_is_documented_and_no_documented_metric_is_gone() -> None:
 def routes() -> set[str]:
     from router.app import make_app
 
-    settings = load_settings(lanes=LanesSettings.model_validate({"enabled": False}),
-                             policies_dir=ROOT / "policies")
+    settings = load_settings(
+        lanes=LanesSettings.model_validate({"enabled": False}), policies_dir=ROOT / "policies"
+    )
     app = make_app(settings)
-    return {f"{route.method} {route.resource.canonical}" for route in app.router.routes()
-            if route.resource is not None}
+    return {
+        f"{route.method} {route.resource.canonical}"
+        for route in app.router.routes()
+        if route.resource is not None
+    }
 
 
 def section_of(page: Path, heading: str) -> str:
@@ -309,8 +331,7 @@ def test_every_endpoint_is_documented_and_no_documented_endpoint_is_gone() -> No
     assert "POST /v1/chat/completions" in in_code  # the table was read
     table = section_of(ENDPOINTS_PAGE, "## Endpoints")
     # aiohttp answers HEAD wherever GET is routed; only GET is documented for those.
-    missing = sorted(r for r in in_code
-                     if not r.startswith("HEAD ") and f"`{r}`" not in table)
+    missing = sorted(r for r in in_code if not r.startswith("HEAD ") and f"`{r}`" not in table)
     assert missing == [], "endpoints missing from docs/frontdoors.md's table"
     documented = set(re.findall(r"`((?:GET|POST|PUT|PATCH|DELETE|HEAD) /[^`\s]*)`", table))
     assert sorted(documented - in_code) == [], "documented endpoints the app does not route"
@@ -350,8 +371,10 @@ def test_every_link_leads_somewhere() -> None:
     assert broken == []
 
 
-FILE_NAME = re.compile(r"`((?:[\w.*-]+/)+(?:[\w.*-]+\.(?:py|md|toml|json5?|yml|sh|txt|png|"
-                       r"service|plist))?)`")
+FILE_NAME = re.compile(
+    r"`((?:[\w.*-]+/)+(?:[\w.*-]+\.(?:py|md|toml|json5?|yml|sh|txt|png|"
+    r"service|plist))?)`"
+)
 
 
 def test_every_file_named_exists() -> None:

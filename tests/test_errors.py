@@ -21,26 +21,33 @@ def test_an_integer_code_stays_an_integer() -> None:
     assert orjson.loads(dump_body(err))["error"]["code"] == 501
 
 
-@pytest.mark.parametrize(("code", "relayed"), [
-    ("context_length_exceeded", "context_length_exceeded"),
-    (True, "True"),  # a bool is not a number here
-    (1.5, "1.5"),
-    ({"nested": 1}, "{'nested': 1}"),
-    ("x" * 5000, "x" * 200),
-])
+@pytest.mark.parametrize(
+    ("code", "relayed"),
+    [
+        ("context_length_exceeded", "context_length_exceeded"),
+        (True, "True"),  # a bool is not a number here
+        (1.5, "1.5"),
+        ({"nested": 1}, "{'nested': 1}"),
+        ("x" * 5000, "x" * 200),
+    ],
+)
 def test_other_codes_become_bounded_strings(code: object, relayed: str) -> None:
     err = from_upstream_body(400, orjson.dumps({"error": {"message": "m", "code": code}}))
     assert err.code == relayed
 
 
 async def test_llama_server_error_code_is_relayed_as_a_number() -> None:
-    async with ReplayUpstream(load(LLAMACPP_ERROR), gets={
-            "/v1/models": load("llamacpp-server_v1-models.json")}) as up:
-        settings = router_settings(backends=[{"name": "l", "kind": "llamacpp",
-                                              "base_url": up.base_url, "models": ["m"]}])
+    async with ReplayUpstream(
+        load(LLAMACPP_ERROR), gets={"/v1/models": load("llamacpp-server_v1-models.json")}
+    ) as up:
+        settings = router_settings(
+            backends=[{"name": "l", "kind": "llamacpp", "base_url": up.base_url, "models": ["m"]}]
+        )
         async with run_router(settings) as r, aiohttp.ClientSession() as s:
-            async with s.post(f"{r.base_url}/chat/completions", json={
-                    "model": "m", "messages": [{"role": "user", "content": "hi"}]}) as resp:
+            async with s.post(
+                f"{r.base_url}/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            ) as resp:
                 assert resp.status == 501
                 error = (await resp.json())["error"]
     assert error["code"] == 501 and isinstance(error["code"], int)

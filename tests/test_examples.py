@@ -30,8 +30,9 @@ def test_example_config_mentions_every_top_level_key() -> None:
     text = (ROOT / "examples" / "speclane.toml").read_text()
     settings = load_settings()
     for key in type(settings).model_fields:
-        assert f"{key} =" in text or f"[{key}" in text or f"[[{key}" in text or (
-            f"# {key} =" in text), key
+        assert (
+            f"{key} =" in text or f"[{key}" in text or f"[[{key}" in text or (f"# {key} =" in text)
+        ), key
 
 
 def test_shipped_policies_are_valid() -> None:
@@ -43,7 +44,8 @@ def _count_instructions():  # type: ignore[no-untyped-def]
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "count_instructions", ROOT / "examples" / "count_instructions.py")
+        "count_instructions", ROOT / "examples" / "count_instructions.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -54,7 +56,8 @@ def test_count_instructions_reads_the_last_callgrind_dump(tmp_path: Path) -> Non
     tool = _count_instructions()
     for n, total in ((1, 5), (2, 7), (10, 123456)):  # .10 sorts before .2 as text
         (tmp_path / f"callgrind.out.{n}").write_text(
-            f"# callgrind format\nevents: Ir\n\nsummary: {total}\ntotals: {total}\n")
+            f"# callgrind format\nevents: Ir\n\nsummary: {total}\ntotals: {total}\n"
+        )
     last = tool.latest_dump(tmp_path)
     assert last.name == "callgrind.out.10"
     assert tool.callgrind_total(last) == 123456

@@ -14,20 +14,35 @@ ROUTER = Path(__file__).resolve().parents[1] / "router"
 # Longest prefix wins. Floor 0 are leaves: they import nothing of speclane's at run time.
 FLOORS: dict[str, int] = {
     "router": 0,  # __init__: the version
-    "router.config.names": 0, "router.config.suggest": 0, "router.worker_contract": 0,
-    "router.metrics": 0, "router.appkeys": 0, "router.sse": 0, "router.periodic": 0,
+    "router.config.names": 0,
+    "router.config.suggest": 0,
+    "router.worker_contract": 0,
+    "router.metrics": 0,
+    "router.appkeys": 0,
+    "router.sse": 0,
+    "router.periodic": 0,
     "router.observability.escape": 0,
     # The request family: a pure leaf that both routing and speculation read.
     "router.speculation.families": 0,
     "router.errors": 1,
-    "router.config": 2, "router.request_rules": 2,
-    "router.routing": 3, "router.speculation": 3, "router.worker": 3,
+    "router.config": 2,
+    "router.request_rules": 2,
+    "router.routing": 3,
+    "router.speculation": 3,
+    "router.worker": 3,
     "router.backends": 4,
-    "router.lanes": 5, "router.proxy": 5,
-    "router.admin": 6, "router.bench": 6, "router.bench.common": 6, "router.frontdoors": 6,
+    "router.lanes": 5,
+    "router.proxy": 5,
+    "router.admin": 6,
+    "router.bench": 6,
+    "router.bench.common": 6,
+    "router.frontdoors": 6,
     # Each benchmark reads the shared pieces below it, never another benchmark.
-    "router.bench.scorecard": 7, "router.bench.overhead": 7, "router.bench.agent": 7,
-    "router.bench.sources": 7, "router.bench.lanes": 7,
+    "router.bench.scorecard": 7,
+    "router.bench.overhead": 7,
+    "router.bench.agent": 7,
+    "router.bench.sources": 7,
+    "router.bench.lanes": 7,
     "router.observability": 7,
     "router.app": 8,
     "router.server": 9,
@@ -108,7 +123,7 @@ def test_no_import_cycle() -> None:
         path.append(node)
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                cycle = [*path[path.index(nxt):], nxt]
+                cycle = [*path[path.index(nxt) :], nxt]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if nxt not in state:
                 visit(nxt)
@@ -124,20 +139,23 @@ def test_no_import_cycle_between_folders() -> None:
     """Folders import each other one way only (``config`` does not import ``errors`` while
     ``errors`` reads ``config``'s header names). A floor-0 leaf imports nothing, so it closes
     no cycle: it counts on its own, not as part of its folder."""
+
     def room(module: str) -> str:
         return module if floor(module)[0] == 0 else ".".join(module.split(".")[:2])
 
     edges: dict[str, set[str]] = {}
     for source, targets in graph().items():
         edges.setdefault(room(source), set()).update(
-            room(t) for t in targets if room(t) != room(source))
+            room(t) for t in targets if room(t) != room(source)
+        )
     state: dict[str, int] = {}
 
     def visit(node: str, path: list[str]) -> None:
         state[node] = 1
         for nxt in sorted(edges.get(node, ())):
             assert state.get(nxt) != 1, "folder cycle: " + " -> ".join(
-                [*path[path.index(nxt):], nxt] if nxt in path else [*path, nxt])
+                [*path[path.index(nxt) :], nxt] if nxt in path else [*path, nxt]
+            )
             if nxt not in state:
                 visit(nxt, [*path, nxt])
         state[node] = 2

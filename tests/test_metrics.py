@@ -28,8 +28,9 @@ def test_remembered_children_keep_series_apart() -> None:
     first.inc()
     m.requests.labels("chat", "a", "200", "openai").inc()
     m.requests.labels("chat", "b", "200", "openai").inc()
-    m.requests.labels(endpoint="chat", backend="a", status="500",
-                      api="openai").inc()  # keywords still work
+    m.requests.labels(
+        endpoint="chat", backend="a", status="500", api="openai"
+    ).inc()  # keywords still work
     text = m.render().decode()
     total = "speclane_requests_total"
     assert metric_value(text, total, endpoint="chat", backend="a", status="200") == 2
@@ -59,7 +60,8 @@ async def test_standard_collectors_and_build_info() -> None:
 
 
 async def test_failures_are_booked_to_the_backend_tried_and_retries_only_when_repeated(
-        fake: FakeUpstream) -> None:
+    fake: FakeUpstream,
+) -> None:
     fake.behaviour = Behaviour(status=500)
     async with run_router(router_settings(fake)) as r:  # retry.attempts = 3
         with pytest.raises(openai.InternalServerError):
@@ -67,15 +69,18 @@ async def test_failures_are_booked_to_the_backend_tried_and_retries_only_when_re
         text = await scrape(r)
     assert metric_value(text, "speclane_requests_total", backend="fake", status="500") == 1
     assert metric_value(text, "speclane_requests_total", backend="none") is None
-    assert metric_value(text, "speclane_upstream_failures_total", backend="fake",
-                        reason="status_500") == 3
+    assert (
+        metric_value(text, "speclane_upstream_failures_total", backend="fake", reason="status_500")
+        == 3
+    )
     # three attempts: the first two failures were repeated, the last one ended the request
-    assert metric_value(text, "speclane_upstream_retries_total", backend="fake",
-                        reason="status_500") == 2
+    assert (
+        metric_value(text, "speclane_upstream_retries_total", backend="fake", reason="status_500")
+        == 2
+    )
 
 
-async def test_a_timeout_that_is_not_retried_is_a_failure_not_a_retry(
-        fake: FakeUpstream) -> None:
+async def test_a_timeout_that_is_not_retried_is_a_failure_not_a_retry(fake: FakeUpstream) -> None:
     fake.behaviour = Behaviour(delay_headers=30)
     backend = {"name": "fake", "kind": "openai", "base_url": fake.base_url, "read_timeout": 0.2}
     async with run_router(router_settings(fake, backends=[backend])) as r:
@@ -84,8 +89,10 @@ async def test_a_timeout_that_is_not_retried_is_a_failure_not_a_retry(
         text = await scrape(r)
     assert info.value.status_code == 504
     assert metric_value(text, "speclane_requests_total", backend="fake", status="504") == 1
-    assert metric_value(text, "speclane_upstream_failures_total", backend="fake",
-                        reason="timeout") == 1
+    assert (
+        metric_value(text, "speclane_upstream_failures_total", backend="fake", reason="timeout")
+        == 1
+    )
     assert metric_value(text, "speclane_upstream_retries_total") is None
 
 
@@ -94,13 +101,17 @@ async def test_a_retry_on_the_next_candidate_is_booked_to_the_one_that_failed() 
         a.behaviour = Behaviour(status=502)
         async with run_router(router_settings(a, b)) as r:
             raw = await r.client().chat.completions.with_raw_response.create(
-                model="fake-model", messages=CHAT)
+                model="fake-model", messages=CHAT
+            )
             text = await scrape(r)
     assert raw.headers["x-speclane-backend"] == "b"
-    assert metric_value(text, "speclane_upstream_retries_total", backend="a",
-                        reason="status_502") == 1
-    assert metric_value(text, "speclane_upstream_failures_total", backend="a",
-                        reason="status_502") == 1
+    assert (
+        metric_value(text, "speclane_upstream_retries_total", backend="a", reason="status_502") == 1
+    )
+    assert (
+        metric_value(text, "speclane_upstream_failures_total", backend="a", reason="status_502")
+        == 1
+    )
     assert metric_value(text, "speclane_requests_total", backend="b", status="200") == 1
 
 
@@ -118,12 +129,19 @@ async def test_ttft_counts_streams_only(fake: FakeUpstream) -> None:
         await client.chat.completions.create(model="fake-model", messages=CHAT)
         text = await scrape(r)
         assert metric_value(text, "speclane_ttft_seconds_count", backend="fake") is None
-        stream = await client.chat.completions.create(model="fake-model", messages=CHAT,
-                                                      stream=True)
+        stream = await client.chat.completions.create(
+            model="fake-model", messages=CHAT, stream=True
+        )
         async for _ in stream:
             pass
-        await wait_until(lambda: metric_value(
-            r.app[METRICS].render().decode(), "speclane_requests_total", status="200") == 2)
+        await wait_until(
+            lambda: (
+                metric_value(
+                    r.app[METRICS].render().decode(), "speclane_requests_total", status="200"
+                )
+                == 2
+            )
+        )
         text = await scrape(r)
     assert metric_value(text, "speclane_ttft_seconds_count", backend="fake") == 1
     assert metric_value(text, "speclane_request_duration_seconds_count", backend="fake") == 2

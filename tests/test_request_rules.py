@@ -23,19 +23,22 @@ def fault(parse: Any) -> tuple[str, str | None]:
     return info.value.message, info.value.param
 
 
-@pytest.mark.parametrize(("field", "value", "message"), [
-    ("n", "2", "'n' must be of type integer"),
-    ("n", True, "'n' must be of type integer"),
-    ("n", 1.5, "'n' must be of type integer"),
-    ("stream", "yes", "'stream' must be of type boolean"),
-    ("stream_options", [], "'stream_options' must be of type object"),
-    ("temperature", "hot", "'temperature' must be of type number"),
-    ("temperature", True, "'temperature' must be of type number"),
-    ("temperature", 3, "'temperature' must be between 0 and 2"),
-    ("temperature", -0.5, "'temperature' must be between 0 and 2"),
-    ("max_tokens", "9", "'max_tokens' must be of type integer"),
-    ("max_completion_tokens", False, "'max_completion_tokens' must be of type integer"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("n", "2", "'n' must be of type integer"),
+        ("n", True, "'n' must be of type integer"),
+        ("n", 1.5, "'n' must be of type integer"),
+        ("stream", "yes", "'stream' must be of type boolean"),
+        ("stream_options", [], "'stream_options' must be of type object"),
+        ("temperature", "hot", "'temperature' must be of type number"),
+        ("temperature", True, "'temperature' must be of type number"),
+        ("temperature", 3, "'temperature' must be between 0 and 2"),
+        ("temperature", -0.5, "'temperature' must be between 0 and 2"),
+        ("max_tokens", "9", "'max_tokens' must be of type integer"),
+        ("max_completion_tokens", False, "'max_completion_tokens' must be of type integer"),
+    ],
+)
 def test_router_and_worker_word_a_fault_alike(field: str, value: Any, message: str) -> None:
     body = {**CHAT, field: value}
     assert fault(lambda: router_parse("chat", orjson.dumps(body))) == (message, field)
@@ -49,7 +52,9 @@ def test_ranges() -> None:
     assert number(data, "b", None, 0, 2.5) == 2.5
     assert fault(lambda: integer(data, "a", None, 1, None)) == ("'a' must be at least 1", "a")
     assert fault(lambda: integer(data, "c", None, 1, 10**6)) == (
-        "'c' must be between 1 and 1000000", "c")
+        "'c' must be between 1 and 1000000",
+        "c",
+    )
     assert fault(lambda: number(data, "b", None, 0.0, 2.0)) == ("'b' must be between 0 and 2", "b")
 
 
@@ -63,9 +68,15 @@ def test_the_other_front_doors_word_a_type_fault_alike() -> None:
 
     anthropic = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
     assert fault(lambda: to_openai({**anthropic, "top_k": 1.5})) == (
-        "'top_k' must be of type integer", "top_k")
+        "'top_k' must be of type integer",
+        "top_k",
+    )
     assert fault(lambda: to_openai({**anthropic, "temperature": "hot"})) == (
-        "'temperature' must be of type number", "temperature")
+        "'temperature' must be of type number",
+        "temperature",
+    )
     ollama = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert fault(lambda: chat_to_openai({**ollama, "options": {"num_ctx": 1.5}})) == (
-        "'options.num_ctx' must be of type integer", "options.num_ctx")
+        "'options.num_ctx' must be of type integer",
+        "options.num_ctx",
+    )

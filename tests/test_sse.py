@@ -41,20 +41,23 @@ def test_frames_read_back_as_written() -> None:
 # --- events and their data ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("data", "expected"), [
-    (E, [b'{"a": 1}']),
-    (E.replace(b"\n", b"\r\n"), [b'{"a": 1}']),  # CRLF
-    (b"data: line one\ndata: line two\n\n", [b"line one\nline two"]),  # multi-line data
-    (b"data: a\r\ndata: b\r\n\r\n", [b"a\nb"]),
-    (b": keep-alive\n\n" + E, [b'{"a": 1}']),  # comments are skipped
-    (b": note\ndata: x\n\n", [b"x"]),  # a comment inside an event
-    (b"event: message\nid: 7\ndata: x\n\n", [b"x"]),
-    (b"event: empty\n\n", []),  # an event without data
-    (b"data:x\n\n", [b"x"]),  # the space after the colon is optional
-    (b"data: [DONE]\n\n", [b"[DONE]"]),
-    (b'data: {"a": 1}', [b'{"a": 1}']),  # an unterminated last event counts
-    (b"", []),
-])
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (E, [b'{"a": 1}']),
+        (E.replace(b"\n", b"\r\n"), [b'{"a": 1}']),  # CRLF
+        (b"data: line one\ndata: line two\n\n", [b"line one\nline two"]),  # multi-line data
+        (b"data: a\r\ndata: b\r\n\r\n", [b"a\nb"]),
+        (b": keep-alive\n\n" + E, [b'{"a": 1}']),  # comments are skipped
+        (b": note\ndata: x\n\n", [b"x"]),  # a comment inside an event
+        (b"event: message\nid: 7\ndata: x\n\n", [b"x"]),
+        (b"event: empty\n\n", []),  # an event without data
+        (b"data:x\n\n", [b"x"]),  # the space after the colon is optional
+        (b"data: [DONE]\n\n", [b"[DONE]"]),
+        (b'data: {"a": 1}', [b'{"a": 1}']),  # an unterminated last event counts
+        (b"", []),
+    ],
+)
 def test_payloads(data: bytes, expected: list[bytes]) -> None:
     assert list(sse.payloads(data)) == expected
 
@@ -64,8 +67,10 @@ def test_json_events_skip_done_malformed_and_non_objects() -> None:
     assert list(sse.json_events(data)) == [{"a": 1}, {"a": 1}]
 
 
-@pytest.mark.parametrize(("payload", "done"), [
-    (b"[DONE]", True), (b" [DONE] ", True), (b"[DONE]x", False), (b'"[DONE]"', False)])
+@pytest.mark.parametrize(
+    ("payload", "done"),
+    [(b"[DONE]", True), (b" [DONE] ", True), (b"[DONE]x", False), (b'"[DONE]"', False)],
+)
 def test_is_done(payload: bytes, done: bool) -> None:
     assert sse.is_done(payload) is done
 
@@ -82,19 +87,23 @@ def test_first_chunk_framing() -> None:
 # --- splitting a relayed stream into whole events -------------------------------------------
 
 
-@pytest.mark.parametrize(("data", "whole", "held"), [
-    (E, E, b""),
-    (E * 3, E * 3, b""),
-    (E + E[:7], E, E[:7]),
-    (E[:7], b"", E[:7]),
-    (b"", b"", b""),
-    (E.replace(b"\n", b"\r\n") + b"data: {", E.replace(b"\n", b"\r\n"), b"data: {"),
-    (b": ping\n\n" + b"data: x", b": ping\n\n", b"data: x"),
-    (b"data: a\ndata: b\n\ndata: c\n", b"data: a\ndata: b\n\n", b"data: c\n"),
-    (b"data: [DONE]\n", b"", b"data: [DONE]\n"),  # passed on at the end of the stream
-])
-def test_split_events_keeps_back_only_an_incomplete_last_event(data: bytes, whole: bytes,
-                                                               held: bytes) -> None:
+@pytest.mark.parametrize(
+    ("data", "whole", "held"),
+    [
+        (E, E, b""),
+        (E * 3, E * 3, b""),
+        (E + E[:7], E, E[:7]),
+        (E[:7], b"", E[:7]),
+        (b"", b"", b""),
+        (E.replace(b"\n", b"\r\n") + b"data: {", E.replace(b"\n", b"\r\n"), b"data: {"),
+        (b": ping\n\n" + b"data: x", b": ping\n\n", b"data: x"),
+        (b"data: a\ndata: b\n\ndata: c\n", b"data: a\ndata: b\n\n", b"data: c\n"),
+        (b"data: [DONE]\n", b"", b"data: [DONE]\n"),  # passed on at the end of the stream
+    ],
+)
+def test_split_events_keeps_back_only_an_incomplete_last_event(
+    data: bytes, whole: bytes, held: bytes
+) -> None:
     assert split_events(data) == (whole, held)
     assert whole + held == data
 
@@ -123,18 +132,21 @@ def test_partial_chunks_rejoin_into_the_same_events(cuts: list[int]) -> None:
     assert list(sse.payloads(written)) == list(sse.payloads(stream))
 
 
-@pytest.mark.parametrize(("chunk", "ok"), [
-    (E, True),
-    (b"data: [DONE]\n\n", True),
-    (b": keep-alive\n\n" + E, True),
-    (b'data: {"a": 1', True),  # not complete yet: judged by the client, not here
-    (b"data: {oops}\n\n", False),
-    (b"data: hello\n\n" + E, False),
-    (b"event: message\ndata: [1, 2]\n\n", True),
-    (E + b"data: {oops}\n\n", True),  # only the first event is judged
-    (b": ping\r\n\r\ndata: {oops}\r\n\r\n", False),
-    (b'data: {"a":\ndata: 1}\n\n', True),  # multi-line data joined before it is parsed
-])
+@pytest.mark.parametrize(
+    ("chunk", "ok"),
+    [
+        (E, True),
+        (b"data: [DONE]\n\n", True),
+        (b": keep-alive\n\n" + E, True),
+        (b'data: {"a": 1', True),  # not complete yet: judged by the client, not here
+        (b"data: {oops}\n\n", False),
+        (b"data: hello\n\n" + E, False),
+        (b"event: message\ndata: [1, 2]\n\n", True),
+        (E + b"data: {oops}\n\n", True),  # only the first event is judged
+        (b": ping\r\n\r\ndata: {oops}\r\n\r\n", False),
+        (b'data: {"a":\ndata: 1}\n\n', True),  # multi-line data joined before it is parsed
+    ],
+)
 def test_first_event_is_json(chunk: bytes, ok: bool) -> None:
     assert first_event_is_json(chunk) is ok
 
@@ -142,11 +154,22 @@ def test_first_event_is_json(chunk: bytes, ok: bool) -> None:
 # --- the [DONE] rule --------------------------------------------------------------------------
 
 DONE_CASES = [
-    b"data: [DONE]\n\n", b"data:[DONE]\n\n", b"data: [DONE]", b"data: [DONE] \r\n\r\n",
-    b'data: {"x": "[DONE]"}\n\n', b'data: {"x": "[DONE]"}\n\ndata: [DONE]\n\n',
-    b'data: {"x": "\\ndata: [DONE]"}\n\n', b"xdata: [DONE]\n\n", b"data: [DONE]x\n\n",
-    b": [DONE]\ndata: [DONE]\n\n", b"[DONE]", b"data: [DONE]\t\n", b"\ndata: [DONE]",
-    b"", b"data: [DON", b'data: {"a": 1}\n\n' * 10 + b"data: [DONE]\n\n",
+    b"data: [DONE]\n\n",
+    b"data:[DONE]\n\n",
+    b"data: [DONE]",
+    b"data: [DONE] \r\n\r\n",
+    b'data: {"x": "[DONE]"}\n\n',
+    b'data: {"x": "[DONE]"}\n\ndata: [DONE]\n\n',
+    b'data: {"x": "\\ndata: [DONE]"}\n\n',
+    b"xdata: [DONE]\n\n",
+    b"data: [DONE]x\n\n",
+    b": [DONE]\ndata: [DONE]\n\n",
+    b"[DONE]",
+    b"data: [DONE]\t\n",
+    b"\ndata: [DONE]",
+    b"",
+    b"data: [DON",
+    b'data: {"a": 1}\n\n' * 10 + b"data: [DONE]\n\n",
 ]
 
 
@@ -169,12 +192,15 @@ def test_done_line_search_agrees_on_random_mixtures() -> None:
     assert agreed[True] > 20 and agreed[False] > 20  # both answers were exercised
 
 
-@pytest.mark.parametrize(("events", "ends"), [
-    (E + sse.DONE_EVENT, True),
-    (E + b"data:[DONE]\r\n\r\n", True),
-    (sse.DONE_EVENT + E, False),
-    (b'data: {"x": "data: [DONE]"}\n\n', False),
-])
+@pytest.mark.parametrize(
+    ("events", "ends"),
+    [
+        (E + sse.DONE_EVENT, True),
+        (E + b"data:[DONE]\r\n\r\n", True),
+        (sse.DONE_EVENT + E, False),
+        (b'data: {"x": "data: [DONE]"}\n\n', False),
+    ],
+)
 def test_ends_with_done(events: bytes, ends: bool) -> None:
     assert ends_with_done(events) is ends
 
@@ -193,8 +219,16 @@ async def _read(*lines: bytes) -> list[bytes]:
 
 
 async def test_read_payloads_joins_multi_line_data_and_skips_comments() -> None:
-    assert await _read(b": hello\n", b"\n", b"data: a\n", b"data: b\n", b"\n",
-                       b"event: x\r\n", b"data: c\r\n", b"\r\n") == [b"a\nb", b"c"]
+    assert await _read(
+        b": hello\n",
+        b"\n",
+        b"data: a\n",
+        b"data: b\n",
+        b"\n",
+        b"event: x\r\n",
+        b"data: c\r\n",
+        b"\r\n",
+    ) == [b"a\nb", b"c"]
 
 
 async def test_read_payloads_passes_an_unterminated_last_event() -> None:
@@ -206,20 +240,22 @@ async def test_read_payloads_over_a_real_stream() -> None:
     from aiohttp import ClientSession, web
     from aiohttp.test_utils import TestServer
 
-    body = (sse.frame(b'{"a": 1}') + b": ping\r\n\r\n" + b"data: x\ndata: y\n\n"
-            + sse.DONE_EVENT)
+    body = sse.frame(b'{"a": 1}') + b": ping\r\n\r\n" + b"data: x\ndata: y\n\n" + sse.DONE_EVENT
 
     async def stream(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(0, len(body), 5):  # partial chunks
-            await resp.write(body[i:i + 5])
+            await resp.write(body[i : i + 5])
         return resp
 
     app = web.Application()
     app.router.add_get("/", stream)
-    async with TestServer(app) as server, ClientSession() as session, \
-            session.get(server.make_url("/")) as resp:
+    async with (
+        TestServer(app) as server,
+        ClientSession() as session,
+        session.get(server.make_url("/")) as resp,
+    ):
         got = [p async for p in sse.read_payloads(resp.content)]
     assert got == [b'{"a": 1}', b"x\ny", b"[DONE]"]
 
@@ -240,7 +276,7 @@ def test_sse_tail_keeps_only_the_end_and_finds_done() -> None:
 
 def test_sse_tail_split_across_chunks_and_crlf() -> None:
     tail = SSETail()
-    for piece in (b'data: {"a"', b': 1}\r\n\r\nda', b"ta: [DONE]\r\n\r\n"):
+    for piece in (b'data: {"a"', b": 1}\r\n\r\nda", b"ta: [DONE]\r\n\r\n"):
         tail.feed(piece)
     assert tail.last_events() == ([{"a": 1}], 0)
     assert tail.saw_done()
@@ -292,13 +328,27 @@ def tail_payloads_by_split(buf: bytes, want: int) -> list[bytes]:
     return list(sse.payloads(buf))[-want:]
 
 
-sse_pieces = st.sampled_from([b"data: ", b"data:", b"{\"a\":1}", b"[DONE]", b"\n", b"\r\n",
-                              b"\n\n", b": keep-alive", b"event: x", b"x" * 300, b" "])
+sse_pieces = st.sampled_from(
+    [
+        b"data: ",
+        b"data:",
+        b'{"a":1}',
+        b"[DONE]",
+        b"\n",
+        b"\r\n",
+        b"\n\n",
+        b": keep-alive",
+        b"event: x",
+        b"x" * 300,
+        b" ",
+    ]
+)
 
 
 @settings(max_examples=400, deadline=None)
 @given(pieces=st.lists(sse_pieces, max_size=60), want=st.integers(1, 8))
 def test_the_tail_window_reads_the_same_payloads_as_splitting_everything(
-        pieces: list[bytes], want: int) -> None:
+    pieces: list[bytes], want: int
+) -> None:
     buf = b"".join(pieces)
     assert sse.tail_payloads(bytearray(buf), want) == tail_payloads_by_split(buf, want)

@@ -32,7 +32,7 @@ def test_ready_line_gives_the_port():
         "",
         "SPECLANE_WORKER_READY",
         "some log line with port 40123",
-        "speclane_worker_ready {\"port\": 1}",
+        'speclane_worker_ready {"port": 1}',
         READY_PREFIX + "not json",
         READY_PREFIX + "[40123]",
         READY_PREFIX + '{"mode": "batching"}',
@@ -46,7 +46,6 @@ def test_anything_else_is_not_a_ready_line(line):
     assert parse_ready_line(line) is None
 
 
-
 def test_the_ready_line_written_is_the_ready_line_read() -> None:
     assert parse_ready_line(ready_line(40123, mode="batching", model="m")) == 40123
 
@@ -58,25 +57,54 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def test_the_command_line_built_is_the_command_line_parsed() -> None:
-    argv = worker_argv(sys.executable, "speculative", Path("/m"), "name", draft=Path("/d"),
-                       num_draft_tokens=4, max_batch_size=2, parent_pid=7)
+    argv = worker_argv(
+        sys.executable,
+        "speculative",
+        Path("/m"),
+        "name",
+        draft=Path("/d"),
+        num_draft_tokens=4,
+        max_batch_size=2,
+        parent_pid=7,
+    )
     assert argv[1:3] == ["-m", "router.worker"]
     args = _parser().parse_args(argv[3:])
     assert (args.mode, args.model, args.model_name, args.draft_model) == (
-        "speculative", "/m", "name", "/d")
+        "speculative",
+        "/m",
+        "name",
+        "/d",
+    )
     assert (args.num_draft_tokens, args.max_batch_size, args.port, args.parent_pid) == (4, 2, 0, 7)
 
 
 def test_the_batching_lane_gets_no_draft() -> None:
-    argv = worker_argv(sys.executable, "batching", Path("/m"), "n", draft=Path("/d"),
-                       num_draft_tokens=3, max_batch_size=8, parent_pid=1)
+    argv = worker_argv(
+        sys.executable,
+        "batching",
+        Path("/m"),
+        "n",
+        draft=Path("/d"),
+        num_draft_tokens=3,
+        max_batch_size=8,
+        parent_pid=1,
+    )
     assert "--draft-model" not in argv
 
 
 def test_the_shared_worker_gets_the_draft_and_both_lanes_flags() -> None:
-    argv = worker_argv(sys.executable, "shared", Path("/m"), "n", draft=Path("/d"),
-                       num_draft_tokens=3, max_batch_size=8, parent_pid=1,
-                       prefill_chunk_seconds=0.25, speculative=("--draft-source", "draft_model"))
+    argv = worker_argv(
+        sys.executable,
+        "shared",
+        Path("/m"),
+        "n",
+        draft=Path("/d"),
+        num_draft_tokens=3,
+        max_batch_size=8,
+        parent_pid=1,
+        prefill_chunk_seconds=0.25,
+        speculative=("--draft-source", "draft_model"),
+    )
     p = _parser()
     args = p.parse_args(argv[3:])
     check_worker_flags(p, args)
@@ -93,7 +121,6 @@ def test_each_lane_of_a_shared_worker_has_its_own_prefix() -> None:
 @pytest.mark.parametrize("value", [-1, MAX_DRAFT_TOKENS + 1])
 def test_draft_tokens_out_of_bounds_are_refused(value: int) -> None:
     p = _parser()
-    args = p.parse_args(["--mode", "speculative", "--model", "m",
-                         "--num-draft-tokens", str(value)])
+    args = p.parse_args(["--mode", "speculative", "--model", "m", "--num-draft-tokens", str(value)])
     with pytest.raises(SystemExit):
         check_worker_flags(p, args)

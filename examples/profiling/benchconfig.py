@@ -13,5 +13,6 @@ def bench_config(tmp: str, upstream_url: str) -> Path:
     config.write_text(
         f'policies_dir = "{tmp}/policies"\nlog_level = "warning"\n'
         f'[lanes]\nenabled = false\n[[backends]]\nname = "bench"\nkind = "openai"\n'
-        f'base_url = "{upstream_url}"\n')
+        f'base_url = "{upstream_url}"\n'
+    )
     return config

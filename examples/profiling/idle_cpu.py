@@ -40,8 +40,11 @@ async def run(seconds: float) -> None:
             settings = load_settings(bench_config(tmp, upstream.url), port=0)
             app = make_app(settings)
             kwargs = {"access_log": None}
-            runner = (Runner(app, settings.client_limits, 1024, **kwargs)  # type: ignore[call-arg]
-                      if Runner is not web.AppRunner else Runner(app, **kwargs))
+            runner = (
+                Runner(app, settings.client_limits, 1024, **kwargs)  # type: ignore[call-arg]
+                if Runner is not web.AppRunner
+                else Runner(app, **kwargs)
+            )
             await runner.setup()
             try:
                 await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -45,14 +45,18 @@ def main() -> None:
         (Path(tmp) / "policies").mkdir()
         config.write_text(
             f'policies_dir = "{tmp}/policies"\nlog_level = "warning"\n[lanes]\nenabled = false\n'
-            '[[backends]]\nname = "bench"\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n')
+            '[[backends]]\nname = "bench"\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n'
+        )
         settings = load_settings(config, port=0)
         app = make_app(settings)
         backend = next(iter(app[POOL]))
         backend.probe_succeeded(frozenset({"bench-model"}))
         request = make_mocked_request(
-            "POST", "/v1/chat/completions", app=app,
-            headers=CIMultiDict({"Content-Type": "application/json", "Host": "x"}))
+            "POST",
+            "/v1/chat/completions",
+            app=app,
+            headers=CIMultiDict({"Content-Type": "application/json", "Host": "x"}),
+        )
         policy = identify(request)
         tail = SSETail()
         tail.feed(CHUNK)
@@ -60,9 +64,18 @@ def main() -> None:
         def finished_outcome() -> Outcome:
             parsed = parse_request("chat", RAW)
             result = decide(request, parsed, policy, SpecClaim())
-            o = Outcome(endpoint="chat", arrival=time.monotonic(), status=200, backend=backend,
-                        candidate=result.decision.candidates[0], tried=backend, stream=True,
-                        attempts=1, completed=True, delivered=True)
+            o = Outcome(
+                endpoint="chat",
+                arrival=time.monotonic(),
+                status=200,
+                backend=backend,
+                candidate=result.decision.candidates[0],
+                tried=backend,
+                stream=True,
+                attempts=1,
+                completed=True,
+                delivered=True,
+            )
             o.first_byte_at = o.last_byte_at = o.finished_at = time.monotonic()
             o.tail_events, _, _ = tail.finish()
             return o
@@ -79,8 +92,12 @@ def main() -> None:
         total += bench("SSETail.finish", tail.finish)
         total += bench("observe.record", lambda: observe.record(app[METRICS], outcome))
         total += bench("telemetry.observe", lambda: app[SPEC].observe(outcome, SpecClaim()))
-        total += bench("record_of+add", lambda: app[ACCESS].add(
-            record_of(outcome, client="default", model="bench-model", decision="x")))
+        total += bench(
+            "record_of+add",
+            lambda: app[ACCESS].add(
+                record_of(outcome, client="default", model="bench-model", decision="x")
+            ),
+        )
         print(f"{'sum':28s} {total * 1e6:8.2f} us")
 
 

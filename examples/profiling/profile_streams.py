@@ -37,8 +37,8 @@ HERE = Path(__file__).resolve().parent
 
 async def load(url: str, streams: int, concurrency: int, tokens: int) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(HERE / "loadgen.py"), url, str(streams), str(concurrency),
-        str(tokens))
+        sys.executable, str(HERE / "loadgen.py"), url, str(streams), str(concurrency), str(tokens)
+    )
     if await proc.wait() != 0:
         raise RuntimeError("load generator failed")
 
@@ -48,8 +48,14 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile) -> None:
         with tempfile.TemporaryDirectory(prefix="speclane-prof-") as tmp:
             settings = load_settings(bench_config(tmp, upstream.url), port=0)
             app = make_app(settings)
-            runner = GuardedRunner(app, settings.client_limits, 1024, handler_cancellation=True,
-                                   shutdown_timeout=settings.shutdown_grace, access_log=None)
+            runner = GuardedRunner(
+                app,
+                settings.client_limits,
+                1024,
+                handler_cancellation=True,
+                shutdown_timeout=settings.shutdown_grace,
+                access_log=None,
+            )
             await runner.setup()
             try:
                 site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -63,9 +69,11 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile) -> None:
                 profiler.disable()
                 end = resource.getrusage(resource.RUSAGE_SELF)
                 user, system = end.ru_utime - cpu.ru_utime, end.ru_stime - cpu.ru_stime
-                print(f"router CPU per stream: user {user / args.streams * 1e6:.0f} us, "
-                      f"system {system / args.streams * 1e6:.0f} us"
-                      + ("" if args.cpu_only else " (profiled)"))
+                print(
+                    f"router CPU per stream: user {user / args.streams * 1e6:.0f} us, "
+                    f"system {system / args.streams * 1e6:.0f} us"
+                    + ("" if args.cpu_only else " (profiled)")
+                )
             finally:
                 await runner.cleanup()
 
@@ -76,8 +84,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--tokens", type=int, default=7)
     p.add_argument("--top", type=int, default=45)
-    p.add_argument("--cpu-only", action="store_true",
-                   help="no profile: the router's CPU time per stream only (noisy: +-10%%)")
+    p.add_argument(
+        "--cpu-only",
+        action="store_true",
+        help="no profile: the router's CPU time per stream only (noisy: +-10%%)",
+    )
     p.add_argument("--out", type=Path, default=HERE / "streams.pstats")
     args = p.parse_args(argv)
     setup_logging("warning")

@@ -99,8 +99,9 @@ class Backend:
     def probe_failed(self, error: str) -> None:
         self.ready, self.last_error = False, error
 
-    def lane_status(self, ready: bool, base_url: str | None, health: dict[str, Any] | None,
-                    error: str | None) -> None:
+    def lane_status(
+        self, ready: bool, base_url: str | None, health: dict[str, Any] | None, error: str | None
+    ) -> None:
         """The lane supervisor's view of its worker (lanes). Without a health answer the
         last known speculation state is kept while the worker restarts."""
         self.ready, self.last_error = ready, error

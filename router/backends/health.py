@@ -36,13 +36,13 @@ class NotReady(Exception):
 
 
 def _timeout(backend: Backend) -> aiohttp.ClientTimeout:
-    return aiohttp.ClientTimeout(total=backend.connect_timeout + 5,
-                                 sock_connect=backend.connect_timeout)
+    return aiohttp.ClientTimeout(
+        total=backend.connect_timeout + 5, sock_connect=backend.connect_timeout
+    )
 
 
 async def _get(session: aiohttp.ClientSession, backend: Backend, url: str) -> bytes:
-    async with session.get(url, headers=backend.auth_headers(),
-                           timeout=_timeout(backend)) as resp:
+    async with session.get(url, headers=backend.auth_headers(), timeout=_timeout(backend)) as resp:
         if resp.status != 200:
             raise NotReady(f"GET {url.removeprefix(backend.root_url)} answered {resp.status}")
         body = bytearray()
@@ -64,8 +64,9 @@ def model_ids(body: bytes) -> frozenset[str]:
     items = data.get("data") if isinstance(data, dict) else None
     if not isinstance(items, list):
         return frozenset()
-    return frozenset(m["id"] for m in items
-                     if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"])
+    return frozenset(
+        m["id"] for m in items if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]
+    )
 
 
 async def probe(session: aiohttp.ClientSession, backend: Backend) -> frozenset[str]:
@@ -93,12 +94,18 @@ async def check_once(session: aiohttp.ClientSession, backend: Backend, metrics: 
     else:
         if not backend.ready:
             if backend.configured_models or models:
-                log.info("backend %s is ready (%d models %s)", backend.name,
-                         len(backend.configured_models or models),
-                         "configured" if backend.configured_models else "listed")
+                log.info(
+                    "backend %s is ready (%d models %s)",
+                    backend.name,
+                    len(backend.configured_models or models),
+                    "configured" if backend.configured_models else "listed",
+                )
             else:
-                log.warning("backend %s is up but lists no models: set models = [...] in its "
-                            "configuration to route to it", backend.name)
+                log.warning(
+                    "backend %s is up but lists no models: set models = [...] in its "
+                    "configuration to route to it",
+                    backend.name,
+                )
         backend.probe_succeeded(models)
     metrics.backend_up.labels(backend.name).set(1 if backend.ready else 0)
 
@@ -106,8 +113,9 @@ async def check_once(session: aiohttp.ClientSession, backend: Backend, metrics: 
 class HealthMonitor:
     """Polls every external backend on an interval; ``first_round`` is set after one pass."""
 
-    def __init__(self, pool: BackendPool, session: aiohttp.ClientSession, metrics: Metrics,
-                 interval: float) -> None:
+    def __init__(
+        self, pool: BackendPool, session: aiohttp.ClientSession, metrics: Metrics, interval: float
+    ) -> None:
         self._pool = pool
         self._session = session
         self._metrics = metrics
@@ -130,17 +138,23 @@ class HealthMonitor:
         task = self._periodic.start()
         first = asyncio.ensure_future(self.first_round.wait())
         try:
-            await asyncio.wait({first, task}, timeout=wait,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({first, task}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
         finally:
             first.cancel()
         if task.done():
             task.result()  # a bug in the probing: fail start-up loudly, as before
         if not self.first_round.is_set():
-            waiting = [b.name for b in self._pool if b.lane is None and not b.ready
-                       and b.last_error is None]
-            log.warning("not waiting longer than %gs for the first health check of %s: "
-                        "not ready until it answers", wait, ", ".join(waiting) or "a backend")
+            waiting = [
+                b.name
+                for b in self._pool
+                if b.lane is None and not b.ready and b.last_error is None
+            ]
+            log.warning(
+                "not waiting longer than %gs for the first health check of %s: "
+                "not ready until it answers",
+                wait,
+                ", ".join(waiting) or "a backend",
+            )
 
     async def stop(self) -> None:
         await self._periodic.stop()

@@ -52,8 +52,13 @@ OnDeltas = Callable[[Backend, list[CounterDelta]], None]
 
 
 class CumulativeScraper:
-    def __init__(self, pool: BackendPool, session: aiohttp.ClientSession, interval: float,
-                 on_deltas: OnDeltas) -> None:
+    def __init__(
+        self,
+        pool: BackendPool,
+        session: aiohttp.ClientSession,
+        interval: float,
+        on_deltas: OnDeltas,
+    ) -> None:
         self._pool = pool
         self._session = session
         self._on_deltas = on_deltas
@@ -67,8 +72,9 @@ class CumulativeScraper:
         path, parse = SOURCES[backend.kind]
         timeout = aiohttp.ClientTimeout(total=10, sock_connect=backend.connect_timeout)
         try:
-            async with self._session.get(f"{backend.root_url}{path}", timeout=timeout,
-                                         headers=backend.auth_headers()) as resp:
+            async with self._session.get(
+                f"{backend.root_url}{path}", timeout=timeout, headers=backend.auth_headers()
+            ) as resp:
                 if resp.status != 200:
                     return  # e.g. llama.cpp without --metrics: per-response stats still work
                 body = await resp.read()
@@ -76,8 +82,7 @@ class CumulativeScraper:
             log.debug("scraping %s failed: %s", backend.name, e)
             return
         differ = self._differs.setdefault(backend.name, CounterDiffer())
-        deltas = differ.update({k._replace(source=backend.name): v
-                                for k, v in parse(body).items()})
+        deltas = differ.update({k._replace(source=backend.name): v for k, v in parse(body).items()})
         for d in deltas:
             if d.restarted:
                 log.info("backend %s restarted (speculative counters went down)", backend.name)

@@ -31,7 +31,12 @@ def backend_status(backend: Backend, supervised: dict[str, str]) -> dict[str, An
         "last_error": backend.last_error,
         "last_failure": backend.last_failure,
         "speculation": speculation_status(
-            kind=backend.kind, lane=backend.lane, requested=backend.speculative_requested,
-            active=backend.speculative_active, observed=backend.spec_observed,
-            reason=backend.spec_reason or backend.observed_reason, mode=backend.spec_mode),
+            kind=backend.kind,
+            lane=backend.lane,
+            requested=backend.speculative_requested,
+            active=backend.speculative_active,
+            observed=backend.spec_observed,
+            reason=backend.spec_reason or backend.observed_reason,
+            mode=backend.spec_mode,
+        ),
     }

@@ -12,8 +12,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("router.cli.serve:main", "run the router (and its two MLX lanes by default)"),
     "worker": ("router.cli.worker:main", "run one MLX lane worker (spawned by serve)"),
     "models": ("router.cli.models:main", "models prepare: fetch, convert the default model"),
-    "policy": ("router.cli.policy:main",
-               "policy check [DIR]: validate, print the table; policy reload: reload now"),
+    "policy": (
+        "router.cli.policy:main",
+        "policy check [DIR]: validate, print the table; policy reload: reload now",
+    ),
     "bench": ("router.cli.bench:main", "the readiness scorecard; bench overhead | agent | lanes"),
     "status": ("router.cli.status:main", "print lanes, backends and speculation state"),
 }

@@ -14,7 +14,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="speclane models",
         description="'speclane models prepare': the embedded default model and its draft, "
-                    "without a model hub.")
+        "without a model hub.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="fetch and convert the default model and its draft")
     p.add_argument("--dir", type=Path, help=f"data directory (default: {modelprep.data_dir()})")

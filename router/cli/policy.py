@@ -30,25 +30,42 @@ COLUMNS = ("client", "recognised by", "preset -> lane", "access", "limits")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="speclane policy",
-                                     description=__doc__.splitlines()[0].replace("``", "'"))
+    parser = argparse.ArgumentParser(
+        prog="speclane policy", description=__doc__.splitlines()[0].replace("``", "'")
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate policies and print the resolved table")
-    check.add_argument("directory", nargs="?", type=Path,
-                       help="the policies directory (default: the one serve would use: "
-                       "policies_dir of --config, else ./policies, else policies/ next to "
-                       "--config, else the ones shipped with speclane)")
-    check.add_argument("--config", type=Path,
-                       help="speclane.toml, for its presets and policies_dir")
-    reload = sub.add_parser("reload", help="make a running router reload its policies now, "
-                            "including a change it held because it widens access")
-    reload.add_argument("--url", default=DEFAULT_URL,
-                        help=f"router root URL (default {DEFAULT_URL})")
-    reload.add_argument("--admin-key", default=None,
-                        help=f"admin key (default: ${ADMIN_KEY_ENV}, else the router's local "
-                        "admin token when --url is on this machine)")
-    reload.add_argument("--timeout", type=float, default=30.0,
-                        help="seconds (default 30: the router waits for files being written)")
+    check.add_argument(
+        "directory",
+        nargs="?",
+        type=Path,
+        help="the policies directory (default: the one serve would use: "
+        "policies_dir of --config, else ./policies, else policies/ next to "
+        "--config, else the ones shipped with speclane)",
+    )
+    check.add_argument(
+        "--config", type=Path, help="speclane.toml, for its presets and policies_dir"
+    )
+    reload = sub.add_parser(
+        "reload",
+        help="make a running router reload its policies now, "
+        "including a change it held because it widens access",
+    )
+    reload.add_argument(
+        "--url", default=DEFAULT_URL, help=f"router root URL (default {DEFAULT_URL})"
+    )
+    reload.add_argument(
+        "--admin-key",
+        default=None,
+        help=f"admin key (default: ${ADMIN_KEY_ENV}, else the router's local "
+        "admin token when --url is on this machine)",
+    )
+    reload.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds (default 30: the router waits for files being written)",
+    )
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:
@@ -102,8 +119,13 @@ def _ordered(policies: PolicySet) -> list[Policy]:
 def _row(policy: Policy, policies: PolicySet, presets: Mapping[str, PresetSpec]) -> list[list[str]]:
     source = policies.sources.get(policy.client, "")
     client = [policy.client, f"({Path(source).name if source != '(implied)' else source})"]
-    return [client, _match(policy, policies), _lanes(policy, presets),
-            _access(policy) + _cache(policy, policies), _limits(policy)]
+    return [
+        client,
+        _match(policy, policies),
+        _lanes(policy, presets),
+        _access(policy) + _cache(policy, policies),
+        _limits(policy),
+    ]
 
 
 def _match(policy: Policy, policies: PolicySet) -> list[str]:
@@ -155,8 +177,11 @@ def _cache(policy: Policy, policies: PolicySet) -> list[str]:
 
 def _limits(policy: Policy) -> list[str]:
     concurrency = policy.max_concurrency or "unlimited"
-    lines = [f"priority {policy.priority}", f"concurrency {concurrency}",
-             f"queue timeout {policy.queue_timeout:g} s"]
+    lines = [
+        f"priority {policy.priority}",
+        f"concurrency {concurrency}",
+        f"queue timeout {policy.queue_timeout:g} s",
+    ]
     caps = policy.caps
     for key in ("max_tokens", "n"):
         value = getattr(caps, key)
@@ -166,14 +191,17 @@ def _limits(policy: Policy) -> list[str]:
 
 
 def _format(rows: list[list[list[str]]]) -> list[str]:
-    widths = [max(len(line) for row in rows for line in row[i] or [""])
-              for i in range(len(COLUMNS))]
+    widths = [
+        max(len(line) for row in rows for line in row[i] or [""]) for i in range(len(COLUMNS))
+    ]
     out: list[str] = []
     for index, row in enumerate(rows):
         height = max(len(cell) for cell in row)
         for k in range(height):
-            parts = [(cell[k] if k < len(cell) else "").ljust(width)
-                     for cell, width in zip(row, widths, strict=True)]
+            parts = [
+                (cell[k] if k < len(cell) else "").ljust(width)
+                for cell, width in zip(row, widths, strict=True)
+            ]
             out.append("  ".join(parts).rstrip())
         if index == 0:
             out.append("  ".join("-" * w for w in widths))

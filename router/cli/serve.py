@@ -20,26 +20,44 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--config", type=Path, help="TOML configuration file (default: none)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8080; 0 picks a free one)")
-    p.add_argument("--allowed-host", action="append", dest="allowed_hosts", metavar="NAME",
-                   help="a host name requests may carry in their Host header besides "
-                   "loopback names and the bind address (repeatable; '.example.com' for a "
-                   "domain and its subdomains, '*' for any; default: allowed_hosts of the "
-                   "configuration)")
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        dest="allowed_hosts",
+        metavar="NAME",
+        help="a host name requests may carry in their Host header besides "
+        "loopback names and the bind address (repeatable; '.example.com' for a "
+        "domain and its subdomains, '*' for any; default: allowed_hosts of the "
+        "configuration)",
+    )
     p.add_argument("--no-lanes", action="store_true", help="do not start the two MLX lanes")
-    p.add_argument("--layout", choices=LAYOUTS,
-                   help="the lanes' worker processes: shared (one process, one copy of the "
-                   "model, for both lanes), separate (one each) or auto (default: [lanes] "
-                   "layout of the configuration, auto)")
-    p.add_argument("--policies", type=Path,
-                   help="policy directory (default: policies_dir of --config, relative to "
-                   "it; else ./policies, else policies/ next to --config, else the shipped "
-                   "defaults)")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
-                   help="log level (default: log_level of the configuration, info); the "
-                   "access log is written at info, its 5xx lines at warning")
-    p.add_argument("--log-format", choices=LOG_FORMATS, default="text",
-                   help="text for people (default) or json: one object per line, with the "
-                   "access log's fields as keys, for log shippers")
+    p.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        help="the lanes' worker processes: shared (one process, one copy of the "
+        "model, for both lanes), separate (one each) or auto (default: [lanes] "
+        "layout of the configuration, auto)",
+    )
+    p.add_argument(
+        "--policies",
+        type=Path,
+        help="policy directory (default: policies_dir of --config, relative to "
+        "it; else ./policies, else policies/ next to --config, else the shipped "
+        "defaults)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        help="log level (default: log_level of the configuration, info); the "
+        "access log is written at info, its 5xx lines at warning",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text for people (default) or json: one object per line, with the "
+        "access log's fields as keys, for log shippers",
+    )
     return p.parse_args(argv)
 
 

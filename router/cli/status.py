@@ -19,8 +19,20 @@ from urllib.parse import urlsplit
 ADMIN_KEY_ENV = "SPECLANE_ADMIN_KEY"
 DEFAULT_URL = "http://127.0.0.1:8080"
 
-COLUMNS = ("NAME", "KIND", "LANE", "STATE", "INFL", "MODEL", "DRAFT", "MODE", "REQ", "ACTIVE",
-           "OBSERVED", "REASON")
+COLUMNS = (
+    "NAME",
+    "KIND",
+    "LANE",
+    "STATE",
+    "INFL",
+    "MODEL",
+    "DRAFT",
+    "MODE",
+    "REQ",
+    "ACTIVE",
+    "OBSERVED",
+    "REASON",
+)
 
 
 class StatusError(Exception):
@@ -28,11 +40,15 @@ class StatusError(Exception):
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="speclane status",
-                                description="Print lanes, backends and speculation state.")
+    p = argparse.ArgumentParser(
+        prog="speclane status", description="Print lanes, backends and speculation state."
+    )
     p.add_argument("--url", default=DEFAULT_URL, help=f"router root URL (default {DEFAULT_URL})")
-    p.add_argument("--admin-key", default=None,
-                   help=f"admin key (default: ${ADMIN_KEY_ENV}); needed when admin_key is set")
+    p.add_argument(
+        "--admin-key",
+        default=None,
+        help=f"admin key (default: ${ADMIN_KEY_ENV}); needed when admin_key is set",
+    )
     p.add_argument("--json", action="store_true", help="print the raw JSON instead of a table")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     return p.parse_args(list(argv))
@@ -89,8 +105,9 @@ def _opener(endpoint: str) -> urllib.request.OpenerDirector:
 def _http_error(e: urllib.error.HTTPError, endpoint: str, admin_key: str | None) -> str:
     message = _error_message(e)
     if e.code == 401:
-        return (f"the router requires an admin key ({message}): pass --admin-key or set "
-                f"{ADMIN_KEY_ENV}")
+        return (
+            f"the router requires an admin key ({message}): pass --admin-key or set {ADMIN_KEY_ENV}"
+        )
     if e.code == 403:
         if admin_key:
             return f"the router refused the admin key ({message})"
@@ -115,12 +132,22 @@ def rows(backends: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for b in backends:
         spec = b.get("speculation") or {}
-        out.append((
-            _text(b.get("name")), _text(b.get("kind")), _text(b.get("lane")),
-            _text(b.get("state")), _text(b.get("inflight")), _model(b), _short(b.get("draft")),
-            _text(spec.get("mode")), _flag(spec.get("requested")), _flag(spec.get("active")),
-            _flag(spec.get("observed")), _text(spec.get("reason")),
-        ))
+        out.append(
+            (
+                _text(b.get("name")),
+                _text(b.get("kind")),
+                _text(b.get("lane")),
+                _text(b.get("state")),
+                _text(b.get("inflight")),
+                _model(b),
+                _short(b.get("draft")),
+                _text(spec.get("mode")),
+                _flag(spec.get("requested")),
+                _flag(spec.get("active")),
+                _flag(spec.get("observed")),
+                _text(spec.get("reason")),
+            )
+        )
     return out
 
 
@@ -131,8 +158,10 @@ def print_table(backends: Sequence[dict[str, Any]], out: TextIO) -> None:
     table = [COLUMNS, *rows(backends)]
     widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS) - 1)]
     for r in table:  # the reason, last, is not padded: it may be long
-        print("  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]).rstrip(),
-              file=out)
+        print(
+            "  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]).rstrip(),
+            file=out,
+        )
     errors = [(b.get("name"), b.get("last_error")) for b in backends if b.get("last_error")]
     if errors:
         print("\nlast errors:", file=out)
@@ -143,15 +172,21 @@ def print_table(backends: Sequence[dict[str, Any]], out: TextIO) -> None:
 def print_layout(layout: Any, workers: Sequence[dict[str, Any]], out: TextIO) -> None:
     """The lanes' layout, the estimate behind it, and each worker process's memory."""
     if isinstance(layout, dict):
-        print(f"\nlanes layout: {layout.get('layout')} (requested {layout.get('requested')}: "
-              f"{layout.get('reason')}); estimate {_gib(layout.get('estimate_bytes'))} of "
-              f"{_gib(layout.get('limit_bytes'))} allowed (separate "
-              f"{_gib(layout.get('separate_bytes'))}, shared {_gib(layout.get('shared_bytes'))}; "
-              f"memory {_gib(layout.get('total_bytes'))})", file=out)
+        print(
+            f"\nlanes layout: {layout.get('layout')} (requested {layout.get('requested')}: "
+            f"{layout.get('reason')}); estimate {_gib(layout.get('estimate_bytes'))} of "
+            f"{_gib(layout.get('limit_bytes'))} allowed (separate "
+            f"{_gib(layout.get('separate_bytes'))}, shared {_gib(layout.get('shared_bytes'))}; "
+            f"memory {_gib(layout.get('total_bytes'))})",
+            file=out,
+        )
     for w in workers:
         lanes = "+".join(str(lane) for lane in w.get("lanes") or [])
-        print(f"  worker {lanes}: {_text(w.get('state'))}, pid {_text(w.get('pid'))}, "
-              f"rss {_gib(w.get('rss_bytes'))}, pss {_gib(w.get('pss_bytes'))}", file=out)
+        print(
+            f"  worker {lanes}: {_text(w.get('state'))}, pid {_text(w.get('pid'))}, "
+            f"rss {_gib(w.get('rss_bytes'))}, pss {_gib(w.get('pss_bytes'))}",
+            file=out,
+        )
 
 
 def _gib(value: Any) -> str:

@@ -14,8 +14,9 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def validation_problems(where: str, err: ValidationError,
-                        model: type[BaseModel] | None = None) -> list[str]:
+def validation_problems(
+    where: str, err: ValidationError, model: type[BaseModel] | None = None
+) -> list[str]:
     """One line per problem: ``<where>: <dotted.key>: <message>``, and for a key that is
     not a field of ``model``, the nearest one that is ("did you mean ...")."""
     problems = []
@@ -27,6 +28,7 @@ def validation_problems(where: str, err: ValidationError,
     return problems
 
 
-def format_validation_error(where: str, err: ValidationError,
-                            model: type[BaseModel] | None = None) -> str:
+def format_validation_error(
+    where: str, err: ValidationError, model: type[BaseModel] | None = None
+) -> str:
     return "\n".join(validation_problems(where, err, model))

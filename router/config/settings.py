@@ -57,7 +57,9 @@ class BackendSpec(Frozen):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     kind: BackendKind = "openai"
-    base_url: str = Field(description="OpenAI base URL including /v1, e.g. http://127.0.0.1:1234/v1")
+    base_url: str = Field(
+        description="OpenAI base URL including /v1, e.g. http://127.0.0.1:1234/v1"
+    )
     api_key: SecretStr | None = None
     models: tuple[str, ...] = ()  # empty: discovered from GET {base_url}/models
     connect_timeout: float = Field(default=5.0, gt=0)
@@ -229,8 +231,11 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Priority: command-line flags (init kwargs) > SPECLANE_* environment > the file.
-        return (init_settings, env_settings,
-                InitSettingsSource(settings_cls, init_kwargs=_FILE_DATA.get() or {}))
+        return (
+            init_settings,
+            env_settings,
+            InitSettingsSource(settings_cls, init_kwargs=_FILE_DATA.get() or {}),
+        )
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -261,8 +266,10 @@ def allowed_host_entry(value: str) -> str:
         return f"[{address.compressed}]" if address.version == 6 else address.compressed
     name = entry[1:] if entry.startswith(".") else entry
     if not re.fullmatch(r"[a-z0-9_-][a-z0-9_.-]*", name):
-        raise ValueError(f"{value!r}: expected a host name or address without scheme or "
-                         "port (e.g. 'mybox.lan', '.example.com' or '*')")
+        raise ValueError(
+            f"{value!r}: expected a host name or address without scheme or "
+            "port (e.g. 'mybox.lan', '.example.com' or '*')"
+        )
     return entry
 
 
@@ -290,8 +297,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     try:
         settings = Settings(**overrides)
         if "policies_dir" not in settings.model_fields_set:
-            settings = settings.model_copy(
-                update={"policies_dir": default_policies_dir(path)})
+            settings = settings.model_copy(update={"policies_dir": default_policies_dir(path)})
             # Still "not configured" (model_copy counts it as set): a missing default
             # directory is a warning, a missing configured one an error (router.app).
             settings.__pydantic_fields_set__.discard("policies_dir")

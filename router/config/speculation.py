@@ -82,22 +82,34 @@ class SpecSettings(Frozen):
     @model_validator(mode="after")
     def _consistent(self) -> SpecSettings:
         problems = [
-            msg for bad, msg in (
-                (self.on_threshold < self.off_threshold,
-                 f"on_threshold ({self.on_threshold}) must be >= off_threshold "
-                 f"({self.off_threshold})"),
-                (self.on_speed_margin < self.off_speed_margin,
-                 f"on_speed_margin ({self.on_speed_margin}) must be >= off_speed_margin "
-                 f"({self.off_speed_margin})"),
-                (self.min_sample > self.window_size,
-                 f"min_sample ({self.min_sample}) must be <= window_size ({self.window_size})"),
-                (self.min_speed_samples > self.speed_window,
-                 f"min_speed_samples ({self.min_speed_samples}) must be <= speed_window "
-                 f"({self.speed_window})"),
-                (not self.probe_min_spacing <= self.probe_initial <= self.probe_max,
-                 f"probe spacing must satisfy probe_min_spacing ({self.probe_min_spacing}) <= "
-                 f"probe_initial ({self.probe_initial}) <= probe_max ({self.probe_max})"),
-            ) if bad
+            msg
+            for bad, msg in (
+                (
+                    self.on_threshold < self.off_threshold,
+                    f"on_threshold ({self.on_threshold}) must be >= off_threshold "
+                    f"({self.off_threshold})",
+                ),
+                (
+                    self.on_speed_margin < self.off_speed_margin,
+                    f"on_speed_margin ({self.on_speed_margin}) must be >= off_speed_margin "
+                    f"({self.off_speed_margin})",
+                ),
+                (
+                    self.min_sample > self.window_size,
+                    f"min_sample ({self.min_sample}) must be <= window_size ({self.window_size})",
+                ),
+                (
+                    self.min_speed_samples > self.speed_window,
+                    f"min_speed_samples ({self.min_speed_samples}) must be <= speed_window "
+                    f"({self.speed_window})",
+                ),
+                (
+                    not self.probe_min_spacing <= self.probe_initial <= self.probe_max,
+                    f"probe spacing must satisfy probe_min_spacing ({self.probe_min_spacing}) <= "
+                    f"probe_initial ({self.probe_initial}) <= probe_max ({self.probe_max})",
+                ),
+            )
+            if bad
         ]
         if problems:
             raise ValueError("; ".join(problems))

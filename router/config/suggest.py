@@ -1,4 +1,4 @@
-""""Did you mean" for configuration keys that do not exist (pure).
+""" "Did you mean" for configuration keys that do not exist (pure).
 
 A typo such as ``max_concurency`` is an ``extra_forbidden`` error from pydantic; the model
 the key was found in is reached by walking the error's location through the field types
@@ -64,7 +64,7 @@ def keys_at(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
 
 
 def did_you_mean(model: type[BaseModel], error: dict[str, Any]) -> str:
-    """" (did you mean 'x'?)" for an unknown key close to a real one, else ""."""
+    """ " (did you mean 'x'?)" for an unknown key close to a real one, else ""."""
     loc = error.get("loc") or ()
     if error.get("type") != "extra_forbidden" or not loc or not isinstance(loc[-1], str):
         return ""

@@ -48,8 +48,9 @@ def apply(body: dict[str, Any], messages: list[Any]) -> Edited:
     if config is None:
         return Edited(messages, (), False)
     if not isinstance(config, dict) or not isinstance(config.get("edits", []), list):
-        raise bad_request("'context_management' must be an object with an 'edits' array",
-                          param=PARAM)
+        raise bad_request(
+            "'context_management' must be an object with an 'edits' array", param=PARAM
+        )
     applied = []
     for i, edit in enumerate(config.get("edits", [])):
         at = f"{PARAM}.edits[{i}]"
@@ -59,23 +60,33 @@ def apply(body: dict[str, Any], messages: list[Any]) -> Edited:
         elif kind == CLEAR_THINKING:
             done = _clear_thinking(messages, edit, at)
         else:
-            raise bad_request(f"'{at}.type' {kind!r} is not supported (speclane applies "
-                              f"{CLEAR_TOOL_USES} and {CLEAR_THINKING})", param=at)
+            raise bad_request(
+                f"'{at}.type' {kind!r} is not supported (speclane applies "
+                f"{CLEAR_TOOL_USES} and {CLEAR_THINKING})",
+                param=at,
+            )
         if done is not None:
             applied.append(done)
     return Edited(messages, tuple(applied), True)
 
 
-def _threshold(value: Any, kinds: tuple[str, ...], default: tuple[str, int] | None,
-               at: str) -> tuple[str, int] | None:
+def _threshold(
+    value: Any, kinds: tuple[str, ...], default: tuple[str, int] | None, at: str
+) -> tuple[str, int] | None:
     if value is None:
         return default
-    if (isinstance(value, dict) and value.get("type") in kinds
-            and isinstance(value.get("value"), int) and not isinstance(value["value"], bool)
-            and value["value"] >= 0):
+    if (
+        isinstance(value, dict)
+        and value.get("type") in kinds
+        and isinstance(value.get("value"), int)
+        and not isinstance(value["value"], bool)
+        and value["value"] >= 0
+    ):
         return str(value["type"]), int(value["value"])
-    raise bad_request(f"'{at}' must be {{\"type\": {' or '.join(kinds)}, \"value\": a "
-                      "non-negative integer}", param=at)
+    raise bad_request(
+        f'\'{at}\' must be {{"type": {" or ".join(kinds)}, "value": a non-negative integer}}',
+        param=at,
+    )
 
 
 def estimate_tokens(value: Any) -> int:
@@ -86,8 +97,11 @@ def _tool_uses(messages: list[Any]) -> list[tuple[int, int, str, str]]:
     """(message index, block index, id, name) of each tool_use, oldest first."""
     found = []
     for i, m in enumerate(messages):
-        if isinstance(m, dict) and m.get("role") == "assistant" and isinstance(
-                m.get("content"), list):
+        if (
+            isinstance(m, dict)
+            and m.get("role") == "assistant"
+            and isinstance(m.get("content"), list)
+        ):
             for j, block in enumerate(m["content"]):
                 if isinstance(block, dict) and block.get("type") == "tool_use":
                     found.append((i, j, str(block.get("id")), str(block.get("name"))))
@@ -105,14 +119,21 @@ def _results(messages: list[Any]) -> dict[str, tuple[int, int]]:
     return found
 
 
-def _clear_tool_uses(body: dict[str, Any], messages: list[Any], edit: dict[str, Any],
-                     at: str) -> tuple[list[Any], dict[str, Any] | None]:
-    trigger = _threshold(edit.get("trigger"), ("input_tokens", "tool_uses"),
-                         ("input_tokens", DEFAULT_TRIGGER_TOKENS), f"{at}.trigger")
-    keep = _threshold(edit.get("keep"), ("tool_uses",), ("tool_uses", DEFAULT_KEEP_TOOL_USES),
-                      f"{at}.keep")
-    at_least = _threshold(edit.get("clear_at_least"), ("input_tokens",), None,
-                          f"{at}.clear_at_least")
+def _clear_tool_uses(
+    body: dict[str, Any], messages: list[Any], edit: dict[str, Any], at: str
+) -> tuple[list[Any], dict[str, Any] | None]:
+    trigger = _threshold(
+        edit.get("trigger"),
+        ("input_tokens", "tool_uses"),
+        ("input_tokens", DEFAULT_TRIGGER_TOKENS),
+        f"{at}.trigger",
+    )
+    keep = _threshold(
+        edit.get("keep"), ("tool_uses",), ("tool_uses", DEFAULT_KEEP_TOOL_USES), f"{at}.keep"
+    )
+    at_least = _threshold(
+        edit.get("clear_at_least"), ("input_tokens",), None, f"{at}.clear_at_least"
+    )
     excluded = _names(edit.get("exclude_tools"), f"{at}.exclude_tools")
     inputs = edit.get("clear_tool_inputs", False)
     if not isinstance(inputs, bool):
@@ -143,15 +164,17 @@ def _clear_tool_uses(body: dict[str, Any], messages: list[Any], edit: dict[str, 
         cleared += 1
     if not cleared or (at_least is not None and saved < at_least[1]):
         return messages, None  # Anthropic: an edit that cannot clear enough is not applied
-    return edited, {"type": CLEAR_TOOL_USES, "cleared_tool_uses": cleared,
-                    "cleared_input_tokens": max(0, saved)}
+    return edited, {
+        "type": CLEAR_TOOL_USES,
+        "cleared_tool_uses": cleared,
+        "cleared_input_tokens": max(0, saved),
+    }
 
 
 def _block(edited: list[Any], copied: set[int], i: int, j: int) -> dict[str, Any]:
     """Block j of message i, copied before it is changed (the client's body stays as sent)."""
     if i not in copied:
-        edited[i]["content"] = [dict(b) if isinstance(b, dict) else b
-                                for b in edited[i]["content"]]
+        edited[i]["content"] = [dict(b) if isinstance(b, dict) else b for b in edited[i]["content"]]
         copied.add(i)
     block: dict[str, Any] = edited[i]["content"][j]
     return block
@@ -159,10 +182,17 @@ def _block(edited: list[Any], copied: set[int], i: int, j: int) -> dict[str, Any
 
 def _clear_thinking(messages: list[Any], edit: dict[str, Any], at: str) -> dict[str, Any] | None:
     keep = edit.get("keep")
-    turns = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant"
-                and isinstance(m.get("content"), list)
-                and any(isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")
-                        for b in m["content"]))
+    turns = sum(
+        1
+        for m in messages
+        if isinstance(m, dict)
+        and m.get("role") == "assistant"
+        and isinstance(m.get("content"), list)
+        and any(
+            isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")
+            for b in m["content"]
+        )
+    )
     if keep == "all":
         return None
     threshold = _threshold(keep, ("thinking_turns",), ("thinking_turns", 1), f"{at}.keep")

@@ -50,14 +50,14 @@ def to_openai(body: dict[str, Any], *, for_count: bool = False) -> MessagesReque
     if not for_count:
         max_tokens = body.get("max_tokens")
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise bad_request("'max_tokens' is required and must be a positive integer",
-                              param="max_tokens")
+            raise bad_request(
+                "'max_tokens' is required and must be a positive integer", param="max_tokens"
+            )
         out["max_tokens"] = max_tokens
     messages = _system(body.get("system"))
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
-        raise bad_request("'messages' is required and must be a non-empty array",
-                          param="messages")
+        raise bad_request("'messages' is required and must be a non-empty array", param="messages")
     edited = anthropic_context.apply(body, raw)
     for i, message in enumerate(edited.messages):
         messages.extend(_message(message, i))
@@ -87,8 +87,9 @@ def to_openai(body: dict[str, Any], *, for_count: bool = False) -> MessagesReque
         out["stream"] = True
         # continuous_usage_stats: the first chunk has the prompt's size for message_start.
         out["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-    return MessagesRequest(out, model, stream and not for_count, stops,
-                           edited.applied if edited.requested else None)
+    return MessagesRequest(
+        out, model, stream and not for_count, stops, edited.applied if edited.requested else None
+    )
 
 
 COUNTED_FIELDS = ("model", "messages", "tools", "tool_choice", "parallel_tool_calls")
@@ -108,8 +109,11 @@ def _system(system: Any, at: str = "system") -> list[dict[str, Any]]:
     if isinstance(system, list):
         texts = []
         for block in system:
-            if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(
-                    block.get("text"), str):
+            if (
+                not isinstance(block, dict)
+                or block.get("type") != "text"
+                or not isinstance(block.get("text"), str)
+            ):
                 raise bad_request(f"'{at}' blocks must be text blocks", param=at)
             texts.append(block["text"])
         return [{"role": "system", "content": "\n".join(texts)}] if texts else []
@@ -122,16 +126,14 @@ def _message(message: Any, i: int) -> list[dict[str, Any]]:
         raise bad_request(f"'{where}' must be an object", param=where)
     role = message.get("role")
     if role not in ("user", "assistant", "system"):
-        raise bad_request(f"'{where}.role' must be 'user', 'assistant' or 'system'",
-                          param=where)
+        raise bad_request(f"'{where}.role' must be 'user', 'assistant' or 'system'", param=where)
     content = message.get("content")
     if role == "system":
         return _system(content if content is not None else "", f"{where}.content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
-        raise bad_request(f"'{where}.content' must be a string or an array of blocks",
-                          param=where)
+        raise bad_request(f"'{where}.content' must be a string or an array of blocks", param=where)
     if role == "assistant":
         return [_assistant(content, where)]
     return _user(content, where)
@@ -147,8 +149,10 @@ def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
         elif kind == "tool_use":
             calls.append(_tool_use(block, f"{where}.content[{j}]"))
         elif kind not in DROPPED_BLOCKS:
-            raise bad_request(f"'{where}.content[{j}]': an assistant message cannot hold a "
-                              f"'{kind}' block", param=where)
+            raise bad_request(
+                f"'{where}.content[{j}]': an assistant message cannot hold a '{kind}' block",
+                param=where,
+            )
     out: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
     if calls:
         out["tool_calls"] = calls
@@ -170,8 +174,9 @@ def _user(blocks: list[Any], where: str) -> list[dict[str, Any]]:
         elif kind == "tool_result":
             results.append(_tool_result(block, at))
         elif kind not in DROPPED_BLOCKS:
-            raise bad_request(f"'{at}': '{kind}' blocks are not supported in a user message",
-                              param=where)
+            raise bad_request(
+                f"'{at}': '{kind}' blocks are not supported in a user message", param=where
+            )
     out = list(results)  # tool results answer the previous assistant turn: they come first
     if parts:
         if all(p["type"] == "text" for p in parts):
@@ -202,8 +207,11 @@ def _image(block: dict[str, Any], at: str) -> dict[str, Any]:
         media, data = source.get("media_type"), source.get("data")
         if isinstance(media, str) and isinstance(data, str):
             return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
-    if isinstance(source, dict) and source.get("type") == "url" and isinstance(
-            source.get("url"), str):
+    if (
+        isinstance(source, dict)
+        and source.get("type") == "url"
+        and isinstance(source.get("url"), str)
+    ):
         return {"type": "image_url", "image_url": {"url": source["url"]}}
     raise bad_request(f"'{at}.source' must be a base64 or url image source", param=at)
 
@@ -211,14 +219,15 @@ def _image(block: dict[str, Any], at: str) -> dict[str, Any]:
 def _tool_use(block: dict[str, Any], at: str) -> dict[str, Any]:
     call_id, name, args = block.get("id"), block.get("name"), block.get("input", {})
     if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(args, dict):
-        raise bad_request(f"'{at}': a tool_use block needs a string 'id' and 'name' and an "
-                          "object 'input'", param=at)
+        raise bad_request(
+            f"'{at}': a tool_use block needs a string 'id' and 'name' and an object 'input'",
+            param=at,
+        )
     try:  # orjson reads 1,024 levels of nesting but writes 254
         arguments = orjson.dumps(args).decode()
     except orjson.JSONEncodeError as e:
         raise bad_request(f"'{at}.input' cannot be forwarded: {e}", param=at) from e
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": arguments}}
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def _tool_result(block: dict[str, Any], at: str) -> dict[str, Any]:
@@ -230,8 +239,9 @@ def _tool_result(block: dict[str, Any], at: str) -> dict[str, Any]:
         texts = []
         for k, inner in enumerate(content):
             if _block_type(inner, f"{at}.content[{k}]") != "text":
-                raise bad_request(f"'{at}.content[{k}]': only text is supported in a tool "
-                                  "result", param=at)
+                raise bad_request(
+                    f"'{at}.content[{k}]': only text is supported in a tool result", param=at
+                )
             texts.append(_text(inner, f"{at}.content[{k}]"))
         content = "\n".join(texts)
     elif not isinstance(content, str):
@@ -253,8 +263,11 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise bad_request(f"'{at}' must be an object with a string 'name'", param=at)
         if tool.get("type", "custom") != "custom" or "input_schema" not in tool:
-            raise bad_request(f"'{at}': only custom tools with an 'input_schema' are "
-                              f"supported (not '{tool.get('type')}')", param=at)
+            raise bad_request(
+                f"'{at}': only custom tools with an 'input_schema' are "
+                f"supported (not '{tool.get('type')}')",
+                param=at,
+            )
         schema = tool["input_schema"]
         if not isinstance(schema, dict):
             raise bad_request(f"'{at}.input_schema' must be an object", param=at)
@@ -281,8 +294,10 @@ def _tool_choice(choice: Any) -> dict[str, Any]:
     elif kind == "tool" and isinstance(choice.get("name"), str):
         out = {"tool_choice": {"type": "function", "function": {"name": choice["name"]}}}
     else:
-        raise bad_request("'tool_choice.type' must be auto, any, tool (with a 'name') or none",
-                          param="tool_choice")
+        raise bad_request(
+            "'tool_choice.type' must be auto, any, tool (with a 'name') or none",
+            param="tool_choice",
+        )
     if choice.get("disable_parallel_tool_use") is True:
         out["parallel_tool_calls"] = False
     return out
@@ -291,8 +306,13 @@ def _tool_choice(choice: Any) -> dict[str, Any]:
 def _stop_sequences(value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
-    if (not isinstance(value, list) or len(value) > MAX_STOP_SEQUENCES
-            or not all(isinstance(s, str) and s for s in value)):
-        raise bad_request(f"'stop_sequences' must be an array of up to {MAX_STOP_SEQUENCES} "
-                          "non-empty strings", param="stop_sequences")
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_STOP_SEQUENCES
+        or not all(isinstance(s, str) and s for s in value)
+    ):
+        raise bad_request(
+            f"'stop_sequences' must be an array of up to {MAX_STOP_SEQUENCES} non-empty strings",
+            param="stop_sequences",
+        )
     return tuple(value)

@@ -28,8 +28,9 @@ from router.sse import event_json
 STREAM_CONTENT_TYPE = "text/event-stream"
 
 
-def stop_reason(finish_reason: Any, matched: Any, stops: tuple[str, ...],
-                has_tool_calls: bool) -> tuple[str, str | None]:
+def stop_reason(
+    finish_reason: Any, matched: Any, stops: tuple[str, ...], has_tool_calls: bool
+) -> tuple[str, str | None]:
     """(Anthropic stop_reason, stop_sequence) from an OpenAI choice.
 
     OpenAI says "stop" for both the end of the turn and a stop string; which stop string
@@ -56,8 +57,10 @@ def usage(openai_usage: Any) -> dict[str, int]:
     details = u.get("prompt_tokens_details")
     cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
     prompt = _int(u.get("prompt_tokens"))
-    out = {"input_tokens": max(0, prompt - cached),
-           "output_tokens": _int(u.get("completion_tokens"))}
+    out = {
+        "input_tokens": max(0, prompt - cached),
+        "output_tokens": _int(u.get("completion_tokens")),
+    }
     if cached:
         out["cache_read_input_tokens"] = cached
     return out
@@ -72,13 +75,18 @@ def context_management(applied: tuple[dict[str, Any], ...] | None) -> dict[str, 
     return {} if applied is None else {"context_management": {"applied_edits": list(applied)}}
 
 
-def message_body(answer: Any, model: str, stops: tuple[str, ...],
-                 applied: tuple[dict[str, Any], ...] | None = None) -> dict[str, Any]:
+def message_body(
+    answer: Any,
+    model: str,
+    stops: tuple[str, ...],
+    applied: tuple[dict[str, Any], ...] | None = None,
+) -> dict[str, Any]:
     """A whole OpenAI chat completion as an Anthropic ``message``."""
     choices = answer.get("choices") if isinstance(answer, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise errors.upstream_failed("the backend's answer has no choices",
-                                     code="upstream_bad_json")
+        raise errors.upstream_failed(
+            "the backend's answer has no choices", code="upstream_bad_json"
+        )
     choice = choices[0]
     message = dict_of(choice, "message")
     content: list[dict[str, Any]] = []
@@ -89,16 +97,30 @@ def message_body(answer: Any, model: str, stops: tuple[str, ...],
     for call in calls:
         name, args = whole_call(call)
         call_id = call.get("id")
-        content.append({"type": "tool_use",
-                        "id": call_id if isinstance(call_id, str) and call_id
-                        else "toolu_" + uuid.uuid4().hex[:24],
-                        "name": name, "input": args})
-    reason, sequence = stop_reason(choice.get("finish_reason"), choice.get("stop_reason"),
-                                   stops, bool(calls))
-    return {"id": message_id(answer.get("id")), "type": "message", "role": "assistant",
-            "model": model, "content": content, "stop_reason": reason,
-            "stop_sequence": sequence, "usage": usage(answer.get("usage")),
-            **context_management(applied)}
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call_id
+                if isinstance(call_id, str) and call_id
+                else "toolu_" + uuid.uuid4().hex[:24],
+                "name": name,
+                "input": args,
+            }
+        )
+    reason, sequence = stop_reason(
+        choice.get("finish_reason"), choice.get("stop_reason"), stops, bool(calls)
+    )
+    return {
+        "id": message_id(answer.get("id")),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": usage(answer.get("usage")),
+        **context_management(applied),
+    }
 
 
 def prompt_size(data: bytes) -> int:
@@ -114,8 +136,12 @@ class AnthropicEgress:
 
     stream_content_type = STREAM_CONTENT_TYPE
 
-    def __init__(self, model: str, stops: tuple[str, ...] = (),
-                 applied: tuple[dict[str, Any], ...] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        stops: tuple[str, ...] = (),
+        applied: tuple[dict[str, Any], ...] | None = None,
+    ) -> None:
         self.model = model
         self.stops = stops
         self.applied = applied
@@ -138,21 +164,32 @@ class AnthropicEgress:
     def events(self, data: bytes) -> bytes:
         if self._ended:
             return b""
-        return translate_events(data, chunk=self._chunk, error=self.error,
-                                ended=lambda: self._ended, head=self._start(data))
+        return translate_events(
+            data,
+            chunk=self._chunk,
+            error=self.error,
+            ended=lambda: self._ended,
+            head=self._start(data),
+        )
 
     def finish(self) -> bytes:
         if self._ended:
             return b""
         out = bytearray(self._start())
         out += self._close_block()
-        reason, sequence = stop_reason(self._finish_reason, self._matched, self.stops,
-                                       self._saw_tool)
+        reason, sequence = stop_reason(
+            self._finish_reason, self._matched, self.stops, self._saw_tool
+        )
         self._ended = True
-        out += event_json("message_delta", {"type": "message_delta",
-                                     "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                     "usage": usage(self._usage),
-                                     **context_management(self.applied)})
+        out += event_json(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": usage(self._usage),
+                **context_management(self.applied),
+            },
+        )
         out += event_json("message_stop", {"type": "message_stop"})
         return bytes(out)
 
@@ -169,12 +206,18 @@ class AnthropicEgress:
             return b""
         self._started = True
         message: dict[str, Any] = {
-            "id": message_id(None), "type": "message", "role": "assistant",
-            "model": self.model, "content": [], "stop_reason": None,
+            "id": message_id(None),
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": prompt_size(first), "output_tokens": 0}}
-        return (event_json("message_start", {"type": "message_start", "message": message})
-                + event_json("ping", {"type": "ping"}))
+            "usage": {"input_tokens": prompt_size(first), "output_tokens": 0},
+        }
+        return event_json(
+            "message_start", {"type": "message_start", "message": message}
+        ) + event_json("ping", {"type": "ping"})
 
     def _chunk(self, event: dict[str, Any]) -> bytes:
         out = bytearray()
@@ -204,8 +247,10 @@ class AnthropicEgress:
         out = self._close_block()
         self._block, self._block_kind = self._next_block, kind
         self._next_block += 1
-        return out + event_json("content_block_start", {"type": "content_block_start",
-                                                 "index": self._block, "content_block": block})
+        return out + event_json(
+            "content_block_start",
+            {"type": "content_block_start", "index": self._block, "content_block": block},
+        )
 
     def _close_block(self) -> bytes:
         if self._block < 0:
@@ -217,9 +262,14 @@ class AnthropicEgress:
         out = b""
         if self._block_kind != "text" or self._block < 0:
             out = self._open("text", {"type": "text", "text": ""})
-        return out + event_json("content_block_delta", {
-            "type": "content_block_delta", "index": self._block,
-            "delta": {"type": "text_delta", "text": text}})
+        return out + event_json(
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": self._block,
+                "delta": {"type": "text_delta", "text": text},
+            },
+        )
 
     def _tool(self, call: dict[str, Any]) -> bytes:
         index = call.get("index", 0)
@@ -232,17 +282,28 @@ class AnthropicEgress:
             self._saw_tool = True
             call_id = call.get("id")
             name = function.get("name")
-            out = self._open("tool_use", {
-                "type": "tool_use",
-                "id": call_id if isinstance(call_id, str) and call_id
-                else "toolu_" + uuid.uuid4().hex[:24],
-                "name": name if isinstance(name, str) else "", "input": {}})
+            out = self._open(
+                "tool_use",
+                {
+                    "type": "tool_use",
+                    "id": call_id
+                    if isinstance(call_id, str) and call_id
+                    else "toolu_" + uuid.uuid4().hex[:24],
+                    "name": name if isinstance(name, str) else "",
+                    "input": {},
+                },
+            )
             block = self._tool_blocks[index] = self._block
         elif block != self._block:
             return b""  # arguments for a call whose block is closed: Anthropic cannot say it
         args = function.get("arguments")
         if isinstance(args, str) and args:
-            out += event_json("content_block_delta", {
-                "type": "content_block_delta", "index": block,
-                "delta": {"type": "input_json_delta", "partial_json": args}})
+            out += event_json(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": block,
+                    "delta": {"type": "input_json_delta", "partial_json": args},
+                },
+            )
         return out

@@ -47,13 +47,16 @@ def whole_call(call: Any) -> tuple[str, dict[str, Any]]:
     for a malformed call or arguments that are not a JSON object."""
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise errors.upstream_failed("the backend's answer has a malformed tool call",
-                                     code="upstream_bad_json")
+        raise errors.upstream_failed(
+            "the backend's answer has a malformed tool call", code="upstream_bad_json"
+        )
     args = arguments_object(function.get("arguments"))
     if args is None:
         raise errors.upstream_failed(
             f"the backend called tool '{function['name']}' with arguments that are not a "
-            "JSON object", code="upstream_bad_tool_call")
+            "JSON object",
+            code="upstream_bad_tool_call",
+        )
     return function["name"], args
 
 
@@ -73,9 +76,14 @@ def arguments_object(arguments: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def translate_events(data: bytes, *, chunk: Callable[[dict[str, Any]], bytes],
-                     error: Callable[[RouterError], bytes], ended: Callable[[], bool],
-                     head: bytes = b"") -> bytes:
+def translate_events(
+    data: bytes,
+    *,
+    chunk: Callable[[dict[str, Any]], bytes],
+    error: Callable[[RouterError], bytes],
+    ended: Callable[[], bool],
+    head: bytes = b"",
+) -> bytes:
     """The OpenAI SSE events of ``data`` in another API's framing (``chunk`` per event),
     after ``head``; an upstream error event ends the stream with that API's ``error``."""
     out = bytearray(head)

@@ -42,14 +42,14 @@ def anthropic_key(request: web.Request) -> str | None:
 
 # --- Anthropic -------------------------------------------------------------------------------
 
+
 async def messages(request: web.Request) -> web.StreamResponse:
     def translate(raw: bytes) -> Inbound:
         req = anthropic_in.to_openai(load_object(raw))
         egress = AnthropicEgress(req.model, req.stop_sequences, req.applied_edits)
         return to_parsed("chat", req.openai), egress
 
-    return await proxy(request, "chat", api="anthropic", translate=translate,
-                       api_key_header=True)
+    return await proxy(request, "chat", api="anthropic", translate=translate, api_key_header=True)
 
 
 async def count_tokens(request: web.Request) -> web.Response:
@@ -66,14 +66,20 @@ async def count_tokens(request: web.Request) -> web.Response:
     raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
     req = anthropic_in.to_openai(load_object(raw), for_count=True)
     if not policy.allows_model(req.model):
-        raise RouterError(403, f"client '{policy.client}' may not use model '{req.model}'",
-                          type="permission_error", param="model", code="model_not_allowed")
+        raise RouterError(
+            403,
+            f"client '{policy.client}' may not use model '{req.model}'",
+            type="permission_error",
+            param="model",
+            code="model_not_allowed",
+        )
     lane = _tokenizing_lane(app[POOL], req.model)
     try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
         body = orjson.dumps(anthropic_in.count_body(req))
     except orjson.JSONEncodeError as e:
-        raise errors.bad_request(f"request body cannot be forwarded: {e}",
-                                 code="invalid_json") from e
+        raise errors.bad_request(
+            f"request body cannot be forwarded: {e}", code="invalid_json"
+        ) from e
     async with app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout):
         count = await _count(app[SESSION], lane, body)
     return web.json_response({"input_tokens": count})
@@ -82,14 +88,18 @@ async def count_tokens(request: web.Request) -> web.Response:
 async def _count(session: aiohttp.ClientSession, lane: Backend, body: bytes) -> int:
     timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT, connect=lane.connect_timeout)
     try:
-        async with session.post(lane.base_url + TOKENIZE_PATH, data=body,
-                                headers={"Content-Type": "application/json"},
-                                timeout=timeout) as resp:
+        async with session.post(
+            lane.base_url + TOKENIZE_PATH,
+            data=body,
+            headers={"Content-Type": "application/json"},
+            timeout=timeout,
+        ) as resp:
             answer = await resp.read()
             status = resp.status
     except TimeoutError as e:
-        raise errors.upstream_timeout(f"lane '{lane.name}' did not count the tokens in "
-                                      f"{TOKENIZE_TIMEOUT:g}s") from e
+        raise errors.upstream_timeout(
+            f"lane '{lane.name}' did not count the tokens in {TOKENIZE_TIMEOUT:g}s"
+        ) from e
     except aiohttp.ClientError as e:
         raise errors.upstream_failed(f"could not reach lane '{lane.name}': {e}") from e
     if status >= 400:
@@ -99,25 +109,31 @@ async def _count(session: aiohttp.ClientSession, lane: Backend, body: bytes) -> 
     except (orjson.JSONDecodeError, KeyError, TypeError):
         count = None
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise errors.upstream_failed(f"lane '{lane.name}' answered the count with a malformed "
-                                     "body", code="upstream_bad_json")
+        raise errors.upstream_failed(
+            f"lane '{lane.name}' answered the count with a malformed body", code="upstream_bad_json"
+        )
     return count
 
 
 def _tokenizing_lane(pool: Any, model: str) -> Backend:
     lanes = [b for b in pool if b.lane is not None and b.ready]
     if not lanes:
-        raise errors.unavailable("count_tokens is answered by the MLX lanes, and none is ready",
-                                 code="no_lane_ready")
+        raise errors.unavailable(
+            "count_tokens is answered by the MLX lanes, and none is ready", code="no_lane_ready"
+        )
     serving = [b for b in lanes if model in b.models]
     if not serving:
-        raise errors.not_found(f"the lanes do not serve model '{model}' (they serve "
-                               f"{', '.join(sorted(lanes[0].models))})", param="model",
-                               code="model_not_found")
+        raise errors.not_found(
+            f"the lanes do not serve model '{model}' (they serve "
+            f"{', '.join(sorted(lanes[0].models))})",
+            param="model",
+            code="model_not_found",
+        )
     return serving[0]
 
 
 # --- Ollama -----------------------------------------------------------------------------------
+
 
 async def ollama_chat(request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
@@ -137,8 +153,15 @@ async def ollama_generate(request: web.Request) -> web.StreamResponse:
         identify(request)
         model = ollama_in.generate_to_openai(body).model
         _served(request, model)
-        return web.json_response({"model": model, "created_at": now_iso(), "response": "",
-                                  "done": True, "done_reason": "load"})
+        return web.json_response(
+            {
+                "model": model,
+                "created_at": now_iso(),
+                "response": "",
+                "done": True,
+                "done_reason": "load",
+            }
+        )
 
     def translate(raw: bytes) -> Inbound:
         req = ollama_in.generate_to_openai(body)

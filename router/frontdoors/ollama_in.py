@@ -21,10 +21,16 @@ from router.frontdoors.common import str_field
 from router.request_rules import typed
 from router.routing.types import Endpoint
 
-_OPTION_MAP = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-               "min_p": "min_p", "seed": "seed", "repeat_penalty": "repetition_penalty",
-               "presence_penalty": "presence_penalty",
-               "frequency_penalty": "frequency_penalty"}
+_OPTION_MAP = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "seed": "seed",
+    "repeat_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+}
 _INT_OPTIONS = frozenset({"top_k", "seed"})
 
 
@@ -40,8 +46,7 @@ def chat_to_openai(body: dict[str, Any]) -> OllamaRequest:
     model = _model(body)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
-        raise bad_request("'messages' is required and must be a non-empty array",
-                          param="messages")
+        raise bad_request("'messages' is required and must be a non-empty array", param="messages")
     out: dict[str, Any] = {"model": model, "messages": _messages(raw)}
     tools = body.get("tools")
     if tools is not None:
@@ -118,8 +123,9 @@ def _options(options: Any) -> dict[str, Any]:
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise bad_request("'options.stop' must be a string or an array of strings",
-                              param="options.stop")
+            raise bad_request(
+                "'options.stop' must be a string or an array of strings", param="options.stop"
+            )
         if stops:
             out["stop"] = stops
     typed(options, "num_ctx", int, None, where="options.")
@@ -146,22 +152,29 @@ def _messages(raw: list[Any]) -> list[dict[str, Any]]:
             raise bad_request(f"'{where}' must be an object", param=where)
         role = message.get("role")
         if role not in ("system", "user", "assistant", "tool"):
-            raise bad_request(f"'{where}.role' must be system, user, assistant or tool",
-                              param=where)
+            raise bad_request(
+                f"'{where}.role' must be system, user, assistant or tool", param=where
+            )
         content = message.get("content") or ""
         if not isinstance(content, str):
             raise bad_request(f"'{where}.content' must be a string", param=where)
         images = _images(message.get("images"), f"{where}.images")
         if role == "tool":
-            out.append({"role": "tool", "content": content,
-                        "tool_call_id": _answered(pending, message.get("tool_name"), calls)})
+            out.append(
+                {
+                    "role": "tool",
+                    "content": content,
+                    "tool_call_id": _answered(pending, message.get("tool_name"), calls),
+                }
+            )
             continue
         entry: dict[str, Any] = {"role": role, "content": _content(content, images)}
         tool_calls = message.get("tool_calls")
         if tool_calls:
             if role != "assistant" or not isinstance(tool_calls, list):
-                raise bad_request(f"'{where}.tool_calls' must be an array on an assistant "
-                                  "message", param=where)
+                raise bad_request(
+                    f"'{where}.tool_calls' must be an array on an assistant message", param=where
+                )
             entry["tool_calls"] = []
             for call in tool_calls:
                 calls += 1
@@ -184,13 +197,15 @@ def _answered(pending: list[tuple[str, str]], name: Any, calls: int) -> str:
 def _tool_call(call: Any, call_id: str, where: str) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise bad_request(f"'{where}.tool_calls' entries need a function with a name",
-                          param=where)
+        raise bad_request(f"'{where}.tool_calls' entries need a function with a name", param=where)
     args = function.get("arguments", {})
     if not isinstance(args, dict):
         raise bad_request(f"'{where}.tool_calls' arguments must be an object", param=where)
-    return {"id": call_id, "type": "function",
-            "function": {"name": function["name"], "arguments": orjson.dumps(args).decode()}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": function["name"], "arguments": orjson.dumps(args).decode()},
+    }
 
 
 def _images(value: Any, where: str) -> list[str]:

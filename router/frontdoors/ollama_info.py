@@ -31,26 +31,61 @@ def digest(name: str) -> str:
 
 
 def details(model: ServedModel) -> dict[str, Any]:
-    return {"parent_model": "", "format": model.format, "family": "", "families": None,
-            "parameter_size": "", "quantization_level": ""}
+    return {
+        "parent_model": "",
+        "format": model.format,
+        "family": "",
+        "families": None,
+        "parameter_size": "",
+        "quantization_level": "",
+    }
 
 
 def tags(models: list[ServedModel], modified_at: str) -> dict[str, Any]:
-    return {"models": [{"name": m.name, "model": m.name, "modified_at": modified_at, "size": 0,
-                        "digest": digest(m.name), "details": details(m)}
-                       for m in models if m.ready]}
+    return {
+        "models": [
+            {
+                "name": m.name,
+                "model": m.name,
+                "modified_at": modified_at,
+                "size": 0,
+                "digest": digest(m.name),
+                "details": details(m),
+            }
+            for m in models
+            if m.ready
+        ]
+    }
 
 
 def ps(models: list[ServedModel]) -> dict[str, Any]:
-    return {"models": [{"name": m.name, "model": m.name, "size": 0, "digest": digest(m.name),
-                        "details": details(m), "expires_at": NEVER_EXPIRES, "size_vram": 0}
-                       for m in models if m.ready]}
+    return {
+        "models": [
+            {
+                "name": m.name,
+                "model": m.name,
+                "size": 0,
+                "digest": digest(m.name),
+                "details": details(m),
+                "expires_at": NEVER_EXPIRES,
+                "size_vram": 0,
+            }
+            for m in models
+            if m.ready
+        ]
+    }
 
 
 def show(model: ServedModel, modified_at: str) -> dict[str, Any]:
-    return {"modelfile": "", "parameters": "", "template": "", "details": details(model),
-            "model_info": {}, "capabilities": ["completion", "tools"],
-            "modified_at": modified_at}
+    return {
+        "modelfile": "",
+        "parameters": "",
+        "template": "",
+        "details": details(model),
+        "model_info": {},
+        "capabilities": ["completion", "tools"],
+        "modified_at": modified_at,
+    }
 
 
 def version() -> dict[str, Any]:
@@ -64,5 +99,7 @@ def pull(name: str, served: list[ServedModel]) -> dict[str, Any]:
     if any(m.name == name for m in served):
         return {"status": "success"}
     names = ", ".join(m.name for m in served) or "none"
-    return {"error": f"speclane does not download models: '{name}' is not served here "
-                     f"(served: {names}); configure a lane model or a backend that serves it"}
+    return {
+        "error": f"speclane does not download models: '{name}' is not served here "
+        f"(served: {names}); configure a lane model or a backend that serves it"
+    }

@@ -60,9 +60,14 @@ class OllamaEgress:
 
     stream_content_type = STREAM_CONTENT_TYPE
 
-    def __init__(self, kind: Kind, model: str, arrival: float,
-                 clock: Callable[[], float] = time.monotonic,
-                 stamp: Callable[[], str] = now_iso) -> None:
+    def __init__(
+        self,
+        kind: Kind,
+        model: str,
+        arrival: float,
+        clock: Callable[[], float] = time.monotonic,
+        stamp: Callable[[], str] = now_iso,
+    ) -> None:
         self.kind = kind
         self.model = model
         self.arrival = arrival
@@ -92,20 +97,25 @@ class OllamaEgress:
             prompt, decode = 0.0, total
         else:
             prompt, decode = self._first_token - self.arrival, end - self._first_token
-        return {"done": True, "done_reason": done_reason(finish_reason),
-                "total_duration": _ns(total), "load_duration": 0,
-                "prompt_eval_count": _count(usage, "prompt_tokens"),
-                "prompt_eval_duration": _ns(prompt),
-                "eval_count": _count(usage, "completion_tokens"),
-                "eval_duration": _ns(decode)}
+        return {
+            "done": True,
+            "done_reason": done_reason(finish_reason),
+            "total_duration": _ns(total),
+            "load_duration": 0,
+            "prompt_eval_count": _count(usage, "prompt_tokens"),
+            "prompt_eval_duration": _ns(prompt),
+            "eval_count": _count(usage, "completion_tokens"),
+            "eval_duration": _ns(decode),
+        }
 
     # --- Egress ------------------------------------------------------------------------
 
     def body(self, answer: Any) -> bytes:
         choices = answer.get("choices") if isinstance(answer, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise errors.upstream_failed("the backend's answer has no choices",
-                                         code="upstream_bad_json")
+            raise errors.upstream_failed(
+                "the backend's answer has no choices", code="upstream_bad_json"
+            )
         choice = choices[0]
         extra: dict[str, Any] = {}
         if isinstance(choice.get("message"), dict):
@@ -122,8 +132,9 @@ class OllamaEgress:
     def events(self, data: bytes) -> bytes:
         if self._ended:
             return b""
-        return translate_events(data, chunk=self._chunk, error=self.error,
-                                ended=lambda: self._ended)
+        return translate_events(
+            data, chunk=self._chunk, error=self.error, ended=lambda: self._ended
+        )
 
     def finish(self) -> bytes:
         if self._ended:
@@ -174,8 +185,9 @@ class OllamaEgress:
             if not isinstance(call, dict):
                 continue
             index = call.get("index", 0)
-            slot = self._calls.setdefault(index if isinstance(index, int) else 0,
-                                          {"name": "", "arguments": ""})
+            slot = self._calls.setdefault(
+                index if isinstance(index, int) else 0, {"name": "", "arguments": ""}
+            )
             function = dict_of(call, "function")
             if isinstance(function.get("name"), str):
                 slot["name"] += function["name"]
@@ -190,11 +202,13 @@ class OllamaEgress:
         if self._finish_reason == "length":
             # A call cut by the token limit (OpenAI-style backends stream it as far as it got)
             # is unusable, and Ollama sends only whole calls: the done line says "length".
-            whole = [c for c in gathered
-                     if arguments_object(c["function"]["arguments"]) is not None]
+            whole = [
+                c for c in gathered if arguments_object(c["function"]["arguments"]) is not None
+            ]
             if len(whole) < len(gathered):
-                log.info("dropped %d tool call(s) cut by the token limit",
-                         len(gathered) - len(whole))
+                log.info(
+                    "dropped %d tool call(s) cut by the token limit", len(gathered) - len(whole)
+                )
             if not whole:
                 return b""
             gathered = whole

@@ -22,9 +22,12 @@ STORE = web.AppKey("responses_store", ResponseStore)
 
 def _missing(resp_id: str, param: str | None = None) -> errors.RouterError:
     # The same answer for an id that never existed, one evicted, and another client's.
-    return errors.not_found(f"Response with id '{resp_id[:256]}' not found (responses are "
-                            "kept in memory, per client, and the oldest are evicted)",
-                            param=param, code="response_not_found")
+    return errors.not_found(
+        f"Response with id '{resp_id[:256]}' not found (responses are "
+        "kept in memory, per client, and the oldest are evicted)",
+        param=param,
+        code="response_not_found",
+    )
 
 
 async def create(request: web.Request) -> web.StreamResponse:
@@ -49,8 +52,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         egress = ResponsesEgress(req, int(time.time()), save if req.store else None)
         return to_parsed("chat", req.openai), egress
 
-    return await proxy(request, "chat", api="responses", translate=translate,
-                       arrival=arrival)
+    return await proxy(request, "chat", api="responses", translate=translate, arrival=arrival)
 
 
 async def retrieve(request: web.Request) -> web.Response:

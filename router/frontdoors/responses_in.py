@@ -32,8 +32,9 @@ MAX_METADATA = 16  # OpenAI's bounds on metadata
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 NAMESPACE_SEPARATOR = "__"
-IGNORED_TOOLS = frozenset({"web_search", "web_search_preview", "web_search_2025_08_26",
-                           "web_search_preview_2025_03_11"})
+IGNORED_TOOLS = frozenset(
+    {"web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11"}
+)
 DROPPED_ITEMS = frozenset({"reasoning"})
 # Fields that would change the answer and that no backend here provides: a 400, never a
 # silent difference.
@@ -67,13 +68,13 @@ def previous_id(body: dict[str, Any]) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value or len(value) > MAX_ID_CHARS:
-        raise bad_request("'previous_response_id' must be a response id", param=
-                          "previous_response_id")
+        raise bad_request(
+            "'previous_response_id' must be a response id", param="previous_response_id"
+        )
     return value
 
 
-def to_openai(body: dict[str, Any],
-              history: Sequence[dict[str, Any]] = ()) -> ResponsesRequest:
+def to_openai(body: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> ResponsesRequest:
     """``history``: the chat messages of the previous response's conversation."""
     model = str_field(body, "model", required=True)
     assert model is not None
@@ -83,10 +84,10 @@ def to_openai(body: dict[str, Any],
     instructions = str_field(body, "instructions")
     conversation = [*history, *_input(body.get("input"))]
     if len(conversation) > MAX_INPUT_ITEMS:
-        raise bad_request(f"the conversation has more than {MAX_INPUT_ITEMS} items",
-                          param="input")
+        raise bad_request(f"the conversation has more than {MAX_INPUT_ITEMS} items", param="input")
     messages = _join_systems(
-        ([{"role": "system", "content": instructions}] if instructions else []) + conversation)
+        ([{"role": "system", "content": instructions}] if instructions else []) + conversation
+    )
     if not messages:
         raise bad_request("'input' is required and must not be empty", param="input")
     out: dict[str, Any] = {"model": model, "messages": messages}
@@ -109,8 +110,10 @@ def to_openai(body: dict[str, Any],
     cache_key = body.get("prompt_cache_key")
     if cache_key is not None:
         if not isinstance(cache_key, str) or len(cache_key) > MAX_ID_CHARS:
-            raise bad_request(f"'prompt_cache_key' must be a string of up to {MAX_ID_CHARS} "
-                              "characters", param="prompt_cache_key")
+            raise bad_request(
+                f"'prompt_cache_key' must be a string of up to {MAX_ID_CHARS} characters",
+                param="prompt_cache_key",
+            )
         out["prompt_cache_key"] = cache_key  # OpenAI's chat API has the same field
     stream = bool(_flag(body, "stream", False))
     if stream:
@@ -128,8 +131,11 @@ def to_openai(body: dict[str, Any],
         "temperature": out.get("temperature"),
         "text": {"format": body["text"]["format"] if text is not None else {"type": "text"}},
         "tool_choice": body.get("tool_choice") or "auto",
-        "tools": [t for t in body.get("tools") or [] if isinstance(t, dict)
-                  and t.get("type") not in IGNORED_TOOLS],
+        "tools": [
+            t
+            for t in body.get("tools") or []
+            if isinstance(t, dict) and t.get("type") not in IGNORED_TOOLS
+        ],
         "top_p": out.get("top_p"),
         "user": out.get("user"),
     }
@@ -150,8 +156,9 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     limit = body.get("max_output_tokens")
     if limit is not None:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise bad_request("'max_output_tokens' must be a positive integer",
-                              param="max_output_tokens")
+            raise bad_request(
+                "'max_output_tokens' must be a positive integer", param="max_output_tokens"
+            )
         out["max_tokens"] = limit
     for key in ("temperature", "top_p"):
         value = body.get(key)
@@ -163,6 +170,7 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- input --------------------------------------------------------------------------------
+
 
 def _input(value: Any) -> list[dict[str, Any]]:
     if value is None:
@@ -186,8 +194,11 @@ def _input(value: Any) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             messages.append(_function_output(item, at))
         elif kind not in DROPPED_ITEMS:
-            raise bad_request(f"'{at}': input items of type '{kind}' are not supported",
-                              param=at, code="unsupported_value")
+            raise bad_request(
+                f"'{at}': input items of type '{kind}' are not supported",
+                param=at,
+                code="unsupported_value",
+            )
     return messages
 
 
@@ -209,8 +220,7 @@ TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
 def _message(item: dict[str, Any], at: str) -> dict[str, Any]:
     role = ROLES.get(item.get("role"))  # type: ignore[arg-type]
     if role is None:
-        raise bad_request(f"'{at}.role' must be user, assistant, system or developer",
-                          param=at)
+        raise bad_request(f"'{at}.role' must be user, assistant, system or developer", param=at)
     content = item.get("content")
     if isinstance(content, str):
         return {"role": role, "content": content}
@@ -228,9 +238,12 @@ def _message(item: dict[str, Any], at: str) -> dict[str, Any]:
         elif kind == "input_image" and role == "user":
             parts.append(_image(part, where))
         else:
-            raise bad_request(f"'{where}': content parts of type '{kind}' are not supported "
-                              f"in a{'n' if role == 'assistant' else ''} {role} message",
-                              param=where, code="unsupported_value")
+            raise bad_request(
+                f"'{where}': content parts of type '{kind}' are not supported "
+                f"in a{'n' if role == 'assistant' else ''} {role} message",
+                param=where,
+                code="unsupported_value",
+            )
     if all(p["type"] == "text" for p in parts):
         return {"role": role, "content": "\n".join(p["text"] for p in parts)}
     return {"role": role, "content": parts}
@@ -239,16 +252,20 @@ def _message(item: dict[str, Any], at: str) -> dict[str, Any]:
 def _image(part: dict[str, Any], at: str) -> dict[str, Any]:
     url = part.get("image_url")
     if not isinstance(url, str) or not url:
-        raise bad_request(f"'{at}': only images given by 'image_url' are supported", param=at,
-                          code="unsupported_value")
+        raise bad_request(
+            f"'{at}': only images given by 'image_url' are supported",
+            param=at,
+            code="unsupported_value",
+        )
     return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _id(item: dict[str, Any], key: str, at: str) -> str:
     value = item.get(key)
     if not isinstance(value, str) or not value or len(value) > MAX_ID_CHARS:
-        raise bad_request(f"'{at}.{key}' must be a non-empty string of up to {MAX_ID_CHARS} "
-                          "characters", param=at)
+        raise bad_request(
+            f"'{at}.{key}' must be a non-empty string of up to {MAX_ID_CHARS} characters", param=at
+        )
     return value
 
 
@@ -260,8 +277,11 @@ def _function_call(item: dict[str, Any], at: str) -> dict[str, Any]:
     arguments = item.get("arguments", "")
     if not isinstance(arguments, str):
         raise bad_request(f"'{at}.arguments' must be a string (JSON text)", param=at)
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": arguments or "{}"}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments or "{}"},
+    }
 
 
 def _function_output(item: dict[str, Any], at: str) -> dict[str, Any]:
@@ -271,15 +291,20 @@ def _function_output(item: dict[str, Any], at: str) -> dict[str, Any]:
         texts = []
         for j, part in enumerate(output):
             where = f"{at}.output[{j}]"
-            if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS or not isinstance(
-                    part.get("text"), str):
-                raise bad_request(f"'{where}': only text is supported in a function call's "
-                                  "output", param=where, code="unsupported_value")
+            if (
+                not isinstance(part, dict)
+                or part.get("type") not in TEXT_PARTS
+                or not isinstance(part.get("text"), str)
+            ):
+                raise bad_request(
+                    f"'{where}': only text is supported in a function call's output",
+                    param=where,
+                    code="unsupported_value",
+                )
             texts.append(part["text"])
         output = "\n".join(texts)
     elif not isinstance(output, str):
-        raise bad_request(f"'{at}.output' must be a string or an array of text parts",
-                          param=at)
+        raise bad_request(f"'{at}.output' must be a string or an array of text parts", param=at)
     return {"role": "tool", "tool_call_id": call_id, "content": output}
 
 
@@ -288,8 +313,13 @@ def _join_systems(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for m in messages:
         prev = out[-1] if out else None
-        if (m["role"] == "system" and prev is not None and prev["role"] == "system"
-                and isinstance(m["content"], str) and isinstance(prev["content"], str)):
+        if (
+            m["role"] == "system"
+            and prev is not None
+            and prev["role"] == "system"
+            and isinstance(m["content"], str)
+            and isinstance(prev["content"], str)
+        ):
             out[-1] = {"role": "system", "content": prev["content"] + "\n\n" + m["content"]}
         else:
             out.append(m)
@@ -297,6 +327,7 @@ def _join_systems(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # --- tools --------------------------------------------------------------------------------
+
 
 def _tools(tools: Any) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]]:
     if tools is None:
@@ -318,15 +349,21 @@ def _tools(tools: Any) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]
             for j, sub in enumerate(inner):
                 where = f"{at}.tools[{j}]"
                 if not isinstance(sub, dict) or sub.get("type") != "function":
-                    raise bad_request(f"'{where}': only function tools are supported in a "
-                                      "namespace", param=where, code="unsupported_value")
+                    raise bad_request(
+                        f"'{where}': only function tools are supported in a namespace",
+                        param=where,
+                        code="unsupported_value",
+                    )
                 function = _function(sub, where, ns)
                 namespaces[function["function"]["name"]] = (ns, sub["name"])
                 out.append(function)
         elif kind not in IGNORED_TOOLS:
-            raise bad_request(f"'{at}': tools of type '{kind}' are not supported (only "
-                              "'function' and 'namespace' tools)", param=at,
-                              code="unsupported_value")
+            raise bad_request(
+                f"'{at}': tools of type '{kind}' are not supported (only "
+                "'function' and 'namespace' tools)",
+                param=at,
+                code="unsupported_value",
+            )
         if len(out) > MAX_TOOLS:
             raise bad_request(f"'tools' holds more than {MAX_TOOLS} functions", param="tools")
     return out, namespaces
@@ -363,11 +400,15 @@ def _tool_choice(choice: Any, namespaces: dict[str, tuple[str, str]]) -> Any:
         if isinstance(namespace, str) and namespace:
             name = namespace + NAMESPACE_SEPARATOR + name
         return {"type": "function", "function": {"name": name}}
-    raise bad_request("'tool_choice' must be auto, none, required or {\"type\": \"function\", "
-                      "\"name\": ...}", param="tool_choice", code="unsupported_value")
+    raise bad_request(
+        '\'tool_choice\' must be auto, none, required or {"type": "function", "name": ...}',
+        param="tool_choice",
+        code="unsupported_value",
+    )
 
 
 # --- text format and metadata ---------------------------------------------------------------
+
 
 def _text(text: Any) -> dict[str, Any] | None:
     """``text.format`` as a chat ``response_format`` (None: plain text)."""
@@ -387,24 +428,41 @@ def _text(text: Any) -> dict[str, Any] | None:
         assert isinstance(fmt, dict)
         schema = fmt.get("schema")
         if not isinstance(schema, dict):
-            raise bad_request("'text.format.schema' must be an object (a JSON schema)",
-                              param="text.format")
-        inner: dict[str, Any] = {"name": fmt.get("name") if isinstance(fmt.get("name"), str)
-                                 else "answer", "schema": schema}
+            raise bad_request(
+                "'text.format.schema' must be an object (a JSON schema)", param="text.format"
+            )
+        inner: dict[str, Any] = {
+            "name": fmt.get("name") if isinstance(fmt.get("name"), str) else "answer",
+            "schema": schema,
+        }
         if isinstance(fmt.get("strict"), bool):
             inner["strict"] = fmt["strict"]
         return {"type": "json_schema", "json_schema": inner}
-    raise bad_request("'text.format.type' must be text, json_object or json_schema",
-                      param="text.format", code="unsupported_value")
+    raise bad_request(
+        "'text.format.type' must be text, json_object or json_schema",
+        param="text.format",
+        code="unsupported_value",
+    )
 
 
 def _metadata(metadata: Any) -> dict[str, str]:
     if metadata is None:
         return {}
-    if (not isinstance(metadata, dict) or len(metadata) > MAX_METADATA
-            or not all(isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_METADATA_KEY
-                       and len(v) <= MAX_METADATA_VALUE for k, v in metadata.items())):
-        raise bad_request(f"'metadata' must be an object of up to {MAX_METADATA} string "
-                          f"pairs (keys up to {MAX_METADATA_KEY} characters, values up to "
-                          f"{MAX_METADATA_VALUE})", param="metadata")
+    if (
+        not isinstance(metadata, dict)
+        or len(metadata) > MAX_METADATA
+        or not all(
+            isinstance(k, str)
+            and isinstance(v, str)
+            and len(k) <= MAX_METADATA_KEY
+            and len(v) <= MAX_METADATA_VALUE
+            for k, v in metadata.items()
+        )
+    ):
+        raise bad_request(
+            f"'metadata' must be an object of up to {MAX_METADATA} string "
+            f"pairs (keys up to {MAX_METADATA_KEY} characters, values up to "
+            f"{MAX_METADATA_VALUE})",
+            param="metadata",
+        )
     return dict(metadata)

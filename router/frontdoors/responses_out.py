@@ -40,41 +40,78 @@ def usage(openai_usage: Any) -> dict[str, Any]:
     details = u.get("prompt_tokens_details")
     inp, out = _int(u.get("prompt_tokens")), _int(u.get("completion_tokens"))
     cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
-    return {"input_tokens": inp,
-            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": inp + out}
+    return {
+        "input_tokens": inp,
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "output_tokens": out,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": inp + out,
+    }
 
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def response_object(req: ResponsesRequest, resp_id: str, created_at: int, *,
-                    status: str, output: list[dict[str, Any]],
-                    usage_: dict[str, Any] | None = None,
-                    error: dict[str, Any] | None = None) -> dict[str, Any]:
+def response_object(
+    req: ResponsesRequest,
+    resp_id: str,
+    created_at: int,
+    *,
+    status: str,
+    output: list[dict[str, Any]],
+    usage_: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
-    return {"id": resp_id, "object": "response", "created_at": created_at, "status": status,
-            "background": False, "error": error, "incomplete_details": incomplete,
-            "model": req.model, "output": output, "reasoning": {"effort": None, "summary": None},
-            "service_tier": "default", "truncation": "disabled", "usage": usage_,
-            **req.echo}
+    return {
+        "id": resp_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "background": False,
+        "error": error,
+        "incomplete_details": incomplete,
+        "model": req.model,
+        "output": output,
+        "reasoning": {"effort": None, "summary": None},
+        "service_tier": "default",
+        "truncation": "disabled",
+        "usage": usage_,
+        **req.echo,
+    }
 
 
 def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
-            "content": [_text_part(text)] if status != "in_progress" else []}
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [_text_part(text)] if status != "in_progress" else [],
+    }
 
 
 def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str,
-              namespaces: dict[str, tuple[str, str]]) -> dict[str, Any]:
-    item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id,
-            "name": name, "arguments": arguments}
+def call_item(
+    item_id: str,
+    call_id: str,
+    name: str,
+    arguments: str,
+    status: str,
+    namespaces: dict[str, tuple[str, str]],
+) -> dict[str, Any]:
+    item = {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
     if name in namespaces:
         item["namespace"], item["name"] = namespaces[name]
     return item
@@ -82,10 +119,14 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str
 
 def error_object(err: RouterError) -> dict[str, Any]:
     """The ``error`` of a failed response: Responses error codes are few and fixed."""
-    code = ("rate_limit_exceeded" if err.status == 429
-            else "server_error" if err.status >= 500 else "invalid_prompt")
-    return {"code": code, "message": f"[{err.code}] {err.message}" if err.code
-            else err.message}
+    code = (
+        "rate_limit_exceeded"
+        if err.status == 429
+        else "server_error"
+        if err.status >= 500
+        else "invalid_prompt"
+    )
+    return {"code": code, "message": f"[{err.code}] {err.message}" if err.code else err.message}
 
 
 def _assistant_message(text: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -93,24 +134,29 @@ def _assistant_message(text: str, calls: list[dict[str, Any]]) -> dict[str, Any]
     message: dict[str, Any] = {"role": "assistant", "content": text or None}
     if calls:
         message["tool_calls"] = [
-            {"id": c["call_id"], "type": "function",
-             "function": {"name": c["joined"], "arguments": c["arguments"] or "{}"}}
-            for c in calls]
+            {
+                "id": c["call_id"],
+                "type": "function",
+                "function": {"name": c["joined"], "arguments": c["arguments"] or "{}"},
+            }
+            for c in calls
+        ]
     elif message["content"] is None:
         message["content"] = ""
     return message
 
 
-def response_body(answer: Any, req: ResponsesRequest, resp_id: str,
-                  created_at: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def response_body(
+    answer: Any, req: ResponsesRequest, resp_id: str, created_at: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """A whole chat completion as a Response, and the answer as a chat message."""
     choices = answer.get("choices") if isinstance(answer, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise errors.upstream_failed("the backend's answer has no choices",
-                                     code="upstream_bad_json")
+        raise errors.upstream_failed(
+            "the backend's answer has no choices", code="upstream_bad_json"
+        )
     choice = choices[0]
-    message: dict[str, Any] = (choice["message"] if isinstance(choice.get("message"), dict)
-                               else {})
+    message: dict[str, Any] = choice["message"] if isinstance(choice.get("message"), dict) else {}
     status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
     output: list[dict[str, Any]] = []
     text = message.get("content")
@@ -122,17 +168,21 @@ def response_body(answer: Any, req: ResponsesRequest, resp_id: str,
     for call in raw_calls if isinstance(raw_calls, list) else []:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise errors.upstream_failed("the backend's answer has a malformed tool call",
-                                         code="upstream_bad_json")
+            raise errors.upstream_failed(
+                "the backend's answer has a malformed tool call", code="upstream_bad_json"
+            )
         args = function.get("arguments")
         args = args if isinstance(args, str) else orjson.dumps(args or {}).decode()
-        call_id = call.get("id") if isinstance(call.get("id"), str) and call["id"] \
-            else new_id("call")
+        call_id = (
+            call.get("id") if isinstance(call.get("id"), str) and call["id"] else new_id("call")
+        )
         calls.append({"call_id": call_id, "joined": function["name"], "arguments": args})
-        output.append(call_item(new_id("fc"), call_id, function["name"], args, "completed",
-                                req.namespaces))
-    body = response_object(req, resp_id, created_at, status=status, output=output,
-                           usage_=usage(answer.get("usage")))
+        output.append(
+            call_item(new_id("fc"), call_id, function["name"], args, "completed", req.namespaces)
+        )
+    body = response_object(
+        req, resp_id, created_at, status=status, output=output, usage_=usage(answer.get("usage"))
+    )
     return body, _assistant_message(text, calls)
 
 
@@ -142,8 +192,13 @@ class ResponsesEgress:
 
     stream_content_type = STREAM_CONTENT_TYPE
 
-    def __init__(self, req: ResponsesRequest, created_at: int, save: Save | None = None,
-                 resp_id: str | None = None) -> None:
+    def __init__(
+        self,
+        req: ResponsesRequest,
+        created_at: int,
+        save: Save | None = None,
+        resp_id: str | None = None,
+    ) -> None:
         self.req = req
         self.created_at = created_at
         self.save = save
@@ -172,8 +227,9 @@ class ResponsesEgress:
     def events(self, data: bytes) -> bytes:
         if self._ended:
             return b""
-        return translate_events(data, chunk=self._chunk, error=self.error,
-                                ended=lambda: self._ended, head=self._start())
+        return translate_events(
+            data, chunk=self._chunk, error=self.error, ended=lambda: self._ended, head=self._start()
+        )
 
     def finish(self) -> bytes:
         if self._ended:
@@ -188,8 +244,10 @@ class ResponsesEgress:
         status = "incomplete" if incomplete else "completed"
         body = self._response(status, usage(self._usage))
         if self.save is not None:
-            self.save(body, [*self.req.conversation,
-                             _assistant_message(self._all_text, self._finished_calls)])
+            self.save(
+                body,
+                [*self.req.conversation, _assistant_message(self._all_text, self._finished_calls)],
+            )
         out += self._event(f"response.{status}", {"response": body})
         return bytes(out)
 
@@ -209,19 +267,27 @@ class ResponsesEgress:
         self._seq += 1
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
-    def _response(self, status: str, usage_: dict[str, Any] | None = None,
-                  error: dict[str, Any] | None = None) -> dict[str, Any]:
-        return response_object(self.req, self.id, self.created_at, status=status,
-                               output=[self._output[i] for i in sorted(self._output)],
-                               usage_=usage_, error=error)
+    def _response(
+        self, status: str, usage_: dict[str, Any] | None = None, error: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return response_object(
+            self.req,
+            self.id,
+            self.created_at,
+            status=status,
+            output=[self._output[i] for i in sorted(self._output)],
+            usage_=usage_,
+            error=error,
+        )
 
     def _start(self) -> bytes:
         if self._started:
             return b""
         self._started = True
         shell = self._response("in_progress")
-        return (self._event("response.created", {"response": shell})
-                + self._event("response.in_progress", {"response": shell}))
+        return self._event("response.created", {"response": shell}) + self._event(
+            "response.in_progress", {"response": shell}
+        )
 
     def _chunk(self, event: dict[str, Any]) -> bytes:
         out = bytearray()
@@ -233,8 +299,7 @@ class ResponsesEgress:
         for choice in choices:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            delta: dict[str, Any] = (choice["delta"] if isinstance(choice.get("delta"), dict)
-                                     else {})
+            delta: dict[str, Any] = choice["delta"] if isinstance(choice.get("delta"), dict) else {}
             text = delta.get("content")
             if isinstance(text, str) and text:
                 out += self._delta(text)
@@ -255,40 +320,51 @@ class ResponsesEgress:
             item["output_index"] = self._next_index
             self._next_index += 1
             self._text = ""
-            where = {"item_id": item["id"], "output_index": item["output_index"],
-                     "content_index": 0}
-            out = (self._event("response.output_item.added",
-                               {"output_index": item["output_index"], "item": _public(item)})
-                   + self._event("response.content_part.added",
-                                 {**where, "part": _text_part("")}))
+            where = {
+                "item_id": item["id"],
+                "output_index": item["output_index"],
+                "content_index": 0,
+            }
+            out = self._event(
+                "response.output_item.added",
+                {"output_index": item["output_index"], "item": _public(item)},
+            ) + self._event("response.content_part.added", {**where, "part": _text_part("")})
         self._text += text
         self._all_text += text
-        return out + self._event("response.output_text.delta", {
-            "item_id": item["id"], "output_index": item["output_index"], "content_index": 0,
-            "delta": text, "logprobs": []})
+        return out + self._event(
+            "response.output_text.delta",
+            {
+                "item_id": item["id"],
+                "output_index": item["output_index"],
+                "content_index": 0,
+                "delta": text,
+                "logprobs": [],
+            },
+        )
 
     def _close_text(self, status: str = "completed") -> bytes:
         item = self._text_item
         if item is None:
             return b""
         self._text_item = None
-        where = {"item_id": item["id"], "output_index": item["output_index"],
-                 "content_index": 0}
+        where = {"item_id": item["id"], "output_index": item["output_index"], "content_index": 0}
         done = message_item(item["id"], self._text, status)
         self._output[item["output_index"]] = done
-        return (self._event("response.output_text.done",
-                            {**where, "text": self._text, "logprobs": []})
-                + self._event("response.content_part.done",
-                              {**where, "part": _text_part(self._text)})
-                + self._event("response.output_item.done",
-                              {"output_index": item["output_index"], "item": done}))
+        return (
+            self._event("response.output_text.done", {**where, "text": self._text, "logprobs": []})
+            + self._event("response.content_part.done", {**where, "part": _text_part(self._text)})
+            + self._event(
+                "response.output_item.done", {"output_index": item["output_index"], "item": done}
+            )
+        )
 
     def _tool(self, call: dict[str, Any]) -> bytes:
         index = call.get("index", 0)
         if not isinstance(index, int) or isinstance(index, bool):
             index = 0  # hostile or sloppy upstream: an unhashable index must not crash us
-        function: dict[str, Any] = (call["function"] if isinstance(call.get("function"), dict)
-                                    else {})
+        function: dict[str, Any] = (
+            call["function"] if isinstance(call.get("function"), dict) else {}
+        )
         out = b""
         state = self._calls.get(index)
         if state is None:
@@ -296,31 +372,55 @@ class ResponsesEgress:
             call_id = call.get("id")
             name = function.get("name")
             state = self._calls[index] = {
-                "id": new_id("fc"), "output_index": self._next_index,
+                "id": new_id("fc"),
+                "output_index": self._next_index,
                 "call_id": call_id if isinstance(call_id, str) and call_id else new_id("call"),
-                "joined": name if isinstance(name, str) else "", "arguments": ""}
+                "joined": name if isinstance(name, str) else "",
+                "arguments": "",
+            }
             self._next_index += 1
-            item = call_item(state["id"], state["call_id"], state["joined"], "",
-                             "in_progress", self.req.namespaces)
-            out += self._event("response.output_item.added",
-                               {"output_index": state["output_index"], "item": item})
+            item = call_item(
+                state["id"],
+                state["call_id"],
+                state["joined"],
+                "",
+                "in_progress",
+                self.req.namespaces,
+            )
+            out += self._event(
+                "response.output_item.added", {"output_index": state["output_index"], "item": item}
+            )
         args = function.get("arguments")
         if isinstance(args, str) and args:
             state["arguments"] += args
-            out += self._event("response.function_call_arguments.delta", {
-                "item_id": state["id"], "output_index": state["output_index"], "delta": args})
+            out += self._event(
+                "response.function_call_arguments.delta",
+                {"item_id": state["id"], "output_index": state["output_index"], "delta": args},
+            )
         return out
 
     def _close_call(self, state: dict[str, Any]) -> bytes:
-        item = call_item(state["id"], state["call_id"], state["joined"], state["arguments"],
-                         "completed", self.req.namespaces)
+        item = call_item(
+            state["id"],
+            state["call_id"],
+            state["joined"],
+            state["arguments"],
+            "completed",
+            self.req.namespaces,
+        )
         self._output[state["output_index"]] = item
         self._finished_calls.append(state)
-        return (self._event("response.function_call_arguments.done", {
-                    "item_id": state["id"], "output_index": state["output_index"],
-                    "name": item["name"], "arguments": state["arguments"]})
-                + self._event("response.output_item.done",
-                              {"output_index": state["output_index"], "item": item}))
+        return self._event(
+            "response.function_call_arguments.done",
+            {
+                "item_id": state["id"],
+                "output_index": state["output_index"],
+                "name": item["name"],
+                "arguments": state["arguments"],
+            },
+        ) + self._event(
+            "response.output_item.done", {"output_index": state["output_index"], "item": item}
+        )
 
 
 def _public(item: dict[str, Any]) -> dict[str, Any]:

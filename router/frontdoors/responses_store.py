@@ -32,8 +32,9 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, client: str, resp_id: str, response: dict[str, Any],
-            messages: list[dict[str, Any]]) -> bool:
+    def put(
+        self, client: str, resp_id: str, response: dict[str, Any], messages: list[dict[str, Any]]
+    ) -> bool:
         """Keep a response; False when it alone is larger than the whole store."""
         size = len(orjson.dumps(response)) + len(orjson.dumps(messages))
         if size > self.max_bytes or self.max_entries < 1:

@@ -68,8 +68,9 @@ def enabled_lanes(lanes: LanesSettings) -> list[LaneName]:
     return [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]
 
 
-def lane_backend(lane: LaneName, settings: Settings, model_name: str,
-                 cache_domain: str | None = None) -> Backend:
+def lane_backend(
+    lane: LaneName, settings: Settings, model_name: str, cache_domain: str | None = None
+) -> Backend:
     return Backend(
         name=lane,
         kind=SPECLANE_KIND,
@@ -86,8 +87,9 @@ def lane_backend(lane: LaneName, settings: Settings, model_name: str,
     )
 
 
-def apply_status(backend: Backend, status: LaneStatus, metrics: Metrics | None = None,
-                 shared: bool = False) -> None:
+def apply_status(
+    backend: Backend, status: LaneStatus, metrics: Metrics | None = None, shared: bool = False
+) -> None:
     """Mirror the supervisor's view into the lane's backend; ``shared``: the process serves
     both lanes, each under its prefix, and reports each in its own /health block."""
     base_url, health = status.base_url, status.health
@@ -108,15 +110,24 @@ async def gate_speculation(settings: Settings, models: LaneModels) -> GateDecisi
     # made the process abort at exit. Nothing is served yet, so blocking is harmless.
     report = check_pair(models.model, models.draft)
     presets = [n for n, p in settings.presets.items() if p.lane == "speculative"]
-    gate = decide(report, settings.gating, models.model, models.draft, lane="speculative",
-                  presets=presets)
+    gate = decide(
+        report, settings.gating, models.model, models.draft, lane="speculative", presets=presets
+    )
     if gate.fatal:
         raise LaneStartupError(gate.message)
     if not gate.active:
-        fallback = ("; requests draft by prompt lookup instead (draft_source auto)"
-                    if settings.lanes.draft_source == "auto" else "")
-        log.warning("speculative lane starts WITHOUT speculation by a draft model (requested=true, "
-                    "active=false, mode=%s): %s%s", gate.mode, gate.reason, fallback)
+        fallback = (
+            "; requests draft by prompt lookup instead (draft_source auto)"
+            if settings.lanes.draft_source == "auto"
+            else ""
+        )
+        log.warning(
+            "speculative lane starts WITHOUT speculation by a draft model (requested=true, "
+            "active=false, mode=%s): %s%s",
+            gate.mode,
+            gate.reason,
+            fallback,
+        )
     for warning in gate.warnings:
         log.warning("speculative lane: %s", warning)
     return gate
@@ -131,10 +142,16 @@ class StartedLanes:
 def plan_layout(lanes: LanesSettings, models: LaneModels) -> LayoutChoice:
     """The layout and the numbers behind it; raises LaneStartupError when the lanes would
     not fit (the guard: nothing has been started yet)."""
-    sizes = Sizes(weights_bytes(models.model), weights_bytes(models.draft),
-                  lanes.prompt_cache_bytes)
-    choice = choose(lanes.layout, sizes, machine_memory(lanes.machine_memory_bytes),
-                    frozenset(enabled_lanes(lanes)), lanes.memory_limit_bytes)
+    sizes = Sizes(
+        weights_bytes(models.model), weights_bytes(models.draft), lanes.prompt_cache_bytes
+    )
+    choice = choose(
+        lanes.layout,
+        sizes,
+        machine_memory(lanes.machine_memory_bytes),
+        frozenset(enabled_lanes(lanes)),
+        lanes.memory_limit_bytes,
+    )
     log.info("%s", choice.summary())
     refused = refusal(choice, lanes.memory_limit_bytes is not None)
     if refused is not None:
@@ -173,21 +190,45 @@ async def start_lanes(settings: Settings, pool: BackendPool, metrics: Metrics) -
         def on_change(status: LaneStatus) -> None:
             for backend in lane_backends:
                 apply_status(backend, status, metrics, shared=shared)
+
         return on_change
 
     def command(lane: str, lane_draft: Path | None) -> WorkerCommand:
-        return build_worker_command(lane, settings.lanes, model_dir, lane_draft, models.name,
-                                    max_body_bytes=settings.max_body_bytes)
+        return build_worker_command(
+            lane,
+            settings.lanes,
+            model_dir,
+            lane_draft,
+            models.name,
+            max_body_bytes=settings.max_body_bytes,
+        )
 
     if shared:
-        supervisors = [LaneSupervisor.from_settings(command(SHARED_MODE, draft), settings.lanes,
-                                                    metrics=metrics, on_change=follow(backends))]
+        supervisors = [
+            LaneSupervisor.from_settings(
+                command(SHARED_MODE, draft),
+                settings.lanes,
+                metrics=metrics,
+                on_change=follow(backends),
+            )
+        ]
     else:
-        supervisors = [LaneSupervisor.from_settings(
-            command(b.lane or "", draft if b.lane == "speculative" else None), settings.lanes,
-            metrics=metrics, on_change=follow([b])) for b in backends]
-    log.info("starting lanes %s (%s) on %s (draft: %s)", enabled_lanes(settings.lanes),
-             choice.layout, models.model, models.draft)
+        supervisors = [
+            LaneSupervisor.from_settings(
+                command(b.lane or "", draft if b.lane == "speculative" else None),
+                settings.lanes,
+                metrics=metrics,
+                on_change=follow([b]),
+            )
+            for b in backends
+        ]
+    log.info(
+        "starting lanes %s (%s) on %s (draft: %s)",
+        enabled_lanes(settings.lanes),
+        choice.layout,
+        models.model,
+        models.draft,
+    )
     try:
         await start_all(supervisors)
     except WorkerStartError as e:

@@ -74,20 +74,23 @@ class LayoutChoice:
 
     def summary(self) -> str:
         """The start-up log line."""
-        return (f"lanes layout {self.layout} (requested {self.requested}: {self.reason}); "
-                f"estimate {gib(self.estimate_bytes)} (separate {gib(self.separate_bytes)}, "
-                f"shared {gib(self.shared_bytes)}; weights {gib(self.weights_bytes)}, draft "
-                f"{gib(self.draft_bytes)}, prompt cache {gib(self.cache_bytes)} per process); "
-                f"memory {gib(self.total_bytes)}, available {gib(self.available_bytes)}, limit "
-                f"{gib(self.limit_bytes)}")
+        return (
+            f"lanes layout {self.layout} (requested {self.requested}: {self.reason}); "
+            f"estimate {gib(self.estimate_bytes)} (separate {gib(self.separate_bytes)}, "
+            f"shared {gib(self.shared_bytes)}; weights {gib(self.weights_bytes)}, draft "
+            f"{gib(self.draft_bytes)}, prompt cache {gib(self.cache_bytes)} per process); "
+            f"memory {gib(self.total_bytes)}, available {gib(self.available_bytes)}, limit "
+            f"{gib(self.limit_bytes)}"
+        )
 
 
 def default_limit(memory: Memory) -> int:
     return max(0, memory.available - RESERVE_BYTES)
 
 
-def choose(requested: str, sizes: Sizes, memory: Memory, lanes: frozenset[str],
-           limit: int | None = None) -> LayoutChoice:
+def choose(
+    requested: str, sizes: Sizes, memory: Memory, lanes: frozenset[str], limit: int | None = None
+) -> LayoutChoice:
     """The layout for ``requested`` and the numbers behind it (``limit``: the configured
     ``lanes.memory_limit_bytes``, None for the default)."""
     if requested not in LAYOUTS:
@@ -105,15 +108,22 @@ def choose(requested: str, sizes: Sizes, memory: Memory, lanes: frozenset[str],
         reason = f"two copies take {gib(separate)}, under {AUTO_SHARE:.0%} of {gib(memory.total)}"
     else:
         layout = "shared"
-        reason = (f"two copies would take {gib(separate)}, over {AUTO_SHARE:.0%} of "
-                  f"{gib(memory.total)}")
+        reason = (
+            f"two copies would take {gib(separate)}, over {AUTO_SHARE:.0%} of {gib(memory.total)}"
+        )
     return LayoutChoice(
-        requested=requested, layout=layout, reason=reason,
+        requested=requested,
+        layout=layout,
+        reason=reason,
         estimate_bytes=shared if layout == "shared" else separate,
-        separate_bytes=separate, shared_bytes=shared,
-        total_bytes=memory.total, available_bytes=memory.available,
+        separate_bytes=separate,
+        shared_bytes=shared,
+        total_bytes=memory.total,
+        available_bytes=memory.available,
         limit_bytes=default_limit(memory) if limit is None else limit,
-        weights_bytes=sizes.weights, draft_bytes=sizes.draft, cache_bytes=sizes.cache,
+        weights_bytes=sizes.weights,
+        draft_bytes=sizes.draft,
+        cache_bytes=sizes.cache,
     )
 
 
@@ -121,15 +131,24 @@ def refusal(choice: LayoutChoice, limit_configured: bool) -> str | None:
     """The one line the guard refuses with, or None when the lanes fit."""
     if choice.fits:
         return None
-    where = ("lanes.memory_limit_bytes" if limit_configured
-             else f"available {gib(choice.available_bytes)} less a {gib(RESERVE_BYTES)} reserve")
+    where = (
+        "lanes.memory_limit_bytes"
+        if limit_configured
+        else f"available {gib(choice.available_bytes)} less a {gib(RESERVE_BYTES)} reserve"
+    )
     changes = ['[lanes] layout = "shared"'] if choice.layout == "separate" else []
-    changes += ["a smaller lanes.prompt_cache_bytes", "a smaller draft_model",
-                "a smaller model", "a higher lanes.memory_limit_bytes"]
-    return (f"the lanes need about {gib(choice.estimate_bytes)} (layout {choice.layout}: "
-            f"weights {gib(choice.weights_bytes)}, draft {gib(choice.draft_bytes)}, prompt "
-            f"cache {gib(choice.cache_bytes)} per process) but {gib(choice.limit_bytes)} may be "
-            f"used ({where}); change: " + ", or ".join(changes))
+    changes += [
+        "a smaller lanes.prompt_cache_bytes",
+        "a smaller draft_model",
+        "a smaller model",
+        "a higher lanes.memory_limit_bytes",
+    ]
+    return (
+        f"the lanes need about {gib(choice.estimate_bytes)} (layout {choice.layout}: "
+        f"weights {gib(choice.weights_bytes)}, draft {gib(choice.draft_bytes)}, prompt "
+        f"cache {gib(choice.cache_bytes)} per process) but {gib(choice.limit_bytes)} may be "
+        f"used ({where}); change: " + ", or ".join(changes)
+    )
 
 
 def gib(n: int) -> str:

@@ -25,8 +25,9 @@ def weights_bytes(model: str | None) -> int:
     path = Path(model).expanduser()
     if not path.is_dir():
         return 0
-    return sum(f.stat().st_size for f in path.iterdir()
-               if f.is_file() and f.name.endswith(WEIGHT_SUFFIXES))
+    return sum(
+        f.stat().st_size for f in path.iterdir() if f.is_file() and f.name.endswith(WEIGHT_SUFFIXES)
+    )
 
 
 def machine_memory(override: int | None = None) -> Memory:

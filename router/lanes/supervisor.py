@@ -246,7 +246,8 @@ class LaneSupervisor:
     async def _await_ready_line(self, worker: WorkerProcess, deadline: float) -> int:
         timeout = max(0.0, deadline - asyncio.get_running_loop().time())
         done, _ = await asyncio.wait(
-            {worker.ready, worker.exited}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            {worker.ready, worker.exited}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
         if worker.exited in done:
             raise await self._exit_error(worker)
         if not done:
@@ -271,8 +272,13 @@ class LaneSupervisor:
     async def _exit_error(self, worker: WorkerProcess) -> WorkerStartError:
         await worker.drain_stderr()
         code = worker.returncode
-        return WorkerStartError(self.lane, f"exited with code {code} during start-up",
-                                returncode=code, pid=worker.pid, stderr_tail=worker.tail())
+        return WorkerStartError(
+            self.lane,
+            f"exited with code {code} during start-up",
+            returncode=code,
+            pid=worker.pid,
+            stderr_tail=worker.tail(),
+        )
 
     def _timeout_error(self, worker: WorkerProcess, what: str) -> WorkerStartError:
         reason = f"not ready within {self.startup_timeout:g}s ({what}); killed"
@@ -332,8 +338,13 @@ class LaneSupervisor:
             if worker.exited.done():
                 continue  # reported as an exit on the next turn
             failures += 1
-            log.warning("%s lane: health check %d/%d failed (pid %d)",
-                        self.lane, failures, self.unhealthy_after, worker.pid)
+            log.warning(
+                "%s lane: health check %d/%d failed (pid %d)",
+                self.lane,
+                failures,
+                self.unhealthy_after,
+                worker.pid,
+            )
             if failures >= self.unhealthy_after:
                 await worker.terminate(self.kill_grace)
                 raise self._lost("hung", f"worker hung: {failures} health checks failed in a row")
@@ -355,8 +366,7 @@ class LaneSupervisor:
 
     def _lost(self, reason: RestartReason, summary: str) -> WorkerLost:
         log.warning("%s lane: %s", self.lane, summary)
-        self._update(state=LaneState.DOWN, pid=None, base_url=None, health=None,
-                     last_error=summary)
+        self._update(state=LaneState.DOWN, pid=None, base_url=None, health=None, last_error=summary)
         self._last_loss = WorkerLost(reason, summary)
         return self._last_loss
 
@@ -369,13 +379,23 @@ class LaneSupervisor:
 
     def _log_restart_wait(self, retry_state: RetryCallState) -> None:
         delay = retry_state.next_action.sleep if retry_state.next_action else 0.0
-        log.info("%s lane: restarting the worker in %.2fs (%d of %d restarts allowed per %gs)",
-                 self.lane, delay, self._budget.recent(asyncio.get_running_loop().time()) + 1,
-                 self.max_restarts, self.restart_window)
+        log.info(
+            "%s lane: restarting the worker in %.2fs (%d of %d restarts allowed per %gs)",
+            self.lane,
+            delay,
+            self._budget.recent(asyncio.get_running_loop().time()) + 1,
+            self.max_restarts,
+            self.restart_window,
+        )
 
     def _give_up(self, lost: WorkerLost) -> None:
-        log.error("%s lane: worker given up after %d restarts within %gs; last error: %s",
-                  self.lane, self._status.restarts, self.restart_window, lost.summary)
+        log.error(
+            "%s lane: worker given up after %d restarts within %gs; last error: %s",
+            self.lane,
+            self._status.restarts,
+            self.restart_window,
+            lost.summary,
+        )
         self._set_gauge("worker_given_up", 1)
         self._update(state=LaneState.FAILED)
 

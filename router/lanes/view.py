@@ -18,8 +18,16 @@ def supervised_states(supervisors: Iterable[LaneSupervisor]) -> dict[str, str]:
 
 def workers(supervisors: Iterable[LaneSupervisor]) -> list[dict[str, Any]]:
     """The lane worker processes: the lanes each serves, its state, pid and memory."""
-    return [{"lanes": list(s.lanes), "state": s.status.state.value, "pid": s.status.pid,
-             "restarts": s.status.restarts, **(s.memory or {})} for s in supervisors]
+    return [
+        {
+            "lanes": list(s.lanes),
+            "state": s.status.state.value,
+            "pid": s.status.pid,
+            "restarts": s.status.restarts,
+            **(s.memory or {}),
+        }
+        for s in supervisors
+    ]
 
 
 def layout(choice: LayoutChoice | None) -> dict[str, Any] | None:

@@ -52,10 +52,12 @@ def _decode(metrics: Metrics) -> dict[str, tuple[float, float]]:
 
 def take(metrics: Metrics, at: float) -> Sample:
     return Sample(
-        at=at, requests=_total(metrics.requests.collect()),
+        at=at,
+        requests=_total(metrics.requests.collect()),
         drafted=_total(metrics.spec_draft_tokens.collect()),
         accepted=_total(metrics.spec_accepted_tokens.collect()),
-        decode=_decode(metrics))
+        decode=_decode(metrics),
+    )
 
 
 def points(samples: list[Sample]) -> list[dict[str, Any]]:
@@ -69,10 +71,12 @@ def points(samples: list[Sample]) -> list[dict[str, Any]]:
         point: dict[str, Any] = {
             "at": round(after.at, 3),
             "requests_per_s": round((after.requests - before.requests) / seconds, 4)
-            if seconds > 0 else None,
+            if seconds > 0
+            else None,
             "drafted": drafted,
             "acceptance": round((after.accepted - before.accepted) / drafted, 4)
-            if drafted > 0 else None,
+            if drafted > 0
+            else None,
         }
         for label, name in (("true", "decode_tps_spec"), ("false", "decode_tps_plain")):
             s1, c1 = after.decode.get(label, (0.0, 0.0))
@@ -93,6 +97,7 @@ class History:
 
     def to_json(self) -> dict[str, Any]:
         return {"interval": self.interval, "points": points(list(self.samples))}
+
 
 HISTORY = web.AppKey("history", History)
 

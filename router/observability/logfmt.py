@@ -50,8 +50,9 @@ class TextFormatter(logging.Formatter):
 
 
 def _indented(trace: str) -> str:
-    return "\n".join(TRACE_INDENT + line for line in
-                     escape_controls_but_newlines(trace).split("\n"))
+    return "\n".join(
+        TRACE_INDENT + line for line in escape_controls_but_newlines(trace).split("\n")
+    )
 
 
 class JsonFormatter(logging.Formatter):
@@ -67,11 +68,15 @@ class JsonFormatter(logging.Formatter):
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            data.update({k: escape_controls(v) if isinstance(v, str) else v
-                         for k, v in fields.items() if k not in data})
+            data.update(
+                {
+                    k: escape_controls(v) if isinstance(v, str) else v
+                    for k, v in fields.items()
+                    if k not in data
+                }
+            )
         if record.exc_info:
-            data["exception"] = escape_controls_but_newlines(
-                self.formatException(record.exc_info))
+            data["exception"] = escape_controls_but_newlines(self.formatException(record.exc_info))
         return orjson.dumps(data, default=str).decode()
 
 

@@ -52,25 +52,44 @@ async def root(request: web.Request) -> web.Response:
 async def ui(request: web.Request) -> web.Response:
     # The page itself holds no data: it is served to anyone who can reach the router; the
     # data it polls is admin-only.
-    return web.Response(body=page(), content_type="text/html", charset="utf-8",
-                        headers={"Cache-Control": "no-cache",
-                                 "Content-Security-Policy": "default-src 'self'; "
-                                 "style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
-                                 "img-src 'self' data:"})
+    return web.Response(
+        body=page(),
+        content_type="text/html",
+        charset="utf-8",
+        headers={
+            "Cache-Control": "no-cache",
+            "Content-Security-Policy": "default-src 'self'; "
+            "style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+            "img-src 'self' data:",
+        },
+    )
 
 
 def queues(app: web.Application) -> list[dict[str, Any]]:
     limiter = app[LIMITER]
     rows = []
     for policy in app[POLICIES].current:
-        rows.append({"client": policy.client, "active": limiter.active(policy.client),
-                     "queued": limiter.queued(policy.client),
-                     "limit": policy.max_concurrency, "priority": policy.priority})
+        rows.append(
+            {
+                "client": policy.client,
+                "active": limiter.active(policy.client),
+                "queued": limiter.queued(policy.client),
+                "limit": policy.max_concurrency,
+                "priority": policy.priority,
+            }
+        )
     known = {r["client"] for r in rows}
     for extra in ("unidentified",):
         if extra not in known and (limiter.active(extra) or limiter.queued(extra)):
-            rows.append({"client": extra, "active": limiter.active(extra),
-                         "queued": limiter.queued(extra), "limit": None, "priority": None})
+            rows.append(
+                {
+                    "client": extra,
+                    "active": limiter.active(extra),
+                    "queued": limiter.queued(extra),
+                    "limit": None,
+                    "priority": None,
+                }
+            )
     return rows
 
 
@@ -79,9 +98,11 @@ def snapshot(app: web.Application) -> dict[str, Any]:
     supervised = supervised_states(supervisors)
     recent = list(app[ACCESS].recent)[-RECENT_SHOWN:]
     return {
-        "version": __version__, "mlx": package_version("mlx"),
+        "version": __version__,
+        "mlx": package_version("mlx"),
         "mlx_lm": package_version("mlx-lm"),
-        "now": time.time(), "uptime_s": round(time.monotonic() - app[STARTED], 1),
+        "now": time.time(),
+        "uptime_s": round(time.monotonic() - app[STARTED], 1),
         "backends": [backend_status(b, supervised) for b in app[POOL]],
         "layout": layout(app.get(LAYOUT)),
         "workers": workers(supervisors),

@@ -67,14 +67,19 @@ class AccessRecord:
             text = str(value)
             if not text or _QUOTED.search(text):
                 # Backslash and quote first: the control escapes add backslashes of their own.
-                text = '"' + escape_controls(
-                    text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+                text = '"' + escape_controls(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
             parts.append(f"{key}={text}")
         return " ".join(parts)
 
 
-def record_of(outcome: Outcome, *, client: str, model: str | None,
-              decision: str | None, now: float | None = None) -> AccessRecord:
+def record_of(
+    outcome: Outcome,
+    *,
+    client: str,
+    model: str | None,
+    decision: str | None,
+    now: float | None = None,
+) -> AccessRecord:
     finished = outcome.finished_at or time.monotonic()
     backend = outcome.backend or outcome.tried
     candidate = outcome.candidate
@@ -85,12 +90,21 @@ def record_of(outcome: Outcome, *, client: str, model: str | None,
         error = f"{outcome.error.code or outcome.error.type}: {outcome.error.message}"
     ttft = outcome.ttft if outcome.stream else None
     return AccessRecord(
-        at=time.time() if now is None else now, endpoint=outcome.endpoint, client=client,
-        model=model, stream=outcome.stream, lane=lane,
-        backend=backend.name if backend is not None else None, decision=decision,
-        status=status, duration_ms=round((finished - outcome.arrival) * 1000, 3),
+        at=time.time() if now is None else now,
+        endpoint=outcome.endpoint,
+        client=client,
+        model=model,
+        stream=outcome.stream,
+        lane=lane,
+        backend=backend.name if backend is not None else None,
+        decision=decision,
+        status=status,
+        duration_ms=round((finished - outcome.arrival) * 1000, 3),
         ttft_ms=None if ttft is None else round(ttft * 1000, 3),
-        tokens=outcome.reported_tokens(), attempts=outcome.attempts, error=error)
+        tokens=outcome.reported_tokens(),
+        attempts=outcome.attempts,
+        error=error,
+    )
 
 
 class AccessLog:

@@ -38,20 +38,31 @@ def require_admin(request: web.Request) -> bool:
         return True
     if key is None:
         if not is_loopback(request):
-            raise RouterError(403, "admin endpoints answer loopback clients only unless "
-                              "admin_key is configured", type="permission_error",
-                              code="admin_loopback_only")
+            raise RouterError(
+                403,
+                "admin endpoints answer loopback clients only unless admin_key is configured",
+                type="permission_error",
+                code="admin_loopback_only",
+            )
         return False
     if presented is None:
-        raise RouterError(401, "admin endpoints require 'Authorization: Bearer <admin_key>'",
-                          type="authentication_error", code="missing_admin_key",
-                          headers={"WWW-Authenticate": "Bearer"})
+        raise RouterError(
+            401,
+            "admin endpoints require 'Authorization: Bearer <admin_key>'",
+            type="authentication_error",
+            code="missing_admin_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     if token is None:  # undecodable header bytes (lone surrogates): nobody's key
-        raise RouterError(401, "the admin key is not valid UTF-8", type="authentication_error",
-                          code="invalid_admin_key", headers={"WWW-Authenticate": "Bearer"})
+        raise RouterError(
+            401,
+            "the admin key is not valid UTF-8",
+            type="authentication_error",
+            code="invalid_admin_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     if not _matches(token, key.get_secret_value()):
-        raise RouterError(403, "wrong admin key", type="permission_error",
-                          code="invalid_admin_key")
+        raise RouterError(403, "wrong admin key", type="permission_error", code="invalid_admin_key")
     return True
 
 

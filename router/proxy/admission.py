@@ -106,9 +106,11 @@ class ConcurrencyLimiter:
             self._metrics.rejections.labels(client, "429").inc()
         retry_after = min(RETRY_AFTER_MAX, max(1, math.ceil(state.hold_ewma or 1)))
         raise RouterError(
-            429, f"too many concurrent requests for client '{client}' "
+            429,
+            f"too many concurrent requests for client '{client}' "
             f"(limit {state.limit}); retry after {retry_after} s",
-            type="rate_limit_error", code="concurrency_limit_exceeded",
+            type="rate_limit_error",
+            code="concurrency_limit_exceeded",
             headers={"Retry-After": str(retry_after), CLIENT_HEADER: client},
         )
 

@@ -50,8 +50,12 @@ LINGER = 2.0
 # answered, and when its idle timer closes the connection; on the server the keyword
 # arguments every handler is built with; on the runner the method that builds the server.
 AIOHTTP_PRIVATE_NAMES: dict[type, tuple[str, ...]] = {
-    RequestHandler: ("_request_count", "_messages", "_request_in_progress",
-                     "_next_keepalive_close_time"),
+    RequestHandler: (
+        "_request_count",
+        "_messages",
+        "_request_in_progress",
+        "_next_keepalive_close_time",
+    ),
     Server: ("_kwargs",),
     web.AppRunner: ("_make_server",),
 }
@@ -65,21 +69,36 @@ def _raw_answer(err: RouterError) -> bytes:
     """A complete HTTP/1.1 answer for a connection that will be closed right after."""
     status, body, headers = errors.render(err)
     reason = {408: "Request Timeout", 503: "Service Unavailable"}.get(status, "Error")
-    lines = [f"HTTP/1.1 {status} {reason}", "Connection: close",
-             f"Content-Length: {len(body)}", *(f"{k}: {v}" for k, v in headers.items())]
+    lines = [
+        f"HTTP/1.1 {status} {reason}",
+        "Connection: close",
+        f"Content-Length: {len(body)}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-TOO_MANY = _raw_answer(RouterError(
-    503, "too many client connections; retry shortly", type="service_unavailable",
-    code="too_many_connections", headers={"Retry-After": "1"}))
-HEAD_TIMEOUT = _raw_answer(RouterError(
-    408, "the request head did not arrive in time", code="request_timeout"))
+TOO_MANY = _raw_answer(
+    RouterError(
+        503,
+        "too many client connections; retry shortly",
+        type="service_unavailable",
+        code="too_many_connections",
+        headers={"Retry-After": "1"},
+    )
+)
+HEAD_TIMEOUT = _raw_answer(
+    RouterError(408, "the request head did not arrive in time", code="request_timeout")
+)
 
 
 def body_timeout_error(seconds: float) -> RouterError:
-    return RouterError(408, f"the request body did not arrive within {seconds:g} s",
-                       code="request_timeout", headers={"Connection": "close"})
+    return RouterError(
+        408,
+        f"the request body did not arrive within {seconds:g} s",
+        code="request_timeout",
+        headers={"Connection": "close"},
+    )
 
 
 async def read_body(request: web.Request, deadline: float) -> bytes:
@@ -97,8 +116,12 @@ async def read_body(request: web.Request, deadline: float) -> bytes:
     except web.RequestPayloadError as e:  # broken chunked framing, undecodable gzip/deflate
         request.protocol.close()
         cause = e.__cause__ or e
-        raise RouterError(400, f"the request body could not be read: {_describe(cause)}",
-                          code="invalid_body", headers={"Connection": "close"}) from None
+        raise RouterError(
+            400,
+            f"the request body could not be read: {_describe(cause)}",
+            code="invalid_body",
+            headers={"Connection": "close"},
+        ) from None
 
 
 def connection_cap(configured: int, soft_fd_limit: int) -> int:
@@ -194,11 +217,17 @@ class GuardedHandler(RequestHandler):
         self._head_timer = loop.call_later(deadline, self._head_timed_out)
         # Reading a head is not idling: aiohttp's idle timer (which bytes do not reset)
         # must not cut it silently before this deadline answers 408.
-        self._next_keepalive_close_time = max(self._next_keepalive_close_time,
-                                              loop.time() + deadline + 1.0)
+        self._next_keepalive_close_time = max(
+            self._next_keepalive_close_time, loop.time() + deadline + 1.0
+        )
 
-    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
         """A request the HTTP parser refused (a 4xx before speclane's code runs): one
         rate-limited warning line instead of aiohttp's ERROR traceback per request, and the
         answer in the OpenAI error shape. Anything else (a 500: a bug) keeps aiohttp's
@@ -208,8 +237,9 @@ class GuardedHandler(RequestHandler):
         self._guard.warn_malformed(request.remote, exc)
         if request.writer.output_size > 0:
             raise ConnectionError("answer already started; cannot send the parser's error")
-        err = RouterError(status, f"malformed HTTP request: {_describe(exc)}",
-                          code="malformed_request")
+        err = RouterError(
+            status, f"malformed HTTP request: {_describe(exc)}", code="malformed_request"
+        )
         code, body, headers = errors.render(err)
         resp = web.Response(status=code, body=body, headers=headers)
         resp.force_close()
@@ -238,9 +268,13 @@ class GuardedServer(Server):
     """aiohttp's protocol factory, making ``GuardedHandler``s and counting connections."""
 
     def __init__(self, base: Server, limits: ClientLimits, cap: int) -> None:
-        super().__init__(base.request_handler, request_factory=base.request_factory,
-                         handler_cancellation=base.handler_cancellation,
-                         loop=asyncio.get_running_loop(), **base._kwargs)
+        super().__init__(
+            base.request_handler,
+            request_factory=base.request_factory,
+            handler_cancellation=base.handler_cancellation,
+            loop=asyncio.get_running_loop(),
+            **base._kwargs,
+        )
         self.limits = limits
         self.cap = cap
         self.active = 0
@@ -269,8 +303,11 @@ class GuardedServer(Server):
         if now - self._last_malformed_log < 1.0:  # at most one line a second
             self._malformed_unlogged += 1
             return
-        also = (f" ({self._malformed_unlogged} more since the last line)"
-                if self._malformed_unlogged else "")
+        also = (
+            f" ({self._malformed_unlogged} more since the last line)"
+            if self._malformed_unlogged
+            else ""
+        )
         self._last_malformed_log, self._malformed_unlogged = now, 0
         log.warning("malformed request from %s refused: %s%s", remote, _describe(exc), also)
 
@@ -278,16 +315,19 @@ class GuardedServer(Server):
         now = asyncio.get_running_loop().time()
         if now - self._last_warning >= 10.0:  # one line per 10 s under a flood
             self._last_warning = now
-            log.warning("client connection refused: %d open, the cap is %d "
-                        "(client_limits.max_connections); %d refused so far",
-                        self.active, self.cap, self.refused)
+            log.warning(
+                "client connection refused: %d open, the cap is %d "
+                "(client_limits.max_connections); %d refused so far",
+                self.active,
+                self.cap,
+                self.refused,
+            )
 
 
 class GuardedRunner(web.AppRunner):
     """``web.AppRunner`` whose server enforces ``ClientLimits`` (see the module docstring)."""
 
-    def __init__(self, app: web.Application, limits: ClientLimits, cap: int,
-                 **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, limits: ClientLimits, cap: int, **kwargs: Any) -> None:
         kwargs.setdefault("keepalive_timeout", limits.keepalive_timeout)
         kwargs.setdefault("lingering_time", LINGER)
         super().__init__(app, **kwargs)

@@ -9,8 +9,9 @@ from router.config.policies import bearer_token
 from router.errors import RouterError
 
 
-def presented_key(authorizations: Sequence[str], api_keys: Sequence[str] = (), *,
-                  use_api_key_header: bool = False) -> str | None:
+def presented_key(
+    authorizations: Sequence[str], api_keys: Sequence[str] = (), *, use_api_key_header: bool = False
+) -> str | None:
     """The one API key a request presents: its ``Authorization: Bearer`` token, else (where
     the API has one, ``use_api_key_header``) its ``x-api-key``.
 
@@ -37,5 +38,6 @@ def _one(header: str, values: list[str]) -> str | None:
 
 
 def _conflict(message: str) -> RouterError:
-    return RouterError(400, f"conflicting credentials: {message}; send one",
-                       code="conflicting_credentials")
+    return RouterError(
+        400, f"conflicting credentials: {message}; send one", code="conflicting_credentials"
+    )

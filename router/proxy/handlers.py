@@ -75,16 +75,24 @@ def caller(request: web.Request, key: str | None = None) -> tuple[Policy, str]:
 def request_key(request: web.Request, *, use_api_key_header: bool = False) -> str | None:
     """The request's one API key; a 400 when its credential headers disagree."""
     headers = request.headers
-    return presented_key(headers.getall(AUTHORIZATION, []), headers.getall(API_KEY_HEADER, []),
-                         use_api_key_header=use_api_key_header)
+    return presented_key(
+        headers.getall(AUTHORIZATION, []),
+        headers.getall(API_KEY_HEADER, []),
+        use_api_key_header=use_api_key_header,
+    )
 
 
 def identify(request: web.Request, key: str | None = None) -> Policy:
     return caller(request, key)[0]
 
 
-def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
-           claim: SpecClaim, prints: tuple[bytes, ...] = ()) -> Classification:
+def decide(
+    request: web.Request,
+    parsed: ParsedRequest,
+    policy: Policy,
+    claim: SpecClaim,
+    prints: tuple[bytes, ...] = (),
+) -> Classification:
     app = request.app
     settings = app[SETTINGS]
     facts = RequestFacts(
@@ -95,8 +103,15 @@ def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
         cache_holder=app[ROUTING].affinity.holder(prints) if prints else None,
     )
     telemetry = app[SPEC]
-    result = classify(facts, policy, settings.presets, app[POOL].snapshot(),
-                      gate=app[ROUTING].gate, spec=telemetry.advise, rules=settings.routing)
+    result = classify(
+        facts,
+        policy,
+        settings.presets,
+        app[POOL].snapshot(),
+        gate=app[ROUTING].gate,
+        spec=telemetry.advise,
+        rules=settings.routing,
+    )
     app[ROUTING].gate = result.gate
     decision = telemetry.claim_route(result, claim)
     if decision is not result.decision:
@@ -111,6 +126,7 @@ def decide(request: web.Request, parsed: ParsedRequest, policy: Policy,
 def body_for(parsed: ParsedRequest) -> BodyFor:
     """Only speclane's own speculative lane gets a body changed for it: ``num_draft_tokens: 0``
     to decode plainly, or the ``draft_source`` chosen for the request's family."""
+
     def build(backend: Backend, cand: Candidate) -> bytes:
         if backend.lane != "speculative":
             return parsed.body()
@@ -119,10 +135,16 @@ def body_for(parsed: ParsedRequest) -> BodyFor:
     return build
 
 
-async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "openai",
-                translate: Translate | None = None, key: str | None = None,
-                api_key_header: bool = False,
-                arrival: float | None = None) -> web.StreamResponse:
+async def proxy(
+    request: web.Request,
+    endpoint: Endpoint,
+    *,
+    api: errors.Api = "openai",
+    translate: Translate | None = None,
+    key: str | None = None,
+    api_key_header: bool = False,
+    arrival: float | None = None,
+) -> web.StreamResponse:
     """The whole pipeline, for every front door: identify, admit, classify, relay.
 
     ``translate`` turns another API's request body into the OpenAI request (and its answer
@@ -160,14 +182,24 @@ async def proxy(request: web.Request, endpoint: Endpoint, *, api: errors.Api = "
         async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
             result = decide(request, parsed, policy, claim, prints)
             decision = result.decision.reason
-            metrics.decisions.labels(client, result.decision.candidates[0].lane,
-                                     result.decision.labels.get("rule", "none")).inc()
+            metrics.decisions.labels(
+                client,
+                result.decision.candidates[0].lane,
+                result.decision.labels.get("rule", "none"),
+            ).inc()
             overhead = time.monotonic() - arrival - waited
             metrics.overhead.labels(endpoint).observe(overhead)
             headers = decision_headers(result, overhead, waited)
             return await app[RELAY].forward(
-                request, parsed, result.decision, path=UPSTREAM_PATHS[endpoint],
-                outcome=outcome, body_for=body_for(parsed), headers=headers, egress=egress)
+                request,
+                parsed,
+                result.decision,
+                path=UPSTREAM_PATHS[endpoint],
+                outcome=outcome,
+                body_for=body_for(parsed),
+                headers=headers,
+                egress=egress,
+            )
     except RouterError as e:
         outcome.status, outcome.error = e.status, e
         client = e.headers.setdefault(CLIENT_HEADER, client)
@@ -200,8 +232,10 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     identify(request)  # a router that requires keys does not list its models to strangers
-    data = [{"id": m, "object": "model", "created": 0, "owned_by": owner}
-            for m, owner in request.app[POOL].models()]
+    data = [
+        {"id": m, "object": "model", "created": 0, "owned_by": owner}
+        for m, owner in request.app[POOL].models()
+    ]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -214,14 +248,19 @@ async def readyz(request: web.Request) -> web.Response:
     backends = {b.name: {"ready": b.ready, "lane": b.lane, "error": b.last_error} for b in pool}
     if pool.any_ready():
         return web.json_response({"status": "ready", "backends": backends})
-    raise RouterError(503, "no backend is ready", type="service_unavailable", code="not_ready",
-                      headers={"Retry-After": "1"})
+    raise RouterError(
+        503,
+        "no backend is ready",
+        type="service_unavailable",
+        code="not_ready",
+        headers={"Retry-After": "1"},
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
     exposure = request.app[SETTINGS].expose_metrics
     if exposure == "off":
-        raise errors.not_found("metrics are disabled (expose_metrics = \"off\")")
+        raise errors.not_found('metrics are disabled (expose_metrics = "off")')
     if exposure == "loopback" and not is_loopback(request):
         raise RouterError(403, "metrics are served to loopback clients only", code="forbidden")
     if exposure == "admin":

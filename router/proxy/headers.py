@@ -29,7 +29,8 @@ def decision_headers(result: Classification, overhead: float, waited: float) -> 
     }
 
 
-def served_headers(headers: dict[str, str], backend: str, lane: str,
-                   attempts: int) -> dict[str, str]:
+def served_headers(
+    headers: dict[str, str], backend: str, lane: str, attempts: int
+) -> dict[str, str]:
     """``headers`` with the backend and lane that answered (a retry may have moved it)."""
     return {**headers, BACKEND_HEADER: backend, LANE_HEADER: lane, ATTEMPTS_HEADER: str(attempts)}

@@ -105,15 +105,16 @@ class HostRule:
     anything: bool = False  # allowed_hosts = ["*"]
 
     @classmethod
-    def build(cls, allowed: Iterable[str], bind_host: str,
-              machine_name: str | None = None) -> HostRule:
+    def build(
+        cls, allowed: Iterable[str], bind_host: str, machine_name: str | None = None
+    ) -> HostRule:
         """``allowed``: ``allowed_hosts`` entries, already validated and normalised."""
         entries = list(allowed)
         names = {e for e in entries if e != "*" and not e.startswith(".")}
         domains = tuple(e for e in entries if e.startswith("."))
         wildcard = bind_host.strip() in WILDCARD_BINDS
         if wildcard:
-            machine = (machine_name if machine_name is not None else socket.gethostname())
+            machine = machine_name if machine_name is not None else socket.gethostname()
             machine = machine.lower().rstrip(".")
             if machine:
                 names.update({machine, f"{machine}.local"})

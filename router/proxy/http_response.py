@@ -60,13 +60,37 @@ class ResponseParser:
     for an answer that allows reuse, ended where its framing said, and had nothing after it.
     """
 
-    __slots__ = ("_head_size", "_header_count", "_in_head", "_max_head", "_max_interim",
-                 "_max_trailer", "_p", "_pieces", "_progress", "_stall_bytes", "_trailer_size",
-                 "done", "head_done", "headers", "interim", "keep_alive", "stalled", "status",
-                 "stray", "until_close", "version")
+    __slots__ = (
+        "_head_size",
+        "_header_count",
+        "_in_head",
+        "_max_head",
+        "_max_interim",
+        "_max_trailer",
+        "_p",
+        "_pieces",
+        "_progress",
+        "_stall_bytes",
+        "_trailer_size",
+        "done",
+        "head_done",
+        "headers",
+        "interim",
+        "keep_alive",
+        "stalled",
+        "status",
+        "stray",
+        "until_close",
+        "version",
+    )
 
-    def __init__(self, *, max_head: int = MAX_HEAD, max_trailer: int = MAX_TRAILER,
-                 max_interim: int = MAX_INTERIM) -> None:
+    def __init__(
+        self,
+        *,
+        max_head: int = MAX_HEAD,
+        max_trailer: int = MAX_TRAILER,
+        max_interim: int = MAX_INTERIM,
+    ) -> None:
         self._p: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         # "5 \r\n" (spaces before a chunk extension, RFC 9112 BWS) is read; every other
         # leniency stays off.
@@ -114,7 +138,8 @@ class ResponseParser:
             # llhttp keeps a header or trailer line that has not ended in memory: bound it.
             if self._stall_bytes > self._max_head:
                 raise ProtocolViolation(
-                    f"more than {self._max_head} bytes of head, trailers or framing without data")
+                    f"more than {self._max_head} bytes of head, trailers or framing without data"
+                )
         else:
             self._stall_bytes = 0
             self.stalled = False
@@ -151,7 +176,8 @@ class ResponseParser:
         self._header_count += 1
         if self._head_size > self._max_head or self._header_count > MAX_HEADERS:
             raise ProtocolViolation(
-                f"response head over {self._max_head} bytes or {MAX_HEADERS} headers")
+                f"response head over {self._max_head} bytes or {MAX_HEADERS} headers"
+            )
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1").strip()
         prev = dict.get(self.headers, key)
@@ -205,5 +231,11 @@ class ResponseParser:
         self._progress += 1
 
 
-__all__ = ["MAX_HEAD", "MAX_INTERIM", "MAX_TRAILER", "Headers", "ProtocolViolation",
-           "ResponseParser"]
+__all__ = [
+    "MAX_HEAD",
+    "MAX_INTERIM",
+    "MAX_TRAILER",
+    "Headers",
+    "ProtocolViolation",
+    "ResponseParser",
+]

@@ -33,8 +33,9 @@ async def expect_handler(request: web.Request) -> web.StreamResponse | None:
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the answer proper has not started
         return None
-    return to_response(RouterError(417, f"unsupported Expect header: {expect[:100]!r}",
-                                   code="expectation_failed"))
+    return to_response(
+        RouterError(417, f"unsupported Expect header: {expect[:100]!r}", code="expectation_failed")
+    )
 
 
 @web.middleware
@@ -44,15 +45,20 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except RouterError as e:
         return to_response(e, errors.api_for_path(request.path))
     except web.HTTPRequestEntityTooLarge as e:
-        return to_response(RouterError(413, f"request body is larger than the limit: {e.text}",
-                                       code="body_too_large"), errors.api_for_path(request.path))
+        return to_response(
+            RouterError(
+                413, f"request body is larger than the limit: {e.text}", code="body_too_large"
+            ),
+            errors.api_for_path(request.path),
+        )
     except web.HTTPException as e:
         if e.status < 400:
             raise
         code = {404: "unknown_endpoint", 405: "method_not_allowed"}.get(e.status, "http_error")
         message = f"{request.method} {request.path}: {e.reason}"
-        return to_response(RouterError(e.status, message, code=code),
-                           errors.api_for_path(request.path))
+        return to_response(
+            RouterError(e.status, message, code=code), errors.api_for_path(request.path)
+        )
     except (ConnectionResetError, TimeoutError) as e:
         # The client vanished while we read its body: nobody is left to answer.
         log.debug("client connection lost: %s", e)
@@ -83,9 +89,12 @@ def browser_guard(rule: HostRule) -> Middleware:
         for value in request.headers.getall(hdrs.HOST, ()):
             if not rule.allows_header(value):
                 raise RouterError(
-                    421, f"this server does not answer for the host {value[:100]!r}: add it "
+                    421,
+                    f"this server does not answer for the host {value[:100]!r}: add it "
                     "to allowed_hosts if that name is meant to reach speclane",
-                    type="permission_error", code="host_not_allowed")
+                    type="permission_error",
+                    code="host_not_allowed",
+                )
         if request.path.startswith("/admin/") and request.method not in SAFE_METHODS:
             refuse_cross_site(request, rule)
         return await handler(request)
@@ -109,6 +118,9 @@ def refuse_cross_site(request: web.Request, rule: HostRule) -> None:
     if ctype in FORM_TYPES:
         reason = f"Content-Type: {ctype} (admin requests take no form body)"
     if reason is not None:
-        raise RouterError(403, f"admin requests from web pages are refused ({reason}); use "
-                          "the speclane CLI or curl", type="permission_error",
-                          code="cross_site_admin_request")
+        raise RouterError(
+            403,
+            f"admin requests from web pages are refused ({reason}); use the speclane CLI or curl",
+            type="permission_error",
+            code="cross_site_admin_request",
+        )

@@ -23,7 +23,8 @@ def record(metrics: Metrics, outcome: Outcome) -> None:
     api = outcome.api
     metrics.requests.labels(outcome.endpoint, backend, status, api).inc()
     metrics.request_duration.labels(outcome.endpoint, backend, api).observe(
-        finished - outcome.arrival)
+        finished - outcome.arrival
+    )
     # Streams only: a non-streaming answer's "first byte" is the whole answer.
     if outcome.stream and outcome.ttft is not None:
         metrics.ttft.labels(outcome.endpoint, backend, api).observe(outcome.ttft)

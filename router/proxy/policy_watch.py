@@ -144,11 +144,14 @@ class PolicyWatcher:
                 if wait <= 0:
                     return self._apply(reading.files, trigger, widen=widen)
             if loop.time() + wait > deadline:
-                message = (f"the policy files in {self.directory} kept changing for "
-                           f"{self.patience:g} s (they must stay unchanged for "
-                           f"{self.settle:g} s); nothing was applied")
-                log.error("policy reload (%s) failed, keeping the previous policies: %s",
-                          trigger, message)
+                message = (
+                    f"the policy files in {self.directory} kept changing for "
+                    f"{self.patience:g} s (they must stay unchanged for "
+                    f"{self.settle:g} s); nothing was applied"
+                )
+                log.error(
+                    "policy reload (%s) failed, keeping the previous policies: %s", trigger, message
+                )
                 return self._finish(trigger, "error", message)
             await asyncio.sleep(wait)
 
@@ -175,8 +178,13 @@ class PolicyWatcher:
 
     def poller(self) -> Periodic:
         """The polling task: one check every ``interval`` seconds; no error stops it."""
-        return Periodic("speclane-policy-watch", self.check, self.interval, wait_first=True,
-                        on_error=self._poll_failed)
+        return Periodic(
+            "speclane-policy-watch",
+            self.check,
+            self.interval,
+            wait_first=True,
+            on_error=self._poll_failed,
+        )
 
     def _poll_failed(self, error: Exception) -> None:
         # A bug here must not end hot reload for good.
@@ -206,7 +214,8 @@ class PolicyWatcher:
         # Signals arriving while a reload waits for the files to settle join that reload.
         if self._sighup_task is None or self._sighup_task.done():
             self._sighup_task = asyncio.get_running_loop().create_task(
-                self.reload("sighup"), name="speclane-policy-sighup")
+                self.reload("sighup"), name="speclane-policy-sighup"
+            )
 
     async def wait_reload(self, after: int = 0) -> ReloadResult:
         """Wait until more than ``after`` reload attempts have happened; the latest result."""
@@ -235,8 +244,9 @@ class PolicyWatcher:
         except OSError as e:
             message = f"cannot read the policy directory {self.directory}: {e}"
             if message != self._last_os_error:  # once per distinct error, not every poll
-                log.error("policy reload (%s) failed, keeping the previous policies: %s",
-                          trigger, message)
+                log.error(
+                    "policy reload (%s) failed, keeping the previous policies: %s", trigger, message
+                )
             self._last_os_error = message
             return self._finish(trigger, "error", message)
         if self._last_os_error is not None:
@@ -258,23 +268,25 @@ class PolicyWatcher:
             log.error("policy reload (%s) failed, keeping the previous policies:\n%s", trigger, e)
             return self._finish(trigger, "error", str(e))
         if not widen and (opens := widening(self._current, fresh)):
-            message = (f"policy change held, not applied: it would {'; '.join(opens)}. A file "
-                       "caught while being rewritten can read like this. If the change is "
-                       "meant, apply it with 'speclane policy reload', SIGHUP, or "
-                       "POST /admin/reload with the admin key")
+            message = (
+                f"policy change held, not applied: it would {'; '.join(opens)}. A file "
+                "caught while being rewritten can read like this. If the change is "
+                "meant, apply it with 'speclane policy reload', SIGHUP, or "
+                "POST /admin/reload with the admin key"
+            )
             log.warning("%s", message)
             return self._finish(trigger, "held", message)
         self._current = fresh
         for warning in fresh.warnings:
             log.warning("%s", warning)
-        log.info("policies reloaded (%s): %s", trigger,
-                 ", ".join(p.client for p in fresh.policies))
+        log.info("policies reloaded (%s): %s", trigger, ", ".join(p.client for p in fresh.policies))
         return self._finish(trigger, "ok", None)
 
     def _finish(self, trigger: str, outcome: Outcome, error: str | None) -> ReloadResult:
         self._attempts += 1
-        self._last = ReloadResult(self._attempts, trigger, outcome == "ok", error,
-                                  self._current, held=outcome == "held")
+        self._last = ReloadResult(
+            self._attempts, trigger, outcome == "ok", error, self._current, held=outcome == "held"
+        )
         self._count(outcome)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
@@ -295,12 +307,17 @@ def widening(old: PolicySet, new: PolicySet) -> list[str]:
     """
     opens = []
     if old.default.require_api_key and not new.default.require_api_key:
-        opens.append("serve requests without an API key (the default policy no longer "
-                     "requires one)")
+        opens.append(
+            "serve requests without an API key (the default policy no longer requires one)"
+        )
     for policy in old:
         after = new.get(policy.client)
-        if policy.require_api_key and after is not None and not after.require_api_key \
-                and policy.client != old.default.client:
+        if (
+            policy.require_api_key
+            and after is not None
+            and not after.require_api_key
+            and policy.client != old.default.client
+        ):
             opens.append(f"let client '{policy.client}' be used without its key")
     return opens
 
@@ -318,8 +335,7 @@ def whole(files: PolicyFiles, before: Stamp, after: Stamp) -> bool:
         return False
     sizes = {name: size for name, _, size in after[1]}
     for name, data in files.items():
-        if data is not None and len(data) <= MAX_POLICY_FILE_BYTES and \
-                len(data) != sizes.get(name):
+        if data is not None and len(data) <= MAX_POLICY_FILE_BYTES and len(data) != sizes.get(name):
             return False
     return True
 

@@ -164,8 +164,9 @@ def shutting_down(message: str = "speclane is shutting down") -> RouterError:
 
 
 class Relay:
-    def __init__(self, client: Http1Pool, pool: BackendPool, retry: RetrySettings,
-                 metrics: Metrics) -> None:
+    def __init__(
+        self, client: Http1Pool, pool: BackendPool, retry: RetrySettings, metrics: Metrics
+    ) -> None:
         self._client = client
         self._pool = pool
         self._retry = retry
@@ -196,12 +197,10 @@ class Relay:
             opened = await self._open_with_retries(parsed, decision, path, outcome, body_for)
             backend = opened.backend
             outcome.backend, outcome.candidate = backend, opened.candidate
-            headers = served_headers(headers, backend.name, opened.candidate.lane,
-                                     outcome.attempts)
+            headers = served_headers(headers, backend.name, opened.candidate.lane, outcome.attempts)
             try:
                 if parsed.route.stream:
-                    return await self._relay_stream(request, opened, outcome, headers, live,
-                                                    egress)
+                    return await self._relay_stream(request, opened, outcome, headers, live, egress)
                 return await self._relay_body(opened, outcome, headers, egress)
             finally:
                 self._end(backend, opened.response, outcome)
@@ -211,8 +210,10 @@ class Relay:
         except asyncio.CancelledError:
             # Cancelled by shutdown() before any byte reached the client: answer 503.
             if live.aborted and live.task is not None and live.task.uncancel() == 0:
-                raise shutting_down("speclane is shutting down; the request was not "
-                                    "answered within the shutdown grace period") from None
+                raise shutting_down(
+                    "speclane is shutting down; the request was not "
+                    "answered within the shutdown grace period"
+                ) from None
             raise
         finally:
             self._live.discard(live)
@@ -221,8 +222,14 @@ class Relay:
 
     # --- opening: the only place that retries ------------------------------------------
 
-    async def _open_with_retries(self, parsed: ParsedRequest, decision: Decision, path: str,
-                                 outcome: Outcome, body_for: BodyFor) -> Opened:
+    async def _open_with_retries(
+        self,
+        parsed: ParsedRequest,
+        decision: Decision,
+        path: str,
+        outcome: Outcome,
+        body_for: BodyFor,
+    ) -> Opened:
         candidates = decision.candidates
 
         failed: list[tuple[str, str]] = []  # (backend, reason) of the attempt that failed
@@ -258,8 +265,9 @@ class Relay:
             log.info("retrying after %s: %s", first.reason, first.error.message)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._retry.attempts - 1),
-            wait=wait_random_exponential(multiplier=self._retry.backoff_initial,
-                                         max=self._retry.backoff_max),
+            wait=wait_random_exponential(
+                multiplier=self._retry.backoff_initial, max=self._retry.backoff_max
+            ),
             retry=retry_if_exception_type(Retryable),
             reraise=True,
         )
@@ -271,28 +279,34 @@ class Relay:
             raise e.error from None
         raise AssertionError("unreachable: tenacity either returned or raised")
 
-    async def _open(self, backend: Backend, cand: Candidate, parsed: ParsedRequest, path: str,
-                    body_for: BodyFor) -> Opened:
+    async def _open(
+        self, backend: Backend, cand: Candidate, parsed: ParsedRequest, path: str, body_for: BodyFor
+    ) -> Opened:
         headers = {"Content-Type": "application/json", **backend.auth_headers()}
         if backend.lane is not None and parsed.cache_partition:  # never to external backends
             headers[CACHE_PARTITION_HEADER] = parsed.cache_partition
         try:
-            resp = await self._post(backend, f"{backend.base_url}{path}",
-                                    body=body_for(backend, cand), headers=headers,
-                                    connect_timeout=backend.connect_timeout,
-                                    read_timeout=backend.read_timeout,
-                                    still_working=(backend.still_working(backend)
-                                                   if backend.still_working else None))
+            resp = await self._post(
+                backend,
+                f"{backend.base_url}{path}",
+                body=body_for(backend, cand),
+                headers=headers,
+                connect_timeout=backend.connect_timeout,
+                read_timeout=backend.read_timeout,
+                still_working=(backend.still_working(backend) if backend.still_working else None),
+            )
         except TimeoutError as e:
             self._failed(backend, "timeout")
             raise errors.upstream_timeout(
                 f"backend '{backend.name}' did not answer within {backend.read_timeout:g}s"
-                + (f" ({e})" if str(e) else "")) from e
+                + (f" ({e})" if str(e) else "")
+            ) from e
         except UpstreamProtocolError as e:
             raise self._malformed(backend, e) from e
         except CONNECT_ERRORS as e:
-            raise self._retryable(backend, "connect",
-                                  f"could not reach backend '{backend.name}': {e}") from e
+            raise self._retryable(
+                backend, "connect", f"could not reach backend '{backend.name}': {e}"
+            ) from e
         try:
             if resp.status >= 400:
                 try:
@@ -301,7 +315,8 @@ class Relay:
                     self._failed(backend, "timeout")
                     raise errors.upstream_timeout(
                         f"backend '{backend.name}' answered {resp.status} but its body did not "
-                        f"arrive within {backend.read_timeout:g}s of silence") from e
+                        f"arrive within {backend.read_timeout:g}s of silence"
+                    ) from e
                 except UpstreamProtocolError as e:
                     raise self._malformed(backend, e) from e
                 except CONNECT_ERRORS:
@@ -335,8 +350,9 @@ class Relay:
             self._track(asyncio.create_task(self._drain_when_answered(backend, sending)))
             raise
 
-    async def _drain_when_answered(self, backend: Backend,
-                                   sending: asyncio.Future[Response]) -> None:
+    async def _drain_when_answered(
+        self, backend: Backend, sending: asyncio.Future[Response]
+    ) -> None:
         try:
             resp = await sending
         except (TimeoutError, *CONNECT_ERRORS):
@@ -348,7 +364,9 @@ class Relay:
         if "text/event-stream" not in ctype:
             raise errors.upstream_failed(
                 f"backend '{backend.name}' answered a streaming request with content type "
-                f"'{ctype or 'none'}' instead of text/event-stream", code="upstream_bad_stream")
+                f"'{ctype or 'none'}' instead of text/event-stream",
+                code="upstream_bad_stream",
+            )
         first = b""
         try:
             # Up to the end of the first event (bounded): it may come in pieces.
@@ -360,23 +378,28 @@ class Relay:
         except TimeoutError as e:
             self._failed(backend, "timeout")
             raise errors.upstream_timeout(
-                f"backend '{backend.name}' sent no data for {backend.read_timeout:g}s") from e
+                f"backend '{backend.name}' sent no data for {backend.read_timeout:g}s"
+            ) from e
         except UpstreamProtocolError as e:
             raise self._malformed(backend, e) from e
         except CONNECT_ERRORS as e:
-            raise self._retryable(backend, "disconnect",
-                                  f"backend '{backend.name}' closed the stream: {e}") from e
+            raise self._retryable(
+                backend, "disconnect", f"backend '{backend.name}' closed the stream: {e}"
+            ) from e
         if not first:
-            raise self._retryable(backend, "empty",
-                                  f"backend '{backend.name}' closed the stream before any data")
+            raise self._retryable(
+                backend, "empty", f"backend '{backend.name}' closed the stream before any data"
+            )
         if not looks_like_sse(first):
             raise errors.upstream_failed(
                 f"backend '{backend.name}' sent data that is not server-sent events",
-                code="upstream_bad_stream")
+                code="upstream_bad_stream",
+            )
         if not first_event_is_json(first):
             raise errors.upstream_failed(
                 f"backend '{backend.name}' began its stream with an event that is not JSON",
-                code="upstream_bad_stream")
+                code="upstream_bad_stream",
+            )
         return first
 
     def _malformed(self, backend: Backend, e: ConnectionError) -> RouterError:
@@ -384,8 +407,9 @@ class Relay:
         retried; counted under its own reason."""
         reason = "too_large" if isinstance(e, UpstreamTooLarge) else "malformed"
         self._failed(backend, reason)
-        return errors.upstream_failed(f"backend '{backend.name}' sent an invalid answer: {e}",
-                                      code=f"upstream_{reason}")
+        return errors.upstream_failed(
+            f"backend '{backend.name}' sent an invalid answer: {e}", code=f"upstream_{reason}"
+        )
 
     def _retryable(self, backend: Backend, reason: str, message: str) -> Retryable:
         self._failed(backend, reason)
@@ -395,14 +419,24 @@ class Relay:
         self._metrics.failures.labels(backend.name, reason).inc()
         if backend.request_failed(reason, time.monotonic()):
             self._metrics.cooldowns.labels(backend.name).inc()
-            log.warning("backend %s cooled down for %.1fs after repeated failures (%s)",
-                        backend.name, backend.cooldown.seconds, reason)
+            log.warning(
+                "backend %s cooled down for %.1fs after repeated failures (%s)",
+                backend.name,
+                backend.cooldown.seconds,
+                reason,
+            )
 
     # --- relaying -----------------------------------------------------------------------
 
-    async def _relay_stream(self, request: web.Request, opened: Opened, outcome: Outcome,
-                            headers: dict[str, str], live: _Live,
-                            egress: Egress | None) -> web.StreamResponse:
+    async def _relay_stream(
+        self,
+        request: web.Request,
+        opened: Opened,
+        outcome: Outcome,
+        headers: dict[str, str],
+        live: _Live,
+        egress: Egress | None,
+    ) -> web.StreamResponse:
         backend, resp = opened.backend, opened.response
         outcome.status = resp.status
         out_headers = {**headers, **SSE_HEADERS}
@@ -423,9 +457,13 @@ class Relay:
                 if b"data:" in chunk:
                     last_data = time.monotonic()
                 elif time.monotonic() - last_data > backend.read_timeout:
-                    raise _StreamFailure("timeout", errors.upstream_timeout(
-                        f"backend '{backend.name}' sent only keep-alive comments for "
-                        f"{backend.read_timeout:g}s mid-stream"))
+                    raise _StreamFailure(
+                        "timeout",
+                        errors.upstream_timeout(
+                            f"backend '{backend.name}' sent only keep-alive comments for "
+                            f"{backend.read_timeout:g}s mid-stream"
+                        ),
+                    )
                 tail.feed(chunk)
                 whole, held = split_events(held + chunk)
                 if egress is not None and whole:
@@ -456,9 +494,13 @@ class Relay:
                 trailer = b"data: [DONE]\n\n" if egress is None else egress.finish()
                 await self._finish(out, trailer, outcome)
             else:
-                raise _StreamFailure("no_done", errors.upstream_failed(
-                    f"backend '{backend.name}' ended the stream without data: [DONE]",
-                    code="upstream_incomplete_stream"))
+                raise _StreamFailure(
+                    "no_done",
+                    errors.upstream_failed(
+                        f"backend '{backend.name}' ended the stream without data: [DONE]",
+                        code="upstream_incomplete_stream",
+                    ),
+                )
         except Exception as e:  # the one exit of a stream that failed after its first byte
             # Headers (200) and events are out: whatever went wrong, the client gets an
             # ending in its API's shape, and the request is booked with the error.
@@ -466,24 +508,27 @@ class Relay:
             await self._stream_failed(out, backend, outcome, reason, err, egress)
         return out
 
-    def _stream_failure(self, e: Exception, backend: Backend,
-                        live: _Live) -> tuple[str, RouterError]:
+    def _stream_failure(
+        self, e: Exception, backend: Backend, live: _Live
+    ) -> tuple[str, RouterError]:
         """(reason, error) of a stream that failed after its first byte reached the client."""
         if live.aborted:  # shutdown() closed the upstream: whatever reading it then raised
             return "shutdown", shutting_down(
-                "speclane is shutting down; the stream was cut after the grace period")
+                "speclane is shutting down; the stream was cut after the grace period"
+            )
         if isinstance(e, _StreamFailure):
             return e.reason, e.error
         if isinstance(e, TimeoutError):
             return "timeout", errors.upstream_timeout(
-                f"backend '{backend.name}' sent nothing for {backend.read_timeout:g}s "
-                "mid-stream")
+                f"backend '{backend.name}' sent nothing for {backend.read_timeout:g}s mid-stream"
+            )
         if isinstance(e, UpstreamProtocolError):
             err = self._malformed(backend, e)
             return "too_large" if isinstance(e, UpstreamTooLarge) else "malformed", err
         if isinstance(e, CONNECT_ERRORS):
             return "disconnect", errors.upstream_failed(
-                f"backend '{backend.name}' closed the stream mid-way: {type(e).__name__}")
+                f"backend '{backend.name}' closed the stream mid-way: {type(e).__name__}"
+            )
         if isinstance(e, RouterError):  # e.g. a front door that cannot translate an event
             return "invalid", e
         log.error("stream from %s failed on an unexpected error", backend.name, exc_info=e)
@@ -509,8 +554,14 @@ class Relay:
         self._metrics.stream_errors.labels(backend.name, "upstream_error").inc()
         outcome.error, outcome.status = err, err.status
 
-    async def _after_done(self, out: web.StreamResponse, backend: Backend, resp: Response,
-                          outcome: Outcome, held: bytes) -> None:
+    async def _after_done(
+        self,
+        out: web.StreamResponse,
+        backend: Backend,
+        resp: Response,
+        outcome: Outcome,
+        held: bytes,
+    ) -> None:
         """Read the upstream's end of body (and pass on what little may follow [DONE])."""
         rest = held
         # Usually the end of body came in the same read as [DONE]: nothing to wait for, so
@@ -528,8 +579,15 @@ class Relay:
             await self._write(out, rest, outcome)
         await self._finish(out, b"", outcome)
 
-    async def _stream_failed(self, out: web.StreamResponse, backend: Backend, outcome: Outcome,
-                             reason: str, err: RouterError, egress: Egress | None) -> None:
+    async def _stream_failed(
+        self,
+        out: web.StreamResponse,
+        backend: Backend,
+        outcome: Outcome,
+        reason: str,
+        err: RouterError,
+        egress: Egress | None,
+    ) -> None:
         if outcome.completed:
             # Its ending was already written ([DONE] or the upstream's own error event):
             # a second ending would break the stream the client already has whole.
@@ -559,24 +617,28 @@ class Relay:
         except ConnectionResetError:
             outcome.client_left()
 
-    async def _relay_body(self, opened: Opened, outcome: Outcome,
-                          headers: dict[str, str], egress: Egress | None) -> web.Response:
+    async def _relay_body(
+        self, opened: Opened, outcome: Outcome, headers: dict[str, str], egress: Egress | None
+    ) -> web.Response:
         backend, resp = opened.backend, opened.response
         try:
             body = await resp.read()
         except TimeoutError as e:
             self._failed(backend, "timeout")
             raise errors.upstream_timeout(
-                f"backend '{backend.name}': {e}" if isinstance(e, HeadTimeout) else
-                f"backend '{backend.name}' did not finish within {backend.read_timeout:g}s "
-                "of silence") from e
+                f"backend '{backend.name}': {e}"
+                if isinstance(e, HeadTimeout)
+                else f"backend '{backend.name}' did not finish within {backend.read_timeout:g}s "
+                "of silence"
+            ) from e
         except UpstreamProtocolError as e:
             raise self._malformed(backend, e) from e
         except CONNECT_ERRORS as e:
             self._failed(backend, "disconnect")
             raise errors.upstream_failed(
                 f"backend '{backend.name}' closed the connection before the answer was complete: "
-                f"{type(e).__name__}") from e
+                f"{type(e).__name__}"
+            ) from e
         outcome.first_byte_at = outcome.last_byte_at = time.monotonic()
         ctype = resp.headers.get("Content-Type") or "application/json"
         try:
@@ -584,20 +646,28 @@ class Relay:
         except orjson.JSONDecodeError:
             raise errors.upstream_failed(
                 f"backend '{backend.name}' answered with {len(body)} bytes of content type "
-                f"'{ctype}' that are not valid JSON", code="upstream_bad_json") from None
+                f"'{ctype}' that are not valid JSON",
+                code="upstream_bad_json",
+            ) from None
         if not isinstance(parsed, dict):  # every OpenAI answer is an object
             raise errors.upstream_failed(
                 f"backend '{backend.name}' answered with JSON that is not an object "
-                f"({type(parsed).__name__})", code="upstream_bad_json")
+                f"({type(parsed).__name__})",
+                code="upstream_bad_json",
+            )
         outcome.body_json = parsed
         outcome.completed = True
         outcome.status = resp.status
         if egress is not None:
-            return web.Response(status=resp.status, body=egress.body(parsed), headers={
-                **headers, "Content-Type": "application/json"})
+            return web.Response(
+                status=resp.status,
+                body=egress.body(parsed),
+                headers={**headers, "Content-Type": "application/json"},
+            )
         # Passed through byte for byte: nothing here needs re-serialising.
-        return web.Response(status=resp.status, body=body, headers={
-            **headers, "Content-Type": "application/json"})
+        return web.Response(
+            status=resp.status, body=body, headers={**headers, "Content-Type": "application/json"}
+        )
 
     # --- bookkeeping --------------------------------------------------------------------
 
@@ -670,8 +740,9 @@ class Relay:
                 pass
         if not self._live:
             return
-        log.warning("shutdown: ending %d request(s) still running after %.1fs",
-                    len(self._live), grace)
+        log.warning(
+            "shutdown: ending %d request(s) still running after %.1fs", len(self._live), grace
+        )
         for live in list(self._live):
             live.aborted = True
             if live.response is not None:
@@ -689,12 +760,16 @@ class Relay:
         await asyncio.gather(*self._drains, return_exceptions=True)
 
 
-def _known_headers(err: RouterError, headers: dict[str, str], decision: Decision,
-                   outcome: Outcome) -> None:
+def _known_headers(
+    err: RouterError, headers: dict[str, str], decision: Decision, outcome: Outcome
+) -> None:
     """An error answer carries the X-Speclane-* headers known when it happened (its own,
     such as the error source, win)."""
-    known = {**headers, "X-Speclane-Decision": decision.reason,
-             "X-Speclane-Attempts": str(outcome.attempts)}
+    known = {
+        **headers,
+        "X-Speclane-Decision": decision.reason,
+        "X-Speclane-Attempts": str(outcome.attempts),
+    }
     if outcome.attempts and decision.candidates:
         tried = decision.candidates[(outcome.attempts - 1) % len(decision.candidates)]
         known["X-Speclane-Backend"], known["X-Speclane-Lane"] = tried.backend, tried.lane

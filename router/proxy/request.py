@@ -69,8 +69,9 @@ class ParsedRequest:
         if key in self.data:
             return orjson.dumps({**self.data, key: value})
         # ``data`` is a non-empty object (it has ``model``): its encoding ends with "}".
-        return b"".join((self._encoded[:-1], b",", orjson.dumps(key), b":",
-                         orjson.dumps(value), b"}"))
+        return b"".join(
+            (self._encoded[:-1], b",", orjson.dumps(key), b":", orjson.dumps(value), b"}")
+        )
 
 
 def load_object(raw: bytes) -> dict[str, Any]:
@@ -128,13 +129,15 @@ def _check_payload(endpoint: Endpoint, data: dict[str, Any]) -> None:
     if endpoint == "chat":
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise bad_request("'messages' is required and must be a non-empty array",
-                              param="messages")
+            raise bad_request(
+                "'messages' is required and must be a non-empty array", param="messages"
+            )
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise bad_request(
                     f"'messages[{i}]' must be an object with a string 'role'",
-                    param=f"messages[{i}]")
+                    param=f"messages[{i}]",
+                )
     elif endpoint == "completions":
         if not isinstance(data.get("prompt"), str | list):
             raise bad_request("'prompt' is required (a string or an array)", param="prompt")
@@ -171,8 +174,11 @@ def _prompt_chars(endpoint: Endpoint, data: dict[str, Any]) -> int:
             if isinstance(content, str):
                 total += len(content)
             elif isinstance(content, list):
-                total += sum(len(p.get("text", "")) for p in content if isinstance(p, dict)
-                             and isinstance(p.get("text"), str))
+                total += sum(
+                    len(p.get("text", ""))
+                    for p in content
+                    if isinstance(p, dict) and isinstance(p.get("text"), str)
+                )
         return total
     field = data.get("prompt" if endpoint == "completions" else "input")
     if isinstance(field, str):

@@ -73,8 +73,9 @@ class SpecClaim:
 
 
 class SpecTelemetry:
-    def __init__(self, settings: Settings, metrics: Metrics, pool: BackendPool,
-                 policies: Any) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics, pool: BackendPool, policies: Any
+    ) -> None:
         self._settings = settings.spec
         self._metrics = metrics
         self._pool = pool
@@ -121,8 +122,13 @@ class SpecTelemetry:
             return _with(decision, candidates)
         key = SpecKey(backend.name, claim.model, claim.workload, candidate_source(first))
         verdict = self.auto.verdict(key, now)
-        settled = settle(candidates, backend.lane, verdict.use_speculation, verdict.probe,
-                         verdict.reason == "baseline_sample")
+        settled = settle(
+            candidates,
+            backend.lane,
+            verdict.use_speculation,
+            verdict.probe,
+            verdict.reason == "baseline_sample",
+        )
         claim.key, claim.probe, claim.baseline = key, verdict.probe, settled.baseline
         claim.ticket = verdict.ticket
         if verdict.probe:
@@ -138,9 +144,13 @@ class SpecTelemetry:
     def _paused(self, candidate: Candidate, claim: SpecClaim, now: float) -> bool:
         """An external backend configured as speculative whose workload is off."""
         b = self._pool[candidate.backend]
-        return (b.lane is None and _judged(b) and not self.auto.peek(
-            SpecKey(b.name, claim.model, claim.workload, candidate_source(candidate)),
-            now).use_speculation)
+        return (
+            b.lane is None
+            and _judged(b)
+            and not self.auto.peek(
+                SpecKey(b.name, claim.model, claim.workload, candidate_source(candidate)), now
+            ).use_speculation
+        )
 
     # --- after the response -------------------------------------------------------------
 
@@ -159,7 +169,8 @@ class SpecTelemetry:
         if observation is not None and observation.decode_tps() is not None:
             speculative = isinstance(result, SpecRecord) and result.drafted > 0
             self._metrics.decode_tps.labels(served.lane, str(speculative).lower()).observe(
-                observation.decode_tps() or 0.0)
+                observation.decode_tps() or 0.0
+            )
         key = SpecKey(backend.name, model, workload, source)
         if claim.key is not None and claim.key != key:
             self._release(claim, now)  # a retry moved it to another backend
@@ -173,8 +184,9 @@ class SpecTelemetry:
             if claim.ticket is not None and not claim.baseline:
                 self.auto.cancel(claim.ticket, now)  # a probe that did not speculate
                 claim.ticket = None
-            self.auto.record_baseline(model, workload, observation, now,
-                                      claim.ticket if claim.baseline else None)
+            self.auto.record_baseline(
+                model, workload, observation, now, claim.ticket if claim.baseline else None
+            )
         elif claim.ticket is not None:
             self.auto.cancel(claim.ticket, now)
 
@@ -183,8 +195,9 @@ class SpecTelemetry:
             return parse_response(backend.kind, outcome.body_json)
         return parse_stream_events(backend.kind, outcome.tail_events)
 
-    def _count(self, backend: Backend, model: str, workload: str, source: str,
-               result: SpecResult) -> None:
+    def _count(
+        self, backend: Backend, model: str, workload: str, source: str, result: SpecResult
+    ) -> None:
         m = self._metrics
         if isinstance(result, SpecRecord):
             labels = (backend.name, model, workload, source)
@@ -195,7 +208,8 @@ class SpecTelemetry:
             source = result.draft_source or result.kind
             m.spec_source_tokens.labels(backend.name, model, source, "drafted").inc(result.drafted)
             m.spec_source_tokens.labels(backend.name, model, source, "accepted").inc(
-                result.accepted)
+                result.accepted
+            )
             self._per_request_seen.add(backend.name)
         else:
             reason = unavailable_reason(result) or "unknown"
@@ -222,7 +236,8 @@ class SpecTelemetry:
                 reason = f"malformed_{d.result.reason}"
                 m.spec_telemetry_unavailable.labels(backend.name, reason).inc()
         if backend.speculative_requested and any(
-                isinstance(d.result, SpecRecord) and d.result.drafted for d in deltas):
+            isinstance(d.result, SpecRecord) and d.result.drafted for d in deltas
+        ):
             self.set_observed(backend, True, None)
 
     def set_observed(self, backend: Backend, observed: bool | None, reason: str | None) -> None:
@@ -231,7 +246,8 @@ class SpecTelemetry:
             return
         if observed is not None:
             self._metrics.spec_observed.labels(backend.name).set(
-                GAUGE["observed" if observed else "not_observed"])
+                GAUGE["observed" if observed else "not_observed"]
+            )
         if observed is False and was is not False:
             log.warning("backend %s: %s", backend.name, reason)
 
@@ -256,22 +272,38 @@ class SpecTelemetry:
             row.pop("since", None)
             if isinstance(row.get("probe"), dict):
                 row["probe"].pop("next_at", None)
-        backends = [{"backend": b.name, "lane": b.lane, "kind": b.kind,
-                     **speculation_status(kind=b.kind, lane=b.lane,
-                                          requested=b.speculative_requested,
-                                          active=b.speculative_active, observed=b.spec_observed,
-                                          reason=b.spec_reason or b.observed_reason,
-                                          mode=b.spec_mode)}
-                    for b in self._pool]
-        return {"settings": self._settings.model_dump(), "workloads": workloads,
-                "backends": backends}
+        backends = [
+            {
+                "backend": b.name,
+                "lane": b.lane,
+                "kind": b.kind,
+                **speculation_status(
+                    kind=b.kind,
+                    lane=b.lane,
+                    requested=b.speculative_requested,
+                    active=b.speculative_active,
+                    observed=b.spec_observed,
+                    reason=b.spec_reason or b.observed_reason,
+                    mode=b.spec_mode,
+                ),
+            }
+            for b in self._pool
+        ]
+        return {
+            "settings": self._settings.model_dump(),
+            "workloads": workloads,
+            "backends": backends,
+        }
 
 
 def _ran_plain(backend: Backend, result: SpecResult) -> bool:
     """speclane's lane said it decoded without drafting (the client's ``num_draft_tokens: 0``,
     or logits processors): a plain-decoding speed sample, not a speculative one."""
-    return (backend.lane == "speculative" and isinstance(result, NotReported)
-            and result.reason == "no_draft")
+    return (
+        backend.lane == "speculative"
+        and isinstance(result, NotReported)
+        and result.reason == "no_draft"
+    )
 
 
 def _with(decision: Decision, candidates: tuple[Candidate, ...]) -> Decision:
@@ -283,13 +315,11 @@ def _with(decision: Decision, candidates: tuple[Candidate, ...]) -> Decision:
 def _judged(backend: Backend) -> bool:
     """Speculation requested on it and judged by auto-disable, which needs figures: an
     external backend that cannot report them is left as configured."""
-    return backend.speculative_requested and (backend.lane is not None
-                                              or observable(backend.kind))
+    return backend.speculative_requested and (backend.lane is not None or observable(backend.kind))
 
 
 def _unobservable(backend: Backend) -> bool:
-    return backend.lane is None and backend.speculative_requested and not observable(
-        backend.kind)
+    return backend.lane is None and backend.speculative_requested and not observable(backend.kind)
 
 
 def _model_of(outcome: Outcome) -> str | None:
@@ -305,6 +335,9 @@ def _observation(outcome: Outcome) -> Observation | None:
     tokens = outcome.reported_tokens()  # a stream's: shared with the access log
     if tokens is None:
         return None
-    return Observation(output_tokens=tokens,
-                       decode_seconds=outcome.last_byte_at - outcome.first_byte_at,
-                       ttft_seconds=outcome.ttft, solo=outcome.solo)
+    return Observation(
+        output_tokens=tokens,
+        decode_seconds=outcome.last_byte_at - outcome.first_byte_at,
+        ttft_seconds=outcome.ttft,
+        solo=outcome.solo,
+    )

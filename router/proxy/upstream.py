@@ -90,8 +90,6 @@ def split_url(url: str) -> tuple[Origin, str]:
     return Origin(parts.scheme, parts.hostname, port), target
 
 
-
-
 # --- connections ------------------------------------------------------------------------
 
 
@@ -174,8 +172,14 @@ class Response:
     is clean, and otherwise aborts it, which is what tells the upstream to stop generating.
     """
 
-    def __init__(self, pool: Http1Pool, origin: Origin, conn: _Connection,
-                 read_timeout: float | None, still_working: StillWorking | None = None) -> None:
+    def __init__(
+        self,
+        pool: Http1Pool,
+        origin: Origin,
+        conn: _Connection,
+        read_timeout: float | None,
+        still_working: StillWorking | None = None,
+    ) -> None:
         self._pool = pool
         self._origin = origin
         self._conn: _Connection | None = conn
@@ -223,8 +227,12 @@ class Response:
         data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body.clear()
         self._buffered = 0
-        if (self._paused and self._conn is not None and self._conn.transport is not None
-                and not self._conn.closed):
+        if (
+            self._paused
+            and self._conn is not None
+            and self._conn.transport is not None
+            and not self._conn.closed
+        ):
             self._paused = False
             self._conn.transport.resume_reading()
         if self._parser.done:
@@ -253,8 +261,13 @@ class Response:
         parser = self._parser
         if parser.stray:
             conn.on_stray()
-        if (parser.done and parser.keep_alive and not self._spoilt and self._error is None
-                and conn.reusable()):
+        if (
+            parser.done
+            and parser.keep_alive
+            and not self._spoilt
+            and self._error is None
+            and conn.reusable()
+        ):
             self._pool._give_back(self._origin, conn)
         else:
             conn.abort()
@@ -285,8 +298,9 @@ class Response:
             # more than the rest of a read's bookkeeping.
             self._quiet_since = loop.time()
             if self._timer is None:
-                self._timer = loop.call_at(self._quiet_since + self._read_timeout,
-                                           self._check_silence)
+                self._timer = loop.call_at(
+                    self._quiet_since + self._read_timeout, self._check_silence
+                )
         try:
             await waiter
         finally:
@@ -324,8 +338,7 @@ class Response:
         loop = waiter.get_loop()
         if working:
             self._quiet_since = loop.time()
-            self._timer = loop.call_at(self._quiet_since + self._read_timeout,
-                                       self._check_silence)
+            self._timer = loop.call_at(self._quiet_since + self._read_timeout, self._check_silence)
         else:
             waiter.set_exception(TimeoutError())
 
@@ -341,8 +354,12 @@ class Response:
             self._stall_timer = loop.call_at(due, self._check_stall)
             return
         what = "head" if not self._parser.head_done else "trailers or chunk framing"
-        self._fail(HeadTimeout(f"the upstream's {what} did not end within "
-                               f"{self._pool.head_timeout:g}s of its first byte"))
+        self._fail(
+            HeadTimeout(
+                f"the upstream's {what} did not end within "
+                f"{self._pool.head_timeout:g}s of its first byte"
+            )
+        )
 
     def _stop_timers(self) -> None:
         if self._timer is not None:
@@ -377,7 +394,8 @@ class Response:
                 self._stall_since = loop.time()
                 if self._stall_timer is None:
                     self._stall_timer = loop.call_at(
-                        self._stall_since + self._pool.head_timeout, self._check_stall)
+                        self._stall_since + self._pool.head_timeout, self._check_stall
+                    )
         elif self._stall_since is not None:
             self._stall_since = None
         # One piece per read, however many chunks it held: the relay takes them all at once.
@@ -389,15 +407,21 @@ class Response:
                 return
             self._body.append(piece)
             self._buffered += len(piece)
-        if (self._buffered > PAUSE_AT and not self._paused and self._conn is not None
-                and self._conn.transport is not None):
+        if (
+            self._buffered > PAUSE_AT
+            and not self._paused
+            and self._conn is not None
+            and self._conn.transport is not None
+        ):
             self._paused = self._spoilt = True  # nobody is reading: stop taking bytes
             self._conn.transport.pause_reading()
         self._wake()
 
     def _too_large(self) -> UpstreamTooLarge:
-        return UpstreamTooLarge(f"the upstream's answer is larger than {self._pool.max_body} "
-                                "bytes decoded (upstream.max_body_bytes)")
+        return UpstreamTooLarge(
+            f"the upstream's answer is larger than {self._pool.max_body} "
+            "bytes decoded (upstream.max_body_bytes)"
+        )
 
     def _start_decoding(self) -> None:
         """speclane asks for identity encoding; a server (or a proxy in front of it) that
@@ -440,7 +464,8 @@ class Response:
             except ProtocolViolation as e:
                 detail = f": {exc}" if exc else ""
                 self._error = UpstreamConnectionError(
-                    f"upstream closed the connection ({e}){detail}")
+                    f"upstream closed the connection ({e}){detail}"
+                )
             except UpstreamProtocolError as e:
                 self._error = e
         if self._conn is not None:
@@ -469,10 +494,16 @@ class Http1Pool:
     trailers' bytes.
     """
 
-    def __init__(self, *, keepalive: float = 30.0, max_idle: int = 256,
-                 ssl_context: ssl.SSLContext | None = None,
-                 max_body: int = DEFAULT_MAX_BODY, head_timeout: float = DEFAULT_HEAD_TIMEOUT,
-                 max_trailer: int = 16 * 1024) -> None:
+    def __init__(
+        self,
+        *,
+        keepalive: float = 30.0,
+        max_idle: int = 256,
+        ssl_context: ssl.SSLContext | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+        head_timeout: float = DEFAULT_HEAD_TIMEOUT,
+        max_trailer: int = 16 * 1024,
+    ) -> None:
         self._keepalive = keepalive
         self._max_idle = max_idle
         self._idle: dict[Origin, list[_Connection]] = {}
@@ -485,11 +516,17 @@ class Http1Pool:
         # reused any more (a late stray answer could otherwise meet the next request).
         self.distrusted: set[Origin] = set()
 
-    async def request(self, method: str, url: str, *, body: bytes = b"",
-                      headers: Mapping[str, str] | None = None,
-                      connect_timeout: float | None = None,
-                      read_timeout: float | None = None,
-                      still_working: StillWorking | None = None) -> Response:
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        connect_timeout: float | None = None,
+        read_timeout: float | None = None,
+        still_working: StillWorking | None = None,
+    ) -> Response:
         """Send the request and return once the answer's status and headers arrived.
 
         ``read_timeout`` is the longest silence while waiting for the answer's bytes
@@ -548,8 +585,12 @@ class Http1Pool:
     def _distrust(self, origin: Origin) -> None:
         if origin not in self.distrusted:
             self.distrusted.add(origin)
-            log.warning("upstream %s:%d sent bytes after the end of an answer: its "
-                        "connections are no longer reused", origin.host, origin.port)
+            log.warning(
+                "upstream %s:%d sent bytes after the end of an answer: its "
+                "connections are no longer reused",
+                origin.host,
+                origin.port,
+            )
             for conn in self._idle.pop(origin, []):
                 conn.abort()
 
@@ -572,15 +613,20 @@ class Http1Pool:
             async with asyncio.timeout(connect_timeout):
                 _, conn = await loop.create_connection(
                     lambda: _Connection(self._open, lambda: self._distrust(origin)),
-                    origin.host, origin.port, ssl=ssl_arg)
+                    origin.host,
+                    origin.port,
+                    ssl=ssl_arg,
+                )
         except TimeoutError:
             # Nothing was sent: as safe to try elsewhere as a refused connection.
-            raise UpstreamConnectionError(f"cannot connect to {origin.host}:{origin.port} "
-                                          f"within {connect_timeout:g}s") from None
+            raise UpstreamConnectionError(
+                f"cannot connect to {origin.host}:{origin.port} within {connect_timeout:g}s"
+            ) from None
         except (OSError, ssl.SSLError) as e:
             raise UpstreamConnectionError(
                 f"cannot connect to {origin.host}:{origin.port}: {e.strerror or e}"
-                if isinstance(e, OSError) else f"TLS to {origin.host}:{origin.port} failed: {e}"
+                if isinstance(e, OSError)
+                else f"TLS to {origin.host}:{origin.port} failed: {e}"
             ) from e
         return conn
 
@@ -594,19 +640,41 @@ class Http1Pool:
         await asyncio.sleep(0)  # let the transports run their close callbacks
 
 
-def _request_head(method: str, target: str, origin: Origin, headers: Mapping[str, str],
-                  length: int) -> bytes:
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {origin.host_header}",
-             f"Content-Length: {length}", "Accept-Encoding: identity"]
+def _request_head(
+    method: str, target: str, origin: Origin, headers: Mapping[str, str], length: int
+) -> bytes:
+    lines = [
+        f"{method} {target} HTTP/1.1",
+        f"Host: {origin.host_header}",
+        f"Content-Length: {length}",
+        "Accept-Encoding: identity",
+    ]
     for name, value in headers.items():
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
             raise ValueError(f"header {name!r} contains a line break")
-        if name.lower() not in ("host", "content-length", "accept-encoding", "connection",
-                                "transfer-encoding"):
+        if name.lower() not in (
+            "host",
+            "content-length",
+            "accept-encoding",
+            "connection",
+            "transfer-encoding",
+        ):
             lines.append(f"{name}: {value}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-__all__ = ["DEFAULT_HEAD_TIMEOUT", "DEFAULT_MAX_BODY", "HeadTimeout", "Headers", "Http1Pool",
-           "ProtocolViolation", "Response", "ResponseParser", "StillWorking",
-           "UpstreamConnectionError", "UpstreamProtocolError", "UpstreamTooLarge", "split_url"]
+__all__ = [
+    "DEFAULT_HEAD_TIMEOUT",
+    "DEFAULT_MAX_BODY",
+    "HeadTimeout",
+    "Headers",
+    "Http1Pool",
+    "ProtocolViolation",
+    "Response",
+    "ResponseParser",
+    "StillWorking",
+    "UpstreamConnectionError",
+    "UpstreamProtocolError",
+    "UpstreamTooLarge",
+    "split_url",
+]

@@ -61,9 +61,7 @@ def thresholds_of(rules: RoutingRules) -> AffinityThresholds:
     return AffinityThresholds(rules.affinity_abs_threshold, rules.affinity_rel_threshold)
 
 
-def fingerprints(
-    endpoint: str, data: Mapping[str, Any], partition: str = ""
-) -> tuple[bytes, ...]:
+def fingerprints(endpoint: str, data: Mapping[str, Any], partition: str = "") -> tuple[bytes, ...]:
     """Chained hashes of the request's cumulative prefixes, shortest first (may be empty),
     within ``partition`` (the same prefix in two partitions has unrelated fingerprints).
 
@@ -82,8 +80,10 @@ def fingerprints(
         parts = [_canonical(m) for m in messages[:MAX_FINGERPRINTED_MESSAGES]]
     elif endpoint == "completions" and isinstance(data.get("prompt"), str):
         prompt: str = data["prompt"]
-        parts = [prompt[i:i + PROMPT_BLOCK_CHARS].encode("utf-8", "surrogatepass")
-                 for i in range(0, len(prompt), PROMPT_BLOCK_CHARS)]
+        parts = [
+            prompt[i : i + PROMPT_BLOCK_CHARS].encode("utf-8", "surrogatepass")
+            for i in range(0, len(prompt), PROMPT_BLOCK_CHARS)
+        ]
         parts = parts[:MAX_FINGERPRINTED_MESSAGES]
     else:
         return ()
@@ -157,8 +157,7 @@ def wait(view: BackendView) -> int:
 
 
 def imbalanced(holder_wait: int, other_wait: int, t: AffinityThresholds) -> bool:
-    return (holder_wait - other_wait > t.abs_threshold
-            and holder_wait > t.rel_threshold * other_wait)
+    return holder_wait - other_wait > t.abs_threshold and holder_wait > t.rel_threshold * other_wait
 
 
 def steer(

@@ -103,15 +103,37 @@ from router.routing.types import BackendView, Candidate, Decision, RouteRequest
 from router.speculation.families import workload_key
 
 __all__ = [
-    "DEFAULT_RULES", "RULES", "SPECULATION_PAYS", "Classification", "RequestFacts",
-    "RoutingRules", "SpecAdvice", "SpecOracle", "classify", "log_line", "resolve_model",
+    "DEFAULT_RULES",
+    "RULES",
+    "SPECULATION_PAYS",
+    "Classification",
+    "RequestFacts",
+    "RoutingRules",
+    "SpecAdvice",
+    "SpecOracle",
+    "classify",
+    "log_line",
+    "resolve_model",
 ]
 
 SHAPE_RULES = ("n>1", "long-prompt", "high-temperature", "short-output")
 RULES = (
-    "override", "spec-lane-free", "prediction", "spec-probe", "prefer-batching", "external",
-    *SHAPE_RULES, "spec-inactive", "spec-not-paying", "spec-lane-busy", "low-priority",
-    "load-high", "spec-lane-down", "no-spec-lane", "batching-down", "no-batching-lane",
+    "override",
+    "spec-lane-free",
+    "prediction",
+    "spec-probe",
+    "prefer-batching",
+    "external",
+    *SHAPE_RULES,
+    "spec-inactive",
+    "spec-not-paying",
+    "spec-lane-busy",
+    "low-priority",
+    "load-high",
+    "spec-lane-down",
+    "no-spec-lane",
+    "batching-down",
+    "no-batching-lane",
     AFFINITY_RULE,
 )
 
@@ -120,8 +142,7 @@ DEFAULT_RULES = RoutingRules()
 # The rules that chose a lane for load alone: the only ones a cached prefix may overrule. A
 # request-shape or speculation rule (n>1, long-prompt, spec-not-paying, spec-probe, ...) or a
 # preference says the other lane is wrong for this request, whatever it holds.
-AFFINITY_MAY_OVERRULE = frozenset({"spec-lane-free", "spec-lane-busy", "load-high",
-                                   "low-priority"})
+AFFINITY_MAY_OVERRULE = frozenset({"spec-lane-free", "spec-lane-busy", "load-high", "low-priority"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,22 +193,32 @@ def classify(
     model, suffix = resolve_model(request.model, policy, backends)
     preset, preset_source = _choose_preset(facts.preset_header, suffix, policy, presets)
     if not policy.allows_model(model):
-        raise RouterError(403, f"client '{policy.client}' may not use model '{model}'",
-                          type="permission_error", param="model", code="model_not_allowed")
-    changes, clamped, filled = _body_changes(request, facts.body_keys,
-                                             presets.get(preset or ""), policy)
+        raise RouterError(
+            403,
+            f"client '{policy.client}' may not use model '{model}'",
+            type="permission_error",
+            param="model",
+            code="model_not_allowed",
+        )
+    changes, clamped, filled = _body_changes(
+        request, facts.body_keys, presets.get(preset or ""), policy
+    )
     if model != request.model:
         changes["model"] = model
     serving = [b for b in backends if model in b.models and _serves_endpoint(b, request)]
     if not serving:
-        raise not_found(f"no backend serves model '{model}'"
-                        + (" for embeddings" if request.endpoint == "embeddings" else ""),
-                        param="model", code="model_not_found")
+        raise not_found(
+            f"no backend serves model '{model}'"
+            + (" for embeddings" if request.endpoint == "embeddings" else ""),
+            param="model",
+            code="model_not_found",
+        )
     load = lanes_load(backends)
     gate = (gate or gate_for(rules)).observe(load)
     workload = workload_key(policy.client, preset, request.family)
-    source, advice = choose_source(_spec_sources(serving, request),
-                                   lambda src: spec(model, workload, src))
+    source, advice = choose_source(
+        _spec_sources(serving, request), lambda src: spec(model, workload, src)
+    )
     pref = policy.lane_for(preset, presets)
     override = _override_target(facts.lane_header, policy, backends)
     if override is not None:
@@ -198,28 +229,39 @@ def classify(
         candidates, rule = _route(serving, pref, shape, policy, gate, advice, load, rules)
         shared_cache = one_cache(serving)
         if rules.cache_affinity and rule in AFFINITY_MAY_OVERRULE and not shared_cache:
-            candidates, rule = steer(candidates, rule, facts.cache_holder, serving,
-                                     thresholds_of(rules))
+            candidates, rule = steer(
+                candidates, rule, facts.cache_holder, serving, thresholds_of(rules)
+            )
         reason = f"preset={preset or 'none'},{rule}->{candidates[0].lane}"
         if shared_cache:
             reason += ",cache=shared"
-    candidates = tuple(dataclasses.replace(c, source=source) if c.lane == "speculative" else c
-                       for c in candidates)
+    candidates = tuple(
+        dataclasses.replace(c, source=source) if c.lane == "speculative" else c for c in candidates
+    )
     if clamped:
         reason += ",clamped=" + "+".join(clamped)
     if filled is not None:
         reason += f",max_tokens_cap={filled}"
     labels = {
-        "client": policy.client, "preset": preset or "none", "preset_source": preset_source,
-        "lane_pref": pref, "rule": rule, "model": model, "requested_model": request.model,
-        "lane_header": facts.lane_header or "", "lanes_load": str(load),
+        "client": policy.client,
+        "preset": preset or "none",
+        "preset_source": preset_source,
+        "lane_pref": pref,
+        "rule": rule,
+        "model": model,
+        "requested_model": request.model,
+        "lane_header": facts.lane_header or "",
+        "lanes_load": str(load),
         "cache_holder": facts.cache_holder or "",
-        "gate": "busy" if gate.busy else "free", "priority": str(policy.priority),
-        "spec_advice": advice_label(advice), "spec_source": source,
+        "gate": "busy" if gate.busy else "free",
+        "priority": str(policy.priority),
+        "spec_advice": advice_label(advice),
+        "spec_source": source,
         "clamped": ",".join(clamped),
     }
-    return Classification(Decision(candidates, reason, labels), policy.client, preset,
-                          workload, model, changes, gate)
+    return Classification(
+        Decision(candidates, reason, labels), policy.client, preset, workload, model, changes, gate
+    )
 
 
 def resolve_model(
@@ -241,10 +283,13 @@ def resolve_model(
 def log_line(result: Classification) -> str:
     """The full inputs and outcome of one decision, for the debug log."""
     labels = " ".join(f"{k}={v!r}" for k, v in sorted(result.decision.labels.items()))
-    candidates = ",".join(f"{c.backend}{'(spec)' if c.speculative else ''}"
-                          for c in result.decision.candidates)
-    return (f"decision {result.decision.reason!r} candidates=[{candidates}] "
-            f"workload={result.workload!r} changes={sorted(result.body_changes)} {labels}")
+    candidates = ",".join(
+        f"{c.backend}{'(spec)' if c.speculative else ''}" for c in result.decision.candidates
+    )
+    return (
+        f"decision {result.decision.reason!r} candidates=[{candidates}] "
+        f"workload={result.workload!r} changes={sorted(result.body_changes)} {labels}"
+    )
 
 
 def _choose_preset(
@@ -261,18 +306,31 @@ def _choose_preset(
         return None, "none"
     if preset not in presets:
         known = ", ".join(sorted(presets)) or "(none configured)"
-        where = {"header": PRESET_HEADER, "model-suffix": "the model suffix",
-                 "policy": f"policy '{policy.client}' default_preset"}[source]
+        where = {
+            "header": PRESET_HEADER,
+            "model-suffix": "the model suffix",
+            "policy": f"policy '{policy.client}' default_preset",
+        }[source]
         if source == "policy":
-            raise RouterError(500, f"unknown preset '{preset}' in {where}; known presets: "
-                              f"{known}", type="server_error", code="policy_error")
-        raise bad_request(f"unknown preset '{preset}' (from {where}); known presets: {known}",
-                          param="model" if source == "model-suffix" else None,
-                          code="unknown_preset")
+            raise RouterError(
+                500,
+                f"unknown preset '{preset}' in {where}; known presets: {known}",
+                type="server_error",
+                code="policy_error",
+            )
+        raise bad_request(
+            f"unknown preset '{preset}' (from {where}); known presets: {known}",
+            param="model" if source == "model-suffix" else None,
+            code="unknown_preset",
+        )
     if not policy.allows_preset(preset):
-        raise RouterError(403, f"client '{policy.client}' may not use preset '{preset}' "
-                          f"(allowed: {', '.join(policy.presets)})",
-                          type="permission_error", code="preset_not_allowed")
+        raise RouterError(
+            403,
+            f"client '{policy.client}' may not use preset '{preset}' "
+            f"(allowed: {', '.join(policy.presets)})",
+            type="permission_error",
+            code="preset_not_allowed",
+        )
     return preset, source
 
 
@@ -280,9 +338,12 @@ def _is_set(key: str, request: RouteRequest, body_keys: frozenset[str]) -> bool:
     """Whether the client set ``key``; the parsed fields count too when keys are not given."""
     if key in body_keys:
         return True
-    parsed = {"temperature": request.temperature is not None, "n": request.n != 1,
-              "max_tokens": request.max_tokens is not None,
-              "max_completion_tokens": request.max_tokens is not None}
+    parsed = {
+        "temperature": request.temperature is not None,
+        "n": request.n != 1,
+        "max_tokens": request.max_tokens is not None,
+        "max_completion_tokens": request.max_tokens is not None,
+    }
     return parsed.get(key, False)
 
 
@@ -324,8 +385,11 @@ def _over_cap(policy: Policy, key: str, value: int, cap: int) -> bool:
     if value <= cap:
         return False
     if policy.caps.action == "reject":
-        raise bad_request(f"{key} {value} exceeds the cap of {cap} for client '{policy.client}'",
-                          param=key, code="cap_exceeded")
+        raise bad_request(
+            f"{key} {value} exceeds the cap of {cap} for client '{policy.client}'",
+            param=key,
+            code="cap_exceeded",
+        )
     return True
 
 
@@ -356,8 +420,9 @@ def _spec_sources(serving: Sequence[BackendView], request: RouteRequest) -> tupl
     lane = _lane(serving, "speculative")
     if lane is None:
         return (EXTERNAL_SOURCE,)
-    return request_sources(request.family, request.draft_source, lane.source_setting or "auto",
-                          lane.has_draft)
+    return request_sources(
+        request.family, request.draft_source, lane.source_setting or "auto", lane.has_draft
+    )
 
 
 def _serves_endpoint(view: BackendView, request: RouteRequest) -> bool:
@@ -371,9 +436,12 @@ def _override_target(
     if not value or value.lower() == "auto":
         return None
     if not policy.allow_lane_override:
-        raise RouterError(403, f"client '{policy.client}' may not choose the lane "
-                          f"({LANE_HEADER})", type="permission_error",
-                          code="lane_override_forbidden")
+        raise RouterError(
+            403,
+            f"client '{policy.client}' may not choose the lane ({LANE_HEADER})",
+            type="permission_error",
+            code="lane_override_forbidden",
+        )
     lane = value.lower()
     for view in backends:
         if (view.lane is not None and view.lane == lane) or view.name == value:
@@ -381,18 +449,24 @@ def _override_target(
     if lane in LANE_NAMES:
         raise bad_request(f"{LANE_HEADER}: lane '{lane}' is not configured", code="unknown_lane")
     known = ["auto", *sorted({v.lane or v.name for v in backends})]
-    raise bad_request(f"{LANE_HEADER}: unknown lane or backend '{value}'; known: "
-                      f"{', '.join(known)}", code="unknown_lane")
+    raise bad_request(
+        f"{LANE_HEADER}: unknown lane or backend '{value}'; known: {', '.join(known)}",
+        code="unknown_lane",
+    )
 
 
 def _overridden(target: BackendView, model: str, request: RouteRequest) -> tuple[Candidate, ...]:
     label = target.lane or target.name
     if not _serves_endpoint(target, request):
-        raise bad_request(f"{LANE_HEADER}: lane '{label}' does not serve embeddings",
-                          code="lane_cannot_serve")
+        raise bad_request(
+            f"{LANE_HEADER}: lane '{label}' does not serve embeddings", code="lane_cannot_serve"
+        )
     if model not in target.models:
-        raise bad_request(f"{LANE_HEADER}: '{label}' does not serve model '{model}'",
-                          param="model", code="model_not_served")
+        raise bad_request(
+            f"{LANE_HEADER}: '{label}' does not serve model '{model}'",
+            param="model",
+            code="model_not_served",
+        )
     if not available(target):
         state = "cooling down after failures" if target.ready else "down"
         raise unavailable(f"{LANE_HEADER}: '{label}' is {state}", code="backend_unavailable")
@@ -412,8 +486,10 @@ def _route(
     usable = [b for b in serving if available(b)]
     if not usable:
         states = {"cooling down" if b.ready else "down" for b in serving}
-        raise unavailable(f"every backend serving the model is {' or '.join(sorted(states))}",
-                          code="no_backend_available")
+        raise unavailable(
+            f"every backend serving the model is {' or '.join(sorted(states))}",
+            code="no_backend_available",
+        )
     spec, batch = _lane(usable, "speculative"), _lane(usable, "batching")
     externals = sorted((b for b in usable if b.lane is None), key=_load_key)
     if spec is None and batch is None:
@@ -431,12 +507,18 @@ def _route(
     assert first is not None  # at least one lane is usable here
     lanes = [first, *sorted((b for b in (spec, batch) if b and b is not first), key=_load_key)]
     return tuple(_lane_candidate(b, advice, predicted) for b in lanes) + tuple(
-        candidate_for(b) for b in externals), rule
+        candidate_for(b) for b in externals
+    ), rule
 
 
 def _spec_blocker(
-    spec: BackendView, shape: _Shape, policy: Policy, gate: LoadGate, advice: SpecAdvice,
-    load: int, rules: RoutingRules,
+    spec: BackendView,
+    shape: _Shape,
+    policy: Policy,
+    gate: LoadGate,
+    advice: SpecAdvice,
+    load: int,
+    rules: RoutingRules,
 ) -> str | None:
     """Why the speculative lane should not take this request, or None when it should."""
     if shape.n > 1:
@@ -474,8 +556,9 @@ def _lane(views: Sequence[BackendView], lane: LaneName) -> BackendView | None:
 def _lane_candidate(view: BackendView, advice: SpecAdvice, predicted: bool) -> Candidate:
     candidate = candidate_for(view)
     if view.lane == "speculative":
-        return Candidate(candidate.backend, candidate.lane,
-                         lane_speculates(view, advice, predicted))
+        return Candidate(
+            candidate.backend, candidate.lane, lane_speculates(view, advice, predicted)
+        )
     return candidate
 
 

@@ -61,8 +61,6 @@ class LoadGate:
         return self if busy == self.busy else replace(self, busy=busy)
 
 
-
-
 def gate_for(rules: RoutingRules) -> LoadGate:
     """A free gate with the configured thresholds."""
     return LoadGate(busy_at=rules.spec_busy_at, free_at=rules.spec_free_at)

@@ -31,10 +31,25 @@ from router.routing.types import BackendView, Candidate, Decision
 from router.worker_contract import REQUEST_DRAFT_SOURCES
 
 __all__ = [
-    "SPECULATION_PAYS", "Settled", "SpecAdvice", "SpecOracle", "advice_label", "advice_rule",
-    "asked_source", "candidate_source", "choose_source", "lane_source", "lane_sources",
-    "lane_speculates", "paused_last", "probe_decision", "request_source", "request_sources",
-    "settle", "speculates", "speculation_pays",
+    "SPECULATION_PAYS",
+    "Settled",
+    "SpecAdvice",
+    "SpecOracle",
+    "advice_label",
+    "advice_rule",
+    "asked_source",
+    "candidate_source",
+    "choose_source",
+    "lane_source",
+    "lane_sources",
+    "lane_speculates",
+    "paused_last",
+    "probe_decision",
+    "request_source",
+    "request_sources",
+    "settle",
+    "speculates",
+    "speculation_pays",
 ]
 
 # The families whose answers copy given text: prompt lookup's case under ``auto``.
@@ -101,8 +116,9 @@ def lane_source(family: str, configured: str, lane_has_draft: bool) -> str | Non
     return sources[0] if sources else None
 
 
-def request_sources(family: str, asked: str | None, configured: str,
-                    lane_has_draft: bool) -> tuple[str, ...]:
+def request_sources(
+    family: str, asked: str | None, configured: str, lane_has_draft: bool
+) -> tuple[str, ...]:
     """The sources a request may draft with on the speculative lane, each a key of the
     auto-disable state and the metrics, in order of preference: its prediction alone, else
     the client's own ``draft_source`` alone (``asked``, forwarded as sent), else
@@ -114,14 +130,14 @@ def request_sources(family: str, asked: str | None, configured: str,
     return lane_sources(family, configured, lane_has_draft) or ("none",)
 
 
-def request_source(family: str, asked: str | None, configured: str,
-                   lane_has_draft: bool) -> str:
+def request_source(family: str, asked: str | None, configured: str, lane_has_draft: bool) -> str:
     """The preferred one of ``request_sources``."""
     return request_sources(family, asked, configured, lane_has_draft)[0]
 
 
-def choose_source(sources: Sequence[str],
-                  advise: Callable[[str], SpecAdvice]) -> tuple[str, SpecAdvice]:
+def choose_source(
+    sources: Sequence[str], advise: Callable[[str], SpecAdvice]
+) -> tuple[str, SpecAdvice]:
     """The source a request drafts with, and its state's advice: the first source that is on
     or whose probe is due (so a preferred source that was turned off is still probed on its
     schedule), else the first one (off everywhere: the request decodes plainly). ``sources``
@@ -182,8 +198,9 @@ def speculates(lane: str | None, requested: bool, candidate: Candidate) -> bool:
     return lane is None and requested
 
 
-def paused_last(candidates: tuple[Candidate, ...],
-                paused: Callable[[Candidate], bool]) -> tuple[Candidate, ...]:
+def paused_last(
+    candidates: tuple[Candidate, ...], paused: Callable[[Candidate], bool]
+) -> tuple[Candidate, ...]:
     """Candidates whose speculation is off for this workload go behind the others (stable)."""
     if len(candidates) < 2:
         return candidates
@@ -200,8 +217,13 @@ class Settled:
     baseline: bool  # the request is a plain-decoding sample to compare speculation against
 
 
-def settle(candidates: tuple[Candidate, ...], lane: str | None, use: bool, probe: bool,
-           baseline_sample: bool) -> Settled:
+def settle(
+    candidates: tuple[Candidate, ...],
+    lane: str | None,
+    use: bool,
+    probe: bool,
+    baseline_sample: bool,
+) -> Settled:
     """The first candidate speculates (``speculates`` said so); apply the taken verdict."""
     if probe or use:
         return Settled(candidates, True, False)
@@ -217,5 +239,8 @@ def probe_decision(decision: Decision, backend: str) -> Decision:
     """Say in X-Speclane-Decision that this request probes speculation on an external
     backend where it is off (``spec-probe->llamacpp``, not ``external->llamacpp``)."""
     prefix, sep, _ = decision.reason.rpartition(",")
-    return dataclasses.replace(decision, reason=f"{prefix}{sep}spec-probe->{backend}",
-                               labels={**decision.labels, "rule": "spec-probe"})
+    return dataclasses.replace(
+        decision,
+        reason=f"{prefix}{sep}spec-probe->{backend}",
+        labels={**decision.labels, "rule": "spec-probe"},
+    )

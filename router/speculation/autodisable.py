@@ -243,17 +243,39 @@ class AutoDisable:
         fig = st.acceptance.figures()
         rate = fig.acceptance
         if fig.units >= s.min_sample and rate is not None and rate < s.off_threshold:
-            return [self._turn_off(key, st, "low_acceptance", now, {
-                "acceptance": rate, "threshold": s.off_threshold, "drafted": fig.drafted,
-                "accepted": fig.accepted, "window_units": fig.units,
-            })]
+            return [
+                self._turn_off(
+                    key,
+                    st,
+                    "low_acceptance",
+                    now,
+                    {
+                        "acceptance": rate,
+                        "threshold": s.off_threshold,
+                        "drafted": fig.drafted,
+                        "accepted": fig.accepted,
+                        "window_units": fig.units,
+                    },
+                )
+            ]
         spec = st.speed.median(s.min_speed_samples)
         base, _ = self._baseline(key, s)
         if spec is not None and base is not None and spec < base * (1 + s.off_speed_margin):
-            return [self._turn_off(key, st, "not_faster", now, {
-                "spec_tps": spec, "baseline_tps": base, "ratio": spec / base,
-                "margin": s.off_speed_margin, "acceptance": rate,
-            })]
+            return [
+                self._turn_off(
+                    key,
+                    st,
+                    "not_faster",
+                    now,
+                    {
+                        "spec_tps": spec,
+                        "baseline_tps": base,
+                        "ratio": spec / base,
+                        "margin": s.off_speed_margin,
+                        "acceptance": rate,
+                    },
+                )
+            ]
         return []
 
     def _judge_probe(
@@ -261,13 +283,16 @@ class AutoDisable:
     ) -> ProbeOutcome:
         s = st.settings
         acc_known = entry is not None and entry.drafted >= s.probe_min_drafted
-        acc_ok = acc_known and entry is not None and (
-            entry.accepted >= s.on_threshold * entry.drafted
+        acc_ok = (
+            acc_known and entry is not None and (entry.accepted >= s.on_threshold * entry.drafted)
         )
         base, _ = self._baseline(key, s)
         speed_known = tps is not None and base is not None
-        speed_ok = speed_known and tps is not None and base is not None and (
-            tps >= base * (1 + s.on_speed_margin)
+        speed_ok = (
+            speed_known
+            and tps is not None
+            and base is not None
+            and (tps >= base * (1 + s.on_speed_margin))
         )
         if (acc_known and not acc_ok) or (speed_known and not speed_ok):
             return "bad"
@@ -299,7 +324,11 @@ class AutoDisable:
         return []
 
     def _turn_off(
-        self, key: SpecKey, st: KeyState, reason: OffReason, now: float,
+        self,
+        key: SpecKey,
+        st: KeyState,
+        reason: OffReason,
+        now: float,
         figures: dict[str, float | int | None],
     ) -> Transition:
         s = st.settings
@@ -401,8 +430,10 @@ class AutoDisable:
         if st.probe.lapsed(st.settings, now) and st.probe.ticket is not None:
             self._tickets.pop(st.probe.ticket, None)
             self._resolve_probe(st.key, st, None, None, now)
-        if st.baseline_ticket is not None and st.baseline_asked_at is not None and (
-            now - st.baseline_asked_at >= st.settings.probe_timeout
+        if (
+            st.baseline_ticket is not None
+            and st.baseline_asked_at is not None
+            and (now - st.baseline_asked_at >= st.settings.probe_timeout)
         ):
             self._release_baseline(st.baseline_ticket)
 

@@ -67,8 +67,12 @@ def parse_prometheus_spec(text: str) -> dict[CounterKey, CounterSample]:
         if spec is None or spec["what"] not in _FIELDS:
             continue
         # A server exposing both spellings of one counter must not count it twice.
-        spelling = (spec["source"], spec["what"], repr(sorted(labels.items())),
-                    "total" if name.endswith("_total") else "bare")
+        spelling = (
+            spec["source"],
+            spec["what"],
+            repr(sorted(labels.items())),
+            "total" if name.endswith("_total") else "bare",
+        )
         twin = (*spelling[:3], "bare" if spelling[3] == "total" else "total")
         if twin in seen_total:
             continue
@@ -166,8 +170,9 @@ def _mtp_block(block: Mapping[str, Any]) -> CounterSample | None:
     drafted, accepted = _int(block.get("attempted")), _int(block.get("accepted"))
     if drafted is None or accepted is None:
         return None
-    return CounterSample(kind="mtp", drafted=drafted, accepted=accepted,
-                         rejected=_int(block.get("rejected")))
+    return CounterSample(
+        kind="mtp", drafted=drafted, accepted=accepted, rejected=_int(block.get("rejected"))
+    )
 
 
 def _spec_decode_block(block: Mapping[str, Any]) -> CounterSample | None:
@@ -177,8 +182,9 @@ def _spec_decode_block(block: Mapping[str, Any]) -> CounterSample | None:
     if drafted is None or accepted is None:
         return None
     kind: SpecKind = "mtp" if block.get("method") == "mtp" else "draft"
-    return CounterSample(kind=kind, drafted=drafted, accepted=accepted,
-                         steps=_int(block.get("total_drafts")))
+    return CounterSample(
+        kind=kind, drafted=drafted, accepted=accepted, steps=_int(block.get("total_drafts"))
+    )
 
 
 def _int(value: Any) -> int | None:
@@ -236,8 +242,10 @@ class CounterDiffer:
 
 def _delta(key: CounterKey, old: CounterSample, new: CounterSample) -> CounterDelta:
     pairs = [
-        (old.drafted, new.drafted), (old.accepted, new.accepted),
-        (old.steps, new.steps), (old.rejected, new.rejected),
+        (old.drafted, new.drafted),
+        (old.accepted, new.accepted),
+        (old.steps, new.steps),
+        (old.rejected, new.rejected),
         *zip(old.per_position, new.per_position, strict=False),
     ]
     restarted = any(o is not None and n is not None and n < o for o, n in pairs) or (
@@ -258,7 +266,9 @@ def _delta(key: CounterKey, old: CounterSample, new: CounterSample) -> CounterDe
         for i, n in enumerate(new.per_position)
     )
     result = build_record(
-        key.source, "cumulative", new.kind,
+        key.source,
+        "cumulative",
+        new.kind,
         drafted=drafted,
         accepted=diff(old.accepted, new.accepted),
         rejected=diff(old.rejected, new.rejected),

@@ -30,8 +30,10 @@ def observable(kind: str) -> bool:
 
 
 def unobservable_reason(kind: str) -> str:
-    return (f"cannot be observed on this backend: {kind} does not report draft statistics; "
-            "the draft may well be running, speclane cannot tell or auto-disable it")
+    return (
+        f"cannot be observed on this backend: {kind} does not report draft statistics; "
+        "the draft may well be running, speclane cannot tell or auto-disable it"
+    )
 
 
 def observation(kind: str, requested: bool, observed: bool | None) -> Observation:
@@ -44,9 +46,16 @@ def observation(kind: str, requested: bool, observed: bool | None) -> Observatio
     return "observed" if observed else "not_observed"
 
 
-def speculation_status(*, kind: str, lane: str | None, requested: bool, active: bool,
-                       observed: bool | None, reason: str | None,
-                       mode: str | None = None) -> dict[str, Any]:
+def speculation_status(
+    *,
+    kind: str,
+    lane: str | None,
+    requested: bool,
+    active: bool,
+    observed: bool | None,
+    reason: str | None,
+    mode: str | None = None,
+) -> dict[str, Any]:
     """One backend's speculation as both admin views show it (so that they agree)."""
     state = observation(kind, requested, observed)
     return {
@@ -79,6 +88,8 @@ class ObservedWindow:
 
     def reason(self) -> str | None:
         if self.observed is False:
-            return (f"configured as speculative but reported no draft tokens in the last "
-                    f"{self.size} responses")
+            return (
+                f"configured as speculative but reported no draft tokens in the last "
+                f"{self.size} responses"
+            )
         return None

@@ -47,8 +47,10 @@ def _result(source: str, kind: SpecKind, **fields: Any) -> SpecResult:
 # --- one parser per backend kind -------------------------------------------------------
 
 _LMS_COUNTS = (
-    "total_draft_tokens_count", "accepted_draft_tokens_count",
-    "rejected_draft_tokens_count", "ignored_draft_tokens_count",
+    "total_draft_tokens_count",
+    "accepted_draft_tokens_count",
+    "rejected_draft_tokens_count",
+    "ignored_draft_tokens_count",
 )
 
 
@@ -74,12 +76,20 @@ def _lmstudio_counts(place: Payload) -> SpecResult:
         if drafted - accepted - rejected >= 0:
             ignored = drafted - accepted - rejected
             computed.append("ignored")
-    return _result("lmstudio", "draft", drafted=drafted, accepted=accepted, rejected=rejected,
-                   ignored=ignored, computed=computed)
+    return _result(
+        "lmstudio",
+        "draft",
+        drafted=drafted,
+        accepted=accepted,
+        rejected=rejected,
+        ignored=ignored,
+        computed=computed,
+    )
 
 
-def _count_pair(source: str, kind: SpecKind, place: Payload, drafted_name: str,
-                accepted_name: str) -> SpecResult:
+def _count_pair(
+    source: str, kind: SpecKind, place: Payload, drafted_name: str, accepted_name: str
+) -> SpecResult:
     """A drafted/accepted pair that is absent when nothing was drafted, never half there."""
     drafted, accepted = count(place, drafted_name), count(place, accepted_name)
     if drafted is None and accepted is None:
@@ -115,7 +125,8 @@ def parse_vllm(body: Payload) -> SpecResult:
     if per_position:
         computed.append("per_position")
     return _result(
-        "vllm", "draft",
+        "vllm",
+        "draft",
         drafted=count(spec, "num_draft_tokens"),
         accepted=count(spec, "num_accepted_draft_tokens"),
         steps=steps,
@@ -127,8 +138,12 @@ def parse_vllm(body: Payload) -> SpecResult:
 
 
 _SGLANG_META = (
-    "spec_verify_ct", "spec_num_correct_drafts", "spec_accepted_drafts",
-    "spec_accept_token_num", "spec_num_proposed_drafts", "spec_proposed_drafts",
+    "spec_verify_ct",
+    "spec_num_correct_drafts",
+    "spec_accepted_drafts",
+    "spec_accept_token_num",
+    "spec_num_proposed_drafts",
+    "spec_proposed_drafts",
     "spec_draft_token_num",
 )
 
@@ -168,11 +183,15 @@ def _sglang_meta(meta: Payload) -> SpecResult:
     if per_position:
         computed.append("per_position")
     return _result(
-        "sglang", "draft",
-        drafted=drafted, accepted=accepted, steps=steps,
+        "sglang",
+        "draft",
+        drafted=drafted,
+        accepted=accepted,
+        steps=steps,
         acceptance_rate=ratio(meta, "spec_accept_rate"),
         mean_accept_len=ratio(meta, "spec_accept_length"),
-        per_position=per_position, computed=computed,
+        per_position=per_position,
+        computed=computed,
     )
 
 
@@ -187,7 +206,8 @@ def parse_vllm_mlx(body: Payload) -> SpecResult:
 
 
 SPECLANE_DRAFT_SOURCES = frozenset(
-    {"draft_model", "prompt_lookup", "suffix", "prediction", "forced"})
+    {"draft_model", "prompt_lookup", "suffix", "prediction", "forced"}
+)
 
 
 def parse_speclane(body: Payload) -> SpecResult:
@@ -201,7 +221,8 @@ def parse_speclane(body: Payload) -> SpecResult:
     if not count(spec, "num_draft_tokens") and not count(spec, "drafted"):
         return NotReported("speclane", "no_draft")
     result = _result(
-        "speclane", "draft",
+        "speclane",
+        "draft",
         drafted=count(spec, "drafted"),
         accepted=count(spec, "accepted"),
         rejected=count(spec, "rejected"),
@@ -297,8 +318,7 @@ _STAT_FIELDS: dict[str, frozenset[str]] = {
 }
 # parse_openai: speclane's, llama.cpp's, vLLM's, LM Studio's and vllm-mlx's fields, and
 # usage.completion_tokens_details.
-_STAT_FIELDS["openai"] = frozenset({"usage", "timings", "metrics", "stats",
-                                    "generation_metadata"})
+_STAT_FIELDS["openai"] = frozenset({"usage", "timings", "metrics", "stats", "generation_metadata"})
 
 
 # --- the two entry points ----------------------------------------------------------------
@@ -346,8 +366,11 @@ def parse_stream_events(kind: str, events: Sequence[Any]) -> SpecResult:
 
 
 _OUTPUT_COUNTS = (
-    ("usage", "completion_tokens"), ("timings", "predicted_n"),
-    ("meta_info", "completion_tokens"), (None, "tokens_predicted"), (None, "eval_count"),
+    ("usage", "completion_tokens"),
+    ("timings", "predicted_n"),
+    ("meta_info", "completion_tokens"),
+    (None, "tokens_predicted"),
+    (None, "eval_count"),
 )
 
 

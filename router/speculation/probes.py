@@ -50,8 +50,10 @@ class ProbeSchedule:
         self.sent += 1
 
     def lapsed(self, s: SpecSettings, now: float) -> bool:
-        return self.ticket is not None and self.last_at is not None and (
-            now - self.last_at >= s.probe_timeout
+        return (
+            self.ticket is not None
+            and self.last_at is not None
+            and (now - self.last_at >= s.probe_timeout)
         )
 
     def settle(self, s: SpecSettings, outcome: ProbeOutcome, now: float) -> None:

@@ -33,12 +33,23 @@ MalformedReason = Literal[
     "not_object", "bad_type", "negative", "inconsistent", "incomplete", "parser_error"
 ]
 MALFORMED_REASONS: tuple[MalformedReason, ...] = (
-    "not_object", "bad_type", "negative", "inconsistent", "incomplete", "parser_error"
+    "not_object",
+    "bad_type",
+    "negative",
+    "inconsistent",
+    "incomplete",
+    "parser_error",
 )
 
 RECORD_FIELDS = (
-    "drafted", "accepted", "rejected", "ignored", "steps",
-    "acceptance_rate", "mean_accept_len", "per_position",
+    "drafted",
+    "accepted",
+    "rejected",
+    "ignored",
+    "steps",
+    "acceptance_rate",
+    "mean_accept_len",
+    "per_position",
 )
 
 
@@ -147,11 +158,17 @@ def build_record(
     replaced by derived ones rather than failing the record.
     """
     given = {
-        name for name, value in (
-            ("drafted", drafted), ("accepted", accepted), ("rejected", rejected),
-            ("ignored", ignored), ("steps", steps), ("acceptance_rate", acceptance_rate),
+        name
+        for name, value in (
+            ("drafted", drafted),
+            ("accepted", accepted),
+            ("rejected", rejected),
+            ("ignored", ignored),
+            ("steps", steps),
+            ("acceptance_rate", acceptance_rate),
             ("mean_accept_len", mean_accept_len),
-        ) if value is not None
+        )
+        if value is not None
     }
     if per_position:
         given.add("per_position")
@@ -173,9 +190,18 @@ def build_record(
     if not len_reported:
         reported -= {"mean_accept_len"}
     return SpecRecord(
-        source=source, scope=scope, kind=kind, drafted=d, accepted=a, rejected=r, ignored=i,
-        steps=steps, acceptance_rate=rate, mean_accept_len=mean_len,
-        per_position=tuple(per_position), reported=reported,
+        source=source,
+        scope=scope,
+        kind=kind,
+        drafted=d,
+        accepted=a,
+        rejected=r,
+        ignored=i,
+        steps=steps,
+        acceptance_rate=rate,
+        mean_accept_len=mean_len,
+        per_position=tuple(per_position),
+        reported=reported,
     )
 
 

@@ -82,8 +82,9 @@ class BatchingEngine(Engine):
         self.chunk_seconds = chunk_seconds
         self.prefill_rate: float | None = None  # prompt tokens per second, moving average
         # ``prompt_cache``: one shared with the other lane (shared mode), else the lane's own.
-        self.prompt_cache = (prompt_cache if prompt_cache is not None
-                             else PromptCache(prompt_cache_bytes))
+        self.prompt_cache = (
+            prompt_cache if prompt_cache is not None else PromptCache(prompt_cache_bytes)
+        )
         self.cache_counters = Counters()
         self.prefill_tokens = 0  # prompt tokens computed, all requests (monotonic)
         self.generated_tokens = 0  # tokens generated, all requests (monotonic)
@@ -208,8 +209,7 @@ class BatchingEngine(Engine):
             if request.seed is not None:
                 mx.random.seed(request.seed)
             prompt = list(job.prompt_ids)
-            lookup = self.prompt_cache.fetch(prompt, job.partition,
-                                             counters=self.cache_counters)
+            lookup = self.prompt_cache.fetch(prompt, job.partition, counters=self.cache_counters)
             try:
                 (uid,) = generator.insert(
                     [lookup.rest],
@@ -258,8 +258,7 @@ class BatchingEngine(Engine):
             seq.detokenizer.add_token(response.token)
         if reason is not None:
             seq.detokenizer.finalize()
-            self.prompt_cache.store(response.all_tokens, response.prompt_cache,
-                                    seq.job.partition)
+            self.prompt_cache.store(response.all_tokens, response.prompt_cache, seq.job.partition)
         if seq.progress.token(seq.detokenizer.last_segment, False):
             if reason is None:
                 self._remove(generator, live, [response.uid])

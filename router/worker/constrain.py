@@ -173,8 +173,13 @@ class GrammarProcessor:
     tokens sampled since.
     """
 
-    def __init__(self, matcher: Any, vocab: int, eos: tuple[int, ...],
-                 on_error: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        matcher: Any,
+        vocab: int,
+        eos: tuple[int, ...],
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
         self._matcher = matcher
         self._eos = eos
         self._on_error = on_error
@@ -295,8 +300,9 @@ def first_line(message: str) -> str:
 
 
 def _rejected(error: str, param: str | None) -> Exception:
-    return bad_request(f"the constraint library rejected the schema: {first_line(error)}",
-                       param=param)
+    return bad_request(
+        f"the constraint library rejected the schema: {first_line(error)}", param=param
+    )
 
 
 COMPILER = Compiler()

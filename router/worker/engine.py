@@ -75,10 +75,15 @@ def processors_for(
 def constraint_failed(job: Job) -> Failed:
     constraint = job.request.constraint
     param = getattr(constraint, "param", None)
-    return Failed(RouterError(
-        400, f"the answer could not follow '{param}': the constraint library failed "
-        f"mid-answer ({job.constraint_error}); simplify the schema",
-        param=param, code="constraint_failed"))
+    return Failed(
+        RouterError(
+            400,
+            f"the answer could not follow '{param}': the constraint library failed "
+            f"mid-answer ({job.constraint_error}); simplify the schema",
+            param=param,
+            code="constraint_failed",
+        )
+    )
 
 
 def generation_failed(error: Exception) -> Failed:
@@ -106,8 +111,11 @@ class Progress:
             self.job.emit(TextDelta(tail))
         prompt = len(self.job.prompt_ids)
         spec = self.counter.snapshot()
-        return Finished(reason, usage(prompt, self.counter.tokens, spec, self.cached_tokens),
-                        self.scanner.matched)
+        return Finished(
+            reason,
+            usage(prompt, self.counter.tokens, spec, self.cached_tokens),
+            self.scanner.matched,
+        )
 
 
 class Engine(ABC):
@@ -189,5 +197,3 @@ class Engine(ABC):
 
     @abstractmethod
     def _serve(self, models: Models) -> None: ...
-
-

@@ -34,8 +34,14 @@ FORCED_MAX_DRAFT = 16  # forced tokens verified per step
 class ConstraintDraft:
     """One constrained request's matcher, and the draft and masks it gives each step."""
 
-    def __init__(self, matcher: Any, vocab: int, eos: Sequence[int], prompt_len: int,
-                 on_error: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        matcher: Any,
+        vocab: int,
+        eos: Sequence[int],
+        prompt_len: int,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
         self._matcher = matcher
         self._eos = tuple(eos)
         self._start = prompt_len
@@ -44,14 +50,14 @@ class ConstraintDraft:
         self._on_error = on_error
 
     @classmethod
-    def for_constraint(cls, constraint: Any, prompt_len: int,
-                       on_error: Callable[[str], None] | None = None) -> ConstraintDraft:
+    def for_constraint(
+        cls, constraint: Any, prompt_len: int, on_error: Callable[[str], None] | None = None
+    ) -> ConstraintDraft:
         """From a compiled ``router.worker.constrain.Constraint``."""
         import llguidance
 
         matcher = llguidance.LLMatcher(constraint.lltokenizer, constraint.grammar)
-        return cls(matcher, constraint.lltokenizer.vocab_size, constraint.eos, prompt_len,
-                   on_error)
+        return cls(matcher, constraint.lltokenizer.vocab_size, constraint.eos, prompt_len, on_error)
 
     def _sync(self, history: Sequence[int]) -> None:
         """Bring the matcher to the end of ``history`` (the prompt and the answer so far)."""

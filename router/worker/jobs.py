@@ -44,8 +44,12 @@ def aborted() -> Failed:
 
 class Job:
     def __init__(
-        self, request: GenerationRequest, prompt_ids: list[int], loop: asyncio.AbstractEventLoop,
-        *, partition: str = "",
+        self,
+        request: GenerationRequest,
+        prompt_ids: list[int],
+        loop: asyncio.AbstractEventLoop,
+        *,
+        partition: str = "",
     ) -> None:
         self.request = request
         self.prompt_ids = prompt_ids

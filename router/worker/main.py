@@ -76,11 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speclane worker: cannot load the model: {e}", file=sys.stderr, flush=True)
         hard_exit(1)
     if isinstance(engine, SharedEngine):
-        lanes = {lane: (lane_engine, worker_info(args, models, lane))
-                 for lane, lane_engine in engine.lanes.items()}
-        app = make_shared_app(lanes, lambda: {"model": lanes["speculative"][1].model_name,
-                                              "turns": dict(engine.turns)},
-                              args.max_body_bytes)
+        lanes = {
+            lane: (lane_engine, worker_info(args, models, lane))
+            for lane, lane_engine in engine.lanes.items()
+        }
+        app = make_shared_app(
+            lanes,
+            lambda: {"model": lanes["speculative"][1].model_name, "turns": dict(engine.turns)},
+            args.max_body_bytes,
+        )
         hard_exit(asyncio.run(serve(args, engine, app, ready_out, lanes=list(lanes))))
     info = worker_info(args, models)
     app = make_app(engine, info, args.max_body_bytes)
@@ -107,16 +111,21 @@ def build_engine(args: argparse.Namespace) -> Engine:
     if args.mode == "speculative":
         return SpeculativeEngine(load, spec_settings(args))
     return BatchingEngine(
-        load, args.max_batch_size,
-        prompt_cache_bytes=args.prompt_cache_bytes, prefill_step_size=args.prefill_step_size,
+        load,
+        args.max_batch_size,
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        prefill_step_size=args.prefill_step_size,
         chunk_seconds=args.prefill_chunk_seconds,
     )
 
 
 def build_shared(args: argparse.Namespace) -> SharedEngine:
     return SharedEngine(
-        loader(args), spec_settings(args), args.max_batch_size,
-        prompt_cache_bytes=args.prompt_cache_bytes, prefill_step_size=args.prefill_step_size,
+        loader(args),
+        spec_settings(args),
+        args.max_batch_size,
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        prefill_step_size=args.prefill_step_size,
         chunk_seconds=args.prefill_chunk_seconds,
     )
 
@@ -174,8 +183,9 @@ def worker_info(args: argparse.Namespace, models: Models, lane: str | None = Non
     )
 
 
-def lane_source(args: argparse.Namespace, models: Models,
-                mode: str | None = None) -> tuple[str | None, int]:
+def lane_source(
+    args: argparse.Namespace, models: Models, mode: str | None = None
+) -> tuple[str | None, int]:
     """The draft source of requests without a prediction, and its k (None, 0: no drafting)."""
     if (mode or args.mode) != "speculative":
         return None, 0
@@ -192,8 +202,14 @@ def _dir_name(path: Path) -> str:
     return path.name or path.resolve().name  # "." has no name of its own
 
 
-async def serve(args: argparse.Namespace, engine: Engine | SharedEngine, app: web.Application,
-                out: TextIO, *, lanes: list[str] | None = None) -> int:
+async def serve(
+    args: argparse.Namespace,
+    engine: Engine | SharedEngine,
+    app: web.Application,
+    out: TextIO,
+    *,
+    lanes: list[str] | None = None,
+) -> int:
     """Serve ``app`` until told to stop; ``lanes``: shared mode's lanes (in the ready line)."""
     try:
         runner, port = await start_site(app, args.host, args.port)

@@ -81,8 +81,14 @@ class PromptCache:
     def enabled(self) -> bool:
         return self._lru is not None
 
-    def fetch(self, prompt: Sequence[int], partition: str = DEFAULT_PARTITION, *,
-              model: str = TARGET, counters: Counters | None = None) -> Lookup:
+    def fetch(
+        self,
+        prompt: Sequence[int],
+        partition: str = DEFAULT_PARTITION,
+        *,
+        model: str = TARGET,
+        counters: Counters | None = None,
+    ) -> Lookup:
         """The nearest cached state of ``model`` for ``prompt`` in ``partition`` (never another
         partition's); ``counters``: the lane's own figures, counted besides the cache's
         (target lookups only)."""
@@ -102,8 +108,14 @@ class PromptCache:
                 counted.count(cached, len(rest))
         return Lookup(cache if cached else None, cached, rest)
 
-    def store(self, tokens: Sequence[int], cache: list[Any] | None,
-              partition: str = DEFAULT_PARTITION, *, model: str = TARGET) -> None:
+    def store(
+        self,
+        tokens: Sequence[int],
+        cache: list[Any] | None,
+        partition: str = DEFAULT_PARTITION,
+        *,
+        model: str = TARGET,
+    ) -> None:
         """Keep ``cache``, the KV state of exactly ``tokens`` for ``model``, for requests of
         ``partition``."""
         if self._lru is None or not cache or not tokens:

@@ -274,8 +274,9 @@ def fold_system_messages(messages: list[Message]) -> tuple[Message, ...]:
 
 
 def _joined(user: Message, first: str, second: str) -> Message:
-    return Message("user", f"{first}\n\n{second}" if first and second else first or second,
-                   name=user.name)
+    return Message(
+        "user", f"{first}\n\n{second}" if first and second else first or second, name=user.name
+    )
 
 
 def _optional_str(item: Mapping[str, Any], key: str, index: int) -> str | None:
@@ -481,7 +482,7 @@ def _prediction(body: Mapping[str, Any]) -> str | None:
     raw = body.get("prediction")
     if raw is None:
         return None
-    message = "'prediction' must be {\"type\": \"content\", \"content\": string or text parts}"
+    message = '\'prediction\' must be {"type": "content", "content": string or text parts}'
     if not isinstance(raw, Mapping) or raw.get("type") != "content":
         raise bad_request(message, param="prediction")
     content = raw.get("content")

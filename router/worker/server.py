@@ -69,17 +69,20 @@ TOKENIZE = web.AppKey("tokenize", TokenizerThread)
 _PARTITION = re.compile(CACHE_PARTITION_PATTERN)
 
 
-def make_app(engine: Engine, info: WorkerInfo,
-             max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+def make_app(
+    engine: Engine, info: WorkerInfo, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes, middlewares=[error_middleware])
     app.cleanup_ctx.append(_tokenize_pool)
     _lane_routes(app, engine, info)
     return app
 
 
-def make_shared_app(lanes: Mapping[str, tuple[Engine, WorkerInfo]],
-                    figures: Callable[[], dict[str, object]],
-                    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+def make_shared_app(
+    lanes: Mapping[str, tuple[Engine, WorkerInfo]],
+    figures: Callable[[], dict[str, object]],
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> web.Application:
     """Shared mode: each lane's endpoints under its prefix (``contract.lane_prefix``), as a
     one-lane worker serves them at ``/``; ``/health`` at the root reports the process and every
     lane (``figures``: the process's own entries). One tokenize thread serves all lanes: they
@@ -95,8 +98,12 @@ def make_shared_app(lanes: Mapping[str, tuple[Engine, WorkerInfo]],
         app.add_subapp(lane_prefix(lane), sub)
 
     async def shared_health(request: web.Request) -> web.Response:
-        body: dict[str, object] = {"status": "ok", "mode": SHARED_MODE, "pid": os.getpid(),
-                                   **figures()}
+        body: dict[str, object] = {
+            "status": "ok",
+            "mode": SHARED_MODE,
+            "pid": os.getpid(),
+            **figures(),
+        }
         body["lanes"] = {lane: lane_health(engine, info) for lane, (engine, info) in lanes.items()}
         return _json(body)
 
@@ -128,8 +135,11 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     except RouterError as err:
         return _error_response(err)
     except web.HTTPRequestEntityTooLarge as e:  # past --max-body-bytes: OpenAI-shaped too
-        return _error_response(RouterError(413, f"request body is larger than the limit: "
-                                                f"{e.text}", code="body_too_large"))
+        return _error_response(
+            RouterError(
+                413, f"request body is larger than the limit: {e.text}", code="body_too_large"
+            )
+        )
     except web.HTTPException:
         raise
     except Exception as e:  # the worker's own bug: still an OpenAI-shaped answer
@@ -241,8 +251,12 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
             code="context_length_exceeded",
         )
     budget = token_budget(generation.max_tokens, len(prompt_ids), info.context_length)
-    job = Job(dataclasses.replace(prepared.generation, max_tokens=budget), prompt_ids, loop,
-              partition=partition)
+    job = Job(
+        dataclasses.replace(prepared.generation, max_tokens=budget),
+        prompt_ids,
+        loop,
+        partition=partition,
+    )
     if prepared.generation.prediction:
         job.prediction_ids = await thread.run(
             GENERATION, encode_prediction, tokenizer, prepared.generation.prediction
@@ -268,8 +282,11 @@ def cache_partition(request: web.Request) -> str:
 def check_draft_source(info: WorkerInfo, generation: GenerationRequest) -> None:
     """``draft_source: draft_model`` on a speculative lane that has no draft model loaded is
     the client's error, said plainly, rather than a silent plain decoding."""
-    if (generation.draft_source == "draft_model" and info.mode == "speculative"
-            and info.draft_name is None):
+    if (
+        generation.draft_source == "draft_model"
+        and info.mode == "speculative"
+        and info.draft_name is None
+    ):
         raise bad_request(
             f"'{DRAFT_SOURCE_FIELD}': this lane has no draft model loaded; use "
             "'prompt_lookup', 'suffix' or leave the field out",
@@ -357,8 +374,9 @@ async def _collect(job: Job, answer: Answer, tools: ToolStream | None) -> web.Re
             text = "".join(p for p in parts if isinstance(p, str))
             calls = [p.openai_dict() for p in parts if isinstance(p, ParsedCall)]
             reason = _finish_reason(tools, event.finish_reason)
-            body = answer.body(text or (None if calls else ""), reason, event.usage, calls,
-                               event.stop_string)
+            body = answer.body(
+                text or (None if calls else ""), reason, event.usage, calls, event.stop_string
+            )
             return _json(body)
         else:
             raise event.error
@@ -396,8 +414,11 @@ async def _stream(
         head = answer.chunk("", role=True)
         if job.request.continuous_usage:
             prompt = len(job.prompt_ids)
-            head["usage"] = {"prompt_tokens": prompt, "completion_tokens": 0,
-                             "total_tokens": prompt}
+            head["usage"] = {
+                "prompt_tokens": prompt,
+                "completion_tokens": 0,
+                "total_tokens": prompt,
+            }
         await _send(response, head)
     event: Event = first
     last_sent = time.monotonic()

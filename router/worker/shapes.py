@@ -76,8 +76,9 @@ class Answer:
         choice["finish_reason"] = finish_reason
         return {**self._head(object_), "choices": [choice]}
 
-    def final_chunk(self, finish_reason: str, usage: dict[str, object] | None,
-                    stop_string: str | None = None) -> dict[str, object]:
+    def final_chunk(
+        self, finish_reason: str, usage: dict[str, object] | None, stop_string: str | None = None
+    ) -> dict[str, object]:
         """The chunk carrying finish_reason; with usage when it is the stream's last chunk."""
         chunk = self.chunk(None, finish_reason=finish_reason)
         choices = chunk["choices"]

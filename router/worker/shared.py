@@ -44,16 +44,30 @@ def _loaded_elsewhere() -> Models:
 
 
 class SharedEngine:
-    def __init__(self, load: Callable[[], Models], settings: SpecSettings, capacity: int, *,
-                 prompt_cache_bytes: int, prefill_step_size: int, chunk_seconds: float) -> None:
+    def __init__(
+        self,
+        load: Callable[[], Models],
+        settings: SpecSettings,
+        capacity: int,
+        *,
+        prompt_cache_bytes: int,
+        prefill_step_size: int,
+        chunk_seconds: float,
+    ) -> None:
         self._load = load
         cond = threading.Condition()  # one for both queues: the thread sleeps on either
         self.prompt_cache = PromptCache(prompt_cache_bytes)
         self.speculative = SpeculativeEngine(
-            _loaded_elsewhere, settings, prompt_cache=self.prompt_cache, queue=JobQueue(cond))
+            _loaded_elsewhere, settings, prompt_cache=self.prompt_cache, queue=JobQueue(cond)
+        )
         self.batching = BatchingEngine(
-            _loaded_elsewhere, capacity, prefill_step_size=prefill_step_size,
-            chunk_seconds=chunk_seconds, prompt_cache=self.prompt_cache, queue=JobQueue(cond))
+            _loaded_elsewhere,
+            capacity,
+            prefill_step_size=prefill_step_size,
+            chunk_seconds=chunk_seconds,
+            prompt_cache=self.prompt_cache,
+            queue=JobQueue(cond),
+        )
         self.models: Models | None = None
         self.turns = {"speculative": 0, "batching": 0}  # turns taken per lane (monotonic)
         self._load_error: BaseException | None = None

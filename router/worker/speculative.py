@@ -86,7 +86,10 @@ class Plan:
 
 
 def plan(
-    request: GenerationRequest, settings: SpecSettings, has_draft: bool, has_processors: bool,
+    request: GenerationRequest,
+    settings: SpecSettings,
+    has_draft: bool,
+    has_processors: bool,
     constrained: bool = False,
 ) -> Plan:
     """Which draft source a request decodes with, and its maximum draft length (pure): its
@@ -105,8 +108,12 @@ def plan(
     return chosen
 
 
-def _source_plan(request: GenerationRequest, settings: SpecSettings, has_draft: bool,
-                 capped: Callable[[int], int]) -> Plan:
+def _source_plan(
+    request: GenerationRequest,
+    settings: SpecSettings,
+    has_draft: bool,
+    capped: Callable[[int], int],
+) -> Plan:
     if request.prediction:
         return Plan("prediction", capped(settings.prediction.max_draft))
     source = request.draft_source or settings.draft_source
@@ -336,13 +343,20 @@ class SpecProgress:
 class SpeculativeEngine(Engine):
     capacity = 1
 
-    def __init__(self, load: Callable[[], Models], settings: SpecSettings, *,
-                 prompt_cache: PromptCache | None = None, queue: JobQueue | None = None) -> None:
+    def __init__(
+        self,
+        load: Callable[[], Models],
+        settings: SpecSettings,
+        *,
+        prompt_cache: PromptCache | None = None,
+        queue: JobQueue | None = None,
+    ) -> None:
         super().__init__(load, queue)
         self.settings = settings
         # ``prompt_cache``: one shared with the other lane (shared mode), else the lane's own.
-        self.prompt_cache = (prompt_cache if prompt_cache is not None
-                             else PromptCache(settings.prompt_cache_bytes))
+        self.prompt_cache = (
+            prompt_cache if prompt_cache is not None else PromptCache(settings.prompt_cache_bytes)
+        )
         self.cache_counters = Counters()
         self.run: SpecRun | None = None  # the request being decoded
         # Earlier requests' prompts and answers, per client partition (generation thread only).
@@ -356,15 +370,26 @@ class SpeculativeEngine(Engine):
         """The prompt cache's and the suffix index's figures for /health (plain ints, read
         from the event loop)."""
         index = self.suffix
-        return {"prompt_cache": self.prompt_cache.stats(self.cache_counters),
-                "suffix_index": {"entries": len(index), "bytes": index.bytes,
-                                 "max_bytes": index.config.max_bytes, "evicted": index.evicted}}
+        return {
+            "prompt_cache": self.prompt_cache.stats(self.cache_counters),
+            "suffix_index": {
+                "entries": len(index),
+                "bytes": index.bytes,
+                "max_bytes": index.config.max_bytes,
+                "evicted": index.evicted,
+            },
+        }
 
     def plan(self, request: GenerationRequest) -> Plan:
         has_draft = self.models is not None and self.models.draft is not None
         others = processors_for(dataclasses.replace(request, constraint=None))
-        return plan(request, self.settings, has_draft, bool(others),
-                    constrained=request.constraint is not None)
+        return plan(
+            request,
+            self.settings,
+            has_draft,
+            bool(others),
+            constrained=request.constraint is not None,
+        )
 
     def _serve(self, models: Models) -> None:
         while (job := self._queue.get(block=True)) is not None:
@@ -410,8 +435,9 @@ class SpeculativeEngine(Engine):
             self.active = 0
             self._answer(job, generation_failed(e))
 
-    def fetch(self, key: str, model: Any, tokens: list[int],
-              partition: str) -> tuple[list[Any], int]:
+    def fetch(
+        self, key: str, model: Any, tokens: list[int], partition: str
+    ) -> tuple[list[Any], int]:
         """A cache for ``model`` holding a prefix of ``tokens`` (shorter than all of them),
         from ``partition``'s entries."""
         from mlx_lm.models.cache import make_prompt_cache
@@ -461,14 +487,16 @@ class SpecRun:
         elif chosen.source == "suffix":
             propose = suffix_proposer(SuffixDraft(engine.suffix, job.partition))
         elif chosen.source == "draft_model":
-            draft_cache, draft_cached = engine.fetch(DRAFT, models.draft, self.history,
-                                                     job.partition)
+            draft_cache, draft_cached = engine.fetch(
+                DRAFT, models.draft, self.history, job.partition
+            )
             self.draft_model = DraftModel(models.draft, draft_cache, self.history[:draft_cached])
             propose = self.draft_model.propose
         constraint: ConstraintDraft | None = None
         if chosen.forced:
-            constraint = ConstraintDraft.for_constraint(request.constraint, len(self.history),
-                                                        job.constraint_failed)
+            constraint = ConstraintDraft.for_constraint(
+                request.constraint, len(self.history), job.constraint_failed
+            )
         self.steps = decode(
             models.model,
             self.cache,
@@ -476,8 +504,9 @@ class SpecRun:
             self.cached,
             max_tokens=request.budget,
             sampler=sampler_for(request),
-            processors=() if constraint is not None else processors_for(request,
-                                                                        job.constraint_failed),
+            processors=()
+            if constraint is not None
+            else processors_for(request, job.constraint_failed),
             propose=propose,
             k=chosen.k,
             stop_tokens=self.progress.eos,
@@ -513,8 +542,9 @@ class SpecRun:
         if self.decoding:  # before that the cache may hold only part of the prompt
             self.engine.store(TARGET, self.history[:-1], self.cache, self.job.partition)
         if self.draft_model is not None:
-            self.engine.store(DRAFT, self.draft_model.cached, self.draft_model.cache,
-                              self.job.partition)
+            self.engine.store(
+                DRAFT, self.draft_model.cached, self.draft_model.cache, self.job.partition
+            )
         if self.aborted:
             return aborted()
         self.engine.suffix.insert(self.job.partition, self.history)

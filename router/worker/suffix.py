@@ -67,8 +67,9 @@ def _key(tokens: Sequence[int], end: int, n: int) -> int:
     return hash((n, *tokens[end - n : end]))
 
 
-def _ngrams(tokens: Sequence[int], sizes: tuple[int, ...],
-            first_end: int = 1) -> Iterator[tuple[int, int]]:
+def _ngrams(
+    tokens: Sequence[int], sizes: tuple[int, ...], first_end: int = 1
+) -> Iterator[tuple[int, int]]:
     """(key, end) of every n-gram ending before the last token (it needs a continuation)."""
     for end in range(max(first_end, 1), len(tokens)):
         for n in sizes:

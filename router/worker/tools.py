@@ -515,6 +515,10 @@ class ToolStream:
             if json.loads(arguments) != parsed["arguments"]:
                 log.info("a streamed tool call's body repeats its arguments: kept as streamed")
         except Exception as e:
-            log.info("a streamed tool call is malformed (%s: %s): kept as streamed "
-                     "(%s)", type(e).__name__, e, scanner.state)
+            log.info(
+                "a streamed tool call is malformed (%s: %s): kept as streamed (%s)",
+                type(e).__name__,
+                e,
+                scanner.state,
+            )
         return []

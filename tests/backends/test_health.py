@@ -19,7 +19,8 @@ CHAT = [{"role": "user", "content": "hi"}]
 
 
 async def test_a_backend_that_never_answers_its_health_check_does_not_hold_up_start(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(router.app, "STARTUP_HEALTH_WAIT", 0.3)
     async with fake_upstreams("hung", "up") as (hung, up):
         hung.models_gate = asyncio.Event()
@@ -30,16 +31,14 @@ async def test_a_backend_that_never_answers_its_health_check_does_not_hold_up_st
             pool = r.app[POOL]
             assert pool["up"].ready and not pool["hung"].ready
             assert "first health check of hung" in caplog.text
-            answer = await r.client().chat.completions.create(model="fake-model",
-                                                              messages=CHAT)
+            answer = await r.client().chat.completions.create(model="fake-model", messages=CHAT)
             assert answer.choices[0].message.content
             async with aiohttp.ClientSession() as s, s.get(f"{r.url}/v1/models") as resp:
                 assert [m["id"] for m in (await resp.json())["data"]] == ["fake-model"]
             # Its answer, when it comes, makes it ready without another round.
             hung.models_gate.set()
             await wait_until(lambda: pool["hung"].ready)
-            again = await r.client().chat.completions.create(model="hung-model",
-                                                             messages=CHAT)
+            again = await r.client().chat.completions.create(model="hung-model", messages=CHAT)
             assert again.choices[0].message.content
 
 
@@ -59,8 +58,9 @@ NO_HF_CACHE = "mlxlm-0.32.2_v1-models_no-hf-cache.http"  # 200, empty body
 
 
 def mlx_settings(up: ReplayUpstream, **backend: object) -> Settings:
-    return router_settings(backends=[{"name": "mlx", "kind": "mlx_lm", "base_url": up.base_url,
-                                      **backend}])
+    return router_settings(
+        backends=[{"name": "mlx", "kind": "mlx_lm", "base_url": up.base_url, **backend}]
+    )
 
 
 async def test_mlx_lm_with_configured_models_is_ready_despite_an_empty_model_list() -> None:
@@ -100,22 +100,31 @@ async def test_mlx_lm_without_configured_models_discovers_them_when_listed() -> 
 
 
 async def test_an_empty_model_list_does_not_break_readiness_of_other_kinds() -> None:
-    async with ReplayUpstream(load("llamacpp-server_plain_chat_nonstream.http"),
-                              gets={"/v1/models": load(NO_HF_CACHE)}) as up:
-        settings = router_settings(backends=[{"name": "l", "kind": "llamacpp",
-                                              "base_url": up.base_url, "models": ["smollm2"]}])
+    async with ReplayUpstream(
+        load("llamacpp-server_plain_chat_nonstream.http"), gets={"/v1/models": load(NO_HF_CACHE)}
+    ) as up:
+        settings = router_settings(
+            backends=[
+                {"name": "l", "kind": "llamacpp", "base_url": up.base_url, "models": ["smollm2"]}
+            ]
+        )
         async with run_router(settings) as r:
             assert r.app[POOL]["l"].ready
 
 
-@pytest.mark.parametrize(("name", "ids"), [
-    ("mlxlm-0.32.2_v1-models_no-hf-cache.http", set()),
-    ("mlxlm-0.32.2_v1-models.http",
-     {"/Users/me/mmmmmmmmmmmmmmmmmmmodels/SmolLM2-135M-Instruct"}),
-    ("llamacpp-server_v1-models.json", None),
-    ("llama-cpp-python-0.3.36_v1-models.json", None),
-    ("vllm-mlx-0.6.0_v1-models.json", None),
-])
+@pytest.mark.parametrize(
+    ("name", "ids"),
+    [
+        ("mlxlm-0.32.2_v1-models_no-hf-cache.http", set()),
+        (
+            "mlxlm-0.32.2_v1-models.http",
+            {"/Users/me/mmmmmmmmmmmmmmmmmmmodels/SmolLM2-135M-Instruct"},
+        ),
+        ("llamacpp-server_v1-models.json", None),
+        ("llama-cpp-python-0.3.36_v1-models.json", None),
+        ("vllm-mlx-0.6.0_v1-models.json", None),
+    ],
+)
 def test_model_ids_of_every_captured_model_list(name: str, ids: set[str] | None) -> None:
     body = load(name).body
     if ids is None:  # the ids the capture lists, read without the function under test

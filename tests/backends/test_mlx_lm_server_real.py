@@ -42,15 +42,23 @@ def free_port() -> int:
 @contextlib.asynccontextmanager
 async def mlx_lm_server(model: Path, draft: Path | None, hf_home: Path) -> AsyncIterator[str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--host", "127.0.0.1",
-           "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlx_lm.server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     if draft is not None:
         cmd += ["--draft-model", str(draft), "--num-draft-tokens", "3"]
     env = preload_env()
     env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
     log = tempfile.TemporaryFile(mode="w+")
-    proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdout=log,
-                                                stderr=subprocess.STDOUT)
+    proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         try:
@@ -76,9 +84,18 @@ async def test_mlx_lm_server_plain_then_with_draft(tmp_path: Path) -> None:
                 # the fresh-machine answer speclane used to choke on
                 assert resp.status == 200
                 listed = await resp.read()
-            settings = router_settings(backends=[{
-                "name": "mlx", "kind": "mlx_lm", "base_url": f"{url}/v1", "models": [MODEL],
-                "speculative": draft is not None, "read_timeout": 120}])
+            settings = router_settings(
+                backends=[
+                    {
+                        "name": "mlx",
+                        "kind": "mlx_lm",
+                        "base_url": f"{url}/v1",
+                        "models": [MODEL],
+                        "speculative": draft is not None,
+                        "read_timeout": 120,
+                    }
+                ]
+            )
             async with run_router(settings) as r:
                 async with aiohttp.ClientSession() as s:
                     async with s.get(f"{r.url}/readyz") as resp:
@@ -92,15 +109,22 @@ async def test_mlx_lm_server_plain_then_with_draft(tmp_path: Path) -> None:
                 # different prompts: in draft mode mlx_lm.server answers a prompt already in
                 # its prompt cache with 1 token of null content (its bug, see the fixtures)
                 answer = await client.chat.completions.create(
-                    model=MODEL, max_tokens=6, temperature=0, messages=[
-                        {"role": "user", "content": f"Say hello ({n})."}])
+                    model=MODEL,
+                    max_tokens=6,
+                    temperature=0,
+                    messages=[{"role": "user", "content": f"Say hello ({n})."}],
+                )
                 text = answer.choices[0].message.content
                 assert text and answer.usage is not None
                 assert 0 < answer.usage.completion_tokens <= 6 and answer.usage.prompt_tokens > 0
                 stream = await client.chat.completions.create(
-                    model=MODEL, max_tokens=6, temperature=0, stream=True,
-                    stream_options={"include_usage": True}, messages=[
-                        {"role": "user", "content": f"Name a colour ({n})."}])
+                    model=MODEL,
+                    max_tokens=6,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    messages=[{"role": "user", "content": f"Name a colour ({n})."}],
+                )
                 parts, usage = [], None
                 async for chunk in stream:
                     if chunk.choices and chunk.choices[0].delta.content:
@@ -110,8 +134,7 @@ async def test_mlx_lm_server_plain_then_with_draft(tmp_path: Path) -> None:
                 assert 0 < usage.completion_tokens <= 6
                 async with aiohttp.ClientSession() as s, s.get(f"{r.url}/metrics") as resp:
                     metrics = await resp.text()
-        assert metric_value(metrics, "speclane_requests_total", backend="mlx",
-                            status="200") == 2
+        assert metric_value(metrics, "speclane_requests_total", backend="mlx", status="200") == 2
         assert metric_value(metrics, "speclane_requests_total", status="499") is None
         status = next(b for b in lanes if b["name"] == "mlx")["speculation"]
         row = next(b for b in spec["backends"] if b["backend"] == "mlx")
@@ -124,5 +147,7 @@ async def test_mlx_lm_server_plain_then_with_draft(tmp_path: Path) -> None:
             assert status["observation"] == "unobservable" and status["observed"] is None
             assert status["reason"].startswith("cannot be observed on this backend")
             assert metric_value(metrics, "speclane_spec_observed", backend="mlx") == -1
-        print(f"mlx_lm.server draft={draft is not None}: /v1/models {listed[:80]!r}; "
-              f"{text!r}; stream {''.join(parts)!r}")
+        print(
+            f"mlx_lm.server draft={draft is not None}: /v1/models {listed[:80]!r}; "
+            f"{text!r}; stream {''.join(parts)!r}"
+        )

@@ -9,8 +9,9 @@ from router.backends.pool import BackendPool
 
 def backend(name: str, lane: str | None = None) -> Backend:
     kind = "openai" if lane is None else "speclane"
-    return Backend(name, kind, "http://127.0.0.1:1/v1", Cooldown(allowed_fails=3, seconds=5),
-                   lane=lane)  # type: ignore[arg-type]
+    return Backend(
+        name, kind, "http://127.0.0.1:1/v1", Cooldown(allowed_fails=3, seconds=5), lane=lane
+    )  # type: ignore[arg-type]
 
 
 def test_has_lanes_only_once_one_of_speclanes_lanes_is_added() -> None:

@@ -26,8 +26,9 @@ async def test_scrapes_difference_and_detect_a_restart() -> None:
 
     async def metrics(request: web.Request) -> web.Response:
         drafts, drafted, accepted = next(totals)
-        return web.Response(text=VLLM_METRICS.format(drafts=drafts, drafted=drafted,
-                                                     accepted=accepted))
+        return web.Response(
+            text=VLLM_METRICS.format(drafts=drafts, drafted=drafted, accepted=accepted)
+        )
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
@@ -35,13 +36,15 @@ async def test_scrapes_difference_and_detect_a_restart() -> None:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     port = runner.addresses[0][1]
-    backend = Backend(name="vllm", kind="vllm", base_url=f"http://127.0.0.1:{port}/v1",
-                      cooldown=Cooldown(3, 5))
+    backend = Backend(
+        name="vllm", kind="vllm", base_url=f"http://127.0.0.1:{port}/v1", cooldown=Cooldown(3, 5)
+    )
     seen: list[CounterDelta] = []
     try:
         async with aiohttp.ClientSession() as session:
-            scraper = CumulativeScraper(BackendPool([backend]), session, 60,
-                                        lambda b, deltas: seen.extend(deltas))
+            scraper = CumulativeScraper(
+                BackendPool([backend]), session, 60, lambda b, deltas: seen.extend(deltas)
+            )
             for _ in range(3):
                 await scraper.scrape(backend)
     finally:

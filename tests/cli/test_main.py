@@ -55,8 +55,9 @@ def actions(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, a
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
-def test_every_flag_has_help_without_rst_backticks(command: str,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_flag_has_help_without_rst_backticks(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for parser in parsers_of(command, monkeypatch):
         texts = [parser.description or "", parser.epilog or ""]
         for path, action in actions(parser, parser.prog):
@@ -84,8 +85,14 @@ def _closed_pipe_run(*args: str) -> subprocess.CompletedProcess[bytes]:
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        return subprocess.run([sys.executable, "-m", "router", *args], stdout=write_end,
-                              stderr=subprocess.PIPE, cwd=REPO, timeout=60, check=False)
+        return subprocess.run(
+            [sys.executable, "-m", "router", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+            timeout=60,
+            check=False,
+        )
     finally:
         os.close(write_end)
 

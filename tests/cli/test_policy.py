@@ -13,7 +13,8 @@ REPO_POLICIES = Path(__file__).resolve().parents[2] / "policies"
 
 
 def test_shipped_policies_print_the_table(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("SPECLANE_BATCH_API_KEY", "batch-secret-value")
     assert speclane(["policy", "check", str(REPO_POLICIES)]) == 0
@@ -31,11 +32,16 @@ def test_shipped_policies_print_the_table(
     assert "every other request" in rows["default"]
     # The default comes last: it is what is left when nothing else matched.
     assert [name for name in rows if name in ("batch", "default", "openclaw", "opta-cli")] == [
-        "batch", "openclaw", "opta-cli", "default"]
+        "batch",
+        "openclaw",
+        "opta-cli",
+        "default",
+    ]
 
 
-def test_warnings_go_to_stderr(capsys: pytest.CaptureFixture[str],
-                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_warnings_go_to_stderr(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("SPECLANE_BATCH_API_KEY", raising=False)
     assert main(["check", str(REPO_POLICIES)]) == 0
     err = capsys.readouterr().err
@@ -43,7 +49,8 @@ def test_warnings_go_to_stderr(capsys: pytest.CaptureFixture[str],
 
 
 def test_invalid_policies_exit_1_naming_file_and_key(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     (tmp_path / "a.toml").write_text('[match]\nuser_agent = ["(oops"]\n')
     (tmp_path / "b.toml").write_text("max_concurrency = 0\n")
@@ -69,7 +76,8 @@ def test_presets_come_from_the_config(tmp_path: Path, capsys: pytest.CaptureFixt
     (policies / "a.toml").write_text('default_preset = "fast"\n')
     assert main(["check", str(policies)]) == 1
     assert "unknown preset 'fast' (configured presets: interactive, throughput)" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
     config = tmp_path / "speclane.toml"
     config.write_text(f'policies_dir = "{policies}"\n[presets.fast]\nlane = "speculative"\n')
     assert main(["check", "--config", str(config)]) == 0
@@ -77,7 +85,8 @@ def test_presets_come_from_the_config(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_a_missing_directory_and_usage_errors(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["check", str(tmp_path / "nope")]) == 1
     assert "not a directory" in capsys.readouterr().err
@@ -87,10 +96,12 @@ def test_a_missing_directory_and_usage_errors(
 
 
 def test_the_table_says_whose_prompt_cache_a_client_shares(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "a.toml").write_text('require_api_key = true\n[match]\napi_keys = ["sk-a-0001"]\n')
-    (tmp_path / "b.toml").write_text('cache_group = "team"\n[match]\napi_keys = ["sk-b-0001"]\n'
-                                     'client_header = ["b"]\n')
+    (tmp_path / "b.toml").write_text(
+        'cache_group = "team"\n[match]\napi_keys = ["sk-b-0001"]\nclient_header = ["b"]\n'
+    )
     (tmp_path / "c.toml").write_text('[match]\nclient_header = ["c"]\n')
     assert main(["check", str(tmp_path)]) == 0
     out = capsys.readouterr().out

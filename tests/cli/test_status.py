@@ -25,39 +25,77 @@ KEY = "s3cret"
 
 LANES = {
     "backends": [
-        {"name": "speculative", "kind": "speclane", "lane": "speculative",
-         "url": "http://127.0.0.1:40001/v1", "model": "SmolLM2-135M-Instruct",
-         "models": ["SmolLM2-135M-Instruct"],
-         "draft": "/root/.local/share/speclane/models/SmolLM2-135M-Instruct-draft",
-         "state": "ready", "inflight": 1,
-         "speculation": {"mode": "graceful", "requested": True, "active": False,
-                         "observed": None,
-                         "reason": "vocab_size_mismatch: the draft's tokenizer has 8 tokens"}},
-        {"name": "batching", "kind": "speclane", "lane": "batching",
-         "url": "http://127.0.0.1:40002/v1", "model": "SmolLM2-135M-Instruct",
-         "models": ["SmolLM2-135M-Instruct"], "draft": None, "state": "failed", "inflight": 0,
-         "last_error": "worker exited with code 1",
-         "speculation": {"mode": None, "requested": False, "active": False, "observed": None,
-                         "reason": None}},
-        {"name": "lmstudio", "kind": "lmstudio", "lane": None,
-         "url": "http://127.0.0.1:1234/v1", "model": None, "models": ["qwen2.5-7b", "llama-3"],
-         "draft": None, "state": "ready", "inflight": 0,
-         "speculation": {"mode": None, "requested": True, "active": None, "observed": True,
-                         "reason": None}},
+        {
+            "name": "speculative",
+            "kind": "speclane",
+            "lane": "speculative",
+            "url": "http://127.0.0.1:40001/v1",
+            "model": "SmolLM2-135M-Instruct",
+            "models": ["SmolLM2-135M-Instruct"],
+            "draft": "/root/.local/share/speclane/models/SmolLM2-135M-Instruct-draft",
+            "state": "ready",
+            "inflight": 1,
+            "speculation": {
+                "mode": "graceful",
+                "requested": True,
+                "active": False,
+                "observed": None,
+                "reason": "vocab_size_mismatch: the draft's tokenizer has 8 tokens",
+            },
+        },
+        {
+            "name": "batching",
+            "kind": "speclane",
+            "lane": "batching",
+            "url": "http://127.0.0.1:40002/v1",
+            "model": "SmolLM2-135M-Instruct",
+            "models": ["SmolLM2-135M-Instruct"],
+            "draft": None,
+            "state": "failed",
+            "inflight": 0,
+            "last_error": "worker exited with code 1",
+            "speculation": {
+                "mode": None,
+                "requested": False,
+                "active": False,
+                "observed": None,
+                "reason": None,
+            },
+        },
+        {
+            "name": "lmstudio",
+            "kind": "lmstudio",
+            "lane": None,
+            "url": "http://127.0.0.1:1234/v1",
+            "model": None,
+            "models": ["qwen2.5-7b", "llama-3"],
+            "draft": None,
+            "state": "ready",
+            "inflight": 0,
+            "speculation": {
+                "mode": None,
+                "requested": True,
+                "active": None,
+                "observed": True,
+                "reason": None,
+            },
+        },
     ]
 }
 
 
 @asynccontextmanager
-async def fake_admin(body: Any = LANES, key: str | None = KEY,
-                     status: int = 200) -> AsyncIterator[str]:
+async def fake_admin(
+    body: Any = LANES, key: str | None = KEY, status: int = 200
+) -> AsyncIterator[str]:
     """/admin/lanes as the router serves it: bearer key checked like router.admin does."""
 
     async def lanes(request: web.Request) -> web.Response:
         auth = request.headers.get("Authorization")
         if key is not None and auth is None:
-            return web.json_response({"error": {"message": "admin endpoints require a key"}},
-                                     status=401)
+            return web.json_response(
+                {"error": {"message": "admin endpoints require a key"}}, status=401
+            )
         if key is not None and auth != f"Bearer {key}":
             return web.json_response({"error": {"message": "wrong admin key"}}, status=403)
         if status != 200:
@@ -87,9 +125,20 @@ async def test_table(capsys: pytest.CaptureFixture[str]) -> None:
     lines = out.splitlines()
     assert lines[0].split() == list(COLUMNS)
     spec = lines[1].split()
-    assert spec[:12] == ["speculative", "speclane", "speculative", "ready", "1",
-                         "SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct-draft", "graceful",
-                         "yes", "no", "-", "vocab_size_mismatch:"]
+    assert spec[:12] == [
+        "speculative",
+        "speclane",
+        "speculative",
+        "ready",
+        "1",
+        "SmolLM2-135M-Instruct",
+        "SmolLM2-135M-Instruct-draft",
+        "graceful",
+        "yes",
+        "no",
+        "-",
+        "vocab_size_mismatch:",
+    ]
     assert lines[1].endswith("the draft's tokenizer has 8 tokens")
     assert lines[2].split()[:4] == ["batching", "speclane", "batching", "failed"]
     assert lines[3].split()[5:11] == ["qwen2.5-7b", "(+1)", "-", "-", "yes", "-"]
@@ -99,21 +148,29 @@ async def test_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[1][offset:].startswith("SmolLM2") and lines[3][offset:].startswith("qwen2.5")
 
 
-async def test_json_and_env_key(capsys: pytest.CaptureFixture[str],
-                                monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_json_and_env_key(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SPECLANE_ADMIN_KEY", KEY)
     async with fake_admin() as url:
         assert await run("--url", url + "/", "--json") == 0
     assert json.loads(capsys.readouterr().out) == LANES
 
 
-@pytest.mark.parametrize(("key", "expected"), [
-    (None, "requires an admin key (admin endpoints require a key): pass --admin-key or set "
-           "SPECLANE_ADMIN_KEY"),
-    ("wrong", "refused the admin key (wrong admin key)"),
-])
-async def test_auth_failures(capsys: pytest.CaptureFixture[str], key: str | None,
-                             expected: str) -> None:
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        (
+            None,
+            "requires an admin key (admin endpoints require a key): pass --admin-key or set "
+            "SPECLANE_ADMIN_KEY",
+        ),
+        ("wrong", "refused the admin key (wrong admin key)"),
+    ],
+)
+async def test_auth_failures(
+    capsys: pytest.CaptureFixture[str], key: str | None, expected: str
+) -> None:
     async with fake_admin() as url:
         argv = ["--url", url] + (["--admin-key", key] if key else [])
         assert await run(*argv) == 1
@@ -145,8 +202,9 @@ async def test_unreachable_router(capsys: pytest.CaptureFixture[str]) -> None:
 async def test_against_a_real_router(capsys: pytest.CaptureFixture[str]) -> None:
     async with fake_upstreams("ext", "spec") as (ext, spec_lane):
         settings = router_settings(ext, admin_key=KEY)
-        async with run_router(settings, setup=lambda app: add_fake_lane(
-                app, "speculative", spec_lane)) as r:
+        async with run_router(
+            settings, setup=lambda app: add_fake_lane(app, "speculative", spec_lane)
+        ) as r:
             assert await run("--url", r.url, "--admin-key", KEY) == 0
             table = capsys.readouterr().out
             assert await run("--url", r.base_url, "--admin-key", KEY, "--json") == 0
@@ -164,15 +222,31 @@ def test_the_layout_and_each_worker_process_follow_the_table() -> None:
     from router.cli.status import print_layout
 
     out = io.StringIO()
-    layout = {"layout": "shared", "requested": "auto", "reason": "two copies would take 9 GiB",
-              "estimate_bytes": 3 << 30, "limit_bytes": 6 << 30, "separate_bytes": 9 << 30,
-              "shared_bytes": 3 << 30, "total_bytes": 8 << 30}
-    workers = [{"lanes": ["speculative", "batching"], "state": "ready", "pid": 42,
-                "rss_bytes": 3 << 29, "pss_bytes": 1 << 30}]
+    layout = {
+        "layout": "shared",
+        "requested": "auto",
+        "reason": "two copies would take 9 GiB",
+        "estimate_bytes": 3 << 30,
+        "limit_bytes": 6 << 30,
+        "separate_bytes": 9 << 30,
+        "shared_bytes": 3 << 30,
+        "total_bytes": 8 << 30,
+    }
+    workers = [
+        {
+            "lanes": ["speculative", "batching"],
+            "state": "ready",
+            "pid": 42,
+            "rss_bytes": 3 << 29,
+            "pss_bytes": 1 << 30,
+        }
+    ]
     print_layout(layout, workers, out)
     text = out.getvalue()
-    assert "lanes layout: shared (requested auto: two copies would take 9 GiB); estimate " \
-           "3.00 GiB of 6.00 GiB allowed" in text
+    assert (
+        "lanes layout: shared (requested auto: two copies would take 9 GiB); estimate "
+        "3.00 GiB of 6.00 GiB allowed" in text
+    )
     assert "worker speculative+batching: ready, pid 42, rss 1.50 GiB, pss 1.00 GiB" in text
     out = io.StringIO()
     print_layout(None, [], out)  # a router without lanes, or an older one

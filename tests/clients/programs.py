@@ -33,11 +33,24 @@ Registry = Literal["npm", "pypi"]
 INSTALL_TIMEOUT = 420.0  # one program, seconds; aider's ~60 wheels are the slowest
 PROBE_TIMEOUT = 45.0
 # npm's error codes for "the registry did not answer" (vs E404, E403: it answered no).
-UNREACHABLE_CODES = frozenset({
-    "ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "ESOCKETTIMEDOUT",
-    "ENETUNREACH", "EHOSTUNREACH", "ERR_SOCKET_TIMEOUT", "EPROTO", "ECONNABORTED",
-    "UNABLE_TO_GET_ISSUER_CERT_LOCALLY", "SELF_SIGNED_CERT_IN_CHAIN", "CERT_HAS_EXPIRED",
-})
+UNREACHABLE_CODES = frozenset(
+    {
+        "ENOTFOUND",
+        "EAI_AGAIN",
+        "ECONNREFUSED",
+        "ECONNRESET",
+        "ETIMEDOUT",
+        "ESOCKETTIMEDOUT",
+        "ENETUNREACH",
+        "EHOSTUNREACH",
+        "ERR_SOCKET_TIMEOUT",
+        "EPROTO",
+        "ECONNABORTED",
+        "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+        "SELF_SIGNED_CERT_IN_CHAIN",
+        "CERT_HAS_EXPIRED",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -51,16 +64,22 @@ class Program:
 
     @property
     def spec(self) -> str:
-        return f"{self.package}@{self.version}" if self.registry == "npm" \
+        return (
+            f"{self.package}@{self.version}"
+            if self.registry == "npm"
             else f"{self.package}=={self.version}"
+        )
 
 
-PROGRAMS: dict[str, Program] = {p.command: p for p in (
-    Program("claude", "npm", "@anthropic-ai/claude-code", "2.1.332"),
-    Program("codex", "npm", "@openai/codex", "0.169.0"),
-    Program("qwen", "npm", "@qwen-code/qwen-code", "0.24.4"),
-    Program("aider", "pypi", "aider-chat", "0.86.2"),
-)}
+PROGRAMS: dict[str, Program] = {
+    p.command: p
+    for p in (
+        Program("claude", "npm", "@anthropic-ai/claude-code", "2.1.332"),
+        Program("codex", "npm", "@openai/codex", "0.169.0"),
+        Program("qwen", "npm", "@qwen-code/qwen-code", "0.24.4"),
+        Program("aider", "pypi", "aider-chat", "0.86.2"),
+    )
+}
 
 
 class RegistryUnreachable(Exception):
@@ -103,12 +122,19 @@ def require(command: str) -> Path:
     try:
         return install(program)
     except RegistryUnreachable as exc:
-        pytest.skip(f"{program.spec} is not installed and the {program.registry} registry "
-                    f"cannot be reached: {exc}")
+        pytest.skip(
+            f"{program.spec} is not installed and the {program.registry} registry "
+            f"cannot be reached: {exc}"
+        )
 
 
-def install(program: Program, *, root: Path | None = None,
-            registry_url: str | None = None, timeout: float = INSTALL_TIMEOUT) -> Path:
+def install(
+    program: Program,
+    *,
+    root: Path | None = None,
+    registry_url: str | None = None,
+    timeout: float = INSTALL_TIMEOUT,
+) -> Path:
     """Install ``program`` unless a complete install is there; return its executable.
 
     ``registry_url`` points npm or pip elsewhere (the tests use a closed loopback port).
@@ -133,8 +159,9 @@ def install(program: Program, *, root: Path | None = None,
         exe = executable(program, root)
         if log.returncode != 0 or not exe.exists():
             probe(program, registry_url)
-            raise InstallFailed(f"installing {program.spec} failed "
-                                f"(exit {log.returncode}):\n{_tail(log)}")
+            raise InstallFailed(
+                f"installing {program.spec} failed (exit {log.returncode}):\n{_tail(log)}"
+            )
         (where / ".complete").write_text(program.spec + "\n")
         return exe
 
@@ -153,8 +180,15 @@ def probe(program: Program, registry_url: str | None = None) -> None:
 def _probe_npm(program: Program, registry_url: str | None) -> None:
     if shutil.which("npm") is None:
         raise RegistryUnreachable("npm is not installed (it comes with Node.js)")
-    cmd = ["npm", "view", program.spec, "version", "--json",
-           "--fetch-retries=0", "--fetch-timeout=20000"]
+    cmd = [
+        "npm",
+        "view",
+        program.spec,
+        "version",
+        "--json",
+        "--fetch-retries=0",
+        "--fetch-timeout=20000",
+    ]
     if registry_url:
         cmd.append(f"--registry={registry_url}")
     done = _run(cmd, PROBE_TIMEOUT, f"`npm view {program.spec}` got no answer")
@@ -173,8 +207,19 @@ def _probe_npm(program: Program, registry_url: str | None) -> None:
 
 
 def _probe_pypi(program: Program, registry_url: str | None) -> None:
-    cmd = [sys.executable, "-m", "pip", "index", "versions", program.package,
-           "--timeout", "20", "--retries", "1", "--disable-pip-version-check"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "index",
+        "versions",
+        program.package,
+        "--timeout",
+        "20",
+        "--retries",
+        "1",
+        "--disable-pip-version-check",
+    ]
     if registry_url:
         cmd += ["--index-url", registry_url]
     done = _run(cmd, PROBE_TIMEOUT, f"`pip index versions {program.package}` got no answer")
@@ -182,37 +227,75 @@ def _probe_pypi(program: Program, registry_url: str | None) -> None:
         # pip prints the same "No matching distribution" whether the index is away or lacks
         # the name; the name is a real, long-published package, so this is the network.
         raise RegistryUnreachable(f"`pip index versions {program.package}`: {_tail(done, 1)}")
-    listed = next((line for line in done.stdout.splitlines()
-                   if line.startswith("Available versions:")), "")
+    listed = next(
+        (line for line in done.stdout.splitlines() if line.startswith("Available versions:")), ""
+    )
     versions = {v.strip() for v in listed.partition(":")[2].split(",")}
     if program.version not in versions:
         raise InstallFailed(f"the package index has no {program.spec}")
 
 
-def _install_into(program: Program, where: Path, registry_url: str | None,
-                  timeout: float) -> subprocess.CompletedProcess[str]:
+def _install_into(
+    program: Program, where: Path, registry_url: str | None, timeout: float
+) -> subprocess.CompletedProcess[str]:
     if program.registry == "npm":
         # --omit=dev and no audit/fund/lockfile: the lightest install; optional dependencies
         # stay, because Claude Code and Codex ship their native binary as one.
-        cmd = ["npm", "install", "--prefix", str(where), "--no-audit", "--no-fund",
-               "--omit=dev", "--no-save", "--no-package-lock", "--loglevel=error",
-               "--fetch-retries=1", "--fetch-timeout=60000", program.spec]
+        cmd = [
+            "npm",
+            "install",
+            "--prefix",
+            str(where),
+            "--no-audit",
+            "--no-fund",
+            "--omit=dev",
+            "--no-save",
+            "--no-package-lock",
+            "--loglevel=error",
+            "--fetch-retries=1",
+            "--fetch-timeout=60000",
+            program.spec,
+        ]
         if registry_url:
             cmd.append(f"--registry={registry_url}")
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)
+        return subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
     python = _python_for(program)
     venv = where / "venv"
-    made = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL, check=False)
+    made = subprocess.run(
+        [python, "-m", "venv", str(venv)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     if made.returncode != 0:
         return made
-    cmd = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-           "--disable-pip-version-check", "--timeout", "30", "--retries", "2", program.spec]
+    cmd = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--timeout",
+        "30",
+        "--retries",
+        "2",
+        program.spec,
+    ]
     if registry_url:
         cmd += ["--index-url", registry_url]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, check=False)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+    )
 
 
 def _python_for(program: Program) -> str:
@@ -223,14 +306,21 @@ def _python_for(program: Program) -> str:
         found = shutil.which(f"python3.{minor}")
         if found:
             return found
-    raise InstallFailed(f"{program.spec} needs Python {low[0]}.{low[1]} to {high[0]}.{high[1]};"
-                        " none is on PATH")
+    raise InstallFailed(
+        f"{program.spec} needs Python {low[0]}.{low[1]} to {high[0]}.{high[1]}; none is on PATH"
+    )
 
 
 def _run(cmd: list[str], timeout: float, late: str) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)
+        return subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
     except subprocess.TimeoutExpired as exc:
         raise RegistryUnreachable(f"{late} within {timeout:.0f} s") from exc
 

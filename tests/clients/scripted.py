@@ -58,8 +58,11 @@ def last_tool_result(body: dict[str, Any]) -> str | None:
 
 
 def read_call(body: dict[str, Any], path: Path) -> Call:
-    tools = {t["function"]["name"]: t["function"] for t in body.get("tools") or []
-             if isinstance(t, dict) and isinstance(t.get("function"), dict)}
+    tools = {
+        t["function"]["name"]: t["function"]
+        for t in body.get("tools") or []
+        if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    }
     name = next((n for n in READ_TOOLS if n in tools), None)
     if name is None:
         raise AssertionError(f"no file-reading tool among {sorted(tools)}")
@@ -72,6 +75,7 @@ def read_call(body: dict[str, Any], path: Path) -> Call:
 
 def agent_turn(path: Path, answer: str) -> Script:
     """Read ``path`` with the program's tool, then say ``answer`` and the file's first line."""
+
     def script(body: dict[str, Any]) -> Reply:
         if not body.get("tools"):
             return "Reading a file"
@@ -80,6 +84,7 @@ def agent_turn(path: Path, answer: str) -> Script:
             return read_call(body, path)
         first = next((line for line in result.splitlines() if "SECRET" in line), result[:80])
         return f"{answer} The file says: {first.strip()}"
+
     return script
 
 
@@ -116,8 +121,12 @@ class ScriptedUpstream:
             await self._runner.cleanup()
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": MODEL, "object": "model", "created": 0, "owned_by": "test"}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "test"}],
+            }
+        )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
@@ -126,36 +135,63 @@ class ScriptedUpstream:
         ident = f"chatcmpl-{next(self._ids)}"
         usage = {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
         if isinstance(reply, Call):
-            call = {"id": f"call_{ident}", "type": "function",
-                    "function": {"name": reply.name,
-                                 "arguments": orjson.dumps(reply.arguments).decode()}}
-            message: dict[str, Any] = {"role": "assistant", "content": None,
-                                       "tool_calls": [call]}
+            call = {
+                "id": f"call_{ident}",
+                "type": "function",
+                "function": {
+                    "name": reply.name,
+                    "arguments": orjson.dumps(reply.arguments).decode(),
+                },
+            }
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
             finish = "tool_calls"
         else:
             message, finish = {"role": "assistant", "content": reply}, "stop"
         if not body.get("stream"):
-            return web.json_response({
-                "id": ident, "object": "chat.completion", "created": 0, "model": MODEL,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                "usage": usage})
+            return web.json_response(
+                {
+                    "id": ident,
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": MODEL,
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                    "usage": usage,
+                }
+            )
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
 
-        async def send(delta: dict[str, Any] | None, reason: str | None = None,
-                       **extra: Any) -> None:
-            choices = [] if delta is None else [
-                {"index": 0, "delta": delta, "finish_reason": reason}]
-            chunk = {"id": ident, "object": "chat.completion.chunk", "created": 0,
-                     "model": MODEL, "choices": choices, **extra}
+        async def send(
+            delta: dict[str, Any] | None, reason: str | None = None, **extra: Any
+        ) -> None:
+            choices = (
+                [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": reason}]
+            )
+            chunk = {
+                "id": ident,
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": MODEL,
+                "choices": choices,
+                **extra,
+            }
             await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
 
         await send({"role": "assistant", "content": ""})
         if isinstance(reply, Call):
             arguments = message["tool_calls"][0]["function"]["arguments"]
-            await send({"tool_calls": [{"index": 0, "id": message["tool_calls"][0]["id"],
-                                        "type": "function",
-                                        "function": {"name": reply.name, "arguments": ""}}]})
+            await send(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": message["tool_calls"][0]["id"],
+                            "type": "function",
+                            "function": {"name": reply.name, "arguments": ""},
+                        }
+                    ]
+                }
+            )
             await send({"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]})
         else:
             for word in reply.split(" "):
@@ -169,8 +205,7 @@ class ScriptedUpstream:
 
 
 @asynccontextmanager
-async def speclane_before(script: Script) -> AsyncIterator[tuple[RunningRouter,
-                                                                   ScriptedUpstream]]:
+async def speclane_before(script: Script) -> AsyncIterator[tuple[RunningRouter, ScriptedUpstream]]:
     """speclane (no lanes) in front of a scripted upstream, both on loopback ports."""
     upstream = ScriptedUpstream(script)
     await upstream.start()
@@ -194,23 +229,36 @@ class Ran:
 
 def program_env(env: dict[str, str]) -> dict[str, str]:
     """This environment (PATH...) without the developer's own client settings, plus ``env``."""
-    kept = {k: v for k, v in os.environ.items()
-            if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE", "QWEN", "AIDER"))}
+    kept = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE", "QWEN", "AIDER"))
+    }
     return {**kept, **env}
 
 
-async def run_program(argv: list[str], *, cwd: Path, env: dict[str, str],
-                      limit: float = PROGRAM_TIMEOUT) -> Ran:
+async def run_program(
+    argv: list[str], *, cwd: Path, env: dict[str, str], limit: float = PROGRAM_TIMEOUT
+) -> Ran:
     """Run a client program to its end (no stdin); kill it if it outlives ``limit`` seconds."""
     proc = await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, env=program_env(env), stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        *argv,
+        cwd=cwd,
+        env=program_env(env),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), limit)
     except TimeoutError:
         os.killpg(proc.pid, signal.SIGKILL)  # the program and whatever it started
         out, err = await proc.communicate()
-        return Ran(-9, out.decode(errors="replace"),
-                   err.decode(errors="replace") + f"\n[killed after {limit:.0f} s]")
+        return Ran(
+            -9,
+            out.decode(errors="replace"),
+            err.decode(errors="replace") + f"\n[killed after {limit:.0f} s]",
+        )
     assert proc.returncode is not None
     return Ran(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))

@@ -41,11 +41,31 @@ def script(body: dict[str, Any]) -> Reply:
 
 
 def aider_argv(aider: Path, base_url: str, message: str, *extra: str) -> list[str]:
-    return [str(aider), "--model", f"openai/{MODEL}", "--openai-api-base", base_url,
-            "--openai-api-key", "sk-speclane-test", "--edit-format", "diff",
-            "--yes-always", "--no-auto-commits", "--no-check-update", "--analytics-disable",
-            "--no-show-model-warnings", "--no-show-release-notes", "--no-pretty",
-            "--no-fancy-input", "--map-tokens", "0", *extra, "--message", message, "notes.txt"]
+    return [
+        str(aider),
+        "--model",
+        f"openai/{MODEL}",
+        "--openai-api-base",
+        base_url,
+        "--openai-api-key",
+        "sk-speclane-test",
+        "--edit-format",
+        "diff",
+        "--yes-always",
+        "--no-auto-commits",
+        "--no-check-update",
+        "--analytics-disable",
+        "--no-show-model-warnings",
+        "--no-show-release-notes",
+        "--no-pretty",
+        "--no-fancy-input",
+        "--map-tokens",
+        "0",
+        *extra,
+        "--message",
+        message,
+        "notes.txt",
+    ]
 
 
 def aider_env(home: Path) -> dict[str, str]:
@@ -59,8 +79,11 @@ def repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "notes.txt").write_text("first line\nsecond line\n")
-    for cmd in (["git", "init", "-q"], ["git", "add", "notes.txt"],
-                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]):
+    for cmd in (
+        ["git", "init", "-q"],
+        ["git", "add", "notes.txt"],
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"],
+    ):
         subprocess.run(cmd, cwd=repo, check=True, capture_output=True)
     return repo
 
@@ -71,17 +94,22 @@ async def test_aider_edits_a_file_then_continues(tmp_path: Path, repo: Path) -> 
     home.mkdir()
     notes = repo / "notes.txt"
     async with speclane_before(script) as (router, upstream):
-        first = await run_program(aider_argv(aider, router.base_url, "Please edit notes.txt"),
-                                  cwd=repo, env=aider_env(home))
+        first = await run_program(
+            aider_argv(aider, router.base_url, "Please edit notes.txt"),
+            cwd=repo,
+            env=aider_env(home),
+        )
         assert first.code == 0, str(first)
         assert notes.read_text() == "EDITED-BY-THE-MODEL\nsecond line\n", str(first)
         assert "Applied edit to notes.txt" in first.out, str(first)
         assert "max_tokens" not in upstream.chats()[0]  # aider names no limit
 
         seen = len(upstream.chats())
-        second = await run_program(aider_argv(aider, router.base_url, "What changed?",
-                                              "--restore-chat-history"),
-                                   cwd=repo, env=aider_env(home))
+        second = await run_program(
+            aider_argv(aider, router.base_url, "What changed?", "--restore-chat-history"),
+            cwd=repo,
+            env=aider_env(home),
+        )
         assert second.code == 0, str(second)
         assert "ANSWER-TWO." in second.out, str(second)
         sent = " ".join(str(m.get("content")) for m in upstream.chats()[seen]["messages"])

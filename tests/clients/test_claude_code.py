@@ -46,12 +46,17 @@ async def test_claude_code_reads_a_file_then_continues(tmp_path: Path) -> None:
     async with speclane_before(lambda body: script(body)) as (router, upstream):
         env = claude_env(router.url, home)
         options = ["--model", MODEL, "--allowedTools=Read"]
-        first = await run_program([str(claude), "-p", "What does notes.txt say?", *options],
-                                  cwd=project, env=env)
+        first = await run_program(
+            [str(claude), "-p", "What does notes.txt say?", *options], cwd=project, env=env
+        )
         assert first.code == 0, str(first)
         assert "ANSWER-ONE." in first.out and "swordfish" in first.out, str(first)
-        tool_results = [m for body in upstream.chats() for m in body["messages"]
-                        if m["role"] == "tool" and "swordfish" in str(m["content"])]
+        tool_results = [
+            m
+            for body in upstream.chats()
+            for m in body["messages"]
+            if m["role"] == "tool" and "swordfish" in str(m["content"])
+        ]
         assert tool_results, "the Read tool's result never reached the upstream"
         # speclane's lanes fold system messages; a plain upstream gets them as sent, in place
         roles = [m["role"] for m in upstream.chats()[-1]["messages"]]
@@ -59,8 +64,9 @@ async def test_claude_code_reads_a_file_then_continues(tmp_path: Path) -> None:
 
         script = agent_turn(notes, "ANSWER-TWO.")
         seen = len(upstream.chats())
-        second = await run_program([str(claude), "-p", "And once more?", "--continue",
-                                    *options], cwd=project, env=env)
+        second = await run_program(
+            [str(claude), "-p", "And once more?", "--continue", *options], cwd=project, env=env
+        )
         assert second.code == 0, str(second)
         assert "ANSWER-TWO." in second.out, str(second)
         history = " ".join(str(m.get("content")) for m in upstream.chats()[seen]["messages"])

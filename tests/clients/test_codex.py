@@ -40,25 +40,50 @@ def codex() -> Path:
 
 # --- the scripted upstream --------------------------------------------------------------------
 
+
 def _chunk(delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> bytes:
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return b"data: " + orjson.dumps({"id": "chatcmpl-codex", "object": "chat.completion.chunk",
-                                     "model": MODEL, "choices": choices, **extra}) + b"\n\n"
+    return (
+        b"data: "
+        + orjson.dumps(
+            {
+                "id": "chatcmpl-codex",
+                "object": "chat.completion.chunk",
+                "model": MODEL,
+                "choices": choices,
+                **extra,
+            }
+        )
+        + b"\n\n"
+    )
 
 
 def _end(finish: str) -> bytes:
-    usage = {"prompt_tokens": 900, "completion_tokens": 12, "total_tokens": 912,
-             "prompt_tokens_details": {"cached_tokens": 800}}
+    usage = {
+        "prompt_tokens": 900,
+        "completion_tokens": 12,
+        "total_tokens": 912,
+        "prompt_tokens_details": {"cached_tokens": 800},
+    }
     return _chunk({}, finish) + _chunk(None, usage=usage) + b"data: [DONE]\n\n"
 
 
 def shell_call(command: str) -> Behaviour:
     args = orjson.dumps({"cmd": command}).decode()
-    body = _chunk({"role": "assistant", "content": ""}) + _chunk({"tool_calls": [
-        {"index": 0, "id": "call_codex1", "type": "function",
-         "function": {"name": "exec_command", "arguments": ""}}]})
+    body = _chunk({"role": "assistant", "content": ""}) + _chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "call_codex1",
+                    "type": "function",
+                    "function": {"name": "exec_command", "arguments": ""},
+                }
+            ]
+        }
+    )
     for i in range(0, len(args), 9):
-        body += _chunk({"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + 9]}}]})
+        body += _chunk({"tool_calls": [{"index": 0, "function": {"arguments": args[i : i + 9]}}]})
     return Behaviour(raw_body=body + _end("tool_calls"))
 
 
@@ -72,9 +97,12 @@ def text(answer: str) -> Behaviour:
 @contextlib.asynccontextmanager
 async def speclane_in_front_of(fake: FakeUpstream, tmp_path: Path) -> AsyncIterator[RouterProcess]:
     config = tmp_path / "speclane.toml"
-    config.write_text(config_text([{"name": "scripted", "kind": "openai",
-                                    "base_url": fake.base_url, "read_timeout": 60}],
-                                  health_interval=60))
+    config.write_text(
+        config_text(
+            [{"name": "scripted", "kind": "openai", "base_url": fake.base_url, "read_timeout": 60}],
+            health_interval=60,
+        )
+    )
     router = await RouterProcess.start(config, "--no-lanes")
     try:
         yield router
@@ -82,13 +110,19 @@ async def speclane_in_front_of(fake: FakeUpstream, tmp_path: Path) -> AsyncItera
         await router.stop()
 
 
-async def run_codex(codex: Path, home: Path, workdir: Path, *args: str,
-                    env: dict[str, str] | None = None) -> tuple[int, str, str]:
+async def run_codex(
+    codex: Path, home: Path, workdir: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        str(codex), *args, cwd=workdir, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        str(codex),
+        *args,
+        cwd=workdir,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         env=clean_env(CODEX_HOME=str(home), NO_COLOR="1", **(env or {})),
-        start_new_session=True)
+        start_new_session=True,
+    )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT)
     except TimeoutError:
@@ -102,11 +136,20 @@ async def run_codex(codex: Path, home: Path, workdir: Path, *args: str,
 def provider_flags(base_url: str) -> list[str]:
     """A custom provider speaking the Responses API to speclane (what docs/clients/codex.md
     shows as config.toml)."""
-    return ["-c", "model_provider=speclane",
-            "-c", ('model_providers.speclane={name="speclane", base_url="' + base_url
-                   + '", wire_api="responses", request_max_retries=0, stream_max_retries=0}'),
-            "-m", MODEL, "--skip-git-repo-check",
-            "--dangerously-bypass-approvals-and-sandbox"]
+    return [
+        "-c",
+        "model_provider=speclane",
+        "-c",
+        (
+            'model_providers.speclane={name="speclane", base_url="'
+            + base_url
+            + '", wire_api="responses", request_max_retries=0, stream_max_retries=0}'
+        ),
+        "-m",
+        MODEL,
+        "--skip-git-repo-check",
+        "--dangerously-bypass-approvals-and-sandbox",
+    ]
 
 
 def inputs_of(fake: FakeUpstream, i: int) -> list[dict[str, Any]]:
@@ -118,15 +161,19 @@ async def test_codex_exec_runs_a_tool_then_a_second_turn(codex: Path, tmp_path: 
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    async with fake_upstream(models=(MODEL,)) as fake, \
-            speclane_in_front_of(fake, tmp_path) as router:
+    async with (
+        fake_upstream(models=(MODEL,)) as fake,
+        speclane_in_front_of(fake, tmp_path) as router,
+    ):
         fake.then(shell_call(COMMAND), text(FIRST_ANSWER), text(SECOND_ANSWER))
         flags = provider_flags(router.base_url)
-        code, out, err = await run_codex(codex, home, work, "exec", *flags,
-                                         "Run the marker command and tell me what it printed.")
+        code, out, err = await run_codex(
+            codex, home, work, "exec", *flags, "Run the marker command and tell me what it printed."
+        )
         assert code == 0, f"codex exec failed ({code}):\n{out}\n{err}"
-        code2, out2, err2 = await run_codex(codex, home, work, "exec", *flags, "resume",
-                                            "--last", "And now the second question.")
+        code2, out2, err2 = await run_codex(
+            codex, home, work, "exec", *flags, "resume", "--last", "And now the second question."
+        )
         assert code2 == 0, f"codex exec resume failed ({code2}):\n{out2}\n{err2}"
     assert FIRST_ANSWER in out, out + err
     assert SECOND_ANSWER in out2, out2 + err2
@@ -141,10 +188,9 @@ async def test_codex_exec_runs_a_tool_then_a_second_turn(codex: Path, tmp_path: 
     # The second turn carries the first one: the call, its output, the answer, the new ask.
     second = inputs_of(fake, 2)
     assert any(m.get("tool_calls") for m in second)
-    assert any(FIRST_ANSWER in (m.get("content") or "") for m in second
-               if m["role"] == "assistant")
+    assert any(FIRST_ANSWER in (m.get("content") or "") for m in second if m["role"] == "assistant")
     assert "second question" in second[-1]["content"]
-    assert second[:len(inputs_of(fake, 1))] == inputs_of(fake, 1)  # a stable prefix: cacheable
+    assert second[: len(inputs_of(fake, 1))] == inputs_of(fake, 1)  # a stable prefix: cacheable
 
 
 async def test_codex_oss_through_the_ollama_door(codex: Path, tmp_path: Path) -> None:
@@ -153,30 +199,54 @@ async def test_codex_oss_through_the_ollama_door(codex: Path, tmp_path: Path) ->
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    async with fake_upstream(models=(MODEL,)) as fake, \
-            speclane_in_front_of(fake, tmp_path) as router:
+    async with (
+        fake_upstream(models=(MODEL,)) as fake,
+        speclane_in_front_of(fake, tmp_path) as router,
+    ):
         fake.then(text(FIRST_ANSWER))
         code, out, err = await run_codex(
-            codex, home, work, "exec", "--oss", "--local-provider", "ollama", "-m", MODEL,
-            "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "Say hello.",
-            env={"CODEX_OSS_BASE_URL": router.base_url})
+            codex,
+            home,
+            work,
+            "exec",
+            "--oss",
+            "--local-provider",
+            "ollama",
+            "-m",
+            MODEL,
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "Say hello.",
+            env={"CODEX_OSS_BASE_URL": router.base_url},
+        )
     assert code == 0, f"codex exec --oss failed ({code}):\n{out}\n{err}"
     assert FIRST_ANSWER in out
     assert len(fake.requests) == 1 and fake.requests[0].body["model"] == MODEL
 
 
-async def test_codex_oss_with_a_model_speclane_does_not_serve(codex: Path,
-                                                              tmp_path: Path) -> None:
+async def test_codex_oss_with_a_model_speclane_does_not_serve(codex: Path, tmp_path: Path) -> None:
     """Codex pulls a model missing from the list; speclane's answer says what it serves."""
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    async with fake_upstream(models=(MODEL,)) as fake, \
-            speclane_in_front_of(fake, tmp_path) as router:
+    async with (
+        fake_upstream(models=(MODEL,)) as fake,
+        speclane_in_front_of(fake, tmp_path) as router,
+    ):
         code, out, err = await run_codex(
-            codex, home, work, "exec", "--oss", "--local-provider", "ollama",
-            "-m", "gpt-oss:20b", "--skip-git-repo-check", "Say hello.",
-            env={"CODEX_OSS_BASE_URL": router.base_url})
+            codex,
+            home,
+            work,
+            "exec",
+            "--oss",
+            "--local-provider",
+            "ollama",
+            "-m",
+            "gpt-oss:20b",
+            "--skip-git-repo-check",
+            "Say hello.",
+            env={"CODEX_OSS_BASE_URL": router.base_url},
+        )
     assert code != 0
     assert "does not download models" in out + err and MODEL in out + err
     assert not fake.requests

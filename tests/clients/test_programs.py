@@ -39,8 +39,12 @@ async def test_a_registry_that_says_no_fails_the_test(tmp_path: Path) -> None:
     app.router.add_route("*", "/{tail:.*}", not_found)
     async with serve_app(app) as port:
         with pytest.raises(InstallFailed, match="E404"):
-            await asyncio.to_thread(programs.install, PROGRAMS["qwen"], root=tmp_path,
-                                    registry_url=f"http://127.0.0.1:{port}/")
+            await asyncio.to_thread(
+                programs.install,
+                PROGRAMS["qwen"],
+                root=tmp_path,
+                registry_url=f"http://127.0.0.1:{port}/",
+            )
 
 
 def test_a_complete_install_is_reused_without_asking_the_registry(tmp_path: Path) -> None:

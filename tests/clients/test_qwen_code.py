@@ -29,21 +29,36 @@ async def test_qwen_code_reads_a_file_then_continues(tmp_path: Path) -> None:
     notes.write_text(f"first line\n{SECRET}\n")
     script = agent_turn(notes, "ANSWER-ONE.")
     async with speclane_before(lambda body: script(body)) as (router, upstream):
-        options = ["--auth-type", "openai", "--openai-base-url", router.base_url,
-                   "--openai-api-key", "sk-speclane-test", "--model", MODEL,
-                   "--approval-mode", "default"]
-        first = await run_program([str(qwen), *options, "What does notes.txt say?"],
-                                  cwd=project, env=qwen_env(home))
+        options = [
+            "--auth-type",
+            "openai",
+            "--openai-base-url",
+            router.base_url,
+            "--openai-api-key",
+            "sk-speclane-test",
+            "--model",
+            MODEL,
+            "--approval-mode",
+            "default",
+        ]
+        first = await run_program(
+            [str(qwen), *options, "What does notes.txt say?"], cwd=project, env=qwen_env(home)
+        )
         assert first.code == 0, str(first)
         assert "ANSWER-ONE." in first.out and "forty-two" in first.out, str(first)
-        tool_results = [m for body in upstream.chats() for m in body["messages"]
-                        if m["role"] == "tool" and "forty-two" in str(m["content"])]
+        tool_results = [
+            m
+            for body in upstream.chats()
+            for m in body["messages"]
+            if m["role"] == "tool" and "forty-two" in str(m["content"])
+        ]
         assert tool_results, "the read_file tool's result never reached the upstream"
 
         script = agent_turn(notes, "ANSWER-TWO.")
         seen = len(upstream.chats())
-        second = await run_program([str(qwen), *options, "--continue", "And once more?"],
-                                   cwd=project, env=qwen_env(home))
+        second = await run_program(
+            [str(qwen), *options, "--continue", "And once more?"], cwd=project, env=qwen_env(home)
+        )
         assert second.code == 0, str(second)
         assert "ANSWER-TWO." in second.out, str(second)
         history = " ".join(str(m.get("content")) for m in upstream.chats()[seen]["messages"])

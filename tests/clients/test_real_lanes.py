@@ -33,16 +33,26 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
 
 
 def test_claude_codes_prompt_reaches_the_lanes_and_is_measured_against_the_context(
-        router: Router, tmp_path: Path) -> None:
+    router: Router, tmp_path: Path
+) -> None:
     claude = require("claude")
     home = tmp_path / "home"
     home.mkdir()
-    env = {**claude_env(router.base_url.removesuffix("/v1"), home),
-           "ANTHROPIC_SMALL_FAST_MODEL": DEFAULT_MODEL_NAME,
-           "ANTHROPIC_DEFAULT_HAIKU_MODEL": DEFAULT_MODEL_NAME}
-    ran = subprocess.run([str(claude), "-p", "Say hi", "--model", DEFAULT_MODEL_NAME],
-                         cwd=tmp_path, env=program_env(env), stdin=subprocess.DEVNULL,
-                         capture_output=True, text=True, timeout=300, check=False)
+    env = {
+        **claude_env(router.base_url.removesuffix("/v1"), home),
+        "ANTHROPIC_SMALL_FAST_MODEL": DEFAULT_MODEL_NAME,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": DEFAULT_MODEL_NAME,
+    }
+    ran = subprocess.run(
+        [str(claude), "-p", "Say hi", "--model", DEFAULT_MODEL_NAME],
+        cwd=tmp_path,
+        env=program_env(env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     shown = ran.stdout + ran.stderr
     assert "context_length_exceeded" in shown, shown
     assert "the context is 8192" in shown, shown
@@ -50,16 +60,32 @@ def test_claude_codes_prompt_reaches_the_lanes_and_is_measured_against_the_conte
 
 
 def test_qwen_codes_prompt_reaches_the_lanes_and_is_measured_against_the_context(
-        router: Router, tmp_path: Path) -> None:
+    router: Router, tmp_path: Path
+) -> None:
     qwen = require("qwen")
     home = tmp_path / "home"
     home.mkdir()
-    ran = subprocess.run([str(qwen), "--auth-type", "openai", "--openai-base-url",
-                          router.base_url, "--openai-api-key", "local", "--model",
-                          DEFAULT_MODEL_NAME, "Say hi"],
-                         cwd=tmp_path, env=program_env(qwen_env(home)),
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
-                         check=False)
+    ran = subprocess.run(
+        [
+            str(qwen),
+            "--auth-type",
+            "openai",
+            "--openai-base-url",
+            router.base_url,
+            "--openai-api-key",
+            "local",
+            "--model",
+            DEFAULT_MODEL_NAME,
+            "Say hi",
+        ],
+        cwd=tmp_path,
+        env=program_env(qwen_env(home)),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     shown = ran.stdout + ran.stderr
     assert ran.returncode != 0
     assert "context" in shown and "8192" in shown, shown

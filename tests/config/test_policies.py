@@ -37,36 +37,41 @@ def problems(directory: Path, **kw: object) -> list[str]:
 
 @pytest.fixture
 def policies(tmp_path: Path) -> PolicySet:
-    write(tmp_path, {
-        "default.toml": 'client = "default"\n',
-        "agent.toml": f"""
+    write(
+        tmp_path,
+        {
+            "default.toml": 'client = "default"\n',
+            "agent.toml": f"""
             priority = 10
             [match]
             client_header = ["Agent"]
             user_agent = ["^agent/\\\\d"]
             api_keys = ["{SECRET}"]
         """,
-        "locked.toml": """
+            "locked.toml": """
             require_api_key = true
             [match]
             client_header = ["locked"]
             user_agent = ["locked"]
             api_key_env = "LOCKED_KEY"
         """,
-        "zz-wide.toml": '[match]\nuser_agent = ["agent"]\n',
-    })
+            "zz-wide.toml": '[match]\nuser_agent = ["agent"]\n',
+        },
+    )
     return load_policies(tmp_path, environ={"LOCKED_KEY": "locked-secret"})
 
 
 def test_shipped_policies_are_valid() -> None:
     env = {"SPECLANE_BATCH_API_KEY": "batch-key"}
     loaded = load_policies(REPO_POLICIES, presets=DEFAULT_PRESETS.keys(), environ=env)
-    assert {p.client for p in loaded} == {"default", "openclaw", "opta-cli", "batch",
-                                          "claude-code"}
+    assert {p.client for p in loaded} == {"default", "openclaw", "opta-cli", "batch", "claude-code"}
     assert loaded.warnings == ()
     agent = loaded.identify(None, None, "OpenClaw/1.4 (darwin)")
-    assert (agent.client, agent.default_preset, agent.lane_for("interactive", DEFAULT_PRESETS)) \
-        == ("openclaw", "interactive", "speculative")
+    assert (agent.client, agent.default_preset, agent.lane_for("interactive", DEFAULT_PRESETS)) == (
+        "openclaw",
+        "interactive",
+        "speculative",
+    )
     batch = loaded.identify("batch-key", None, None)
     assert batch.priority < 0 < agent.priority
     assert batch.lane_for("throughput", DEFAULT_PRESETS) == "batching"
@@ -105,18 +110,27 @@ def test_header_is_case_insensitive_and_user_agents_go_in_file_order(
 def test_an_unknown_key_falls_through_when_no_key_is_required(policies: PolicySet) -> None:
     identity = policies.match("sk-unknown", "agent", None)
     assert (identity.policy.client, identity.via, identity.key_presented) == (
-        "agent", "client_header", True)
+        "agent",
+        "client_header",
+        True,
+    )
     assert policies.identify("EMPTY", None, None).client == DEFAULT_CLIENT
 
 
-@pytest.mark.parametrize(("key", "header", "agent"), [
-    (None, "locked", None),
-    (None, None, "locked/1"),
-    ("wrong", "locked", None),
-    ("wrong", None, "locked/1"),
-])
+@pytest.mark.parametrize(
+    ("key", "header", "agent"),
+    [
+        (None, "locked", None),
+        (None, None, "locked/1"),
+        ("wrong", "locked", None),
+        ("wrong", None, "locked/1"),
+    ],
+)
 def test_a_keyed_client_cannot_be_impersonated_nor_probed(
-    policies: PolicySet, key: str | None, header: str | None, agent: str | None,
+    policies: PolicySet,
+    key: str | None,
+    header: str | None,
+    agent: str | None,
 ) -> None:
     """A label pointing at a key-required policy without its key gets exactly what an
     unknown label gets: the default (so a probe cannot tell that the name exists)."""
@@ -130,19 +144,28 @@ def test_the_right_key_opens_a_keyed_client(policies: PolicySet) -> None:
 
 def test_a_default_that_requires_keys_closes_the_router(tmp_path: Path) -> None:
     """Every request needs some valid key: no header or user agent opens a key-less policy."""
-    write(tmp_path, {
-        "default.toml": 'require_api_key = true\n[match]\napi_keys = ["house-key"]\n',
-        "open.toml": '[match]\nclient_header = ["open"]\nuser_agent = ["^open-ua"]\n',
-        "keyed.toml": 'require_api_key = true\n[match]\napi_keys = ["keyed-key"]\n'
-                      'client_header = ["keyed"]\n',
-    })
+    write(
+        tmp_path,
+        {
+            "default.toml": 'require_api_key = true\n[match]\napi_keys = ["house-key"]\n',
+            "open.toml": '[match]\nclient_header = ["open"]\nuser_agent = ["^open-ua"]\n',
+            "keyed.toml": 'require_api_key = true\n[match]\napi_keys = ["keyed-key"]\n'
+            'client_header = ["keyed"]\n',
+        },
+    )
     loaded = load_policies(tmp_path)
     assert loaded.keyless() == ()
     assert loaded.identify("house-key", None, None).client == DEFAULT_CLIENT
     assert loaded.identify("keyed-key", "open", "open-ua/1").client == "keyed"
     for key, code in ((None, "missing_api_key"), ("guess", "invalid_api_key")):
-        for header, agent in ((None, "curl/8"), ("open", None), (None, "open-ua/1"),
-                              ("open", "open-ua/1"), ("keyed", None), ("nobody", None)):
+        for header, agent in (
+            (None, "curl/8"),
+            ("open", None),
+            (None, "open-ua/1"),
+            ("open", "open-ua/1"),
+            ("keyed", None),
+            ("nobody", None),
+        ):
             with pytest.raises(Unauthorized) as info:
                 loaded.identify(key, header, agent)
             err = info.value
@@ -188,21 +211,35 @@ def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
     assert line.startswith(f"{tmp_path / 'bad.toml'}: invalid TOML:")
 
 
-@pytest.mark.parametrize(("text", "key", "words"), [
-    ('priority = "high"', "priority", "valid integer"),
-    ("bogus = 1", "bogus", "Extra inputs are not permitted"),
-    ("max_concurrency = 0", "max_concurrency", "greater than or equal to 1"),
-    ('client = "has space"', "client", "pattern"),
-    ('[lanes]\ninteractive = "fast"', "lanes.interactive", "'speculative', 'batching' or 'auto'"),
-    ('[match]\nuser_agent = ["(unclosed"]', "match.user_agent", "invalid regular expression"),
-    ('[match]\napi_key_env = ["1BAD"]', "match.api_key_env", "not an environment variable"),
-    ('[match]\nclient_header = [" "]', "match.client_header", "empty client header"),
-    ('[caps]\naction = "drop"', "caps.action", "'clamp' or 'reject'"),
-    ('presets = ["throughput"]\ndefault_preset = "interactive"', "(top level)", "not in presets"),
-    ('presets = ["throughput"]\n[lanes]\ninteractive = "batching"', "(top level)", "lanes."),
-])
+@pytest.mark.parametrize(
+    ("text", "key", "words"),
+    [
+        ('priority = "high"', "priority", "valid integer"),
+        ("bogus = 1", "bogus", "Extra inputs are not permitted"),
+        ("max_concurrency = 0", "max_concurrency", "greater than or equal to 1"),
+        ('client = "has space"', "client", "pattern"),
+        (
+            '[lanes]\ninteractive = "fast"',
+            "lanes.interactive",
+            "'speculative', 'batching' or 'auto'",
+        ),
+        ('[match]\nuser_agent = ["(unclosed"]', "match.user_agent", "invalid regular expression"),
+        ('[match]\napi_key_env = ["1BAD"]', "match.api_key_env", "not an environment variable"),
+        ('[match]\nclient_header = [" "]', "match.client_header", "empty client header"),
+        ('[caps]\naction = "drop"', "caps.action", "'clamp' or 'reject'"),
+        (
+            'presets = ["throughput"]\ndefault_preset = "interactive"',
+            "(top level)",
+            "not in presets",
+        ),
+        ('presets = ["throughput"]\n[lanes]\ninteractive = "batching"', "(top level)", "lanes."),
+    ],
+)
 def test_validation_errors_name_file_key_and_problem(
-    tmp_path: Path, text: str, key: str, words: str,
+    tmp_path: Path,
+    text: str,
+    key: str,
+    words: str,
 ) -> None:
     write(tmp_path, {"c.toml": text + "\n"})
     [line] = problems(tmp_path)
@@ -219,23 +256,35 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
 def test_duplicate_client_names(tmp_path: Path) -> None:
     write(tmp_path, {"a.toml": 'client = "same"\n', "b.toml": 'client = "same"\n'})
     [line] = problems(tmp_path)
-    assert line == f"{tmp_path / 'b.toml'}: client: 'same' is already defined in " \
-                   f"{tmp_path / 'a.toml'}"
+    assert (
+        line == f"{tmp_path / 'b.toml'}: client: 'same' is already defined in {tmp_path / 'a.toml'}"
+    )
 
 
 def test_duplicate_header_values(tmp_path: Path) -> None:
-    write(tmp_path, {"a.toml": '[match]\nclient_header = ["x"]\n',
-                     "b.toml": '[match]\nclient_header = ["y", "X"]\n'})
+    write(
+        tmp_path,
+        {
+            "a.toml": '[match]\nclient_header = ["x"]\n',
+            "b.toml": '[match]\nclient_header = ["y", "X"]\n',
+        },
+    )
     [line] = problems(tmp_path)
     assert line.startswith(f"{tmp_path / 'b.toml'}: match.client_header[1]: 'X' is already used")
 
 
 def test_duplicate_api_keys_across_files_without_printing_them(tmp_path: Path) -> None:
-    write(tmp_path, {"a.toml": f'[match]\napi_keys = ["{SECRET}"]\n',
-                     "b.toml": '[match]\napi_key_env = ["B_KEY"]\n'})
+    write(
+        tmp_path,
+        {
+            "a.toml": f'[match]\napi_keys = ["{SECRET}"]\n',
+            "b.toml": '[match]\napi_key_env = ["B_KEY"]\n',
+        },
+    )
     [line] = problems(tmp_path, environ={"B_KEY": SECRET})
-    assert line.startswith(f"{tmp_path / 'b.toml'}: match.api_key_env[0]: this API key is "
-                           "already used by client 'a'")
+    assert line.startswith(
+        f"{tmp_path / 'b.toml'}: match.api_key_env[0]: this API key is already used by client 'a'"
+    )
     assert SECRET not in line
 
 
@@ -270,34 +319,47 @@ def test_keys_are_never_shown(policies: PolicySet, tmp_path: Path) -> None:
 
 
 def test_unset_key_variables_warn_and_unprotected_keys_warn(tmp_path: Path) -> None:
-    write(tmp_path, {
-        "a.toml": 'require_api_key = true\n[match]\napi_key_env = ["A_KEY"]\n',
-        "b.toml": '[match]\nclient_header = ["b"]\napi_keys = ["b-key"]\n',
-    })
+    write(
+        tmp_path,
+        {
+            "a.toml": 'require_api_key = true\n[match]\napi_key_env = ["A_KEY"]\n',
+            "b.toml": '[match]\nclient_header = ["b"]\napi_keys = ["b-key"]\n',
+        },
+    )
     loaded = load_policies(tmp_path, environ={"A_KEY": "  "})
     assert [w.split(": ")[1] for w in loaded.warnings] == [
-        "match.api_key_env[0]", "require_api_key", "require_api_key"]
+        "match.api_key_env[0]",
+        "require_api_key",
+        "require_api_key",
+    ]
     assert "no usable key" in loaded.warnings[1]
     assert "without its key" in loaded.warnings[2]
 
 
-@pytest.mark.parametrize(("header", "token"), [
-    ("Bearer abc", "abc"),
-    ("bearer   abc  ", "abc"),
-    ("Basic abc", None),
-    ("Bearer", None),
-    ("", None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    ("header", "token"),
+    [
+        ("Bearer abc", "abc"),
+        ("bearer   abc  ", "abc"),
+        ("Basic abc", None),
+        ("Bearer", None),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_bearer_token(header: str | None, token: str | None) -> None:
     assert bearer_token(header) == token
 
 
 def test_policy_helpers() -> None:
-    policy = Policy.model_validate({
-        "client": "p", "presets": ["interactive"], "lanes": {"interactive": "batching"},
-        "models": {"allow": "qwen*", "aliases": {"fast": "qwen-0.5b"}},
-    })
+    policy = Policy.model_validate(
+        {
+            "client": "p",
+            "presets": ["interactive"],
+            "lanes": {"interactive": "batching"},
+            "models": {"allow": "qwen*", "aliases": {"fast": "qwen-0.5b"}},
+        }
+    )
     assert policy.name == "p"
     assert policy.allows_preset("interactive") and not policy.allows_preset("throughput")
     assert policy.allows_model("qwen-7b") and not policy.allows_model("llama")
@@ -313,22 +375,31 @@ def test_spec_overrides_that_break_the_configured_spec_are_refused_at_load(tmp_p
     load_policies(tmp_path)  # alone, the overrides are well-formed
     with pytest.raises(PolicyError) as err:
         load_policies(tmp_path, spec=SpecSettings())  # min_sample 128 > window_size 64
-    assert any("agent.toml: spec: " in p and "window_size" in p for p in err.value.problems), \
+    assert any("agent.toml: spec: " in p and "window_size" in p for p in err.value.problems), (
         err.value.problems
+    )
     load_policies(tmp_path, spec=SpecSettings(min_sample=32))  # fits a smaller sample
 
 
 def test_cache_partitions_follow_keys_and_groups_never_labels(tmp_path: Path) -> None:
-    loaded = load_policies(write(tmp_path, {
-        "default.toml": 'client = "default"\n',
-        "alice.toml": '[match]\napi_keys = ["sk-alice-000000"]\nclient_header = ["alice"]\n',
-        "bob.toml": 'cache_group = "team"\n[match]\napi_keys = ["sk-bob-000000"]\n',
-        "carol.toml": 'cache_group = "team"\n[match]\nuser_agent = ["carol"]\n',
-        "team.toml": '[match]\napi_keys = ["sk-team-000000"]\n',
-    }))
+    loaded = load_policies(
+        write(
+            tmp_path,
+            {
+                "default.toml": 'client = "default"\n',
+                "alice.toml": (
+                    '[match]\napi_keys = ["sk-alice-000000"]\nclient_header = ["alice"]\n'
+                ),
+                "bob.toml": 'cache_group = "team"\n[match]\napi_keys = ["sk-bob-000000"]\n',
+                "carol.toml": 'cache_group = "team"\n[match]\nuser_agent = ["carol"]\n',
+                "team.toml": '[match]\napi_keys = ["sk-team-000000"]\n',
+            },
+        )
+    )
 
-    def partition(key: str | None = None, header: str | None = None,
-                  agent: str | None = None) -> str:
+    def partition(
+        key: str | None = None, header: str | None = None, agent: str | None = None
+    ) -> str:
         return loaded.cache_partition(loaded.match(key, header, agent))
 
     assert partition("sk-alice-000000") == "client:alice"

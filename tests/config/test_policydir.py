@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_policies_dir_in_a_config_file_is_relative_to_that_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "etc").mkdir()
     config = tmp_path / "etc" / "speclane.toml"
     config.write_text('policies_dir = "mine"\n')
@@ -32,7 +33,8 @@ def test_policies_dir_in_a_config_file_is_relative_to_that_file(
 
 
 def test_a_flag_or_the_environment_stays_relative_to_the_current_directory(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = tmp_path / "speclane.toml"
     config.write_text('policies_dir = "mine"\n')
     assert load_settings(config, policies_dir=Path("flag")).policies_dir == Path("flag")
@@ -63,11 +65,12 @@ def test_the_shipped_defaults_are_the_repository_policies() -> None:
     shipped = load_policies(policydir.PACKAGED_POLICIES)
     assert {p.client for p in shipped} >= {"default", "openclaw", "opta-cli"}
     assert sorted(p.name for p in policydir.PACKAGED_POLICIES.glob("*.toml")) == sorted(
-        p.name for p in (REPO / "policies").glob("*.toml"))
+        p.name for p in (REPO / "policies").glob("*.toml")
+    )
 
 
 def test_policy_check_from_another_directory_checks_what_serve_uses(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("SPECLANE_POLICIES_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -75,8 +78,9 @@ def test_policy_check_from_another_directory_checks_what_serve_uses(
     assert "all valid" in capsys.readouterr().out
 
 
-def test_no_policies_anywhere_is_said_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_policies_anywhere_is_said_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("SPECLANE_POLICIES_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(policydir, "PACKAGED_POLICIES", tmp_path / "not-installed")
@@ -88,18 +92,25 @@ def test_no_policies_anywhere_is_said_loudly(tmp_path: Path, monkeypatch: pytest
 
 
 async def test_serve_started_from_another_directory_uses_the_shipped_policies(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with fake_upstreams("fake") as (fake,):
         config = tmp_path / "speclane.toml"
-        config.write_text(config_text(log_level="info", backends=[
-            {"name": "fake", "base_url": fake.base_url}]))
+        config.write_text(
+            config_text(log_level="info", backends=[{"name": "fake", "base_url": fake.base_url}])
+        )
         monkeypatch.setattr(harness, "REPO", tmp_path)  # the subprocess's working directory
         env = harness.clean_env(PYTHONPATH=str(REPO))
         proc = await RouterProcess.start(config, "--no-lanes", env=env)
         try:
-            async with aiohttp.ClientSession() as s, s.post(
-                    f"{proc.base_url}/chat/completions", json=chat_body(),
-                    headers={"X-Speclane-Client": "openclaw"}) as resp:
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(
+                    f"{proc.base_url}/chat/completions",
+                    json=chat_body(),
+                    headers={"X-Speclane-Client": "openclaw"},
+                ) as resp,
+            ):
                 assert resp.status == 200
                 client = resp.headers["X-Speclane-Client"]
         finally:

@@ -21,7 +21,9 @@ def test_defaults_bind_loopback() -> None:
 
 
 def test_file_is_parsed_into_frozen_values(tmp_path: Path) -> None:
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 port = 9000
 [[backends]]
 name = "lmstudio"
@@ -29,11 +31,16 @@ kind = "lmstudio"
 base_url = "http://127.0.0.1:1234/v1/"
 api_key = "secret"
 models = ["qwen"]
-""")
+""",
+    )
     s = load_settings(path)
     b = s.backends[0]
     assert (s.port, b.kind, b.base_url, b.root_url) == (
-        9000, "lmstudio", "http://127.0.0.1:1234/v1", "http://127.0.0.1:1234")
+        9000,
+        "lmstudio",
+        "http://127.0.0.1:1234/v1",
+        "http://127.0.0.1:1234",
+    )
     assert "secret" not in repr(b)
     with pytest.raises(Exception, match="frozen"):
         s.port = 1  # type: ignore[misc]
@@ -49,19 +56,28 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
     assert s.lanes.num_draft_tokens == 4  # the rest of the table survives the override
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("port = 'x'", "speclane.toml: port: Input should be a valid integer"),
-    ("[[backends]]\nname='a'\nkind='nope'\nbase_url='http://x/v1'",
-     "speclane.toml: backends.0.kind: Input should be"),
-    ("[[backends]]\nname='a'\nbase_url='ftp://x'", "backends.0.base_url: must start"),
-    ("[[backends]]\nname='speculative'\nbase_url='http://x/v1'",
-     "reserved for speclane's own lane"),
-    ("[[backends]]\nname='a'\nbase_url='http://x/v1'\n[[backends]]\nname='a'\nbase_url='http://y/v1'",
-     "backend name 'a' is used twice"),
-    ("bogus = 1", "speclane.toml: bogus: Extra inputs are not permitted"),
-    ("port = = 1", "speclane.toml: invalid TOML"),
-    ("[lanes]\nnum_draft_tokens = 0", "lanes.num_draft_tokens: Input should be greater"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("port = 'x'", "speclane.toml: port: Input should be a valid integer"),
+        (
+            "[[backends]]\nname='a'\nkind='nope'\nbase_url='http://x/v1'",
+            "speclane.toml: backends.0.kind: Input should be",
+        ),
+        ("[[backends]]\nname='a'\nbase_url='ftp://x'", "backends.0.base_url: must start"),
+        (
+            "[[backends]]\nname='speculative'\nbase_url='http://x/v1'",
+            "reserved for speclane's own lane",
+        ),
+        (
+            "[[backends]]\nname='a'\nbase_url='http://x/v1'\n[[backends]]\nname='a'\nbase_url='http://y/v1'",
+            "backend name 'a' is used twice",
+        ),
+        ("bogus = 1", "speclane.toml: bogus: Extra inputs are not permitted"),
+        ("port = = 1", "speclane.toml: invalid TOML"),
+        ("[lanes]\nnum_draft_tokens = 0", "lanes.num_draft_tokens: Input should be greater"),
+    ],
+)
 def test_invalid_file_names_file_and_key(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_settings(write(tmp_path, text))
@@ -72,15 +88,17 @@ def test_missing_file(tmp_path: Path) -> None:
         load_settings(tmp_path / "absent.toml")
 
 
-def test_command_line_flags_beat_the_environment(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_command_line_flags_beat_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = write(tmp_path, "port = 9000\n")
     monkeypatch.setenv("SPECLANE_PORT", "9100")
     assert load_settings(path, port=9200).port == 9200
 
 
 def test_unreadable_file_and_bad_environment_are_clear_errors(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_settings(tmp_path)  # a directory
     monkeypatch.setenv("SPECLANE_LANES", "{not json")

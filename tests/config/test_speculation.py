@@ -34,8 +34,14 @@ def test_inconsistent_combinations_are_refused_by_name(fields: dict, names: str)
 
 @pytest.mark.parametrize(
     "fields",
-    [{"off_threshold": 1.5}, {"probe_backoff": 0.5}, {"window_size": 0}, {"window_unit": "bytes"},
-     {"probe_min_spacing": 0}, {"surprise": 1}],
+    [
+        {"off_threshold": 1.5},
+        {"probe_backoff": 0.5},
+        {"window_size": 0},
+        {"window_unit": "bytes"},
+        {"probe_min_spacing": 0},
+        {"surprise": 1},
+    ],
 )
 def test_out_of_range_values_are_refused(fields: dict) -> None:
     with pytest.raises(ValidationError):

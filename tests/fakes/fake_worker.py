@@ -42,8 +42,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-health-after", type=int, help="/health never answers after N answers")
     p.add_argument("--die-after", type=float, help="exit with --die-code this long after ready")
     p.add_argument("--die-code", type=int, default=3)
-    p.add_argument("--close-pipes-first", action="store_true",
-                   help="with --die-after: close stdout/stderr a moment before exiting")
+    p.add_argument(
+        "--close-pipes-first",
+        action="store_true",
+        help="with --die-after: close stdout/stderr a moment before exiting",
+    )
     args = p.parse_args(argv)
     if args.model_name is None:
         args.model_name = os.path.basename(args.model.rstrip("/")) or "fake-model"
@@ -86,23 +89,44 @@ class FakeWorker:
         body = await request.json()
         text = "ok"
         usage = {
-            "prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2,
-            "speclane_spec": {"drafted": 0, "accepted": 0, "rejected": 0, "steps": 0,
-                              "num_draft_tokens": 0},
+            "prompt_tokens": 1,
+            "completion_tokens": 1,
+            "total_tokens": 2,
+            "speclane_spec": {
+                "drafted": 0,
+                "accepted": 0,
+                "rejected": 0,
+                "steps": 0,
+                "num_draft_tokens": 0,
+            },
         }
-        base = {"id": "chatcmpl-fake", "created": int(time.time()),
-                "model": body.get("model", self.args.model_name)}
+        base = {
+            "id": "chatcmpl-fake",
+            "created": int(time.time()),
+            "model": body.get("model", self.args.model_name),
+        }
         if not body.get("stream"):
             message = {"role": "assistant", "content": text}
-            return web.json_response({
-                **base, "object": "chat.completion", "usage": usage,
-                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            })
+            return web.json_response(
+                {
+                    **base,
+                    "object": "chat.completion",
+                    "usage": usage,
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                }
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         chunks = [
-            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
-                          "finish_reason": None}]},
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": text},
+                        "finish_reason": None,
+                    }
+                ]
+            },
             {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage},
         ]
         for chunk in chunks:
@@ -163,6 +187,7 @@ async def serve(args: argparse.Namespace) -> None:
     log(f"listening on {args.host}:{port}")
 
     if args.die_after is not None:
+
         def die() -> None:
             log(f"dying with code {args.die_code}")
             if args.close_pipes_first:  # the supervisor sees EOF before the exit

@@ -36,7 +36,8 @@ def load(name: str) -> Capture:
     raw = (FIXTURES / name).read_bytes()
     if not name.endswith(".http"):
         ctype = {".sse": "text/event-stream", ".json": "application/json"}.get(
-            Path(name).suffix, "text/plain; version=0.0.4")
+            Path(name).suffix, "text/plain; version=0.0.4"
+        )
         return Capture(200, ctype, raw)
     head, sep, body = raw.partition(b"\r\n\r\n")
     assert sep, f"{name}: no end of headers"
@@ -54,7 +55,7 @@ def sse_events(body: bytes) -> list[bytes]:
     """The body split after each event's blank line (each piece keeps its own ending)."""
     pieces, start = [], 0
     while (end := body.find(b"\n\n", start)) >= 0:
-        pieces.append(body[start:end + 2])
+        pieces.append(body[start : end + 2])
         start = end + 2
     if start < len(body):
         pieces.append(body[start:])
@@ -65,8 +66,14 @@ class ReplayUpstream(LoopbackServer):
     """Answers every POST with ``post`` (a stream goes out event by event, see the module
     doc) and each GET path in ``gets`` with its capture. Keeps connections alive."""
 
-    def __init__(self, post: Capture, *, gets: dict[str, Capture] | None = None,
-                 tail_gap: float = 0.0002, endless_tail: bytes | None = None) -> None:
+    def __init__(
+        self,
+        post: Capture,
+        *,
+        gets: dict[str, Capture] | None = None,
+        tail_gap: float = 0.0002,
+        endless_tail: bytes | None = None,
+    ) -> None:
         self.post = post
         # instead of the end of body: these bytes, again and again, until the reader leaves
         self.endless_tail = endless_tail
@@ -130,8 +137,9 @@ class ReplayUpstream(LoopbackServer):
     async def _write_answer(self, writer: asyncio.StreamWriter, cap: Capture) -> None:
         status_line = f"HTTP/1.1 {cap.status} X\r\nContent-Type: {cap.content_type}\r\n"
         if "text/event-stream" not in cap.content_type:
-            writer.write(f"{status_line}Content-Length: {len(cap.body)}\r\n\r\n".encode()
-                         + cap.body)
+            writer.write(
+                f"{status_line}Content-Length: {len(cap.body)}\r\n\r\n".encode() + cap.body
+            )
             await writer.drain()
             self.answered += 1
             return

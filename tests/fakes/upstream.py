@@ -53,9 +53,12 @@ class Seen:
 
 
 class FakeUpstream:
-    def __init__(self, models: tuple[str, ...] = ("fake-model",),
-                 behaviour: Behaviour | None = None,
-                 name: str = "fake") -> None:
+    def __init__(
+        self,
+        models: tuple[str, ...] = ("fake-model",),
+        behaviour: Behaviour | None = None,
+        name: str = "fake",
+    ) -> None:
         self.models = models
         self.behaviour = behaviour or Behaviour()
         self.name = name
@@ -117,8 +120,9 @@ class FakeUpstream:
 
     async def _health(self, request: web.Request) -> web.Response:
         up = self.models_status == 200
-        return web.json_response({"status": "ok" if up else "unavailable"},
-                                 status=200 if up else 503)
+        return web.json_response(
+            {"status": "ok" if up else "unavailable"}, status=200 if up else 503
+        )
 
     def _next_behaviour(self) -> Behaviour:
         return self.script.popleft() if self.script else self.behaviour
@@ -141,8 +145,9 @@ class FakeUpstream:
         finally:
             self.active -= 1
 
-    async def _answer(self, request: web.Request, body: dict[str, Any],
-                      b: Behaviour) -> web.StreamResponse:
+    async def _answer(
+        self, request: web.Request, body: dict[str, Any], b: Behaviour
+    ) -> web.StreamResponse:
         if b.delay_headers:
             await asyncio.sleep(b.delay_headers)
         if b.status >= 400:
@@ -169,15 +174,21 @@ class FakeUpstream:
             "usage": self._usage(b),
             **b.body_extra,
         }
-        return web.Response(body=orjson.dumps(answer),
-                            content_type=b.content_type or "application/json")
+        return web.Response(
+            body=orjson.dumps(answer), content_type=b.content_type or "application/json"
+        )
 
     def _usage(self, b: Behaviour) -> dict[str, Any]:
-        return {"prompt_tokens": b.prompt_tokens, "completion_tokens": b.chunks,
-                "total_tokens": b.prompt_tokens + b.chunks, **b.usage_extra}
+        return {
+            "prompt_tokens": b.prompt_tokens,
+            "completion_tokens": b.chunks,
+            "total_tokens": b.prompt_tokens + b.chunks,
+            **b.usage_extra,
+        }
 
-    async def _stream(self, request: web.Request, body: dict[str, Any], b: Behaviour,
-                      chat: bool) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], b: Behaviour, chat: bool
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": b.content_type or "text/event-stream"})
         await resp.prepare(request)
         if b.raw_body is not None:
@@ -185,11 +196,16 @@ class FakeUpstream:
             await resp.write_eof()
             return resp
         cid = f"chatcmpl-{next(self._ids)}"
-        base = {"id": cid, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": body.get("model")}
+        base = {
+            "id": cid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model"),
+        }
 
-        def event(choice_delta: dict[str, Any] | None, finish: str | None = None,
-                  **extra: Any) -> bytes:
+        def event(
+            choice_delta: dict[str, Any] | None, finish: str | None = None, **extra: Any
+        ) -> bytes:
             choices = []
             if choice_delta is not None:
                 choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
@@ -232,10 +248,18 @@ class FakeUpstream:
         self.requests.append(seen)
         inputs = body.get("input")
         items = inputs if isinstance(inputs, list) else [inputs]
-        data = [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}
-                for i, _ in enumerate(items)]
-        return web.json_response({"object": "list", "data": data, "model": body.get("model"),
-                                  "usage": {"prompt_tokens": 3, "total_tokens": 3}})
+        data = [
+            {"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}
+            for i, _ in enumerate(items)
+        ]
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model"),
+                "usage": {"prompt_tokens": 3, "total_tokens": 3},
+            }
+        )
 
 
 @asynccontextmanager

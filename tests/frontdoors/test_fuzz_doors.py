@@ -42,15 +42,27 @@ from tests.reliability.harness import LoopThread, sse_payloads
 
 FUZZ_CASES = int(os.environ.get("SPECLANE_FUZZ_CASES", "10000"))
 MODEL = "fake-model"
-FUZZ = settings(max_examples=FUZZ_CASES, deadline=None, derandomize=True, database=None,
-                print_blob=True, suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=FUZZ_CASES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=list(HealthCheck),
+)
 MODELS_ANSWER = orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
 
 
 # --- the scripted lane ------------------------------------------------------------------------
 
-def http_answer(body: bytes, status: int = 200, ctype: str = "application/json",
-                framing: str = "length", close: bool = False) -> bytes:
+
+def http_answer(
+    body: bytes,
+    status: int = 200,
+    ctype: str = "application/json",
+    framing: str = "length",
+    close: bool = False,
+) -> bytes:
     """A whole HTTP/1.1 answer; ``framing``: length, chunked or close (body until EOF, and
     the connection closes, as with ``close``; else it is kept for the next request)."""
     head = [f"HTTP/1.1 {status} X", f"Content-Type: {ctype}"]
@@ -74,26 +86,60 @@ def keeps_alive(answer: bytes) -> bool:
 
 def chunk(delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> bytes:
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return b"data: " + orjson.dumps({"id": "c1", "object": "chat.completion.chunk",
-                                     "created": 0, "model": MODEL, "choices": choices,
-                                     **extra}) + b"\n\n"
+    return (
+        b"data: "
+        + orjson.dumps(
+            {
+                "id": "c1",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": MODEL,
+                "choices": choices,
+                **extra,
+            }
+        )
+        + b"\n\n"
+    )
 
 
-STREAM = (chunk({"role": "assistant", "content": ""}) + chunk({"content": "Hello"})
-          + chunk({}, "stop") + chunk(None, usage={"prompt_tokens": 3, "completion_tokens": 1,
-                                                    "total_tokens": 4})
-          + b"data: [DONE]\n\n")
-BODY = orjson.dumps({"id": "c1", "object": "chat.completion", "created": 0, "model": MODEL,
-                     "choices": [{"index": 0, "finish_reason": "stop",
-                                  "message": {"role": "assistant", "content": "Hello"}}],
-                     "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
-TEXT_STREAM = (b'data: {"id":"t","object":"text_completion","created":0,"model":"fake-model",'
-               b'"choices":[{"index":0,"text":"Hi","finish_reason":"stop"}]}\n\n'
-               b"data: [DONE]\n\n")
-TEXT_BODY = orjson.dumps({"id": "t", "object": "text_completion", "created": 0, "model": MODEL,
-                          "choices": [{"index": 0, "text": "Hi", "finish_reason": "stop"}],
-                          "usage": {"prompt_tokens": 3, "completion_tokens": 1,
-                                    "total_tokens": 4}})
+STREAM = (
+    chunk({"role": "assistant", "content": ""})
+    + chunk({"content": "Hello"})
+    + chunk({}, "stop")
+    + chunk(None, usage={"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4})
+    + b"data: [DONE]\n\n"
+)
+BODY = orjson.dumps(
+    {
+        "id": "c1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "Hello"},
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+)
+TEXT_STREAM = (
+    b'data: {"id":"t","object":"text_completion","created":0,"model":"fake-model",'
+    b'"choices":[{"index":0,"text":"Hi","finish_reason":"stop"}]}\n\n'
+    b"data: [DONE]\n\n"
+)
+TEXT_BODY = orjson.dumps(
+    {
+        "id": "t",
+        "object": "text_completion",
+        "created": 0,
+        "model": MODEL,
+        "choices": [{"index": 0, "text": "Hi", "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+)
 
 
 @dataclass
@@ -136,12 +182,16 @@ class ScriptedLane(LoopbackServer):
             return self.script
         streams = b'"stream":true' in body.replace(b" ", b"")
         if head.startswith(b"POST /v1/completions"):
-            return (http_answer(TEXT_STREAM, ctype="text/event-stream") if streams
-                    else http_answer(TEXT_BODY))
+            return (
+                http_answer(TEXT_STREAM, ctype="text/event-stream")
+                if streams
+                else http_answer(TEXT_BODY)
+            )
         return http_answer(STREAM, ctype="text/event-stream") if streams else http_answer(BODY)
 
 
 # --- the router, and what it logs -------------------------------------------------------------
+
 
 class Tracebacks(logging.Handler):
     def __init__(self) -> None:
@@ -163,13 +213,18 @@ class Doors:
     def __repr__(self) -> str:
         return f"Doors(router on port {self.port})"
 
-    def post(self, path: str, body: bytes, headers: dict[str, str] | None = None
-             ) -> tuple[int, dict[str, str], bytes]:
+    def post(
+        self, path: str, body: bytes, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
         self.sent += 1
         for attempt in (1, 2):
             try:
-                self.conn.request("POST", path, body=body, headers={
-                    "Content-Type": "application/json", **(headers or {})})
+                self.conn.request(
+                    "POST",
+                    path,
+                    body=body,
+                    headers={"Content-Type": "application/json", **(headers or {})},
+                )
                 resp = self.conn.getresponse()
                 data = resp.read()
                 if resp.getheader("Connection", "").lower() == "close":
@@ -193,16 +248,17 @@ def doors() -> Iterator[Doors]:
     with LoopThread() as loop:
         lane = ScriptedLane()
         loop.run(lane.listen())
-        settings_ = router_settings(health_interval=600, log_level="error",
-                                    retry={"attempts": 1, "backoff_initial": 0.001,
-                                           "backoff_max": 0.001},
-                                    cooldown={"allowed_fails": 1, "seconds": 0},
-                                    max_body_bytes=256 * 1024)
+        settings_ = router_settings(
+            health_interval=600,
+            log_level="error",
+            retry={"attempts": 1, "backoff_initial": 0.001, "backoff_max": 0.001},
+            cooldown={"allowed_fails": 1, "seconds": 0},
+            max_body_bytes=256 * 1024,
+        )
         app = make_app(settings_)
         add_fake_lane(app, "speculative", lane)  # type: ignore[arg-type]
         add_fake_lane(app, "batching", lane)  # type: ignore[arg-type]
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                               shutdown_timeout=2)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2)
         loop.run(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0)
         loop.run(site.start())
@@ -220,13 +276,15 @@ def doors() -> Iterator[Doors]:
 
 # --- what each API's answers look like ---------------------------------------------------------
 
+
 def not_a_router_fault(status: int, headers: dict[str, str], data: bytes) -> None:
     if status >= 500:
         assert headers.get("x-speclane-error-source") == "upstream", (status, data[:300])
 
 
-def anthropic_answer(status: int, headers: dict[str, str], data: bytes,
-                     counting: bool = False) -> None:
+def anthropic_answer(
+    status: int, headers: dict[str, str], data: bytes, counting: bool = False
+) -> None:
     not_a_router_fault(status, headers, data)
     if status == 200 and headers.get("content-type", "").startswith("text/event-stream"):
         events = typed_events(data)
@@ -280,8 +338,9 @@ def responses_answer(status: int, headers: dict[str, str], data: bytes) -> None:
     if status == 200 and headers.get("content-type", "").startswith("text/event-stream"):
         events = typed_events(data)
         assert events and events[0][0] == "response.created", data[:300]
-        assert events[-1][0] in ("response.completed", "response.incomplete",
-                                 "response.failed"), data[-300:]
+        assert events[-1][0] in ("response.completed", "response.incomplete", "response.failed"), (
+            data[-300:]
+        )
         return
     body = orjson.loads(data)
     if status == 200:
@@ -315,16 +374,83 @@ def openai_answer(status: int, headers: dict[str, str], data: bytes) -> None:
 # anything (any JSON, odd strings) in any field, so validation is exercised deep down.
 
 BATCH = 50
-KEYS = ["model", "max_tokens", "messages", "role", "content", "type", "text", "tool_use_id",
-        "id", "name", "input", "tools", "tool_choice", "system", "stop_sequences", "options",
-        "format", "tool_calls", "function", "arguments", "images", "stream", "source", "prompt",
-        "raw", "suffix", "num_predict", "input_schema", "parameters", "template", "think",
-        "keep_alive", "cache_control", "is_error", "temperature", "stop", "seed", "top_k",
-        "metadata", "description", "properties", "index", "data", "media_type"]
-WORDS = ["user", "assistant", "system", "tool", "text", "tool_use", "tool_result", "image",
-         "thinking", "auto", "any", "none", "json", "function", "object", "string", MODEL, "",
-         "\x00", "\u2028", '{"a":', "base64", "é" * 3, "\ud7ff", "a" * 300, "get_weather",
-         "\r\n", "<|im_end|>", "null"]
+KEYS = [
+    "model",
+    "max_tokens",
+    "messages",
+    "role",
+    "content",
+    "type",
+    "text",
+    "tool_use_id",
+    "id",
+    "name",
+    "input",
+    "tools",
+    "tool_choice",
+    "system",
+    "stop_sequences",
+    "options",
+    "format",
+    "tool_calls",
+    "function",
+    "arguments",
+    "images",
+    "stream",
+    "source",
+    "prompt",
+    "raw",
+    "suffix",
+    "num_predict",
+    "input_schema",
+    "parameters",
+    "template",
+    "think",
+    "keep_alive",
+    "cache_control",
+    "is_error",
+    "temperature",
+    "stop",
+    "seed",
+    "top_k",
+    "metadata",
+    "description",
+    "properties",
+    "index",
+    "data",
+    "media_type",
+]
+WORDS = [
+    "user",
+    "assistant",
+    "system",
+    "tool",
+    "text",
+    "tool_use",
+    "tool_result",
+    "image",
+    "thinking",
+    "auto",
+    "any",
+    "none",
+    "json",
+    "function",
+    "object",
+    "string",
+    MODEL,
+    "",
+    "\x00",
+    "\u2028",
+    '{"a":',
+    "base64",
+    "é" * 3,
+    "\ud7ff",
+    "a" * 300,
+    "get_weather",
+    "\r\n",
+    "<|im_end|>",
+    "null",
+]
 
 
 def anything(rng: random.Random, depth: int = 0) -> Any:
@@ -333,8 +459,25 @@ def anything(rng: random.Random, depth: int = 0) -> Any:
         return [anything(rng, depth + 1) for _ in range(rng.randint(0, 3))]
     if depth < 3 and roll < 0.3:
         return {rng.choice(KEYS): anything(rng, depth + 1) for _ in range(rng.randint(0, 4))}
-    return rng.choice([None, True, False, 0, -1, 1, 2**31, 2**64 - 1, -(2**63), 0.5, 1e308,
-                       -0.0, rng.choice(WORDS), rng.choice(WORDS), rng.randint(-5, 100)])
+    return rng.choice(
+        [
+            None,
+            True,
+            False,
+            0,
+            -1,
+            1,
+            2**31,
+            2**64 - 1,
+            -(2**63),
+            0.5,
+            1e308,
+            -0.0,
+            rng.choice(WORDS),
+            rng.choice(WORDS),
+            rng.randint(-5, 100),
+        ]
+    )
 
 
 def maybe(rng: random.Random, good: Any) -> Any:
@@ -363,81 +506,171 @@ def anthropic_block(rng: random.Random) -> Any:
     if kind == "text":
         return {"type": "text", "text": maybe(rng, lambda: text(rng))}
     if kind == "tool_use":
-        return {"type": "tool_use", "id": maybe(rng, "tu_1"), "name": maybe(rng, "get_weather"),
-                "input": maybe(rng, lambda: {"city": maybe(rng, "Paris")})}
+        return {
+            "type": "tool_use",
+            "id": maybe(rng, "tu_1"),
+            "name": maybe(rng, "get_weather"),
+            "input": maybe(rng, lambda: {"city": maybe(rng, "Paris")}),
+        }
     if kind == "tool_result":
-        block = {"type": "tool_result", "tool_use_id": maybe(rng, "tu_1"),
-                 "content": maybe(rng, lambda: rng.choice(
-                     [text(rng), some(rng, lambda: anthropic_block(rng), 2)]))}
+        block = {
+            "type": "tool_result",
+            "tool_use_id": maybe(rng, "tu_1"),
+            "content": maybe(
+                rng, lambda: rng.choice([text(rng), some(rng, lambda: anthropic_block(rng), 2)])
+            ),
+        }
         optional(rng, block, {"is_error": True})
         return block
     if kind == "image":
-        return {"type": "image", "source": maybe(rng, {"type": "base64", "media_type":
-                                                       "image/png", "data": "AAAA"})}
+        return {
+            "type": "image",
+            "source": maybe(rng, {"type": "base64", "media_type": "image/png", "data": "AAAA"}),
+        }
     return {"type": "thinking", "thinking": maybe(rng, "hmm"), "signature": anything(rng)}
 
 
 def anthropic_request(rng: random.Random, counting: bool = False) -> dict[str, Any]:
     def message() -> dict[str, Any]:
-        return {"role": maybe(rng, lambda: rng.choice(["user", "assistant"])),
-                "content": maybe(rng, lambda: rng.choice(
-                    [text(rng), some(rng, lambda: maybe(rng, lambda: anthropic_block(rng)))]))}
+        return {
+            "role": maybe(rng, lambda: rng.choice(["user", "assistant"])),
+            "content": maybe(
+                rng,
+                lambda: rng.choice(
+                    [text(rng), some(rng, lambda: maybe(rng, lambda: anthropic_block(rng)))]
+                ),
+            ),
+        }
 
-    body: dict[str, Any] = {"model": maybe(rng, MODEL),
-                            "messages": maybe(rng, lambda: [maybe(rng, message)
-                                                            for _ in range(rng.randint(1, 3))])}
+    body: dict[str, Any] = {
+        "model": maybe(rng, MODEL),
+        "messages": maybe(rng, lambda: [maybe(rng, message) for _ in range(rng.randint(1, 3))]),
+    }
     if not counting or rng.random() < 0.2:
         body["max_tokens"] = maybe(rng, lambda: rng.randint(1, 64))
-    tool = {"name": "get_weather", "input_schema": {"type": "object", "properties": {
-        "city": {"type": "string"}}}}
-    optional(rng, body, {
-        "system": lambda: rng.choice([text(rng), [{"type": "text", "text": text(rng)}]]),
-        "stream": lambda: rng.random() < 0.5,
-        "tools": lambda: [maybe(rng, {**tool, "name": maybe(rng, "get_weather"),
-                                      "input_schema": maybe(rng, tool["input_schema"])})
-                          for _ in range(rng.randint(0, 2))],
-        "tool_choice": lambda: rng.choice([{"type": "auto"}, {"type": "any"}, {"type": "none"},
-                                           {"type": "tool", "name": maybe(rng, "get_weather")}]),
-        "stop_sequences": lambda: some(rng, lambda: text(rng)),
-        "temperature": lambda: rng.random(), "metadata": {"user_id": "u"},
-        "thinking": {"type": "enabled", "budget_tokens": 10},
-    })
+    tool = {
+        "name": "get_weather",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    optional(
+        rng,
+        body,
+        {
+            "system": lambda: rng.choice([text(rng), [{"type": "text", "text": text(rng)}]]),
+            "stream": lambda: rng.random() < 0.5,
+            "tools": lambda: [
+                maybe(
+                    rng,
+                    {
+                        **tool,
+                        "name": maybe(rng, "get_weather"),
+                        "input_schema": maybe(rng, tool["input_schema"]),
+                    },
+                )
+                for _ in range(rng.randint(0, 2))
+            ],
+            "tool_choice": lambda: rng.choice(
+                [
+                    {"type": "auto"},
+                    {"type": "any"},
+                    {"type": "none"},
+                    {"type": "tool", "name": maybe(rng, "get_weather")},
+                ]
+            ),
+            "stop_sequences": lambda: some(rng, lambda: text(rng)),
+            "temperature": lambda: rng.random(),
+            "metadata": {"user_id": "u"},
+            "thinking": {"type": "enabled", "budget_tokens": 10},
+        },
+    )
     return body
 
 
 def ollama_common(rng: random.Random, body: dict[str, Any]) -> None:
-    options = {"num_predict": lambda: rng.randint(-2, 64), "temperature": lambda: rng.random(),
-               "top_k": lambda: rng.randint(0, 50), "seed": lambda: rng.randint(0, 9),
-               "stop": lambda: some(rng, lambda: text(rng)), "num_ctx": 4096,
-               "min_p": 0.1, "repeat_penalty": 1.1, "top_p": 0.9}
-    optional(rng, body, {
-        "stream": lambda: rng.random() < 0.5, "keep_alive": "5m", "think": False,
-        "options": lambda: {k: maybe(rng, v) for k, v in options.items() if rng.random() < 0.4},
-        "format": lambda: rng.choice(["json", {"type": "object", "properties": {
-            "a": {"type": "string"}}}, "yaml"]),
-    })
+    options = {
+        "num_predict": lambda: rng.randint(-2, 64),
+        "temperature": lambda: rng.random(),
+        "top_k": lambda: rng.randint(0, 50),
+        "seed": lambda: rng.randint(0, 9),
+        "stop": lambda: some(rng, lambda: text(rng)),
+        "num_ctx": 4096,
+        "min_p": 0.1,
+        "repeat_penalty": 1.1,
+        "top_p": 0.9,
+    }
+    optional(
+        rng,
+        body,
+        {
+            "stream": lambda: rng.random() < 0.5,
+            "keep_alive": "5m",
+            "think": False,
+            "options": lambda: {k: maybe(rng, v) for k, v in options.items() if rng.random() < 0.4},
+            "format": lambda: rng.choice(
+                ["json", {"type": "object", "properties": {"a": {"type": "string"}}}, "yaml"]
+            ),
+        },
+    )
 
 
 def ollama_chat(rng: random.Random) -> dict[str, Any]:
     def message() -> dict[str, Any]:
-        m: dict[str, Any] = {"role": maybe(rng, lambda: rng.choice(
-            ["user", "assistant", "system", "tool"])), "content": maybe(rng, lambda: text(rng))}
-        optional(rng, m, {
-            "tool_calls": lambda: [maybe(rng, lambda: {"function": maybe(rng, lambda: {
-                "name": maybe(rng, "get_weather"),
-                "arguments": maybe(rng, lambda: {"city": anything(rng)})})})
-                for _ in range(rng.randint(0, 2))],
-            "images": ["AAAA"], "tool_name": "get_weather"})
+        m: dict[str, Any] = {
+            "role": maybe(rng, lambda: rng.choice(["user", "assistant", "system", "tool"])),
+            "content": maybe(rng, lambda: text(rng)),
+        }
+        optional(
+            rng,
+            m,
+            {
+                "tool_calls": lambda: [
+                    maybe(
+                        rng,
+                        lambda: {
+                            "function": maybe(
+                                rng,
+                                lambda: {
+                                    "name": maybe(rng, "get_weather"),
+                                    "arguments": maybe(rng, lambda: {"city": anything(rng)}),
+                                },
+                            )
+                        },
+                    )
+                    for _ in range(rng.randint(0, 2))
+                ],
+                "images": ["AAAA"],
+                "tool_name": "get_weather",
+            },
+        )
         return m
 
-    body: dict[str, Any] = {"model": maybe(rng, MODEL),
-                            "messages": maybe(rng, lambda: [maybe(rng, message)
-                                                            for _ in range(rng.randint(1, 3))])}
+    body: dict[str, Any] = {
+        "model": maybe(rng, MODEL),
+        "messages": maybe(rng, lambda: [maybe(rng, message) for _ in range(rng.randint(1, 3))]),
+    }
     ollama_common(rng, body)
-    optional(rng, body, {"tools": lambda: [maybe(rng, lambda: {
-        "type": "function", "function": maybe(rng, lambda: {
-            "name": maybe(rng, "get_weather"),
-            "parameters": maybe(rng, {"type": "object"})})}) for _ in range(rng.randint(0, 2))]})
+    optional(
+        rng,
+        body,
+        {
+            "tools": lambda: [
+                maybe(
+                    rng,
+                    lambda: {
+                        "type": "function",
+                        "function": maybe(
+                            rng,
+                            lambda: {
+                                "name": maybe(rng, "get_weather"),
+                                "parameters": maybe(rng, {"type": "object"}),
+                            },
+                        ),
+                    },
+                )
+                for _ in range(rng.randint(0, 2))
+            ]
+        },
+    )
     return body
 
 
@@ -446,9 +679,18 @@ def ollama_generate(rng: random.Random) -> dict[str, Any]:
     if rng.random() < 0.05:
         del body["prompt"]  # a load request
     ollama_common(rng, body)
-    optional(rng, body, {"system": lambda: text(rng), "raw": lambda: rng.random() < 0.5,
-                         "suffix": lambda: text(rng), "template": "{{ .Prompt }}",
-                         "images": ["AAAA"], "context": [1, 2, 3]})
+    optional(
+        rng,
+        body,
+        {
+            "system": lambda: text(rng),
+            "raw": lambda: rng.random() < 0.5,
+            "suffix": lambda: text(rng),
+            "template": "{{ .Prompt }}",
+            "images": ["AAAA"],
+            "context": [1, 2, 3],
+        },
+    )
     return body
 
 
@@ -475,6 +717,7 @@ SEEDS = settings(FUZZ, max_examples=max(1, FUZZ_CASES // BATCH))
 
 def fuzz(doors: Doors, surface: str, one_case: Callable[[random.Random], None]) -> None:
     """``FUZZ_CASES`` cases of ``one_case``, ``BATCH`` per Hypothesis seed, all counted."""
+
     @SEEDS
     @given(seed=st.integers(0, 2**32))
     def run(seed: int) -> None:
@@ -504,11 +747,23 @@ def test_fuzz_count_tokens(doors: Doors) -> None:
     def one(rng: random.Random) -> None:
         raw = encoded(rng, anthropic_request(rng, counting=True))
         # The lane's count is fuzzed too, now and then: it is an upstream answer like any.
-        doors.lane.tokenize = http_answer(b'{"count": 5}') if rng.random() < 0.8 else \
-            rng.choice([http_answer(b'{"count": "x"}'), http_answer(b"{}"), http_answer(b"[1]"),
-                        http_answer(b'{"count": 5'), http_answer(b"", status=500),
-                        http_answer(b'{"error": "no"}', status=400), b"HTTP/1.1 200 OK\r\n",
-                        b"garbage", http_answer(b'{"count": 5}', close=True)[:-3]])
+        doors.lane.tokenize = (
+            http_answer(b'{"count": 5}')
+            if rng.random() < 0.8
+            else rng.choice(
+                [
+                    http_answer(b'{"count": "x"}'),
+                    http_answer(b"{}"),
+                    http_answer(b"[1]"),
+                    http_answer(b'{"count": 5'),
+                    http_answer(b"", status=500),
+                    http_answer(b'{"error": "no"}', status=400),
+                    b"HTTP/1.1 200 OK\r\n",
+                    b"garbage",
+                    http_answer(b'{"count": 5}', close=True)[:-3],
+                ]
+            )
+        )
         with case(raw, doors.lane.tokenize):
             anthropic_answer(*doors.post("/v1/messages/count_tokens", raw), counting=True)
 
@@ -536,16 +791,42 @@ def case(*parts: bytes) -> Iterator[None]:
 
 # --- streamed tool calls from a misbehaving upstream ---------------------------------------------
 
-ARG_PIECES = ['{"city"', ': "Par', 'is"', ', "days": 2', "}", "{", "", '"', "\\u00", "\x00",
-              "]", "null", "é", "\\ud800"]
+ARG_PIECES = [
+    '{"city"',
+    ': "Par',
+    'is"',
+    ', "days": 2',
+    "}",
+    "{",
+    "",
+    '"',
+    "\\u00",
+    "\x00",
+    "]",
+    "null",
+    "é",
+    "\\ud800",
+]
 
 
 def call_delta(rng: random.Random) -> Any:
     delta: dict[str, Any] = {"index": maybe(rng, lambda: rng.randint(0, 2))}
-    optional(rng, delta, {"id": "call_1", "type": "function", "function": lambda: {
-        k: maybe(rng, v) for k, v in (("name", lambda: rng.choice(["get_weather", ""])),
-                                      ("arguments", lambda: rng.choice(ARG_PIECES)))
-        if rng.random() < 0.7}})
+    optional(
+        rng,
+        delta,
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": lambda: {
+                k: maybe(rng, v)
+                for k, v in (
+                    ("name", lambda: rng.choice(["get_weather", ""])),
+                    ("arguments", lambda: rng.choice(ARG_PIECES)),
+                )
+                if rng.random() < 0.7
+            },
+        },
+    )
     return maybe(rng, delta)
 
 
@@ -555,20 +836,32 @@ def tool_stream(rng: random.Random) -> bytes:
     events = [chunk({"role": "assistant", "content": ""})]
     for _ in range(rng.randint(0, 3)):
         calls = some(rng, lambda: call_delta(rng), 2)
-        calls += [{"index": 0, "function": {"arguments": rng.choice(ARG_PIECES)}}
-                  for _ in range(rng.randint(0, 5))]
+        calls += [
+            {"index": 0, "function": {"arguments": rng.choice(ARG_PIECES)}}
+            for _ in range(rng.randint(0, 5))
+        ]
         events.append(chunk({"tool_calls": maybe(rng, calls)}))
     events.append(chunk({}, rng.choice(["tool_calls", "stop", "length", None, "weird"])))
     if rng.random() < 0.5:
-        events.append(chunk(None, usage=maybe(rng, {"prompt_tokens": 3,
-                                                    "completion_tokens": 9})))
+        events.append(chunk(None, usage=maybe(rng, {"prompt_tokens": 3, "completion_tokens": 9})))
     if rng.random() < 0.2:
-        events.insert(rng.randint(1, len(events)), rng.choice([
-            b"data: {not json\n\n", b": ping\n\n", b"event: error\ndata: {}\n\n",
-            b"data:\n\n", b"data: []\n\n", b"data: null\n\n", b"data: [DONE]\n\n",
-            b'data: {"choices":[{"index":0,"delta":{"content":"\\ud800"}}]}\n\n',
-            b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":'
-            b'{"arguments":"\\udfff"}}]}}]}\n\n']))
+        events.insert(
+            rng.randint(1, len(events)),
+            rng.choice(
+                [
+                    b"data: {not json\n\n",
+                    b": ping\n\n",
+                    b"event: error\ndata: {}\n\n",
+                    b"data:\n\n",
+                    b"data: []\n\n",
+                    b"data: null\n\n",
+                    b"data: [DONE]\n\n",
+                    b'data: {"choices":[{"index":0,"delta":{"content":"\\ud800"}}]}\n\n',
+                    b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":'
+                    b'{"arguments":"\\udfff"}}]}}]}\n\n',
+                ]
+            ),
+        )
     events.append(b"data: [DONE]\n\n")
     stream = b"".join(events)
     if rng.random() < 0.3:
@@ -581,36 +874,97 @@ def tool_stream(rng: random.Random) -> bytes:
 
 def tool_body(rng: random.Random) -> bytes:
     """A non-streamed answer with tool calls, odd or cut, or an error status."""
-    calls = maybe(rng, lambda: [maybe(rng, lambda: {
-        "id": maybe(rng, "call_1"), "type": maybe(rng, "function"),
-        "function": maybe(rng, lambda: {"name": maybe(rng, "get_weather"), "arguments": maybe(
-            rng, lambda: rng.choice(['{"city": "Paris"}', '{"city": ', "", "[]", "null"]))})})
-        for _ in range(rng.randint(0, 2))])
-    body = orjson.dumps({"id": "c1", "object": "chat.completion", "created": 0, "model": MODEL,
-                         "choices": [{"index": 0, "finish_reason": maybe(rng, "tool_calls"),
-                                      "message": {"role": "assistant",
-                                                  "content": maybe(rng, None),
-                                                  "tool_calls": calls}}]})
+    calls = maybe(
+        rng,
+        lambda: [
+            maybe(
+                rng,
+                lambda: {
+                    "id": maybe(rng, "call_1"),
+                    "type": maybe(rng, "function"),
+                    "function": maybe(
+                        rng,
+                        lambda: {
+                            "name": maybe(rng, "get_weather"),
+                            "arguments": maybe(
+                                rng,
+                                lambda: rng.choice(
+                                    ['{"city": "Paris"}', '{"city": ', "", "[]", "null"]
+                                ),
+                            ),
+                        },
+                    ),
+                },
+            )
+            for _ in range(rng.randint(0, 2))
+        ],
+    )
+    body = orjson.dumps(
+        {
+            "id": "c1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": MODEL,
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": maybe(rng, "tool_calls"),
+                    "message": {
+                        "role": "assistant",
+                        "content": maybe(rng, None),
+                        "tool_calls": calls,
+                    },
+                }
+            ],
+        }
+    )
     if rng.random() < 0.25:
         body = body[: rng.randint(0, len(body))]
     status = rng.choice([200] * 6 + [400, 429, 500, 503])
     return http_answer(body, status=status)
 
 
-TOOLS_OPENAI = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}}}}]
-TOOLS_ANTHROPIC = [{"name": "get_weather", "input_schema": {
-    "type": "object", "properties": {"city": {"type": "string"}}}}]
+TOOLS_OPENAI = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+TOOLS_ANTHROPIC = [
+    {
+        "name": "get_weather",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+]
 ASK = [{"role": "user", "content": "weather in Paris?"}]
 DOORS = {
-    "openai": ("/v1/chat/completions", {"model": MODEL, "messages": ASK, "tools": TOOLS_OPENAI},
-               openai_answer),
-    "anthropic": ("/v1/messages", {"model": MODEL, "max_tokens": 32, "messages": ASK,
-                                   "tools": TOOLS_ANTHROPIC}, anthropic_answer),
-    "ollama": ("/api/chat", {"model": MODEL, "messages": ASK, "tools": TOOLS_OPENAI},
-               ollama_answer),
-    "responses": ("/v1/responses", {"model": MODEL, "input": "weather in Paris?", "tools": [
-        {"type": "function", **TOOLS_OPENAI[0]["function"]}]}, responses_answer),
+    "openai": (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": ASK, "tools": TOOLS_OPENAI},
+        openai_answer,
+    ),
+    "anthropic": (
+        "/v1/messages",
+        {"model": MODEL, "max_tokens": 32, "messages": ASK, "tools": TOOLS_ANTHROPIC},
+        anthropic_answer,
+    ),
+    "ollama": (
+        "/api/chat",
+        {"model": MODEL, "messages": ASK, "tools": TOOLS_OPENAI},
+        ollama_answer,
+    ),
+    "responses": (
+        "/v1/responses",
+        {
+            "model": MODEL,
+            "input": "weather in Paris?",
+            "tools": [{"type": "function", **TOOLS_OPENAI[0]["function"]}],
+        },
+        responses_answer,
+    ),
 }
 
 
@@ -628,14 +982,26 @@ def test_fuzz_streamed_tool_calls_through_every_door(doors: Doors) -> None:
 
 # --- what the fuzz found ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("count", [b'{"count": "x"}', b'{"count": -1}', b'{"count": true}',
-                                   b'{"count": null}', b'{"count": 1.5}', b"[5]"])
+
+@pytest.mark.parametrize(
+    "count",
+    [
+        b'{"count": "x"}',
+        b'{"count": -1}',
+        b'{"count": true}',
+        b'{"count": null}',
+        b'{"count": 1.5}',
+        b"[5]",
+    ],
+)
 def test_a_lane_count_that_is_not_a_count_is_an_upstream_error(doors: Doors, count: bytes) -> None:
     """It was passed on: ``{"input_tokens": "x"}`` with a 200."""
     doors.lane.tokenize = http_answer(count)
     try:
-        status, headers, data = doors.post("/v1/messages/count_tokens", orjson.dumps(
-            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}))
+        status, headers, data = doors.post(
+            "/v1/messages/count_tokens",
+            orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+        )
     finally:
         doors.lane.tokenize = http_answer(b'{"count": 5}')
     assert status == 500 and headers["x-speclane-error-source"] == "upstream", data  # 502 as

@@ -27,32 +27,44 @@ from tests.worker.scripted import ScriptedEngine
 
 MODEL = "scripted-model"
 KEY = "sk-count-0123456789"
-LIMITED = f"max_concurrency = 1\nqueue_timeout = {{timeout}}\n[match]\napi_keys = [\"{KEY}\"]\n"
+LIMITED = f'max_concurrency = 1\nqueue_timeout = {{timeout}}\n[match]\napi_keys = ["{KEY}"]\n'
 WAIT = 10.0
 
 
 def lane_body_limit(settings: Settings) -> int:
     """The worker's --max-body-bytes, as the supervisor would start it for ``settings``."""
-    argv = worker_argv("python", "batching", Path("/m"), MODEL, draft=None, num_draft_tokens=0,
-                       max_batch_size=1, parent_pid=1, max_body_bytes=settings.max_body_bytes)
+    argv = worker_argv(
+        "python",
+        "batching",
+        Path("/m"),
+        MODEL,
+        draft=None,
+        num_draft_tokens=0,
+        max_batch_size=1,
+        parent_pid=1,
+        max_body_bytes=settings.max_body_bytes,
+    )
     return int(argv[argv.index("--max-body-bytes") + 1])
 
 
 @asynccontextmanager
-async def scripted_router(engine: ScriptedEngine, tmp_path: Path,
-                          policy: str | None = None) -> AsyncIterator[RunningRouter]:
+async def scripted_router(
+    engine: ScriptedEngine, tmp_path: Path, policy: str | None = None
+) -> AsyncIterator[RunningRouter]:
     """A router whose batching lane is the worker's HTTP side around ``engine``."""
     if policy is not None:
         (tmp_path / "counter.toml").write_text(policy)
     settings = router_settings(backends=[], policies_dir=str(tmp_path))
     engine.start()
     info = WorkerInfo(mode="batching", model_name=MODEL, draft_name=None, num_draft_tokens=0)
-    runner, port = await start_site(make_app(engine, info, lane_body_limit(settings)),
-                                    "127.0.0.1", 0)
+    runner, port = await start_site(
+        make_app(engine, info, lane_body_limit(settings)), "127.0.0.1", 0
+    )
     lane = SimpleNamespace(models=(MODEL,), base_url=f"http://127.0.0.1:{port}/v1")
     try:
-        async with run_router(settings, setup=lambda app: add_fake_lane(
-                app, "batching", lane)) as r:  # type: ignore[arg-type]
+        async with run_router(
+            settings, setup=lambda app: add_fake_lane(app, "batching", lane)
+        ) as r:  # type: ignore[arg-type]
             yield r
     finally:
         if engine._steps is not None:  # a paced engine: let a left-over job finish
@@ -73,16 +85,17 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 
 
 async def test_count_tokens_waits_in_its_clients_queue_and_gets_a_429_past_it(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     engine = ScriptedEngine("ok", paced=True)
     async with scripted_router(engine, tmp_path, LIMITED.format(timeout=WAIT)) as r:
         client = claude(r, KEY)
         limiter = r.app[LIMITER]
-        generation = asyncio.ensure_future(client.messages.create(
-            model=MODEL, max_tokens=4, messages=MESSAGES))  # type: ignore[arg-type]
+        generation = asyncio.ensure_future(
+            client.messages.create(model=MODEL, max_tokens=4, messages=MESSAGES)
+        )  # type: ignore[arg-type]
         await wait_until(lambda: engine.started, WAIT)  # holds the client's one slot
-        count = asyncio.ensure_future(client.messages.count_tokens(
-            model=MODEL, messages=MESSAGES))  # type: ignore[arg-type]
+        count = asyncio.ensure_future(client.messages.count_tokens(model=MODEL, messages=MESSAGES))  # type: ignore[arg-type]
         await wait_until(lambda: limiter.queued("counter") == 1, WAIT)
         assert not count.done()
         engine.release(2)
@@ -93,16 +106,17 @@ async def test_count_tokens_waits_in_its_clients_queue_and_gets_a_429_past_it(
 
 
 async def test_count_tokens_past_the_queue_timeout_is_a_429_in_anthropics_shape(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     engine = ScriptedEngine("ok", paced=True)
     async with scripted_router(engine, tmp_path, LIMITED.format(timeout=0.2)) as r:
         client = claude(r, KEY)
-        generation = asyncio.ensure_future(client.messages.create(
-            model=MODEL, max_tokens=4, messages=MESSAGES))  # type: ignore[arg-type]
+        generation = asyncio.ensure_future(
+            client.messages.create(model=MODEL, max_tokens=4, messages=MESSAGES)
+        )  # type: ignore[arg-type]
         await wait_until(lambda: engine.started, WAIT)
         with pytest.raises(anthropic.RateLimitError) as refused:
-            await client.messages.count_tokens(model=MODEL,
-                                               messages=MESSAGES)  # type: ignore[arg-type]
+            await client.messages.count_tokens(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
         engine.release(2)
         await generation
         await client.close()
@@ -119,11 +133,9 @@ async def test_a_big_chat_and_its_count_reach_the_lane(tmp_path: Path) -> None:
     engine = ScriptedEngine("ok")
     async with scripted_router(engine, tmp_path) as r:
         big = [{"role": "user", "content": "x" * BIG}]
-        reply = await r.client().chat.completions.create(
-            model=MODEL, messages=big, max_tokens=2)  # type: ignore[arg-type]
+        reply = await r.client().chat.completions.create(model=MODEL, messages=big, max_tokens=2)  # type: ignore[arg-type]
         async with claude(r) as client:
-            counted = await client.messages.count_tokens(model=MODEL,
-                                                         messages=big)  # type: ignore[arg-type]
+            counted = await client.messages.count_tokens(model=MODEL, messages=big)  # type: ignore[arg-type]
     assert reply.choices[0].message.content == "ok"
     assert counted.input_tokens == len("<user>") + BIG
 
@@ -137,11 +149,9 @@ async def test_a_body_past_the_limit_is_a_413_in_each_doors_shape(tmp_path: Path
             await r.client().chat.completions.create(model=MODEL, messages=huge)  # type: ignore
         async with claude(r) as client:
             with pytest.raises(anthropic.APIStatusError) as by_messages:
-                await client.messages.create(model=MODEL, max_tokens=2,
-                                             messages=huge)  # type: ignore[arg-type]
+                await client.messages.create(model=MODEL, max_tokens=2, messages=huge)  # type: ignore[arg-type]
             with pytest.raises(anthropic.APIStatusError) as by_count:
-                await client.messages.count_tokens(model=MODEL,
-                                                   messages=huge)  # type: ignore[arg-type]
+                await client.messages.count_tokens(model=MODEL, messages=huge)  # type: ignore[arg-type]
         by_ollama = []
         for call in ("chat", "generate"):
             with pytest.raises(ollama.ResponseError) as refused:
@@ -152,8 +162,9 @@ async def test_a_body_past_the_limit_is_a_413_in_each_doors_shape(tmp_path: Path
                     await client_o.generate(model=MODEL, prompt=huge[0]["content"])
             by_ollama.append(refused.value)
         async with aiohttp.ClientSession() as session:
-            async with session.post(r.base_url + "/completions",
-                                    json={"model": MODEL, "prompt": "x" * (limit + 1)}) as resp:
+            async with session.post(
+                r.base_url + "/completions", json={"model": MODEL, "prompt": "x" * (limit + 1)}
+            ) as resp:
                 completions = (resp.status, await resp.json())
     assert by_openai.value.status_code == 413
     assert by_openai.value.code == "body_too_large"
@@ -173,11 +184,18 @@ async def test_a_tool_use_too_deeply_nested_to_forward_is_a_400(tmp_path: Path) 
     for _ in range(300):
         deep = [deep]
     engine = ScriptedEngine("ok")
-    body = {"model": MODEL, "max_tokens": 4, "messages": [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
-                                           "input": {"a": deep}}]},
-        {"role": "user", "content": "go"}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": 4,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": deep}}],
+            },
+            {"role": "user", "content": "go"},
+        ],
+    }
     answers = []
     async with scripted_router(engine, tmp_path) as r, aiohttp.ClientSession() as session:
         for path in ("/v1/messages", "/v1/messages/count_tokens"):

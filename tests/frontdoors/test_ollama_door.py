@@ -15,9 +15,16 @@ from tests.frontdoors.conftest import TOOL_ARGS, tool_call_body, tool_call_strea
 
 MODEL = "fake-model"
 HELLO = [{"role": "user", "content": "Hello"}]
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 
 
 def client(url: str, **headers: str) -> ollama.AsyncClient:
@@ -25,18 +32,39 @@ def client(url: str, **headers: str) -> ollama.AsyncClient:
 
 
 async def test_chat_streams_ndjson_on_the_lane_the_header_asks_for() -> None:
-    async with fake_upstream(name="spec") as spec, fake_upstream(name="batch") as batch, \
-            lanes_router(spec, batch) as r:
-        parts = [p async for p in await client(r.url, **{"X-Speclane-Lane": "batching"}).chat(
-            model=MODEL, messages=HELLO, stream=True,
-            options={"temperature": 0.2, "num_predict": 9, "stop": ["END"], "seed": 3,
-                     "num_ctx": 4096, "top_k": 4}, keep_alive="5m")]
+    async with (
+        fake_upstream(name="spec") as spec,
+        fake_upstream(name="batch") as batch,
+        lanes_router(spec, batch) as r,
+    ):
+        parts = [
+            p
+            async for p in await client(r.url, **{"X-Speclane-Lane": "batching"}).chat(
+                model=MODEL,
+                messages=HELLO,
+                stream=True,
+                options={
+                    "temperature": 0.2,
+                    "num_predict": 9,
+                    "stop": ["END"],
+                    "seed": 3,
+                    "num_ctx": 4096,
+                    "top_k": 4,
+                },
+                keep_alive="5m",
+            )
+        ]
         async with aiohttp.ClientSession() as s, s.get(f"{r.url}/metrics") as resp:
             metrics = await resp.text()
     assert not spec.requests and len(batch.requests) == 1
     sent = batch.requests[0].body
-    assert (sent["temperature"], sent["max_tokens"], sent["stop"], sent["seed"],
-            sent["top_k"]) == (0.2, 9, ["END"], 3, 4)
+    assert (sent["temperature"], sent["max_tokens"], sent["stop"], sent["seed"], sent["top_k"]) == (
+        0.2,
+        9,
+        ["END"],
+        3,
+        4,
+    )
     assert "".join(p.message.content or "" for p in parts) == "w0 w1 w2 w3 w4 "
     assert [p.done for p in parts] == [False] * 5 + [True]
     last = parts[-1]
@@ -60,8 +88,10 @@ async def test_chat_and_generate_without_streaming(fake: FakeUpstream) -> None:
     assert loaded.done and loaded.done_reason == "load"
     paths = [seen.path for seen in fake.requests]
     assert paths == ["/v1/chat/completions", "/v1/chat/completions", "/v1/completions"]
-    assert fake.requests[1].body["messages"] == [{"role": "system", "content": "Be brief."},
-                                                 {"role": "user", "content": "Hi"}]
+    assert fake.requests[1].body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]
     assert fake.requests[2].body["prompt"] == "<s>Hi"
 
 
@@ -71,8 +101,9 @@ async def test_tool_round_trip(fake: FakeUpstream, stream: bool) -> None:
     async with run_router(router_settings(fake)) as r:
         c = client(r.url)
         if stream:
-            parts = [p async for p in await c.chat(model=MODEL, messages=HELLO, tools=TOOLS,
-                                                   stream=True)]
+            parts = [
+                p async for p in await c.chat(model=MODEL, messages=HELLO, tools=TOOLS, stream=True)
+            ]
             calls = [call for p in parts for call in (p.message.tool_calls or [])]
             assert parts[-1].done
         else:
@@ -81,9 +112,15 @@ async def test_tool_round_trip(fake: FakeUpstream, stream: bool) -> None:
         assert len(calls) == 1
         assert calls[0].function.name == "get_weather"
         assert dict(calls[0].function.arguments) == TOOL_ARGS
-        await c.chat(model=MODEL, stream=False, messages=[
-            *HELLO, {"role": "assistant", "content": "", "tool_calls": [calls[0]]},
-            {"role": "tool", "content": "sunny", "tool_name": "get_weather"}])
+        await c.chat(
+            model=MODEL,
+            stream=False,
+            messages=[
+                *HELLO,
+                {"role": "assistant", "content": "", "tool_calls": [calls[0]]},
+                {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
+            ],
+        )
     assert fake.requests[0].body["tools"] == TOOLS
     follow = fake.requests[1].body["messages"]
     call = follow[1]["tool_calls"][0]
@@ -119,12 +156,13 @@ async def test_errors_in_ollamas_shape(fake: FakeUpstream) -> None:
 
 
 async def test_error_mid_stream_is_an_ndjson_error_line() -> None:
-    async with fake_upstream(behaviour=Behaviour(die_after=2)) as fake, \
-            run_router(router_settings(fake, retry={"attempts": 1})) as r:
+    async with (
+        fake_upstream(behaviour=Behaviour(die_after=2)) as fake,
+        run_router(router_settings(fake, retry={"attempts": 1})) as r,
+    ):
         got = []
         with pytest.raises(ollama.ResponseError) as failed:
-            async for part in await client(r.url).chat(model=MODEL, messages=HELLO,
-                                                       stream=True):
+            async for part in await client(r.url).chat(model=MODEL, messages=HELLO, stream=True):
                 got.append(part.message.content)
     assert got == ["w0 ", "w1 "]
     assert "closed the stream" in failed.value.error
@@ -132,20 +170,24 @@ async def test_error_mid_stream_is_an_ndjson_error_line() -> None:
 
 async def test_policies_apply(fake: FakeUpstream, tmp_path: Path) -> None:
     (tmp_path / "default.toml").write_text(
-        'require_api_key = true\n[match]\napi_keys = ["house-key"]\n')
+        'require_api_key = true\n[match]\napi_keys = ["house-key"]\n'
+    )
     (tmp_path / "narrow.toml").write_text(
         'require_api_key = true\n[match]\napi_keys = ["narrow-key"]\n'
-        '[models]\nallow = ["other-*"]\n')
+        '[models]\nallow = ["other-*"]\n'
+    )
     async with run_router(router_settings(fake, policies_dir=str(tmp_path))) as r:
         with pytest.raises(ollama.ResponseError) as anonymous:
             await client(r.url).chat(model=MODEL, messages=HELLO, stream=False)
         with pytest.raises(ollama.ResponseError) as narrow:
             await client(r.url, Authorization="Bearer narrow-key").chat(
-                model=MODEL, messages=HELLO, stream=False)
+                model=MODEL, messages=HELLO, stream=False
+            )
         with pytest.raises(ollama.ResponseError) as listing:
             await client(r.url).list()
         ok = await client(r.url, Authorization="Bearer house-key").chat(
-            model=MODEL, messages=HELLO, stream=False)
+            model=MODEL, messages=HELLO, stream=False
+        )
     assert anonymous.value.status_code == 401 and listing.value.status_code == 401
     assert narrow.value.status_code == 403
     assert ok.message.content

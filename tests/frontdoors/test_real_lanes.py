@@ -34,24 +34,29 @@ def root(router: Router) -> str:
 
 
 def claude(router: Router) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=root(router), api_key="local", max_retries=0,
-                               timeout=120)
+    return anthropic.Anthropic(base_url=root(router), api_key="local", max_retries=0, timeout=120)
 
 
 @pytest.mark.parametrize("lane", ["speculative", "batching"])
 def test_anthropic_text_round_trip(router: Router, lane: str) -> None:
     with claude(router) as client:
         raw = client.messages.with_raw_response.create(
-            model=DEFAULT_MODEL_NAME, max_tokens=12, messages=QUESTION,  # type: ignore[arg-type]
-            extra_body={"temperature": 0}, extra_headers={"X-Speclane-Lane": lane})
+            model=DEFAULT_MODEL_NAME,
+            max_tokens=12,
+            messages=QUESTION,  # type: ignore[arg-type]
+            extra_body={"temperature": 0},
+            extra_headers={"X-Speclane-Lane": lane},
+        )
         message = raw.parse()
-        with client.messages.stream(model=DEFAULT_MODEL_NAME, max_tokens=12,
-                                    messages=QUESTION,  # type: ignore[arg-type]
-                                    extra_body={"temperature": 0},
-                                    extra_headers={"X-Speclane-Lane": lane}) as stream:
+        with client.messages.stream(
+            model=DEFAULT_MODEL_NAME,
+            max_tokens=12,
+            messages=QUESTION,  # type: ignore[arg-type]
+            extra_body={"temperature": 0},
+            extra_headers={"X-Speclane-Lane": lane},
+        ) as stream:
             streamed = stream.get_final_message()
-        counted = client.messages.count_tokens(model=DEFAULT_MODEL_NAME,
-                                               messages=QUESTION)  # type: ignore[arg-type]
+        counted = client.messages.count_tokens(model=DEFAULT_MODEL_NAME, messages=QUESTION)  # type: ignore[arg-type]
     assert raw.headers["x-speclane-lane"] == lane
     assert "Paris" in message.content[0].text  # type: ignore[union-attr]
     assert streamed.content[0].text == message.content[0].text  # type: ignore[union-attr]
@@ -63,8 +68,12 @@ def test_anthropic_text_round_trip(router: Router, lane: str) -> None:
         usage = answer.usage
         assert counted.input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0)
     metrics = router.metrics()
-    assert metric_value(metrics, "speclane_requests_total", api="anthropic", backend=lane,
-                        status="200") == 2
+    assert (
+        metric_value(
+            metrics, "speclane_requests_total", api="anthropic", backend=lane, status="200"
+        )
+        == 2
+    )
     if lane == "speculative":  # the speculative telemetry reads the (OpenAI) answers as usual
         drafted = metric_value(metrics, "speclane_spec_draft_tokens_total", backend=lane)
         assert drafted is not None and drafted > 0
@@ -73,8 +82,13 @@ def test_anthropic_text_round_trip(router: Router, lane: str) -> None:
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_anthropic_stop_sequence_is_reported(router: Router, stream: bool) -> None:
     """The worker says which stop string ended the answer (vLLM's ``stop_reason``)."""
-    kwargs = {"model": DEFAULT_MODEL_NAME, "max_tokens": 12, "messages": QUESTION,
-              "stop_sequences": ["Paris"], "extra_body": {"temperature": 0}}
+    kwargs = {
+        "model": DEFAULT_MODEL_NAME,
+        "max_tokens": 12,
+        "messages": QUESTION,
+        "stop_sequences": ["Paris"],
+        "extra_body": {"temperature": 0},
+    }
     with claude(router) as client:
         if stream:
             with client.messages.stream(**kwargs) as s:  # type: ignore[arg-type]
@@ -86,25 +100,32 @@ def test_anthropic_stop_sequence_is_reported(router: Router, stream: bool) -> No
 
 
 def test_anthropic_image_is_refused_by_the_lanes(router: Router) -> None:
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": "iVBORw0KGgo="}}
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+    }
     with claude(router) as client, pytest.raises(anthropic.BadRequestError) as refused:
-        client.messages.create(model=DEFAULT_MODEL_NAME, max_tokens=4, messages=[
-            {"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}])
+        client.messages.create(
+            model=DEFAULT_MODEL_NAME,
+            max_tokens=4,
+            messages=[
+                {"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]}
+            ],
+        )
     assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     assert "text" in refused.value.message
 
 
 def test_ollama_text_round_trip(router: Router) -> None:
-    client = ollama.Client(host=root(router), timeout=120,
-                           headers={"X-Speclane-Lane": "batching"})
+    client = ollama.Client(host=root(router), timeout=120, headers={"X-Speclane-Lane": "batching"})
     options = {"temperature": 0, "num_predict": 12}
-    whole = client.chat(model=DEFAULT_MODEL_NAME, messages=QUESTION, stream=False,
-                        options=options)
-    parts = list(client.chat(model=DEFAULT_MODEL_NAME, messages=QUESTION, stream=True,
-                             options=options))
-    generated = client.generate(model=DEFAULT_MODEL_NAME, prompt=QUESTION[0]["content"],
-                                stream=False, options=options)
+    whole = client.chat(model=DEFAULT_MODEL_NAME, messages=QUESTION, stream=False, options=options)
+    parts = list(
+        client.chat(model=DEFAULT_MODEL_NAME, messages=QUESTION, stream=True, options=options)
+    )
+    generated = client.generate(
+        model=DEFAULT_MODEL_NAME, prompt=QUESTION[0]["content"], stream=False, options=options
+    )
     assert "Paris" in (whole.message.content or "")
     assert "".join(p.message.content or "" for p in parts) == whole.message.content
     assert generated.response == whole.message.content
@@ -116,15 +137,17 @@ def test_ollama_text_round_trip(router: Router) -> None:
 
 def test_count_tokens_for_a_model_the_lanes_do_not_serve_is_a_404(router: Router) -> None:
     with claude(router) as client, pytest.raises(anthropic.NotFoundError):
-        client.messages.count_tokens(model="no-such-model",
-                                     messages=QUESTION)  # type: ignore[arg-type]
+        client.messages.count_tokens(model="no-such-model", messages=QUESTION)  # type: ignore[arg-type]
 
 
 WEATHER = {
     "name": "get_weather",
     "description": "The current weather in a city",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
-                     "required": ["city"]},
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
 }
 
 
@@ -133,9 +156,13 @@ def test_anthropic_tool_round_trip_on_the_lanes(router: Router, stream: bool) ->
     """A forced tool call from the lane (constrained decoding through the fallback template),
     its result sent back as a tool_result block, and the model's answer after it."""
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    kwargs = {"model": DEFAULT_MODEL_NAME, "max_tokens": 40, "tools": [WEATHER],
-              "tool_choice": {"type": "tool", "name": "get_weather"},
-              "extra_body": {"temperature": 0}}
+    kwargs = {
+        "model": DEFAULT_MODEL_NAME,
+        "max_tokens": 40,
+        "tools": [WEATHER],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "extra_body": {"temperature": 0},
+    }
     with claude(router) as client:
         if stream:
             with client.messages.stream(messages=ask, **kwargs) as s:  # type: ignore[arg-type]
@@ -147,13 +174,25 @@ def test_anthropic_tool_round_trip_on_the_lanes(router: Router, stream: bool) ->
         assert len(uses) == 1 and uses[0].name == "get_weather"
         assert isinstance(uses[0].input, dict) and isinstance(uses[0].input.get("city"), str)
         answer = client.messages.create(
-            model=DEFAULT_MODEL_NAME, max_tokens=12, tools=[WEATHER],  # type: ignore[list-item]
+            model=DEFAULT_MODEL_NAME,
+            max_tokens=12,
+            tools=[WEATHER],  # type: ignore[list-item]
             extra_body={"temperature": 0},
-            messages=[*ask,  # type: ignore[list-item]
-                      {"role": "assistant", "content": called.content},
-                      {"role": "user", "content": [
-                          {"type": "tool_result", "tool_use_id": uses[0].id,
-                           "content": "Sunny, 21 degrees"}]}])
+            messages=[
+                *ask,  # type: ignore[list-item]
+                {"role": "assistant", "content": called.content},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": uses[0].id,
+                            "content": "Sunny, 21 degrees",
+                        }
+                    ],
+                },
+            ],
+        )
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
     assert prompt_tokens(answer) > prompt_tokens(called)  # the result reached the lane
 
@@ -163,22 +202,35 @@ def prompt_tokens(message: anthropic.types.Message) -> int:
     return message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
 
 
-WEATHER = {"name": "get_weather", "description": "The weather in a city",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
-                            "required": ["city"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
 
 
 def test_count_tokens_counts_tools_and_system_messages_as_the_lane_renders_them(
-        router: Router) -> None:
+    router: Router,
+) -> None:
     """What Claude Code sends: a system field, a system message after the user's turn, tools."""
-    messages = [{"role": "user", "content": "What is the weather in Paris?"},
-                {"role": "system", "content": "The user is in France."}]
+    messages = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "system", "content": "The user is in France."},
+    ]
     asked = {"model": DEFAULT_MODEL_NAME, "system": "You are terse.", "messages": messages}
     with claude(router) as client:
         bare = client.messages.count_tokens(**asked)  # type: ignore[arg-type]
         with_tools = client.messages.count_tokens(**asked, tools=[WEATHER])  # type: ignore
-        answer = client.messages.create(**asked, tools=[WEATHER], max_tokens=4,  # type: ignore
-                                        extra_body={"temperature": 0})
+        answer = client.messages.create(
+            **asked,
+            tools=[WEATHER],
+            max_tokens=4,  # type: ignore
+            extra_body={"temperature": 0},
+        )
     assert with_tools.input_tokens > bare.input_tokens
     usage = answer.usage
     assert with_tools.input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0)

@@ -9,13 +9,22 @@ from router.metrics import Metrics
 
 
 def health(pid: int, lookups: int, hits: int, reused: int, prefilled: int) -> dict[str, Any]:
-    return {"pid": pid, "prompt_cache": {"lookups": lookups, "hits": hits, "bytes": 4096,
-                                         "reused_tokens": reused, "prefilled_tokens": prefilled}}
+    return {
+        "pid": pid,
+        "prompt_cache": {
+            "lookups": lookups,
+            "hits": hits,
+            "bytes": 4096,
+            "reused_tokens": reused,
+            "prefilled_tokens": prefilled,
+        },
+    }
 
 
 def test_cache_counters_ignore_malformed_values() -> None:
     assert cache_counters({"prompt_cache": {"lookups": 3, "hits": "x", "bytes": -1}}) == {
-        "lookups": 3}
+        "lookups": 3
+    }
     assert cache_counters({"prompt_cache": []}) == {}
     assert cache_counters(None) == {}
 

@@ -77,8 +77,9 @@ def problem(report: PairReport, code: str) -> Finding:
 # --- the real default pair -----------------------------------------------------------------------
 
 
-def test_default_pair_is_compatible(default_pair: tuple[Path, Path],
-                                    default_report: PairReport) -> None:
+def test_default_pair_is_compatible(
+    default_pair: tuple[Path, Path], default_report: PairReport
+) -> None:
     target, draft = default_pair
     assert default_report.ok, default_report.summary()
     assert default_report.problems == ()
@@ -94,7 +95,8 @@ def test_default_pair_is_compatible(default_pair: tuple[Path, Path],
     # The draft is stored dequantized on the CPU (as large as the target), quantized on a GPU:
     # the warning must follow the files, whichever was prepared here.
     draft_larger = (draft / "model.safetensors").stat().st_size >= (
-        target / "model.safetensors").stat().st_size
+        target / "model.safetensors"
+    ).stat().st_size
     assert ("draft_not_smaller" in codes(default_report.warnings)) == draft_larger
 
 
@@ -121,15 +123,24 @@ def test_sample_conversation_renders_with_special_tokens(default_pair: tuple[Pat
 # --- deliberately mismatched tokenizers ----------------------------------------------------------
 
 
-def test_extra_token_is_a_vocab_size_mismatch(default_pair: tuple[Path, Path],
-                                              variant: Callable[..., Path]) -> None:
+def test_extra_token_is_a_vocab_size_mismatch(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant()
 
     def add_token(tok: dict[str, Any]) -> None:
         size = len(tok["model"]["vocab"])
-        tok["added_tokens"].append({"id": size, "content": "<|extra|>", "single_word": False,
-                                    "lstrip": False, "rstrip": False, "normalized": False,
-                                    "special": True})
+        tok["added_tokens"].append(
+            {
+                "id": size,
+                "content": "<|extra|>",
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        )
 
     edit_json(draft / "tokenizer.json", add_token)
     report = check_pair(default_pair[0], draft)
@@ -139,8 +150,9 @@ def test_extra_token_is_a_vocab_size_mismatch(default_pair: tuple[Path, Path],
     assert str(report.target_facts.tokenizer_size + 1) in found.message  # type: ignore[union-attr]
 
 
-def test_swapped_ordinary_tokens_are_a_vocab_mismatch(default_pair: tuple[Path, Path],
-                                                      variant: Callable[..., Path]) -> None:
+def test_swapped_ordinary_tokens_are_a_vocab_mismatch(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant()
 
     def swap(tok: dict[str, Any]) -> None:
@@ -153,8 +165,9 @@ def test_swapped_ordinary_tokens_are_a_vocab_mismatch(default_pair: tuple[Path, 
     assert "2 tokens" in problem(report, "vocab_mismatch").message
 
 
-def test_swapped_chat_tokens_are_a_special_token_mismatch(default_pair: tuple[Path, Path],
-                                                          variant: Callable[..., Path]) -> None:
+def test_swapped_chat_tokens_are_a_special_token_mismatch(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant()
 
     def swap(tok: dict[str, Any]) -> None:
@@ -176,8 +189,9 @@ def test_swapped_chat_tokens_are_a_special_token_mismatch(default_pair: tuple[Pa
     assert "<|im_start|>" in message and "<|im_end|>" in message
 
 
-def test_other_eos_token_is_a_special_token_mismatch(default_pair: tuple[Path, Path],
-                                                     variant: Callable[..., Path]) -> None:
+def test_other_eos_token_is_a_special_token_mismatch(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant()
     edit_json(draft / "tokenizer_config.json", lambda c: c.update(eos_token="<|endoftext|>"))
     report = check_pair(default_pair[0], draft)
@@ -185,8 +199,9 @@ def test_other_eos_token_is_a_special_token_mismatch(default_pair: tuple[Path, P
     assert "eos token" in problem(report, "special_token_mismatch").message
 
 
-def test_tokenizer_built_in_the_test_mismatches(default_pair: tuple[Path, Path],
-                                                variant: Callable[..., Path]) -> None:
+def test_tokenizer_built_in_the_test_mismatches(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -196,8 +211,9 @@ def test_tokenizer_built_in_the_test_mismatches(default_pair: tuple[Path, Path],
     draft = variant()
     for file in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         (draft / file).unlink()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                                        unk_token="<unk>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     tokenizer.save_pretrained(str(draft))
     report = check_pair(default_pair[0], draft)
     assert {"vocab_size_mismatch", "special_token_mismatch"} <= codes(report.problems)
@@ -205,8 +221,9 @@ def test_tokenizer_built_in_the_test_mismatches(default_pair: tuple[Path, Path],
     assert "8 tokens" in problem(report, "vocab_size_mismatch").message
 
 
-def test_unloadable_tokenizer(default_pair: tuple[Path, Path],
-                              variant: Callable[..., Path]) -> None:
+def test_unloadable_tokenizer(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant()
     (draft / "tokenizer.json").write_text("{", encoding="utf-8")
     report = check_pair(default_pair[0], draft)
@@ -216,19 +233,22 @@ def test_unloadable_tokenizer(default_pair: tuple[Path, Path],
 # --- chat templates ------------------------------------------------------------------------------
 
 
-def test_other_chat_template_is_a_mismatch(default_pair: tuple[Path, Path],
-                                           variant: Callable[..., Path]) -> None:
+def test_other_chat_template_is_a_mismatch(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant()
     (draft / "chat_template.jinja").write_text(
         "{% for m in messages %}<|im_start|>{{ m['role'] }}: {{ m['content'] }}<|im_end|>"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant: {% endif %}")
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant: {% endif %}"
+    )
     report = check_pair(default_pair[0], draft)
     assert codes(report.problems) == {"chat_template_mismatch"}
     assert problem(report, "chat_template_mismatch").setting == "lanes.draft_model"
 
 
-def test_equivalent_chat_template_is_compatible(default_pair: tuple[Path, Path],
-                                                variant: Callable[..., Path]) -> None:
+def test_equivalent_chat_template_is_compatible(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant()
     template = (draft / "chat_template.jinja").read_text()
     (draft / "chat_template.jinja").write_text("{# same output, other source #}" + template)
@@ -236,21 +256,25 @@ def test_equivalent_chat_template_is_compatible(default_pair: tuple[Path, Path],
     assert report.ok, report.summary()
 
 
-def test_draft_without_chat_template_warns(default_pair: tuple[Path, Path],
-                                           variant: Callable[..., Path]) -> None:
+def test_draft_without_chat_template_warns(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant()
     (draft / "chat_template.jinja").unlink()
     report = check_pair(default_pair[0], draft)
     assert report.ok
-    assert next(w for w in report.warnings
-                if w.code == "chat_template_missing").setting == "lanes.draft_model"
+    assert (
+        next(w for w in report.warnings if w.code == "chat_template_missing").setting
+        == "lanes.draft_model"
+    )
 
 
 # --- architectures and files ---------------------------------------------------------------------
 
 
-def test_multimodal_configs_are_refused(default_pair: tuple[Path, Path],
-                                        variant: Callable[..., Path]) -> None:
+def test_multimodal_configs_are_refused(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant("vlm-draft")
     edit_json(draft / "config.json", lambda c: c.update(vision_config={"hidden_size": 64}))
     report = check_pair(default_pair[0], draft)
@@ -264,55 +288,78 @@ def test_multimodal_configs_are_refused(default_pair: tuple[Path, Path],
     assert "qwen2_vl" in found.message and found.setting == "lanes.model"
 
 
-def test_unknown_architecture_is_unsupported(default_pair: tuple[Path, Path],
-                                             variant: Callable[..., Path]) -> None:
+def test_unknown_architecture_is_unsupported(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant()
     edit_json(draft / "config.json", lambda c: c.update(model_type="no_such_arch"))
     report = check_pair(default_pair[0], draft)
     assert "no_such_arch" in problem(report, "architecture_unsupported").message
 
 
-def test_recurrent_cache_cannot_speculate(default_pair: tuple[Path, Path],
-                                          variant: Callable[..., Path]) -> None:
+def test_recurrent_cache_cannot_speculate(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant()
-    mamba = {"model_type": "mamba", "vocab_size": 49152, "hidden_size": 64,
-             "intermediate_size": 128, "state_size": 16, "num_hidden_layers": 2,
-             "conv_kernel": 4, "use_bias": False, "use_conv_bias": True, "time_step_rank": 4}
+    mamba = {
+        "model_type": "mamba",
+        "vocab_size": 49152,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "state_size": 16,
+        "num_hidden_layers": 2,
+        "conv_kernel": 4,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_rank": 4,
+    }
     (draft / "config.json").write_text(json.dumps(mamba))
     report = check_pair(default_pair[0], draft)
     assert "ArraysCache" in problem(report, "cache_not_trimmable").message
 
 
-def test_sliding_window_cache_warns(default_pair: tuple[Path, Path],
-                                    variant: Callable[..., Path]) -> None:
+def test_sliding_window_cache_warns(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant()
-    gemma = {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2,
-             "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
-             "head_dim": 32, "vocab_size": 49152, "sliding_window": 16,
-             "sliding_window_pattern": 2}
+    gemma = {
+        "model_type": "gemma3_text",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "vocab_size": 49152,
+        "sliding_window": 16,
+        "sliding_window_pattern": 2,
+    }
     (draft / "config.json").write_text(json.dumps(gemma))
     report = check_pair(default_pair[0], draft)
     assert "sliding_window_cache" in codes(report.warnings)
     assert "cache_not_trimmable" not in codes(report.problems)
 
 
-def test_bad_config_for_the_architecture(default_pair: tuple[Path, Path],
-                                         variant: Callable[..., Path]) -> None:
+def test_bad_config_for_the_architecture(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant()
     edit_json(draft / "config.json", lambda c: c.pop("hidden_size"))
     report = check_pair(default_pair[0], draft)
     assert "mlx-lm cannot build" in problem(report, "config_invalid").message
 
 
-def test_custom_model_code_is_refused(default_pair: tuple[Path, Path],
-                                      variant: Callable[..., Path]) -> None:
+def test_custom_model_code_is_refused(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path]
+) -> None:
     draft = variant()
     edit_json(draft / "config.json", lambda c: c.update(model_file="modeling_x.py"))
     assert "modeling_x.py" in problem(check_pair(default_pair[0], draft), "custom_code").message
 
 
-def test_missing_and_broken_files(default_pair: tuple[Path, Path], variant: Callable[..., Path],
-                                  tmp_path: Path) -> None:
+def test_missing_and_broken_files(
+    default_pair: tuple[Path, Path], variant: Callable[..., Path], tmp_path: Path
+) -> None:
     target = default_pair[0]
     report = check_pair(target, tmp_path / "absent")
     assert problem(report, "model_not_found").setting == "lanes.draft_model"
@@ -379,8 +426,11 @@ def test_modes_per_lane_and_preset() -> None:
 # --- decisions -----------------------------------------------------------------------------------
 
 T, D = "/models/Qwen2.5-7B-Instruct", "/models/Qwen2.5-0.5B-Instruct"
-VOCAB = Finding("vocab_size_mismatch", "the draft's tokenizer has 10 tokens, the target's 20",
-                "lanes.draft_model")
+VOCAB = Finding(
+    "vocab_size_mismatch",
+    "the draft's tokenizer has 10 tokens, the target's 20",
+    "lanes.draft_model",
+)
 NOT_SMALLER = Finding("draft_not_smaller", "not smaller", "lanes.draft_model")
 TEMPLATE = Finding("chat_template_missing", "no template", "lanes.draft_model")
 
@@ -415,9 +465,15 @@ def test_strict_problem_is_fatal_with_an_actionable_message() -> None:
 
 
 def test_deny_wins_over_allow() -> None:
-    rules = (PairRule(target="Qwen2.5-7B*", draft="*", action="allow"),
-             PairRule(target="Qwen2.5-7B-Instruct", draft="Qwen2.5-0.5B-Instruct",
-                      action="deny", note="diverges on tool calls"))
+    rules = (
+        PairRule(target="Qwen2.5-7B*", draft="*", action="allow"),
+        PairRule(
+            target="Qwen2.5-7B-Instruct",
+            draft="Qwen2.5-0.5B-Instruct",
+            action="deny",
+            note="diverges on tool calls",
+        ),
+    )
     graceful = decide(report(), GatingSettings(pairs=rules), T, D)
     assert not graceful.active and not graceful.fatal and graceful.code == "denied"
     assert graceful.reason is not None and "diverges on tool calls" in graceful.reason
@@ -426,8 +482,9 @@ def test_deny_wins_over_allow() -> None:
 
 
 def test_allow_silences_size_warning_but_not_problems() -> None:
-    allow = GatingSettings(pairs=(PairRule(target="Qwen2.5-7B-Instruct",
-                                           draft="Qwen2.5-0.5B-Instruct"),))
+    allow = GatingSettings(
+        pairs=(PairRule(target="Qwen2.5-7B-Instruct", draft="Qwen2.5-0.5B-Instruct"),)
+    )
     d = decide(report(NOT_SMALLER, TEMPLATE), allow, T, D)
     assert d.active and d.rule is not None
     assert [w.split(":")[0] for w in d.warnings] == ["chat_template_missing"]
@@ -438,8 +495,9 @@ def test_allow_silences_size_warning_but_not_problems() -> None:
 
 
 def test_acceptance_floor() -> None:
-    low = PairRule(target="Qwen2.5-7B-Instruct", draft="Qwen2.5-0.5B-Instruct",
-                   measured_acceptance=0.12)
+    low = PairRule(
+        target="Qwen2.5-7B-Instruct", draft="Qwen2.5-0.5B-Instruct", measured_acceptance=0.12
+    )
     strict = GatingSettings(mode="strict", pairs=(low,))
     d = decide(report(), strict, T, D)
     assert d.fatal and d.code == "below_floor" and "0.12" in d.message
@@ -458,8 +516,9 @@ def test_require_listed() -> None:
     settings = GatingSettings(require_listed=True)
     d = decide(report(), settings, T, D)
     assert not d.active and d.code == "not_validated"
-    listed = settings.model_copy(update={"pairs": (PairRule(target="Qwen2.5-7B-Instruct",
-                                                            draft="Qwen2.5-0.5B-Instruct"),)})
+    listed = settings.model_copy(
+        update={"pairs": (PairRule(target="Qwen2.5-7B-Instruct", draft="Qwen2.5-0.5B-Instruct"),)}
+    )
     assert decide(report(), listed, T, D).active
 
 
@@ -467,26 +526,41 @@ def test_rule_names_match_paths_repo_ids_and_patterns() -> None:
     rule = PairRule(target="Qwen2.5-7B-Instruct", draft="Qwen2.5-0.5B*")
     settings = GatingSettings(pairs=(rule,))
     assert matching_rule(settings, T, D) == rule
-    assert matching_rule(settings, "mlx-community/Qwen2.5-7B-Instruct",
-                         "mlx-community/Qwen2.5-0.5B-Instruct-4bit") == rule
+    assert (
+        matching_rule(
+            settings,
+            "mlx-community/Qwen2.5-7B-Instruct",
+            "mlx-community/Qwen2.5-0.5B-Instruct-4bit",
+        )
+        == rule
+    )
     assert matching_rule(settings, "/models/Qwen2.5-7B-Instruct-4bit", D) is None
     assert matching_rule(settings, T, None) is None
     by_repo = PairRule(target="mlx-community/Qwen2.5-7B-Instruct", draft="*")
-    assert matching_rule(GatingSettings(pairs=(by_repo,)), "mlx-community/Qwen2.5-7B-Instruct",
-                         D) == by_repo
+    assert (
+        matching_rule(GatingSettings(pairs=(by_repo,)), "mlx-community/Qwen2.5-7B-Instruct", D)
+        == by_repo
+    )
 
 
 # --- rules from speclane bench -------------------------------------------------------------------
 
 BENCH = {
     "pairs": [
-        {"target": "/home/u/.local/share/speclane/models/SmolLM2-135M-Instruct",
-         "draft": "/home/u/.local/share/speclane/models/SmolLM2-135M-Instruct-draft",
-         "acceptance_by_family": {"fact": 0.4, "code": 0.7, "counting": 0.9, "story": 0.35},
-         "passed_floor": True, "floor": 0.3},
-        {"target": "mlx-community/Qwen2.5-7B-Instruct-4bit",
-         "draft": "mlx-community/Qwen2.5-0.5B-Instruct-4bit", "acceptance": 0.21,
-         "acceptance_by_family": {"code": 0.1, "chat \"long\"": 0.32}, "passed_floor": False},
+        {
+            "target": "/home/u/.local/share/speclane/models/SmolLM2-135M-Instruct",
+            "draft": "/home/u/.local/share/speclane/models/SmolLM2-135M-Instruct-draft",
+            "acceptance_by_family": {"fact": 0.4, "code": 0.7, "counting": 0.9, "story": 0.35},
+            "passed_floor": True,
+            "floor": 0.3,
+        },
+        {
+            "target": "mlx-community/Qwen2.5-7B-Instruct-4bit",
+            "draft": "mlx-community/Qwen2.5-0.5B-Instruct-4bit",
+            "acceptance": 0.21,
+            "acceptance_by_family": {"code": 0.1, 'chat "long"': 0.32},
+            "passed_floor": False,
+        },
     ]
 }
 
@@ -509,8 +583,12 @@ def test_bench_rules_round_trip_through_toml() -> None:
     assert GatingSettings(**parsed[SETTINGS_KEY]).pairs == rules
     # a failed pair is recorded, and strict mode denies it
     strict = GatingSettings(mode="strict", pairs=rules)
-    d = decide(PairReport("a", "b"), strict, "mlx-community/Qwen2.5-7B-Instruct-4bit",
-               "mlx-community/Qwen2.5-0.5B-Instruct-4bit")
+    d = decide(
+        PairReport("a", "b"),
+        strict,
+        "mlx-community/Qwen2.5-7B-Instruct-4bit",
+        "mlx-community/Qwen2.5-0.5B-Instruct-4bit",
+    )
     assert d.fatal and d.code == "below_floor"
 
 

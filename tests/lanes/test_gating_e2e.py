@@ -49,18 +49,26 @@ def test_strict_mode_refuses_to_start_and_names_the_setting(tmp_path: Path) -> N
     draft = mismatched_draft(tmp_path)
     (tmp_path / "policies").mkdir()
     config = tmp_path / "speclane.toml"
-    config.write_text(f'policies_dir = "{tmp_path}/policies"\n[gating]\nmode = "strict"\n'
-                      f'[lanes]\ndraft_model = "{draft}"\n')
+    config.write_text(
+        f'policies_dir = "{tmp_path}/policies"\n[gating]\nmode = "strict"\n'
+        f'[lanes]\ndraft_model = "{draft}"\n'
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
-    done = subprocess.run([sys.executable, "-m", "router", "serve", "--config", str(config),
-                           "--port", "0"], capture_output=True, text=True, timeout=240, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert done.returncode != 0
     assert "listening" not in done.stdout
     assert "vocab" in done.stderr and "lanes.draft_model" in done.stderr
 
 
 def test_graceful_mode_serves_without_speculation_and_says_why(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     draft = mismatched_draft(tmp_path)
     # A fixed draft_model: without it no source drafts (auto would fall back to prompt lookup,
     # routing.speculate.lane_source).

@@ -36,8 +36,9 @@ class Router:
     output: list[str]
 
     def client(self, **kw: object) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url, api_key="local", max_retries=0,
-                             timeout=120, **kw)  # type: ignore[arg-type]
+        return openai.OpenAI(
+            base_url=self.base_url, api_key="local", max_retries=0, timeout=120, **kw
+        )  # type: ignore[arg-type]
 
     def workers(self) -> dict[str, psutil.Process]:
         found = {}
@@ -58,12 +59,18 @@ def start_router(tmp: Path, extra_config: str = "") -> Router:
     ensure_default_models(quiet=True)
     (tmp / "policies").mkdir(exist_ok=True)
     config = tmp / "speclane.toml"
-    config.write_text(f'policies_dir = "{tmp}/policies"\nshutdown_grace = 5\n'
-                      f'[lanes]\nhealth_interval = 0.5\nmax_batch_size = 4\n{extra_config}')
+    config.write_text(
+        f'policies_dir = "{tmp}/policies"\nshutdown_grace = 5\n'
+        f"[lanes]\nhealth_interval = 0.5\nmax_batch_size = 4\n{extra_config}"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
-    proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", str(config),
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     output: list[str] = []
     ready = threading.Event()
     url: list[str] = []
@@ -104,14 +111,21 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
 def ask(router: Router, lane: str, stream: bool, **body: object) -> tuple[str, dict, dict]:
     """(text, usage dict, response headers) for one greedy request forced onto ``lane``."""
     client = router.client()
-    kwargs = dict(model=DEFAULT_MODEL_NAME, messages=QUESTION, max_tokens=12, temperature=0,
-                  extra_headers={"X-Speclane-Lane": lane}, extra_body=body or None)
+    kwargs = dict(
+        model=DEFAULT_MODEL_NAME,
+        messages=QUESTION,
+        max_tokens=12,
+        temperature=0,
+        extra_headers={"X-Speclane-Lane": lane},
+        extra_body=body or None,
+    )
     if not stream:
         raw = client.chat.completions.with_raw_response.create(**kwargs)  # type: ignore[arg-type]
         done = raw.parse()
         return done.choices[0].message.content or "", done.usage.model_dump(), dict(raw.headers)
     raw = client.chat.completions.with_raw_response.create(
-        stream=True, stream_options={"include_usage": True}, **kwargs)  # type: ignore[arg-type]
+        stream=True, stream_options={"include_usage": True}, **kwargs
+    )  # type: ignore[arg-type]
     text, usage = "", {}
     for chunk in raw.parse():
         if chunk.choices:
@@ -141,14 +155,22 @@ def test_the_router_chooses_the_draft_source_per_family(router: Router) -> None:
     answers = {}
     for family, messages in (("chat", QUESTION), ("code-block", edit)):
         done = client.chat.completions.create(
-            model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=12,  # type: ignore[arg-type]
-            temperature=0, extra_headers={"X-Speclane-Lane": "speculative"})
+            model=DEFAULT_MODEL_NAME,
+            messages=messages,
+            max_tokens=12,  # type: ignore[arg-type]
+            temperature=0,
+            extra_headers={"X-Speclane-Lane": "speculative"},
+        )
         answers[family] = done.usage.model_extra["speclane_spec"]  # type: ignore[union-attr]
     assert answers["chat"]["source"] == "draft_model"
     assert answers["code-block"]["source"] == "prompt_lookup"
     text = router.metrics()
-    assert (metric_value(text, "speclane_spec_draft_tokens_total", backend="speculative",
-                         source="prompt_lookup") or 0) > 0
+    assert (
+        metric_value(
+            text, "speclane_spec_draft_tokens_total", backend="speculative", source="prompt_lookup"
+        )
+        or 0
+    ) > 0
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
@@ -166,22 +188,31 @@ def test_the_batching_lanes_prompt_cache_reaches_usage_and_metrics(router: Route
     assert 0 < cached < usage["prompt_tokens"]
     deadline = time.monotonic() + 60  # until the supervisor's next /health poll
     while True:
-        reused = metric_value(router.metrics(), "speclane_prompt_cache_tokens_total",
-                              lane="batching", kind="reused")
+        reused = metric_value(
+            router.metrics(), "speclane_prompt_cache_tokens_total", lane="batching", kind="reused"
+        )
         if (reused or 0) >= cached or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     assert reused is not None and reused >= cached
-    hits = metric_value(router.metrics(), "speclane_prompt_cache_lookups_total",
-                        lane="batching", result="hit")
+    hits = metric_value(
+        router.metrics(), "speclane_prompt_cache_lookups_total", lane="batching", result="hit"
+    )
     assert hits is not None and hits >= 1
 
 
 def test_num_draft_tokens_zero_decodes_plainly_on_the_speculative_lane(router: Router) -> None:
     text, usage, _ = ask(router, "speculative", False, num_draft_tokens=0)
     assert "Paris" in text
-    assert usage["speclane_spec"] == {"drafted": 0, "accepted": 0, "rejected": 0, "steps": 0,
-                                      "num_draft_tokens": 0, "source": None, "forced": 0}
+    assert usage["speclane_spec"] == {
+        "drafted": 0,
+        "accepted": 0,
+        "rejected": 0,
+        "steps": 0,
+        "num_draft_tokens": 0,
+        "source": None,
+        "forced": 0,
+    }
 
 
 def test_the_default_pair_starts_with_speculation_active(router: Router) -> None:
@@ -226,26 +257,32 @@ def test_metrics_show_the_speculative_lanes_draft_counters(router: Router) -> No
 
 def test_killed_worker_is_restarted_while_the_other_lane_answers(router: Router) -> None:
     victim = router.workers()["speculative"]
-    restarts_before = metric_value(router.metrics(), "speclane_worker_restarts_total",
-                                   lane="speculative") or 0
+    restarts_before = (
+        metric_value(router.metrics(), "speclane_worker_restarts_total", lane="speculative") or 0
+    )
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
     # Meanwhile an unforced request is served by the batching lane.
     client = router.client()
     raw = client.chat.completions.with_raw_response.create(
-        model=DEFAULT_MODEL_NAME, messages=QUESTION, max_tokens=8, temperature=0)
+        model=DEFAULT_MODEL_NAME, messages=QUESTION, max_tokens=8, temperature=0
+    )
     assert raw.headers["x-speclane-lane"] == "batching"
     deadline = time.monotonic() + 180
     while True:
         workers = router.workers()
         new = workers.get("speculative")
-        if new is not None and new.pid != victim.pid and metric_value(
-                router.metrics(), "speclane_worker_up", lane="speculative") == 1:
+        if (
+            new is not None
+            and new.pid != victim.pid
+            and metric_value(router.metrics(), "speclane_worker_up", lane="speculative") == 1
+        ):
             break
         assert time.monotonic() < deadline, "speculative worker was not restarted"
         time.sleep(0.5)
-    assert (metric_value(router.metrics(), "speclane_worker_restarts_total",
-                         lane="speculative") or 0) > restarts_before
+    assert (
+        metric_value(router.metrics(), "speclane_worker_restarts_total", lane="speculative") or 0
+    ) > restarts_before
     text, _, headers = ask(router, "speculative", False)
     assert "Paris" in text and headers["x-speclane-lane"] == "speculative"
 

@@ -29,8 +29,15 @@ READ = {
     },
 }
 # An agent-shaped user turn: content as an array of parts.
-ASK = [{"role": "user", "content": [{"type": "text", "text": "Show me "},
-                                    {"type": "text", "text": "the file README.md"}]}]
+ASK = [
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "Show me "},
+            {"type": "text", "text": "the file README.md"},
+        ],
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +50,14 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
 @pytest.mark.parametrize("lane", ["speculative", "batching"])
 def test_a_streamed_forced_tool_call_through_the_router(router: Router, lane: str) -> None:
     stream = router.client().chat.completions.create(
-        model=DEFAULT_MODEL_NAME, messages=ASK, tools=[READ],  # type: ignore[arg-type,list-item]
-        tool_choice="required", max_tokens=40, stream=True,
-        stream_options={"include_usage": True}, extra_headers={"X-Speclane-Lane": lane},
+        model=DEFAULT_MODEL_NAME,
+        messages=ASK,
+        tools=[READ],  # type: ignore[arg-type,list-item]
+        tool_choice="required",
+        max_tokens=40,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"X-Speclane-Lane": lane},
     )
     chunks = list(stream)
     deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]

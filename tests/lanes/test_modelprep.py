@@ -151,9 +151,15 @@ def tiny_llama() -> tuple[dict[str, Any], dict[str, mx.array]]:
     from mlx_lm.models import llama
 
     config = {
-        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-5, "vocab_size": 96, "rope_traditional": True,
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": 96,
+        "rope_traditional": True,
         "tie_word_embeddings": True,
     }
     mx.random.seed(1)

@@ -36,8 +36,14 @@ def test_progress_moved(last: int | None, current: int | None, busy: bool, moved
 
 @pytest.mark.parametrize(
     ("health", "value"),
-    [({"progress_tokens": 5}, 5), ({"progress_tokens": True}, None),
-     ({"progress_tokens": -1}, None), ({"progress_tokens": "5"}, None), ({}, None), (None, None)],
+    [
+        ({"progress_tokens": 5}, 5),
+        ({"progress_tokens": True}, None),
+        ({"progress_tokens": -1}, None),
+        ({"progress_tokens": "5"}, None),
+        ({}, None),
+        (None, None),
+    ],
 )
 def test_progress_of_reads_only_a_sane_counter(health: Any, value: int | None) -> None:
     assert progress_of(health) == value
@@ -110,16 +116,28 @@ async def _prefilling_lane(moving: bool, answer_after: asyncio.Event) -> web.App
     async def health(request: web.Request) -> web.Response:
         if moving:
             progress["n"] += 100
-        return web.json_response({"status": "ok", "progress_tokens": progress["n"],
-                                  "active": 1, "queued": 0})
+        return web.json_response(
+            {"status": "ok", "progress_tokens": progress["n"], "active": 1, "queued": 0}
+        )
 
     async def chat(request: web.Request) -> web.Response:
         await answer_after.wait()
-        return web.json_response({
-            "id": "x", "object": "chat.completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+        return web.json_response(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "ok"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
 
     app = web.Application()
     app.router.add_get("/health", health)
@@ -163,14 +181,16 @@ async def test_a_silent_lane_whose_counter_moves_is_not_a_504(moving: bool) -> N
             client = router.client()
             if moving:
                 reply = await client.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": "hi"}])
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
                 assert reply.choices[0].message.content == "ok"
             else:
                 import openai
 
                 with pytest.raises(openai.APIStatusError) as err:
                     await client.chat.completions.create(
-                        model="m", messages=[{"role": "user", "content": "hi"}])
+                        model="m", messages=[{"role": "user", "content": "hi"}]
+                    )
                 assert err.value.status_code == 504
             assert asked.is_set()  # the relay asked the lane, it did not just time out
             release.set()

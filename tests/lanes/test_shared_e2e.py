@@ -30,7 +30,7 @@ from tests.lanes.test_lanes_e2e import Router, ask, start_router, stop_router
 
 pytestmark = pytest.mark.realmodel
 
-SMALL_MACHINE = 'machine_memory_bytes = 8589934592\n'  # 8 GiB: auto picks shared
+SMALL_MACHINE = "machine_memory_bytes = 8589934592\n"  # 8 GiB: auto picks shared
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,10 @@ def test_auto_shares_one_process_when_two_copies_take_a_quarter_of_the_memory(
     lanes = admin_lanes(router)
     layout = lanes["layout"]
     assert (layout["requested"], layout["layout"], layout["total_bytes"]) == (
-        "auto", "shared", 8 << 30)
+        "auto",
+        "shared",
+        8 << 30,
+    )
     assert layout["shared_bytes"] < layout["separate_bytes"] and layout["fits"]
     assert list(router.workers()) == ["shared"]  # one process
     states = {b["name"]: b["state"] for b in lanes["backends"]}
@@ -74,25 +77,36 @@ def test_alternating_turns_keep_their_cache_and_affinity_is_off(router: Router) 
     hits = []
     for turn, lane in enumerate(("speculative", "batching", "speculative")):
         raw = client.chat.completions.with_raw_response.create(
-            model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=6, temperature=0,
-            extra_headers={"X-Speclane-Lane": lane})
+            model=DEFAULT_MODEL_NAME,
+            messages=messages,
+            max_tokens=6,
+            temperature=0,
+            extra_headers={"X-Speclane-Lane": lane},
+        )
         done = raw.parse()
         details = done.usage.prompt_tokens_details  # type: ignore[union-attr]
         hits.append((details.cached_tokens or 0) if details else 0)
-        messages += [{"role": "assistant", "content": done.choices[0].message.content or ""},
-                     {"role": "user", "content": f"And another one ({turn})?"}]
+        messages += [
+            {"role": "assistant", "content": done.choices[0].message.content or ""},
+            {"role": "user", "content": f"And another one ({turn})?"},
+        ]
     assert hits[0] < 10 and hits[1] > 100 and hits[2] > hits[1]
     # Unforced, the decision routes by load and speculation value and says why.
     raw = client.chat.completions.with_raw_response.create(
-        model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=4, temperature=0)
+        model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=4, temperature=0
+    )
     assert raw.headers["x-speclane-decision"].endswith(",cache=shared")
 
 
 def test_worker_memory_is_in_metrics_and_admin(router: Router) -> None:
     deadline = time.monotonic() + 60  # until the supervisor's next /health poll
     while True:
-        pss = metric_value(router.metrics(), "speclane_worker_memory_bytes",
-                           lanes="speculative+batching", kind="pss")
+        pss = metric_value(
+            router.metrics(),
+            "speclane_worker_memory_bytes",
+            lanes="speculative+batching",
+            kind="pss",
+        )
         if pss or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -105,23 +119,31 @@ def test_worker_memory_is_in_metrics_and_admin(router: Router) -> None:
 
 def test_a_killed_worker_brings_both_lanes_back(router: Router) -> None:
     victim = router.workers()["shared"]
-    before = {lane: metric_value(router.metrics(), "speclane_worker_restarts_total",
-                                 lane=lane) or 0 for lane in ("speculative", "batching")}
+    before = {
+        lane: metric_value(router.metrics(), "speclane_worker_restarts_total", lane=lane) or 0
+        for lane in ("speculative", "batching")
+    }
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
     deadline = time.monotonic() + 240
     while True:
         new = router.workers().get("shared")
         text = router.metrics()
-        if new is not None and new.pid != victim.pid and all(
+        if (
+            new is not None
+            and new.pid != victim.pid
+            and all(
                 metric_value(text, "speclane_worker_up", lane=lane) == 1
-                for lane in ("speculative", "batching")):
+                for lane in ("speculative", "batching")
+            )
+        ):
             break
         assert time.monotonic() < deadline, "the shared worker was not restarted"
         time.sleep(0.5)
     for lane, count in before.items():
-        assert (metric_value(router.metrics(), "speclane_worker_restarts_total",
-                             lane=lane) or 0) > count
+        assert (
+            metric_value(router.metrics(), "speclane_worker_restarts_total", lane=lane) or 0
+        ) > count
     for lane in ("speculative", "batching"):
         text, _, headers = ask(router, lane, False)
         assert "Paris" in text and headers["x-speclane-lane"] == lane
@@ -141,11 +163,17 @@ def test_the_guard_refuses_a_setup_that_does_not_fit_and_starts_nothing(tmp_path
     ensure_default_models(quiet=True)
     (tmp_path / "policies").mkdir()
     config = tmp_path / "speclane.toml"
-    config.write_text(f'policies_dir = "{tmp_path}/policies"\n'
-                      '[lanes]\nmemory_limit_bytes = 1073741824\n')  # 1 GiB: too little
+    config.write_text(
+        f'policies_dir = "{tmp_path}/policies"\n[lanes]\nmemory_limit_bytes = 1073741824\n'
+    )  # 1 GiB: too little
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
-    done = subprocess.run([sys.executable, "-m", "router", "serve", "--config", str(config),
-                           "--port", "0"], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     output = done.stdout + done.stderr
     assert done.returncode != 0, output
     line = next(x for x in output.splitlines() if "the lanes need about" in x)

@@ -48,7 +48,8 @@ def test_budget_rejects_nonsense(max_restarts, window):
 
 def test_backoff_doubles_with_recent_restarts():
     assert [backoff_delay(n, 0.5, 100.0, rand=0.999999) for n in range(4)] == pytest.approx(
-        [0.5, 1.0, 2.0, 4.0], rel=1e-5)
+        [0.5, 1.0, 2.0, 4.0], rel=1e-5
+    )
 
 
 def test_backoff_jitter_spans_half_to_full_base():
@@ -67,12 +68,24 @@ def test_backoff_is_capped_and_survives_huge_counts():
 def test_status_defaults_and_dict():
     status = LaneStatus(lane="batching")
     assert status.state is LaneState.STOPPED and not status.ready
-    ready = LaneStatus(lane="batching", state=LaneState.READY, base_url="http://127.0.0.1:1/v1",
-                       pid=42, health={"capacity": 8}, restarts=1, last_error="boom")
+    ready = LaneStatus(
+        lane="batching",
+        state=LaneState.READY,
+        base_url="http://127.0.0.1:1/v1",
+        pid=42,
+        health={"capacity": 8},
+        restarts=1,
+        last_error="boom",
+    )
     assert ready.ready
     assert ready.to_dict() == {
-        "lane": "batching", "state": "ready", "base_url": "http://127.0.0.1:1/v1", "pid": 42,
-        "health": {"capacity": 8}, "restarts": 1, "last_error": "boom",
+        "lane": "batching",
+        "state": "ready",
+        "base_url": "http://127.0.0.1:1/v1",
+        "pid": 42,
+        "health": {"capacity": 8},
+        "restarts": 1,
+        "last_error": "boom",
     }
 
 
@@ -107,8 +120,11 @@ def test_a_lanes_health_is_its_own_block_of_a_shared_workers_health() -> None:
 
     one = {"status": "ok", "mode": "batching", "queued": 1}
     assert lane_health(one, "batching") is one
-    shared = {"status": "ok", "mode": "shared",
-              "lanes": {"speculative": {"mode": "speculative"}, "batching": one}}
+    shared = {
+        "status": "ok",
+        "mode": "shared",
+        "lanes": {"speculative": {"mode": "speculative"}, "batching": one},
+    }
     assert lane_health(shared, "batching") is one
     assert lane_health(shared, "speculative") == {"mode": "speculative"}
     assert lane_health({"mode": "shared", "lanes": {}}, "batching") is None

@@ -80,8 +80,13 @@ async def make() -> AsyncIterator[Factory]:
     ) -> tuple[LaneSupervisor, Recorder]:
         rec = Recorder(WAIT)
         options = {
-            "startup_timeout": WAIT, "health_interval": 0.1, "health_timeout": 1.0,
-            "kill_grace": 1.0, "backoff_initial": 0.02, "backoff_max": 0.1, **kwargs,
+            "startup_timeout": WAIT,
+            "health_interval": 0.1,
+            "health_timeout": 1.0,
+            "kill_grace": 1.0,
+            "backoff_initial": 0.02,
+            "backoff_max": 0.1,
+            **kwargs,
         }
         sup = LaneSupervisor(fake_command(*flags, lane=lane), on_change=rec, **options)
         made.append((sup, rec))
@@ -122,8 +127,9 @@ async def test_start_reports_ready_with_port_health_and_serves(make, caplog):
     assert any("listening on" in line for line in sup.stderr_tail)
 
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"{status.base_url}/chat/completions",
-                                json={"model": "m", "messages": []}) as resp:
+        async with session.post(
+            f"{status.base_url}/chat/completions", json={"model": "m", "messages": []}
+        ) as resp:
             assert resp.status == 200
             assert (await resp.json())["choices"][0]["message"]["content"] == "ok"
 
@@ -226,10 +232,16 @@ async def test_crash_marks_down_then_restarts(make):
     assert again.restarts == 1
     assert again.pid != first.pid and again.base_url is not None
     assert gone(rec.procs[first.pid])
-    assert rec.states == [LaneState.STARTING, LaneState.READY, LaneState.DOWN,
-                          LaneState.STARTING, LaneState.READY]
-    assert sample(metrics, "speclane_worker_restarts_total", lane="speculative",
-                  reason="exited") == 1
+    assert rec.states == [
+        LaneState.STARTING,
+        LaneState.READY,
+        LaneState.DOWN,
+        LaneState.STARTING,
+        LaneState.READY,
+    ]
+    assert (
+        sample(metrics, "speclane_worker_restarts_total", lane="speculative", reason="exited") == 1
+    )
     assert sample(metrics, "speclane_worker_up", lane="speculative") == 1
 
 
@@ -245,8 +257,14 @@ async def test_exit_is_noticed_when_the_pipes_closed_first(make):
 async def test_hung_worker_is_killed_and_restarted(make):
     metrics = Metrics()
     # The start-up health check uses the one answer; afterwards /health never answers.
-    sup, rec = make("--hang-health-after", "1", health_timeout=0.2, unhealthy_after=2,
-                    kill_grace=0.5, metrics=metrics)
+    sup, rec = make(
+        "--hang-health-after",
+        "1",
+        health_timeout=0.2,
+        unhealthy_after=2,
+        kill_grace=0.5,
+        metrics=metrics,
+    )
     await sup.start()
     first = sup.status
 
@@ -255,8 +273,7 @@ async def test_hung_worker_is_killed_and_restarted(make):
     assert gone(rec.procs[first.pid])  # killed before the lane went DOWN
     again = await rec.wait_for(LaneState.READY, nth=2)
     assert again.pid != first.pid
-    assert sample(metrics, "speclane_worker_restarts_total", lane="speculative",
-                  reason="hung") >= 1
+    assert sample(metrics, "speclane_worker_restarts_total", lane="speculative", reason="hung") >= 1
 
 
 async def test_worker_that_keeps_dying_is_given_up(make, caplog):
@@ -270,11 +287,13 @@ async def test_worker_that_keeps_dying_is_given_up(make, caplog):
     assert rec.states.count(LaneState.READY) == 3  # the first start and two restarts
     assert sample(metrics, "speclane_worker_given_up", lane="speculative") == 1
     assert sample(metrics, "speclane_worker_up", lane="speculative") == 0
-    assert sample(metrics, "speclane_worker_restarts_total", lane="speculative",
-                  reason="exited") == 2
+    assert (
+        sample(metrics, "speclane_worker_restarts_total", lane="speculative", reason="exited") == 2
+    )
     # Only the supervisor's own records: other libraries' errors are not this test's subject.
-    errors = [r for r in caplog.records
-              if r.levelno >= logging.ERROR and r.name.startswith("router.")]
+    errors = [
+        r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("router.")
+    ]
     assert len(errors) == 1 and "given up" in errors[0].getMessage()
     # No more restarts: the monitor has finished and every worker is gone.
     assert not sup.supervising
@@ -315,8 +334,13 @@ async def test_fake_worker_exits_when_its_parent_is_killed():
         "w.wait()\n"
     )
     parent = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", parent_code, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+        sys.executable,
+        "-c",
+        parent_code,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+    )
     assert parent.stdout is not None
     worker_pid, ready = None, False
     worker: psutil.Process | None = None
@@ -350,14 +374,23 @@ def test_lifecycle_under_uvloop():
     uvloop = pytest.importorskip("uvloop")
 
     async def scenario() -> None:
-        options = {"startup_timeout": WAIT, "health_interval": 0.1, "kill_grace": 0.5,
-                   "backoff_initial": 0.02, "backoff_max": 0.1}
+        options = {
+            "startup_timeout": WAIT,
+            "health_interval": 0.1,
+            "kill_grace": 0.5,
+            "backoff_initial": 0.02,
+            "backoff_max": 0.1,
+        }
         crash_rec, dying_rec, stubborn_rec = Recorder(WAIT), Recorder(), Recorder()
         crash = LaneSupervisor(fake_command(), on_change=crash_rec, **options)
-        dying = LaneSupervisor(fake_command("--die-after", "0.2", "--close-pipes-first"),
-                               on_change=dying_rec, **options)
-        stubborn = LaneSupervisor(fake_command("--ignore-sigterm", lane="batching"),
-                                  on_change=stubborn_rec, **options)
+        dying = LaneSupervisor(
+            fake_command("--die-after", "0.2", "--close-pipes-first"),
+            on_change=dying_rec,
+            **options,
+        )
+        stubborn = LaneSupervisor(
+            fake_command("--ignore-sigterm", lane="batching"), on_change=stubborn_rec, **options
+        )
         sups = [crash, dying, stubborn]
         try:
             await start_all(sups)
@@ -385,34 +418,73 @@ def test_lifecycle_under_uvloop():
 
 def test_build_worker_command_for_the_speculative_lane(tmp_path):
     settings = LanesSettings(num_draft_tokens=4, max_batch_size=6, env={"FOO": "bar"})
-    cmd = build_worker_command("speculative", settings, tmp_path / "model", tmp_path / "draft",
-                               "smol", python="/usr/bin/python3", max_body_bytes=4096)
+    cmd = build_worker_command(
+        "speculative",
+        settings,
+        tmp_path / "model",
+        tmp_path / "draft",
+        "smol",
+        python="/usr/bin/python3",
+        max_body_bytes=4096,
+    )
     assert cmd.lane == "speculative"
     assert cmd.argv == (
-        "/usr/bin/python3", "-m", "router.worker", "--mode", "speculative",
-        "--model", str(tmp_path / "model"), "--model-name", "smol",
-        "--draft-model", str(tmp_path / "draft"), "--draft-source", "draft_model",
-        "--lookup-ngram-min", "2", "--lookup-ngram-max", "4", "--lookup-max-draft", "8",
-"--prediction-max-draft", "16",
-        "--suffix-max-draft", "16", "--suffix-bytes", str(64 << 20),
-        "--num-draft-tokens", "4", "--max-batch-size", "6",
-        "--prompt-cache-bytes", str(1 << 30),
-        "--max-body-bytes", "8192",  # what the router accepts, with room for re-encoding
-        "--host", "127.0.0.1", "--port", "0", "--parent-pid", str(os.getpid()),
+        "/usr/bin/python3",
+        "-m",
+        "router.worker",
+        "--mode",
+        "speculative",
+        "--model",
+        str(tmp_path / "model"),
+        "--model-name",
+        "smol",
+        "--draft-model",
+        str(tmp_path / "draft"),
+        "--draft-source",
+        "draft_model",
+        "--lookup-ngram-min",
+        "2",
+        "--lookup-ngram-max",
+        "4",
+        "--lookup-max-draft",
+        "8",
+        "--prediction-max-draft",
+        "16",
+        "--suffix-max-draft",
+        "16",
+        "--suffix-bytes",
+        str(64 << 20),
+        "--num-draft-tokens",
+        "4",
+        "--max-batch-size",
+        "6",
+        "--prompt-cache-bytes",
+        str(1 << 30),
+        "--max-body-bytes",
+        "8192",  # what the router accepts, with room for re-encoding
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--parent-pid",
+        str(os.getpid()),
     )
     assert cmd.env["FOO"] == "bar" and cmd.env["PYTHONUNBUFFERED"] == "1"
     assert cmd.env.get("LD_PRELOAD") == preload_env().get("LD_PRELOAD")
 
 
-@pytest.mark.parametrize(("source", "with_draft", "passed"), [
-    ("auto", True, "draft_model"),
-    ("auto", False, "prompt_lookup"),  # the gate refused the draft: lookup, free to make
-    ("draft_model", False, "none"),
-    ("prompt_lookup", False, "prompt_lookup"),
-    ("prompt_lookup", True, "prompt_lookup"),
-    ("suffix", False, "suffix"),
-    ("none", True, "none"),
-])
+@pytest.mark.parametrize(
+    ("source", "with_draft", "passed"),
+    [
+        ("auto", True, "draft_model"),
+        ("auto", False, "prompt_lookup"),  # the gate refused the draft: lookup, free to make
+        ("draft_model", False, "none"),
+        ("prompt_lookup", False, "prompt_lookup"),
+        ("prompt_lookup", True, "prompt_lookup"),
+        ("suffix", False, "suffix"),
+        ("none", True, "none"),
+    ],
+)
 def test_the_speculative_lane_gets_its_draft_source(tmp_path, source, with_draft, passed):
     settings = LanesSettings(draft_source=source, lookup_ngram_max=5, lookup_max_draft=12)
     draft = tmp_path / "draft" if with_draft else None
@@ -437,8 +509,9 @@ def test_build_worker_command_batching_lane_has_no_draft(tmp_path):
 
 
 def test_build_worker_command_passes_the_prompt_cache_and_prefill_settings(tmp_path):
-    settings = LanesSettings(prompt_cache_bytes=12345, prefill_step_size=64,
-                             prefill_chunk_seconds=0.25)
+    settings = LanesSettings(
+        prompt_cache_bytes=12345, prefill_step_size=64, prefill_chunk_seconds=0.25
+    )
     batching = build_worker_command("batching", settings, tmp_path, None, "m").argv
     assert batching[batching.index("--prompt-cache-bytes") + 1] == "12345"
     assert batching[batching.index("--prefill-step-size") + 1] == "64"
@@ -454,8 +527,13 @@ def test_build_worker_command_rejects_unknown_lanes(tmp_path):
 
 
 def test_from_settings_takes_the_lane_settings():
-    settings = LanesSettings(startup_timeout=12.0, health_interval=0.5, max_restarts=1,
-                             restart_window=30.0)
+    settings = LanesSettings(
+        startup_timeout=12.0, health_interval=0.5, max_restarts=1, restart_window=30.0
+    )
     sup = LaneSupervisor.from_settings(fake_command(), settings)
     assert (sup.startup_timeout, sup.health_interval, sup.max_restarts, sup.restart_window) == (
-        12.0, 0.5, 1, 30.0)
+        12.0,
+        0.5,
+        1,
+        30.0,
+    )

@@ -25,8 +25,10 @@ from tests.fakes.upstream import Behaviour, FakeUpstream
 FORGED = "INFO speclane.access: endpoint=chat client=admin status=200 FORGED"
 # Every kind of control a value can carry: a forged line after CR LF, LF, a lone CR, a
 # terminal escape sequence, a C1 control (NEL), DEL, and the Unicode line separators.
-HOSTILE = (f"\r\n{FORGED}\n{FORGED}\r{FORGED}\x1b[2J\x1b]0;title\x07\x85\x9b31m\x7f"
-           f"\u2028{FORGED}\u2029{FORGED}")
+HOSTILE = (
+    f"\r\n{FORGED}\n{FORGED}\r{FORGED}\x1b[2J\x1b]0;title\x07\x85\x9b31m\x7f"
+    f"\u2028{FORGED}\u2029{FORGED}"
+)
 # What a header can carry to a handler: HTTP/1.1 parsers refuse CR, LF and the other C0
 # controls in a header (no client library sends them), but a UTF-8 header value can hold C1
 # controls and the Unicode line separators.
@@ -82,9 +84,11 @@ async def raw_post(port: int, path: str, headers: bytes, body: bytes) -> int:
     """A request written byte for byte (no client library would send these headers)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
-                     % (path.encode(), len(body), headers, body))
+        writer.write(
+            b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
+            % (path.encode(), len(body), headers, body)
+        )
         await writer.drain()
         answer = await asyncio.wait_for(reader.read(), HANG)
     finally:
@@ -93,15 +97,22 @@ async def raw_post(port: int, path: str, headers: bytes, body: bytes) -> int:
 
 
 async def test_each_request_is_one_access_line_whatever_its_values_hold(
-        fake: FakeUpstream, captured: tuple[LogFormat, io.StringIO]) -> None:
+    fake: FakeUpstream, captured: tuple[LogFormat, io.StringIO]
+) -> None:
     fmt, out = captured
     chat = {"messages": [{"role": "user", "content": "hi"}]}
-    doors = [("/v1/chat/completions", chat), ("/v1/chat/completions", {**chat, "stream": True}),
-             ("/v1/messages", {**chat, "max_tokens": 8}),
-             ("/v1/messages", {**chat, "max_tokens": 8, "stream": True}),
-             ("/api/chat", {**chat, "stream": False}), ("/api/chat", chat)]
-    hostile_headers = b"".join(b"%s: %s\r\n" % (name, HOSTILE_HEADER) for name in (
-        b"User-Agent", b"X-Speclane-Client", b"X-Speclane-Preset"))
+    doors = [
+        ("/v1/chat/completions", chat),
+        ("/v1/chat/completions", {**chat, "stream": True}),
+        ("/v1/messages", {**chat, "max_tokens": 8}),
+        ("/v1/messages", {**chat, "max_tokens": 8, "stream": True}),
+        ("/api/chat", {**chat, "stream": False}),
+        ("/api/chat", chat),
+    ]
+    hostile_headers = b"".join(
+        b"%s: %s\r\n" % (name, HOSTILE_HEADER)
+        for name in (b"User-Agent", b"X-Speclane-Client", b"X-Speclane-Preset")
+    )
     answered = 0
     async with run_router(router_settings(fake)) as r, aiohttp.ClientSession() as s:
         for path, body in doors:
@@ -115,15 +126,18 @@ async def test_each_request_is_one_access_line_whatever_its_values_hold(
             fake.behaviour = Behaviour()
             # Headers of the client's choosing: user agent, client name, preset (a 400
             # quoting it) hold every control HTTP lets through.
-            status = await raw_post(r.port, path, hostile_headers, orjson.dumps(
-                {**body, "model": "fake-model"}))
+            status = await raw_post(
+                r.port, path, hostile_headers, orjson.dumps({**body, "model": "fake-model"})
+            )
             assert status == 400
             answered += 3
         # A CR or an escape sequence inside a header value is no HTTP/1.1: refused (400)
         # before any handler; what is logged about it stays inside its record too.
         for bad in (b"a\rINFO forged", b"a\x1b[2J\x1b[1;1HINFO forged"):
-            assert await raw_post(r.port, "/v1/chat/completions",
-                                  b"User-Agent: %s\r\n" % bad, b"{}") == 400
+            assert (
+                await raw_post(r.port, "/v1/chat/completions", b"User-Agent: %s\r\n" % bad, b"{}")
+                == 400
+            )
     lines = records(fmt, out.getvalue())
     access = access_lines(fmt, lines)
     assert len(access) == answered, "\n".join(lines)
@@ -142,8 +156,8 @@ def test_a_traceback_quoting_a_hostile_value_stays_inside_its_record(fmt: LogFor
         raise ValueError(f"bad value {HOSTILE}")
     except ValueError:
         record = logging.getLogger("speclane.test").makeRecord(
-            "speclane.test", logging.ERROR, __file__, 1, "failed on %s", (HOSTILE,),
-            sys.exc_info())
+            "speclane.test", logging.ERROR, __file__, 1, "failed on %s", (HOSTILE,), sys.exc_info()
+        )
     text = formatter(fmt).format(record)
     assert not RAW_CONTROLS.search(text.replace("\n", "")), repr(text)
     if fmt == "json":
@@ -155,10 +169,22 @@ def test_a_traceback_quoting_a_hostile_value_stays_inside_its_record(fmt: LogFor
 
 
 def test_access_line_quotes_and_escapes_every_value_that_needs_it() -> None:
-    record = AccessRecord(at=0, endpoint="chat", client="default", model='m\r\n"x"=\\y',
-                          stream=False, lane=None, backend=None, decision=None, status=200,
-                          duration_ms=1.0, ttft_ms=None, tokens=None, attempts=1,
-                          error="upstream_error: a\x1bb\u2028c")
+    record = AccessRecord(
+        at=0,
+        endpoint="chat",
+        client="default",
+        model='m\r\n"x"=\\y',
+        stream=False,
+        lane=None,
+        backend=None,
+        decision=None,
+        status=200,
+        duration_ms=1.0,
+        ttft_ms=None,
+        tokens=None,
+        attempts=1,
+        error="upstream_error: a\x1bb\u2028c",
+    )
     line = record.line()
     assert "\n" not in line and "\r" not in line and not RAW_CONTROLS.search(line)
     assert 'model="m\\r\\n\\"x\\"=\\\\y"' in line

@@ -49,7 +49,8 @@ THRESHOLD = re.compile(r"^(?P<signal>.+?)\s*(==|!=|>=|<=|>|<)\s*[-+0-9.e]+\s*$",
 needs_prometheus = pytest.mark.skipif(
     PROMETHEUS is None or PROMTOOL is None,
     reason="needs the prometheus and promtool binaries (Debian package 'prometheus'; "
-           "./docker-less-run.sh test installs it)")
+    "./docker-less-run.sh test installs it)",
+)
 
 
 def panel_exprs() -> list[tuple[str, str]]:
@@ -84,14 +85,20 @@ def test_dashboard_and_rules_are_there() -> None:
     assert len(rule_exprs()) >= 19
     dash = json.loads(DASHBOARD.read_text())
     assert dash["uid"] == "speclane"
-    assert all(p["datasource"]["uid"] == "${DS_PROMETHEUS}" for p in dash["panels"]
-               if p["type"] != "row")
+    assert all(
+        p["datasource"]["uid"] == "${DS_PROMETHEUS}" for p in dash["panels"] if p["type"] != "row"
+    )
 
 
 @needs_prometheus
 def test_promtool_check_rules() -> None:
-    done = subprocess.run([str(PROMTOOL), "check", "rules", str(RULES)], capture_output=True,
-                          text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [str(PROMTOOL), "check", "rules", str(RULES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -105,16 +112,29 @@ def free_port() -> int:
 async def prometheus(tmp: Path, target_port: int):  # type: ignore[no-untyped-def]
     port = free_port()
     config = tmp / "prometheus.yml"
-    config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(RULES)],
-        "scrape_configs": [{"job_name": "speclane", "static_configs": [
-            {"targets": [f"127.0.0.1:{target_port}"]}]}],
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(RULES)],
+                "scrape_configs": [
+                    {
+                        "job_name": "speclane",
+                        "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}],
+                    }
+                ],
+            }
+        )
+    )
     proc = await asyncio.create_subprocess_exec(
-        str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        str(PROMETHEUS),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={tmp / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -138,18 +158,25 @@ async def traffic(r: RunningRouter) -> None:
     client = r.client()
     for _ in range(3):
         stream = await client.chat.completions.create(
-            model="fake-model", messages=CHAT, stream=True,
-            stream_options={"include_usage": True})
+            model="fake-model", messages=CHAT, stream=True, stream_options={"include_usage": True}
+        )
         async for _ in stream:
             pass
-    await client.chat.completions.create(model="fake-model", messages=CHAT,
-                                         extra_headers={"X-Speclane-Lane": "batching"})
+    await client.chat.completions.create(
+        model="fake-model", messages=CHAT, extra_headers={"X-Speclane-Lane": "batching"}
+    )
     with pytest.raises(openai.InternalServerError):
         await client.chat.completions.create(model="flaky-model", messages=CHAT)
     # three at once for a client limited to one with a short queue timeout: 429s
-    results = await asyncio.gather(*(client.chat.completions.create(
-        model="fake-model", messages=CHAT, extra_headers={"X-Speclane-Lane": "batching"})
-        for _ in range(3)), return_exceptions=True)
+    results = await asyncio.gather(
+        *(
+            client.chat.completions.create(
+                model="fake-model", messages=CHAT, extra_headers={"X-Speclane-Lane": "batching"}
+            )
+            for _ in range(3)
+        ),
+        return_exceptions=True,
+    )
     assert any(isinstance(x, openai.RateLimitError) for x in results), results
 
 
@@ -166,11 +193,30 @@ async def supervised_fake_worker(r: RunningRouter):  # type: ignore[no-untyped-d
         if status.state is LaneState.READY:
             ready.set()
 
-    argv = (sys.executable, str(FAKE_WORKER), "--mode", "speculative", "--model", "fake-model",
-            "--draft-model", "fake-draft", "--port", "0", "--parent-pid", str(os.getpid()))
-    sup = LaneSupervisor(WorkerCommand("speculative", argv, {**os.environ}),
-                         startup_timeout=30, health_interval=0.2, backoff_initial=0.05,
-                         backoff_max=0.2, kill_grace=1.0, metrics=metrics, on_change=on_change)
+    argv = (
+        sys.executable,
+        str(FAKE_WORKER),
+        "--mode",
+        "speculative",
+        "--model",
+        "fake-model",
+        "--draft-model",
+        "fake-draft",
+        "--port",
+        "0",
+        "--parent-pid",
+        str(os.getpid()),
+    )
+    sup = LaneSupervisor(
+        WorkerCommand("speculative", argv, {**os.environ}),
+        startup_timeout=30,
+        health_interval=0.2,
+        backoff_initial=0.05,
+        backoff_max=0.2,
+        kill_grace=1.0,
+        metrics=metrics,
+        on_change=on_change,
+    )
     await sup.start()
     try:
         await asyncio.wait_for(ready.wait(), 30)
@@ -191,11 +237,23 @@ async def test_every_panel_and_rule_expression_returns_data(tmp_path: Path) -> N
     policies.mkdir()
     (policies / "default.toml").write_text(
         'client = "default"\nmax_concurrency = 1\nqueue_timeout = 0.05\n'
-        'allow_lane_override = true\n')
+        "allow_lane_override = true\n"
+    )
     spec, batch = FakeUpstream(name="spec"), FakeUpstream(name="batch")
     flaky = FakeUpstream(name="flaky", models=("flaky-model",))
-    spec.behaviour = Behaviour(chunks=12, interval=0.005, usage_extra={"speclane_spec": {
-        "drafted": 12, "accepted": 5, "rejected": 7, "steps": 4, "num_draft_tokens": 3}})
+    spec.behaviour = Behaviour(
+        chunks=12,
+        interval=0.005,
+        usage_extra={
+            "speclane_spec": {
+                "drafted": 12,
+                "accepted": 5,
+                "rejected": 7,
+                "steps": 4,
+                "num_draft_tokens": 3,
+            }
+        },
+    )
     batch.behaviour = Behaviour(chunks=8, delay_headers=0.5)  # holds its slot a while
     flaky.behaviour = Behaviour(status=500)
     for f in (spec, batch, flaky):
@@ -204,10 +262,12 @@ async def test_every_panel_and_rule_expression_returns_data(tmp_path: Path) -> N
     missing: dict[str, Any] = {}
     try:
         external = [{"name": "flaky", "kind": "openai", "base_url": flaky.base_url}]
-        async with lanes_router(spec, batch, backends=external,
-                                policies_dir=str(policies)) as r, \
-                supervised_fake_worker(r), prometheus(tmp_path, r.port) as prom, \
-                aiohttp.ClientSession() as s:
+        async with (
+            lanes_router(spec, batch, backends=external, policies_dir=str(policies)) as r,
+            supervised_fake_worker(r),
+            prometheus(tmp_path, r.port) as prom,
+            aiohttp.ClientSession() as s,
+        ):
             await traffic(r)
 
             async def everything_answers() -> bool:

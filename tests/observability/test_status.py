@@ -19,9 +19,15 @@ from tests.fakes.upstream import Behaviour, FakeUpstream
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 CHAT = [{"role": "user", "content": "hi"}]
 
 
@@ -31,7 +37,8 @@ async def get(url: str, method: str = "GET", **headers: str) -> tuple[int, str, 
 
 
 async def test_root_is_the_page_for_browsers_and_ollama_is_running_for_the_rest(
-        fake: FakeUpstream) -> None:
+    fake: FakeUpstream,
+) -> None:
     async with run_router(router_settings(fake)) as r:
         status, ctype, body = await get(f"{r.url}/", Accept="text/html,application/xhtml+xml")
         assert status == 200 and ctype.startswith("text/html") and "<title>speclane" in body
@@ -76,17 +83,37 @@ async def test_admin_status_has_what_the_page_shows(fake: FakeUpstream) -> None:
 
 def test_history_points_are_differences_of_neighbouring_samples() -> None:
     samples = [
-        Sample(at=100.0, requests=10, drafted=30, accepted=12,
-               decode={"true": (100.0, 10.0), "false": (40.0, 4.0)}),
-        Sample(at=105.0, requests=20, drafted=42, accepted=17,
-               decode={"true": (175.0, 13.0), "false": (40.0, 4.0)}),
-        Sample(at=110.0, requests=20, drafted=42, accepted=17,
-               decode={"true": (175.0, 13.0), "false": (40.0, 4.0)}),
+        Sample(
+            at=100.0,
+            requests=10,
+            drafted=30,
+            accepted=12,
+            decode={"true": (100.0, 10.0), "false": (40.0, 4.0)},
+        ),
+        Sample(
+            at=105.0,
+            requests=20,
+            drafted=42,
+            accepted=17,
+            decode={"true": (175.0, 13.0), "false": (40.0, 4.0)},
+        ),
+        Sample(
+            at=110.0,
+            requests=20,
+            drafted=42,
+            accepted=17,
+            decode={"true": (175.0, 13.0), "false": (40.0, 4.0)},
+        ),
     ]
     first, idle = points(samples)
-    assert first == {"at": 105.0, "requests_per_s": 2.0, "drafted": 12,
-                     "acceptance": pytest.approx(5 / 12, abs=1e-4), "decode_tps_spec": 25.0,
-                     "decode_tps_plain": None}
+    assert first == {
+        "at": 105.0,
+        "requests_per_s": 2.0,
+        "drafted": 12,
+        "acceptance": pytest.approx(5 / 12, abs=1e-4),
+        "decode_tps_spec": 25.0,
+        "decode_tps_plain": None,
+    }
     assert idle["acceptance"] is None and idle["requests_per_s"] == 0.0
     assert idle["decode_tps_spec"] is None
 
@@ -106,10 +133,22 @@ def test_history_reads_the_metrics() -> None:
 
 # --- the page in a real browser ------------------------------------------------------------
 
+
 def spec_lane() -> FakeUpstream:
     lane = FakeUpstream(name="spec")
-    lane.behaviour = Behaviour(chunks=12, interval=0.01, usage_extra={"speclane_spec": {
-        "drafted": 12, "accepted": 5, "rejected": 7, "steps": 4, "num_draft_tokens": 3}})
+    lane.behaviour = Behaviour(
+        chunks=12,
+        interval=0.01,
+        usage_extra={
+            "speclane_spec": {
+                "drafted": 12,
+                "accepted": 5,
+                "rejected": 7,
+                "steps": 4,
+                "num_draft_tokens": 3,
+            }
+        },
+    )
     return lane
 
 
@@ -119,23 +158,31 @@ async def traffic(r: RunningRouter, rounds: int) -> None:
         r.app[HISTORY].sample()
         for _ in range(2):
             stream = await client.chat.completions.create(
-                model="fake-model", messages=CHAT, stream=True,
+                model="fake-model",
+                messages=CHAT,
+                stream=True,
                 stream_options={"include_usage": True},
-                extra_headers={"X-Speclane-Client": "default"})
+                extra_headers={"X-Speclane-Client": "default"},
+            )
             async for _ in stream:
                 pass
         await client.chat.completions.create(
-            model="fake-model", messages=CHAT, extra_headers={"X-Speclane-Lane": "batching"})
+            model="fake-model", messages=CHAT, extra_headers={"X-Speclane-Lane": "batching"}
+        )
     r.app[HISTORY].sample()
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                    reason="needs Debian's chromium at /usr/bin/chromium "
-                           "(./docker-less-run.sh test installs it)")
+@pytest.mark.skipif(
+    not Path(CHROMIUM).exists(),
+    reason="needs Debian's chromium at /usr/bin/chromium (./docker-less-run.sh test installs it)",
+)
 async def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
     playwright_api = pytest.importorskip("playwright.async_api")
-    spec, batch, ext = spec_lane(), FakeUpstream(name="batch"), FakeUpstream(
-        name="ext", models=("ext-model",))
+    spec, batch, ext = (
+        spec_lane(),
+        FakeUpstream(name="batch"),
+        FakeUpstream(name="ext", models=("ext-model",)),
+    )
     for f in (spec, batch, ext):
         await f.start()
     try:
@@ -155,12 +202,15 @@ async def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
                     seen = await read_page(page)
                     # live: a new request shows up at the next poll without a reload
                     await r.client().chat.completions.create(
-                        model="fake-model", messages=CHAT,
-                        extra_headers={"X-Speclane-Client": "newcomer-probe",
-                                       "X-Speclane-Lane": "batching"})
+                        model="fake-model",
+                        messages=CHAT,
+                        extra_headers={
+                            "X-Speclane-Client": "newcomer-probe",
+                            "X-Speclane-Lane": "batching",
+                        },
+                    )
                     # (a selector, not wait_for_function: the page's CSP forbids eval)
-                    await page.wait_for_selector("#recent tbody tr:nth-child(10)",
-                                                 timeout=15_000)
+                    await page.wait_for_selector("#recent tbody tr:nth-child(10)", timeout=15_000)
                     shot = REPO / "examples" / "status-page-fake-lanes.png"
                     await page.screenshot(path=str(tmp_path / "status-page.png"), full_page=True)
                 finally:

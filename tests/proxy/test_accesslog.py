@@ -20,14 +20,16 @@ from tests.reliability.harness import RouterProcess, chat_body, config_text, eve
 CHAT = [{"role": "user", "content": "hi"}]
 
 
-async def test_one_line_per_request_with_its_fields(fake: FakeUpstream,
-                                                    caplog: pytest.LogCaptureFixture) -> None:
+async def test_one_line_per_request_with_its_fields(
+    fake: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="speclane.access")
     async with run_router(router_settings(fake)) as r:
         client = r.client()
         await client.chat.completions.create(model="fake-model", messages=CHAT)
-        stream = await client.chat.completions.create(model="fake-model", messages=CHAT,
-                                                      stream=True)
+        stream = await client.chat.completions.create(
+            model="fake-model", messages=CHAT, stream=True
+        )
         async for _ in stream:
             pass
         with pytest.raises(openai.NotFoundError):
@@ -35,7 +37,11 @@ async def test_one_line_per_request_with_its_fields(fake: FakeUpstream,
         recent = list(r.app[ACCESS].recent)
     plain, streamed, missing = recent
     assert (plain.client, plain.model, plain.backend, plain.status) == (
-        "default", "fake-model", "fake", 200)
+        "default",
+        "fake-model",
+        "fake",
+        200,
+    )
     assert plain.stream is False and plain.ttft_ms is None  # TTFT: streams only
     assert plain.tokens == 5 and plain.decision and plain.attempts == 1
     assert streamed.stream is True and streamed.ttft_ms is not None
@@ -45,13 +51,22 @@ async def test_one_line_per_request_with_its_fields(fake: FakeUpstream,
     assert len(lines) == 3
     assert all(rec.levelno == logging.INFO for rec in lines)
     first = lines[0].getMessage()
-    for part in ("endpoint=chat", "client=default", "model=fake-model", "backend=fake",
-                 "status=200", "tokens=5", "stream=false", "duration_ms="):
+    for part in (
+        "endpoint=chat",
+        "client=default",
+        "model=fake-model",
+        "backend=fake",
+        "status=200",
+        "tokens=5",
+        "stream=false",
+        "duration_ms=",
+    ):
         assert part in first, first
 
 
-async def test_a_5xx_names_the_backend_and_why(fake: FakeUpstream,
-                                               caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_5xx_names_the_backend_and_why(
+    fake: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="speclane.access")
     fake.behaviour = Behaviour(delay_headers=30)
     backend = {"name": "fake", "kind": "openai", "base_url": fake.base_url, "read_timeout": 0.2}
@@ -66,11 +81,26 @@ async def test_a_5xx_names_the_backend_and_why(fake: FakeUpstream,
 
 
 def test_text_line_quotes_values_with_spaces() -> None:
-    rec = AccessRecord(at=0.0, endpoint="chat", client="a b", model="m", stream=False,
-                       lane=None, backend="x", decision='say "hi"', status=200,
-                       duration_ms=1.25, ttft_ms=None, tokens=None, attempts=1, error=None)
-    assert rec.line() == ('endpoint=chat client="a b" model=m stream=false backend=x '
-                          'decision="say \\"hi\\"" status=200 duration_ms=1.2 attempts=1')
+    rec = AccessRecord(
+        at=0.0,
+        endpoint="chat",
+        client="a b",
+        model="m",
+        stream=False,
+        lane=None,
+        backend="x",
+        decision='say "hi"',
+        status=200,
+        duration_ms=1.25,
+        ttft_ms=None,
+        tokens=None,
+        attempts=1,
+        error=None,
+    )
+    assert rec.line() == (
+        'endpoint=chat client="a b" model=m stream=false backend=x '
+        'decision="say \\"hi\\"" status=200 duration_ms=1.2 attempts=1'
+    )
 
 
 def test_json_formatter_puts_fields_at_the_top_level() -> None:
@@ -84,11 +114,16 @@ def test_json_formatter_puts_fields_at_the_top_level() -> None:
 async def test_serve_log_flags(tmp_path: Path, fake: FakeUpstream) -> None:
     (tmp_path / "policies").mkdir()
     config = tmp_path / "speclane.toml"
-    config.write_text(config_text(
-        policies_dir=str(tmp_path / "policies"), log_level="warning",
-        backends=[{"name": "fake", "base_url": fake.base_url}]))
-    proc = await RouterProcess.start(config, "--no-lanes", "--log-level", "info",
-                                     "--log-format", "json")
+    config.write_text(
+        config_text(
+            policies_dir=str(tmp_path / "policies"),
+            log_level="warning",
+            backends=[{"name": "fake", "base_url": fake.base_url}],
+        )
+    )
+    proc = await RouterProcess.start(
+        config, "--no-lanes", "--log-level", "info", "--log-format", "json"
+    )
     try:
         async with aiohttp.ClientSession() as s:
             async with s.post(f"{proc.base_url}/chat/completions", json=chat_body()) as resp:

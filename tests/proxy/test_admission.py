@@ -30,14 +30,26 @@ async def until(condition: object) -> None:
 class Holder:
     """A task that takes a slot, records it, and keeps it until released."""
 
-    def __init__(self, limiter: ConcurrencyLimiter, name: str, order: list[str],
-                 limit: int | None = 1, queue_timeout: float = LONG) -> None:
+    def __init__(
+        self,
+        limiter: ConcurrencyLimiter,
+        name: str,
+        order: list[str],
+        limit: int | None = 1,
+        queue_timeout: float = LONG,
+    ) -> None:
         self.release = asyncio.Event()
         self.acquired = asyncio.Event()
         self.task = asyncio.create_task(self._run(limiter, name, order, limit, queue_timeout))
 
-    async def _run(self, limiter: ConcurrencyLimiter, name: str, order: list[str],
-                   limit: int | None, queue_timeout: float) -> None:
+    async def _run(
+        self,
+        limiter: ConcurrencyLimiter,
+        name: str,
+        order: list[str],
+        limit: int | None,
+        queue_timeout: float,
+    ) -> None:
         async with limiter.slot("c", limit, queue_timeout):
             order.append(name)
             self.acquired.set()
@@ -88,8 +100,11 @@ async def test_queue_timeout_is_429_with_retry_after() -> None:
         async with limiter.slot("c", 1, 0.05):
             pass
     err = info.value
-    assert (err.status, err.code, err.type) == (429, "concurrency_limit_exceeded",
-                                                "rate_limit_error")
+    assert (err.status, err.code, err.type) == (
+        429,
+        "concurrency_limit_exceeded",
+        "rate_limit_error",
+    )
     assert int(err.headers["Retry-After"]) >= 1
     assert err.headers["X-Speclane-Client"] == "c"
     assert sample(metrics, "speclane_rejections_total", client="c", status="429") == 1

@@ -31,7 +31,8 @@ def test_the_installed_aiohttp_is_a_tested_version() -> None:
     (req,) = [Requirement(d) for d in deps if Requirement(d).name == "aiohttp"]
     assert req.specifier.contains(aiohttp.__version__), (
         f"aiohttp {aiohttp.__version__} is outside {req.specifier}: run this file and "
-        "tests/reliability/test_client_connections.py, then widen the range")
+        "tests/reliability/test_client_connections.py, then widen the range"
+    )
     assert any(s.operator == "<" for s in req.specifier)  # an upper bound: no silent release
 
 
@@ -56,8 +57,12 @@ async def test_every_private_name_relied_on_exists() -> None:
         handler = server()
         assert isinstance(handler, GuardedHandler)
         instances = {RequestHandler: handler, Server: server, web.AppRunner: runner}
-        missing = [f"{cls.__name__}.{name}" for cls, names in AIOHTTP_PRIVATE_NAMES.items()
-                   for name in names if not hasattr(instances[cls], name)]
+        missing = [
+            f"{cls.__name__}.{name}"
+            for cls, names in AIOHTTP_PRIVATE_NAMES.items()
+            for name in names
+            if not hasattr(instances[cls], name)
+        ]
         assert not missing, f"aiohttp {aiohttp.__version__} no longer has {missing}"
         assert handler.keepalive_timeout == 7.0  # built with the base server's arguments
     finally:

@@ -25,35 +25,53 @@ from tests.fakes.replay import Capture, ReplayUpstream, load
 LLAMACPP_STREAM = "llamacpp-server_draftQ2K_chat_stream_no-include-usage.http"
 DRAFTED, ACCEPTED = 36, 30
 RUNS = 30
-BODY = {"model": "smollm2", "messages": [{"role": "user", "content": "count"}],
-        "stream": True, "max_tokens": 20}
+BODY = {
+    "model": "smollm2",
+    "messages": [{"role": "user", "content": "count"}],
+    "stream": True,
+    "max_tokens": 20,
+}
 
 
 def replay(gap: float) -> ReplayUpstream:
-    return ReplayUpstream(load(LLAMACPP_STREAM), tail_gap=gap,
-                          gets={"/v1/models": load("llamacpp-server_v1-models.json")})
+    return ReplayUpstream(
+        load(LLAMACPP_STREAM),
+        tail_gap=gap,
+        gets={"/v1/models": load("llamacpp-server_v1-models.json")},
+    )
 
 
 def settings(up: ReplayUpstream) -> Any:
-    return router_settings(backends=[{
-        "name": "llama", "kind": "llamacpp", "base_url": up.base_url, "models": ["smollm2"],
-        "speculative": True, "read_timeout": 5, "connect_timeout": 2}])
+    return router_settings(
+        backends=[
+            {
+                "name": "llama",
+                "kind": "llamacpp",
+                "base_url": up.base_url,
+                "models": ["smollm2"],
+                "speculative": True,
+                "read_timeout": 5,
+                "connect_timeout": 2,
+            }
+        ]
+    )
 
 
 async def raw_close_on_done(r: RunningRouter) -> bytes:
     """POST a stream over a plain socket; close it the moment [DONE] has been read."""
     reader, writer = await asyncio.open_connection("127.0.0.1", r.port)
     body = orjson.dumps(BODY)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                 % (len(body), body))
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     seen = b""
     async with asyncio.timeout(10):
         while b"\ndata: [DONE]" not in seen:  # at a line start, not inside content
             chunk = await reader.read(65536)
             assert chunk, "the router closed before [DONE]"
             seen += chunk
-            assert seen[:12] in (b"HTTP/1.1 200", b"HTTP/1.1"[:len(seen)]), seen
+            assert seen[:12] in (b"HTTP/1.1 200", b"HTTP/1.1"[: len(seen)]), seen
     writer.transport.abort()  # no FIN dance: gone at once, as a process that exits
     return seen
 
@@ -74,32 +92,43 @@ async def booked(r: RunningRouter, runs: int) -> str:
 
     def all_booked() -> bool:
         text = metrics.render().decode()
-        return sum(v for status in ("200", "499") if (v := metric_value(
-            text, "speclane_requests_total", backend="llama", status=status))) >= runs
+        return (
+            sum(
+                v
+                for status in ("200", "499")
+                if (
+                    v := metric_value(
+                        text, "speclane_requests_total", backend="llama", status=status
+                    )
+                )
+            )
+            >= runs
+        )
 
     await wait_until(all_booked)
     async with aiohttp.ClientSession() as s, s.get(f"{r.url}/metrics") as resp:
         assert resp.status == 200
         text = await resp.text()
-    assert metric_value(text, "speclane_requests_total", backend="llama", status="200") == \
-        runs, text
+    assert metric_value(text, "speclane_requests_total", backend="llama", status="200") == runs, (
+        text
+    )
     return text
 
 
 def assert_complete(text: str, runs: int) -> None:
     assert (metric_value(text, "speclane_requests_total", status="499") or 0) == 0
     assert (metric_value(text, "speclane_client_disconnects_total", backend="llama") or 0) == 0
-    assert metric_value(text, "speclane_spec_draft_tokens_total", backend="llama") == \
-        DRAFTED * runs
-    assert metric_value(text, "speclane_spec_accepted_tokens_total", backend="llama") == \
-        ACCEPTED * runs
+    assert metric_value(text, "speclane_spec_draft_tokens_total", backend="llama") == DRAFTED * runs
+    assert (
+        metric_value(text, "speclane_spec_accepted_tokens_total", backend="llama")
+        == ACCEPTED * runs
+    )
 
 
 @pytest.mark.parametrize("gap", [0.0002, 0.05])
 async def test_raw_client_closing_on_done_is_a_200_with_statistics(gap: float) -> None:
     runs = RUNS if gap < 0.01 else 5
-    async with replay(gap) as up, \
-            run_router(settings(up)) as r:
+    async with replay(gap) as up, run_router(settings(up)) as r:
         for _ in range(runs):
             seen = await raw_close_on_done(r)
             assert b'"draft_n":36' in seen
@@ -111,27 +140,48 @@ async def test_openai_sdk_stream_is_a_200_with_statistics(gap: float) -> None:
     # The SDK (3.x) drains the body for up to 0.1 s after [DONE], then closes: the 0.3 s
     # gap makes it close in the gap every time.
     runs = RUNS if gap < 0.01 else 3
-    async with replay(gap) as up, \
-            run_router(settings(up)) as r:
+    async with replay(gap) as up, run_router(settings(up)) as r:
         for _ in range(runs):
             assert (await sdk_stream(r)).startswith("1. 1")
         assert_complete(await booked(r, runs), runs)
 
 
-@pytest.mark.parametrize(("capture", "kind"), [
-    ("llama-cpp-python-0.3.36_plain_chat_stream.http", "openai"),
-    ("vllm-mlx-0.6.0_plain_chat_stream.http", "vllm_mlx"),
-    ("mlxlm-0.32.2_draft3_chat_stream.http", "mlx_lm"),
-    ("llamacpp-server_draftQ2K_chat_stream_include-usage.sse", "llamacpp"),
-])
+@pytest.mark.parametrize(
+    ("capture", "kind"),
+    [
+        ("llama-cpp-python-0.3.36_plain_chat_stream.http", "openai"),
+        ("vllm-mlx-0.6.0_plain_chat_stream.http", "vllm_mlx"),
+        ("mlxlm-0.32.2_draft3_chat_stream.http", "mlx_lm"),
+        ("llamacpp-server_draftQ2K_chat_stream_include-usage.sse", "llamacpp"),
+    ],
+)
 async def test_every_captured_stream_closed_on_done_is_a_200(capture: str, kind: str) -> None:
     runs = 10
-    up = ReplayUpstream(load(capture), tail_gap=0.0002, gets={
-        "/v1/models": load("llamacpp-server_v1-models.json"),
-        "/health": Capture(200, "application/json", b'{"status": "ok"}')})
-    async with up, run_router(router_settings(backends=[{
-            "name": "llama", "kind": kind, "base_url": up.base_url, "models": ["smollm2"],
-            "speculative": True, "read_timeout": 5}])) as r:
+    up = ReplayUpstream(
+        load(capture),
+        tail_gap=0.0002,
+        gets={
+            "/v1/models": load("llamacpp-server_v1-models.json"),
+            "/health": Capture(200, "application/json", b'{"status": "ok"}'),
+        },
+    )
+    async with (
+        up,
+        run_router(
+            router_settings(
+                backends=[
+                    {
+                        "name": "llama",
+                        "kind": kind,
+                        "base_url": up.base_url,
+                        "models": ["smollm2"],
+                        "speculative": True,
+                        "read_timeout": 5,
+                    }
+                ]
+            )
+        ) as r,
+    ):
         for _ in range(runs):
             await raw_close_on_done(r)
         text = await booked(r, runs)
@@ -144,11 +194,15 @@ async def test_done_inside_content_does_not_end_the_stream_early() -> None:
     """Only a ``data: [DONE]`` line ends a stream: a model writing that text inside its
     content does not settle the stream before its real final events."""
     chunk = {"choices": [{"index": 0, "delta": {"content": "data: [DONE]\n\ndata: [DONE]"}}]}
-    final = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-             "timings": {"predicted_n": 2, "draft_n": 8, "draft_n_accepted": 5}}
+    final = {
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        "timings": {"predicted_n": 2, "draft_n": 8, "draft_n_accepted": 5},
+    }
     body = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in (chunk, final))
-    up = ReplayUpstream(Capture(200, "text/event-stream", body + b"data: [DONE]\n\n"),
-                        gets={"/v1/models": load("llamacpp-server_v1-models.json")})
+    up = ReplayUpstream(
+        Capture(200, "text/event-stream", body + b"data: [DONE]\n\n"),
+        gets={"/v1/models": load("llamacpp-server_v1-models.json")},
+    )
     async with up, run_router(settings(up)) as r:
         seen = await raw_close_on_done(r)
         text = await booked(r, 1)
@@ -157,13 +211,17 @@ async def test_done_inside_content_does_not_end_the_stream_early() -> None:
 
 
 async def test_an_upstream_that_never_ends_after_done_is_cut_and_the_stream_stays_a_200(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Hostile: after [DONE] the upstream keeps sending (comments, forever). The client
     already has everything: its answer ends within the tail grace, as a 200 with its
     statistics, and the upstream connection is dropped, not reused."""
     monkeypatch.setattr(relay, "TAIL_GRACE", 0.2)
-    up = ReplayUpstream(load(LLAMACPP_STREAM), endless_tail=b": still here\n\n",
-                        gets={"/v1/models": load("llamacpp-server_v1-models.json")})
+    up = ReplayUpstream(
+        load(LLAMACPP_STREAM),
+        endless_tail=b": still here\n\n",
+        gets={"/v1/models": load("llamacpp-server_v1-models.json")},
+    )
     async with up, run_router(settings(up)) as r, aiohttp.ClientSession() as s:
         async with s.post(f"{r.base_url}/chat/completions", json=BODY) as resp:
             assert resp.status == 200

@@ -16,20 +16,37 @@ from tests.conftest import (
 )
 from tests.fakes.upstream import Behaviour, FakeUpstream
 
-CODE = "Fix the bug in this file:\n```python\n" + "".join(
-    f"def f{i}(x):\n    return x + {i}\n" for i in range(6)) + "```\n"
+CODE = (
+    "Fix the bug in this file:\n```python\n"
+    + "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(6))
+    + "```\n"
+)
 CHAT = [{"role": "user", "content": "hi"}]
 EDIT = [{"role": "user", "content": CODE}]
-TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
 # Low acceptance over enough drafted tokens to judge: the workload turns off at once.
-LOW = {"window_size": 16, "min_sample": 8, "off_threshold": 0.3, "on_threshold": 0.45,
-       "probe_initial": 60.0, "baseline_spacing": 0}
+LOW = {
+    "window_size": 16,
+    "min_sample": 8,
+    "off_threshold": 0.3,
+    "on_threshold": 0.45,
+    "probe_initial": 60.0,
+    "baseline_spacing": 0,
+}
 
 
 async def send(r: Any, messages: list[dict[str, Any]], **extra: Any) -> str:
     resp = await r.client().chat.completions.with_raw_response.create(
-        model="fake-model", messages=messages, **extra)
+        model="fake-model", messages=messages, **extra
+    )
     return resp.headers["x-speclane-backend"]
 
 
@@ -70,15 +87,23 @@ async def test_a_lane_without_a_draft_model_gets_prompt_lookup_for_chat() -> Non
 async def test_plain_decoding_asks_for_no_source() -> None:
     """Speculation off for the workload, and no batching lane to go to: the speculative lane
     decodes plainly, with ``num_draft_tokens: 0`` and no ``draft_source``."""
-    stats = {"drafted": 9, "accepted": 1, "rejected": 8, "steps": 3, "num_draft_tokens": 3,
-             "source": "prompt_lookup"}
+    stats = {
+        "drafted": 9,
+        "accepted": 1,
+        "rejected": 8,
+        "steps": 3,
+        "num_draft_tokens": 3,
+        "source": "prompt_lookup",
+    }
     async with fake_upstreams("spec") as (spec,):
         spec.behaviour = Behaviour(usage_extra={"speclane_spec": stats})
         # one source (under auto, code-block would fall back on the draft model)
-        settings = router_settings(backends=[], spec=LOW,
-                                   lanes={"enabled": False, "draft_source": "prompt_lookup"})
-        async with run_router(settings, setup=lambda app: add_fake_lane(
-                app, "speculative", spec)) as r:
+        settings = router_settings(
+            backends=[], spec=LOW, lanes={"enabled": False, "draft_source": "prompt_lookup"}
+        )
+        async with run_router(
+            settings, setup=lambda app: add_fake_lane(app, "speculative", spec)
+        ) as r:
             await send(r, EDIT)
             assert last_body(spec)["draft_source"] == "prompt_lookup"
             key = SpecKey("speculative", "fake-model", "default:none:code-block", "prompt_lookup")
@@ -90,8 +115,9 @@ async def test_plain_decoding_asks_for_no_source() -> None:
 
 async def test_an_external_backend_never_gets_a_draft_source() -> None:
     async with fake_upstreams("ext") as (ext,):
-        backends = [{"name": "ext", "kind": "llamacpp", "base_url": ext.base_url,
-                     "speculative": True}]
+        backends = [
+            {"name": "ext", "kind": "llamacpp", "base_url": ext.base_url, "speculative": True}
+        ]
         async with run_router(router_settings(backends=backends)) as r:
             assert await send(r, EDIT) == "ext"
             assert await send(r, CHAT) == "ext"

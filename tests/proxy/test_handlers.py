@@ -26,30 +26,58 @@ def assert_openai_error(body: dict) -> dict:
     return err
 
 
-@pytest.mark.parametrize(("payload", "status", "code", "param"), [
-    (b"{not json", 400, "invalid_json", None),
-    (b"", 400, "invalid_json", None),
-    (b"[1, 2]", 400, "invalid_json", None),
-    (b'{"messages": []}', 400, "invalid_request", "model"),
-    (b'{"model": "fake-model"}', 400, "invalid_request", "messages"),
-    (b'{"model": "fake-model", "messages": "hi"}', 400, "invalid_request", "messages"),
-    (b'{"model": "fake-model", "messages": [{"content": "x"}]}', 400, "invalid_request",
-     "messages[0]"),
-    (b'{"model": 5, "messages": [{"role": "user"}]}', 400, "invalid_request", "model"),
-    (b'{"model": "fake-model", "messages": [{"role": "user"}], "stream": "yes"}', 400,
-     "invalid_request", "stream"),
-    (b'{"model": "fake-model", "messages": [{"role": "user"}], "max_tokens": -1}', 400,
-     "invalid_request", "max_tokens"),
-    (b'{"model": "fake-model", "messages": [{"role": "user"}], "max_tokens": 1e300}', 400,
-     "invalid_request", "max_tokens"),
-    (b'{"model": "fake-model", "messages": [{"role": "user"}], "n": 100000}', 400,
-     "invalid_request", "n"),
-    (b'{"model": "fake-model", "messages": [{"role": "user"}], "temperature": 9}', 400,
-     "invalid_request", "temperature"),
-    (b'{"model": "nope", "messages": [{"role": "user"}]}', 404, "model_not_found", "model"),
-])
-async def test_bad_chat_requests(fake: FakeUpstream, payload: bytes, status: int, code: str,
-                                 param: str | None) -> None:
+@pytest.mark.parametrize(
+    ("payload", "status", "code", "param"),
+    [
+        (b"{not json", 400, "invalid_json", None),
+        (b"", 400, "invalid_json", None),
+        (b"[1, 2]", 400, "invalid_json", None),
+        (b'{"messages": []}', 400, "invalid_request", "model"),
+        (b'{"model": "fake-model"}', 400, "invalid_request", "messages"),
+        (b'{"model": "fake-model", "messages": "hi"}', 400, "invalid_request", "messages"),
+        (
+            b'{"model": "fake-model", "messages": [{"content": "x"}]}',
+            400,
+            "invalid_request",
+            "messages[0]",
+        ),
+        (b'{"model": 5, "messages": [{"role": "user"}]}', 400, "invalid_request", "model"),
+        (
+            b'{"model": "fake-model", "messages": [{"role": "user"}], "stream": "yes"}',
+            400,
+            "invalid_request",
+            "stream",
+        ),
+        (
+            b'{"model": "fake-model", "messages": [{"role": "user"}], "max_tokens": -1}',
+            400,
+            "invalid_request",
+            "max_tokens",
+        ),
+        (
+            b'{"model": "fake-model", "messages": [{"role": "user"}], "max_tokens": 1e300}',
+            400,
+            "invalid_request",
+            "max_tokens",
+        ),
+        (
+            b'{"model": "fake-model", "messages": [{"role": "user"}], "n": 100000}',
+            400,
+            "invalid_request",
+            "n",
+        ),
+        (
+            b'{"model": "fake-model", "messages": [{"role": "user"}], "temperature": 9}',
+            400,
+            "invalid_request",
+            "temperature",
+        ),
+        (b'{"model": "nope", "messages": [{"role": "user"}]}', 404, "model_not_found", "model"),
+    ],
+)
+async def test_bad_chat_requests(
+    fake: FakeUpstream, payload: bytes, status: int, code: str, param: str | None
+) -> None:
     async with run_router(router_settings(fake)) as r:
         got, body, headers = await post(f"{r.base_url}/chat/completions", payload)
     assert got == status
@@ -62,8 +90,9 @@ async def test_bad_chat_requests(fake: FakeUpstream, payload: bytes, status: int
 
 async def test_body_over_the_limit_is_413(fake: FakeUpstream) -> None:
     async with run_router(router_settings(fake, max_body_bytes=2048)) as r:
-        big = orjson.dumps({"model": "fake-model",
-                            "messages": [{"role": "user", "content": "x" * 4096}]})
+        big = orjson.dumps(
+            {"model": "fake-model", "messages": [{"role": "user", "content": "x" * 4096}]}
+        )
         status, body, _ = await post(f"{r.base_url}/chat/completions", big)
     assert status == 413
     assert assert_openai_error(body)["code"] == "body_too_large"
@@ -98,8 +127,9 @@ async def test_metrics_endpoint_counts_requests(fake: FakeUpstream) -> None:
         await r.client().chat.completions.create(model="fake-model", messages=CHAT)
         async with aiohttp.ClientSession() as s, s.get(f"{r.url}/metrics") as resp:
             text = await resp.text()
-    assert ('speclane_requests_total{api="openai",backend="fake",endpoint="chat",status="200"} '
-            '1.0') in text
+    assert (
+        'speclane_requests_total{api="openai",backend="fake",endpoint="chat",status="200"} 1.0'
+    ) in text
     assert 'speclane_backend_up{backend="fake"} 1.0' in text
     assert "speclane_ttft_seconds_bucket" not in text  # streams only
     assert 'speclane_inflight_requests{backend="fake"} 0.0' in text

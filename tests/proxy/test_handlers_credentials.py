@@ -39,8 +39,12 @@ AGREEING = {
 def conflict_code(door: str, body: Any) -> str:
     """The error code of a door's error body (checked to be in that door's shape)."""
     if door == "openai":
-        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param",
-                                                                "code"}, body
+        assert set(body) == {"error"} and set(body["error"]) == {
+            "message",
+            "type",
+            "param",
+            "code",
+        }, body
         return str(body["error"]["code"])
     if door == "anthropic":
         assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
@@ -53,7 +57,8 @@ def conflict_code(door: str, body: Any) -> str:
 
 @pytest.mark.parametrize("door", sorted(DOORS))
 async def test_conflicting_credentials_are_a_400_in_the_doors_shape(
-        fake: FakeUpstream, door: str) -> None:
+    fake: FakeUpstream, door: str
+) -> None:
     path, body = DOORS[door]
     async with run_router(router_settings(fake)) as r, aiohttp.ClientSession() as s:
         for name, headers in CONFLICTS.items():
@@ -70,37 +75,47 @@ async def test_conflicting_credentials_are_a_400_in_the_doors_shape(
     assert all(rec.error and rec.error.startswith("conflicting_credentials") for rec in booked)
 
 
-@pytest.mark.parametrize(("authorizations", "api_keys", "use_api_key", "key"), [
-    ([], [], False, None),
-    (["Bearer a"], [], False, "a"),
-    (["Bearer a", " Bearer a "], [], False, "a"),
-    ([], ["a"], False, None),  # the OpenAI door reads no x-api-key...
-    ([], ["a"], True, "a"),  # ...Anthropic's does
-    (["Bearer a"], ["a", "a"], True, "a"),
-    (["Basic xyz"], ["a"], True, "a"),  # not a key: nothing to disagree with
-])
-def test_presented_key(authorizations: list[str], api_keys: list[str], use_api_key: bool,
-                       key: str | None) -> None:
+@pytest.mark.parametrize(
+    ("authorizations", "api_keys", "use_api_key", "key"),
+    [
+        ([], [], False, None),
+        (["Bearer a"], [], False, "a"),
+        (["Bearer a", " Bearer a "], [], False, "a"),
+        ([], ["a"], False, None),  # the OpenAI door reads no x-api-key...
+        ([], ["a"], True, "a"),  # ...Anthropic's does
+        (["Bearer a"], ["a", "a"], True, "a"),
+        (["Basic xyz"], ["a"], True, "a"),  # not a key: nothing to disagree with
+    ],
+)
+def test_presented_key(
+    authorizations: list[str], api_keys: list[str], use_api_key: bool, key: str | None
+) -> None:
     assert presented_key(authorizations, api_keys, use_api_key_header=use_api_key) == key
 
 
-@pytest.mark.parametrize(("authorizations", "api_keys"), [
-    (["Bearer a", "Bearer b"], []),
-    ([], ["a", "b"]),
-    (["Bearer a"], ["b"]),
-    (["Bearer a", "Basic a"], []),
-])
+@pytest.mark.parametrize(
+    ("authorizations", "api_keys"),
+    [
+        (["Bearer a", "Bearer b"], []),
+        ([], ["a", "b"]),
+        (["Bearer a"], ["b"]),
+        (["Bearer a", "Basic a"], []),
+    ],
+)
 @pytest.mark.parametrize("use_api_key", [False, True])
-def test_presented_key_refuses_a_disagreement(authorizations: list[str], api_keys: list[str],
-                                               use_api_key: bool) -> None:
+def test_presented_key_refuses_a_disagreement(
+    authorizations: list[str], api_keys: list[str], use_api_key: bool
+) -> None:
     with pytest.raises(RouterError) as info:
         presented_key(authorizations, api_keys, use_api_key_header=use_api_key)
     assert (info.value.status, info.value.code) == (400, "conflicting_credentials")
 
 
 async def test_admin_endpoints_refuse_two_different_authorizations(fake: FakeUpstream) -> None:
-    async with run_router(router_settings(fake, admin_key="s3cret")) as r, \
-            aiohttp.ClientSession() as s:
+    async with (
+        run_router(router_settings(fake, admin_key="s3cret")) as r,
+        aiohttp.ClientSession() as s,
+    ):
         url = f"{r.url}/admin/status"
         right, wrong = ("Authorization", "Bearer s3cret"), ("Authorization", "Bearer nope")
         for order in ([right, wrong], [wrong, right]):

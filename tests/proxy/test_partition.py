@@ -15,8 +15,7 @@ from tests.conftest import add_fake_lane, fake_upstreams, router_settings, run_r
 from tests.routing.test_routing_e2e import policy_router
 
 MODEL = "fake-model"
-KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789",
-        "carol": "sk-carol-0123456789"}
+KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789", "carol": "sk-carol-0123456789"}
 POLICIES = {
     "default.toml": 'client = "default"\n',
     "alice.toml": f'[match]\napi_keys = ["{KEYS["alice"]}"]\nclient_header = ["alice"]\n',
@@ -34,30 +33,34 @@ def partition_of(seen: Any) -> str | None:
     return {k.lower(): v for k, v in seen.headers.items()}.get(CACHE_PARTITION_HEADER.lower())
 
 
-async def ask(client: openai.AsyncOpenAI, messages: list[dict[str, str]],
-              **kw: Any) -> dict[str, str]:
+async def ask(
+    client: openai.AsyncOpenAI, messages: list[dict[str, str]], **kw: Any
+) -> dict[str, str]:
     raw = await client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=messages, **kw)  # type: ignore[arg-type]
+        model=MODEL, messages=messages, **kw
+    )  # type: ignore[arg-type]
     return {k.lower(): v for k, v in raw.headers.items()}
 
 
-async def test_each_keyed_client_has_its_partition_and_a_group_shares_one(
-        tmp_path: Path) -> None:
+async def test_each_keyed_client_has_its_partition_and_a_group_shares_one(tmp_path: Path) -> None:
     async with policy_router(tmp_path, POLICIES) as (r, spec, _):
         lane = {"X-Speclane-Lane": "speculative"}
         for who in ("alice", "alice", "bob", "carol"):
             await ask(r.client(api_key=KEYS[who]), TURN1, extra_headers=lane)
         # Labels prove nothing: a header, a user agent or nothing at all is the default's.
-        await ask(r.client(default_headers={"X-Speclane-Client": "alice"}), TURN1,
-                  extra_headers=lane)
-        await ask(r.client(default_headers={"User-Agent": "dave-agent/1"}), TURN1,
-                  extra_headers=lane)
+        await ask(
+            r.client(default_headers={"X-Speclane-Client": "alice"}), TURN1, extra_headers=lane
+        )
+        await ask(
+            r.client(default_headers={"User-Agent": "dave-agent/1"}), TURN1, extra_headers=lane
+        )
         await ask(r.client(), TURN1, extra_headers=lane)
         # A client cannot choose its partition: its own header is not forwarded.
         await ask(r.client(), TURN1, extra_headers={**lane, CACHE_PARTITION_HEADER: "x" * 24})
     a1, a2, bob, carol, named, agent, nobody, forged = [partition_of(s) for s in spec.requests]
-    assert all(p is not None and re.fullmatch(CACHE_PARTITION_PATTERN, p)
-               for p in (a1, bob, nobody))
+    assert all(
+        p is not None and re.fullmatch(CACHE_PARTITION_PATTERN, p) for p in (a1, bob, nobody)
+    )
     assert a1 == a2 and bob == carol
     assert len({a1, bob, nobody}) == 3
     assert named == agent == nobody == forged
@@ -69,14 +72,16 @@ async def test_external_backends_are_never_told_the_partition(tmp_path: Path) ->
     async with fake_upstreams("ext") as (ext,):
         settings = router_settings(ext, policies_dir=str(tmp_path))
         async with run_router(settings) as r:
-            await ask(r.client(api_key=KEYS["alice"]), TURN1,
-                      extra_headers={CACHE_PARTITION_HEADER: "forged"})
+            await ask(
+                r.client(api_key=KEYS["alice"]),
+                TURN1,
+                extra_headers={CACHE_PARTITION_HEADER: "forged"},
+            )
     assert len(ext.requests) == 1
     assert partition_of(ext.requests[0]) is None
 
 
-async def test_cache_affinity_never_reflects_another_clients_conversation(
-        tmp_path: Path) -> None:
+async def test_cache_affinity_never_reflects_another_clients_conversation(tmp_path: Path) -> None:
     async with policy_router(tmp_path, POLICIES) as (r, _, batch):
         alice, bob = r.client(api_key=KEYS["alice"]), r.client(api_key=KEYS["bob"])
         carol = r.client(api_key=KEYS["carol"])

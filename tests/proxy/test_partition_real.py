@@ -19,8 +19,7 @@ from tests.lanes.test_lanes_e2e import Router, start_router, stop_router
 
 pytestmark = pytest.mark.realmodel
 
-KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789",
-        "carol": "sk-carol-0123456789"}
+KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789", "carol": "sk-carol-0123456789"}
 POLICIES = {
     "alice.toml": f'[match]\napi_keys = ["{KEYS["alice"]}"]\n',
     "bob.toml": f'cache_group = "team"\n[match]\napi_keys = ["{KEYS["bob"]}"]\n',
@@ -40,21 +39,25 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
 
 
 def cached(router: Router, who: str, lane: str, secret: str) -> int:
-    client = openai.OpenAI(base_url=router.base_url, api_key=KEYS[who], max_retries=0,
-                           timeout=120)
-    messages = [{"role": "system", "content": f"The vault PIN is {secret}. Never say it."},
-                {"role": "user", "content": "Is the PIN 1234?"}]
+    client = openai.OpenAI(base_url=router.base_url, api_key=KEYS[who], max_retries=0, timeout=120)
+    messages = [
+        {"role": "system", "content": f"The vault PIN is {secret}. Never say it."},
+        {"role": "user", "content": "Is the PIN 1234?"},
+    ]
     reply = client.chat.completions.create(
-        model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=2,  # type: ignore[arg-type]
-        temperature=0, extra_headers={"X-Speclane-Lane": lane})
+        model=DEFAULT_MODEL_NAME,
+        messages=messages,
+        max_tokens=2,  # type: ignore[arg-type]
+        temperature=0,
+        extra_headers={"X-Speclane-Lane": lane},
+    )
     client.close()
     assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
     return reply.usage.prompt_tokens_details.cached_tokens or 0
 
 
 @pytest.mark.parametrize("lane", ["speculative", "batching"])
-def test_a_prompt_cached_for_one_client_is_no_hit_for_another(router: Router,
-                                                              lane: str) -> None:
+def test_a_prompt_cached_for_one_client_is_no_hit_for_another(router: Router, lane: str) -> None:
     secret = "4821" if lane == "speculative" else "7390"
     cached(router, "alice", lane, secret)
     assert cached(router, "bob", lane, secret) == 0  # alice's prompt: nothing for bob

@@ -89,7 +89,8 @@ async def test_sighup_reloads(directory: Path) -> None:
 
 
 async def test_an_invalid_reload_keeps_the_last_good_set(
-    directory: Path, caplog: pytest.LogCaptureFixture,
+    directory: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     metrics, seen = Metrics(), []
     watcher = watcher_for(directory, metrics=metrics, on_reload=seen.append)
@@ -133,6 +134,7 @@ def test_a_removed_directory_is_an_error_not_a_crash(directory: Path) -> None:
 
 
 # --- settling: a file being written is never read half way -----------------------------------
+
 
 async def test_an_explicit_reload_waits_until_the_file_is_whole(directory: Path) -> None:
     watcher = watcher_for(directory, settle=0.5)

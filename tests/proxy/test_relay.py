@@ -22,7 +22,8 @@ async def test_chat_non_streaming_passes_the_body_through(fake: FakeUpstream) ->
     fake.behaviour = Behaviour(chunks=3, body_extra={"stats": {"total_draft_tokens_count": 9}})
     async with run_router(router_settings(fake)) as r:
         raw = await r.client().chat.completions.with_raw_response.create(
-            model="fake-model", messages=CHAT)
+            model="fake-model", messages=CHAT
+        )
         completion = raw.parse()
     assert completion.choices[0].message.content == "w0 w1 w2"
     assert completion.usage is not None and completion.usage.completion_tokens == 3
@@ -40,8 +41,8 @@ async def test_chat_streaming_relays_every_chunk_and_done(fake: FakeUpstream) ->
     fake.behaviour = Behaviour(chunks=4)
     async with run_router(router_settings(fake)) as r:
         stream = await r.client().chat.completions.create(
-            model="fake-model", messages=CHAT, stream=True,
-            stream_options={"include_usage": True})
+            model="fake-model", messages=CHAT, stream=True, stream_options={"include_usage": True}
+        )
         parts, usage = [], None
         async for chunk in stream:
             if chunk.choices:
@@ -67,7 +68,8 @@ async def test_chunks_arrive_as_the_upstream_sends_them(fake: FakeUpstream) -> N
     fake.behaviour = Behaviour(chunks=5, interval=0.3)
     async with run_router(router_settings(fake)) as r:
         stream = await r.client().chat.completions.create(
-            model="fake-model", messages=CHAT, stream=True)
+            model="fake-model", messages=CHAT, stream=True
+        )
         arrivals = []
         async for _ in stream:
             arrivals.append(time.monotonic())
@@ -116,7 +118,8 @@ async def test_least_busy_backend_is_chosen() -> None:
         async with run_router(router_settings(a, b)) as r:
             client = r.client()
             first = await client.chat.completions.create(
-                model="fake-model", messages=CHAT, stream=True)
+                model="fake-model", messages=CHAT, stream=True
+            )
             await anext(first.__aiter__())  # "a" (first by name) now holds one in-flight stream
             second = await client.chat.completions.create(model="fake-model", messages=CHAT)
             await first.close()
@@ -141,12 +144,14 @@ async def test_healthz_and_readyz() -> None:
 
 # --- failures before the first byte: retried -----------------------------------------------
 
+
 async def test_5xx_is_retried_on_the_next_candidate() -> None:
     async with fake_upstreams("a", "b") as (a, b):
         a.behaviour = Behaviour(status=503)
         async with run_router(router_settings(a, b)) as r:
             raw = await r.client().chat.completions.with_raw_response.create(
-                model="fake-model", messages=CHAT)
+                model="fake-model", messages=CHAT
+            )
     assert raw.headers["x-speclane-backend"] == "b"
     assert raw.headers["x-speclane-attempts"] == "2"
     assert len(a.requests) == 1
@@ -155,13 +160,19 @@ async def test_5xx_is_retried_on_the_next_candidate() -> None:
 async def test_connection_refused_is_retried() -> None:
     async with fake_upstreams("b") as (b,):
         settings = router_settings(b)
-        dead = {"name": "a", "kind": "openai", "base_url": "http://127.0.0.1:9/v1",
-                "models": ["fake-model"], "connect_timeout": 1}
+        dead = {
+            "name": "a",
+            "kind": "openai",
+            "base_url": "http://127.0.0.1:9/v1",
+            "models": ["fake-model"],
+            "connect_timeout": 1,
+        }
         settings = router_settings(b, backends=[dead, *[x.model_dump() for x in settings.backends]])
         async with run_router(settings) as r:
             r.app[POOL]["a"].ready = True  # pretend healthy
             raw = await r.client().chat.completions.with_raw_response.create(
-                model="fake-model", messages=CHAT)
+                model="fake-model", messages=CHAT
+            )
     assert raw.headers["x-speclane-backend"] == "b"
 
 
@@ -170,7 +181,8 @@ async def test_stream_that_dies_before_its_first_byte_is_retried() -> None:
         a.behaviour = Behaviour(raw_body=b"")  # headers, then closes with no data
         async with run_router(router_settings(a, b)) as r:
             stream = await r.client().chat.completions.create(
-                model="fake-model", messages=CHAT, stream=True)
+                model="fake-model", messages=CHAT, stream=True
+            )
             text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert text == "w0 w1 w2 w3 w4 "
     assert len(a.requests) == 1 and len(b.requests) == 1
@@ -211,6 +223,7 @@ async def test_repeated_failures_cool_a_backend_down() -> None:
 
 # --- failures after the first byte: an error event, never a retry ----------------------------
 
+
 async def read_sse(base_url: str, body: dict) -> tuple[int, list[bytes]]:
     url = f"{base_url}/chat/completions"
     async with aiohttp.ClientSession() as s, s.post(url, json=body) as resp:
@@ -222,8 +235,9 @@ async def read_sse(base_url: str, body: dict) -> tuple[int, list[bytes]]:
 async def test_backend_dying_mid_stream_ends_with_an_error_event(fake: FakeUpstream) -> None:
     fake.behaviour = Behaviour(chunks=5, die_after=2)
     async with run_router(router_settings(fake)) as r:
-        status, events = await read_sse(r.base_url, {"model": "fake-model", "messages": CHAT,
-                                                     "stream": True})
+        status, events = await read_sse(
+            r.base_url, {"model": "fake-model", "messages": CHAT, "stream": True}
+        )
     assert status == 200
     assert events[-1] == b"[DONE]"
     err = orjson.loads(events[-2])["error"]
@@ -235,7 +249,8 @@ async def test_openai_client_raises_on_the_error_event(fake: FakeUpstream) -> No
     fake.behaviour = Behaviour(chunks=5, die_after=2)
     async with run_router(router_settings(fake)) as r:
         stream = await r.client().chat.completions.create(
-            model="fake-model", messages=CHAT, stream=True)
+            model="fake-model", messages=CHAT, stream=True
+        )
         with pytest.raises(openai.APIError, match="closed the stream"):
             async for _ in stream:
                 pass
@@ -248,8 +263,9 @@ async def test_stall_mid_stream_ends_with_timeout_event_within_read_timeout() ->
         backend = settings.backends[0].model_copy(update={"read_timeout": 0.5})
         async with run_router(router_settings(a, backends=[backend.model_dump()])) as r:
             start = time.monotonic()
-            _, events = await read_sse(r.base_url, {"model": "fake-model", "messages": CHAT,
-                                                         "stream": True})
+            _, events = await read_sse(
+                r.base_url, {"model": "fake-model", "messages": CHAT, "stream": True}
+            )
             elapsed = time.monotonic() - start
         assert a.cancelled == 1  # the stalled upstream request was closed
     assert elapsed < 3
@@ -262,8 +278,9 @@ async def test_keep_alive_comments_alone_do_not_keep_a_stalled_stream_open() -> 
         backend = router_settings(a).backends[0].model_copy(update={"read_timeout": 0.5})
         async with run_router(router_settings(a, backends=[backend.model_dump()])) as r:
             start = time.monotonic()
-            _, events = await read_sse(r.base_url, {"model": "fake-model", "messages": CHAT,
-                                                         "stream": True})
+            _, events = await read_sse(
+                r.base_url, {"model": "fake-model", "messages": CHAT, "stream": True}
+            )
             elapsed = time.monotonic() - start
             await wait_until(lambda: a.cancelled == 1)  # the stalled upstream request was closed
     assert elapsed < 3
@@ -285,30 +302,42 @@ async def test_stall_before_headers_is_a_504() -> None:
 async def test_stream_closed_without_done_gets_an_error_event(fake: FakeUpstream) -> None:
     fake.behaviour = Behaviour(no_done=True)
     async with run_router(router_settings(fake)) as r:
-        _, events = await read_sse(r.base_url, {"model": "fake-model", "messages": CHAT,
-                                                "stream": True})
+        _, events = await read_sse(
+            r.base_url, {"model": "fake-model", "messages": CHAT, "stream": True}
+        )
     assert orjson.loads(events[-2])["error"]["code"] == "upstream_incomplete_stream"
     assert events[-1] == b"[DONE]"
 
 
-@pytest.mark.parametrize(("behaviour", "code"), [
-    (Behaviour(raw_body=b"<html>oops</html>", content_type="text/html"), "upstream_bad_json"),
-    (Behaviour(raw_body=b'{"choices": [', content_type="application/json"), "upstream_bad_json"),
-])
-async def test_malformed_non_streaming_body_is_a_502(fake: FakeUpstream, behaviour: Behaviour,
-                                                     code: str) -> None:
+@pytest.mark.parametrize(
+    ("behaviour", "code"),
+    [
+        (Behaviour(raw_body=b"<html>oops</html>", content_type="text/html"), "upstream_bad_json"),
+        (
+            Behaviour(raw_body=b'{"choices": [', content_type="application/json"),
+            "upstream_bad_json",
+        ),
+    ],
+)
+async def test_malformed_non_streaming_body_is_a_502(
+    fake: FakeUpstream, behaviour: Behaviour, code: str
+) -> None:
     fake.behaviour = behaviour
     async with run_router(router_settings(fake)) as r, aiohttp.ClientSession() as s:
-        async with s.post(f"{r.base_url}/chat/completions",
-                          json={"model": "fake-model", "messages": CHAT}) as resp:
+        async with s.post(
+            f"{r.base_url}/chat/completions", json={"model": "fake-model", "messages": CHAT}
+        ) as resp:
             assert resp.status == 502
             assert (await resp.json())["error"]["code"] == code
 
 
-@pytest.mark.parametrize("behaviour", [
-    Behaviour(raw_body=b"hello, this is not SSE\n\n"),
-    Behaviour(content_type="application/json"),
-])
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        Behaviour(raw_body=b"hello, this is not SSE\n\n"),
+        Behaviour(content_type="application/json"),
+    ],
+)
 async def test_bad_stream_framing_is_a_502(fake: FakeUpstream, behaviour: Behaviour) -> None:
     fake.behaviour = behaviour
     async with run_router(router_settings(fake)) as r, aiohttp.ClientSession() as s:
@@ -319,6 +348,7 @@ async def test_bad_stream_framing_is_a_502(fake: FakeUpstream, behaviour: Behavi
 
 
 # --- the client going away -----------------------------------------------------------------
+
 
 async def test_client_disconnect_mid_stream_cancels_upstream(fake: FakeUpstream) -> None:
     fake.behaviour = Behaviour(chunks=1000, interval=0.05)
@@ -332,12 +362,16 @@ async def test_client_disconnect_mid_stream_cancels_upstream(fake: FakeUpstream)
 
 
 async def test_client_disconnect_while_waiting_non_streaming_cancels_upstream(
-        fake: FakeUpstream) -> None:
+    fake: FakeUpstream,
+) -> None:
     fake.behaviour = Behaviour(delay_headers=30)
     async with run_router(router_settings(fake)) as r:
         async with aiohttp.ClientSession() as s:
-            task = asyncio.create_task(s.post(f"{r.base_url}/chat/completions",
-                                              json={"model": "fake-model", "messages": CHAT}))
+            task = asyncio.create_task(
+                s.post(
+                    f"{r.base_url}/chat/completions", json={"model": "fake-model", "messages": CHAT}
+                )
+            )
             await asyncio.wait_for(fake.request_started.wait(), 5)
             task.cancel()
         await asyncio.wait_for(fake.request_cancelled.wait(), 5)

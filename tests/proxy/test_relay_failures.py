@@ -24,16 +24,27 @@ from tests.conftest import RunningRouter, router_settings, run_router, wait_unti
 from tests.reliability.harness import metric_total
 from tests.reliability.hostile_upstream import HostileUpstream, chunk
 
-SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n")
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
 HANG = 30.0  # a guard against hanging, not a speed claim
 READ_TIMEOUT = 0.5
 
 
 def content_event(text: str) -> bytes:
-    return b"data: " + orjson.dumps(
-        {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "fake-model",
-         "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}) + b"\n\n"
+    return (
+        b"data: "
+        + orjson.dumps(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "fake-model",
+                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+            }
+        )
+        + b"\n\n"
+    )
 
 
 FIRST = SSE_HEAD + chunk(content_event("first"))
@@ -86,8 +97,11 @@ async def second_event(writer: asyncio.StreamWriter) -> bool:
     return False
 
 
-UPSTREAM_ERROR = b"data: " + orjson.dumps(
-    {"error": {"message": "out of memory", "type": "server_error", "code": 500}}) + b"\n\n"
+UPSTREAM_ERROR = (
+    b"data: "
+    + orjson.dumps({"error": {"message": "out of memory", "type": "server_error", "code": 500}})
+    + b"\n\n"
+)
 
 
 async def error_event_then_done(writer: asyncio.StreamWriter) -> bool:
@@ -124,10 +138,14 @@ CASES = {
 }
 
 DOORS = {
-    "openai": ("/v1/chat/completions", {"stream": True, "messages": [
-        {"role": "user", "content": "hi"}]}),
-    "anthropic": ("/v1/messages", {"stream": True, "max_tokens": 16, "messages": [
-        {"role": "user", "content": "hi"}]}),
+    "openai": (
+        "/v1/chat/completions",
+        {"stream": True, "messages": [{"role": "user", "content": "hi"}]},
+    ),
+    "anthropic": (
+        "/v1/messages",
+        {"stream": True, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+    ),
     "ollama": ("/api/chat", {"messages": [{"role": "user", "content": "hi"}]}),
 }
 
@@ -153,11 +171,14 @@ def ending(door: str, raw: bytes) -> tuple[str, str]:
     return err["code"], err["message"]
 
 
-async def read_stream(r: RunningRouter, door: str,
-                      after_first: Callable[[], Awaitable[None]]) -> tuple[int, bytes]:
+async def read_stream(
+    r: RunningRouter, door: str, after_first: Callable[[], Awaitable[None]]
+) -> tuple[int, bytes]:
     path, body = DOORS[door]
-    async with aiohttp.ClientSession() as s, s.post(
-            f"{r.url}{path}", json={"model": "fake-model", **body}) as resp:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{r.url}{path}", json={"model": "fake-model", **body}) as resp,
+    ):
         first = await resp.content.readany()
         assert first, "nothing before the failure"
         await after_first()
@@ -168,7 +189,8 @@ async def read_stream(r: RunningRouter, door: str,
 @pytest.mark.parametrize("door", sorted(DOORS))
 @pytest.mark.parametrize("reason", sorted(CASES))
 async def test_a_stream_failing_after_its_first_event_ends_in_the_doors_shape(
-        reason: str, door: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    reason: str, door: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     case = CASES[reason]
     first_seen = asyncio.Event()
 
@@ -187,19 +209,27 @@ async def test_a_stream_failing_after_its_first_event_ends_in_the_doors_shape(
             if b"second" in data:
                 raise RuntimeError("a relay defect")
             return real(data)
+
         monkeypatch.setattr(relay_module, "split_events", faulty)
 
     async with HostileUpstream(script) as up:
         settings = router_settings(up, upstream={"max_body_bytes": 1024})
-        backends = tuple(b.model_copy(update={"read_timeout": READ_TIMEOUT})
-                         for b in settings.backends)
-        settings = settings.model_copy(update={
-            "backends": backends, "retry": settings.retry.model_copy(update={"attempts": 1})})
+        backends = tuple(
+            b.model_copy(update={"read_timeout": READ_TIMEOUT}) for b in settings.backends
+        )
+        settings = settings.model_copy(
+            update={
+                "backends": backends,
+                "retry": settings.retry.model_copy(update={"attempts": 1}),
+            }
+        )
         async with run_router(settings) as r:
+
             async def after_first() -> None:
                 first_seen.set()
                 if reason == "shutdown":
                     await r.app[RELAY].shutdown(0.0)
+
             status, raw = await asyncio.wait_for(read_stream(r, door, after_first), HANG)
             assert status == 200
             code, _ = ending(door, raw)
@@ -207,20 +237,22 @@ async def test_a_stream_failing_after_its_first_event_ends_in_the_doors_shape(
 
             label = reason.removesuffix("_pings").removesuffix("_no_done")
             async with aiohttp.ClientSession() as s:
-                assert await metric_total(s, r.url, "speclane_stream_errors_total",
-                                          reason=label) == 1
+                assert (
+                    await metric_total(s, r.url, "speclane_stream_errors_total", reason=label) == 1
+                )
                 assert await metric_total(s, r.url, "speclane_stream_errors_total") == 1
                 access = r.app[ACCESS].recent
                 await wait_until(lambda: len(access) == 1)
                 record = access[-1]
                 assert record.status == case.status and record.stream
-                assert record.error is not None and record.error.startswith(
-                    f"{case.code}: "), record.error
+                assert record.error is not None and record.error.startswith(f"{case.code}: "), (
+                    record.error
+                )
                 async with s.get(f"{r.url}/admin/status") as resp:
                     [shown] = (await resp.json())["recent"]
                 assert (shown["status"], shown["error"]) == (case.status, record.error)
-                assert await metric_total(s, r.url, "speclane_requests_total",
-                                          status=str(case.status)) == 1
-                assert await metric_total(s, r.url, "speclane_requests_total",
-                                          status="200") == 0
-
+                assert (
+                    await metric_total(s, r.url, "speclane_requests_total", status=str(case.status))
+                    == 1
+                )
+                assert await metric_total(s, r.url, "speclane_requests_total", status="200") == 0

@@ -18,8 +18,10 @@ def test_the_forwarded_body_is_what_was_parsed() -> None:
 
 def test_duplicate_keys_are_forwarded_as_validated() -> None:
     """Whichever value a backend's parser would keep, it gets the one that was checked."""
-    raw = (b'{"model":"m","max_tokens":1000000,"messages":[{"role":"user","content":"a",'
-           b'"content":"b"}],"max_tokens":10,"model":"m"}')
+    raw = (
+        b'{"model":"m","max_tokens":1000000,"messages":[{"role":"user","content":"a",'
+        b'"content":"b"}],"max_tokens":10,"model":"m"}'
+    )
     parsed = parse_request("chat", raw)
     assert parsed.route.max_tokens == 10
     body = parsed.body()
@@ -28,16 +30,31 @@ def test_duplicate_keys_are_forwarded_as_validated() -> None:
 
 
 def test_route_facts() -> None:
-    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "abcd"}],
-                        "stream": True, "n": 2, "max_tokens": 9, "temperature": 1})
+    raw = orjson.dumps(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "abcd"}],
+            "stream": True,
+            "n": 2,
+            "max_tokens": 9,
+            "temperature": 1,
+        }
+    )
     route = parse_request("chat", raw).route
     assert (route.stream, route.n, route.max_tokens, route.temperature, route.prompt_chars) == (
-        True, 2, 9, 1.0, 4)
+        True,
+        2,
+        9,
+        1.0,
+        4,
+    )
 
 
 def test_both_token_limits_are_checked_and_kept_equal() -> None:
-    raw = (b'{"model":"m","messages":[{"role":"user","content":"a"}],'
-           b'"max_completion_tokens":10,"max_tokens":1000000}')
+    raw = (
+        b'{"model":"m","messages":[{"role":"user","content":"a"}],'
+        b'"max_completion_tokens":10,"max_tokens":1000000}'
+    )
     parsed = parse_request("chat", raw)
     assert parsed.route.max_tokens == 10
     assert orjson.loads(parsed.body())["max_tokens"] == 10
@@ -65,12 +82,19 @@ def test_the_body_for_the_lane_carries_the_chosen_draft_source() -> None:
     assert "draft_source" not in orjson.loads(parsed.body())  # other backends: as validated
 
 
-@pytest.mark.parametrize(("sent", "route"), [
-    ("draft_model", "draft_model"), ("prompt_lookup", "prompt_lookup"), ("magic", None), (3, None),
-])
+@pytest.mark.parametrize(
+    ("sent", "route"),
+    [
+        ("draft_model", "draft_model"),
+        ("prompt_lookup", "prompt_lookup"),
+        ("magic", None),
+        (3, None),
+    ],
+)
 def test_a_client_draft_source_is_forwarded_as_sent(sent: object, route: str | None) -> None:
-    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                        "draft_source": sent})
+    raw = orjson.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "draft_source": sent}
+    )
     parsed = parse_request("chat", raw)
     assert parsed.route.draft_source == route  # only a value the lane accepts picks the key
     assert orjson.loads(parsed.body(draft_source="prompt_lookup"))["draft_source"] == sent
@@ -80,9 +104,14 @@ def test_a_client_draft_source_is_forwarded_as_sent(sent: object, route: str | N
 def test_a_field_added_for_the_lane_is_never_sent_twice(extra: dict[str, object]) -> None:
     data = {"model": "m", "messages": [{"role": "user", "content": "é \u2028 x"}], **extra}
     parsed = parse_request("chat", orjson.dumps(data))
-    for body, key, value in ((parsed.body(plain=True), "num_draft_tokens", 0),
-                             (parsed.body(draft_source="prompt_lookup"), "draft_source",
-                              extra.get("draft_source", "prompt_lookup"))):
+    for body, key, value in (
+        (parsed.body(plain=True), "num_draft_tokens", 0),
+        (
+            parsed.body(draft_source="prompt_lookup"),
+            "draft_source",
+            extra.get("draft_source", "prompt_lookup"),
+        ),
+    ):
         assert body.count(f'"{key}"'.encode()) == 1
         assert orjson.loads(body) == {**data, key: value}
     parsed.set_field("max_tokens", 5)  # a change after parsing reaches the variants too

@@ -21,14 +21,16 @@ from router.proxy.upstream import (
 )
 from tests.conftest import serve_app, wait_until
 
-CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-           b"Transfer-Encoding: chunked\r\nX-Twice: a\r\nX-Twice: b\r\n\r\n"
-           b"6;ext=1\r\ndata: \r\n5\r\nhello\r\n0\r\nX-Trailer: t\r\n\r\n")
+CHUNKED = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    b"Transfer-Encoding: chunked\r\nX-Twice: a\r\nX-Twice: b\r\n\r\n"
+    b"6;ext=1\r\ndata: \r\n5\r\nhello\r\n0\r\nX-Trailer: t\r\n\r\n"
+)
 
 
 def _feed_in_pieces(raw: bytes, size: int) -> tuple[ResponseParser, bytes]:
     parser = ResponseParser()
-    body = b"".join(b"".join(parser.feed(raw[i:i + size])) for i in range(0, len(raw), size))
+    body = b"".join(b"".join(parser.feed(raw[i : i + size])) for i in range(0, len(raw), size))
     return parser, body
 
 
@@ -45,42 +47,51 @@ def test_chunked_body_is_the_same_however_the_bytes_are_split(size: int) -> None
 def test_many_small_chunks_in_reads_of_any_size() -> None:
     """The tight loop for whole chunks and the general path agree wherever reads split."""
     events = [b'data: {"t": %d}\n\n' % i for i in range(300)]
-    raw = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-           + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n")
+    raw = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)
+        + b"0\r\n\r\n"
+    )
     rng = random.Random(7)
     for _ in range(50):
         parser = ResponseParser()
         pos, body = 0, []
         while pos < len(raw):
             step = rng.choice((1, 5, 17, 300, 4096, 100_000))
-            body += parser.feed(raw[pos:pos + step])
+            body += parser.feed(raw[pos : pos + step])
             pos += step
         assert b"".join(body) == b"".join(events) and parser.done
 
 
 # Chunk data drawn from bytes that make framing hard: CR, LF, hex digits, ';'.
 _HARD = b"\r\n0a;F x"
-_DATA = st.binary(min_size=1, max_size=24).map(
-    lambda b: bytes(_HARD[v % len(_HARD)] for v in b))
+_DATA = st.binary(min_size=1, max_size=24).map(lambda b: bytes(_HARD[v % len(_HARD)] for v in b))
 
 
 def _chunked(chunks: list[bytes], upper: bool, ext: bool) -> bytes:
     size = b"%X" if upper else b"%x"
-    return b"".join(size % len(c) + (b";e=1" if ext else b"") + b"\r\n" + c + b"\r\n"
-                    for c in chunks) + b"0\r\n\r\n"
+    return (
+        b"".join(size % len(c) + (b";e=1" if ext else b"") + b"\r\n" + c + b"\r\n" for c in chunks)
+        + b"0\r\n\r\n"
+    )
 
 
 @settings(max_examples=300, deadline=None)
-@given(chunks=st.lists(_DATA, min_size=1, max_size=30), upper=st.booleans(), ext=st.booleans(),
-       cuts=st.lists(st.integers(min_value=1, max_value=200), max_size=12))
+@given(
+    chunks=st.lists(_DATA, min_size=1, max_size=30),
+    upper=st.booleans(),
+    ext=st.booleans(),
+    cuts=st.lists(st.integers(min_value=1, max_value=200), max_size=12),
+)
 def test_chunked_decoding_matches_the_chunks_for_any_data_and_reads(
-        chunks: list[bytes], upper: bool, ext: bool, cuts: list[int]) -> None:
+    chunks: list[bytes], upper: bool, ext: bool, cuts: list[int]
+) -> None:
     """Whatever the data holds (CRLF, digits) and wherever reads end, the body is the
     chunks' data: the split-at-CRLF shortcut never accepts a framing it misreads."""
     raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(chunks, upper, ext)
     parser, body, pos = ResponseParser(), [], 0
     for step in [*cuts, len(raw)]:
-        body += parser.feed(raw[pos:pos + step])
+        body += parser.feed(raw[pos : pos + step])
         pos += step
     assert b"".join(body) == b"".join(chunks) and parser.done
 
@@ -92,8 +103,10 @@ def test_content_length_body_and_what_follows_it() -> None:
 
 
 def test_empty_bodies() -> None:
-    for raw in (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
-                b"HTTP/1.1 204 No Content\r\n\r\n"):
+    for raw in (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+    ):
         parser, body = _feed_in_pieces(raw, 5)
         assert body == b"" and parser.done
 
@@ -115,7 +128,8 @@ def test_eof_before_the_end_is_a_violation() -> None:
 
 def test_interim_answers_are_skipped() -> None:
     parser, body = _feed_in_pieces(
-        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok", 3)
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok", 3
+    )
     assert (parser.status, body) == (201, b"ok")
 
 
@@ -141,20 +155,24 @@ def test_chunk_sizes_are_hex_digits_only(size: bytes) -> None:
 @pytest.mark.parametrize("size", [b"5", b"0" * 20 + b"5", b"5 ", b"5;x=1", b"5 ;x=1"])
 def test_chunk_sizes_may_have_leading_zeros_whitespace_and_extensions(size: bytes) -> None:
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-    parser, body = _feed_in_pieces(head + b"5\r\nhello\r\n" + size + b"\r\nworld\r\n0\r\n\r\n",
-                                   1000)
+    parser, body = _feed_in_pieces(
+        head + b"5\r\nhello\r\n" + size + b"\r\nworld\r\n0\r\n\r\n", 1000
+    )
     assert body == b"helloworld" and parser.done
 
 
-@pytest.mark.parametrize("raw", [
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-    b"SPDY 200 OK\r\n\r\n",
-    b"HTTP/1.1 abc OK\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY",
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"SPDY 200 OK\r\n\r\n",
+        b"HTTP/1.1 abc OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+    ],
+)
 def test_broken_answers_are_violations(raw: bytes) -> None:
     with pytest.raises(ProtocolViolation):
         ResponseParser().feed(raw)
@@ -184,7 +202,7 @@ async def aiohttp_server(handler: Handler) -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def raw_server(
-        serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
 ) -> AsyncIterator[str]:
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     try:
@@ -195,8 +213,14 @@ async def raw_server(
 
 async def _read_request(reader: asyncio.StreamReader) -> bytes:
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
+    length = next(
+        (
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
     return head + await reader.readexactly(length)
 
 
@@ -208,19 +232,27 @@ async def pool() -> AsyncIterator[Http1Pool]:
 
 
 async def test_request_sends_the_body_and_headers_and_reuses_the_connection(
-        pool: Http1Pool) -> None:
+    pool: Http1Pool,
+) -> None:
     peers: list[object] = []
 
     async def echo(request: web.Request) -> web.Response:
         peers.append(request.transport.get_extra_info("peername") if request.transport else None)
         body = await request.read()
-        return web.Response(body=body, headers={"X-Auth": request.headers.get("Authorization", ""),
-                                                "X-Host": request.host})
+        return web.Response(
+            body=body,
+            headers={"X-Auth": request.headers.get("Authorization", ""), "X-Host": request.host},
+        )
 
     async with aiohttp_server(echo) as base:
         for i in range(3):
-            resp = await pool.request("POST", f"{base}/v1/x", body=b"payload%d" % i,
-                                      headers={"Authorization": "Bearer k"}, read_timeout=5)
+            resp = await pool.request(
+                "POST",
+                f"{base}/v1/x",
+                body=b"payload%d" % i,
+                headers={"Authorization": "Bearer k"},
+                read_timeout=5,
+            )
             assert resp.status == 200
             assert await resp.read() == b"payload%d" % i
             assert resp.headers["x-auth"] == "Bearer k"
@@ -277,6 +309,7 @@ async def test_the_timeout_is_per_wait_not_per_answer(pool: Http1Pool) -> None:
     """A stream that keeps talking outlives its read timeout many times over, and time the
     reader spends away between reads does not count: only a wait that lasts the timeout
     fails (one timer serves the whole answer, moved on as waits begin)."""
+
     async def trickle(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse()
         await resp.prepare(request)
@@ -348,8 +381,9 @@ async def test_a_stale_kept_alive_connection_is_replaced_once(pool: Http1Pool) -
     so it goes again on a fresh connection."""
     connections = 0
 
-    async def answer_once_then_drop(reader: asyncio.StreamReader,
-                                    writer: asyncio.StreamWriter) -> None:
+    async def answer_once_then_drop(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         nonlocal connections
         connections += 1
         await _read_request(reader)
@@ -394,6 +428,7 @@ async def _two_ok_answers(pool: Http1Pool, base: str) -> None:
 
 async def test_an_http10_stream_read_until_close(pool: Http1Pool) -> None:
     """mlx_lm.server (Python's http.server) answers in HTTP/1.0 and ends a stream by closing."""
+
     async def http10(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
         writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
@@ -420,7 +455,7 @@ async def test_a_compressed_answer_is_decoded(pool: Http1Pool, stream: bool) -> 
         if stream:
             await resp.prepare(request)
             for i in range(0, len(payload), 1000):
-                await resp.write(payload[i:i + 1000])
+                await resp.write(payload[i : i + 1000])
             await resp.write_eof()
         return resp
 

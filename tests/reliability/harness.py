@@ -48,6 +48,7 @@ T = TypeVar("T")
 
 # --- what the suite tried ---------------------------------------------------------------------
 
+
 @dataclass
 class Tally:
     faults: Counter[str] = field(default_factory=Counter)  # fault kind -> injections checked
@@ -64,12 +65,18 @@ class Tally:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "faults": {"total": sum(self.faults.values()), "kinds": len(self.faults),
-                       "by_kind": dict(sorted(self.faults.items()))},
-            "fuzz": {"total": sum(self.fuzz.values()), "by_family": dict(sorted(self.fuzz.items())),
-                     "by_status": {str(k): v for k, v in sorted(self.fuzz_status.items())},
-                     "router_5xx": self.fuzz_router_5xx,
-                     "by_side": dict(sorted(self.fuzz_sides.items()))},
+            "faults": {
+                "total": sum(self.faults.values()),
+                "kinds": len(self.faults),
+                "by_kind": dict(sorted(self.faults.items())),
+            },
+            "fuzz": {
+                "total": sum(self.fuzz.values()),
+                "by_family": dict(sorted(self.fuzz.items())),
+                "by_status": {str(k): v for k, v in sorted(self.fuzz_status.items())},
+                "router_5xx": self.fuzz_router_5xx,
+                "by_side": dict(sorted(self.fuzz_sides.items())),
+            },
             "load": self.load,
             "shutdown": self.shutdown,
             "memory": self.memory,
@@ -79,14 +86,18 @@ class Tally:
         out = []
         if self.faults:
             kinds = ", ".join(f"{k}={v}" for k, v in sorted(self.faults.items()))
-            out.append(f"faults injected: {sum(self.faults.values())} across "
-                       f"{len(self.faults)} kinds ({kinds})")
+            out.append(
+                f"faults injected: {sum(self.faults.values())} across "
+                f"{len(self.faults)} kinds ({kinds})"
+            )
         if self.fuzz:
             families = ", ".join(f"{k}={v}" for k, v in sorted(self.fuzz.items()))
             statuses = ", ".join(f"{k}: {v}" for k, v in sorted(self.fuzz_status.items()))
             sides = ", ".join(f"{k} side: {v}" for k, v in sorted(self.fuzz_sides.items()))
-            out.append(f"fuzz cases: {sum(self.fuzz.values())} ({sides}) ({families}); answers "
-                       f"{statuses}; 5xx from the router's own code: {self.fuzz_router_5xx}")
+            out.append(
+                f"fuzz cases: {sum(self.fuzz.values())} ({sides}) ({families}); answers "
+                f"{statuses}; 5xx from the router's own code: {self.fuzz_router_5xx}"
+            )
         if self.memory:
             out.append("fuzz memory: " + ", ".join(f"{k}={v}" for k, v in self.memory.items()))
         if self.shutdown:
@@ -100,6 +111,7 @@ TALLY = Tally()
 
 
 # --- OpenAI error shape and SSE ---------------------------------------------------------------
+
 
 def assert_openai_error(body: Any) -> dict[str, Any]:
     """``{"error": {"message", "type", "param", "code"}}`` with a non-empty message."""
@@ -153,8 +165,9 @@ class StreamResult:
         return all("error" not in orjson.loads(e) for e in events[:-1])
 
 
-async def post_stream(session: aiohttp.ClientSession, url: str, body: Any,
-                      headers: dict[str, str] | None = None) -> StreamResult:
+async def post_stream(
+    session: aiohttp.ClientSession, url: str, body: Any, headers: dict[str, str] | None = None
+) -> StreamResult:
     """POST and read the whole answer, noting whether the body was cut short."""
     data = body if isinstance(body, bytes) else orjson.dumps(body)
     hdrs = {"Content-Type": "application/json", **(headers or {})}
@@ -170,14 +183,18 @@ async def post_stream(session: aiohttp.ClientSession, url: str, body: Any,
 
 
 def chat_body(stream: bool = False, content: str = "hi", **extra: Any) -> dict[str, Any]:
-    return {"model": "fake-model", "messages": [{"role": "user", "content": content}],
-            "stream": stream, **extra}
+    return {
+        "model": "fake-model",
+        "messages": [{"role": "user", "content": content}],
+        "stream": stream,
+        **extra,
+    }
 
 
 # --- metrics ----------------------------------------------------------------------------------
 
-async def metric_total(session: aiohttp.ClientSession, url: str, name: str,
-                       **labels: str) -> float:
+
+async def metric_total(session: aiohttp.ClientSession, url: str, name: str, **labels: str) -> float:
     """The sum of every sample of ``name`` (matching ``labels``) at ``url``/metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -186,14 +203,14 @@ async def metric_total(session: aiohttp.ClientSession, url: str, name: str,
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v
-                                           for k, v in labels.items()):
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += sample.value
     return total
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], deadline: float = 10.0,
-                     what: str = "condition") -> None:
+async def eventually(
+    check: Callable[[], Awaitable[bool]], deadline: float = 10.0, what: str = "condition"
+) -> None:
     """Re-check an out-of-process condition (a metric, a process) until it holds."""
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline
@@ -203,6 +220,7 @@ async def eventually(check: Callable[[], Awaitable[bool]], deadline: float = 10.
 
 
 # --- configuration files -----------------------------------------------------------------------
+
 
 def toml_value(value: Any) -> str:
     if isinstance(value, bool):
@@ -266,17 +284,29 @@ class RouterProcess:
         return psutil.Process(self.proc.pid)
 
     @classmethod
-    async def start(cls, config: Path, *args: str, env: dict[str, str] | None = None,
-                    deadline: float = 90.0) -> RouterProcess:
+    async def start(
+        cls, config: Path, *args: str, env: dict[str, str] | None = None, deadline: float = 90.0
+    ) -> RouterProcess:
         proc = await asyncio.create_subprocess_exec(
-            *SERVE, "--config", str(config), "--port", "0", *args, cwd=REPO,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=env or clean_env(), start_new_session=True)
+            *SERVE,
+            "--config",
+            str(config),
+            "--port",
+            "0",
+            *args,
+            cwd=REPO,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env or clean_env(),
+            start_new_session=True,
+        )
         stdout: list[str] = []
         stderr: list[str] = []
         listening: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        readers = [asyncio.create_task(_pump(proc.stdout, stdout, listening)),
-                   asyncio.create_task(_pump(proc.stderr, stderr, None))]
+        readers = [
+            asyncio.create_task(_pump(proc.stdout, stdout, listening)),
+            asyncio.create_task(_pump(proc.stderr, stderr, None)),
+        ]
         exited = asyncio.ensure_future(proc.wait())
         readers.append(exited)  # type: ignore[arg-type]
         try:
@@ -284,8 +314,10 @@ class RouterProcess:
                 await asyncio.wait({listening, exited}, return_when=asyncio.FIRST_COMPLETED)
             if not listening.done():
                 await asyncio.wait(readers, timeout=2)
-                raise AssertionError(f"router exited with {proc.returncode} before listening:\n"
-                                     + "".join(stderr[-30:]))
+                raise AssertionError(
+                    f"router exited with {proc.returncode} before listening:\n"
+                    + "".join(stderr[-30:])
+                )
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -315,8 +347,9 @@ class RouterProcess:
         return self.proc.returncode  # type: ignore[return-value]
 
 
-async def _pump(stream: asyncio.StreamReader | None, lines: list[str],
-                listening: asyncio.Future[str] | None) -> None:
+async def _pump(
+    stream: asyncio.StreamReader | None, lines: list[str], listening: asyncio.Future[str] | None
+) -> None:
     assert stream is not None
     async for raw in stream:
         line = raw.decode("utf-8", "replace")
@@ -325,12 +358,19 @@ async def _pump(stream: asyncio.StreamReader | None, lines: list[str],
             listening.set_result(m.group(1))
 
 
-async def run_serve(*args: str, env: dict[str, str] | None = None,
-                    wait: float = 60.0) -> tuple[int, str, str]:
+async def run_serve(
+    *args: str, env: dict[str, str] | None = None, wait: float = 60.0
+) -> tuple[int, str, str]:
     """Run ``speclane serve`` to its exit (it is expected to refuse to start)."""
     proc = await asyncio.create_subprocess_exec(
-        *SERVE, *args, cwd=REPO, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=env or clean_env(), start_new_session=True)
+        *SERVE,
+        *args,
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env or clean_env(),
+        start_new_session=True,
+    )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), wait)
     except TimeoutError:
@@ -341,6 +381,7 @@ async def run_serve(*args: str, env: dict[str, str] | None = None,
 
 
 # --- an in-process router on any address ---------------------------------------------------------
+
 
 @dataclass
 class Served:
@@ -359,16 +400,19 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve_app(settings: Settings, host: str = "127.0.0.1",
-                    setup: Callable[[web.Application], Any] | None = None
-                    ) -> AsyncIterator[Served]:
+async def serve_app(
+    settings: Settings,
+    host: str = "127.0.0.1",
+    setup: Callable[[web.Application], Any] | None = None,
+) -> AsyncIterator[Served]:
     """``tests.conftest.run_router`` on a chosen bind address (non-loopback access tests)."""
     # As serve does: the bind address is in the settings (the Host rule allows it).
     app = make_app(settings.model_copy(update={"host": host}))
     if setup is not None:
         setup(app)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=settings.shutdown_grace)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.shutdown_grace
+    )
     await runner.setup()
     await web.TCPSite(runner, host, 0).start()
     try:
@@ -400,8 +444,10 @@ async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
     length = re.search(rb"(?i)content-length:\s*(\d+)", head)
     body = await reader.readexactly(int(length.group(1))) if length else b""
     if head.startswith(b"GET /v1/models"):
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(MODELS_ANSWER), MODELS_ANSWER))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(MODELS_ANSWER), MODELS_ANSWER)
+        )
         await writer.drain()
         return None
     return body
@@ -456,11 +502,13 @@ class RawUpstream(LoopbackServer):
 
 # --- an event loop in a thread, for synchronous (hypothesis) tests ----------------------------
 
+
 class LoopThread:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
-                                        name="reliability-loop")
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, daemon=True, name="reliability-loop"
+        )
 
     def __enter__(self) -> LoopThread:
         self._thread.start()
@@ -476,6 +524,7 @@ class LoopThread:
 
 
 # --- raw HTTP, synchronous: exactly the bytes we want on the wire -----------------------------
+
 
 @dataclass
 class RawResponse:
@@ -533,20 +582,30 @@ def dechunk(data: bytes) -> bytes:
         if size == 0:
             break
         out += data[:size]
-        data = data[size + 2:]
+        data = data[size + 2 :]
     return bytes(out)
 
 
-def http_request(method: str, path: str, body: bytes = b"",
-                 headers: list[tuple[bytes, bytes]] | None = None) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1".encode(), b"Host: 127.0.0.1",
-             b"Connection: close", b"Content-Length: %d" % len(body)]
+def http_request(
+    method: str, path: str, body: bytes = b"", headers: list[tuple[bytes, bytes]] | None = None
+) -> bytes:
+    lines = [
+        f"{method} {path} HTTP/1.1".encode(),
+        b"Host: 127.0.0.1",
+        b"Connection: close",
+        b"Content-Length: %d" % len(body),
+    ]
     lines += [k + b": " + v for k, v in headers or []]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-async def read_stream(s: aiohttp.ClientSession, url: str, body: dict[str, Any],
-                      headers: dict[str, str], first: asyncio.Event) -> StreamResult:
+async def read_stream(
+    s: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    first: asyncio.Event,
+) -> StreamResult:
     """POST a streaming request and read it whole; ``first`` is set at the first bytes (or
     at the end, if none came)."""
     async with s.post(url, json=body, headers=headers) as resp:

@@ -58,8 +58,12 @@ class HostileUpstream(LoopbackServer):
                     self.request_connections += 1
                 if not await self.script(writer, body, index):
                     return
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
-                asyncio.CancelledError):
+        except (
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ConnectionError,
+            asyncio.CancelledError,
+        ):
             pass
         finally:
             self.tasks.discard(task)
@@ -71,5 +75,9 @@ def chunk(data: bytes) -> bytes:
 
 
 def json_answer(body: bytes, extra: bytes = b"") -> bytes:
-    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + extra
-            + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        + extra
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )

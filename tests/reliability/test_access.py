@@ -41,8 +41,12 @@ ADMIN = [("GET", "/admin/lanes"), ("GET", "/admin/spec"), ("POST", "/admin/reloa
 
 
 @asynccontextmanager
-async def router(tmp_path: Path, host: str = "127.0.0.1", policies: dict[str, str] | None = None,
-                 **overrides: Any) -> AsyncIterator[tuple[Served, FakeUpstream]]:
+async def router(
+    tmp_path: Path,
+    host: str = "127.0.0.1",
+    policies: dict[str, str] | None = None,
+    **overrides: Any,
+) -> AsyncIterator[tuple[Served, FakeUpstream]]:
     for name, text in (policies or {}).items():
         (tmp_path / name).write_text(text)
     async with fake_upstreams("fake") as (fake,):
@@ -51,9 +55,14 @@ async def router(tmp_path: Path, host: str = "127.0.0.1", policies: dict[str, st
             yield served, fake
 
 
-async def call(s: aiohttp.ClientSession, method: str, url: str, key: str | None = None,
-               headers: dict[str, str] | None = None,
-               **kw: Any) -> tuple[int, Any, dict[str, str]]:
+async def call(
+    s: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    key: str | None = None,
+    headers: dict[str, str] | None = None,
+    **kw: Any,
+) -> tuple[int, Any, dict[str, str]]:
     headers = {**(headers or {}), **({"Authorization": f"Bearer {key}"} if key else {})}
     async with s.request(method, url, headers=headers, **kw) as resp:
         text = await resp.text()
@@ -75,7 +84,7 @@ def refused(status: int, body: Any, expected: int, code: str | None = None) -> N
 CLOSED = {
     "default.toml": f'require_api_key = true\n[match]\napi_keys = ["{DEFAULT_KEY}"]\n',
     "alice.toml": f'require_api_key = true\n[match]\napi_keys = ["{ALICE_KEY}"]\n'
-                  'client_header = ["alice"]\n',
+    'client_header = ["alice"]\n',
 }
 
 
@@ -88,11 +97,13 @@ async def test_a_router_that_requires_keys_lets_no_stranger_in(tmp_path: Path) -
             status, err, headers = await call(s, "POST", url, json=body)
             refused(status, err, 401, "missing_api_key")
             assert headers["WWW-Authenticate"] == "Bearer"
-            refused(*(await call(s, "POST", url, "sk-guess", json=body))[:2], 401,
-                    "invalid_api_key")
+            refused(
+                *(await call(s, "POST", url, "sk-guess", json=body))[:2], 401, "invalid_api_key"
+            )
             # A client header is a label, not a proof.
-            status, err, _ = await call(s, "POST", url, json=body,
-                                        headers={"X-Speclane-Client": "alice"})
+            status, err, _ = await call(
+                s, "POST", url, json=body, headers={"X-Speclane-Client": "alice"}
+            )
             refused(status, err, 401)
             assert len(fake.requests) == reached  # no refused request reached the backend
             for key, client in ((ALICE_KEY, "alice"), (DEFAULT_KEY, "default")):
@@ -111,9 +122,15 @@ async def test_model_list_requires_a_key_when_the_router_does(tmp_path: Path) ->
 
 # --- admin endpoints ---------------------------------------------------------------------------
 
+
 async def test_admin_endpoints_need_the_admin_key_when_one_is_set(tmp_path: Path) -> None:
-    async with router(tmp_path, policies={"alice.toml": CLOSED["alice.toml"]},
-                      admin_key=ADMIN_KEY) as (r, _), aiohttp.ClientSession() as s:
+    async with (
+        router(tmp_path, policies={"alice.toml": CLOSED["alice.toml"]}, admin_key=ADMIN_KEY) as (
+            r,
+            _,
+        ),
+        aiohttp.ClientSession() as s,
+    ):
         for method, path in ADMIN:
             url = f"{r.url}{path}"
             status, body, headers = await call(s, method, url)
@@ -137,8 +154,7 @@ async def test_reload_through_the_admin_endpoint(tmp_path: Path) -> None:
 
 
 @needs_remote
-async def test_without_an_admin_key_admin_endpoints_answer_loopback_only(
-        tmp_path: Path) -> None:
+async def test_without_an_admin_key_admin_endpoints_answer_loopback_only(tmp_path: Path) -> None:
     assert REMOTE_IP is not None
     async with router(tmp_path, host="0.0.0.0") as (r, _), aiohttp.ClientSession() as s:
         for method, path in ADMIN:
@@ -150,9 +166,12 @@ async def test_without_an_admin_key_admin_endpoints_answer_loopback_only(
 
 @needs_remote
 async def test_with_an_admin_key_admin_endpoints_answer_remote_clients_with_it(
-        tmp_path: Path) -> None:
-    async with router(tmp_path, host=REMOTE_IP, admin_key=ADMIN_KEY) as (r, _), \
-            aiohttp.ClientSession() as s:
+    tmp_path: Path,
+) -> None:
+    async with (
+        router(tmp_path, host=REMOTE_IP, admin_key=ADMIN_KEY) as (r, _),
+        aiohttp.ClientSession() as s,
+    ):
         for method, path in ADMIN:
             url = f"{r.url}{path}"
             refused(*(await call(s, method, url))[:2], 401, "missing_admin_key")
@@ -162,16 +181,22 @@ async def test_with_an_admin_key_admin_endpoints_answer_remote_clients_with_it(
 
 # --- /metrics exposure ------------------------------------------------------------------------
 
+
 @needs_remote
-@pytest.mark.parametrize(("exposure", "remote", "local"), [
-    ("public", 200, 200),
-    ("loopback", 403, 200),
-    ("admin", 403, 200),  # no admin_key configured: loopback only, like /admin/*
-    ("off", 404, 404),
-])
+@pytest.mark.parametrize(
+    ("exposure", "remote", "local"),
+    [
+        ("public", 200, 200),
+        ("loopback", 403, 200),
+        ("admin", 403, 200),  # no admin_key configured: loopback only, like /admin/*
+        ("off", 404, 404),
+    ],
+)
 async def test_metrics_exposure(tmp_path: Path, exposure: str, remote: int, local: int) -> None:
-    async with router(tmp_path, host="0.0.0.0", expose_metrics=exposure) as (r, _), \
-            aiohttp.ClientSession() as s:
+    async with (
+        router(tmp_path, host="0.0.0.0", expose_metrics=exposure) as (r, _),
+        aiohttp.ClientSession() as s,
+    ):
         got_remote = await call(s, "GET", f"http://{REMOTE_IP}:{r.port}/metrics")
         got_local = await call(s, "GET", f"http://127.0.0.1:{r.port}/metrics")
     assert (got_remote[0], got_local[0]) == (remote, local)
@@ -183,8 +208,10 @@ async def test_metrics_exposure(tmp_path: Path, exposure: str, remote: int, loca
 
 
 async def test_metrics_exposed_to_admins_only(tmp_path: Path) -> None:
-    async with router(tmp_path, expose_metrics="admin", admin_key=ADMIN_KEY) as (r, _), \
-            aiohttp.ClientSession() as s:
+    async with (
+        router(tmp_path, expose_metrics="admin", admin_key=ADMIN_KEY) as (r, _),
+        aiohttp.ClientSession() as s,
+    ):
         refused(*(await call(s, "GET", f"{r.url}/metrics"))[:2], 401, "missing_admin_key")
         status, body, _ = await call(s, "GET", f"{r.url}/metrics", ADMIN_KEY)
     assert status == 200 and "speclane_requests_total" in body
@@ -192,18 +219,35 @@ async def test_metrics_exposed_to_admins_only(tmp_path: Path) -> None:
 
 # --- the warning when exposed without keys ------------------------------------------------------
 
-@pytest.mark.parametrize(("host", "policies", "admin_key", "warns"), [
-    ("127.0.0.1", {}, None, False),
-    ("0.0.0.0", {}, None, True),  # nobody needs a key: loud
-    ("0.0.0.0", {"default.toml": CLOSED["default.toml"]}, None, True),  # no admin key
-    ("0.0.0.0", {}, ADMIN_KEY, True),  # clients need no key
-    ("0.0.0.0", {"default.toml": CLOSED["default.toml"]}, ADMIN_KEY, False),
-    # A closed default: a key-less policy that a header selects opens nothing either.
-    ("0.0.0.0", {"default.toml": CLOSED["default.toml"],
-                 "open.toml": '[match]\nclient_header = ["open"]\n'}, ADMIN_KEY, False),
-])
-def test_exposure_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str,
-                          policies: dict[str, str], admin_key: str | None, warns: bool) -> None:
+
+@pytest.mark.parametrize(
+    ("host", "policies", "admin_key", "warns"),
+    [
+        ("127.0.0.1", {}, None, False),
+        ("0.0.0.0", {}, None, True),  # nobody needs a key: loud
+        ("0.0.0.0", {"default.toml": CLOSED["default.toml"]}, None, True),  # no admin key
+        ("0.0.0.0", {}, ADMIN_KEY, True),  # clients need no key
+        ("0.0.0.0", {"default.toml": CLOSED["default.toml"]}, ADMIN_KEY, False),
+        # A closed default: a key-less policy that a header selects opens nothing either.
+        (
+            "0.0.0.0",
+            {
+                "default.toml": CLOSED["default.toml"],
+                "open.toml": '[match]\nclient_header = ["open"]\n',
+            },
+            ADMIN_KEY,
+            False,
+        ),
+    ],
+)
+def test_exposure_warning(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    host: str,
+    policies: dict[str, str],
+    admin_key: str | None,
+    warns: bool,
+) -> None:
     for name, text in policies.items():
         (tmp_path / name).write_text(text)
     settings = router_settings(host=host, policies_dir=str(tmp_path), admin_key=admin_key)
@@ -214,7 +258,8 @@ def test_exposure_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str], ho
 
 @needs_remote
 async def test_serve_on_a_network_address_without_keys_prints_a_prominent_warning(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     assert REMOTE_IP is not None
     (tmp_path / "policies").mkdir()
     config = tmp_path / "speclane.toml"
@@ -227,7 +272,8 @@ async def test_serve_on_a_network_address_without_keys_prints_a_prominent_warnin
 
 
 def test_exposure_warning_names_what_a_keyless_request_gets(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The warning and identification share one rule: the policies it names are exactly
     those a request without a key can be served under."""
     (tmp_path / "open.toml").write_text('[match]\nclient_header = ["open"]\n')

@@ -33,14 +33,16 @@ async def leave_after_first_chunk(url: str, body: dict, left: asyncio.Event) -> 
 
 
 async def test_many_clients_leaving_mid_stream_stop_every_upstream_request(
-        fake: FakeUpstream) -> None:
+    fake: FakeUpstream,
+) -> None:
     fake.behaviour = Behaviour(chunks=10_000, interval=0.01)
     clients = 16
     async with run_router(router_settings(fake)) as r:
         url = f"{r.base_url}/chat/completions"
         events = [asyncio.Event() for _ in range(clients)]
-        await asyncio.gather(*(leave_after_first_chunk(url, chat_body(stream=True), e)
-                               for e in events))
+        await asyncio.gather(
+            *(leave_after_first_chunk(url, chat_body(stream=True), e) for e in events)
+        )
         await wait_until(lambda: fake.cancelled == clients, deadline=10)
         await wait_until(lambda: r.app[POOL]["fake"].inflight == 0)
         async with aiohttp.ClientSession() as s:
@@ -55,7 +57,8 @@ QUEUED_POLICY = 'client = "default"\nmax_concurrency = 1\nqueue_timeout = 30\n'
 
 
 async def test_client_leaving_while_queued_frees_its_place_and_never_reaches_upstream(
-        tmp_path: Path, fake: FakeUpstream) -> None:
+    tmp_path: Path, fake: FakeUpstream
+) -> None:
     (tmp_path / "default.toml").write_text(QUEUED_POLICY)
     fake.behaviour = Behaviour(chunks=10_000, interval=0.01)
     async with run_router(router_settings(fake, policies_dir=str(tmp_path))) as r:
@@ -93,8 +96,9 @@ async def test_client_leaving_mid_retry_stops_the_retry_upstream() -> None:
         b.behaviour = Behaviour(delay_headers=30)  # the retry is then in progress
         async with run_router(router_settings(a, b)) as r:
             session = aiohttp.ClientSession()
-            call = asyncio.create_task(session.post(f"{r.base_url}/chat/completions",
-                                                    json=chat_body()))
+            call = asyncio.create_task(
+                session.post(f"{r.base_url}/chat/completions", json=chat_body())
+            )
             await asyncio.wait_for(b.request_started.wait(), 10)
             assert len(a.requests) == 1  # the first attempt happened on a
             call.cancel()
@@ -102,9 +106,11 @@ async def test_client_leaving_mid_retry_stops_the_retry_upstream() -> None:
             await session.close()
             await asyncio.wait_for(b.request_cancelled.wait(), 5)
             async with aiohttp.ClientSession() as s:
+
                 async def recorded() -> bool:
-                    return await metric_total(s, r.url, "speclane_requests_total",
-                                              status="499") == 1
+                    return (
+                        await metric_total(s, r.url, "speclane_requests_total", status="499") == 1
+                    )
 
                 await eventually(recorded, what="499 recorded")  # no attempt is left
                 await counters_at_zero(s, r.url)
@@ -115,16 +121,26 @@ async def test_client_leaving_mid_retry_stops_the_retry_upstream() -> None:
 
 # --- drain_on_abort ---------------------------------------------------------------------------
 
+
 def drain_settings(fake: FakeUpstream, drain: bool):  # type: ignore[no-untyped-def]
-    return router_settings(backends=[{"name": fake.name, "base_url": fake.base_url,
-                                      "drain_on_abort": drain, "read_timeout": 10}])
+    return router_settings(
+        backends=[
+            {
+                "name": fake.name,
+                "base_url": fake.base_url,
+                "drain_on_abort": drain,
+                "read_timeout": 10,
+            }
+        ]
+    )
 
 
 async def test_drain_on_abort_lets_an_abandoned_stream_finish_upstream(fake: FakeUpstream) -> None:
     fake.behaviour = Behaviour(chunks=30, interval=0.02)
     async with run_router(drain_settings(fake, drain=True)) as r:
-        await leave_after_first_chunk(f"{r.base_url}/chat/completions", chat_body(stream=True),
-                                      asyncio.Event())
+        await leave_after_first_chunk(
+            f"{r.base_url}/chat/completions", chat_body(stream=True), asyncio.Event()
+        )
         await wait_until(lambda: r.app[POOL]["fake"].inflight == 0)  # at once, for routing
         await wait_until(lambda: fake.requests[0].finished, deadline=10)
         await wait_until(lambda: not r.app[RELAY]._drains)  # nothing kept after the drain
@@ -133,21 +149,24 @@ async def test_drain_on_abort_lets_an_abandoned_stream_finish_upstream(fake: Fak
 
 
 async def test_drain_on_abort_also_covers_a_client_leaving_before_the_answer_starts(
-        fake: FakeUpstream) -> None:
+    fake: FakeUpstream,
+) -> None:
     """A backend that crashes on aborts must not see one while it is still prefilling."""
     fake.behaviour = Behaviour(delay_headers=0.5, chunks=3)
     async with run_router(drain_settings(fake, drain=True)) as r:
         for stream in (False, True):
             fake.request_started.clear()
             session = aiohttp.ClientSession()
-            call = asyncio.create_task(session.post(f"{r.base_url}/chat/completions",
-                                                    json=chat_body(stream=stream)))
+            call = asyncio.create_task(
+                session.post(f"{r.base_url}/chat/completions", json=chat_body(stream=stream))
+            )
             await asyncio.wait_for(fake.request_started.wait(), 10)
             call.cancel()
             await asyncio.gather(call, return_exceptions=True)
             await session.close()
-        await wait_until(lambda: len(fake.requests) == 2 and all(
-            q.finished for q in fake.requests), deadline=10)
+        await wait_until(
+            lambda: len(fake.requests) == 2 and all(q.finished for q in fake.requests), deadline=10
+        )
         await wait_until(lambda: not r.app[RELAY]._drains)
         assert r.app[POOL]["fake"].inflight == 0
     assert fake.cancelled == 0
@@ -155,12 +174,14 @@ async def test_drain_on_abort_also_covers_a_client_leaving_before_the_answer_sta
 
 
 async def test_without_drain_on_abort_a_client_leaving_early_cancels_upstream(
-        fake: FakeUpstream) -> None:
+    fake: FakeUpstream,
+) -> None:
     fake.behaviour = Behaviour(delay_headers=30)
     async with run_router(drain_settings(fake, drain=False)) as r:
         session = aiohttp.ClientSession()
-        call = asyncio.create_task(session.post(f"{r.base_url}/chat/completions",
-                                                json=chat_body(stream=True)))
+        call = asyncio.create_task(
+            session.post(f"{r.base_url}/chat/completions", json=chat_body(stream=True))
+        )
         await asyncio.wait_for(fake.request_started.wait(), 10)
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)

@@ -38,17 +38,23 @@ CAP = 24
 
 
 @contextlib.asynccontextmanager
-async def serve(tmp: Path, behaviour: Behaviour | None = None,
-                **limits: float) -> AsyncIterator[RouterProcess]:
+async def serve(
+    tmp: Path, behaviour: Behaviour | None = None, **limits: float
+) -> AsyncIterator[RouterProcess]:
     fake = FakeUpstream(name="fake", behaviour=behaviour or Behaviour())
     await fake.start()
     policies = tmp / "policies"
     policies.mkdir(exist_ok=True)
     config = tmp / "speclane.toml"
-    config.write_text(config_text(
-        policies_dir=str(policies), log_level="warning", health_interval=600,
-        client_limits=limits,
-        backends=[{"name": "fake", "base_url": fake.base_url, "read_timeout": 10}]))
+    config.write_text(
+        config_text(
+            policies_dir=str(policies),
+            log_level="warning",
+            health_interval=600,
+            client_limits=limits,
+            backends=[{"name": "fake", "base_url": fake.base_url, "read_timeout": 10}],
+        )
+    )
     router = await RouterProcess.start(config, "--no-lanes")
     try:
         yield router
@@ -62,8 +68,13 @@ async def serve(tmp: Path, behaviour: Behaviour | None = None,
 
 @pytest.fixture
 async def timed(tmp_path: Path) -> AsyncIterator[RouterProcess]:
-    async with serve(tmp_path, head_timeout=HEAD_TIMEOUT, body_timeout=BODY_TIMEOUT,
-                     keepalive_timeout=KEEPALIVE, max_connections=500) as router:
+    async with serve(
+        tmp_path,
+        head_timeout=HEAD_TIMEOUT,
+        body_timeout=BODY_TIMEOUT,
+        keepalive_timeout=KEEPALIVE,
+        max_connections=500,
+    ) as router:
         yield router
 
 
@@ -112,6 +123,7 @@ async def in_thread(fn, *args):  # type: ignore[no-untyped-def]
 
 # --- timeouts ------------------------------------------------------------------------------------
 
+
 async def test_an_idle_connection_is_closed(timed: RouterProcess) -> None:
     def idle_then_keepalive() -> tuple[bytes, bytes]:
         with connect(timed.port) as quiet:
@@ -142,10 +154,13 @@ async def test_a_trickled_request_head_gets_408(timed: RouterProcess) -> None:
 
 
 async def test_a_trickled_request_body_gets_408(timed: RouterProcess) -> None:
-    body = orjson.dumps({"model": "fake-model", "messages": [
-        {"role": "user", "content": "x" * 2000}]})
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
-            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+    body = orjson.dumps(
+        {"model": "fake-model", "messages": [{"role": "user", "content": "x" * 2000}]}
+    )
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
 
     def slow_body() -> bytes:
         with connect(timed.port) as sock:
@@ -190,23 +205,32 @@ async def test_many_slow_clients_hold_no_descriptors(timed: RouterProcess) -> No
 
 def _get(port: int, path: str) -> bytes:
     with connect(port) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-                     .encode())
+        sock.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
+        )
         return read_until_closed(sock)
 
 
 async def test_a_long_answer_is_not_cut_by_the_head_deadline_of_a_pipelined_request(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A stream that lasts longer than every client limit, with half of a next request
     already sent behind it: the stream ends whole; only then is the half head refused."""
     slow = Behaviour(chunks=12, interval=0.25)  # about 3 s: past head and idle deadlines
-    async with serve(tmp_path, slow, head_timeout=HEAD_TIMEOUT, keepalive_timeout=KEEPALIVE,
-                     body_timeout=BODY_TIMEOUT) as router:
-        body = orjson.dumps({"model": "fake-model", "stream": True,
-                             "messages": [{"role": "user", "content": "hi"}]})
-        request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
-                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                   % (len(body), body))
+    async with serve(
+        tmp_path,
+        slow,
+        head_timeout=HEAD_TIMEOUT,
+        keepalive_timeout=KEEPALIVE,
+        body_timeout=BODY_TIMEOUT,
+    ) as router:
+        body = orjson.dumps(
+            {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        )
+        request = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
 
         def pipelined() -> bytes:
             with connect(router.port) as sock:
@@ -225,10 +249,13 @@ async def test_a_long_answer_is_not_cut_by_the_head_deadline_of_a_pipelined_requ
 
 # --- the connection cap --------------------------------------------------------------------------
 
+
 async def test_connections_beyond_the_cap_get_503_and_descriptors_stay_bounded(
-        tmp_path: Path) -> None:
-    async with serve(tmp_path, head_timeout=60, keepalive_timeout=60,
-                     max_connections=CAP) as router:
+    tmp_path: Path,
+) -> None:
+    async with serve(
+        tmp_path, head_timeout=60, keepalive_timeout=60, max_connections=CAP
+    ) as router:
         baseline = router.ps.num_fds()
 
         def flood() -> tuple[list[bytes], int]:
@@ -253,8 +280,7 @@ async def test_connections_beyond_the_cap_get_503_and_descriptors_stay_bounded(
         for answer in refused:
             resp = parse_response(answer)
             assert resp.status == 503 and resp.header("Retry-After") == "1"
-            assert assert_openai_error(orjson.loads(resp.body))["code"] == \
-                "too_many_connections"
+            assert assert_openai_error(orjson.loads(resp.body))["code"] == "too_many_connections"
         assert fds_during <= baseline + CAP + 8  # the refused ones hold nothing
 
         async def serving_again() -> bool:
@@ -269,13 +295,18 @@ async def test_connections_beyond_the_cap_get_503_and_descriptors_stay_bounded(
 
 # --- bytes that are not HTTP ---------------------------------------------------------------------
 
+
 async def test_malformed_requests_log_one_rate_limited_warning_not_tracebacks(
-        timed: RouterProcess) -> None:
-    bad = [b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: localhost\r\nBad\rHeader: y\r\n\r\n",
-           b"GET /healthz HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n",
-           b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(64)),  # TLS hello
-           b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 5\r\n"
-           b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"]
+    timed: RouterProcess,
+) -> None:
+    bad = [
+        b"GARBAGE\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: localhost\r\nBad\rHeader: y\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(64)),  # TLS hello
+        b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    ]
 
     def send_all() -> tuple[list[bytes], float]:
         out = []
@@ -305,6 +336,7 @@ async def test_malformed_requests_log_one_rate_limited_warning_not_tracebacks(
 
 # --- start-up ------------------------------------------------------------------------------------
 
+
 async def test_a_port_in_use_is_one_clear_line_and_exit_1(tmp_path: Path) -> None:
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -314,8 +346,7 @@ async def test_a_port_in_use_is_one_clear_line_and_exit_1(tmp_path: Path) -> Non
         (tmp_path / "policies").mkdir()
         config = tmp_path / "speclane.toml"
         config.write_text(config_text(policies_dir=str(tmp_path / "policies")))
-        code, _, err = await run_serve("--config", str(config), "--no-lanes",
-                                       "--port", str(port))
+        code, _, err = await run_serve("--config", str(config), "--no-lanes", "--port", str(port))
     finally:
         taken.close()
     assert code == 1

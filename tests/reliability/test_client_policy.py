@@ -49,13 +49,16 @@ ADMIN_KEY = "admin-0123456789abcdef"
 CLOSED_DEFAULT = f'require_api_key = true\n[match]\napi_keys = ["{HOUSE_KEY}"]\n'
 OPEN_DEFAULT = "require_api_key = false\n"
 OPEN_AGENT = 'priority = 5\n[match]\nclient_header = ["agent"]\nuser_agent = ["^agent-cli/"]\n'
-ALICE = (f'require_api_key = true\n[match]\napi_keys = ["{ALICE_KEY}"]\n'
-         'client_header = ["alice"]\nuser_agent = ["^alice-tool/"]\n')
+ALICE = (
+    f'require_api_key = true\n[match]\napi_keys = ["{ALICE_KEY}"]\n'
+    'client_header = ["alice"]\nuser_agent = ["^alice-tool/"]\n'
+)
 
 
 @contextlib.asynccontextmanager
-async def router(directory: Path, files: dict[str, str], **overrides: Any
-                 ) -> AsyncIterator[tuple[Served, FakeUpstream]]:
+async def router(
+    directory: Path, files: dict[str, str], **overrides: Any
+) -> AsyncIterator[tuple[Served, FakeUpstream]]:
     for name, text in files.items():
         (directory / name).write_text(text)
     async with fake_upstreams("fake") as (fake,):
@@ -65,8 +68,9 @@ async def router(directory: Path, files: dict[str, str], **overrides: Any
             yield served, fake
 
 
-async def ask(s: aiohttp.ClientSession, url: str, headers: dict[str, str]
-              ) -> tuple[int, dict[str, Any], dict[str, str]]:
+async def ask(
+    s: aiohttp.ClientSession, url: str, headers: dict[str, str]
+) -> tuple[int, dict[str, Any], dict[str, str]]:
     async with s.post(url, json=chat_body(), headers=headers) as resp:
         return resp.status, await resp.json(), dict(resp.headers)
 
@@ -97,38 +101,43 @@ async def test_a_key_required_default_closes_the_router_to_every_label(tmp_path:
                 status, body, headers = await ask(s, url, {**labels, **auth})
                 assert status == 401, (labels, key, body)
                 assert assert_openai_error(body)["code"] == (
-                    "invalid_api_key" if key else "missing_api_key")
+                    "invalid_api_key" if key else "missing_api_key"
+                )
                 assert headers["X-Speclane-Client"] == "default"
                 TALLY.fault("keyless_label_refused")
         # The official client, as an agent would configure it (it always sends some key).
         for labels in LABELS[:2]:
-            client = openai.AsyncOpenAI(base_url=r.base_url, api_key="not-a-key", max_retries=0,
-                                        default_headers=labels)
+            client = openai.AsyncOpenAI(
+                base_url=r.base_url, api_key="not-a-key", max_retries=0, default_headers=labels
+            )
             try:
                 with pytest.raises(openai.AuthenticationError):
                     await client.chat.completions.create(
-                        model="fake-model", messages=[{"role": "user", "content": "hi"}])
+                        model="fake-model", messages=[{"role": "user", "content": "hi"}]
+                    )
             finally:
                 await client.close()
         assert not fake.requests  # nothing reached the backend
         # Every valid key still works, whatever label comes with it.
         for key, client in ((HOUSE_KEY, "default"), (ALICE_KEY, "alice")):
-            status, _, headers = await ask(s, url, {"Authorization": f"Bearer {key}",
-                                                    "X-Speclane-Client": "agent"})
+            status, _, headers = await ask(
+                s, url, {"Authorization": f"Bearer {key}", "X-Speclane-Client": "agent"}
+            )
             assert (status, headers["X-Speclane-Client"]) == (200, client)
 
 
 @pytest.mark.parametrize("default", [CLOSED_DEFAULT, OPEN_DEFAULT])
 async def test_probes_cannot_tell_key_required_names_from_unknown_ones(
-        tmp_path: Path, default: str) -> None:
+    tmp_path: Path, default: str
+) -> None:
     files = {"default.toml": default, "agent.toml": OPEN_AGENT, "alice.toml": ALICE}
     async with router(tmp_path, files) as (r, _), aiohttp.ClientSession() as s:
         url = f"{r.base_url}/chat/completions"
         for auth in ({}, {"Authorization": "Bearer sk-guess"}):
-            for existing, unknown in ((("X-Speclane-Client", "alice"),
-                                       ("X-Speclane-Client", "zz-unknown")),
-                                      (("User-Agent", "alice-tool/2"),
-                                       ("User-Agent", "unknown-tool/2"))):
+            for existing, unknown in (
+                (("X-Speclane-Client", "alice"), ("X-Speclane-Client", "zz-unknown")),
+                (("User-Agent", "alice-tool/2"), ("User-Agent", "unknown-tool/2")),
+            ):
                 a = await ask(s, url, {existing[0]: existing[1], **auth})
                 b = await ask(s, url, {unknown[0]: unknown[1], **auth})
                 assert a[0] == b[0], (a, b)
@@ -143,14 +152,21 @@ async def test_a_bearer_value_that_is_not_utf8_is_401_everywhere(tmp_path: Path)
     files = {"default.toml": OPEN_DEFAULT, "alice.toml": ALICE}
     async with router(tmp_path, files, admin_key=ADMIN_KEY) as (r, fake):
         body = orjson.dumps(chat_body())
-        for value in (b"Bearer \xff\xfe\xfd", b"Bearer sk-\x80abc", b"bearer \xc3\x28",
-                      b"Bearer " + ALICE_KEY.encode() + b"\xff"):
-            for method, path, data in (("POST", "/v1/chat/completions", body),
-                                       ("GET", "/v1/models", b""),
-                                       ("GET", "/admin/lanes", b""),
-                                       ("POST", "/admin/reload", b"")):
-                resp = await araw(r.port, http_request(method, path, data,
-                                                     [(b"Authorization", value)]))
+        for value in (
+            b"Bearer \xff\xfe\xfd",
+            b"Bearer sk-\x80abc",
+            b"bearer \xc3\x28",
+            b"Bearer " + ALICE_KEY.encode() + b"\xff",
+        ):
+            for method, path, data in (
+                ("POST", "/v1/chat/completions", body),
+                ("GET", "/v1/models", b""),
+                ("GET", "/admin/lanes", b""),
+                ("POST", "/admin/reload", b""),
+            ):
+                resp = await araw(
+                    r.port, http_request(method, path, data, [(b"Authorization", value)])
+                )
                 assert resp.status == 401, (value, path, resp.status, resp.body[:300])
                 assert_openai_error(orjson.loads(resp.body))
                 TALLY.fault("bearer_not_utf8")
@@ -159,22 +175,37 @@ async def test_a_bearer_value_that_is_not_utf8_is_401_everywhere(tmp_path: Path)
 
 async def test_duplicate_keys_reach_the_backend_as_validated(tmp_path: Path) -> None:
     seen: list[bytes] = []
-    answer = orjson.dumps({"id": "x", "object": "chat.completion", "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": "ok"},
-         "finish_reason": "stop"}]})
+    answer = orjson.dumps(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "ok"},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+    )
 
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     body: bytes) -> None:
+    async def script(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes
+    ) -> None:
         seen.append(body)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer)
+        )
         await writer.drain()
 
     upstream = RawUpstream(script)
     await upstream.start()
     (tmp_path / "default.toml").write_text("[caps]\nmax_tokens = 100\n")
-    settings = router_settings(policies_dir=str(tmp_path), backends=[
-        {"name": "raw", "base_url": upstream.base_url, "read_timeout": 5}])
+    settings = router_settings(
+        policies_dir=str(tmp_path),
+        backends=[{"name": "raw", "base_url": upstream.base_url, "read_timeout": 5}],
+    )
     try:
         async with serve_app(settings) as r:
             for raw in (
@@ -207,28 +238,37 @@ async def test_duplicate_keys_reach_the_backend_as_validated(tmp_path: Path) -> 
 
 # --- policy files caught while being written ------------------------------------------------------
 
+
 async def araw(port: int, request: bytes) -> RawResponse:
     """``raw_http`` off the event loop (the router under test runs on this loop)."""
     return await asyncio.to_thread(raw_http, port, request)
 
 
 async def keyless_refused(r: Served) -> bool:
-    resp = await araw(r.port, http_request("POST", "/v1/chat/completions",
-                                         orjson.dumps(chat_body())))
+    resp = await araw(
+        r.port, http_request("POST", "/v1/chat/completions", orjson.dumps(chat_body()))
+    )
     return resp.status == 401
 
 
 async def keyed_served(r: Served) -> bool:
-    resp = await araw(r.port, http_request("POST", "/v1/chat/completions",
-                                         orjson.dumps(chat_body()),
-                                         [(b"Authorization", f"Bearer {HOUSE_KEY}".encode())]))
+    resp = await araw(
+        r.port,
+        http_request(
+            "POST",
+            "/v1/chat/completions",
+            orjson.dumps(chat_body()),
+            [(b"Authorization", f"Bearer {HOUSE_KEY}".encode())],
+        ),
+    )
     return resp.status == 200
 
 
 async def test_a_policy_file_truncated_and_rewritten_in_place_never_opens_the_router(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """``cp`` / an editor: truncate, (pause), write. Polls land in every phase."""
-    new_text = ("# rewritten: the same default, one more line\npriority = 1\n" + CLOSED_DEFAULT)
+    new_text = "# rewritten: the same default, one more line\npriority = 1\n" + CLOSED_DEFAULT
     async with router(tmp_path, {"default.toml": CLOSED_DEFAULT}) as (r, _):
         watcher = r.app[POLICIES]
         results: list[ReloadResult] = []
@@ -250,7 +290,7 @@ async def test_a_policy_file_truncated_and_rewritten_in_place_never_opens_the_ro
                 if (result := watcher.check()) is not None:
                     results.append(result)
                 assert await keyless_refused(r) and await keyed_served(r)
-            f.write(new_text.encode()[len(half):])
+            f.write(new_text.encode()[len(half) :])
         for _ in range(2):  # the complete file: stable, and it narrows nothing
             if (result := watcher.check()) is not None:
                 results.append(result)
@@ -265,8 +305,14 @@ async def test_a_policy_file_truncated_and_rewritten_in_place_never_opens_the_ro
 async def test_a_slow_writer_is_never_loaded_half_way(tmp_path: Path) -> None:
     """A writer that adds one line between two polls: the set never settles until it is
     whole, so nothing half written is taken; then the whole file is."""
-    lines = ["priority = 3\n", "max_concurrency = 2\n", "[caps]\n", "max_tokens = 64\n",
-             "[match]\n", 'client_header = ["slow"]\n']
+    lines = [
+        "priority = 3\n",
+        "max_concurrency = 2\n",
+        "[caps]\n",
+        "max_tokens = 64\n",
+        "[match]\n",
+        'client_header = ["slow"]\n',
+    ]
     (tmp_path / "default.toml").write_text(OPEN_DEFAULT)
     watcher = PolicyWatcher(tmp_path, load_policies(tmp_path), metrics=Metrics())
     path = tmp_path / "slow.toml"
@@ -281,7 +327,10 @@ async def test_a_slow_writer_is_never_loaded_half_way(tmp_path: Path) -> None:
     assert result is not None and result.ok
     slow = watcher.current.get("slow")
     assert slow is not None and (slow.priority, slow.max_concurrency, slow.caps.max_tokens) == (
-        3, 2, 64)
+        3,
+        2,
+        64,
+    )
     TALLY.fault("policy_slow_writer")
 
 
@@ -310,11 +359,13 @@ async def test_widening_applies_only_when_asked(tmp_path: Path) -> None:
     assert watcher.check() is None  # held once, not re-logged at every poll
     applied = await watcher.reload("sighup")
     assert applied.ok and not watcher.current.default.require_api_key
-    assert metrics.registry.get_sample_value("speclane_policy_reloads_total",
-                                             {"result": "held"}) == 1
+    assert (
+        metrics.registry.get_sample_value("speclane_policy_reloads_total", {"result": "held"}) == 1
+    )
 
 
 # --- the watcher keeps watching -----------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def out_of_file_descriptors() -> Iterator[None]:
@@ -335,7 +386,8 @@ def out_of_file_descriptors() -> Iterator[None]:
 
 
 async def test_the_watcher_survives_running_out_of_file_descriptors(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / "default.toml").write_text("priority = 0\n")
     metrics = Metrics()
     watcher = PolicyWatcher(tmp_path, load_policies(tmp_path), metrics=metrics, interval=0.01)
@@ -346,8 +398,9 @@ async def test_the_watcher_survives_running_out_of_file_descriptors(
             after = watcher.attempts
             await asyncio.wait_for(watcher.wait_reload(after), 10)  # it polls on
         assert not failed.ok and "Too many open files" in (failed.error or "")
-        errors = metrics.registry.get_sample_value("speclane_policy_reloads_total",
-                                                   {"result": "error"})
+        errors = metrics.registry.get_sample_value(
+            "speclane_policy_reloads_total", {"result": "error"}
+        )
         assert errors is not None and errors >= 2
         assert "Too many open files" in caplog.text
         # Logged once, not at every failing poll.
@@ -373,8 +426,10 @@ CLIENTS = 6
 def keyed_file(key: str, revision: int, extra: str = "") -> bytes:
     """A key-required policy whose key comes last: every cut before the key line that still
     parses (and most do) is a policy that refuses its own key."""
-    return (f"# revision {revision}\nrequire_api_key = true\npriority = {revision % 7}\n"
-            f"max_concurrency = 64\n[match]\n{extra}api_keys = [\"{key}\"]\n").encode()
+    return (
+        f"# revision {revision}\nrequire_api_key = true\npriority = {revision % 7}\n"
+        f'max_concurrency = 64\n[match]\n{extra}api_keys = ["{key}"]\n'
+    ).encode()
 
 
 async def in_force(watcher: PolicyWatcher, name: str, revision: int) -> None:
@@ -384,7 +439,8 @@ async def in_force(watcher: PolicyWatcher, name: str, revision: int) -> None:
 
 
 async def test_files_rewritten_in_place_under_traffic_refuse_no_valid_request(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """truncate, write part, pause 50-400 ms, write the rest, while clients with valid keys
     send requests and reloads come from every side (the poller every 20 ms, SIGHUP-style
     and admin reloads during the pauses): not one valid request is refused, and the last
@@ -394,21 +450,28 @@ async def test_files_rewritten_in_place_under_traffic_refuse_no_valid_request(
     settle = Settings.model_fields["policy_settle_seconds"].default
     assert settle > 0.4  # longer than the longest pause a writer makes
     alice_extra = 'client_header = ["alice"]\n'
-    files = {"default.toml": keyed_file(HOUSE_KEY, 0).decode(),
-             "alice.toml": keyed_file(ALICE_KEY, 0, alice_extra).decode()}
+    files = {
+        "default.toml": keyed_file(HOUSE_KEY, 0).decode(),
+        "alice.toml": keyed_file(ALICE_KEY, 0, alice_extra).decode(),
+    }
     rng = random.Random(24)
     statuses: dict[int, int] = {}
     done = asyncio.Event()
-    async with router(tmp_path, files, policy_poll_interval=0.02,
-                      policy_settle_seconds=settle) as (r, _):
+    async with router(tmp_path, files, policy_poll_interval=0.02, policy_settle_seconds=settle) as (
+        r,
+        _,
+    ):
         watcher = r.app[POLICIES]
         poller = watcher.poller().start()
 
         async def client(key: str) -> None:
             async with aiohttp.ClientSession() as s:
                 while not done.is_set():
-                    async with s.post(f"{r.base_url}/chat/completions", json=chat_body(),
-                                      headers={"Authorization": f"Bearer {key}"}) as resp:
+                    async with s.post(
+                        f"{r.base_url}/chat/completions",
+                        json=chat_body(),
+                        headers={"Authorization": f"Bearer {key}"},
+                    ) as resp:
                         await resp.read()
                         statuses[resp.status] = statuses.get(resp.status, 0) + 1
 
@@ -416,14 +479,18 @@ async def test_files_rewritten_in_place_under_traffic_refuse_no_valid_request(
             async with aiohttp.ClientSession() as s, s.post(f"{r.url}/admin/reload") as resp:
                 return resp.status
 
-        traffic = [asyncio.create_task(client(HOUSE_KEY if i % 2 else ALICE_KEY))
-                   for i in range(CLIENTS)]
+        traffic = [
+            asyncio.create_task(client(HOUSE_KEY if i % 2 else ALICE_KEY)) for i in range(CLIENTS)
+        ]
         explicit: list[asyncio.Task[Any]] = []
         try:
             for revision in range(1, REWRITES + 1):
                 name = rng.choice(sorted(files))
-                text = keyed_file(HOUSE_KEY if name == "default.toml" else ALICE_KEY,
-                                  revision, alice_extra if name == "alice.toml" else "")
+                text = keyed_file(
+                    HOUSE_KEY if name == "default.toml" else ALICE_KEY,
+                    revision,
+                    alice_extra if name == "alice.toml" else "",
+                )
                 cut = rng.randrange(1, len(text))
                 with (tmp_path / name).open("r+b") as f:
                     f.truncate(0)

@@ -43,31 +43,69 @@ WARMUP = 300
 
 # --- the parts of an answer ---------------------------------------------------------------
 
+
 def _json_body(rng: random.Random) -> bytes:
-    return rng.choice([
-        orjson.dumps({"id": "x", "object": "chat.completion", "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "hi"},
-             "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}),
-        b"[1, 2, 3]", b"{}", b"", b"null", b'"text"', b"{\"id\": ", b"\xff\xfe garbage",
-        b'{"error": {"message": "bad things", "type": "x"}}', b"{" * 200,
-        orjson.dumps({"choices": "not a list", "usage": [1]}),
-    ])
+    return rng.choice(
+        [
+            orjson.dumps(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "hi"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                }
+            ),
+            b"[1, 2, 3]",
+            b"{}",
+            b"",
+            b"null",
+            b'"text"',
+            b'{"id": ',
+            b"\xff\xfe garbage",
+            b'{"error": {"message": "bad things", "type": "x"}}',
+            b"{" * 200,
+            orjson.dumps({"choices": "not a list", "usage": [1]}),
+        ]
+    )
 
 
 def _event(text: str) -> bytes:
-    return b"data: " + orjson.dumps({"id": "c", "object": "chat.completion.chunk", "choices": [
-        {"index": 0, "delta": {"content": text}, "finish_reason": None}]}) + b"\n\n"
+    return (
+        b"data: "
+        + orjson.dumps(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+            }
+        )
+        + b"\n\n"
+    )
 
 
 def _sse_body(rng: random.Random) -> bytes:
     events = [_event(f"t{i}") for i in range(rng.randint(0, 6))]
-    tail = rng.choice([b"data: [DONE]\n\n", b"", b"data: [DONE]", b"data: {oops}\n\n",
-                       b": ping\n\n", b"data: [DONE]\n\ndata: [DONE]\n\n"])
+    tail = rng.choice(
+        [
+            b"data: [DONE]\n\n",
+            b"",
+            b"data: [DONE]",
+            b"data: {oops}\n\n",
+            b": ping\n\n",
+            b"data: [DONE]\n\ndata: [DONE]\n\n",
+        ]
+    )
     body = b"".join(events) + tail
     if rng.random() < 0.2:
         body = body.replace(b"\n", b"\r\n")
     if rng.random() < 0.1:
-        body = rng.choice([b"not sse at all", b"{\"id\": 1}", b"\x00\x01\x02", b"event: x\n"])
+        body = rng.choice([b"not sse at all", b'{"id": 1}', b"\x00\x01\x02", b"event: x\n"])
     return body
 
 
@@ -84,7 +122,7 @@ def _encode(rng: random.Random, body: bytes, bomb: bytes) -> tuple[bytes, bytes 
         return bomb, b"gzip"
     if kind == "truncated":
         data = gzip.compress(body)
-        return data[:max(1, len(data) // 2)], b"gzip"
+        return data[: max(1, len(data) // 2)], b"gzip"
     if kind == "lie":
         return body, b"gzip"  # says gzip, is not
     return body, b"br"
@@ -95,7 +133,7 @@ def _chunked(rng: random.Random, body: bytes) -> bytes:
     pos = 0
     while pos < len(body):
         n = rng.randint(1, 64)
-        piece = body[pos:pos + n]
+        piece = body[pos : pos + n]
         pos += n
         size = b"%x" % len(piece)
         fault = rng.random()
@@ -104,9 +142,16 @@ def _chunked(rng: random.Random, body: bytes) -> bytes:
         elif fault < 0.04:
             size += b";ext=" + b"a" * rng.choice([1, 100])
         out.append(size + b"\r\n" + piece + (b"\r\n" if rng.random() > 0.01 else b"XX"))
-    ending = rng.choice([b"0\r\n\r\n"] * 8 + [
-        b"0\r\nX-Trailer: t\r\n\r\n", b"", b"0\r\n", b"0\r\nbad trailer\r\n\r\n",
-        b"0\r\n" + b"X-T: v\r\n" * 3000 + b"\r\n"])
+    ending = rng.choice(
+        [b"0\r\n\r\n"] * 8
+        + [
+            b"0\r\nX-Trailer: t\r\n\r\n",
+            b"",
+            b"0\r\n",
+            b"0\r\nbad trailer\r\n\r\n",
+            b"0\r\n" + b"X-T: v\r\n" * 3000 + b"\r\n",
+        ]
+    )
     return b"".join(out) + ending
 
 
@@ -115,9 +160,31 @@ def _status_line(rng: random.Random) -> bytes:
     if roll < 0.75:
         return b"HTTP/1.1 200 OK"
     version = rng.choice([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"HTTP/1.2", b"HTP/1.1", b""])
-    status = rng.choice([b"200", b"201", b"204", b"299", b"301", b"400", b"404", b"429",
-                         b"500", b"503", b"099", b"000", b"9999", b"600", b"2\xc2\xb20",
-                         b"20", b"abc", b"-200", b"100", b"101", b"103"])
+    status = rng.choice(
+        [
+            b"200",
+            b"201",
+            b"204",
+            b"299",
+            b"301",
+            b"400",
+            b"404",
+            b"429",
+            b"500",
+            b"503",
+            b"099",
+            b"000",
+            b"9999",
+            b"600",
+            b"2\xc2\xb20",
+            b"20",
+            b"abc",
+            b"-200",
+            b"100",
+            b"101",
+            b"103",
+        ]
+    )
     reason = rng.choice([b" OK", b"", b" ", b" \xff\xfe", b" Some Reason"])
     return version + b" " + status + reason
 
@@ -125,13 +192,26 @@ def _status_line(rng: random.Random) -> bytes:
 def _extra_headers(rng: random.Random) -> list[bytes]:
     headers = []
     for _ in range(rng.choice([0, 0, 0, 1, 2])):
-        headers.append(rng.choice([
-            b"X-Junk: value", b"no colon here", b" Leading: space", b"Trailing : space",
-            b"X-Nul: a\x00b", b"X-Long: " + b"a" * 70_000, b"X-Utf8: \xc3\xa9\xff",
-            b"Connection: close", b"Connection: keep-alive", b"Content-Length: 3",
-            b"Transfer-Encoding: chunked", b"Transfer-Encoding: xchunked",
-            b"Transfer-Encoding: gzip, chunked", b"Content-Type: text/html",
-        ]))
+        headers.append(
+            rng.choice(
+                [
+                    b"X-Junk: value",
+                    b"no colon here",
+                    b" Leading: space",
+                    b"Trailing : space",
+                    b"X-Nul: a\x00b",
+                    b"X-Long: " + b"a" * 70_000,
+                    b"X-Utf8: \xc3\xa9\xff",
+                    b"Connection: close",
+                    b"Connection: keep-alive",
+                    b"Content-Length: 3",
+                    b"Transfer-Encoding: chunked",
+                    b"Transfer-Encoding: xchunked",
+                    b"Transfer-Encoding: gzip, chunked",
+                    b"Content-Type: text/html",
+                ]
+            )
+        )
     return headers
 
 
@@ -145,8 +225,9 @@ def answer(rng: random.Random, stream: bool, bomb: bytes) -> tuple[bytes, list[b
     headers = [b"Content-Type: " + ctype]
     if encoding is not None:
         headers.append(b"Content-Encoding: " + encoding)
-    framing = rng.choice(["length"] * 4 + ["chunked"] * 4 + ["close", "short", "long", "bad_len",
-                                                               "both", "interim"])
+    framing = rng.choice(
+        ["length"] * 4 + ["chunked"] * 4 + ["close", "short", "long", "bad_len", "both", "interim"]
+    )
     wire = body
     if framing in ("length", "interim"):
         headers.append(b"Content-Length: %d" % len(body))
@@ -158,8 +239,10 @@ def answer(rng: random.Random, stream: bool, bomb: bytes) -> tuple[bytes, list[b
     elif framing == "long":
         headers.append(b"Content-Length: %d" % (len(body) + rng.randint(1, 10)))
     elif framing == "bad_len":
-        headers.append(b"Content-Length: " + rng.choice([b"-1", b"1e3", b"\xc2\xb2", b"0x10",
-                                                         b"", b"1, 2", b" 5"]))
+        headers.append(
+            b"Content-Length: "
+            + rng.choice([b"-1", b"1e3", b"\xc2\xb2", b"0x10", b"", b"1, 2", b" 5"])
+        )
     elif framing == "both":
         headers += [b"Content-Length: %d" % len(body), b"Transfer-Encoding: chunked"]
         wire = _chunked(rng, body)
@@ -171,8 +254,11 @@ def answer(rng: random.Random, stream: bool, bomb: bytes) -> tuple[bytes, list[b
     if rng.random() < 0.05:
         raw += rng.choice([b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", b"\r\n", b"junk"])
     if rng.random() < 0.3:  # arrives in pieces
-        cuts = sorted(rng.sample(range(1, max(2, len(raw))), min(len(raw) - 1, 5))) \
-            if len(raw) > 2 else []
+        cuts = (
+            sorted(rng.sample(range(1, max(2, len(raw))), min(len(raw) - 1, 5)))
+            if len(raw) > 2
+            else []
+        )
         pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
     else:
         pieces = [raw]
@@ -223,13 +309,17 @@ async def test_fuzzed_upstream_answers() -> None:
         async with HostileUpstream(script) as up:
             # No cooldown: every case must reach the upstream (a 503 would judge nothing).
             settings = router_settings(
-                up, retry={"attempts": 1}, cooldown={"seconds": 0},
-                upstream={"head_timeout": 0.5, "max_body_bytes": 8 << 20})
-            backends = tuple(b.model_copy(update={"read_timeout": 0.5})
-                             for b in settings.backends)
+                up,
+                retry={"attempts": 1},
+                cooldown={"seconds": 0},
+                upstream={"head_timeout": 0.5, "max_body_bytes": 8 << 20},
+            )
+            backends = tuple(b.model_copy(update={"read_timeout": 0.5}) for b in settings.backends)
             settings = settings.model_copy(update={"backends": backends})
-            async with run_router(settings) as r, aiohttp.ClientSession(
-                    timeout=aiohttp.ClientTimeout(total=30)) as session:
+            async with (
+                run_router(settings) as r,
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+            ):
                 url = f"http://127.0.0.1:{r.port}/v1/chat/completions"
                 counter = iter(range(CASES))
 
@@ -243,8 +333,9 @@ async def test_fuzzed_upstream_answers() -> None:
                         plans[case] = (pieces, close)
                         families["stream" if stream else "json"] += 1
                         try:
-                            async with session.post(url, json=chat_body(stream=stream,
-                                                                         content=case)) as resp:
+                            async with session.post(
+                                url, json=chat_body(stream=stream, content=case)
+                            ) as resp:
                                 raw = await resp.read()
                                 status, headers = resp.status, resp.headers
                         except aiohttp.ClientPayloadError:
@@ -265,10 +356,12 @@ async def test_fuzzed_upstream_answers() -> None:
         logging.getLogger().removeHandler(tracebacks)
     grown = (rss["end"] - rss["after_warmup"]) / 1e6
     total = sum(statuses.values()) + families["cut_after_first_byte"]
-    print(f"\nupstream fuzz: {total} cases (seed {SEED}; {dict(families)}); answers "
-          f"{dict(sorted(statuses.items()))}; router 5xx not caused by the upstream: "
-          f"{len(router_5xx)}; tracebacks logged: {len(tracebacks.records)}; "
-          f"RSS +{grown:.1f} MB after warm-up")
+    print(
+        f"\nupstream fuzz: {total} cases (seed {SEED}; {dict(families)}); answers "
+        f"{dict(sorted(statuses.items()))}; router 5xx not caused by the upstream: "
+        f"{len(router_5xx)}; tracebacks logged: {len(tracebacks.records)}; "
+        f"RSS +{grown:.1f} MB after warm-up"
+    )
     TALLY.fuzz["upstream_answers"] += total
     for status, count in statuses.items():
         TALLY.fuzz_status[status] += count

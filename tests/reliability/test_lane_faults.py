@@ -33,14 +33,18 @@ SLOW_START = 1.0  # keeps a restarted lane down long enough to see where traffic
 
 
 @asynccontextmanager
-async def supervised_lane(*flags: str) -> AsyncIterator[
-        tuple[RunningRouter, LaneSupervisor, Recorder, FakeUpstream]]:
+async def supervised_lane(
+    *flags: str,
+) -> AsyncIterator[tuple[RunningRouter, LaneSupervisor, Recorder, FakeUpstream]]:
     """A router whose speculative lane is a supervised fake worker; batching is a fake."""
     async with fake_upstreams("batch") as (batch,):
         # Cache affinity off: these tests send one conversation again and again, and follow
         # where the lanes' health (not a cached prefix) sends it.
-        settings = router_settings(backends=[], cooldown={"allowed_fails": 1, "seconds": 1},
-                                   routing={"cache_affinity": False})
+        settings = router_settings(
+            backends=[],
+            cooldown={"allowed_fails": 1, "seconds": 1},
+            routing={"cache_affinity": False},
+        )
         spec = lane_backend("speculative", settings, "fake-model")
         watch = Recorder(WAIT)
 
@@ -55,14 +59,37 @@ async def supervised_lane(*flags: str) -> AsyncIterator[
                 apply_status(spec, status, metrics)
                 watch(status)
 
-            argv = (sys.executable, str(FAKE_WORKER), "--mode", "speculative",
-                    "--model", "fake-model", "--draft-model", "fake-draft", "--port", "0",
-                    "--parent-pid", str(os.getpid()), "--slow-start", str(SLOW_START), *flags)
+            argv = (
+                sys.executable,
+                str(FAKE_WORKER),
+                "--mode",
+                "speculative",
+                "--model",
+                "fake-model",
+                "--draft-model",
+                "fake-draft",
+                "--port",
+                "0",
+                "--parent-pid",
+                str(os.getpid()),
+                "--slow-start",
+                str(SLOW_START),
+                *flags,
+            )
             command = WorkerCommand("speculative", argv, {**os.environ, "PYTHONUNBUFFERED": "1"})
             sup = LaneSupervisor(
-                command, startup_timeout=WAIT, health_interval=0.1, health_timeout=0.3,
-                unhealthy_after=3, kill_grace=1.0, backoff_initial=0.05, backoff_max=0.2,
-                max_restarts=20, metrics=metrics, on_change=on_change)
+                command,
+                startup_timeout=WAIT,
+                health_interval=0.1,
+                health_timeout=0.3,
+                unhealthy_after=3,
+                kill_grace=1.0,
+                backoff_initial=0.05,
+                backoff_max=0.2,
+                max_restarts=20,
+                metrics=metrics,
+                on_change=on_change,
+            )
             try:
                 await sup.start()
                 assert r.app[SETTINGS].lanes.enabled is False  # only our supervisor runs
@@ -96,15 +123,18 @@ async def test_crashed_lane_worker_is_restarted_and_traffic_moves_meanwhile() ->
         assert victim in watch.procs and victim not in watch.survivors()
         assert await lane_of(s, r) == "speculative"
         restarts = r.app[METRICS].registry.get_sample_value(
-            "speclane_worker_restarts_total", {"lane": "speculative", "reason": "exited"})
+            "speclane_worker_restarts_total", {"lane": "speculative", "reason": "exited"}
+        )
         assert restarts == 1
     TALLY.fault("lane_worker_crash")
 
 
 async def test_hung_lane_worker_is_killed_restarted_and_traffic_moves_meanwhile() -> None:
     # /health stops answering after 4 answers: alive, listening, but hung.
-    async with supervised_lane("--hang-health-after", "4") as (r, sup, watch, batch), \
-            aiohttp.ClientSession() as s:
+    async with (
+        supervised_lane("--hang-health-after", "4") as (r, sup, watch, batch),
+        aiohttp.ClientSession() as s,
+    ):
         first = sup.status.pid
         down = await watch.wait_for(LaneState.DOWN, 1)
         assert "hung" in (down.last_error or "")
@@ -114,7 +144,8 @@ async def test_hung_lane_worker_is_killed_restarted_and_traffic_moves_meanwhile(
         assert back.pid not in (None, first)
         assert first in watch.procs and first not in watch.survivors()  # killed, not left
         restarts = r.app[METRICS].registry.get_sample_value(
-            "speclane_worker_restarts_total", {"lane": "speculative", "reason": "hung"})
+            "speclane_worker_restarts_total", {"lane": "speculative", "reason": "hung"}
+        )
         assert restarts and restarts >= 1
     assert len(batch.requests) >= 3
     TALLY.fault("lane_worker_hang")

@@ -42,8 +42,12 @@ TIME_LIMIT = 150.0  # seconds for all rounds, on a loaded 2-core machine
 
 async def one_client(s: aiohttp.ClientSession, url: str, rid: str) -> str:
     """'complete', 'error' (a clean error answer) or 'lost'."""
-    body = {"model": "fake-model", "messages": [{"role": "user", "content": rid}],
-            "stream": True, "user": rid}
+    body = {
+        "model": "fake-model",
+        "messages": [{"role": "user", "content": rid}],
+        "stream": True,
+        "user": rid,
+    }
     try:
         async with s.post(url, json=body) as resp:
             raw = bytearray()
@@ -62,8 +66,11 @@ async def one_client(s: aiohttp.ClientSession, url: str, rid: str) -> str:
     events = sse_payloads(res.raw)
     if not res.completed():
         return "lost"
-    text = "".join(c["choices"][0]["delta"].get("content", "")
-                   for c in map(orjson.loads, events[:-1]) if c["choices"])
+    text = "".join(
+        c["choices"][0]["delta"].get("content", "")
+        for c in map(orjson.loads, events[:-1])
+        if c["choices"]
+    )
     return "complete" if text == "".join(f"w{i} " for i in range(CHUNKS)) else "lost"
 
 
@@ -83,10 +90,16 @@ async def test_256_concurrent_streams_lose_nothing(tmp_path: Path) -> None:
             f.behaviour = Behaviour(chunks=CHUNKS)
         (tmp_path / "policies").mkdir()
         config = tmp_path / "speclane.toml"
-        config.write_text(config_text(
-            policies_dir=str(tmp_path / "policies"), log_level="warning", health_interval=600,
-            backends=[{"name": f.name, "base_url": f.base_url, "read_timeout": 60}
-                      for f in fakes]))
+        config.write_text(
+            config_text(
+                policies_dir=str(tmp_path / "policies"),
+                log_level="warning",
+                health_interval=600,
+                backends=[
+                    {"name": f.name, "base_url": f.base_url, "read_timeout": 60} for f in fakes
+                ],
+            )
+        )
         router = await RouterProcess.start(config, "--no-lanes")
         try:
             url = f"{router.base_url}/chat/completions"
@@ -103,15 +116,20 @@ async def test_256_concurrent_streams_lose_nothing(tmp_path: Path) -> None:
                 async with asyncio.timeout(TIME_LIMIT):
                     for rnd in range(ROUNDS):
                         peaks.append(router.ps.memory_info().rss)
-                        verdicts.update(await asyncio.gather(*(
-                            one_client(s, url, f"r{rnd}-c{i}") for i in range(CLIENTS))))
+                        verdicts.update(
+                            await asyncio.gather(
+                                *(one_client(s, url, f"r{rnd}-c{i}") for i in range(CLIENTS))
+                            )
+                        )
                 elapsed = time.monotonic() - started
                 stop.set()
                 await sampler
 
                 async def drained() -> bool:
-                    return (await metric_total(s, router.url, "speclane_inflight_requests") == 0
-                            and await metric_total(s, router.url, "speclane_queue_depth") == 0)
+                    return (
+                        await metric_total(s, router.url, "speclane_inflight_requests") == 0
+                        and await metric_total(s, router.url, "speclane_queue_depth") == 0
+                    )
 
                 await eventually(drained, what="in-flight gauges at zero")
             seen = Counter(q.body.get("user") for f in fakes for q in f.requests)
@@ -124,11 +142,20 @@ async def test_256_concurrent_streams_lose_nothing(tmp_path: Path) -> None:
     mib = 2**20
     peak = max(peaks)
     TALLY.load.update(
-        requests=total, concurrency=CLIENTS, rounds=ROUNDS, complete=verdicts["complete"],
-        errors=verdicts["error"], lost=verdicts["lost"], duplicated=duplicated,
-        seconds=round(elapsed, 1), streams_per_s=round(total / elapsed),
-        router_rss_baseline_mb=round(baseline / mib, 1), router_peak_rss_mb=round(peak / mib, 1),
-        peak_per_round_mb=[round(p / mib, 1) for p in peaks[1:]], inflight_after=0)
+        requests=total,
+        concurrency=CLIENTS,
+        rounds=ROUNDS,
+        complete=verdicts["complete"],
+        errors=verdicts["error"],
+        lost=verdicts["lost"],
+        duplicated=duplicated,
+        seconds=round(elapsed, 1),
+        streams_per_s=round(total / elapsed),
+        router_rss_baseline_mb=round(baseline / mib, 1),
+        router_peak_rss_mb=round(peak / mib, 1),
+        peak_per_round_mb=[round(p / mib, 1) for p in peaks[1:]],
+        inflight_after=0,
+    )
     assert verdicts["lost"] == 0 and duplicated == 0 and never_sent == 0, TALLY.load
     assert verdicts["complete"] == total, verdicts  # fast healthy fakes: no error either
     assert sum(seen.values()) == total + 1  # and the warm-up

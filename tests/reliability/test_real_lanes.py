@@ -31,10 +31,16 @@ pytestmark = pytest.mark.realmodel
 GRACE = 3.0
 
 
-async def stream_on(s: aiohttp.ClientSession, url: str, lane: str,
-                    first: asyncio.Event) -> tuple[StreamResult, float]:
-    body = {"model": DEFAULT_MODEL_NAME, "stream": True, "max_tokens": 400, "temperature": 0,
-            "messages": [{"role": "user", "content": "Count from 1 to 200."}]}
+async def stream_on(
+    s: aiohttp.ClientSession, url: str, lane: str, first: asyncio.Event
+) -> tuple[StreamResult, float]:
+    body = {
+        "model": DEFAULT_MODEL_NAME,
+        "stream": True,
+        "max_tokens": 400,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Count from 1 to 200."}],
+    }
     result = await read_stream(s, url, body, {"X-Speclane-Lane": lane}, first)
     return result, time.monotonic()
 
@@ -43,20 +49,29 @@ async def test_sigterm_while_both_lanes_generate_leaves_no_worker(tmp_path: Path
     await asyncio.to_thread(ensure_default_models, quiet=True)
     (tmp_path / "policies").mkdir()
     config = tmp_path / "speclane.toml"
-    config.write_text(config_text(
-        policies_dir=str(tmp_path / "policies"), shutdown_grace=GRACE,
-        lanes={"health_interval": 0.5, "max_batch_size": 4}))
+    config.write_text(
+        config_text(
+            policies_dir=str(tmp_path / "policies"),
+            shutdown_grace=GRACE,
+            lanes={"health_interval": 0.5, "max_batch_size": 4},
+        )
+    )
     router = await RouterProcess.start(config, deadline=300)
     try:
-        workers = [p for p in router.ps.children(recursive=True)
-                   if "router.worker" in " ".join(p.cmdline())]
+        workers = [
+            p
+            for p in router.ps.children(recursive=True)
+            if "router.worker" in " ".join(p.cmdline())
+        ]
         assert len(workers) == 2, [p.cmdline() for p in workers]
         url = f"{router.base_url}/chat/completions"
         lanes = ["speculative", "batching", "batching"]
         firsts = [asyncio.Event() for _ in lanes]
         async with aiohttp.ClientSession() as s:
-            tasks = [asyncio.create_task(stream_on(s, url, lane, first))
-                     for lane, first in zip(lanes, firsts, strict=True)]
+            tasks = [
+                asyncio.create_task(stream_on(s, url, lane, first))
+                for lane, first in zip(lanes, firsts, strict=True)
+            ]
             await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 180)
             sent = time.monotonic()
             router.proc.send_signal(signal.SIGTERM)

@@ -33,8 +33,9 @@ GRACE = 3.0
 SLACK = 4.0  # the settle time after the grace, plus scheduling on a loaded 2-core machine
 
 
-async def stream_through(s: aiohttp.ClientSession, url: str, lane: str,
-                         first: asyncio.Event) -> tuple[StreamResult, float]:
+async def stream_through(
+    s: aiohttp.ClientSession, url: str, lane: str, first: asyncio.Event
+) -> tuple[StreamResult, float]:
     """Read a whole stream; returns it with the monotonic time it ended."""
     result = await read_stream(s, url, chat_body(stream=True), {"X-Speclane-Lane": lane}, first)
     return result, time.monotonic()
@@ -57,19 +58,29 @@ async def test_sigterm_with_50_streams_in_flight(tmp_path: Path) -> None:
         slow.behaviour = Behaviour(chunks=100_000, interval=0.05)  # cannot finish
         (tmp_path / "policies").mkdir()
         config = tmp_path / "speclane.toml"
-        config.write_text(config_text(
-            policies_dir=str(tmp_path / "policies"), shutdown_grace=GRACE, log_level="warning",
-            backends=[{"name": f.name, "base_url": f.base_url, "read_timeout": 10}
-                      for f in (quick, slow)]))
+        config.write_text(
+            config_text(
+                policies_dir=str(tmp_path / "policies"),
+                shutdown_grace=GRACE,
+                log_level="warning",
+                backends=[
+                    {"name": f.name, "base_url": f.base_url, "read_timeout": 10}
+                    for f in (quick, slow)
+                ],
+            )
+        )
         proc = await RouterProcess.start(config, "--no-lanes")
         try:
             url = f"{proc.base_url}/chat/completions"
             children_before = proc.ps.children(recursive=True)
             firsts = [asyncio.Event() for _ in range(2 * per_kind)]
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-                tasks = [asyncio.create_task(stream_through(
-                    s, url, "quick" if i < per_kind else "slow", first))
-                    for i, first in enumerate(firsts)]
+                tasks = [
+                    asyncio.create_task(
+                        stream_through(s, url, "quick" if i < per_kind else "slow", first)
+                    )
+                    for i, first in enumerate(firsts)
+                ]
                 await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 60)
                 assert quick.active + slow.active == 2 * per_kind  # all 50 in flight
                 sent = time.monotonic()
@@ -91,27 +102,35 @@ async def test_sigterm_with_50_streams_in_flight(tmp_path: Path) -> None:
         assert slow.cancelled == per_kind  # the upstream work was stopped
         survivors = [p.pid for p in children_before if p.is_running()]
         assert survivors == []
-    TALLY.shutdown.update(streams=2 * per_kind, finished=verdicts.count("finished"),
-                          ended_with_error_event=verdicts.count("error_event"), lost=0,
-                          last_stream_end_s=round(latest, 2), exit_s=round(exited, 2),
-                          grace_s=GRACE)
+    TALLY.shutdown.update(
+        streams=2 * per_kind,
+        finished=verdicts.count("finished"),
+        ended_with_error_event=verdicts.count("error_event"),
+        lost=0,
+        last_stream_end_s=round(latest, 2),
+        exit_s=round(exited, 2),
+        grace_s=GRACE,
+    )
     TALLY.fault("sigterm_with_streams_in_flight", 2 * per_kind)
 
 
 async def test_relay_shutdown_ends_every_kind_of_request_cleanly(tmp_path: Path) -> None:
     """In-process, with the hook registered by the test: finished, error event, 503."""
     (tmp_path / "default.toml").write_text(
-        'client = "default"\nmax_concurrency = 3\nqueue_timeout = 60\n')
+        'client = "default"\nmax_concurrency = 3\nqueue_timeout = 60\n'
+    )
     async with fake_upstreams("quick", "slow", "silent") as (quick, slow, silent):
         quick.behaviour = Behaviour(chunks=10, interval=0.05)
         slow.behaviour = Behaviour(chunks=100_000, interval=0.05)
         silent.behaviour = Behaviour(delay_headers=600)
-        settings = router_settings(quick, slow, silent, shutdown_grace=1.0,
-                                   policies_dir=str(tmp_path))
+        settings = router_settings(
+            quick, slow, silent, shutdown_grace=1.0, policies_dir=str(tmp_path)
+        )
 
         def hook(app):  # type: ignore[no-untyped-def]
             async def finish(app):  # type: ignore[no-untyped-def]
                 await app[RELAY].shutdown(app[SETTINGS].shutdown_grace)
+
             app.on_shutdown.append(finish)
 
         s = aiohttp.ClientSession()
@@ -119,12 +138,16 @@ async def test_relay_shutdown_ends_every_kind_of_request_cleanly(tmp_path: Path)
             async with run_router(settings, setup=hook) as r:
                 url = f"{r.base_url}/chat/completions"
                 firsts = [asyncio.Event() for _ in range(2)]
-                streams = [asyncio.create_task(stream_through(s, url, lane, first))
-                           for lane, first in zip(("quick", "slow"), firsts, strict=True)]
-                silent_call = asyncio.create_task(s.post(
-                    url, json=chat_body(), headers={"X-Speclane-Lane": "silent"}))
-                queued_call = asyncio.create_task(s.post(
-                    url, json=chat_body(), headers={"X-Speclane-Lane": "silent"}))
+                streams = [
+                    asyncio.create_task(stream_through(s, url, lane, first))
+                    for lane, first in zip(("quick", "slow"), firsts, strict=True)
+                ]
+                silent_call = asyncio.create_task(
+                    s.post(url, json=chat_body(), headers={"X-Speclane-Lane": "silent"})
+                )
+                queued_call = asyncio.create_task(
+                    s.post(url, json=chat_body(), headers={"X-Speclane-Lane": "silent"})
+                )
                 await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 10)
                 await asyncio.wait_for(silent.request_started.wait(), 10)
                 started = time.monotonic()
@@ -143,4 +166,3 @@ async def test_relay_shutdown_ends_every_kind_of_request_cleanly(tmp_path: Path)
     assert silent.cancelled >= 1 and slow.cancelled == 1
     assert took < 1.0 + SLACK
     TALLY.fault("shutdown_in_process", 4)
-

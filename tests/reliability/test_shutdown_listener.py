@@ -25,21 +25,26 @@ GRACE = 120.0  # far longer than the test may take: only the second signal can e
 
 
 async def test_new_requests_get_503_during_the_grace_and_a_second_signal_ends_it(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     async with fake_upstreams("slow") as (slow,):
         slow.behaviour = Behaviour(chunks=100_000, interval=0.05)  # cannot finish
         (tmp_path / "policies").mkdir()
         config = tmp_path / "speclane.toml"
-        config.write_text(config_text(
-            policies_dir=str(tmp_path / "policies"), shutdown_grace=GRACE, log_level="info",
-            backends=[{"name": "slow", "base_url": slow.base_url, "read_timeout": 10}]))
+        config.write_text(
+            config_text(
+                policies_dir=str(tmp_path / "policies"),
+                shutdown_grace=GRACE,
+                log_level="info",
+                backends=[{"name": "slow", "base_url": slow.base_url, "read_timeout": 10}],
+            )
+        )
         proc = await RouterProcess.start(config, "--no-lanes")
         try:
             url = f"{proc.base_url}/chat/completions"
             first = asyncio.Event()
             async with aiohttp.ClientSession() as s:
-                stream = asyncio.create_task(read_stream(s, url, chat_body(stream=True), {},
-                                                         first))
+                stream = asyncio.create_task(read_stream(s, url, chat_body(stream=True), {}, first))
                 await asyncio.wait_for(first.wait(), 30)
                 proc.proc.send_signal(signal.SIGTERM)
 

@@ -42,17 +42,29 @@ CONFIG_CASES = [
     Case("tiny_body_limit", "max_body_bytes = 10\n", ("max_body_bytes",)),
     Case("bad_enum", 'expose_metrics = "sometimes"\n', ("expose_metrics", "public")),
     Case("bad_log_level", 'log_level = "loud"\n', ("log_level",)),
-    Case("backend_without_url", '[[backends]]\nname = "a"\n', ("backends.0.base_url",
-                                                               "Field required")),
-    Case("backend_bad_scheme", '[[backends]]\nname = "a"\nbase_url = "ftp://x/v1"\n',
-         ("backends.0.base_url", "http://")),
-    Case("backend_reserved_name", OK_BACKEND.replace('"a"', '"speculative"'),
-         ("backends.0.name", "reserved")),
+    Case(
+        "backend_without_url",
+        '[[backends]]\nname = "a"\n',
+        ("backends.0.base_url", "Field required"),
+    ),
+    Case(
+        "backend_bad_scheme",
+        '[[backends]]\nname = "a"\nbase_url = "ftp://x/v1"\n',
+        ("backends.0.base_url", "http://"),
+    ),
+    Case(
+        "backend_reserved_name",
+        OK_BACKEND.replace('"a"', '"speculative"'),
+        ("backends.0.name", "reserved"),
+    ),
     Case("backend_bad_name", OK_BACKEND.replace('"a"', '"bad name!"'), ("backends.0.name",)),
     Case("backend_twice", OK_BACKEND * 2, ("'a' is used twice",)),
     Case("backend_typo", OK_BACKEND + "read_timout = 3\n", ("backends.0.read_timout",)),
-    Case("backend_negative_timeout", OK_BACKEND + "read_timeout = -1\n",
-         ("backends.0.read_timeout", "greater than 0")),
+    Case(
+        "backend_negative_timeout",
+        OK_BACKEND + "read_timeout = -1\n",
+        ("backends.0.read_timeout", "greater than 0"),
+    ),
     Case("backends_not_a_list", 'backends = "a"\n', ("backends",)),
     Case("lanes_draft_tokens", "[lanes]\nnum_draft_tokens = 0\n", ("lanes.num_draft_tokens",)),
     Case("retry_attempts", "[retry]\nattempts = 0\n", ("retry.attempts",)),
@@ -72,34 +84,73 @@ POLICY_CASES = [
     Case("policy_wrong_type", "", ("priority",), {"x.toml": 'priority = "high"\n'}),
     Case("policy_out_of_range", "", ("priority",), {"x.toml": "priority = 5000\n"}),
     Case("policy_bad_client_name", "", ("client",), {"x.toml": 'client = "bad name"\n'}),
-    Case("policy_duplicate_client", "", ("already defined",),
-         {"x.toml": 'client = "same"\n', "y.toml": 'client = "same"\n'}),
-    Case("policy_duplicate_key", "", ("already used by client",),
-         {"x.toml": '[match]\napi_keys = ["sk-one-0123456789"]\n',
-          "y.toml": '[match]\napi_keys = ["sk-one-0123456789"]\n'}),
-    Case("policy_duplicate_header", "", ("already used",),
-         {"x.toml": '[match]\nclient_header = ["h"]\n',
-          "y.toml": '[match]\nclient_header = ["h"]\n'}),
-    Case("policy_bad_regex", "", ("match.user_agent", "invalid regular expression"),
-         {"x.toml": '[match]\nuser_agent = ["(unclosed"]\n'}),
-    Case("policy_unknown_preset", "", ("default_preset", "unknown preset 'warp'"),
-         {"x.toml": 'default_preset = "warp"\n'}),
-    Case("policy_preset_not_listed", "", ("default_preset",),
-         {"x.toml": 'presets = ["interactive"]\ndefault_preset = "throughput"\n'}),
-    Case("policy_default_with_match", "", ("match.client_header", "default policy"),
-         {P: '[match]\nclient_header = ["x"]\n'}),
+    Case(
+        "policy_duplicate_client",
+        "",
+        ("already defined",),
+        {"x.toml": 'client = "same"\n', "y.toml": 'client = "same"\n'},
+    ),
+    Case(
+        "policy_duplicate_key",
+        "",
+        ("already used by client",),
+        {
+            "x.toml": '[match]\napi_keys = ["sk-one-0123456789"]\n',
+            "y.toml": '[match]\napi_keys = ["sk-one-0123456789"]\n',
+        },
+    ),
+    Case(
+        "policy_duplicate_header",
+        "",
+        ("already used",),
+        {
+            "x.toml": '[match]\nclient_header = ["h"]\n',
+            "y.toml": '[match]\nclient_header = ["h"]\n',
+        },
+    ),
+    Case(
+        "policy_bad_regex",
+        "",
+        ("match.user_agent", "invalid regular expression"),
+        {"x.toml": '[match]\nuser_agent = ["(unclosed"]\n'},
+    ),
+    Case(
+        "policy_unknown_preset",
+        "",
+        ("default_preset", "unknown preset 'warp'"),
+        {"x.toml": 'default_preset = "warp"\n'},
+    ),
+    Case(
+        "policy_preset_not_listed",
+        "",
+        ("default_preset",),
+        {"x.toml": 'presets = ["interactive"]\ndefault_preset = "throughput"\n'},
+    ),
+    Case(
+        "policy_default_with_match",
+        "",
+        ("match.client_header", "default policy"),
+        {P: '[match]\nclient_header = ["x"]\n'},
+    ),
     Case("policy_zero_cap", "", ("caps.max_tokens",), {"x.toml": "[caps]\nmax_tokens = 0\n"}),
-    Case("policy_negative_queue_timeout", "", ("queue_timeout",),
-         {"x.toml": "queue_timeout = -1\n"}),
-    Case("policy_bad_env_name", "", ("match.api_key_env", "not an environment variable"),
-         {"x.toml": '[match]\napi_key_env = ["1BAD"]\n'}),
-    Case("policy_empty_key", "", ("match.api_keys", "empty API key"),
-         {"x.toml": '[match]\napi_keys = [""]\n'}),
+    Case(
+        "policy_negative_queue_timeout", "", ("queue_timeout",), {"x.toml": "queue_timeout = -1\n"}
+    ),
+    Case(
+        "policy_bad_env_name",
+        "",
+        ("match.api_key_env", "not an environment variable"),
+        {"x.toml": '[match]\napi_key_env = ["1BAD"]\n'},
+    ),
+    Case(
+        "policy_empty_key",
+        "",
+        ("match.api_keys", "empty API key"),
+        {"x.toml": '[match]\napi_keys = [""]\n'},
+    ),
     Case("policy_not_utf8", "", ("cannot read",), {"x.toml": b"priority = 1\n# \xff\n"}),
-    Case("policies_dir_missing", "", ("not a directory",), None,
-         args=("--policies", "MISSING")),
-    Case("policies_dir_is_a_file", "", ("not a directory",), None,
-         args=("--policies", "FILE")),
+    Case("policies_dir_missing", "", ("not a directory",), None, args=("--policies", "MISSING")),
+    Case("policies_dir_is_a_file", "", ("not a directory",), None, args=("--policies", "FILE")),
 ]
 
 
@@ -132,8 +183,7 @@ def prepare(case: Case, tmp: Path) -> tuple[list[str], Path, Path]:
     return argv + args, config, policies
 
 
-def check_refusal(case: Case, code: int, out: str, err: str, config: Path,
-                  policies: Path) -> None:
+def check_refusal(case: Case, code: int, out: str, err: str, config: Path, policies: Path) -> None:
     assert "listening" not in out, "the router started"
     assert "Traceback" not in err, err
     is_policy = case.name.startswith("polic")
@@ -149,8 +199,9 @@ class Started(Exception):
     """The router got as far as binding its port: the case was not refused."""
 
 
-def run_in_process(case: Case, tmp: Path, capsys: pytest.CaptureFixture[str],
-                   monkeypatch: pytest.MonkeyPatch) -> None:
+def run_in_process(
+    case: Case, tmp: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def refuse_to_listen(self: web.TCPSite) -> None:
         raise Started(case.name)
 
@@ -171,15 +222,15 @@ def run_in_process(case: Case, tmp: Path, capsys: pytest.CaptureFixture[str],
 
 @pytest.mark.parametrize("case", CONFIG_CASES + POLICY_CASES, ids=lambda c: c.name)
 def test_bad_configuration_is_refused_with_a_clear_message(
-        case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_in_process(case, tmp_path, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize("case", CONFIG_CRASHES, ids=lambda c: c.name)
 def test_unreadable_configuration_is_refused_with_a_clear_message(
-        case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_in_process(case, tmp_path, capsys, monkeypatch)
 
 

@@ -40,8 +40,9 @@ from tests.reliability.harness import (
 
 READ_TIMEOUT = 0.5
 SLACK = 3.0  # scheduling slack on a loaded 2-core machine
-SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n")
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
 
 
 def chunk(data: bytes) -> bytes:
@@ -52,13 +53,28 @@ def event(payload: dict) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-CONTENT = event({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                 "choices": [{"index": 0, "delta": {"content": "hello "}, "finish_reason": None}]})
-FINISH = event({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+CONTENT = event(
+    {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": "hello "}, "finish_reason": None}],
+    }
+)
+FINISH = event(
+    {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+    }
+)
 
 
 # --- the fault scripts (what the upstream does after reading a request) ---------------------
+
 
 async def never_answers(up: RawUpstream, reader, writer, body) -> None:  # type: ignore[no-untyped-def]
     await up.wait_peer_close(reader)
@@ -71,15 +87,19 @@ async def sse_headers_then_silence(up: RawUpstream, reader, writer, body) -> Non
 
 
 async def json_headers_then_silence(up: RawUpstream, reader, writer, body) -> None:  # type: ignore[no-untyped-def]
-    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 300\r\n\r\n{\"id\": \"x\", ")
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 300\r\n\r\n{"id": "x", '
+    )
     await writer.drain()
     await up.wait_peer_close(reader)
 
 
 async def body_cut_short(up: RawUpstream, reader, writer, body) -> None:  # type: ignore[no-untyped-def]
-    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 300\r\n\r\n{\"id\": \"x\", \"choices\": [")
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 300\r\n\r\n{"id": "x", "choices": ['
+    )
     await writer.drain()  # then the connection closes: fewer bytes than announced
 
 
@@ -99,14 +119,21 @@ async def event_cut_then_silence(up: RawUpstream, reader, writer, body) -> None:
 async def sse_answer_to_json_request(up: RawUpstream, reader, writer, body) -> None:  # type: ignore[no-untyped-def]
     # A backend that ignores "stream": false.
     payload = CONTENT + FINISH + b"data: [DONE]\n\n"
-    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
+    )
     await writer.drain()
 
 
 async def malformed_first_event(up: RawUpstream, reader, writer, body) -> None:  # type: ignore[no-untyped-def]
-    writer.write(SSE_HEAD + chunk(b"data: {\"id\": \"c1\", oops}\n\n") + chunk(FINISH)
-                 + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    writer.write(
+        SSE_HEAD
+        + chunk(b'data: {"id": "c1", oops}\n\n')
+        + chunk(FINISH)
+        + chunk(b"data: [DONE]\n\n")
+        + b"0\r\n\r\n"
+    )
     await writer.drain()
 
 
@@ -115,7 +142,7 @@ async def crlf_framed_stream(up: RawUpstream, reader, writer, body) -> None:  # 
     data = (CONTENT + FINISH + b"data: [DONE]\n\n").replace(b"\n", b"\r\n")
     writer.write(SSE_HEAD)
     for i in range(0, len(data), 17):
-        writer.write(chunk(data[i:i + 17]))
+        writer.write(chunk(data[i : i + 17]))
         await writer.drain()
     writer.write(b"0\r\n\r\n")
     await writer.drain()
@@ -134,16 +161,30 @@ class Fault:
 FAULTS = [
     Fault("never_answers", never_answers, False, 504, "upstream_timeout", stalls=True),
     Fault("never_answers", never_answers, True, 504, "upstream_timeout", stalls=True),
-    Fault("sse_headers_then_silence", sse_headers_then_silence, True, 504, "upstream_timeout",
-          stalls=True),
-    Fault("json_headers_then_silence", json_headers_then_silence, False, 504,
-          "upstream_timeout", stalls=True),
+    Fault(
+        "sse_headers_then_silence",
+        sse_headers_then_silence,
+        True,
+        504,
+        "upstream_timeout",
+        stalls=True,
+    ),
+    Fault(
+        "json_headers_then_silence",
+        json_headers_then_silence,
+        False,
+        504,
+        "upstream_timeout",
+        stalls=True,
+    ),
     Fault("body_cut_short", body_cut_short, False, 502, "upstream_error"),
     Fault("event_cut_mid_way", event_cut_mid_way, True, 200, "upstream_error"),
-    Fault("event_cut_then_silence", event_cut_then_silence, True, 200, "upstream_timeout",
-          stalls=True),
-    Fault("sse_answer_to_json_request", sse_answer_to_json_request, False, 502,
-          "upstream_bad_json"),
+    Fault(
+        "event_cut_then_silence", event_cut_then_silence, True, 200, "upstream_timeout", stalls=True
+    ),
+    Fault(
+        "sse_answer_to_json_request", sse_answer_to_json_request, False, 502, "upstream_bad_json"
+    ),
     Fault("malformed_first_event", malformed_first_event, True, 502, "upstream_bad_stream"),
     Fault("crlf_framed_stream", crlf_framed_stream, True, 200, None),
 ]
@@ -173,22 +214,25 @@ def check_answer(fault: Fault, res: StreamResult) -> None:
 
 
 async def check_with_openai(fault: Fault, base_url: str) -> None:
-    async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0,
-                                  timeout=30) as client:
+    async with openai.AsyncOpenAI(
+        base_url=base_url, api_key="x", max_retries=0, timeout=30
+    ) as client:
         await openai_sees(fault, client)
 
 
 async def openai_sees(fault: Fault, client: openai.AsyncOpenAI) -> None:
     messages = [{"role": "user", "content": "hi"}]
     if fault.code is None:
-        stream = await client.chat.completions.create(model="fake-model", messages=messages,
-                                                      stream=True)
+        stream = await client.chat.completions.create(
+            model="fake-model", messages=messages, stream=True
+        )
         assert [c async for c in stream]
         return
     with pytest.raises(openai.APIError) as info:
         if fault.stream:
-            stream = await client.chat.completions.create(model="fake-model",
-                                                          messages=messages, stream=True)
+            stream = await client.chat.completions.create(
+                model="fake-model", messages=messages, stream=True
+            )
             async for _ in stream:
                 pass
         else:
@@ -203,13 +247,21 @@ async def test_upstream_fault_gives_a_clear_answer_within_the_timeout(fault: Fau
     upstream = RawUpstream(lambda r, w, b: fault.script(upstream, r, w, b), name="raw")
     await upstream.start()
     try:
-        settings = router_settings(backends=[{
-            "name": "raw", "base_url": upstream.base_url, "read_timeout": READ_TIMEOUT,
-            "connect_timeout": 1}])
+        settings = router_settings(
+            backends=[
+                {
+                    "name": "raw",
+                    "base_url": upstream.base_url,
+                    "read_timeout": READ_TIMEOUT,
+                    "connect_timeout": 1,
+                }
+            ]
+        )
         async with run_router(settings) as r, aiohttp.ClientSession() as s:
             started = time.monotonic()
-            res = await post_stream(s, f"{r.base_url}/chat/completions",
-                                    chat_body(stream=fault.stream))
+            res = await post_stream(
+                s, f"{r.base_url}/chat/completions", chat_body(stream=fault.stream)
+            )
             elapsed = time.monotonic() - started
             check_answer(fault, res)
             retried = fault.status in (502, 503) and fault.code == "upstream_error"
@@ -231,15 +283,24 @@ async def test_backend_that_never_accepts_is_a_504_within_the_timeout() -> None:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
         port = listener.getsockname()[1]
-        settings = router_settings(backends=[{
-            "name": "deaf", "base_url": f"http://127.0.0.1:{port}/v1",
-            "models": ["fake-model"], "read_timeout": READ_TIMEOUT, "connect_timeout": 1}])
+        settings = router_settings(
+            backends=[
+                {
+                    "name": "deaf",
+                    "base_url": f"http://127.0.0.1:{port}/v1",
+                    "models": ["fake-model"],
+                    "read_timeout": READ_TIMEOUT,
+                    "connect_timeout": 1,
+                }
+            ]
+        )
         async with run_router(settings) as r, aiohttp.ClientSession() as s:
             r.app[POOL]["deaf"].ready = True  # its health check cannot pass either
             for stream in (False, True):
                 started = time.monotonic()
-                res = await post_stream(s, f"{r.base_url}/chat/completions",
-                                        chat_body(stream=stream))
+                res = await post_stream(
+                    s, f"{r.base_url}/chat/completions", chat_body(stream=stream)
+                )
                 assert time.monotonic() - started < READ_TIMEOUT + SLACK
                 assert res.status == 504
                 assert assert_openai_error(res.json())["code"] == "upstream_timeout"
@@ -253,15 +314,22 @@ async def test_malformed_event_mid_stream_is_relayed_and_the_stream_still_ends()
     still ends properly; the router neither hangs nor fails."""
 
     async def broken_later(up, reader, writer, body):  # type: ignore[no-untyped-def]
-        writer.write(SSE_HEAD + chunk(CONTENT) + chunk(b"data: {broken\n\n") + chunk(FINISH)
-                     + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        writer.write(
+            SSE_HEAD
+            + chunk(CONTENT)
+            + chunk(b"data: {broken\n\n")
+            + chunk(FINISH)
+            + chunk(b"data: [DONE]\n\n")
+            + b"0\r\n\r\n"
+        )
         await writer.drain()
 
     upstream = RawUpstream(lambda r, w, b: broken_later(upstream, r, w, b))
     await upstream.start()
     try:
-        settings = router_settings(backends=[{"name": "raw", "base_url": upstream.base_url,
-                                              "read_timeout": READ_TIMEOUT}])
+        settings = router_settings(
+            backends=[{"name": "raw", "base_url": upstream.base_url, "read_timeout": READ_TIMEOUT}]
+        )
         async with run_router(settings) as r, aiohttp.ClientSession() as s:
             res = await post_stream(s, f"{r.base_url}/chat/completions", chat_body(stream=True))
     finally:
@@ -273,23 +341,44 @@ async def test_malformed_event_mid_stream_is_relayed_and_the_stream_still_ends()
 
 # --- a backend process killed with streams in flight ------------------------------------------
 
+
 async def test_backend_killed_mid_stream_ends_every_stream_and_traffic_moves_on() -> None:
     streams = 12
     proc, match = await spawn_until_line(
-        [sys.executable, "-m", "tests.reliability.upstream_proc", "--chunks", "5000",
-         "--interval", "0.02"], r"FAKE_UPSTREAM_READY (\d+)", deadline=60)
+        [
+            sys.executable,
+            "-m",
+            "tests.reliability.upstream_proc",
+            "--chunks",
+            "5000",
+            "--interval",
+            "0.02",
+        ],
+        r"FAKE_UPSTREAM_READY (\d+)",
+        deadline=60,
+    )
     try:
         async with fake_upstreams("survivor") as (survivor,):
-            victim = {"name": "victim", "base_url": f"http://127.0.0.1:{match.group(1)}/v1",
-                      "read_timeout": 5, "connect_timeout": 1}
-            settings = router_settings(survivor, backends=[
-                victim, {"name": "survivor", "base_url": survivor.base_url}])
+            victim = {
+                "name": "victim",
+                "base_url": f"http://127.0.0.1:{match.group(1)}/v1",
+                "read_timeout": 5,
+                "connect_timeout": 1,
+            }
+            settings = router_settings(
+                survivor, backends=[victim, {"name": "survivor", "base_url": survivor.base_url}]
+            )
             async with run_router(settings) as r, aiohttp.ClientSession() as s:
                 url = f"{r.base_url}/chat/completions"
                 firsts = [asyncio.Event() for _ in range(streams)]
-                tasks = [asyncio.create_task(read_stream(
-                    s, url, chat_body(stream=True), {"X-Speclane-Lane": "victim"}, first))
-                    for first in firsts]
+                tasks = [
+                    asyncio.create_task(
+                        read_stream(
+                            s, url, chat_body(stream=True), {"X-Speclane-Lane": "victim"}, first
+                        )
+                    )
+                    for first in firsts
+                ]
                 await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), 30)
                 proc.send_signal(signal.SIGKILL)
                 killed = time.monotonic()

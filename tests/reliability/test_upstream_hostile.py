@@ -33,8 +33,9 @@ from tests.reliability.harness import (
 )
 from tests.reliability.hostile_upstream import HostileUpstream, chunk, json_answer
 
-SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n")
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
 HANG = 60.0  # a guard against hanging, not a speed claim
 
 
@@ -43,27 +44,51 @@ def marker_of(body: bytes) -> str:
 
 
 def completion(marker: str) -> bytes:
-    return orjson.dumps({"id": marker, "object": "chat.completion", "created": 0, "model": "m",
-                         "choices": [{"index": 0, "finish_reason": "stop",
-                                      "message": {"role": "assistant", "content": marker}}]})
+    return orjson.dumps(
+        {
+            "id": marker,
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": marker},
+                }
+            ],
+        }
+    )
 
 
 def content_event(text: str) -> bytes:
-    return b"data: " + orjson.dumps(
-        {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
-         "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}) + b"\n\n"
+    return (
+        b"data: "
+        + orjson.dumps(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "m",
+                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+            }
+        )
+        + b"\n\n"
+    )
 
 
 def stream_of(marker: str) -> bytes:
-    return (SSE_HEAD + chunk(content_event(marker)) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    return SSE_HEAD + chunk(content_event(marker)) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 
 
-def settings_for(*ups: HostileUpstream, read_timeout: float = 5.0, attempts: int = 1,
-                 **overrides: Any) -> Any:
+def settings_for(
+    *ups: HostileUpstream, read_timeout: float = 5.0, attempts: int = 1, **overrides: Any
+) -> Any:
     s = router_settings(*ups, **overrides)
     backends = tuple(b.model_copy(update={"read_timeout": read_timeout}) for b in s.backends)
-    return s.model_copy(update={"backends": backends,
-                                "retry": s.retry.model_copy(update={"attempts": attempts})})
+    return s.model_copy(
+        update={"backends": backends, "retry": s.retry.model_copy(update={"attempts": attempts})}
+    )
 
 
 async def post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Any:
@@ -72,12 +97,14 @@ async def post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -
 
 # --- 1. no byte of one answer reaches another request ------------------------------------
 
+
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("how", ["same_write", "next_write", "delayed"])
 async def test_bytes_after_an_answer_never_reach_another_request(stream: bool, how: str) -> None:
     """Every answer is followed on its connection by a complete second answer carrying a
     wrong id, in the same write or the next one. With several clients at once, no client
     ever gets an answer that is not its own."""
+
     async def script(writer: asyncio.StreamWriter, body: bytes, index: int) -> bool:
         marker = marker_of(body)
         answer = stream_of(marker) if stream else json_answer(completion(marker))
@@ -108,15 +135,20 @@ async def test_bytes_after_an_answer_never_reach_another_request(stream: bool, h
                     statuses[res.status] += 1
                     if res.status != 200:
                         continue
-                    got = (orjson.loads(res.events[0])["choices"][0]["delta"]["content"]
-                           if stream else res.json()["id"])
+                    got = (
+                        orjson.loads(res.events[0])["choices"][0]["delta"]["content"]
+                        if stream
+                        else res.json()["id"]
+                    )
                     if got != marker:
                         mismatched += 1
 
         await asyncio.gather(*(one_client(c) for c in range(clients)))
-    print(f"stray-answer test ({how}, stream={stream}): {clients * per_client} answers, "
-          f"{mismatched} mismatched, statuses {dict(statuses)}, "
-          f"{up.connections} upstream connections")
+    print(
+        f"stray-answer test ({how}, stream={stream}): {clients * per_client} answers, "
+        f"{mismatched} mismatched, statuses {dict(statuses)}, "
+        f"{up.connections} upstream connections"
+    )
     TALLY.fault(f"stray_answer_{how}", clients * per_client)
     assert mismatched == 0
     assert statuses == {200: clients * per_client}
@@ -125,6 +157,7 @@ async def test_bytes_after_an_answer_never_reach_another_request(stream: bool, h
 
 
 # --- 2. bounded decoded bodies ------------------------------------------------------------
+
 
 def _bomb(size: int) -> bytes:
     z = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip
@@ -138,21 +171,27 @@ async def test_a_gzip_bomb_is_a_502_and_memory_does_not_follow(stream: bool) -> 
     ctype = b"text/event-stream" if stream else b"application/json"
 
     async def script(writer: asyncio.StreamWriter, body: bytes, index: int) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: " + ctype + b"\r\n"
-                     b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(bomb) + bomb)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: " + ctype + b"\r\n"
+            b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(bomb) + bomb
+        )
         await writer.drain()
         return True
 
     me = psutil.Process()
     limit = 4 << 20
-    async with HostileUpstream(script) as up, run_router(
-            settings_for(up, upstream={"max_body_bytes": limit})) as r, \
-            aiohttp.ClientSession() as session:
+    async with (
+        HostileUpstream(script) as up,
+        run_router(settings_for(up, upstream={"max_body_bytes": limit})) as r,
+        aiohttp.ClientSession() as session,
+    ):
         before = me.memory_info().rss
         res = await post(session, f"http://127.0.0.1:{r.port}", chat_body(stream=stream))
         grown = me.memory_info().rss - before
-    print(f"gzip bomb ({len(bomb)} bytes, 512 MiB inflated), stream={stream}: "
-          f"{res.status}, RSS +{grown / 1e6:.1f} MB")
+    print(
+        f"gzip bomb ({len(bomb)} bytes, 512 MiB inflated), stream={stream}: "
+        f"{res.status}, RSS +{grown / 1e6:.1f} MB"
+    )
     TALLY.fault("gzip_bomb")
     if stream and res.status == 200:  # zeros are not SSE: refused before the first byte
         raise AssertionError(res.raw[:200])
@@ -167,8 +206,9 @@ async def test_the_body_bound_holds_for_plain_bodies_too() -> None:
     async with HostileUpstream(lambda w, b, i: _answer(w, json_answer(b"[" * (2 << 20)))) as up:
         pool = Http1Pool(max_body=1 << 20)
         try:
-            resp = await pool.request("POST", f"{up.base_url}/chat/completions", body=b"{}",
-                                      read_timeout=5)
+            resp = await pool.request(
+                "POST", f"{up.base_url}/chat/completions", body=b"{}", read_timeout=5
+            )
             with pytest.raises(UpstreamTooLarge):
                 await resp.read()
         finally:
@@ -182,6 +222,7 @@ async def _answer(writer: asyncio.StreamWriter, raw: bytes, keep: bool = True) -
 
 
 # --- 3. paused or half-read connections are never pooled ---------------------------------
+
 
 @pytest.mark.parametrize("size", [(1 << 20) + 100_000, 3 << 20], ids=["whole", "cut"])
 async def test_a_paused_connection_is_never_pooled(size: int) -> None:
@@ -206,7 +247,8 @@ async def test_a_paused_connection_is_never_pooled(size: int) -> None:
             resp.close()  # the client went away while reading was paused
             for _ in range(3):
                 again = await asyncio.wait_for(
-                    pool.request("POST", url, body=b"{}", read_timeout=2), HANG)
+                    pool.request("POST", url, body=b"{}", read_timeout=2), HANG
+                )
                 assert again._conn is not conn
                 assert orjson.loads(await again.read())["id"] == "next"
         finally:
@@ -227,19 +269,24 @@ async def test_a_client_leaving_a_fast_big_stream_leaves_no_stuck_connection() -
             raw = stream_of(marker_of(body))
         return await _answer(writer, raw)
 
-    async with HostileUpstream(script) as up, run_router(
-            settings_for(up, read_timeout=2)) as r, aiohttp.ClientSession() as session:
+    async with (
+        HostileUpstream(script) as up,
+        run_router(settings_for(up, read_timeout=2)) as r,
+        aiohttp.ClientSession() as session,
+    ):
         url = f"http://127.0.0.1:{r.port}/v1/chat/completions"
         async with session.post(url, json=chat_body(stream=True, content="big")) as resp:
             await resp.content.read(10)
         for i in range(5):
-            res = await post(session, f"http://127.0.0.1:{r.port}",
-                             chat_body(stream=True, content=f"after{i}"))
+            res = await post(
+                session, f"http://127.0.0.1:{r.port}", chat_body(stream=True, content=f"after{i}")
+            )
             assert res.status == 200 and res.completed(), res.raw[:200]
     TALLY.fault("client_left_big_stream")
 
 
 # --- 4. the head's own deadline, interim answers, trailers --------------------------------
+
 
 async def test_a_trickled_head_ends_at_the_head_deadline() -> None:
     async def script(writer: asyncio.StreamWriter, body: bytes, index: int) -> bool:
@@ -249,9 +296,11 @@ async def test_a_trickled_head_ends_at_the_head_deadline() -> None:
             await writer.drain()
             await asyncio.sleep(0.05)
 
-    async with HostileUpstream(script) as up, run_router(
-            settings_for(up, read_timeout=2, upstream={"head_timeout": 0.5})) as r, \
-            aiohttp.ClientSession() as session:
+    async with (
+        HostileUpstream(script) as up,
+        run_router(settings_for(up, read_timeout=2, upstream={"head_timeout": 0.5})) as r,
+        aiohttp.ClientSession() as session,
+    ):
         res = await post(session, f"http://127.0.0.1:{r.port}", chat_body())
     assert res.status == 504, res.raw[:200]
     assert assert_openai_error(res.json())["code"] == "upstream_timeout"
@@ -265,8 +314,11 @@ async def test_endless_interim_answers_are_counted_and_refused() -> None:
             await writer.drain()
             await asyncio.sleep(0.01)
 
-    async with HostileUpstream(script) as up, run_router(settings_for(up)) as r, \
-            aiohttp.ClientSession() as session:
+    async with (
+        HostileUpstream(script) as up,
+        run_router(settings_for(up)) as r,
+        aiohttp.ClientSession() as session,
+    ):
         res = await post(session, f"http://127.0.0.1:{r.port}", chat_body(stream=True))
     assert res.status == 502, res.raw[:200]
     assert "interim" in assert_openai_error(res.json())["message"]
@@ -276,16 +328,17 @@ async def test_endless_interim_answers_are_counted_and_refused() -> None:
 @pytest.mark.parametrize("trickle", [False, True])
 async def test_endless_trailers_never_add_a_second_ending(trickle: bool) -> None:
     async def script(writer: asyncio.StreamWriter, body: bytes, index: int) -> bool:
-        writer.write(SSE_HEAD + chunk(content_event("hi")) + chunk(b"data: [DONE]\n\n")
-                     + b"0\r\n")
+        writer.write(SSE_HEAD + chunk(content_event("hi")) + chunk(b"data: [DONE]\n\n") + b"0\r\n")
         while True:
             writer.write(b"X-T: v\r\n" if not trickle else b"x")
             await writer.drain()
             await asyncio.sleep(0.001 if not trickle else 0.05)
 
-    async with HostileUpstream(script) as up, run_router(
-            settings_for(up, read_timeout=2, upstream={"head_timeout": 0.5})) as r, \
-            aiohttp.ClientSession() as session:
+    async with (
+        HostileUpstream(script) as up,
+        run_router(settings_for(up, read_timeout=2, upstream={"head_timeout": 0.5})) as r,
+        aiohttp.ClientSession() as session,
+    ):
         for _ in range(2):
             res = await post(session, f"http://127.0.0.1:{r.port}", chat_body(stream=True))
             assert res.status == 200 and res.terminated
@@ -298,16 +351,20 @@ async def test_endless_trailers_never_add_a_second_ending(trickle: bool) -> None
 async def test_endless_trailers_on_a_json_answer_are_bounded(trickle: bool) -> None:
     async def script(writer: asyncio.StreamWriter, body: bytes, index: int) -> bool:
         payload = completion("x")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                     b"Transfer-Encoding: chunked\r\n\r\n" + chunk(payload) + b"0\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + chunk(payload) + b"0\r\n"
+        )
         while True:
             writer.write(b"X-T: v\r\n" * 512 if not trickle else b"x")
             await writer.drain()
             await asyncio.sleep(0.001 if not trickle else 0.05)
 
-    async with HostileUpstream(script) as up, run_router(
-            settings_for(up, read_timeout=2, upstream={"head_timeout": 0.5})) as r, \
-            aiohttp.ClientSession() as session:
+    async with (
+        HostileUpstream(script) as up,
+        run_router(settings_for(up, read_timeout=2, upstream={"head_timeout": 0.5})) as r,
+        aiohttp.ClientSession() as session,
+    ):
         res = await post(session, f"http://127.0.0.1:{r.port}", chat_body())
     # Fast trailers hit the size bound (502), trickled ones the deadline (504).
     assert res.status == (504 if trickle else 502), res.raw[:200]
@@ -324,8 +381,10 @@ MALFORMED = {
     "status_600": b"HTTP/1.1 600 Odd\r\nContent-Length: 0\r\n\r\n",
     "status_superscript": "HTTP/1.1 2²0 OK\r\nContent-Length: 0\r\n\r\n".encode(),
     "length_superscript": "HTTP/1.1 200 OK\r\nContent-Length: ²\r\n\r\n{}".encode(),
-    "cl_and_te": (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n"
-                  b"2\r\n{}\r\n0\r\n\r\n"),
+    "cl_and_te": (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\n{}\r\n0\r\n\r\n"
+    ),
     "xchunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: xchunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
     "bad_chunk_size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\n{}\r\n",
     "http2_version": b"HTTP/2.0 200 OK\r\nContent-Length: 2\r\n\r\n{}",
@@ -344,9 +403,12 @@ async def test_a_malformed_answer_is_a_502_not_retried(name: str) -> None:
         return await _answer(writer, raw, keep=not name.endswith("_then_close"))
 
     # Two backends and three attempts allowed: a retry would show as a second request.
-    async with HostileUpstream(bad, "bad") as up, HostileUpstream(bad, "bad2") as other, \
-            run_router(settings_for(up, other, attempts=3)) as r, \
-            aiohttp.ClientSession() as session:
+    async with (
+        HostileUpstream(bad, "bad") as up,
+        HostileUpstream(bad, "bad2") as other,
+        run_router(settings_for(up, other, attempts=3)) as r,
+        aiohttp.ClientSession() as session,
+    ):
         url = f"http://127.0.0.1:{r.port}"
         res = await post(session, url, chat_body())
         backend = res.headers.get("X-Speclane-Backend")
@@ -355,26 +417,47 @@ async def test_a_malformed_answer_is_a_502_not_retried(name: str) -> None:
         err = assert_openai_error(res.json())
         assert err["code"] in ("upstream_malformed", "upstream_bad_json"), err
         # The X-Speclane-* headers known at that point are on the error answer too.
-        for header in ("X-Speclane-Client", "X-Speclane-Decision", "X-Speclane-Attempts",
-                       "X-Speclane-Backend", "X-Speclane-Error-Source"):
+        for header in (
+            "X-Speclane-Client",
+            "X-Speclane-Decision",
+            "X-Speclane-Attempts",
+            "X-Speclane-Backend",
+            "X-Speclane-Error-Source",
+        ):
             assert header in res.headers, (header, res.headers)
         assert res.headers["X-Speclane-Attempts"] == "1"  # not retried
         assert res.headers["X-Speclane-Error-Source"] == "upstream"
         if err["code"] == "upstream_malformed":
             # A failure under its own reason, never repeated (so no retry is counted).
-            assert await metric_total(session, url, "speclane_upstream_failures_total",
-                                      backend=backend, reason="malformed") == 1
-            assert await metric_total(session, url, "speclane_upstream_failures_total",
-                                      reason="connect") == 0
+            assert (
+                await metric_total(
+                    session,
+                    url,
+                    "speclane_upstream_failures_total",
+                    backend=backend,
+                    reason="malformed",
+                )
+                == 1
+            )
+            assert (
+                await metric_total(
+                    session, url, "speclane_upstream_failures_total", reason="connect"
+                )
+                == 0
+            )
             assert await metric_total(session, url, "speclane_upstream_retries_total") == 0
     TALLY.fault(f"malformed_{name}")
 
 
-@pytest.mark.parametrize("raw", [
-    b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n"
-    b"Content-Type: application/json\r\n\r\n%s0\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s\r\n",
-], ids=["http10_chunked", "crlf_after_body"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Type: application/json\r\n\r\n%s0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s\r\n",
+    ],
+    ids=["http10_chunked", "crlf_after_body"],
+)
 async def test_doubtful_framing_is_never_reused(raw: bytes) -> None:
     async def script(writer: asyncio.StreamWriter, body: bytes, index: int) -> bool:
         payload = completion(marker_of(body))
@@ -384,11 +467,13 @@ async def test_doubtful_framing_is_never_reused(raw: bytes) -> None:
             answer = raw % (len(payload), payload)
         return await _answer(writer, answer)
 
-    async with HostileUpstream(script) as up, run_router(settings_for(up)) as r, \
-            aiohttp.ClientSession() as session:
+    async with (
+        HostileUpstream(script) as up,
+        run_router(settings_for(up)) as r,
+        aiohttp.ClientSession() as session,
+    ):
         for i in range(3):
-            res = await post(session, f"http://127.0.0.1:{r.port}",
-                             chat_body(content=f"m{i}"))
+            res = await post(session, f"http://127.0.0.1:{r.port}", chat_body(content=f"m{i}"))
             assert res.status == 200 and res.json()["id"] == f"m{i}"
     if raw.startswith(b"HTTP/1.0"):
         assert up.request_connections == up.requests == 3
@@ -397,19 +482,23 @@ async def test_doubtful_framing_is_never_reused(raw: bytes) -> None:
 
 async def test_sse_in_tiny_tcp_pieces_is_relayed() -> None:
     """Valid SSE arriving a few bytes per TCP segment is judged by its first whole event."""
+
     async def script(writer: asyncio.StreamWriter, body: bytes, index: int) -> bool:
         writer.write(SSE_HEAD)
         data = content_event("piecewise") + b"data: [DONE]\n\n"
         for i in range(0, len(data), 3):
-            writer.write(chunk(data[i:i + 3]))
+            writer.write(chunk(data[i : i + 3]))
             await writer.drain()
             await asyncio.sleep(0.002)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
 
-    async with HostileUpstream(script) as up, run_router(settings_for(up)) as r, \
-            aiohttp.ClientSession() as session:
+    async with (
+        HostileUpstream(script) as up,
+        run_router(settings_for(up)) as r,
+        aiohttp.ClientSession() as session,
+    ):
         res = await post(session, f"http://127.0.0.1:{r.port}", chat_body(stream=True))
     assert res.status == 200 and res.completed(), res.raw[:300]
     assert b"piecewise" in res.raw
@@ -417,6 +506,7 @@ async def test_sse_in_tiny_tcp_pieces_is_relayed() -> None:
 
 
 # --- 8. the still_working hook -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("busy", [True, False])
 async def test_still_working_re_arms_the_silence_timeout(busy: bool) -> None:
@@ -436,8 +526,13 @@ async def test_still_working_re_arms_the_silence_timeout(busy: bool) -> None:
     async with HostileUpstream(script) as up:
         pool = Http1Pool()
         try:
-            coro = pool.request("POST", f"{up.base_url}/chat/completions", body=b"{}",
-                                read_timeout=0.05, still_working=still_working)
+            coro = pool.request(
+                "POST",
+                f"{up.base_url}/chat/completions",
+                body=b"{}",
+                read_timeout=0.05,
+                still_working=still_working,
+            )
             if busy:
                 resp = await asyncio.wait_for(coro, HANG)
                 assert orjson.loads(await resp.read())["id"] == "late"
@@ -463,13 +558,18 @@ async def test_a_failing_still_working_callback_is_a_timeout() -> None:
         pool = Http1Pool()
         try:
             with pytest.raises(TimeoutError):
-                await asyncio.wait_for(pool.request(
-                    "POST", f"{up.base_url}/chat/completions", body=b"{}",
-                    read_timeout=0.05, still_working=broken), HANG)
+                await asyncio.wait_for(
+                    pool.request(
+                        "POST",
+                        f"{up.base_url}/chat/completions",
+                        body=b"{}",
+                        read_timeout=0.05,
+                        still_working=broken,
+                    ),
+                    HANG,
+                )
         finally:
             await pool.close()
-
-
 
 
 async def test_an_upstream_that_sent_a_late_stray_answer_loses_keep_alive() -> None:
@@ -522,8 +622,9 @@ async def test_answers_leave_nothing_behind_for_the_collector() -> None:
         try:
             before = parsers()
             for _ in range(50):
-                resp = await pool.request("POST", f"{up.base_url}/chat/completions",
-                                          body=b"{}", read_timeout=5)
+                resp = await pool.request(
+                    "POST", f"{up.base_url}/chat/completions", body=b"{}", read_timeout=5
+                )
                 await resp.read()
                 resp.close()
             del resp

@@ -1,7 +1,7 @@
 """A FakeUpstream in a process of its own, so that a test can SIGKILL a backend mid-stream.
 
-    python -m tests.reliability.upstream_proc --chunks 2000 --interval 0.02
-    # prints "FAKE_UPSTREAM_READY <port>" once listening
+python -m tests.reliability.upstream_proc --chunks 2000 --interval 0.02
+# prints "FAKE_UPSTREAM_READY <port>" once listening
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from tests.fakes.upstream import Behaviour, FakeUpstream
 
 
 async def main(args: argparse.Namespace) -> None:
-    fake = FakeUpstream(name=args.name,
-                        behaviour=Behaviour(chunks=args.chunks, interval=args.interval))
+    fake = FakeUpstream(
+        name=args.name, behaviour=Behaviour(chunks=args.chunks, interval=args.interval)
+    )
     await fake.start()
     print(f"FAKE_UPSTREAM_READY {fake.port}", flush=True)
     await asyncio.Event().wait()

@@ -39,8 +39,10 @@ def user(text: str) -> dict[str, Any]:
 
 def test_a_later_turn_extends_the_fingerprints_of_the_earlier_one() -> None:
     turn1 = fingerprints("chat", chat(SYSTEM, user("hi"), tools=TOOLS))
-    turn2 = fingerprints("chat", chat(SYSTEM, user("hi"), {"role": "assistant", "content": "yo"},
-                                      user("more"), tools=TOOLS))
+    turn2 = fingerprints(
+        "chat",
+        chat(SYSTEM, user("hi"), {"role": "assistant", "content": "yo"}, user("more"), tools=TOOLS),
+    )
     assert len(turn1) == 2 and len(turn2) == 4
     assert turn2[:2] == turn1
 
@@ -66,8 +68,10 @@ def test_key_order_does_not_matter_but_content_does() -> None:
 def test_text_prompts_are_fingerprinted_by_blocks_and_others_not_at_all() -> None:
     long = "x" * 5000
     assert len(fingerprints("completions", {"prompt": long})) == 3
-    assert fingerprints("completions", {"prompt": long})[:2] == fingerprints(
-        "completions", {"prompt": long[:4096] + "y"})[:2]
+    assert (
+        fingerprints("completions", {"prompt": long})[:2]
+        == fingerprints("completions", {"prompt": long[:4096] + "y"})[:2]
+    )
     assert fingerprints("completions", {"prompt": [1, 2, 3]}) == ()
     assert fingerprints("embeddings", {"input": "x"}) == ()
     assert fingerprints("chat", {"messages": "not a list"}) == ()
@@ -76,8 +80,9 @@ def test_text_prompts_are_fingerprinted_by_blocks_and_others_not_at_all() -> Non
 def test_the_map_finds_the_longest_known_prefix_and_stays_bounded() -> None:
     amap = AffinityMap(max_entries=4)
     t1 = fingerprints("chat", chat(SYSTEM, user("a")))
-    t2 = fingerprints("chat", chat(SYSTEM, user("a"), {"role": "assistant", "content": "b"},
-                                   user("c")))
+    t2 = fingerprints(
+        "chat", chat(SYSTEM, user("a"), {"role": "assistant", "content": "b"}, user("c"))
+    )
     assert amap.holder(t2) is None
     amap.record(t1, "speculative")
     assert amap.holder(t2) == "speculative"
@@ -90,8 +95,16 @@ def test_the_map_finds_the_longest_known_prefix_and_stays_bounded() -> None:
 
 
 def lane(name: str, inflight: int = 0, capacity: int = 1, **kw: Any) -> BackendView:
-    return BackendView(name=name, lane=name, models=frozenset({MODEL}), ready=True,  # type: ignore[arg-type]
-                       cooled_down=False, inflight=inflight, capacity=capacity, **kw)
+    return BackendView(
+        name=name,
+        lane=name,
+        models=frozenset({MODEL}),
+        ready=True,  # type: ignore[arg-type]
+        cooled_down=False,
+        inflight=inflight,
+        capacity=capacity,
+        **kw,
+    )
 
 
 SPEC, BATCH = Candidate("speculative", "speculative", True), Candidate("batching", "batching")
@@ -109,20 +122,47 @@ KEPT = "long-prompt"  # the rule's own choice, kept when affinity changes nothin
         ("holder batching below capacity", (SPEC, BATCH), "batching", 0, 5, "batching", RULE),
         # The spec lane runs one request: one running means one to wait for; 1 - 0 is not
         # more than abs_threshold 1, so affinity holds.
-        ("holder spec busy, small imbalance", (BATCH, SPEC), "speculative", 1, 0,
-         "speculative", RULE),
+        (
+            "holder spec busy, small imbalance",
+            (BATCH, SPEC),
+            "speculative",
+            1,
+            0,
+            "speculative",
+            RULE,
+        ),
         ("holder spec, 2 ahead: load wins", (BATCH, SPEC), "speculative", 2, 0, "batching", KEPT),
-        ("holder batching over capacity vs spec busy", (SPEC, BATCH), "batching", 1, 9,
-         "batching", RULE),  # waits: batching 2, spec 1: 2 - 1 = 1, not more than 1
-        ("holder batching far over capacity", (SPEC, BATCH), "batching", 0, 11, "speculative",
-         KEPT),
-        ("holder not a candidate (down)", (SPEC,), "batching", 0, 0, "speculative",
-         KEPT),
+        (
+            "holder batching over capacity vs spec busy",
+            (SPEC, BATCH),
+            "batching",
+            1,
+            9,
+            "batching",
+            RULE,
+        ),  # waits: batching 2, spec 1: 2 - 1 = 1, not more than 1
+        (
+            "holder batching far over capacity",
+            (SPEC, BATCH),
+            "batching",
+            0,
+            11,
+            "speculative",
+            KEPT,
+        ),
+        ("holder not a candidate (down)", (SPEC,), "batching", 0, 0, "speculative", KEPT),
         ("first is external", (EXT,), "batching", 0, 0, "lms", KEPT),
     ],
 )
-def test_steering_table(name: str, candidates: tuple[Candidate, ...], holder: str | None,
-                        spec_load: int, batch_load: int, first: str, rule: str) -> None:
+def test_steering_table(
+    name: str,
+    candidates: tuple[Candidate, ...],
+    holder: str | None,
+    spec_load: int,
+    batch_load: int,
+    first: str,
+    rule: str,
+) -> None:
     lanes = [lane("speculative", spec_load), lane("batching", batch_load, capacity=8)]
     out, out_rule = steer(candidates, KEPT, holder, lanes, T)
     assert (out[0].lane, out_rule) == (first, rule), name
@@ -131,12 +171,21 @@ def test_steering_table(name: str, candidates: tuple[Candidate, ...], holder: st
 
 @pytest.mark.parametrize(
     ("holder_wait", "other_wait", "abs_t", "rel_t", "expected"),
-    [(0, 0, 1, 1.5, False), (2, 0, 1, 1.5, True), (2, 1, 1, 1.5, False), (5, 3, 1, 1.5, True),
-     (5, 4, 1, 1.5, False), (6, 4, 1, 1.5, False), (7, 4, 1, 1.5, True), (7, 4, 1, 2.0, False),
-     (3, 0, 3, 1.0, False)],
+    [
+        (0, 0, 1, 1.5, False),
+        (2, 0, 1, 1.5, True),
+        (2, 1, 1, 1.5, False),
+        (5, 3, 1, 1.5, True),
+        (5, 4, 1, 1.5, False),
+        (6, 4, 1, 1.5, False),
+        (7, 4, 1, 1.5, True),
+        (7, 4, 1, 2.0, False),
+        (3, 0, 3, 1.0, False),
+    ],
 )
-def test_imbalance_needs_both_thresholds(holder_wait: int, other_wait: int, abs_t: int,
-                                         rel_t: float, expected: bool) -> None:
+def test_imbalance_needs_both_thresholds(
+    holder_wait: int, other_wait: int, abs_t: int, rel_t: float, expected: bool
+) -> None:
     assert imbalanced(holder_wait, other_wait, AffinityThresholds(abs_t, rel_t)) is expected
 
 
@@ -145,14 +194,23 @@ def test_wait_counts_requests_ahead_beyond_capacity() -> None:
     assert wait(lane("s", 0, capacity=1)) == 0 and wait(lane("s", 1, capacity=1)) == 1
 
 
-def decide(holder: str | None, rules: RoutingRules | None = None, n: int = 1,
-           preset_header: str | None = None, domain: str | None = None) -> tuple[str, str]:
-    views = (lane("speculative", speculative=True, cache_domain=domain),
-             lane("batching", capacity=8, cache_domain=domain))
-    facts = RequestFacts(RouteRequest("chat", MODEL, n=n), cache_holder=holder,
-                         preset_header=preset_header)
-    result = classify(facts, Policy(client="c"), DEFAULT_PRESETS, views,
-                      rules=rules or RoutingRules())
+def decide(
+    holder: str | None,
+    rules: RoutingRules | None = None,
+    n: int = 1,
+    preset_header: str | None = None,
+    domain: str | None = None,
+) -> tuple[str, str]:
+    views = (
+        lane("speculative", speculative=True, cache_domain=domain),
+        lane("batching", capacity=8, cache_domain=domain),
+    )
+    facts = RequestFacts(
+        RouteRequest("chat", MODEL, n=n), cache_holder=holder, preset_header=preset_header
+    )
+    result = classify(
+        facts, Policy(client="c"), DEFAULT_PRESETS, views, rules=rules or RoutingRules()
+    )
     return result.decision.candidates[0].lane, result.decision.reason
 
 
@@ -174,8 +232,17 @@ def test_a_cached_prefix_never_overrules_a_shape_or_speculation_rule() -> None:
     from router.routing.classify import AFFINITY_MAY_OVERRULE, RULES
 
     assert AFFINITY_MAY_OVERRULE <= set(RULES)
-    for rule in ("n>1", "long-prompt", "high-temperature", "short-output", "spec-inactive",
-                 "spec-not-paying", "spec-probe", "prefer-batching", "override"):
+    for rule in (
+        "n>1",
+        "long-prompt",
+        "high-temperature",
+        "short-output",
+        "spec-inactive",
+        "spec-not-paying",
+        "spec-probe",
+        "prefer-batching",
+        "override",
+    ):
         assert rule not in AFFINITY_MAY_OVERRULE
 
 
@@ -187,7 +254,8 @@ def test_the_same_conversation_in_two_partitions_shares_no_fingerprint() -> None
     assert not set(alice) & set(fingerprints("chat", body))
     # the pair is encoded unambiguously: no partition name can pose as another endpoint
     assert fingerprints("completions", {"prompt": "x"}, "a") != fingerprints(
-        "completions", {"prompt": "x"}, "")
+        "completions", {"prompt": "x"}, ""
+    )
     affinity = AffinityMap()
     affinity.record(alice, "batching")
     assert affinity.holder(fingerprints("chat", body, "client:bob")) is None
@@ -198,7 +266,9 @@ def test_lanes_of_one_worker_share_one_cache_and_nothing_is_held() -> None:
     """The shared layout: a prefix is found by either lane, so affinity stays out of the way
     and the decision says why."""
     assert decide("batching", domain="shared") == (
-        "speculative", "preset=none,spec-lane-free->speculative,cache=shared")
+        "speculative",
+        "preset=none,spec-lane-free->speculative,cache=shared",
+    )
     assert decide(None, domain="shared")[1].endswith(",cache=shared")
     assert decide("batching") == ("batching", "preset=none,cache-affinity->batching")
 
@@ -209,6 +279,7 @@ def test_one_cache_needs_two_lanes_in_one_domain() -> None:
     assert not one_cache(shared[:1])
     assert not one_cache([lane("speculative"), lane("batching")])
     assert not one_cache([shared[0], lane("batching", cache_domain="other")])
-    external = BackendView(name="x", lane=None, models=frozenset({MODEL}), ready=True,
-                           cooled_down=False)
+    external = BackendView(
+        name="x", lane=None, models=frozenset({MODEL}), ready=True, cooled_down=False
+    )
     assert one_cache([*shared, external])

@@ -68,9 +68,9 @@ def write_policies(directory: Path, texts: dict[str, str]) -> None:
 
 
 @asynccontextmanager
-async def policy_router(tmp_path: Path, texts: dict[str, str] = POLICIES_TEXT,
-                        **overrides: object) -> AsyncIterator[tuple[RunningRouter, FakeUpstream,
-                                                                    FakeUpstream]]:
+async def policy_router(
+    tmp_path: Path, texts: dict[str, str] = POLICIES_TEXT, **overrides: object
+) -> AsyncIterator[tuple[RunningRouter, FakeUpstream, FakeUpstream]]:
     write_policies(tmp_path, texts)
     async with fake_upstreams("spec", "batch") as (spec, batch):
         settings = router_settings(backends=[], policies_dir=str(tmp_path), **overrides)
@@ -85,7 +85,8 @@ async def policy_router(tmp_path: Path, texts: dict[str, str] = POLICIES_TEXT,
 
 async def chat_headers(client: openai.AsyncOpenAI, **kw: object) -> dict[str, str]:
     raw = await client.chat.completions.with_raw_response.create(
-        model=kw.pop("model", MODEL), messages=CHAT, **kw)  # type: ignore[arg-type]
+        model=kw.pop("model", MODEL), messages=CHAT, **kw
+    )  # type: ignore[arg-type]
     return {k.lower(): v for k, v in raw.headers.items() if k.lower().startswith("x-speclane")}
 
 
@@ -118,8 +119,9 @@ async def test_preset_by_header_and_by_model_suffix(tmp_path: Path) -> None:
         by_header = await chat_headers(client, extra_headers={"X-Speclane-Preset": "throughput"})
         by_suffix = await chat_headers(client, model=f"{MODEL}@throughput")
         with pytest.raises(openai.BadRequestError, match=r"interactive.*throughput"):
-            await client.chat.completions.create(model=MODEL, messages=CHAT,
-                                                 extra_headers={"X-Speclane-Preset": "warp"})
+            await client.chat.completions.create(
+                model=MODEL, messages=CHAT, extra_headers={"X-Speclane-Preset": "warp"}
+            )
     assert by_header["x-speclane-lane"] == by_suffix["x-speclane-lane"] == "batching"
     assert by_suffix["x-speclane-decision"].startswith("preset=throughput")
     assert batch.requests[-1].body["model"] == MODEL  # the suffix never reaches the backend
@@ -131,11 +133,14 @@ async def test_override_allowed_forced_and_refused(tmp_path: Path) -> None:
         forced = await chat_headers(debugger, extra_headers={"X-Speclane-Lane": "batching"})
         with pytest.raises(openai.PermissionDeniedError):
             await r.client(api_key="sk-batch-0123456789").chat.completions.create(
-                model=MODEL, messages=CHAT, extra_headers={"X-Speclane-Lane": "speculative"})
+                model=MODEL, messages=CHAT, extra_headers={"X-Speclane-Lane": "speculative"}
+            )
         with pytest.raises(openai.BadRequestError):
             await debugger.chat.completions.create(
-                model=MODEL, messages=CHAT,
-                extra_headers={"X-Speclane-Lane": "http://evil.example/v1"})
+                model=MODEL,
+                messages=CHAT,
+                extra_headers={"X-Speclane-Lane": "http://evil.example/v1"},
+            )
     assert forced["x-speclane-lane"] == "batching"
     assert forced["x-speclane-decision"] == "override->batching"
     assert len(batch.requests) == 1 and not spec.requests  # the refused ones went nowhere
@@ -172,8 +177,12 @@ async def test_concurrency_limit_queues_then_429_with_retry_after(tmp_path: Path
 
 
 async def test_queued_request_is_served_when_the_slot_frees(tmp_path: Path) -> None:
-    texts = {**POLICIES_TEXT, "batchjob.toml": POLICIES_TEXT["batchjob.toml"].replace(
-        "queue_timeout = 0.3", "queue_timeout = 10")}
+    texts = {
+        **POLICIES_TEXT,
+        "batchjob.toml": POLICIES_TEXT["batchjob.toml"].replace(
+            "queue_timeout = 0.3", "queue_timeout = 10"
+        ),
+    }
     async with policy_router(tmp_path, texts) as (r, _, batch):
         batch.behaviour = Behaviour(delay_headers=0.5)
         client = r.client(api_key="sk-batch-0123456789")
@@ -191,7 +200,8 @@ async def test_reload_on_file_change_and_bad_reload_keeps_old(tmp_path: Path) ->
         assert (await chat_headers(client))["x-speclane-client"] == "default"
         attempts = watcher.attempts
         (tmp_path / "newbie.toml").write_text(
-            'client = "newbie"\n[match]\nclient_header = ["newbie"]\n')
+            'client = "newbie"\n[match]\nclient_header = ["newbie"]\n'
+        )
         assert (await watcher.wait_reload(attempts)).ok
         assert (await chat_headers(client))["x-speclane-client"] == "newbie"
         attempts = watcher.attempts
@@ -216,12 +226,15 @@ async def test_reload_on_sighup(tmp_path: Path) -> None:
 
 async def test_a_protected_client_named_without_its_key_is_the_default(tmp_path: Path) -> None:
     """The header opens nothing the default would not give (and reveals nothing)."""
-    texts = {**POLICIES_TEXT, "batchjob.toml": POLICIES_TEXT["batchjob.toml"].replace(
-        "[match]", "require_api_key = true\n[match]\nclient_header = [\"batchjob\"]")}
+    texts = {
+        **POLICIES_TEXT,
+        "batchjob.toml": POLICIES_TEXT["batchjob.toml"].replace(
+            "[match]", 'require_api_key = true\n[match]\nclient_header = ["batchjob"]'
+        ),
+    }
     async with policy_router(tmp_path, texts) as (r, _, _):
         client = r.client(default_headers={"X-Speclane-Client": "batchjob"})
         assert (await chat_headers(client))["x-speclane-client"] == "default"
-
 
 
 async def test_a_lane_counts_as_busy_before_it_answers(tmp_path: Path) -> None:
@@ -242,15 +255,19 @@ async def test_a_lane_counts_as_busy_before_it_answers(tmp_path: Path) -> None:
 async def test_a_conversation_goes_back_to_the_lane_holding_its_prefix(tmp_path: Path) -> None:
     system = {"role": "system", "content": "You are a coding agent. " * 50}
     turn1 = [system, {"role": "user", "content": "read main.py"}]
-    turn2 = [*turn1, {"role": "assistant", "content": "done"},
-             {"role": "user", "content": "now fix it"}]
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "now fix it"},
+    ]
     other = [{"role": "system", "content": "Another agent."}, {"role": "user", "content": "hi"}]
     async with policy_router(tmp_path) as (r, spec, batch):
         client = r.client(default_headers={"X-Speclane-Client": "openclaw"})
 
         async def headers(messages: list[dict[str, str]], **kw: object) -> dict[str, str]:
             raw = await client.chat.completions.with_raw_response.create(
-                model=MODEL, messages=messages, **kw)  # type: ignore[arg-type]
+                model=MODEL, messages=messages, **kw
+            )  # type: ignore[arg-type]
             return {k.lower(): v for k, v in raw.headers.items()}
 
         first = await headers(turn1, extra_headers={"X-Speclane-Preset": "throughput"})

@@ -24,60 +24,72 @@ from router.routing.types import BackendView, Candidate, RouteRequest
 from router.speculation.families import FAMILIES
 
 
-@pytest.mark.parametrize(("family", "configured", "has_draft", "expected"), [
-    # auto: copying families look up the prompt; chat gets the draft model while one runs
-    ("code-block", "auto", True, "prompt_lookup"),
-    ("tools", "auto", True, "prompt_lookup"),
-    ("chat", "auto", True, "draft_model"),
-    ("chat", "auto", False, "prompt_lookup"),
-    ("code-block", "auto", False, "prompt_lookup"),
-    ("prediction", "auto", True, None),  # the lane drafts from the prediction: ask nothing
-    # a fixed value is that source for every family
-    ("code-block", "draft_model", True, "draft_model"),
-    ("chat", "draft_model", False, None),  # no draft model loaded: nothing to ask for
-    ("chat", "prompt_lookup", True, "prompt_lookup"),
-    ("tools", "prompt_lookup", False, "prompt_lookup"),
-    ("tools", "suffix", False, "suffix"),
-    ("chat", "none", True, None),
-    ("code-block", "none", True, None),
-    ("prediction", "prompt_lookup", True, None),
-])
-def test_lane_source_per_family(family: str, configured: str, has_draft: bool,
-                                expected: str | None) -> None:
+@pytest.mark.parametrize(
+    ("family", "configured", "has_draft", "expected"),
+    [
+        # auto: copying families look up the prompt; chat gets the draft model while one runs
+        ("code-block", "auto", True, "prompt_lookup"),
+        ("tools", "auto", True, "prompt_lookup"),
+        ("chat", "auto", True, "draft_model"),
+        ("chat", "auto", False, "prompt_lookup"),
+        ("code-block", "auto", False, "prompt_lookup"),
+        ("prediction", "auto", True, None),  # the lane drafts from the prediction: ask nothing
+        # a fixed value is that source for every family
+        ("code-block", "draft_model", True, "draft_model"),
+        ("chat", "draft_model", False, None),  # no draft model loaded: nothing to ask for
+        ("chat", "prompt_lookup", True, "prompt_lookup"),
+        ("tools", "prompt_lookup", False, "prompt_lookup"),
+        ("tools", "suffix", False, "suffix"),
+        ("chat", "none", True, None),
+        ("code-block", "none", True, None),
+        ("prediction", "prompt_lookup", True, None),
+    ],
+)
+def test_lane_source_per_family(
+    family: str, configured: str, has_draft: bool, expected: str | None
+) -> None:
     assert lane_source(family, configured, has_draft) == expected
 
 
-@pytest.mark.parametrize(("family", "asked", "configured", "has_draft", "expected"), [
-    ("prediction", "draft_model", "auto", True, "prediction"),  # a prediction always wins
-    ("chat", "prompt_lookup", "auto", True, "prompt_lookup"),  # the client's own choice
-    ("chat", "suffix", "auto", True, "suffix"),
-    ("code-block", "draft_model", "auto", True, "draft_model"),
-    ("code-block", None, "auto", True, "prompt_lookup"),
-    ("chat", None, "auto", True, "draft_model"),
-    ("chat", None, "none", True, "none"),
-    ("chat", None, "draft_model", False, "none"),
-])
-def test_request_source_is_the_key_part(family: str, asked: str | None, configured: str,
-                                        has_draft: bool, expected: str) -> None:
+@pytest.mark.parametrize(
+    ("family", "asked", "configured", "has_draft", "expected"),
+    [
+        ("prediction", "draft_model", "auto", True, "prediction"),  # a prediction always wins
+        ("chat", "prompt_lookup", "auto", True, "prompt_lookup"),  # the client's own choice
+        ("chat", "suffix", "auto", True, "suffix"),
+        ("code-block", "draft_model", "auto", True, "draft_model"),
+        ("code-block", None, "auto", True, "prompt_lookup"),
+        ("chat", None, "auto", True, "draft_model"),
+        ("chat", None, "none", True, "none"),
+        ("chat", None, "draft_model", False, "none"),
+    ],
+)
+def test_request_source_is_the_key_part(
+    family: str, asked: str | None, configured: str, has_draft: bool, expected: str
+) -> None:
     assert request_source(family, asked, configured, has_draft) == expected
 
 
-@pytest.mark.parametrize(("family", "configured", "has_draft", "expected"), [
-    # auto: the preferred source first, the other one to fall back on
-    ("chat", "auto", True, ("draft_model", "prompt_lookup", "suffix")),
-    ("code-block", "auto", True, ("prompt_lookup", "suffix", "draft_model")),
-    ("tools", "auto", True, ("prompt_lookup", "suffix", "draft_model")),
-    ("chat", "auto", False, ("prompt_lookup", "suffix")),
-    ("tools", "suffix", True, ("suffix",)),
-    ("chat", "suffix", False, ("suffix",)),
-    ("prediction", "auto", True, ()),
-    # a fixed value is one source
-    ("chat", "prompt_lookup", True, ("prompt_lookup",)),
-    ("code-block", "draft_model", True, ("draft_model",)),
-    ("chat", "none", True, ()),
-])
-def test_lane_sources_in_order_of_preference(family: str, configured: str, has_draft: bool,
-                                             expected: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    ("family", "configured", "has_draft", "expected"),
+    [
+        # auto: the preferred source first, the other one to fall back on
+        ("chat", "auto", True, ("draft_model", "prompt_lookup", "suffix")),
+        ("code-block", "auto", True, ("prompt_lookup", "suffix", "draft_model")),
+        ("tools", "auto", True, ("prompt_lookup", "suffix", "draft_model")),
+        ("chat", "auto", False, ("prompt_lookup", "suffix")),
+        ("tools", "suffix", True, ("suffix",)),
+        ("chat", "suffix", False, ("suffix",)),
+        ("prediction", "auto", True, ()),
+        # a fixed value is one source
+        ("chat", "prompt_lookup", True, ("prompt_lookup",)),
+        ("code-block", "draft_model", True, ("draft_model",)),
+        ("chat", "none", True, ()),
+    ],
+)
+def test_lane_sources_in_order_of_preference(
+    family: str, configured: str, has_draft: bool, expected: tuple[str, ...]
+) -> None:
     assert lane_sources(family, configured, has_draft) == expected
 
 
@@ -90,18 +102,22 @@ def test_a_request_source_of_its_own_is_the_only_one() -> None:
 ON, OFF, PROBE = SpecAdvice(), SpecAdvice(use=False), SpecAdvice(use=False, probe=True)
 
 
-@pytest.mark.parametrize(("states", "expected"), [
-    ({"draft_model": ON, "prompt_lookup": ON}, ("draft_model", ON)),
-    # the preferred source stopped paying: the next one that is on
-    ({"draft_model": OFF, "prompt_lookup": ON}, ("prompt_lookup", ON)),
-    # ...unless the preferred one's probe is due: it is probed on its schedule
-    ({"draft_model": PROBE, "prompt_lookup": ON}, ("draft_model", PROBE)),
-    ({"draft_model": OFF, "prompt_lookup": PROBE}, ("prompt_lookup", PROBE)),
-    # off everywhere: the first, off (the request decodes plainly)
-    ({"draft_model": OFF, "prompt_lookup": OFF}, ("draft_model", OFF)),
-])
-def test_choose_source_takes_the_first_that_pays(states: dict[str, SpecAdvice],
-                                                 expected: tuple[str, SpecAdvice]) -> None:
+@pytest.mark.parametrize(
+    ("states", "expected"),
+    [
+        ({"draft_model": ON, "prompt_lookup": ON}, ("draft_model", ON)),
+        # the preferred source stopped paying: the next one that is on
+        ({"draft_model": OFF, "prompt_lookup": ON}, ("prompt_lookup", ON)),
+        # ...unless the preferred one's probe is due: it is probed on its schedule
+        ({"draft_model": PROBE, "prompt_lookup": ON}, ("draft_model", PROBE)),
+        ({"draft_model": OFF, "prompt_lookup": PROBE}, ("prompt_lookup", PROBE)),
+        # off everywhere: the first, off (the request decodes plainly)
+        ({"draft_model": OFF, "prompt_lookup": OFF}, ("draft_model", OFF)),
+    ],
+)
+def test_choose_source_takes_the_first_that_pays(
+    states: dict[str, SpecAdvice], expected: tuple[str, SpecAdvice]
+) -> None:
     asked: list[str] = []
 
     def advise(source: str) -> SpecAdvice:
@@ -118,20 +134,30 @@ def test_every_family_and_setting_gives_a_known_source() -> None:
         for configured in ("auto", "draft_model", "prompt_lookup", "suffix", "none"):
             for has_draft in (True, False):
                 source = request_source(family, None, configured, has_draft)
-                assert source in ("prediction", "draft_model", "prompt_lookup", "suffix",
-                                  "none")
+                assert source in ("prediction", "draft_model", "prompt_lookup", "suffix", "none")
 
 
-@pytest.mark.parametrize(("candidate", "asked", "key"), [
-    (Candidate("speculative", "speculative", True, "prompt_lookup"), "prompt_lookup",
-     "prompt_lookup"),
-    (Candidate("speculative", "speculative", True, "draft_model"), "draft_model", "draft_model"),
-    (Candidate("speculative", "speculative", True, "prediction"), None, "prediction"),
-    (Candidate("speculative", "speculative", False, "none"), None, "none"),
-    (Candidate("llamacpp", "llamacpp", True), None, "draft_model"),  # external: its draft
-])
+@pytest.mark.parametrize(
+    ("candidate", "asked", "key"),
+    [
+        (
+            Candidate("speculative", "speculative", True, "prompt_lookup"),
+            "prompt_lookup",
+            "prompt_lookup",
+        ),
+        (
+            Candidate("speculative", "speculative", True, "draft_model"),
+            "draft_model",
+            "draft_model",
+        ),
+        (Candidate("speculative", "speculative", True, "prediction"), None, "prediction"),
+        (Candidate("speculative", "speculative", False, "none"), None, "none"),
+        (Candidate("llamacpp", "llamacpp", True), None, "draft_model"),  # external: its draft
+    ],
+)
 def test_what_the_body_asks_and_what_the_state_is_keyed_by(
-        candidate: Candidate, asked: str | None, key: str) -> None:
+    candidate: Candidate, asked: str | None, key: str
+) -> None:
     assert asked_source(candidate) == asked
     assert candidate_source(candidate) == key
 
@@ -139,22 +165,32 @@ def test_what_the_body_asks_and_what_the_state_is_keyed_by(
 def lanes(has_draft: bool, setting: str = "auto") -> tuple[BackendView, ...]:
     common: dict[str, Any] = {"models": frozenset({"m"}), "ready": True, "cooled_down": False}
     return (
-        BackendView("speculative", "speculative", speculative=True, source_setting=setting,
-                    has_draft=has_draft, **common),
+        BackendView(
+            "speculative",
+            "speculative",
+            speculative=True,
+            source_setting=setting,
+            has_draft=has_draft,
+            **common,
+        ),
         BackendView("batching", "batching", **common),
         BackendView("ext", None, speculative=True, **common),
     )
 
 
-@pytest.mark.parametrize(("family", "asked", "has_draft", "source"), [
-    ("chat", None, True, "draft_model"),
-    ("code-block", None, True, "prompt_lookup"),
-    ("chat", None, False, "prompt_lookup"),
-    ("chat", "prompt_lookup", True, "prompt_lookup"),
-    ("prediction", None, False, "prediction"),
-])
+@pytest.mark.parametrize(
+    ("family", "asked", "has_draft", "source"),
+    [
+        ("chat", None, True, "draft_model"),
+        ("code-block", None, True, "prompt_lookup"),
+        ("chat", None, False, "prompt_lookup"),
+        ("chat", "prompt_lookup", True, "prompt_lookup"),
+        ("prediction", None, False, "prediction"),
+    ],
+)
 def test_classify_asks_the_oracle_and_marks_the_lane_candidate(
-        family: str, asked: str | None, has_draft: bool, source: str) -> None:
+    family: str, asked: str | None, has_draft: bool, source: str
+) -> None:
     asked_oracle: list[tuple[str, str, str]] = []
 
     def oracle(model: str, workload: str, src: str) -> Any:
@@ -162,8 +198,9 @@ def test_classify_asks_the_oracle_and_marks_the_lane_candidate(
         return SPECULATION_PAYS
 
     request = RouteRequest("chat", "m", family=family, draft_source=asked)
-    result = classify(RequestFacts(request), Policy(client="c"), DEFAULT_PRESETS,
-                      lanes(has_draft), spec=oracle)
+    result = classify(
+        RequestFacts(request), Policy(client="c"), DEFAULT_PRESETS, lanes(has_draft), spec=oracle
+    )
     assert asked_oracle == [("m", f"c:none:{family}", source)]
     by_backend = {c.backend: c for c in result.decision.candidates}
     assert by_backend["speculative"].source == source
@@ -174,8 +211,13 @@ def test_classify_asks_the_oracle_and_marks_the_lane_candidate(
 def test_without_a_lane_the_oracle_is_asked_about_the_external_draft_model() -> None:
     seen: list[str] = []
     views = tuple(v for v in lanes(True) if v.lane is None)
-    classify(RequestFacts(RouteRequest("chat", "m", family="code-block")), Policy(client="c"),
-             DEFAULT_PRESETS, views, spec=lambda m, w, s: seen.append(s) or SPECULATION_PAYS)
+    classify(
+        RequestFacts(RouteRequest("chat", "m", family="code-block")),
+        Policy(client="c"),
+        DEFAULT_PRESETS,
+        views,
+        spec=lambda m, w, s: seen.append(s) or SPECULATION_PAYS,
+    )
     assert seen == ["draft_model"]
 
 
@@ -183,15 +225,24 @@ def test_chat_falls_back_on_prompt_lookup_once_the_draft_model_is_off() -> None:
     def oracle(model: str, workload: str, src: str) -> SpecAdvice:
         return OFF if src == "draft_model" else ON
 
-    result = classify(RequestFacts(RouteRequest("chat", "m", family="chat")),
-                      Policy(client="c"), DEFAULT_PRESETS, lanes(True), spec=oracle)
+    result = classify(
+        RequestFacts(RouteRequest("chat", "m", family="chat")),
+        Policy(client="c"),
+        DEFAULT_PRESETS,
+        lanes(True),
+        spec=oracle,
+    )
     first = result.decision.candidates[0]
     assert (first.backend, first.source) == ("speculative", "prompt_lookup")
     assert result.decision.labels["spec_source"] == "prompt_lookup"
     assert result.decision.labels["rule"] == "spec-lane-free"
     # both off: spec-not-paying sends it to batching
-    result = classify(RequestFacts(RouteRequest("chat", "m", family="chat")),
-                      Policy(client="c"), DEFAULT_PRESETS, lanes(True),
-                      spec=lambda m, w, s: OFF)
+    result = classify(
+        RequestFacts(RouteRequest("chat", "m", family="chat")),
+        Policy(client="c"),
+        DEFAULT_PRESETS,
+        lanes(True),
+        spec=lambda m, w, s: OFF,
+    )
     assert result.decision.candidates[0].backend == "batching"
     assert result.decision.labels["rule"] == "spec-not-paying"

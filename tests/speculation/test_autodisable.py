@@ -14,17 +14,34 @@ from router.speculation.record import NotReported, Observation, SpecRecord, buil
 KEY = SpecKey("speculative", "smollm2-135m", "chat")
 
 SETTINGS = SpecSettings(
-    window_size=200, min_sample=100, off_threshold=0.30, on_threshold=0.45,
-    speed_window=8, min_speed_samples=3, min_decode_tokens=16, off_speed_margin=0.05,
-    on_speed_margin=0.10, probe_min_spacing=10, probe_initial=30, probe_max=600,
-    probe_backoff=2.0, probes_to_enable=3, probe_min_drafted=16, probe_timeout=120,
+    window_size=200,
+    min_sample=100,
+    off_threshold=0.30,
+    on_threshold=0.45,
+    speed_window=8,
+    min_speed_samples=3,
+    min_decode_tokens=16,
+    off_speed_margin=0.05,
+    on_speed_margin=0.10,
+    probe_min_spacing=10,
+    probe_initial=30,
+    probe_max=600,
+    probe_backoff=2.0,
+    probes_to_enable=3,
+    probe_min_drafted=16,
+    probe_timeout=120,
     baseline_spacing=60,
 )
 
 
 def rec(acceptance: float, drafted: int = 50, kind: str = "draft") -> SpecRecord:
-    r = build_record("speclane", "request", kind, drafted=drafted,  # type: ignore[arg-type]
-                     accepted=round(acceptance * drafted))
+    r = build_record(
+        "speclane",
+        "request",
+        kind,
+        drafted=drafted,  # type: ignore[arg-type]
+        accepted=round(acceptance * drafted),
+    )
     assert isinstance(r, SpecRecord)
     return r
 
@@ -41,8 +58,13 @@ class Traffic:
         self.transitions: list[Transition] = []
         self.probes: list[float] = []
 
-    def send(self, acceptance: float | None, tps: float | None = None,
-             baseline_tps: float | None = None, step: float = 5.0) -> Verdict:
+    def send(
+        self,
+        acceptance: float | None,
+        tps: float | None = None,
+        baseline_tps: float | None = None,
+        step: float = 5.0,
+    ) -> Verdict:
         self.now += step
         v = self.auto.verdict(self.key, self.now)
         if v.probe:
@@ -50,10 +72,12 @@ class Traffic:
         if v.use_speculation:
             result = None if acceptance is None else rec(acceptance)
             self.transitions += self.auto.record(
-                self.key, result, None if tps is None else obs(tps), self.now, v.ticket)
+                self.key, result, None if tps is None else obs(tps), self.now, v.ticket
+            )
         elif baseline_tps is not None:
-            self.auto.record_baseline(self.key.model, self.key.workload, obs(baseline_tps),
-                                      self.now, v.ticket)
+            self.auto.record_baseline(
+                self.key.model, self.key.workload, obs(baseline_tps), self.now, v.ticket
+            )
         return v
 
 
@@ -187,8 +211,9 @@ def test_hysteresis_holds_acceptance_oscillating_between_the_thresholds() -> Non
 
 
 def test_without_hysteresis_the_same_traffic_flaps() -> None:
-    single = SETTINGS.model_copy(update={"off_threshold": 0.37, "on_threshold": 0.37,
-                                         "probes_to_enable": 1})
+    single = SETTINGS.model_copy(
+        update={"off_threshold": 0.37, "on_threshold": 0.37, "probes_to_enable": 1}
+    )
     flapping = oscillating(AutoDisable(single), [0.6] * 4)
     # The relapse back-off slows it down, but it still flips every few cycles.
     assert len(flapping.transitions) >= 4
@@ -208,7 +233,10 @@ def test_good_acceptance_but_slower_turns_off_as_not_faster() -> None:
     t.send(0.8, tps=44.0)
     (off,) = t.transitions
     assert (off.reason, off.figures["spec_tps"], off.figures["baseline_tps"]) == (
-        "not_faster", 45.0, 50.0)
+        "not_faster",
+        45.0,
+        50.0,
+    )
     assert off.figures["ratio"] == pytest.approx(0.9)
     # Probes with fine acceptance but no speed gain stay bad; faster ones bring it back.
     while len(t.probes) < 2:
@@ -367,5 +395,9 @@ def test_snapshot_is_json_ready() -> None:
     assert (row["state"], row["reason"], row["workload"]) == ("off", "low_acceptance", "chat")
     assert row["probe"]["next_in"] == 25 and row["probe"]["in_flight"] is False
     assert row["window"]["acceptance"] == 0.0
-    assert row["thresholds"] == {"off": 0.3, "on": 0.45, "off_speed_margin": 0.05,
-                                 "on_speed_margin": 0.1}
+    assert row["thresholds"] == {
+        "off": 0.3,
+        "on": 0.45,
+        "off_speed_margin": 0.05,
+        "on_speed_margin": 0.1,
+    }

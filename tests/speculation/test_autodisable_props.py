@@ -27,20 +27,31 @@ def probe_settings(draw: st.DrawFn) -> SpecSettings:
     min_spacing = draw(st.floats(1, 30))
     initial = min_spacing * draw(st.floats(1, 4))
     return SpecSettings(
-        window_size=100, min_sample=50, speed_window=4, min_speed_samples=2,
-        probe_min_spacing=min_spacing, probe_initial=initial,
-        probe_max=initial * draw(st.floats(1, 20)), probe_backoff=draw(st.floats(1, 3)),
-        probes_to_enable=draw(st.integers(1, 3)), probe_timeout=draw(st.floats(1, 200)),
-        probe_min_drafted=10, baseline_spacing=draw(st.sampled_from([0.0, 5.0, 60.0])),
+        window_size=100,
+        min_sample=50,
+        speed_window=4,
+        min_speed_samples=2,
+        probe_min_spacing=min_spacing,
+        probe_initial=initial,
+        probe_max=initial * draw(st.floats(1, 20)),
+        probe_backoff=draw(st.floats(1, 3)),
+        probes_to_enable=draw(st.integers(1, 3)),
+        probe_timeout=draw(st.floats(1, 200)),
+        probe_min_drafted=10,
+        baseline_spacing=draw(st.sampled_from([0.0, 5.0, 60.0])),
     )
 
 
-ACTIONS = ["verdict"] * 4 + ["good"] * 2 + ["bad", "empty", "cancel", "low", "high",
-                                             "baseline", "fast", "slow"]
+ACTIONS = (
+    ["verdict"] * 4
+    + ["good"] * 2
+    + ["bad", "empty", "cancel", "low", "high", "baseline", "fast", "slow"]
+)
 delays = st.one_of(st.just(0.0), st.floats(0, 5), st.floats(0, 60))
 # Starting with a collapse, so that every example spends its time probing.
 operations = st.lists(st.tuples(delays, st.sampled_from(ACTIONS)), min_size=30, max_size=150).map(
-    lambda ops: [(0.0, "low"), *ops])
+    lambda ops: [(0.0, "low"), *ops]
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -83,9 +94,15 @@ def hysteresis_case(draw: st.DrawFn) -> tuple[SpecSettings, list[tuple[float, in
     off = draw(st.integers(5, 60)) / 100
     on = min(1.0, off + draw(st.integers(5, 35)) / 100)
     s = SpecSettings(
-        off_threshold=off, on_threshold=on, window_size=draw(st.integers(50, 400)),
-        min_sample=50, probe_min_spacing=1, probe_initial=5, probe_max=50,
-        probes_to_enable=draw(st.integers(1, 3)), probe_min_drafted=10,
+        off_threshold=off,
+        on_threshold=on,
+        window_size=draw(st.integers(50, 400)),
+        min_sample=50,
+        probe_min_spacing=1,
+        probe_initial=5,
+        probe_max=50,
+        probes_to_enable=draw(st.integers(1, 3)),
+        probe_min_drafted=10,
     )
     traffic = []
     for _ in range(draw(st.integers(1, 120))):
@@ -110,7 +127,7 @@ def run(auto: AutoDisable, traffic: list[tuple[float, int, int]], now: float) ->
 @settings(max_examples=300, deadline=None)
 @given(case=hysteresis_case())
 def test_acceptance_between_the_thresholds_never_turns_speculation_off(
-    case: tuple[SpecSettings, list[tuple[float, int, int]]]
+    case: tuple[SpecSettings, list[tuple[float, int, int]]],
 ) -> None:
     s, traffic = case
     auto = AutoDisable(s)
@@ -121,7 +138,7 @@ def test_acceptance_between_the_thresholds_never_turns_speculation_off(
 @settings(max_examples=300, deadline=None)
 @given(case=hysteresis_case())
 def test_acceptance_between_the_thresholds_never_turns_it_back_on(
-    case: tuple[SpecSettings, list[tuple[float, int, int]]]
+    case: tuple[SpecSettings, list[tuple[float, int, int]]],
 ) -> None:
     s, traffic = case
     auto = AutoDisable(s)
@@ -144,8 +161,9 @@ def test_transitions_alternate_and_snapshots_stay_json_ready(
         if v.use_speculation:
             accepted = 0 if action in ("low", "bad") else 90
             tps = 10.0 if action == "slow" else 100.0
-            transitions += auto.record(KEY, rec(100, accepted), Observation(101, 100 / tps),
-                                       now, v.ticket)
+            transitions += auto.record(
+                KEY, rec(100, accepted), Observation(101, 100 / tps), now, v.ticket
+            )
         else:
             auto.record_baseline(KEY.model, KEY.workload, Observation(101, 1.0), now, v.ticket)
     states = [t.state for t in transitions]

@@ -18,16 +18,20 @@ from router.speculation.record import Malformed, SpecRecord
 MODEL = "Qwen/Qwen3-8B"
 
 
-def vllm_metrics(drafts: int, draft_tokens: int, accepted: int, per_pos: tuple[int, ...],
-                 engines: int = 1) -> str:
+def vllm_metrics(
+    drafts: int, draft_tokens: int, accepted: int, per_pos: tuple[int, ...], engines: int = 1
+) -> str:
     """A /metrics page as vLLM's prometheus_client renders it (each engine gets a share)."""
     lines = [
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
         "# TYPE vllm:num_requests_running gauge",
         f'vllm:num_requests_running{{engine="0",model_name="{MODEL}"}} 1.0',
     ]
-    families = [("num_drafts", drafts), ("num_draft_tokens", draft_tokens),
-                ("num_accepted_tokens", accepted)]
+    families = [
+        ("num_drafts", drafts),
+        ("num_draft_tokens", draft_tokens),
+        ("num_accepted_tokens", accepted),
+    ]
     for what, total in families:
         name = f"vllm:spec_decode_{what}"
         lines += [f"# HELP {name}_total Spec decode counter.", f"# TYPE {name}_total counter"]
@@ -36,13 +40,16 @@ def vllm_metrics(drafts: int, draft_tokens: int, accepted: int, per_pos: tuple[i
             lines.append(f'{name}_total{{engine="{e}",model_name="{MODEL}"}} {float(share)}')
             lines.append(f'{name}_created{{engine="{e}",model_name="{MODEL}"}} 1.77e+09')
     name = "vllm:spec_decode_num_accepted_tokens_per_pos"
-    lines += [f"# HELP {name}_total Accepted tokens per draft position.",
-              f"# TYPE {name}_total counter"]
+    lines += [
+        f"# HELP {name}_total Accepted tokens per draft position.",
+        f"# TYPE {name}_total counter",
+    ]
     for pos, total in enumerate(per_pos):
         for e in range(engines):
             share = total // engines + (total % engines if e == 0 else 0)
             lines.append(
-                f'{name}_total{{engine="{e}",model_name="{MODEL}",position="{pos}"}} {share}.0')
+                f'{name}_total{{engine="{e}",model_name="{MODEL}",position="{pos}"}} {share}.0'
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -50,7 +57,8 @@ def test_vllm_counters_summed_over_engines() -> None:
     samples = parse_prometheus_spec(vllm_metrics(1520, 4560, 2870, (1210, 960, 700), engines=2))
     assert samples == {
         CounterKey("vllm", MODEL, "spec_decode"): CounterSample(
-            kind="draft", drafted=4560, accepted=2870, steps=1520, per_position=(1210, 960, 700)),
+            kind="draft", drafted=4560, accepted=2870, steps=1520, per_position=(1210, 960, 700)
+        ),
     }
 
 
@@ -71,7 +79,8 @@ llamacpp:spec_decode_num_accepted_tokens_per_pos{position="0"} 650
 def test_llamacpp_counters_without_total_suffix() -> None:
     assert parse_prometheus_spec(LLAMACPP) == {
         CounterKey("llamacpp", "", "spec_decode"): CounterSample(
-            kind="draft", drafted=1680, accepted=950, steps=210, per_position=(650, 300)),
+            kind="draft", drafted=1680, accepted=950, steps=210, per_position=(650, 300)
+        ),
     }
 
 
@@ -82,62 +91,94 @@ def test_both_spellings_of_one_counter_count_once() -> None:
 
 
 def test_unreadable_lines_are_skipped_not_fatal() -> None:
-    text = "\n".join([
-        'vllm:spec_decode_num_drafts_total{model_name="a"} NaN',
-        'vllm:spec_decode_num_draft_tokens_total{model_name="a"} lots',
-        'vllm:spec_decode_num_accepted_tokens_total{model_name="a"} -3',
-        'vllm:spec_decode_num_draft_tokens_total{model_name="a \\"quoted\\", b"} 12 1771660000000',
-        'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="a",position="x"} 4',
-        "garbage line",
-    ])
+    text = "\n".join(
+        [
+            'vllm:spec_decode_num_drafts_total{model_name="a"} NaN',
+            'vllm:spec_decode_num_draft_tokens_total{model_name="a"} lots',
+            'vllm:spec_decode_num_accepted_tokens_total{model_name="a"} -3',
+            'vllm:spec_decode_num_draft_tokens_total{model_name="a \\"quoted\\", b"} 12 '
+            "1771660000000",
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="a",position="x"} 4',
+            "garbage line",
+        ]
+    )
     assert parse_prometheus_spec(text) == {
         CounterKey("vllm", 'a "quoted", b', "spec_decode"): CounterSample(
-            kind="draft", drafted=12, accepted=None, steps=None),
+            kind="draft", drafted=12, accepted=None, steps=None
+        ),
     }
 
 
-@pytest.mark.parametrize(("escaped", "model"), [
-    ('C:\\\\new', "C:\\new"),  # an escaped backslash then "n": not a line end
-    ('a\\nb', "a\nb"),  # an escaped line end
-    ('say \\"hi\\"', 'say "hi"'),
-    ('\\\\\\"', '\\"'),
-])
+@pytest.mark.parametrize(
+    ("escaped", "model"),
+    [
+        ("C:\\\\new", "C:\\new"),  # an escaped backslash then "n": not a line end
+        ("a\\nb", "a\nb"),  # an escaped line end
+        ('say \\"hi\\"', 'say "hi"'),
+        ('\\\\\\"', '\\"'),
+    ],
+)
 def test_escaped_label_values(escaped: str, model: str) -> None:
     text = f'vllm:spec_decode_num_draft_tokens_total{{model_name="{escaped}"}} 7\n'
     assert parse_prometheus_spec(text) == {
         CounterKey("vllm", model, "spec_decode"): CounterSample(
-            kind="draft", drafted=7, accepted=None, steps=None)}
+            kind="draft", drafted=7, accepted=None, steps=None
+        )
+    }
 
 
 def test_one_series_per_model() -> None:
-    text = ('vllm:spec_decode_num_draft_tokens_total{model_name="a"} 10\n'
-            'vllm:spec_decode_num_draft_tokens_total{model_name="b"} 20\n')
+    text = (
+        'vllm:spec_decode_num_draft_tokens_total{model_name="a"} 10\n'
+        'vllm:spec_decode_num_draft_tokens_total{model_name="b"} 20\n'
+    )
     drafted = {k.model: v.drafted for k, v in parse_prometheus_spec(text).items()}
     assert drafted == {"a": 10, "b": 20}
 
 
 def test_vllm_mlx_status_blocks() -> None:
     status = {
-        "status": "ok", "model": "mlx-community/GLM-5-4bit",
-        "mtp": {"enabled": True, "attempted": 50, "accepted": 0, "rejected": 50, "errors": 0,
-                "acceptance_rate": 0.0},
-        "spec_decode": {"enabled": True, "method": "mtp", "k": 1, "total_drafts": 50,
-                        "total_draft_tokens": 50, "total_accepted": 0, "acceptance_rate": 0.0,
-                        "recent_acceptance_rate": 0.0, "auto_disabled": True},
+        "status": "ok",
+        "model": "mlx-community/GLM-5-4bit",
+        "mtp": {
+            "enabled": True,
+            "attempted": 50,
+            "accepted": 0,
+            "rejected": 50,
+            "errors": 0,
+            "acceptance_rate": 0.0,
+        },
+        "spec_decode": {
+            "enabled": True,
+            "method": "mtp",
+            "k": 1,
+            "total_drafts": 50,
+            "total_draft_tokens": 50,
+            "total_accepted": 0,
+            "acceptance_rate": 0.0,
+            "recent_acceptance_rate": 0.0,
+            "auto_disabled": True,
+        },
     }
     samples = parse_vllm_mlx_status(status)
     model = "mlx-community/GLM-5-4bit"
     assert samples[CounterKey("vllm_mlx", model, "mtp")] == CounterSample(
-        kind="mtp", drafted=50, accepted=0, rejected=50)
+        kind="mtp", drafted=50, accepted=0, rejected=50
+    )
     assert samples[CounterKey("vllm_mlx", model, "spec_decode")] == CounterSample(
-        kind="mtp", drafted=50, accepted=0, steps=50)
+        kind="mtp", drafted=50, accepted=0, steps=50
+    )
 
 
 def test_vllm_mlx_status_nested_disabled_or_missing() -> None:
-    nested = {"engine": {"spec_decode": {"total_drafts": 3, "total_draft_tokens": 12,
-                                         "total_accepted": 6}}}
-    assert parse_vllm_mlx_status(nested) == {CounterKey("vllm_mlx", "", "spec_decode"):
-                                             CounterSample("draft", 12, 6, steps=3)}
+    nested = {
+        "engine": {
+            "spec_decode": {"total_drafts": 3, "total_draft_tokens": 12, "total_accepted": 6}
+        }
+    }
+    assert parse_vllm_mlx_status(nested) == {
+        CounterKey("vllm_mlx", "", "spec_decode"): CounterSample("draft", 12, 6, steps=3)
+    }
     assert parse_vllm_mlx_status({"mtp": {"enabled": False, "attempted": 1, "accepted": 1}}) == {}
     assert parse_vllm_mlx_status({"mtp": {"attempted": "x", "accepted": 1}}) == {}
     assert parse_vllm_mlx_status(["not", "a", "dict"]) == {}
@@ -158,7 +199,13 @@ def test_first_scrape_only_sets_the_baseline_then_deltas() -> None:
     r = delta.result
     assert isinstance(r, SpecRecord)
     assert (r.scope, r.source, r.drafted, r.accepted, r.rejected, r.steps) == (
-        "cumulative", "vllm", 90, 60, 30, 30)
+        "cumulative",
+        "vllm",
+        90,
+        60,
+        30,
+        30,
+    )
     assert r.per_position == (25, 20, 15)
     assert r.mean_accept_len == 3.0
 
@@ -223,8 +270,12 @@ def test_any_text_parses_without_raising(text: str) -> None:
 
 opt_count = st.one_of(st.none(), st.integers(0, 1000))
 samples = st.builds(
-    CounterSample, kind=st.sampled_from(["draft", "mtp"]), drafted=opt_count, accepted=opt_count,
-    steps=opt_count, rejected=opt_count,
+    CounterSample,
+    kind=st.sampled_from(["draft", "mtp"]),
+    drafted=opt_count,
+    accepted=opt_count,
+    steps=opt_count,
+    rejected=opt_count,
     per_position=st.lists(st.integers(0, 1000), max_size=4).map(tuple),
 )
 
@@ -236,7 +287,11 @@ def test_differ_never_raises_and_never_emits_negative_counts(sequence: list) -> 
     for s in sequence:
         for delta in differ.update({KEY: s}):
             r = delta.result
-            assert r is None or isinstance(r, Malformed) or (
-                min(r.drafted, r.accepted, r.rejected, r.ignored) >= 0
-                and all(n >= 0 for n in r.per_position)
+            assert (
+                r is None
+                or isinstance(r, Malformed)
+                or (
+                    min(r.drafted, r.accepted, r.rejected, r.ignored) >= 0
+                    and all(n >= 0 for n in r.per_position)
+                )
             )

@@ -25,8 +25,13 @@ SHORT_FENCE = "Why is `x` None here?\n```\nprint(x)\n```"
 
 
 def user(content: Any, **extra: Any) -> dict[str, Any]:
-    return {"messages": [{"role": "system", "content": FENCED},  # only the last user counts
-                         {"role": "user", "content": content}], **extra}
+    return {
+        "messages": [
+            {"role": "system", "content": FENCED},  # only the last user counts
+            {"role": "user", "content": content},
+        ],
+        **extra,
+    }
 
 
 @pytest.mark.parametrize(
@@ -34,13 +39,21 @@ def user(content: Any, **extra: Any) -> dict[str, Any]:
     [
         (user("hi"), "chat"),
         (user("edit", prediction={"type": "content", "content": FUNCTION}), "prediction"),
-        (user("edit", prediction={"type": "content", "content": [{"type": "text",
-                                                                   "text": "x"}]}), "prediction"),
+        (
+            user(
+                "edit", prediction={"type": "content", "content": [{"type": "text", "text": "x"}]}
+            ),
+            "prediction",
+        ),
         (user("edit", prediction={"type": "content", "content": ""}), "chat"),  # empty
         (user("edit", prediction={"type": "text", "content": "x"}), "chat"),  # malformed
         (user("edit", prediction="x"), "chat"),
-        (user(FENCED, prediction={"type": "content", "content": "x"},
-              tools=[{"type": "function"}]), "prediction"),  # prediction comes first
+        (
+            user(
+                FENCED, prediction={"type": "content", "content": "x"}, tools=[{"type": "function"}]
+            ),
+            "prediction",
+        ),  # prediction comes first
         (user("weather?", tools=[{"type": "function"}]), "tools"),
         (user(FENCED, tools=[{"type": "function"}]), "tools"),
         (user("weather?", tools=[]), "chat"),
@@ -52,8 +65,15 @@ def user(content: Any, **extra: Any) -> dict[str, Any]:
         (user([{"type": "text", "text": "see"}, {"type": "text", "text": FENCED}]), "code-block"),
         (user([{"type": "image_url", "image_url": {"url": "x"}}]), "chat"),
         (user(None), "chat"),
-        ({"messages": [{"role": "user", "content": FENCED}, {"role": "assistant",
-                                                             "content": "ok"}]}, "code-block"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": FENCED},
+                    {"role": "assistant", "content": "ok"},
+                ]
+            },
+            "code-block",
+        ),
         ({"messages": "not a list"}, "chat"),
         ({"messages": [None, 3, {"role": "user"}]}, "chat"),
         ({"prompt": FENCED}, "code-block"),
@@ -86,23 +106,42 @@ def test_long_blocks(text: str, long: bool) -> None:
 def test_workload_keys_round_trip() -> None:
     assert workload_key("aider", None, "code-block") == "aider:none:code-block"
     assert workload_parts("aider:none:code-block") == {
-        "client": "aider", "preset": "none", "family": "code-block"}
+        "client": "aider",
+        "preset": "none",
+        "family": "code-block",
+    }
     assert workload_parts("old:interactive") == {
-        "client": "old", "preset": "interactive", "family": None}
+        "client": "old",
+        "preset": "interactive",
+        "family": None,
+    }
 
 
 SETTINGS = SpecSettings(
-    window_size=200, min_sample=100, off_threshold=0.30, on_threshold=0.45,
-    speed_window=8, min_speed_samples=3, min_decode_tokens=16, off_speed_margin=0.05,
-    on_speed_margin=0.10, probe_min_spacing=10, probe_initial=30, probe_max=600,
-    probe_backoff=2.0, probes_to_enable=3, probe_min_drafted=16, probe_timeout=120,
+    window_size=200,
+    min_sample=100,
+    off_threshold=0.30,
+    on_threshold=0.45,
+    speed_window=8,
+    min_speed_samples=3,
+    min_decode_tokens=16,
+    off_speed_margin=0.05,
+    on_speed_margin=0.10,
+    probe_min_spacing=10,
+    probe_initial=30,
+    probe_max=600,
+    probe_backoff=2.0,
+    probes_to_enable=3,
+    probe_min_drafted=16,
+    probe_timeout=120,
     baseline_spacing=60,
 )
 
 
 def rec(acceptance: float, drafted: int = 50) -> SpecRecord:
-    r = build_record("speclane", "request", "draft", drafted=drafted,
-                     accepted=round(acceptance * drafted))
+    r = build_record(
+        "speclane", "request", "draft", drafted=drafted, accepted=round(acceptance * drafted)
+    )
     assert isinstance(r, SpecRecord)
     return r
 

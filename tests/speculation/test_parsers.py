@@ -57,7 +57,9 @@ def test_lmstudio_without_stats_is_absent() -> None:
 
 
 ACCEPTED, REJECTED, TOTAL = (
-    "accepted_draft_tokens_count", "rejected_draft_tokens_count", "total_draft_tokens_count"
+    "accepted_draft_tokens_count",
+    "rejected_draft_tokens_count",
+    "total_draft_tokens_count",
 )
 
 
@@ -89,7 +91,8 @@ def test_lmstudio_integral_float_counts_are_accepted() -> None:
 
 def test_lmstudio_stats_not_an_object() -> None:
     assert parse_response("lmstudio", p.lmstudio_v1([1, 2])) == Malformed(  # type: ignore[arg-type]
-        "lmstudio", "not_object", "stats")
+        "lmstudio", "not_object", "stats"
+    )
 
 
 @pytest.mark.parametrize("on_usage_chunk", [True, False])
@@ -232,7 +235,8 @@ def test_sglang_accepted_from_completion_tokens_when_only_rounds_and_total() -> 
 def test_sglang_rounds_without_draft_count_is_incomplete() -> None:
     body = {"text": "x", "meta_info": {"spec_verify_ct": 100, "completion_tokens": 350}}
     assert parse_response("sglang", body) == Malformed(
-        "sglang", "incomplete", "spec_num_proposed_drafts")
+        "sglang", "incomplete", "spec_num_proposed_drafts"
+    )
 
 
 def test_sglang_meta_without_spec_fields_ran_no_draft() -> None:
@@ -376,9 +380,16 @@ def test_output_tokens_wherever_the_backend_puts_them() -> None:
 
 @pytest.mark.parametrize(
     ("source", "expected"),
-    [("prompt_lookup", "prompt_lookup"), ("prediction", "prediction"),
-     ("draft_model", "draft_model"), ("suffix", "suffix"), ("forced", "forced"),
-     (None, None), ("<script>", None), (7, None)],
+    [
+        ("prompt_lookup", "prompt_lookup"),
+        ("prediction", "prediction"),
+        ("draft_model", "draft_model"),
+        ("suffix", "suffix"),
+        ("forced", "forced"),
+        (None, None),
+        ("<script>", None),
+        (7, None),
+    ],
 )
 def test_speclane_draft_source_is_read_from_a_closed_vocabulary(
     source: object, expected: str | None

@@ -22,22 +22,53 @@ from tests.speculation import payloads as p
 
 # Every field name a parser looks at, so random objects actually reach the parsing paths.
 FIELD_NAMES = [
-    "stats", "usage", "timings", "metrics", "speculative_decoding", "meta_info",
-    "generation_metadata", "completion_tokens_details", "speclane_spec",
-    "total_draft_tokens_count", "accepted_draft_tokens_count", "rejected_draft_tokens_count",
-    "ignored_draft_tokens_count", "draft_n", "draft_n_accepted", "num_draft_tokens",
-    "num_accepted_draft_tokens", "num_spec_steps", "draft_acceptance_rate",
-    "mean_acceptance_length", "acceptance_histogram", "spec_verify_ct",
-    "spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_accept_rate",
-    "spec_accept_length", "spec_accept_token_num", "spec_draft_token_num",
-    "spec_correct_drafts_histogram", "completion_tokens", "mtp_drafts", "mtp_accepted",
-    "accepted_prediction_tokens", "rejected_prediction_tokens", "drafted", "accepted",
-    "rejected", "steps", "num_draft_tokens", "choices",
+    "stats",
+    "usage",
+    "timings",
+    "metrics",
+    "speculative_decoding",
+    "meta_info",
+    "generation_metadata",
+    "completion_tokens_details",
+    "speclane_spec",
+    "total_draft_tokens_count",
+    "accepted_draft_tokens_count",
+    "rejected_draft_tokens_count",
+    "ignored_draft_tokens_count",
+    "draft_n",
+    "draft_n_accepted",
+    "num_draft_tokens",
+    "num_accepted_draft_tokens",
+    "num_spec_steps",
+    "draft_acceptance_rate",
+    "mean_acceptance_length",
+    "acceptance_histogram",
+    "spec_verify_ct",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_accept_rate",
+    "spec_accept_length",
+    "spec_accept_token_num",
+    "spec_draft_token_num",
+    "spec_correct_drafts_histogram",
+    "completion_tokens",
+    "mtp_drafts",
+    "mtp_accepted",
+    "accepted_prediction_tokens",
+    "rejected_prediction_tokens",
+    "drafted",
+    "accepted",
+    "rejected",
+    "steps",
+    "num_draft_tokens",
+    "choices",
 ]
 
 scalars = st.one_of(
-    st.none(), st.booleans(),
-    st.integers(min_value=-5, max_value=500), st.integers(),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-5, max_value=500),
+    st.integers(),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=5),
 )
@@ -104,8 +135,16 @@ def check(result: object) -> None:
     if r.mean_accept_len is not None:
         assert math.isfinite(r.mean_accept_len) and r.mean_accept_len >= 0
     assert all(isinstance(n, int) and n >= 0 for n in r.per_position)
-    assert r.reported <= {"drafted", "accepted", "rejected", "ignored", "steps",
-                          "acceptance_rate", "mean_accept_len", "per_position"}
+    assert r.reported <= {
+        "drafted",
+        "accepted",
+        "rejected",
+        "ignored",
+        "steps",
+        "acceptance_rate",
+        "mean_accept_len",
+        "per_position",
+    }
 
 
 @settings(max_examples=400, deadline=None)
@@ -152,8 +191,9 @@ def every_event_parsed(kind: str, events: list) -> Any:
 
 @settings(max_examples=400, deadline=None)
 @given(kind=kinds, events=st.lists(st.one_of(any_mutated_body, json_objects), max_size=5))
-def test_skipping_events_without_statistics_fields_changes_no_result(kind: str,
-                                                                     events: list) -> None:
+def test_skipping_events_without_statistics_fields_changes_no_result(
+    kind: str, events: list
+) -> None:
     assert parse_stream_events(kind, events) == every_event_parsed(kind, events)
 
 

@@ -14,13 +14,17 @@ from router.speculation.keystate import SpecKey
 
 def _write(directory: Path, window: int) -> None:
     (directory / "agent.toml").write_text(
-        f'client = "agent"\n[match]\nclient_header = ["agent"]\n[spec]\nwindow_size = {window}\n')
+        f'client = "agent"\n[match]\nclient_header = ["agent"]\n[spec]\nwindow_size = {window}\n'
+    )
 
 
 async def test_reloaded_spec_overrides_reach_an_existing_workload(tmp_path: Path) -> None:
     _write(tmp_path, 256)
-    app = make_app(load_settings(None, policies_dir=tmp_path, lanes={"enabled": False},
-                                 policy_settle_seconds=0))
+    app = make_app(
+        load_settings(
+            None, policies_dir=tmp_path, lanes={"enabled": False}, policy_settle_seconds=0
+        )
+    )
     auto = app[SPEC].auto
     key = SpecKey("lms", "m", "agent:none")
     auto.verdict(key, time.monotonic())  # the workload now has a state
@@ -35,8 +39,11 @@ async def test_reloaded_spec_overrides_reach_an_existing_workload(tmp_path: Path
 
 async def test_a_failed_reload_changes_nothing(tmp_path: Path) -> None:
     _write(tmp_path, 256)
-    app = make_app(load_settings(None, policies_dir=tmp_path, lanes={"enabled": False},
-                                 policy_settle_seconds=0))
+    app = make_app(
+        load_settings(
+            None, policies_dir=tmp_path, lanes={"enabled": False}, policy_settle_seconds=0
+        )
+    )
     auto = app[SPEC].auto
     key = SpecKey("lms", "m", "agent:none")
     auto.verdict(key, time.monotonic())

@@ -63,9 +63,12 @@ PROMETHEUS: dict[str, tuple[int, int, int, tuple[int, ...]] | None] = {
 }
 STATUS = ("vllm-mlx-0.6.0_v1-status_plain.json", "vllm-mlx-0.6.0_v1-status_cb-mtp-ignored.json")
 OTHERS = {  # read by other tests
-    "README.md", "llamacpp-server_metrics_without--metrics.http",  # below, and test_errors
-    "llamacpp-server_v1-models.json", "llama-cpp-python-0.3.36_v1-models.json",
-    "vllm-mlx-0.6.0_v1-models.json", "mlxlm-0.32.2_v1-models.http",
+    "README.md",
+    "llamacpp-server_metrics_without--metrics.http",  # below, and test_errors
+    "llamacpp-server_v1-models.json",
+    "llama-cpp-python-0.3.36_v1-models.json",
+    "vllm-mlx-0.6.0_v1-models.json",
+    "mlxlm-0.32.2_v1-models.http",
     "mlxlm-0.32.2_v1-models_no-hf-cache.http",  # tests/backends/test_health.py
 }
 
@@ -110,9 +113,11 @@ def test_statistics_of_every_captured_answer(name: str) -> None:
         assert result.rejected == expected[0] - expected[1] and result.kind == "draft"
         assert last_llamacpp_counts(cap.body) == expected
         # "openai" (a generic OpenAI server) reads llama.cpp's timings too
-        generic = (parse_stream_events("openai", events(cap)[0])
-                   if "text/event-stream" in cap.content_type
-                   else parse_response("openai", orjson.loads(cap.body)))
+        generic = (
+            parse_stream_events("openai", events(cap)[0])
+            if "text/event-stream" in cap.content_type
+            else parse_response("openai", orjson.loads(cap.body))
+        )
         assert isinstance(generic, SpecRecord) and generic.drafted == expected[0]
     else:
         assert result == NotReported(kind, expected)
@@ -129,8 +134,12 @@ def test_cumulative_counters_of_every_captured_metrics_page(name: str) -> None:
         return
     (sample,) = parsed.values()
     drafted, accepted, drafts, per_position = expected
-    assert (sample.drafted, sample.accepted, sample.steps, sample.per_position) == \
-        (drafted, accepted, drafts, per_position)
+    assert (sample.drafted, sample.accepted, sample.steps, sample.per_position) == (
+        drafted,
+        accepted,
+        drafts,
+        per_position,
+    )
     assert sum(per_position) == accepted
 
 
@@ -144,10 +153,14 @@ def test_vllm_mlx_status_without_mtp_has_no_counters(name: str) -> None:
 async def test_scraper_differences_llama_server_counters_and_skips_a_501() -> None:
     """The scraper on llama-server's pages: plain (zeros), then the draft run's counters,
     then a server without --metrics (501): nothing, and no error."""
-    plain, draft = load("llamacpp-server_metrics_plain.txt"), \
-        load("llamacpp-server_metrics_draftQ2K.txt")
-    async with ReplayUpstream(Capture(404, "text/plain", b""),
-                              gets={"/metrics": plain}) as up, aiohttp.ClientSession() as s:
+    plain, draft = (
+        load("llamacpp-server_metrics_plain.txt"),
+        load("llamacpp-server_metrics_draftQ2K.txt"),
+    )
+    async with (
+        ReplayUpstream(Capture(404, "text/plain", b""), gets={"/metrics": plain}) as up,
+        aiohttp.ClientSession() as s,
+    ):
         spec = BackendSpec(name="llama", kind="llamacpp", base_url=up.base_url)
         pool = BackendPool([Backend.from_spec(spec, CooldownSettings())])
         seen: list[list[CounterDelta]] = []

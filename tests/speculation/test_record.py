@@ -39,8 +39,13 @@ def test_accepted_from_drafted_and_rejected() -> None:
 
 
 def test_reported_rates_are_kept_and_computed_fields_are_marked_derived() -> None:
-    r = built(drafted=100, accepted=50, acceptance_rate=0.5001, per_position=(30, 20),
-              computed=["per_position"])
+    r = built(
+        drafted=100,
+        accepted=50,
+        acceptance_rate=0.5001,
+        per_position=(30, 20),
+        computed=["per_position"],
+    )
     assert r.acceptance_rate == 0.5001
     assert "acceptance_rate" in r.reported and "per_position" in r.derived
 

@@ -24,10 +24,19 @@ from tests.fakes.upstream import Behaviour, FakeUpstream
 
 CHAT = [{"role": "user", "content": "hi"}]
 FAST_SPEC = {
-    "window_size": 16, "min_sample": 8, "off_threshold": 0.3, "on_threshold": 0.45,
-    "speed_window": 16, "min_speed_samples": 16, "probe_min_spacing": 0.05,
-    "probe_initial": 0.1, "probe_max": 1.0, "probe_backoff": 2.0, "probes_to_enable": 2,
-    "probe_min_drafted": 4, "baseline_spacing": 0,
+    "window_size": 16,
+    "min_sample": 8,
+    "off_threshold": 0.3,
+    "on_threshold": 0.45,
+    "speed_window": 16,
+    "min_speed_samples": 16,
+    "probe_min_spacing": 0.05,
+    "probe_initial": 0.1,
+    "probe_max": 1.0,
+    "probe_backoff": 2.0,
+    "probes_to_enable": 2,
+    "probe_min_drafted": 4,
+    "baseline_spacing": 0,
 }
 # For run_cycle, which asserts that the request right after speculation turned off is
 # routed around it: with the first probe due 0.1 s later, a pause of the machine between
@@ -36,22 +45,36 @@ CYCLE_SPEC = {**FAST_SPEC, "probe_initial": 0.5}
 
 
 def speclane_stats(drafted: int, accepted: int, source: str | None = None) -> Behaviour:
-    spec: dict[str, Any] = {"drafted": drafted, "accepted": accepted,
-                            "rejected": drafted - accepted, "steps": 3, "num_draft_tokens": 3}
+    spec: dict[str, Any] = {
+        "drafted": drafted,
+        "accepted": accepted,
+        "rejected": drafted - accepted,
+        "steps": 3,
+        "num_draft_tokens": 3,
+    }
     if source is not None:
         spec["source"] = source
     return Behaviour(usage_extra={"speclane_spec": spec})
 
 
 def lmstudio_stats(drafted: int, accepted: int) -> Behaviour:
-    stats = {"total_draft_tokens_count": drafted, "accepted_draft_tokens_count": accepted,
-             "rejected_draft_tokens_count": drafted - accepted, "ignored_draft_tokens_count": 0}
+    stats = {
+        "total_draft_tokens_count": drafted,
+        "accepted_draft_tokens_count": accepted,
+        "rejected_draft_tokens_count": drafted - accepted,
+        "ignored_draft_tokens_count": 0,
+    }
     return Behaviour(body_extra={"stats": stats})
 
 
 def llamacpp_stats(drafted: int, accepted: int) -> Behaviour:
-    timings = {"prompt_n": 7, "predicted_n": 5, "predicted_per_second": 40.0,
-               "draft_n": drafted, "draft_n_accepted": accepted}
+    timings = {
+        "prompt_n": 7,
+        "predicted_n": 5,
+        "predicted_per_second": 40.0,
+        "draft_n": drafted,
+        "draft_n_accepted": accepted,
+    }
     return Behaviour(final_extra={"timings": timings})
 
 
@@ -65,12 +88,14 @@ async def chat_headers(r: RunningRouter, stream: bool = False) -> Any:
     client = r.client()
     if stream:
         resp = await client.chat.completions.with_raw_response.create(
-            model="fake-model", messages=CHAT, stream=True)
+            model="fake-model", messages=CHAT, stream=True
+        )
         async for _ in resp.parse():
             pass
     else:
         resp = await client.chat.completions.with_raw_response.create(
-            model="fake-model", messages=CHAT)
+            model="fake-model", messages=CHAT
+        )
     return resp.headers
 
 
@@ -90,8 +115,15 @@ async def probe_due(r: RunningRouter, key: SpecKey) -> None:
     await wait_until(lambda: auto.peek(key, time.monotonic()).probe, 10)
 
 
-async def run_cycle(r: RunningRouter, spec_fake: FakeUpstream, key: SpecKey,
-                    low: Behaviour, high: Behaviour, other: str, stream: bool = False) -> None:
+async def run_cycle(
+    r: RunningRouter,
+    spec_fake: FakeUpstream,
+    key: SpecKey,
+    low: Behaviour,
+    high: Behaviour,
+    other: str,
+    stream: bool = False,
+) -> None:
     """Low acceptance turns the key off, probes come with back-off, high acceptance
     turns it back on."""
     spec_fake.behaviour = low
@@ -114,27 +146,55 @@ async def run_cycle(r: RunningRouter, spec_fake: FakeUpstream, key: SpecKey,
 
 
 async def test_speculative_lane_turns_off_probes_and_recovers() -> None:
-    async with fake_upstreams("spec", "batch") as (spec, batch), lanes_router(
-            spec, batch, spec=CYCLE_SPEC,
-            lanes={"enabled": False, "draft_source": "draft_model"}) as r:  # one source
+    async with (
+        fake_upstreams("spec", "batch") as (spec, batch),
+        lanes_router(
+            spec, batch, spec=CYCLE_SPEC, lanes={"enabled": False, "draft_source": "draft_model"}
+        ) as r,
+    ):  # one source
         key = SpecKey("speculative", "fake-model", "default:none:chat")
         await run_cycle(r, spec, key, speclane_stats(9, 1), speclane_stats(9, 8), "batching")
         text = await metrics_text(r)
         snapshot = await admin(r, "spec")
     key_labels = {"backend": "speculative", "model": "fake-model", "workload": "default:none:chat"}
     assert metric_value(text, "speclane_spec_enabled", **key_labels) == 1
-    assert metric_value(text, "speclane_spec_state_changes_total", **key_labels,
-                        reason="low_acceptance", state="off") == 1
-    assert metric_value(text, "speclane_spec_state_changes_total", **key_labels,
-                        reason="probe_recovered", state="on") == 1
+    assert (
+        metric_value(
+            text,
+            "speclane_spec_state_changes_total",
+            **key_labels,
+            reason="low_acceptance",
+            state="off",
+        )
+        == 1
+    )
+    assert (
+        metric_value(
+            text,
+            "speclane_spec_state_changes_total",
+            **key_labels,
+            reason="probe_recovered",
+            state="on",
+        )
+        == 1
+    )
     assert metric_value(text, "speclane_spec_probes_total", **key_labels) == 3
     assert (metric_value(text, "speclane_spec_draft_tokens_total", **key_labels) or 0) > 0
     row = next(w for w in snapshot["workloads"] if w["backend"] == "speculative")
     assert row["state"] == "on" and row["changes"] == 2
     assert (row["client"], row["preset"], row["family"]) == ("default", "none", "chat")
     # These fake answers name no draft source: counted under their kind.
-    assert (metric_value(text, "speclane_spec_source_tokens_total", backend="speculative",
-                         model="fake-model", source="draft", outcome="drafted") or 0) > 0
+    assert (
+        metric_value(
+            text,
+            "speclane_spec_source_tokens_total",
+            backend="speculative",
+            model="fake-model",
+            source="draft",
+            outcome="drafted",
+        )
+        or 0
+    ) > 0
     assert batch.requests and all("num_draft_tokens" not in r.body for r in spec.requests)
 
 
@@ -142,13 +202,18 @@ async def test_one_client_two_families_two_sources_judged_apart() -> None:
     """Edits draft with prompt lookup and pay; chat drafts with the draft model and does not,
     then with its second and third sources, prompt lookup and suffix, which do not either:
     speculation ends on for the first and off for the second, each row showing its source."""
-    code = "Fix this:\n```python\n" + "".join(
-        f"def f{i}(x):\n    return x + {i}\n" for i in range(6)) + "```\n"
+    code = (
+        "Fix this:\n```python\n"
+        + "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(6))
+        + "```\n"
+    )
     edit = [{"role": "user", "content": code}]
     chat_key = SpecKey("speculative", "fake-model", "default:none:chat", "draft_model")
     edit_key = SpecKey("speculative", "fake-model", "default:none:code-block", "prompt_lookup")
-    async with fake_upstreams("spec", "batch") as (spec, batch), lanes_router(
-            spec, batch, spec=CYCLE_SPEC) as r:
+    async with (
+        fake_upstreams("spec", "batch") as (spec, batch),
+        lanes_router(spec, batch, spec=CYCLE_SPEC) as r,
+    ):
         client = r.client()
         for i in range(3):
             spec.behaviour = speclane_stats(9, 8, "prompt_lookup")
@@ -174,7 +239,8 @@ async def test_one_client_two_families_two_sources_judged_apart() -> None:
         spec.behaviour = speclane_stats(9, 8, "prompt_lookup")
         assert (await chat_headers(r))["x-speclane-backend"] == "batching"
         served = await client.chat.completions.with_raw_response.create(
-            model="fake-model", messages=edit)
+            model="fake-model", messages=edit
+        )
         assert served.headers["x-speclane-backend"] == "speculative"
         assert spec.requests[-1].body["draft_source"] == "prompt_lookup"
         text = await metrics_text(r)
@@ -186,22 +252,48 @@ async def test_one_client_two_families_two_sources_judged_apart() -> None:
     assert rows[("chat", "prompt_lookup")]["state"] == "off"
     assert rows[("chat", "suffix")]["state"] == "off"
     assert len(rows) == 4
-    assert metric_value(text, "speclane_spec_enabled", workload="default:none:code-block",
-                        source="prompt_lookup") == 1
-    assert metric_value(text, "speclane_spec_enabled", workload="default:none:chat",
-                        source="draft_model") == 0
-    assert metric_value(text, "speclane_spec_draft_tokens_total",
-                        workload="default:none:code-block", source="prompt_lookup") == 36
-    assert metric_value(text, "speclane_spec_source_tokens_total", source="prompt_lookup",
-                        outcome="accepted") == 4 * 8 + 1  # the edits, and chat's one try
+    assert (
+        metric_value(
+            text,
+            "speclane_spec_enabled",
+            workload="default:none:code-block",
+            source="prompt_lookup",
+        )
+        == 1
+    )
+    assert (
+        metric_value(
+            text, "speclane_spec_enabled", workload="default:none:chat", source="draft_model"
+        )
+        == 0
+    )
+    assert (
+        metric_value(
+            text,
+            "speclane_spec_draft_tokens_total",
+            workload="default:none:code-block",
+            source="prompt_lookup",
+        )
+        == 36
+    )
+    assert (
+        metric_value(
+            text, "speclane_spec_source_tokens_total", source="prompt_lookup", outcome="accepted"
+        )
+        == 4 * 8 + 1
+    )  # the edits, and chat's one try
 
 
-@pytest.mark.parametrize(("kind", "low", "high", "stream"), [
-    ("lmstudio", lmstudio_stats(9, 1), lmstudio_stats(9, 8), False),
-    ("llamacpp", llamacpp_stats(9, 1), llamacpp_stats(9, 8), True),
-])
+@pytest.mark.parametrize(
+    ("kind", "low", "high", "stream"),
+    [
+        ("lmstudio", lmstudio_stats(9, 1), lmstudio_stats(9, 8), False),
+        ("llamacpp", llamacpp_stats(9, 1), llamacpp_stats(9, 8), True),
+    ],
+)
 async def test_external_speculative_backend_is_routed_around_and_back(
-        kind: str, low: Behaviour, high: Behaviour, stream: bool) -> None:
+    kind: str, low: Behaviour, high: Behaviour, stream: bool
+) -> None:
     async with fake_upstreams("lms", "plain") as (lms, plain):
         backends = [
             {"name": "lms", "kind": kind, "base_url": lms.base_url, "speculative": True},
@@ -214,12 +306,23 @@ async def test_external_speculative_backend_is_routed_around_and_back(
             text = await metrics_text(r)
     key_labels = {"backend": "lms", "model": "fake-model", "workload": "default:none:chat"}
     assert (metric_value(text, "speclane_spec_accepted_tokens_total", **key_labels) or 0) > 0
-    assert metric_value(text, "speclane_spec_state_changes_total", **key_labels,
-                        reason="low_acceptance", state="off") == 1
+    assert (
+        metric_value(
+            text,
+            "speclane_spec_state_changes_total",
+            **key_labels,
+            reason="low_acceptance",
+            state="off",
+        )
+        == 1
+    )
+
 
 async def test_probes_back_off_while_acceptance_stays_at_zero() -> None:
-    async with fake_upstreams("spec", "batch") as (spec, batch), lanes_router(
-            spec, batch, spec=FAST_SPEC) as r:
+    async with (
+        fake_upstreams("spec", "batch") as (spec, batch),
+        lanes_router(spec, batch, spec=FAST_SPEC) as r,
+    ):
         spec.behaviour = speclane_stats(9, 0)
         key = SpecKey("speculative", "fake-model", "default:none:chat")
         await chat(r)
@@ -235,13 +338,17 @@ async def test_probes_back_off_while_acceptance_stays_at_zero() -> None:
     assert gaps[0] >= 0.19 and gaps[1] >= 0.39 and gaps[2] >= 0.79
 
 
-@pytest.mark.parametrize(("kind", "observation", "gauge"), [
-    ("mlx_lm", "unobservable", -1),  # never reports drafts: cannot be observed
-    ("ollama", "unobservable", -1),
-    ("llamacpp", "not_observed", 0),  # could report draft_n and did not: observed false
-])
+@pytest.mark.parametrize(
+    ("kind", "observation", "gauge"),
+    [
+        ("mlx_lm", "unobservable", -1),  # never reports drafts: cannot be observed
+        ("ollama", "unobservable", -1),
+        ("llamacpp", "not_observed", 0),  # could report draft_n and did not: observed false
+    ],
+)
 async def test_backend_reporting_nothing_is_labelled_not_zero(
-        kind: str, observation: str, gauge: int) -> None:
+    kind: str, observation: str, gauge: int
+) -> None:
     async with fake_upstreams("sp") as (up,):
         backends = [{"name": "sp", "kind": kind, "base_url": up.base_url, "speculative": True}]
         async with run_router(router_settings(backends=backends)) as r:
@@ -259,15 +366,26 @@ async def test_backend_reporting_nothing_is_labelled_not_zero(
     if observation == "unobservable":
         assert status["observed"] is None and status["observable"] is False
         assert status["reason"].startswith("cannot be observed on this backend")
-        assert metric_value(text, "speclane_spec_telemetry_unavailable_total", backend="sp",
-                            reason="not_supported") == 20
+        assert (
+            metric_value(
+                text,
+                "speclane_spec_telemetry_unavailable_total",
+                backend="sp",
+                reason="not_supported",
+            )
+            == 20
+        )
         # auto-disable cannot judge what it cannot see: no workload shown as "on"
         assert spec["workloads"] == []
     else:
         assert status["observed"] is False and status["observable"] is True
         assert "no draft tokens in the last 20 responses" in status["reason"]
-        assert metric_value(text, "speclane_spec_telemetry_unavailable_total", backend="sp",
-                            reason="absent") == 20
+        assert (
+            metric_value(
+                text, "speclane_spec_telemetry_unavailable_total", backend="sp", reason="absent"
+            )
+            == 20
+        )
 
 
 async def test_malformed_statistics_never_fail_the_request(fake: FakeUpstream) -> None:
@@ -276,5 +394,12 @@ async def test_malformed_statistics_never_fail_the_request(fake: FakeUpstream) -
     async with run_router(router_settings(backends=backends)) as r:
         assert await chat(r) == "fake"
         text = await metrics_text(r)
-    assert metric_value(text, "speclane_spec_telemetry_unavailable_total", backend="fake",
-                        reason="malformed_bad_type") == 1
+    assert (
+        metric_value(
+            text,
+            "speclane_spec_telemetry_unavailable_total",
+            backend="fake",
+            reason="malformed_bad_type",
+        )
+        == 1
+    )

@@ -17,8 +17,9 @@ from router.worker.engine import Models
 
 
 def engine(step: int = 2048, seconds: float = 0.5) -> BatchingEngine:
-    return BatchingEngine(lambda: Models(None, None), 4, prefill_step_size=step,
-                          chunk_seconds=seconds)
+    return BatchingEngine(
+        lambda: Models(None, None), 4, prefill_step_size=step, chunk_seconds=seconds
+    )
 
 
 def live(prefilling: int, decoding: int) -> dict[int, _Sequence]:
@@ -43,8 +44,9 @@ def test_the_first_chunk_is_small_until_the_rate_is_measured() -> None:
         (20_000.0, 1, 512, 512),
     ],
 )
-def test_chunks_take_about_chunk_seconds(rate: float, prefilling: int, step: int,
-                                         chunk: int) -> None:
+def test_chunks_take_about_chunk_seconds(
+    rate: float, prefilling: int, step: int, chunk: int
+) -> None:
     e = engine(step=step)
     e.prefill_rate = rate
     assert e._chunk(live(prefilling, 1)) == chunk

@@ -36,8 +36,9 @@ def long_prompt(topic: str, lines: int = 40) -> str:
 @pytest.fixture(scope="module")
 def cached_worker(prepared_models: tuple[Path, Path]) -> Iterator[WorkerProcess]:
     model, _ = prepared_models
-    worker = start_worker(worker_command(
-        model, "batching", "--max-batch-size", "4", "--prefill-step-size", str(STEP)))
+    worker = start_worker(
+        worker_command(model, "batching", "--max-batch-size", "4", "--prefill-step-size", str(STEP))
+    )
     yield worker
     worker.stop()
 
@@ -59,10 +60,14 @@ def test_a_shared_prefix_is_reused_and_gives_the_same_greedy_answer(
 ) -> None:
     first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 2+2?"}]
     turn1 = client(cached_worker).chat.completions.create(
-        model=MODEL, messages=first, max_tokens=8, temperature=0)  # type: ignore[arg-type]
+        model=MODEL, messages=first, max_tokens=8, temperature=0
+    )  # type: ignore[arg-type]
     assert turn1.usage is not None and cached_tokens(turn1.usage) == 0
-    second = [*first, {"role": "assistant", "content": turn1.choices[0].message.content},
-              {"role": "user", "content": "And 3+3?"}]
+    second = [
+        *first,
+        {"role": "assistant", "content": turn1.choices[0].message.content},
+        {"role": "user", "content": "And 3+3?"},
+    ]
     kwargs: dict[str, Any] = {"messages": second, "max_tokens": 8, "temperature": 0}
     cached = client(cached_worker).chat.completions.create(model=MODEL, **kwargs)
     plain = client(uncached_worker).chat.completions.create(model=MODEL, **kwargs)
@@ -87,12 +92,16 @@ def test_a_new_conversation_reuses_the_system_prompt_of_an_earlier_one(
     system = SYSTEM + " Answer in one short sentence."
     first = [{"role": "system", "content": system}, {"role": "user", "content": "Name a fruit."}]
     turn = client(cached_worker).chat.completions.create(
-        model=MODEL, messages=first, max_tokens=6, temperature=0)  # type: ignore[arg-type]
+        model=MODEL, messages=first, max_tokens=6, temperature=0
+    )  # type: ignore[arg-type]
     assert turn.usage is not None
-    other = [{"role": "system", "content": system},
-             {"role": "user", "content": "Which colour is the sky?"}]
+    other = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Which colour is the sky?"},
+    ]
     fresh = client(cached_worker).chat.completions.create(
-        model=MODEL, messages=other, max_tokens=6, temperature=0)  # type: ignore[arg-type]
+        model=MODEL, messages=other, max_tokens=6, temperature=0
+    )  # type: ignore[arg-type]
     assert fresh.usage is not None
     # At least the system prompt's tokens come from the first conversation's entry; not the
     # whole of it (the user messages differ).
@@ -101,7 +110,9 @@ def test_a_new_conversation_reuses_the_system_prompt_of_an_earlier_one(
 
 
 async def stream_completion(
-    session: aiohttp.ClientSession, worker: WorkerProcess, body: dict[str, Any],
+    session: aiohttp.ClientSession,
+    worker: WorkerProcess,
+    body: dict[str, Any],
     on_text: Any,
 ) -> None:
     payload = {"model": MODEL, "stream": True, "temperature": 0, **body}
@@ -128,15 +139,29 @@ async def test_a_running_stream_keeps_producing_tokens_while_a_long_prompt_prefi
             a_tokens.set()
 
     async with aiohttp.ClientSession() as session:
-        a = asyncio.create_task(stream_completion(session, cached_worker, {
-            "prompt": "Once upon a time", "max_tokens": 2000, "logit_bias": NO_EOS}, on_a))
+        a = asyncio.create_task(
+            stream_completion(
+                session,
+                cached_worker,
+                {"prompt": "Once upon a time", "max_tokens": 2000, "logit_bias": NO_EOS},
+                on_a,
+            )
+        )
         await asyncio.wait_for(a_tokens.wait(), 120)
         before = health(cached_worker)["prefill_tokens"]
-        b = asyncio.create_task(stream_completion(session, cached_worker, {
-            "prompt": long_prompt("interleave"), "max_tokens": 1},
-            lambda: events.append("b-first-token")))
-        await wait_for(cached_worker, lambda h: h["prefill_tokens"] > before + 1,
-                       "the long prompt's prefill to start")
+        b = asyncio.create_task(
+            stream_completion(
+                session,
+                cached_worker,
+                {"prompt": long_prompt("interleave"), "max_tokens": 1},
+                lambda: events.append("b-first-token"),
+            )
+        )
+        await wait_for(
+            cached_worker,
+            lambda h: h["prefill_tokens"] > before + 1,
+            "the long prompt's prefill to start",
+        )
         events.append("b-prefill-started")
         await asyncio.wait_for(b, 300)
         a.cancel()
@@ -154,20 +179,27 @@ async def test_cancelling_during_a_long_prefill_frees_the_lane_and_keeps_the_wor
     before = health(cached_worker)["prefill_tokens"]
     prompt = long_prompt("cancel", lines=60)
     async with aiohttp.ClientSession() as session:
-        long = asyncio.create_task(stream_completion(
-            session, cached_worker, {"prompt": prompt, "max_tokens": 4}, lambda: None))
-        await wait_for(cached_worker, lambda h: h["prefill_tokens"] > before,
-                       "the prefill to start")
+        long = asyncio.create_task(
+            stream_completion(
+                session, cached_worker, {"prompt": prompt, "max_tokens": 4}, lambda: None
+            )
+        )
+        await wait_for(
+            cached_worker, lambda h: h["prefill_tokens"] > before, "the prefill to start"
+        )
         long.cancel()  # the client goes away mid-prefill
         await asyncio.gather(long, return_exceptions=True)
-    freed = await wait_for(cached_worker, lambda h: h["active"] == 0 and h["queued"] == 0,
-                           "the lane to be free again")
+    freed = await wait_for(
+        cached_worker, lambda h: h["active"] == 0 and h["queued"] == 0, "the lane to be free again"
+    )
     answer = client(cached_worker).completions.create(
-        model=MODEL, prompt="The capital of France is", max_tokens=3, temperature=0)
+        model=MODEL, prompt="The capital of France is", max_tokens=3, temperature=0
+    )
     assert answer.choices[0].text
     # The part prefilled before the cancel went to the prompt cache: a retry resumes there.
     retry = client(cached_worker).completions.create(
-        model=MODEL, prompt=prompt, max_tokens=1, temperature=0)
+        model=MODEL, prompt=prompt, max_tokens=1, temperature=0
+    )
     assert retry.usage is not None
     assert freed["prefill_tokens"] - before < retry.usage.prompt_tokens, "the prefill ran on"
     assert 0 < cached_tokens(retry.usage) < retry.usage.prompt_tokens
@@ -178,6 +210,6 @@ def test_prompt_cache_off_still_reports_zero_cached_tokens(
 ) -> None:
     for _ in range(2):
         answer = client(uncached_worker).completions.create(
-            model=MODEL, prompt="Hello there", max_tokens=2, temperature=0)
+            model=MODEL, prompt="Hello there", max_tokens=2, temperature=0
+        )
         assert answer.usage is not None and cached_tokens(answer.usage) == 0
-

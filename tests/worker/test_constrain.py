@@ -134,68 +134,68 @@ MANY_SHAPES = [{"type": "object", "properties": {f"k{i}": {"type": "string"}}} f
 # Fields the constraint library rejects, and the parameter a 400 names (also sent to a real
 # lane by tests/worker/test_tools_real.py).
 REJECTED: list[tuple[dict[str, Any], str]] = [
-        (
-            {
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {
-                        "name": "x",
-                        "schema": {"type": "object", "properties": {"a": {"type": "strin"}}},
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "object", "properties": {"a": {"type": "strin"}}},
+                },
+            }
+        },
+        "response_format",
+    ),
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "string", "pattern": "(?<=a)b"},
+                },
+            }
+        },
+        "response_format",
+    ),
+    (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}},
                     },
                 }
-            },
-            "response_format",
-        ),
-        (
-            {
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {
-                        "name": "x",
-                        "schema": {"type": "string", "pattern": "(?<=a)b"},
-                    },
+            ],
+            "tool_choice": "required",
+        },
+        "tools",
+    ),
+    # Valid, but past the parser's items per row at the answer's first key: found by the
+    # probe walk before the answer starts, not mid-answer.
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"anyOf": MANY_SHAPES}},
+            }
+        },
+        "response_format",
+    ),
+    (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"anyOf": MANY_SHAPES}},
                 }
-            },
-            "response_format",
-        ),
-        (
-            {
-                "tools": [
-                    {
-                        "type": "function",
-                        "function": {
-                            "name": "f",
-                            "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}},
-                        },
-                    }
-                ],
-                "tool_choice": "required",
-            },
-            "tools",
-        ),
-        # Valid, but past the parser's items per row at the answer's first key: found by the
-        # probe walk before the answer starts, not mid-answer.
-        (
-            {
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {"anyOf": MANY_SHAPES}},
-                }
-            },
-            "response_format",
-        ),
-        (
-            {
-                "tools": [
-                    {
-                        "type": "function",
-                        "function": {"name": "f", "parameters": {"anyOf": MANY_SHAPES}},
-                    }
-                ],
-                "tool_choice": "required",
-            },
-            "tools",
-        ),
+            ],
+            "tool_choice": "required",
+        },
+        "tools",
+    ),
 ]
 
 
@@ -238,8 +238,12 @@ LATE_FAILURE = {
 
 
 def test_a_constraint_failing_mid_answer_closes_it_and_says_so_once(tokenizer: Any) -> None:
-    fields = {"response_format": {"type": "json_schema",
-                                  "json_schema": {"name": "x", "schema": LATE_FAILURE}}}
+    fields = {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": LATE_FAILURE},
+        }
+    }
     constraint = COMPILER.compile(request(**fields), tokenizer)
     assert constraint is not None and constraint.param == "response_format"
     failures: list[str] = []

@@ -97,8 +97,12 @@ DELETED = PREDICTED.replace("line two\n", "")
 
 @pytest.mark.parametrize(
     ("output", "new", "gone"),
-    [(PREDICTED, 0, 0), (CHANGED, len("LINE 2!"), len("line two")),
-     (INSERTED, len("extra line\n"), 0), (DELETED, 0, len("line two\n"))],
+    [
+        (PREDICTED, 0, 0),
+        (CHANGED, len("LINE 2!"), len("line two")),
+        (INSERTED, len("extra line\n"), 0),
+        (DELETED, 0, len("line two\n")),
+    ],
 )
 def test_a_diverging_output_is_realigned_and_most_of_the_prediction_accepted(
     output: str, new: int, gone: int

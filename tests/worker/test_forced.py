@@ -17,14 +17,25 @@ from router.worker.protocol import parse_request
 
 WEATHER = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12},
-                   "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
     "required": ["city", "unit"],
 }
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"tz": {"enum": ["UTC", "CET"]}},
+                "required": ["tz"],
+            },
+        },
+    },
 ]
 PROMPT = [1, 2, 3]
 

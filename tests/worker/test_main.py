@@ -55,8 +55,16 @@ def test_model_dir_must_be_local(tmp_path: Path) -> None:
         ["--mode", "batching", "--model", "m", "--prefill-chunk-seconds", "0"],
         ["--mode", "speculative", "--model", "m", "--draft-source", "draft_model"],  # no draft
         ["--mode", "speculative", "--model", "m", "--draft-source", "magic"],
-        ["--mode", "speculative", "--model", "m", "--lookup-ngram-min", "5",
-         "--lookup-ngram-max", "3"],
+        [
+            "--mode",
+            "speculative",
+            "--model",
+            "m",
+            "--lookup-ngram-min",
+            "5",
+            "--lookup-ngram-max",
+            "3",
+        ],
         ["--mode", "speculative", "--model", "m", "--lookup-max-draft", "0"],
     ],
 )
@@ -69,11 +77,16 @@ def test_bad_command_lines_are_refused(argv: list[str]) -> None:
 def test_defaults() -> None:
     args = parse_args(["--mode", "speculative", "--model", "m"])
     assert (args.num_draft_tokens, args.max_batch_size, args.host, args.port) == (
-        3, 8, "127.0.0.1", 0
+        3,
+        8,
+        "127.0.0.1",
+        0,
     )
     assert args.parent_pid is None and args.draft_model is None
     assert (args.prompt_cache_bytes, args.prefill_step_size, args.prefill_chunk_seconds) == (
-        1 << 30, 2048, 0.5
+        1 << 30,
+        2048,
+        0.5,
     )
     assert args.draft_source == "none"  # no draft model: no lane-wide drafting
     with_draft = parse_args(["--mode", "speculative", "--model", "m", "--draft-model", "d"])

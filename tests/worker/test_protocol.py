@@ -45,9 +45,18 @@ def test_defaults() -> None:
 def test_all_fields() -> None:
     req = parse_request(
         chat(
-            temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, max_tokens=12, stop=["a", "bc"],
-            seed=7, stream=True, stream_options={"include_usage": True}, num_draft_tokens=2,
-            presence_penalty=0.5, logit_bias={"42": -100},
+            temperature=0.7,
+            top_p=0.9,
+            top_k=40,
+            min_p=0.05,
+            max_tokens=12,
+            stop=["a", "bc"],
+            seed=7,
+            stream=True,
+            stream_options={"include_usage": True},
+            num_draft_tokens=2,
+            presence_penalty=0.5,
+            logit_bias={"42": -100},
         ),
         "chat",
     )
@@ -311,8 +320,13 @@ def test_hostile_tool_fields_are_parsed_or_a_400(
     [
         (None, None),
         ({"type": "content", "content": "def f():\n    pass\n"}, "def f():\n    pass\n"),
-        ({"type": "content", "content": [{"type": "text", "text": "a"},
-                                         {"type": "text", "text": "b"}]}, "ab"),
+        (
+            {
+                "type": "content",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+            "ab",
+        ),
         ({"type": "content", "content": ""}, None),  # nothing to draft from
     ],
 )
@@ -351,63 +365,96 @@ def roles(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 
 def test_leading_system_and_developer_messages_become_one_system_message() -> None:
-    got = roles([{"role": "developer", "content": "be brief"},
-                 {"role": "system", "content": [{"type": "text", "text": "use tools"}]},
-                 {"role": "user", "content": "hi"}])
+    got = roles(
+        [
+            {"role": "developer", "content": "be brief"},
+            {"role": "system", "content": [{"type": "text", "text": "use tools"}]},
+            {"role": "user", "content": "hi"},
+        ]
+    )
     assert got == [("system", "be brief\n\nuse tools"), ("user", "hi")]
 
 
 def test_a_later_system_message_is_a_note_on_the_user_message_before_it() -> None:
-    got = roles([{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
-                 {"role": "system", "content": "skills: a, b"},
-                 {"role": "developer", "content": "be kind"}])
-    assert got == [("system", "S"),
-                   ("user", "hi\n\n<system>\nskills: a, b\n</system>\n\n"
-                            "<system>\nbe kind\n</system>")]
+    got = roles(
+        [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": "skills: a, b"},
+            {"role": "developer", "content": "be kind"},
+        ]
+    )
+    assert got == [
+        ("system", "S"),
+        ("user", "hi\n\n<system>\nskills: a, b\n</system>\n\n<system>\nbe kind\n</system>"),
+    ]
 
 
 def test_a_system_message_after_an_assistant_or_tool_turn_is_a_user_turn_of_its_own() -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    got = roles([{"role": "user", "content": "hi"},
-                 {"role": "assistant", "content": None, "tool_calls": [call]},
-                 {"role": "tool", "tool_call_id": "c1", "content": "42"},
-                 {"role": "system", "content": "mind the time"},
-                 {"role": "assistant", "content": "ok"},
-                 {"role": "system", "content": "again"}])
+    got = roles(
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "42"},
+            {"role": "system", "content": "mind the time"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "system", "content": "again"},
+        ]
+    )
     assert [r for r, _ in got] == ["user", "assistant", "tool", "user", "assistant", "user"]
     assert got[3][1] == "<system>\nmind the time\n</system>"
 
 
 def test_a_system_message_between_turns_opens_the_next_user_message() -> None:
     # [assistant, user-note, user] would break templates that want turns to alternate
-    got = roles([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes?"},
-                 {"role": "system", "content": "a"}, {"role": "system", "content": ""},
-                 {"role": "developer", "content": "b"}, {"role": "user", "content": "go"}])
-    assert got == [("user", "hi"), ("assistant", "yes?"),
-                   ("user", "<system>\na\n</system>\n\n<system>\nb\n</system>\n\ngo")]
+    got = roles(
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yes?"},
+            {"role": "system", "content": "a"},
+            {"role": "system", "content": ""},
+            {"role": "developer", "content": "b"},
+            {"role": "user", "content": "go"},
+        ]
+    )
+    assert got == [
+        ("user", "hi"),
+        ("assistant", "yes?"),
+        ("user", "<system>\na\n</system>\n\n<system>\nb\n</system>\n\ngo"),
+    ]
 
 
 def test_a_conversation_folds_the_same_way_on_every_turn() -> None:
-    turn1 = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
-             {"role": "system", "content": "agents: x"}]
-    turn2 = [*turn1, {"role": "assistant", "content": "hello"},
-             {"role": "system", "content": "reminder"}, {"role": "user", "content": "more"}]
-    turn3 = [*turn2, {"role": "assistant", "content": "ok"},
-             {"role": "system", "content": "last"}]
-    turn4 = [*turn3, {"role": "assistant", "content": "noted"},
-             {"role": "user", "content": "bye"}]
+    turn1 = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": "agents: x"},
+    ]
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": "hello"},
+        {"role": "system", "content": "reminder"},
+        {"role": "user", "content": "more"},
+    ]
+    turn3 = [*turn2, {"role": "assistant", "content": "ok"}, {"role": "system", "content": "last"}]
+    turn4 = [*turn3, {"role": "assistant", "content": "noted"}, {"role": "user", "content": "bye"}]
     for before, after in ((turn1, turn2), (turn2, turn3), (turn3, turn4)):
         assert roles(after)[: len(roles(before))] == roles(before)
 
 
-@pytest.mark.parametrize(("requested", "prompt", "context", "expected"), [
-    (None, 100, 8192, 8092),  # no limit: until the end of the context
-    (32000, 100, 8192, 8092),  # an agent's large limit is shortened, not refused
-    (50, 100, 8192, 50),
-    (None, 8191, 8192, 1),
-    (None, 100, None, UNKNOWN_CONTEXT_MAX_TOKENS),
-    (7, 100, None, 7),
-])
-def test_the_token_budget(requested: int | None, prompt: int, context: int | None,
-                          expected: int) -> None:
+@pytest.mark.parametrize(
+    ("requested", "prompt", "context", "expected"),
+    [
+        (None, 100, 8192, 8092),  # no limit: until the end of the context
+        (32000, 100, 8192, 8092),  # an agent's large limit is shortened, not refused
+        (50, 100, 8192, 50),
+        (None, 8191, 8192, 1),
+        (None, 100, None, UNKNOWN_CONTEXT_MAX_TOKENS),
+        (7, 100, None, 7),
+    ],
+)
+def test_the_token_budget(
+    requested: int | None, prompt: int, context: int | None, expected: int
+) -> None:
     assert token_budget(requested, prompt, context) == expected

@@ -23,11 +23,15 @@ WAIT = 10.0
 
 
 @asynccontextmanager
-async def serving(engine: ScriptedEngine, context_length: int | None = None
-                  ) -> AsyncIterator[str]:
+async def serving(engine: ScriptedEngine, context_length: int | None = None) -> AsyncIterator[str]:
     engine.start()
-    info = WorkerInfo(mode="speculative", model_name=MODEL, draft_name=None, num_draft_tokens=0,
-                      context_length=context_length)
+    info = WorkerInfo(
+        mode="speculative",
+        model_name=MODEL,
+        draft_name=None,
+        num_draft_tokens=0,
+        context_length=context_length,
+    )
     runner, port = await start_site(make_app(engine, info), "127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{port}"
@@ -78,11 +82,17 @@ async def test_draft_model_on_a_lane_without_one_is_a_400_naming_draft_source() 
     async with serving(ScriptedEngine("Hello")) as url:
         ask = client(url).chat.completions.create
         with pytest.raises(openai.BadRequestError) as info:
-            await ask(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                      extra_body={"draft_source": "draft_model"})
+            await ask(
+                model=MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                extra_body={"draft_source": "draft_model"},
+            )
         # prompt_lookup needs no draft model: served
-        reply = await ask(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                          extra_body={"draft_source": "prompt_lookup"})
+        reply = await ask(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"draft_source": "prompt_lookup"},
+        )
     body = info.value.body
     assert isinstance(body, dict) and body["param"] == "draft_source"
     assert "no draft model" in body["message"]
@@ -125,8 +135,11 @@ async def test_stream_carries_usage_once_on_the_last_chunk(include_usage: bool) 
 async def test_continuous_usage_gives_the_prompts_size_first() -> None:
     async with serving(ScriptedEngine("abc")) as url:
         stream = await client(url).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True,
-            stream_options={"include_usage": True, "continuous_usage_stats": True})
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        )
         chunks = [chunk async for chunk in stream]
     prompt = len("<user>hi")
     assert chunks[0].usage is not None and chunks[0].choices[0].delta.role == "assistant"
@@ -140,8 +153,9 @@ async def test_without_a_limit_an_answer_runs_to_the_end_of_the_context() -> Non
     async with serving(ScriptedEngine(reply), context_length=prompt + 550) as url:
         ask = client(url).chat.completions.create
         whole = await ask(model=MODEL, messages=[{"role": "user", "content": "hi"}])
-        asked = await ask(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                          max_tokens=32000)
+        asked = await ask(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=32000
+        )
     for answer in (whole, asked):
         assert answer.usage is not None and answer.usage.completion_tokens == 550
         assert answer.choices[0].finish_reason == "length"
@@ -422,8 +436,11 @@ async def test_the_partition_header_reaches_the_job_and_a_malformed_one_is_a_400
         await ask(model=MODEL, messages=messages, extra_headers={CACHE_PARTITION_HEADER: "a1"})
         await ask(model=MODEL, messages=messages)
         with pytest.raises(openai.BadRequestError) as info:
-            await ask(model=MODEL, messages=messages,
-                      extra_headers={CACHE_PARTITION_HEADER: "not/a token"})
+            await ask(
+                model=MODEL,
+                messages=messages,
+                extra_headers={CACHE_PARTITION_HEADER: "not/a token"},
+            )
     assert [job.partition for job in engine.started] == ["a1", ""]
     assert CACHE_PARTITION_HEADER in info.value.message
 
@@ -457,24 +474,27 @@ def test_the_default_body_limit_is_the_routers() -> None:
 
     assert Settings.model_fields["max_body_bytes"].default == DEFAULT_MAX_BODY_BYTES
     assert parse_args(["--mode", "batching", "--model", "/m"]).max_body_bytes == (
-        DEFAULT_MAX_BODY_BYTES)
+        DEFAULT_MAX_BODY_BYTES
+    )
 
 
 async def test_a_constraint_failing_mid_answer_is_an_error_never_a_stop(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The scripted tokenizer has no grammar support: the request is given a constraint
     after preparing, and the engine reports its failure as GrammarProcessor would."""
     from router.worker.constrain import Constraint
 
-    engine = ScriptedEngine("{\"a\": 1}")
+    engine = ScriptedEngine('{"a": 1}')
     engine.constraint_fails_at = 2
     prepare = server_module.prepare
 
     def constrained(tokenizer: object, generation: GenerationRequest) -> server_module.Prepared:
         prepared = prepare(tokenizer, generation)
         constraint = Constraint("", None, (), "response_format")
-        return dataclasses.replace(prepared, generation=dataclasses.replace(
-            prepared.generation, constraint=constraint))
+        return dataclasses.replace(
+            prepared, generation=dataclasses.replace(prepared.generation, constraint=constraint)
+        )
 
     monkeypatch.setattr(server_module, "prepare", constrained)
     async with serving(engine) as url:
@@ -490,7 +510,7 @@ async def test_a_constraint_failing_mid_answer_is_an_error_never_a_stop(
     assert whole.value.code == "constraint_failed"
     assert whole.value.param == "response_format"
     assert "scripted matcher failure" in whole.value.message
-    assert text == "{\"a\": 1}"  # what was sent stays sent; then the error, no stop
+    assert text == '{"a": 1}'  # what was sent stays sent; then the error, no stop
     assert "constraint library failed" in streamed.value.message
 
 
@@ -521,6 +541,7 @@ async def test_queued_counts_wait_behind_a_generation_requests_preparation() -> 
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as session:
+
             async def count(i: int) -> int:
                 body = {"messages": [{"role": "user", "content": f"count{i}"}]}
                 async with session.post(f"{url}/v1/tokenize", json=body) as r:
@@ -530,8 +551,11 @@ async def test_queued_counts_wait_behind_a_generation_requests_preparation() -> 
             await wait_until(lambda: order == ["count0"], WAIT)
             counts += [asyncio.ensure_future(count(i)) for i in range(1, 4)]
             await wait_until(lambda: app[TOKENIZE].waiting() == 3, WAIT)
-            chat = asyncio.ensure_future(client(url).chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "chat"}]))
+            chat = asyncio.ensure_future(
+                client(url).chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "chat"}]
+                )
+            )
             await wait_until(lambda: app[TOKENIZE].waiting() == 4, WAIT)
             gate.set()
             reply = await chat
@@ -544,4 +568,3 @@ async def test_queued_counts_wait_behind_a_generation_requests_preparation() -> 
         await runner.cleanup()
     assert reply.choices[0].message.content == "ok"
     assert order == ["count0", "chat", "count1", "count2", "count3"]
-

@@ -53,8 +53,14 @@ class ScriptedLane:
 
 
 def run(spec_work: int, batch_work: int) -> list[str]:
-    engine = SharedEngine(lambda: Models(None, None), SpecSettings(draft_source="none"), 4,
-                          prompt_cache_bytes=0, prefill_step_size=64, chunk_seconds=0.5)
+    engine = SharedEngine(
+        lambda: Models(None, None),
+        SpecSettings(draft_source="none"),
+        4,
+        prompt_cache_bytes=0,
+        prefill_step_size=64,
+        chunk_seconds=0.5,
+    )
     trace: list[str] = []
     spec = ScriptedLane("speculative", spec_work, trace, engine.speculative.queue)
     batch = ScriptedLane("batching", batch_work, trace, engine.batching.queue)

@@ -25,24 +25,36 @@ LANES = ("speculative", "batching")
 # Long enough that a cache hit is plain to see in cached_tokens.
 SYSTEM = {"role": "system", "content": "You answer in one short sentence. " * 20}
 FRANCE = [SYSTEM, {"role": "user", "content": "What is the capital of France?"}]
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
 def shared_worker(prepared_models: tuple[Path, Path]) -> Iterator[WorkerProcess]:
     model, draft = prepared_models
-    worker = start_worker(worker_command(model, "shared", "--draft-model", str(draft),
-                                         "--max-batch-size", str(BATCH_SIZE)))
+    worker = start_worker(
+        worker_command(
+            model, "shared", "--draft-model", str(draft), "--max-batch-size", str(BATCH_SIZE)
+        )
+    )
     yield worker
     worker.stop()
 
 
 def lane_client(worker: WorkerProcess, lane: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{worker.url}{lane_prefix(lane)}/v1", api_key="x",
-                         max_retries=0, timeout=300)
+    return openai.OpenAI(
+        base_url=f"{worker.url}{lane_prefix(lane)}/v1", api_key="x", max_retries=0, timeout=300
+    )
 
 
 def get(url: str) -> dict[str, Any]:
@@ -60,24 +72,34 @@ def test_one_process_reports_both_lanes(shared_worker: WorkerProcess) -> None:
         assert root["lanes"][lane]["mode"] == lane
     spec, batch = (root["lanes"][lane] for lane in LANES)
     assert (spec["draft_model"], spec["speculative"], spec["capacity"]) == (
-        DEFAULT_DRAFT_NAME, True, 1)
+        DEFAULT_DRAFT_NAME,
+        True,
+        1,
+    )
     assert (batch["draft_model"], batch["speculative"], batch["capacity"]) == (
-        None, False, BATCH_SIZE)
+        None,
+        False,
+        BATCH_SIZE,
+    )
     assert spec["prompt_cache"]["max_bytes"] == batch["prompt_cache"]["max_bytes"]
 
 
 @pytest.mark.parametrize("lane", LANES)
 def test_both_lanes_answer_plain_and_streamed(shared_worker: WorkerProcess, lane: str) -> None:
     client = lane_client(shared_worker, lane)
-    reply = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=FRANCE,
-                                           max_tokens=10, temperature=0)
+    reply = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME, messages=FRANCE, max_tokens=10, temperature=0
+    )
     assert "Paris" in (reply.choices[0].message.content or "")
     drafted = reply.usage.model_extra["speclane_spec"]["drafted"]  # type: ignore[union-attr]
     assert (drafted > 0) == (lane == "speculative")
-    text = "".join(chunk.choices[0].delta.content or ""
-                   for chunk in client.chat.completions.create(
-                       model=DEFAULT_MODEL_NAME, messages=FRANCE, max_tokens=10,
-                       temperature=0, stream=True) if chunk.choices)
+    text = "".join(
+        chunk.choices[0].delta.content or ""
+        for chunk in client.chat.completions.create(
+            model=DEFAULT_MODEL_NAME, messages=FRANCE, max_tokens=10, temperature=0, stream=True
+        )
+        if chunk.choices
+    )
     assert text == reply.choices[0].message.content
 
 
@@ -90,11 +112,14 @@ def test_a_prefix_cached_through_one_lane_is_found_by_the_other(
     cached = []
     for turn, lane in enumerate(("speculative", "batching", "speculative")):
         reply = lane_client(shared_worker, lane).chat.completions.create(
-            model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=6, temperature=0)
+            model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=6, temperature=0
+        )
         details = reply.usage.prompt_tokens_details  # type: ignore[union-attr]
         cached.append((details.cached_tokens if details else 0, reply.usage.prompt_tokens))  # type: ignore[union-attr]
-        messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
-                     {"role": "user", "content": f"And another one ({turn})?"}]
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content or ""},
+            {"role": "user", "content": f"And another one ({turn})?"},
+        ]
     first, *later = cached
     assert first[0] < 10  # at most the chat template's opening, shared with earlier prompts
     for hit, prompt in later:  # everything but the new turn came from the other lane's entry
@@ -104,21 +129,33 @@ def test_a_prefix_cached_through_one_lane_is_found_by_the_other(
 def test_tools_and_prediction_work_on_both_lanes(shared_worker: WorkerProcess) -> None:
     for lane in LANES:
         reply = lane_client(shared_worker, lane).chat.completions.create(
-            model=DEFAULT_MODEL_NAME, max_tokens=40, temperature=0, tools=[WEATHER],  # type: ignore[list-item]
+            model=DEFAULT_MODEL_NAME,
+            max_tokens=40,
+            temperature=0,
+            tools=[WEATHER],  # type: ignore[list-item]
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
-            messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        )
         calls = reply.choices[0].message.tool_calls or []
         assert [c.function.name for c in calls] == ["get_weather"], lane  # type: ignore[union-attr]
         assert "city" in json.loads(calls[0].function.arguments)  # type: ignore[union-attr]
     messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
     spec = lane_client(shared_worker, "speculative")
-    plain = spec.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=messages,
-                                         max_tokens=16, temperature=0,
-                                         extra_body={"num_draft_tokens": 0})
+    plain = spec.chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"num_draft_tokens": 0},
+    )
     text = plain.choices[0].message.content or ""
     predicted = spec.chat.completions.create(
-        model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=16, temperature=0,
-        prediction={"type": "content", "content": text.replace("add", "sum", 1)})
+        model=DEFAULT_MODEL_NAME,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        prediction={"type": "content", "content": text.replace("add", "sum", 1)},
+    )
     assert predicted.choices[0].message.content == text  # lossless
     assert predicted.usage.model_extra["speclane_spec"]["source"] == "prediction"  # type: ignore[union-attr]
     details = predicted.usage.completion_tokens_details  # type: ignore[union-attr]
@@ -135,13 +172,16 @@ def test_the_speculative_lane_keeps_its_turns_while_the_batch_decodes(
     def ask(lane: str) -> None:
         try:
             reply = lane_client(shared_worker, lane).chat.completions.create(
-                model=DEFAULT_MODEL_NAME, messages=FRANCE, max_tokens=12, temperature=0)
+                model=DEFAULT_MODEL_NAME, messages=FRANCE, max_tokens=12, temperature=0
+            )
             assert "Paris" in (reply.choices[0].message.content or "")
         except BaseException as e:  # reported below, in the test's thread
             errors.append(e)
 
-    threads = [threading.Thread(target=ask, args=(lane,))
-               for lane in ("batching", "batching", "speculative", "speculative")]
+    threads = [
+        threading.Thread(target=ask, args=(lane,))
+        for lane in ("batching", "batching", "speculative", "speculative")
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -153,8 +193,12 @@ def test_the_speculative_lane_keeps_its_turns_while_the_batch_decodes(
 
 
 # A generation that cannot end early: both end-of-text tokens are banned (SmolLM2: 0 and 2).
-ENDLESS = {"prompt": "Once upon a time", "max_tokens": 4096, "logit_bias": {"0": -100, "2": -100},
-           "stream": True}
+ENDLESS = {
+    "prompt": "Once upon a time",
+    "max_tokens": 4096,
+    "logit_bias": {"0": -100, "2": -100},
+    "stream": True,
+}
 
 
 @pytest.mark.parametrize("lane", LANES)
@@ -173,7 +217,8 @@ async def test_a_client_disconnect_stops_its_lane_only(
             await asyncio.sleep(0.05)
     assert get(f"{lane_url}/health")["active"] == 0
     again = lane_client(shared_worker, lane).completions.create(
-        model=DEFAULT_MODEL_NAME, prompt="Hi", max_tokens=2)
+        model=DEFAULT_MODEL_NAME, prompt="Hi", max_tokens=2
+    )
     assert again.usage is not None and again.usage.completion_tokens >= 1
 
 
@@ -183,17 +228,27 @@ def test_stop_strings_and_a_json_schema_hold_on_both_lanes(
 ) -> None:
     client = lane_client(shared_worker, lane)
     counting = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
-    stopped = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=counting,
-                                             max_tokens=40, temperature=0, stop=["5"])
+    stopped = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME, messages=counting, max_tokens=40, temperature=0, stop=["5"]
+    )
     text = stopped.choices[0].message.content or ""
     assert "5" not in text and "4" in text and stopped.choices[0].finish_reason == "stop"
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
-              "required": ["city"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     shaped = client.chat.completions.create(
-        model=DEFAULT_MODEL_NAME, max_tokens=30, temperature=0,
+        model=DEFAULT_MODEL_NAME,
+        max_tokens=30,
+        temperature=0,
         messages=[{"role": "user", "content": "Which city is the capital of France?"}],
-        response_format={"type": "json_schema",  # type: ignore[typeddict-item]
-                         "json_schema": {"name": "answer", "schema": schema}})
+        response_format={
+            "type": "json_schema",  # type: ignore[typeddict-item]
+            "json_schema": {"name": "answer", "schema": schema},
+        },
+    )
     assert set(json.loads(shaped.choices[0].message.content or "")) == {"city"}
 
 
@@ -202,8 +257,11 @@ def test_the_speculative_lane_drafts_by_prompt_lookup_on_request(
 ) -> None:
     code = "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(5))
     reply = lane_client(shared_worker, "speculative").chat.completions.create(
-        model=DEFAULT_MODEL_NAME, max_tokens=12, temperature=0,
+        model=DEFAULT_MODEL_NAME,
+        max_tokens=12,
+        temperature=0,
         messages=[{"role": "user", "content": f"Repeat this code exactly:\n{code}"}],
-        extra_body={"draft_source": "prompt_lookup"})
+        extra_body={"draft_source": "prompt_lookup"},
+    )
     spec = reply.usage.model_extra["speclane_spec"]  # type: ignore[union-attr]
     assert spec["source"] == "prompt_lookup" and spec["drafted"] > 0

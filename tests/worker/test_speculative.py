@@ -33,8 +33,17 @@ def run(prompt: str, answer: str, propose=None, k: int = 0, max_tokens: int = 20
     model = ScriptedLM(ids(prompt + answer), EOS)
     history = ids(prompt)
     steps = list(
-        decode(model, [ScriptedCache()], history, 0, max_tokens=max_tokens, sampler=greedy,
-               propose=propose, k=k, stop_tokens=frozenset({EOS}))
+        decode(
+            model,
+            [ScriptedCache()],
+            history,
+            0,
+            max_tokens=max_tokens,
+            sampler=greedy,
+            propose=propose,
+            k=k,
+            stop_tokens=frozenset({EOS}),
+        )
     )
     out = [t for s in steps for t in s.tokens]
     return model, steps, out, history
@@ -95,8 +104,11 @@ def test_the_cache_may_already_hold_a_prefix() -> None:
     cache = ScriptedCache()
     model(__import__("mlx.core", fromlist=["array"]).array([ids(PROMPT[:10])]), cache=[cache])
     history = ids(PROMPT)
-    out = [t for s in decode(model, [cache], history, 10, max_tokens=5, sampler=greedy)
-           for t in s.tokens]
+    out = [
+        t
+        for s in decode(model, [cache], history, 10, max_tokens=5, sampler=greedy)
+        for t in s.tokens
+    ]
     assert out == ids(ANSWER)[:5]
     with pytest.raises(ValueError):
         next(decode(model, [ScriptedCache()], ids("ab"), 2, max_tokens=5, sampler=greedy))
@@ -109,41 +121,111 @@ SETTINGS = SpecSettings(draft_source="draft_model", num_draft_tokens=3)
     ("request_", "settings", "has_draft", "processors", "expected"),
     [
         (GenerationRequest("chat"), SETTINGS, True, False, Plan("draft_model", 3)),
-        (GenerationRequest("chat", num_draft_tokens=2), SETTINGS, True, False,
-         Plan("draft_model", 2)),
-        (GenerationRequest("chat", num_draft_tokens=10), SETTINGS, True, False,
-         Plan("draft_model", 3)),
+        (
+            GenerationRequest("chat", num_draft_tokens=2),
+            SETTINGS,
+            True,
+            False,
+            Plan("draft_model", 2),
+        ),
+        (
+            GenerationRequest("chat", num_draft_tokens=10),
+            SETTINGS,
+            True,
+            False,
+            Plan("draft_model", 3),
+        ),
         (GenerationRequest("chat", num_draft_tokens=0), SETTINGS, True, False, Plan(None, 0)),
         (GenerationRequest("chat"), SETTINGS, False, False, Plan(None, 0)),  # no draft loaded
-        (GenerationRequest("chat"), SpecSettings(draft_source="prompt_lookup"), False, False,
-         Plan("prompt_lookup", 8)),
+        (
+            GenerationRequest("chat"),
+            SpecSettings(draft_source="prompt_lookup"),
+            False,
+            False,
+            Plan("prompt_lookup", 8),
+        ),
         (GenerationRequest("chat"), SpecSettings(draft_source="none"), True, False, Plan(None, 0)),
-        (GenerationRequest("chat"), SpecSettings(draft_source="suffix"), False, False,
-         Plan("suffix", 16)),
-        (GenerationRequest("chat", draft_source="suffix", num_draft_tokens=5), SETTINGS, True,
-         False, Plan("suffix", 5)),
-        (GenerationRequest("chat", draft_source="suffix", prediction="x"), SETTINGS, True,
-         False, Plan("prediction", 16)),
+        (
+            GenerationRequest("chat"),
+            SpecSettings(draft_source="suffix"),
+            False,
+            False,
+            Plan("suffix", 16),
+        ),
+        (
+            GenerationRequest("chat", draft_source="suffix", num_draft_tokens=5),
+            SETTINGS,
+            True,
+            False,
+            Plan("suffix", 5),
+        ),
+        (
+            GenerationRequest("chat", draft_source="suffix", prediction="x"),
+            SETTINGS,
+            True,
+            False,
+            Plan("prediction", 16),
+        ),
         (GenerationRequest("chat", prediction="x"), SETTINGS, True, False, Plan("prediction", 16)),
-        (GenerationRequest("chat", prediction="x", num_draft_tokens=4), SETTINGS, True, False,
-         Plan("prediction", 4)),
+        (
+            GenerationRequest("chat", prediction="x", num_draft_tokens=4),
+            SETTINGS,
+            True,
+            False,
+            Plan("prediction", 4),
+        ),
         # the request's own draft_source beats the lane's; a prediction still beats both
-        (GenerationRequest("chat", draft_source="prompt_lookup"), SETTINGS, True, False,
-         Plan("prompt_lookup", 8)),
-        (GenerationRequest("chat", draft_source="draft_model"),
-         SpecSettings(draft_source="prompt_lookup"), True, False, Plan("draft_model", 3)),
-        (GenerationRequest("chat", draft_source="prompt_lookup"), SpecSettings(draft_source="none"),
-         False, False, Plan("prompt_lookup", 8)),
-        (GenerationRequest("chat", draft_source="prompt_lookup", prediction="x"), SETTINGS, True,
-         False, Plan("prediction", 16)),
-        (GenerationRequest("chat", draft_source="prompt_lookup", num_draft_tokens=0), SETTINGS,
-         True, False, Plan(None, 0)),
-        (GenerationRequest("chat", draft_source="prompt_lookup"), SETTINGS, True, True,
-         Plan(None, 0)),
+        (
+            GenerationRequest("chat", draft_source="prompt_lookup"),
+            SETTINGS,
+            True,
+            False,
+            Plan("prompt_lookup", 8),
+        ),
+        (
+            GenerationRequest("chat", draft_source="draft_model"),
+            SpecSettings(draft_source="prompt_lookup"),
+            True,
+            False,
+            Plan("draft_model", 3),
+        ),
+        (
+            GenerationRequest("chat", draft_source="prompt_lookup"),
+            SpecSettings(draft_source="none"),
+            False,
+            False,
+            Plan("prompt_lookup", 8),
+        ),
+        (
+            GenerationRequest("chat", draft_source="prompt_lookup", prediction="x"),
+            SETTINGS,
+            True,
+            False,
+            Plan("prediction", 16),
+        ),
+        (
+            GenerationRequest("chat", draft_source="prompt_lookup", num_draft_tokens=0),
+            SETTINGS,
+            True,
+            False,
+            Plan(None, 0),
+        ),
+        (
+            GenerationRequest("chat", draft_source="prompt_lookup"),
+            SETTINGS,
+            True,
+            True,
+            Plan(None, 0),
+        ),
         # penalties, logit bias, constraints: plain decoding, whatever the source
         (GenerationRequest("chat", prediction="x"), SETTINGS, True, True, Plan(None, 0)),
-        (GenerationRequest("chat"), SpecSettings(draft_source="prompt_lookup"), False, True,
-         Plan(None, 0)),
+        (
+            GenerationRequest("chat"),
+            SpecSettings(draft_source="prompt_lookup"),
+            False,
+            True,
+            Plan(None, 0),
+        ),
     ],
 )
 def test_plan_picks_the_draft_source(request_, settings, has_draft, processors, expected) -> None:
@@ -163,11 +245,11 @@ def test_plan_picks_the_draft_source(request_, settings, has_draft, processors, 
         (GenerationRequest("chat"), True, Plan(None, 0)),
     ],
 )
-def test_plan_drafts_forced_tokens_of_a_constrained_request(request_, processors,
-                                                            expected) -> None:
+def test_plan_drafts_forced_tokens_of_a_constrained_request(request_, processors, expected) -> None:
     assert plan(request_, SETTINGS, True, processors, constrained=True) == expected
     if request_.draft_source is not None or not expected.forced:
         return
-    no_source = plan(request_, SpecSettings(draft_source="none"), False, processors,
-                     constrained=True)
+    no_source = plan(
+        request_, SpecSettings(draft_source="none"), False, processors, constrained=True
+    )
     assert no_source.source is None and no_source.forced == expected.forced

@@ -39,17 +39,24 @@ def engine(prepared_models: tuple[Path, Path]) -> Iterator[SpeculativeEngine]:
     engine.stop(30)
 
 
-def run(engine: SpeculativeEngine, partition: str, source: str | None,
-        **fields: Any) -> tuple[str, dict[str, Any]]:
+def run(
+    engine: SpeculativeEngine, partition: str, source: str | None, **fields: Any
+) -> tuple[str, dict[str, Any]]:
     """One greedy answer to QUESTION: its text and its ``speclane_spec`` usage."""
     assert engine.models is not None
     tokenizer = engine.models.tokenizer
-    text = tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}],
-                                         tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
+    )
     prompt = list(tokenizer.encode(text, add_special_tokens=False))
-    request = GenerationRequest(kind="chat", messages=(Message("user", QUESTION),),
-                                temperature=0.0, max_tokens=MAX_TOKENS, draft_source=source,
-                                **fields)
+    request = GenerationRequest(
+        kind="chat",
+        messages=(Message("user", QUESTION),),
+        temperature=0.0,
+        max_tokens=MAX_TOKENS,
+        draft_source=source,
+        **fields,
+    )
     if request.response_format != "text":
         constraint = COMPILER.compile(request, tokenizer)
         request = dataclasses.replace(request, constraint=constraint)
@@ -86,7 +93,10 @@ def test_suffix_drafts_a_repeat_from_the_earlier_answer_of_its_own_partition_onl
     assert bob_text == plain_text == alone_text  # lossless
     # Another partition: exactly the drafts of its own context, nothing from alice's answer.
     assert (bob["drafted"], bob["accepted"], bob["steps"]) == (
-        alone["drafted"], alone["accepted"], alone["steps"])
+        alone["drafted"],
+        alone["accepted"],
+        alone["steps"],
+    )
 
     alice_text, alice = run(engine, "alice", "suffix")
     assert alice_text == plain_text
@@ -98,8 +108,10 @@ def test_suffix_drafts_a_repeat_from_the_earlier_answer_of_its_own_partition_onl
 
 
 def test_a_constrained_answer_drafts_its_forced_tokens(engine: SpeculativeEngine) -> None:
-    schema = ('{"type":"object","properties":{"function_name":{"type":"string"},'
-              '"language":{"const":"python"}},"required":["function_name","language"]}')
+    schema = (
+        '{"type":"object","properties":{"function_name":{"type":"string"},'
+        '"language":{"const":"python"}},"required":["function_name","language"]}'
+    )
     fields = {"response_format": "json_schema", "response_schema": schema}
     plain_text, plain = run(engine, "carol", None, num_draft_tokens=0, **fields)
     text, spec = run(engine, "carol", None, **fields)

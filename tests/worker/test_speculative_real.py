@@ -48,9 +48,17 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], propose: Any = None,
 
     history = list(prompt)
     steps = list(
-        decode(model, make_prompt_cache(model), history, 0, max_tokens=MAX_TOKENS,
-               sampler=greedy, propose=propose, k=k,
-               stop_tokens=frozenset(tokenizer.eos_token_ids))
+        decode(
+            model,
+            make_prompt_cache(model),
+            history,
+            0,
+            max_tokens=MAX_TOKENS,
+            sampler=greedy,
+            propose=propose,
+            k=k,
+            stop_tokens=frozenset(tokenizer.eos_token_ids),
+        )
     )
     return [t for s in steps for t in s.tokens], sum(s.accepted for s in steps)
 
@@ -102,17 +110,32 @@ def test_every_draft_source_writes_what_plain_decoding_writes(
     assert accepted["suffix"] > 0
 
 
-WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"},
-                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"]}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
 CONSTRAINED = {
     "tool_call": {"tools": [WEATHER_TOOL], "tool_choice": "required"},
-    "json_schema": {"response_format": {"type": "json_schema", "json_schema": {
-        "name": "person", "schema": {
-            "type": "object",
-            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-            "required": ["name", "age"]}}}},
+    "json_schema": {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "person",
+                "schema": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                    "required": ["name", "age"],
+                },
+            },
+        }
+    },
 }
 
 
@@ -135,17 +158,32 @@ def test_forced_tokens_write_what_plain_constrained_decoding_writes(
 
     def run(**how: Any) -> tuple[list[int], int, int]:
         history = list(prompt)
-        steps = list(decode(model, make_prompt_cache(model), history, 0, max_tokens=40,
-                            sampler=greedy, stop_tokens=eos, **how))
+        steps = list(
+            decode(
+                model,
+                make_prompt_cache(model),
+                history,
+                0,
+                max_tokens=40,
+                sampler=greedy,
+                stop_tokens=eos,
+                **how,
+            )
+        )
         out = [t for s in steps for t in s.tokens]
         return out, sum(s.forced for s in steps), len(steps)
 
     plain, _, plain_steps = run(processors=[constraint.processor()])
     forced, kept, forced_steps = run(
-        constraint=ConstraintDraft.for_constraint(constraint, len(prompt)), forced_k=16)
+        constraint=ConstraintDraft.for_constraint(constraint, len(prompt)), forced_k=16
+    )
     assert forced == plain
     assert kept > 0 and forced_steps < plain_steps
     # Forced tokens first, prompt lookup where nothing is forced: still the same answer.
-    both, _, _ = run(constraint=ConstraintDraft.for_constraint(constraint, len(prompt)),
-                     forced_k=16, propose=lookup_proposer(LookupConfig()), k=8)
+    both, _, _ = run(
+        constraint=ConstraintDraft.for_constraint(constraint, len(prompt)),
+        forced_k=16,
+        propose=lookup_proposer(LookupConfig()),
+        k=8,
+    )
     assert both == plain

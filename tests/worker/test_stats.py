@@ -105,7 +105,11 @@ def test_usage_with_speculation_has_prediction_details() -> None:
         "rejected_prediction_tokens": 2,
     }
     assert body["speclane_spec"] == {
-        "drafted": 6, "accepted": 4, "rejected": 2, "steps": 2, "num_draft_tokens": 3
+        "drafted": 6,
+        "accepted": 4,
+        "rejected": 2,
+        "steps": 2,
+        "num_draft_tokens": 3,
     }
 
 
@@ -113,7 +117,11 @@ def test_usage_without_speculation_is_all_zeros_and_no_details() -> None:
     body = usage(3, 2, SpecStats())
     assert "completion_tokens_details" not in body
     assert body["speclane_spec"] == {
-        "drafted": 0, "accepted": 0, "rejected": 0, "steps": 0, "num_draft_tokens": 0
+        "drafted": 0,
+        "accepted": 0,
+        "rejected": 0,
+        "steps": 0,
+        "num_draft_tokens": 0,
     }
 
 

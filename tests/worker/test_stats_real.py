@@ -54,8 +54,12 @@ def test_counted_rounds_match_the_forward_passes(
     prompt = tokenizer.encode(text)
     counter = SpecCounter(3, max_tokens)
     responses = stream_generate(
-        target_calls, tokenizer, prompt, max_tokens=max_tokens,
-        draft_model=draft_calls, num_draft_tokens=3,
+        target_calls,
+        tokenizer,
+        prompt,
+        max_tokens=max_tokens,
+        draft_model=draft_calls,
+        num_draft_tokens=3,
     )
     for response in responses:
         counter.observe(response.from_draft)

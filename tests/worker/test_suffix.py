@@ -128,9 +128,17 @@ def test_evicting_everything_leaves_no_table_behind() -> None:
     assert len(index) == 1 and index.partitions() == 1
 
 
-@pytest.mark.parametrize("bad", [{"ngrams": ()}, {"ngrams": (0, 2)}, {"max_draft": 0},
-                                 {"spec_factor": 0},
-                                 {"max_bytes": -1}, {"max_entry_tokens": 1}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"ngrams": ()},
+        {"ngrams": (0, 2)},
+        {"max_draft": 0},
+        {"spec_factor": 0},
+        {"max_bytes": -1},
+        {"max_entry_tokens": 1},
+    ],
+)
 def test_config_is_checked(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         SuffixConfig(**bad)  # type: ignore[arg-type]

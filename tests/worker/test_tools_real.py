@@ -212,13 +212,18 @@ def test_a_schema_failing_mid_answer_ends_with_an_error_never_a_stop(
     from tests.worker.test_constrain import LATE_FAILURE
 
     worker: WorkerProcess = request.getfixturevalue(
-        "batch_worker" if lane == "batching" else "spec_worker")
+        "batch_worker" if lane == "batching" else "spec_worker"
+    )
     tokenizer = load(request.getfixturevalue("prepared_models")[0])
     (quote,) = tokenizer.encode('"', add_special_tokens=False)
     fields: dict[str, Any] = {
-        "response_format": {"type": "json_schema",
-                            "json_schema": {"name": "late", "schema": LATE_FAILURE}},
-        "logit_bias": {str(quote): 100}, "max_tokens": 30, "temperature": 0,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "late", "schema": LATE_FAILURE},
+        },
+        "logit_bias": {str(quote): 100},
+        "max_tokens": 30,
+        "temperature": 0,
     }
     c = client(worker)
     if not stream:
@@ -229,8 +234,9 @@ def test_a_schema_failing_mid_answer_ends_with_an_error_never_a_stop(
         return
     text, reasons = "", []
     with pytest.raises(openai.APIError) as broken:
-        for chunk in c.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=QUESTION,
-                                               stream=True, **fields):
+        for chunk in c.chat.completions.create(
+            model=DEFAULT_MODEL_NAME, messages=QUESTION, stream=True, **fields
+        ):
             if chunk.choices:
                 text += chunk.choices[0].delta.content or ""
                 reasons.append(chunk.choices[0].finish_reason)

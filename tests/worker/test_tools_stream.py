@@ -50,8 +50,9 @@ def streamed(pieces: list[Piece]) -> dict[int, dict[str, Any]]:
     for p in pieces:
         if isinstance(p, CallDelta):
             d = p.delta()
-            slot = calls.setdefault(d["index"], {"id": None, "name": None, "arguments": "",
-                                                 "fragments": 0})
+            slot = calls.setdefault(
+                d["index"], {"id": None, "name": None, "arguments": "", "fragments": 0}
+            )
             if "id" in d:
                 assert slot["id"] is None and slot["arguments"] == ""  # the head comes first
                 slot["id"], slot["name"] = d["id"], d["function"]["name"]
@@ -193,7 +194,9 @@ def test_two_calls_in_a_row() -> None:
         pieces = feed(s, chunks)
         got = streamed(pieces)
         assert [(i, got[i]["name"], got[i]["arguments"]) for i in got] == [
-            (0, "read", SIMPLE), (1, "write", TRICKY)]
+            (0, "read", SIMPLE),
+            (1, "write", TRICKY),
+        ]
         assert got[0]["id"] != got[1]["id"]
         assert not any(isinstance(p, str) for p in pieces)  # the newline between is not content
         # Each call's deltas are contiguous: the second starts after the first ended.

@@ -121,11 +121,21 @@ def test_a_prediction_drafts_and_a_repeated_prompt_reuses_the_cache(
 ) -> None:
     messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
     ask = client(spec_worker).chat.completions.create
-    plain = ask(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=16, temperature=0,
-                extra_body={"num_draft_tokens": 0})
+    plain = ask(
+        model=DEFAULT_MODEL_NAME,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"num_draft_tokens": 0},
+    )
     text = plain.choices[0].message.content or ""
-    predicted = ask(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=16, temperature=0,
-                    prediction={"type": "content", "content": text.replace("add", "sum", 1)})
+    predicted = ask(
+        model=DEFAULT_MODEL_NAME,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        prediction={"type": "content", "content": text.replace("add", "sum", 1)},
+    )
     assert predicted.choices[0].message.content == text  # lossless
     usage = predicted.usage
     assert usage is not None and usage.completion_tokens_details is not None
@@ -147,7 +157,11 @@ def test_zero_draft_tokens_decodes_without_the_draft(spec_worker: WorkerProcess)
     )
     assert reply.usage is not None
     assert spec_of(reply.usage) == {
-        "drafted": 0, "accepted": 0, "rejected": 0, "steps": 0, "num_draft_tokens": 0,
+        "drafted": 0,
+        "accepted": 0,
+        "rejected": 0,
+        "steps": 0,
+        "num_draft_tokens": 0,
         "source": None,
     }
     assert reply.usage.completion_tokens_details is None
@@ -160,18 +174,32 @@ def test_a_request_names_its_draft_source(spec_worker: WorkerProcess) -> None:
     code = "def add(a, b):\n    return a + b\n"
     messages = [{"role": "user", "content": f"Repeat this code exactly:\n{code}"}]
     ask = client(spec_worker).chat.completions.create
-    plain = ask(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=16, temperature=0,
-                extra_body={"num_draft_tokens": 0})
-    looked = ask(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=16, temperature=0,
-                 extra_body={"draft_source": "prompt_lookup"})
+    plain = ask(
+        model=DEFAULT_MODEL_NAME,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"num_draft_tokens": 0},
+    )
+    looked = ask(
+        model=DEFAULT_MODEL_NAME,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"draft_source": "prompt_lookup"},
+    )
     assert looked.choices[0].message.content == plain.choices[0].message.content
     assert looked.usage is not None and plain.usage is not None
     assert spec_of(plain.usage)["source"] is None
     assert spec_of(looked.usage)["source"] == "prompt_lookup"
     assert spec_of(looked.usage)["num_draft_tokens"] == 8  # --lookup-max-draft's default
     with pytest.raises(openai.BadRequestError) as info:
-        ask(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=4,
-            extra_body={"draft_source": "prediction"})
+        ask(
+            model=DEFAULT_MODEL_NAME,
+            messages=messages,
+            max_tokens=4,
+            extra_body={"draft_source": "prediction"},
+        )
     assert info.value.body["param"] == "draft_source"  # type: ignore[index]
 
 
@@ -219,8 +247,9 @@ def test_stop_strings_truncate_the_output(lane: str, request: pytest.FixtureRequ
 
 
 async def test_batching_lane_decodes_two_requests_together(batch_worker: WorkerProcess) -> None:
-    async with openai.AsyncOpenAI(base_url=f"{batch_worker.url}/v1", api_key="x",
-                                  max_retries=0) as api:
+    async with openai.AsyncOpenAI(
+        base_url=f"{batch_worker.url}/v1", api_key="x", max_retries=0
+    ) as api:
 
         async def ask(content: str) -> str:
             reply = await api.chat.completions.create(
@@ -311,7 +340,11 @@ def exited(pid: int, timeout: float) -> bool:
 def test_load_failure_exits_nonzero_with_a_reason(tmp_path: Path) -> None:
     done = subprocess.run(
         worker_command(tmp_path / "missing", "batching"),
-        capture_output=True, text=True, env=preload_env(), timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        env=preload_env(),
+        timeout=120,
+        check=False,
     )
     assert done.returncode != 0
     assert done.stdout == ""

@@ -4,11 +4,20 @@ resent on every turn, the user's questions, and the long document of the starvat
 from __future__ import annotations
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": {
-            arg: {"type": "string", "description": f"the {arg}"} for arg in args},
-            "required": list(args)}}}
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    arg: {"type": "string", "description": f"the {arg}"} for arg in args
+                },
+                "required": list(args),
+            },
+        },
+    }
     for name, description, args in (
         ("read", "Read a file of the workspace.", ("path",)),
         ("edit", "Replace a string in a file.", ("path", "old", "new")),
@@ -27,10 +36,14 @@ QUESTIONS = (
 def system_prompt(approx_tokens: int) -> str:
     """A deterministic agent system prompt of roughly ``approx_tokens`` tokens."""
     rules = [
-        "Read a file before you edit it.", "Keep each change small and reviewable.",
-        "Run the tests after every edit.", "Never commit secrets or credentials.",
-        "Prefer the standard library to a new dependency.", "Explain why, not what.",
-        "Ask before deleting files.", "Quote error messages exactly.",
+        "Read a file before you edit it.",
+        "Keep each change small and reviewable.",
+        "Run the tests after every edit.",
+        "Never commit secrets or credentials.",
+        "Prefer the standard library to a new dependency.",
+        "Explain why, not what.",
+        "Ask before deleting files.",
+        "Quote error messages exactly.",
     ]
     lines = ["You are a coding agent working in a git repository. Follow these rules."]
     i = 0

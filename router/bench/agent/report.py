@@ -32,11 +32,15 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
     def throughput(r: dict[str, Any]) -> float | None:
         return (r.get("throughput") or {}).get("aggregate_tok_s")
 
-    ttft, tps = ratio(later_ttft(ours), later_ttft(theirs)), ratio(throughput(ours),
-                                                                      throughput(theirs))
+    ttft, tps = (
+        ratio(later_ttft(ours), later_ttft(theirs)),
+        ratio(throughput(ours), throughput(theirs)),
+    )
     gap = (ours.get("starvation") or {}).get("largest_gap_s")
     return {
-        "turn2plus_ttft": ttft, "aggregate_throughput": tps, "largest_gap_s": gap,
+        "turn2plus_ttft": ttft,
+        "aggregate_throughput": tps,
+        "largest_gap_s": gap,
         "goals_met": {
             "turn2plus_ttft<=1.0": None if ttft is None else ttft <= 1.0,
             "aggregate_throughput>=1.0": None if tps is None else tps >= 1.0,
@@ -46,29 +50,43 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def fmt_row(row: dict[str, Any]) -> str:
-    return (f"TTFT {fmt(row['ttft_s'])}s, decode {fmt(row['decode_tok_s'])} tok/s, "
-            f"prompt {row['prompt_tokens']} (cached {row['cached_tokens']})"
-            + (f", error {row['error']}" if row["error"] else ""))
+    return (
+        f"TTFT {fmt(row['ttft_s'])}s, decode {fmt(row['decode_tok_s'])} tok/s, "
+        f"prompt {row['prompt_tokens']} (cached {row['cached_tokens']})"
+        + (f", error {row['error']}" if row["error"] else "")
+    )
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = ["| target | turn | TTFT s | decode tok/s | prompt | cached |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| target | turn | TTFT s | decode tok/s | prompt | cached |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, r in report["results"].items():
         for row in r["turns"]:
-            lines.append(f"| {name} | {row['turn']} | {fmt(row['ttft_s'])} | "
-                         f"{fmt(row['decode_tok_s'])} | {row['prompt_tokens']} | "
-                         f"{row['cached_tokens']} |")
-    lines += ["", "| target | aggregate tok/s (concurrency) | long prompt tokens | "
-              "short stream tokens during its prefill | largest gap s |",
-              "|---|---:|---:|---:|---:|"]
+            lines.append(
+                f"| {name} | {row['turn']} | {fmt(row['ttft_s'])} | "
+                f"{fmt(row['decode_tok_s'])} | {row['prompt_tokens']} | "
+                f"{row['cached_tokens']} |"
+            )
+    lines += [
+        "",
+        "| target | aggregate tok/s (concurrency) | long prompt tokens | "
+        "short stream tokens during its prefill | largest gap s |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, r in report["results"].items():
         tp, st = r["throughput"], r["starvation"]
-        lines.append(f"| {name} | {fmt(tp['aggregate_tok_s'])} ({tp['concurrency']}) | "
-                     f"{st['long_prompt_tokens']} | {st['short_tokens_during_prefill']} | "
-                     f"{fmt(st['largest_gap_s'])} |")
+        lines.append(
+            f"| {name} | {fmt(tp['aggregate_tok_s'])} ({tp['concurrency']}) | "
+            f"{st['long_prompt_tokens']} | {st['short_tokens_during_prefill']} | "
+            f"{fmt(st['largest_gap_s'])} |"
+        )
     rt = report["ratios"]
-    lines += ["", f"turn 2+ TTFT ratio {fmt(rt['turn2plus_ttft'])} (goal <= 1.0); aggregate "
-              f"throughput ratio {fmt(rt['aggregate_throughput'])} (goal >= 1.0); largest gap "
-              f"{fmt(rt['largest_gap_s'])}s (goal < {GAP_GOAL:g}s)"]
+    lines += [
+        "",
+        f"turn 2+ TTFT ratio {fmt(rt['turn2plus_ttft'])} (goal <= 1.0); aggregate "
+        f"throughput ratio {fmt(rt['aggregate_throughput'])} (goal >= 1.0); largest gap "
+        f"{fmt(rt['largest_gap_s'])}s (goal < {GAP_GOAL:g}s)",
+    ]
     return "\n".join(lines)

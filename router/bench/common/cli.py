@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 
-def csv(kind: Callable[[str], Any],
-        choices: Sequence[str] = ()) -> Callable[[str], tuple[Any, ...]]:
+def csv(
+    kind: Callable[[str], Any], choices: Sequence[str] = ()
+) -> Callable[[str], tuple[Any, ...]]:
     """An argparse ``type``: a non-empty comma-separated list of ``kind`` (among ``choices``)."""
 
     def parse(text: str) -> tuple[Any, ...]:
@@ -23,7 +24,8 @@ def csv(kind: Callable[[str], Any],
             raise argparse.ArgumentTypeError("empty list")
         if bad := [v for v in values if choices and v not in choices]:
             raise argparse.ArgumentTypeError(
-                f"unknown: {', '.join(bad)} (choose from {', '.join(choices)})")
+                f"unknown: {', '.join(bad)} (choose from {', '.join(choices)})"
+            )
         return values
 
     return parse

@@ -31,8 +31,11 @@ def versions() -> dict[str, str | None]:
 
 def hardware() -> dict[str, Any]:
     info: dict[str, Any] = {
-        "platform": platform.platform(), "machine": platform.machine(),
-        "cpu": _cpu_model(), "cpus": os.cpu_count(), "memory_gib": _memory_gib(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "memory_gib": _memory_gib(),
         "mlx_device": _mlx_device(),
     }
     if platform.system() == "Linux":
@@ -53,8 +56,9 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-async def lanes_info(session: aiohttp.ClientSession, root_url: str,
-                     api_key: str | None = None) -> list[dict[str, Any]]:
+async def lanes_info(
+    session: aiohttp.ClientSession, root_url: str, api_key: str | None = None
+) -> list[dict[str, Any]]:
     """The router's lanes as its admin endpoint and the workers' health report them; empty
     when the admin endpoint is closed to us (another machine, an admin key)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -63,30 +67,41 @@ async def lanes_info(session: aiohttp.ClientSession, root_url: str,
     for backend in (data or {}).get("backends", []):
         if not backend.get("lane"):
             continue
-        entry = {"lane": backend["lane"], "model": backend.get("model"),
-                 "draft_model": backend.get("draft"), "state": backend.get("state"),
-                 "speculation": backend.get("speculation")}
+        entry = {
+            "lane": backend["lane"],
+            "model": backend.get("model"),
+            "draft_model": backend.get("draft"),
+            "state": backend.get("state"),
+            "speculation": backend.get("speculation"),
+        }
         url = str(backend.get("url") or "")
         health = await _get_json(session, url.removesuffix("/v1") + "/health", {}) if url else None
         if health:
-            entry.update({k: health.get(k) for k in (
-                "mode", "model", "draft_model", "num_draft_tokens", "capacity", "pid")})
+            entry.update(
+                {
+                    k: health.get(k)
+                    for k in ("mode", "model", "draft_model", "num_draft_tokens", "capacity", "pid")
+                }
+            )
         lanes.append(entry)
     return lanes
 
 
-async def served_models(session: aiohttp.ClientSession, base_url: str,
-                        api_key: str | None = None) -> list[str]:
+async def served_models(
+    session: aiohttp.ClientSession, base_url: str, api_key: str | None = None
+) -> list[str]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     data = await _get_json(session, f"{base_url}/models", headers)
     return [str(m["id"]) for m in (data or {}).get("data", []) if "id" in m]
 
 
-async def _get_json(session: aiohttp.ClientSession, url: str,
-                    headers: dict[str, str]) -> dict[str, Any] | None:
+async def _get_json(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str]
+) -> dict[str, Any] | None:
     try:
-        async with session.get(url, headers=headers,
-                               timeout=aiohttp.ClientTimeout(total=10)) as resp:
+        async with session.get(
+            url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
+        ) as resp:
             if resp.status != 200:
                 return None
             data = await resp.json(content_type=None)

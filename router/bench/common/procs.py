@@ -53,13 +53,17 @@ class Served(NamedTuple):
     sid: int
 
 
-async def spawn_until_line(argv: list[str], pattern: str, deadline: float = 60.0,
-                           env: dict[str, str] | None = None,
-                           stderr: int | IO[Any] = asyncio.subprocess.DEVNULL) -> Spawned:
+async def spawn_until_line(
+    argv: list[str],
+    pattern: str,
+    deadline: float = 60.0,
+    env: dict[str, str] | None = None,
+    stderr: int | IO[Any] = asyncio.subprocess.DEVNULL,
+) -> Spawned:
     """Start a process and wait for a stdout line matching ``pattern``; kill it on failure."""
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=stderr,
-        env=env, start_new_session=True)
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=stderr, env=env, start_new_session=True
+    )
     assert proc.stdout is not None
     try:
         async with asyncio.timeout(deadline):
@@ -83,8 +87,9 @@ async def wait_http(url: str, proc: asyncio.subprocess.Process, deadline: float)
     async with aiohttp.ClientSession() as session:
         while True:
             if proc.returncode is not None:
-                raise RuntimeError(f"the process exited with {proc.returncode} before {url} "
-                                   "answered")
+                raise RuntimeError(
+                    f"the process exited with {proc.returncode} before {url} answered"
+                )
             if loop.time() > end:
                 raise RuntimeError(f"{url} did not answer 200 within {deadline:g} s")
             with contextlib.suppress(aiohttp.ClientError):
@@ -94,8 +99,7 @@ async def wait_http(url: str, proc: asyncio.subprocess.Process, deadline: float)
             await asyncio.sleep(0.5)
 
 
-async def stop(proc: asyncio.subprocess.Process, grace: float = 10.0,
-               group: bool = False) -> None:
+async def stop(proc: asyncio.subprocess.Process, grace: float = 10.0, group: bool = False) -> None:
     """SIGTERM, then SIGKILL after ``grace`` seconds. ``group``: the SIGKILL goes to the
     whole process group whatever happened: a process started here leads its own session,
     and its children (lane workers) must not outlive it."""
@@ -125,8 +129,9 @@ async def drain(stream: asyncio.StreamReader | None, sink: IO[bytes] | None) -> 
 
 @contextlib.asynccontextmanager
 async def bench_upstream() -> AsyncIterator[Served]:
-    proc, m = await spawn_until_line([sys.executable, "-m", "router.bench.common.upstream"],
-                                     r"UPSTREAM_READY (\d+)")
+    proc, m = await spawn_until_line(
+        [sys.executable, "-m", "router.bench.common.upstream"], r"UPSTREAM_READY (\d+)"
+    )
     try:
         yield Served(f"http://127.0.0.1:{m.group(1)}/v1", proc.pid)
     finally:
@@ -134,12 +139,15 @@ async def bench_upstream() -> AsyncIterator[Served]:
 
 
 @contextlib.asynccontextmanager
-async def speclane_router(upstream_base: str, prefix: Sequence[str] = (),
-                          deadline: float = 60.0) -> AsyncIterator[Served]:
+async def speclane_router(
+    upstream_base: str, prefix: Sequence[str] = (), deadline: float = 60.0
+) -> AsyncIterator[Served]:
     """speclane without lanes, one backend: the upstream. ``prefix`` runs it under another
     program (``valgrind --tool=callgrind ...``)."""
-    config = ('log_level = "warning"\n[lanes]\nenabled = false\n[[backends]]\nname = "bench"\n'
-              f'kind = "openai"\nbase_url = "{upstream_base}"\n')
+    config = (
+        'log_level = "warning"\n[lanes]\nenabled = false\n[[backends]]\nname = "bench"\n'
+        f'kind = "openai"\nbase_url = "{upstream_base}"\n'
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
     async with _router(config, {}, env, prefix, deadline) as served:
         yield served
@@ -150,26 +158,46 @@ async def own_router(lanes: LaneOptions, log_path: Path) -> AsyncIterator[str]:
     """A running router with both lanes; yields its base URL (``.../v1``). Its log is
     truncated per run: it sits next to the results it explains, which each run rewrites."""
     with log_path.open("wb") as log:
-        async with _router(lanes_config(lanes), POLICIES, router_env(), (), START_DEADLINE,
-                           log) as served:
+        async with _router(
+            lanes_config(lanes), POLICIES, router_env(), (), START_DEADLINE, log
+        ) as served:
             yield served.url
 
 
 @contextlib.asynccontextmanager
-async def _router(config: str, policies: dict[str, str], env: dict[str, str],
-                  prefix: Sequence[str], deadline: float,
-                  log: IO[bytes] | None = None) -> AsyncIterator[Served]:
+async def _router(
+    config: str,
+    policies: dict[str, str],
+    env: dict[str, str],
+    prefix: Sequence[str],
+    deadline: float,
+    log: IO[bytes] | None = None,
+) -> AsyncIterator[Served]:
     """speclane serving ``config`` from a temporary directory with these policy files; its
     output goes to ``log`` (with its lane workers, which it takes down with it)."""
     with tempfile.TemporaryDirectory(prefix="speclane-bench-") as tmp:
         config_path, policies_dir = Path(tmp) / "speclane.toml", Path(tmp) / "policies"
         write_policies(policies_dir, policies)
-        config_path.write_text(f"policies_dir = {json.dumps(str(policies_dir))}\n{config}",
-                               encoding="utf-8")
+        config_path.write_text(
+            f"policies_dir = {json.dumps(str(policies_dir))}\n{config}", encoding="utf-8"
+        )
         proc, m = await spawn_until_line(
-            [*prefix, sys.executable, "-m", "router", "serve", "--config", str(config_path),
-             "--port", "0"], r"speclane listening on (http://\S+)", deadline=deadline, env=env,
-            stderr=log or asyncio.subprocess.DEVNULL)
+            [
+                *prefix,
+                sys.executable,
+                "-m",
+                "router",
+                "serve",
+                "--config",
+                str(config_path),
+                "--port",
+                "0",
+            ],
+            r"speclane listening on (http://\S+)",
+            deadline=deadline,
+            env=env,
+            stderr=log or asyncio.subprocess.DEVNULL,
+        )
         drainer = asyncio.create_task(drain(proc.stdout, log))
         try:
             yield Served(m.group(1), proc.pid)
@@ -180,7 +208,8 @@ async def _router(config: str, policies: dict[str, str], env: dict[str, str],
 
 def nginx_binary() -> str | None:
     return shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None)
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None
+    )
 
 
 def free_port() -> int:
@@ -225,9 +254,17 @@ async def nginx_proxy(upstream_base: str) -> AsyncIterator[Served]:
         conf = Path(tmp) / "nginx.conf"
         conf.write_text(NGINX_CONF.format(tmp=tmp, upstream=hostport, port=port))
         proc = await asyncio.create_subprocess_exec(
-            binary, "-c", str(conf), "-p", tmp, "-e", f"{tmp}/error.log",
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True)
+            binary,
+            "-c",
+            str(conf),
+            "-p",
+            tmp,
+            "-e",
+            f"{tmp}/error.log",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             await wait_http(f"http://127.0.0.1:{port}/v1/models", proc, 10.0)
             yield Served(f"http://127.0.0.1:{port}/v1", proc.pid)
@@ -253,10 +290,17 @@ def write_policies(directory: Path, policies: dict[str, str] = POLICIES) -> Path
 
 def lanes_config(lanes: LaneOptions) -> str:
     q = json.dumps  # a JSON string is a valid TOML basic string
-    lines = ['log_level = "info"', "shutdown_grace = 2", "[lanes]",
-             f"max_batch_size = {lanes.max_batch_size}"]
-    lines += [f"{key} = {q(value)}" for key, value in
-              (("model", lanes.model), ("draft_model", lanes.draft_model)) if value]
+    lines = [
+        'log_level = "info"',
+        "shutdown_grace = 2",
+        "[lanes]",
+        f"max_batch_size = {lanes.max_batch_size}",
+    ]
+    lines += [
+        f"{key} = {q(value)}"
+        for key, value in (("model", lanes.model), ("draft_model", lanes.draft_model))
+        if value
+    ]
     if lanes.num_draft_tokens is not None:
         lines.append(f"num_draft_tokens = {lanes.num_draft_tokens}")
     if lanes.layout:
@@ -270,17 +314,23 @@ def router_env() -> dict[str, str]:
     from router.config.settings import Settings
 
     fields = {name.lower() for name in Settings.model_fields}
-    return {key: value for key, value in os.environ.items()
-            if not (key.startswith("SPECLANE_")
-                    and key[len("SPECLANE_"):].lower().split("__", 1)[0] in fields)}
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if not (
+            key.startswith("SPECLANE_")
+            and key[len("SPECLANE_") :].lower().split("__", 1)[0] in fields
+        )
+    }
 
 
 MLX_START_DEADLINE = 600.0
 
 
 @contextlib.asynccontextmanager
-async def mlx_lm_server(model_dir: Path, log_path: Path,
-                        extra: Sequence[str] = ()) -> AsyncIterator[Served]:
+async def mlx_lm_server(
+    model_dir: Path, log_path: Path, extra: Sequence[str] = ()
+) -> AsyncIterator[Served]:
     """``python -m mlx_lm.server --model DIR [extra]`` on a free port, in its own session;
     yields its ``/v1`` URL and its pid (the session's leader)."""
     from router.lanes.blas import preload_env
@@ -289,9 +339,21 @@ async def mlx_lm_server(model_dir: Path, log_path: Path,
     env = {**os.environ, **preload_env()}  # the same BLAS as the lanes
     with log_path.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), *extra,
-            "--host", "127.0.0.1", "--port", str(port),
-            stdout=log, stderr=log, env=env, start_new_session=True)
+            sys.executable,
+            "-m",
+            "mlx_lm.server",
+            "--model",
+            str(model_dir),
+            *extra,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            stdout=log,
+            stderr=log,
+            env=env,
+            start_new_session=True,
+        )
         try:
             await wait_http(f"http://127.0.0.1:{port}/v1/models", proc, MLX_START_DEADLINE)
             yield Served(f"http://127.0.0.1:{port}/v1", proc.pid)

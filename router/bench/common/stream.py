@@ -54,22 +54,33 @@ class Reply:
 
 def pieces(chunk: Mapping[str, Any]) -> list[str]:
     """The non-empty content deltas of a chunk, one per choice."""
-    return [text for choice in chunk.get("choices") or ()
-            if (text := (choice.get("delta") or {}).get("content"))]
+    return [
+        text
+        for choice in chunk.get("choices") or ()
+        if (text := (choice.get("delta") or {}).get("content"))
+    ]
 
 
-async def stream(session: aiohttp.ClientSession, url: str, body: Mapping[str, Any],
-                 headers: Mapping[str, str], reply: Reply,
-                 on_chunk: Callable[[dict[str, Any]], bool] = lambda chunk: False,
-                 limit: aiohttp.ClientTimeout | None = None) -> Reply:
+async def stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    reply: Reply,
+    on_chunk: Callable[[dict[str, Any]], bool] = lambda chunk: False,
+    limit: aiohttp.ClientTimeout | None = None,
+) -> Reply:
     """Fill ``reply`` in; ``on_chunk`` returning True stops reading (leaving closes the
     connection, so the server cancels); ``limit``: the request's timeout. Never raises
     except on cancellation."""
     reply.sent = time.perf_counter()
     try:
-        async with session.post(url, data=orjson.dumps(body), headers={
-                "Content-Type": "application/json", **headers},
-                timeout=limit or session.timeout) as resp:
+        async with session.post(
+            url,
+            data=orjson.dumps(body),
+            headers={"Content-Type": "application/json", **headers},
+            timeout=limit or session.timeout,
+        ) as resp:
             reply.status, reply.headers = resp.status, resp.headers
             if resp.status != 200:
                 reply.error = f"HTTP {resp.status}: {error_message(await resp.read())}"

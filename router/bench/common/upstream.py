@@ -21,9 +21,13 @@ CONTENT_CHUNKS = 7
 
 
 def _event(delta: dict, finish: str | None = None) -> bytes:
-    chunk = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0,
-             "model": "bench-model",
-             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    chunk = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "bench-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     return sse.frame(orjson.dumps(chunk))
 
 
@@ -40,23 +44,40 @@ def stream_events(content_chunks: int) -> tuple[bytes, ...]:
     )
 
 
-BODY = orjson.dumps({
-    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench-model",
-    "choices": [{"index": 0, "finish_reason": "stop",
-                 "message": {"role": "assistant", "content": "tok " * CONTENT_CHUNKS}}],
-    "usage": {"prompt_tokens": 5, "completion_tokens": CONTENT_CHUNKS, "total_tokens": 12},
-})
+BODY = orjson.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "bench-model",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "tok " * CONTENT_CHUNKS},
+            }
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": CONTENT_CHUNKS, "total_tokens": 12},
+    }
+)
 MODELS = orjson.dumps({"object": "list", "data": [{"id": "bench-model", "object": "model"}]})
 
 
 def stream_body(tokens: int) -> bytes:
     """A streaming request; this upstream answers it with ``tokens`` content chunks."""
-    return json.dumps({"model": "bench-model", "stream": True, "max_tokens": tokens,
-                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    return json.dumps(
+        {
+            "model": "bench-model",
+            "stream": True,
+            "max_tokens": tokens,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    ).encode()
 
 
-PLAIN_BODY = json.dumps({"model": "bench-model",
-                         "messages": [{"role": "user", "content": "hi"}]}).encode()
+PLAIN_BODY = json.dumps(
+    {"model": "bench-model", "messages": [{"role": "user", "content": "hi"}]}
+).encode()
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -101,4 +122,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -14,7 +14,8 @@ from router.bench.lanes.run import run
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="speclane bench lanes",
-        description="The shared and separate lane layouts against mlx_lm.server --draft-model.")
+        description="The shared and separate lane layouts against mlx_lm.server --draft-model.",
+    )
     p.add_argument("--model", help="mlx-lm model directory (default: the prepared default)")
     p.add_argument("--draft-model", help="draft directory (default: the prepared default's)")
     p.add_argument("--system-tokens", type=int, default=600)

@@ -13,11 +13,20 @@ QUESTIONS = (
     "Which other files might have the same bug?",
 )
 TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": {
-            arg: {"type": "string", "description": f"the {arg}"} for arg in args},
-            "required": list(args)}}}
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    arg: {"type": "string", "description": f"the {arg}"} for arg in args
+                },
+                "required": list(args),
+            },
+        },
+    }
     for name, description, args in (
         ("read", "Read a file of the workspace.", ("path",)),
         ("edit", "Replace a string in a file.", ("path", "old", "new")),
@@ -28,8 +37,12 @@ TOOLS: list[dict[str, Any]] = [
 def system_prompt(approx_tokens: int, seed: str) -> str:
     """A deterministic agent system prompt of roughly ``approx_tokens`` tokens; ``seed``
     makes two conversations' prompts differ from their first token (no shared prefix)."""
-    rules = ("Read a file before you edit it.", "Keep each change small and reviewable.",
-             "Run the tests after every edit.", "Quote error messages exactly.")
+    rules = (
+        "Read a file before you edit it.",
+        "Keep each change small and reviewable.",
+        "Run the tests after every edit.",
+        "Quote error messages exactly.",
+    )
     lines = [f"[{seed}] You are a coding agent working in a git repository."]
     i = 0
     while sum(len(x) for x in lines) < approx_tokens * 4:

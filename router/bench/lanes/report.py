@@ -40,19 +40,26 @@ def _num(value: Any, scale: float = 1.0) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = ["| target | PSS MiB | processes | interactive TTFT s | interactive tok/s | "
-             "batch aggregate tok/s | turn 2+ TTFT s alternating | one lane |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| target | PSS MiB | processes | interactive TTFT s | interactive tok/s | "
+        "batch aggregate tok/s | turn 2+ TTFT s alternating | one lane |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, r in report["results"].items():
         m, x, t = r["memory"], r["mixed"], r["turn2plus_ttft_s"]
-        lines.append(f"| {name} | {_num(m['pss_bytes'], 1 << 20)} | {m['processes']} | "
-                     f"{_num(x['interactive_ttft_s'])} | {_num(x['interactive_tok_s'])} | "
-                     f"{_num(x['aggregate_tok_s'])} | {_num(t['alternating'])} | "
-                     f"{_num(t['one_lane'])} |")
+        lines.append(
+            f"| {name} | {_num(m['pss_bytes'], 1 << 20)} | {m['processes']} | "
+            f"{_num(x['interactive_ttft_s'])} | {_num(x['interactive_tok_s'])} | "
+            f"{_num(x['aggregate_tok_s'])} | {_num(t['alternating'])} | "
+            f"{_num(t['one_lane'])} |"
+        )
     rt = report["ratios"]
-    lines += ["", f"shared memory / mlx_lm.server {_num(rt['shared_memory_vs_mlx_lm'])} (goal "
-              f"<= 1.1); separate {_num(rt['separate_memory_vs_mlx_lm'])}; shared alternating / "
-              f"one-lane turn 2+ TTFT {_num(rt['shared_alternating_vs_one_lane_ttft'])} (goal "
-              f"<= 1.1); shared / separate aggregate tok/s "
-              f"{_num(rt['shared_vs_separate_aggregate_tok_s'])} (goal >= 0.85)"]
+    lines += [
+        "",
+        f"shared memory / mlx_lm.server {_num(rt['shared_memory_vs_mlx_lm'])} (goal "
+        f"<= 1.1); separate {_num(rt['separate_memory_vs_mlx_lm'])}; shared alternating / "
+        f"one-lane turn 2+ TTFT {_num(rt['shared_alternating_vs_one_lane_ttft'])} (goal "
+        f"<= 1.1); shared / separate aggregate tok/s "
+        f"{_num(rt['shared_vs_separate_aggregate_tok_s'])} (goal >= 0.85)",
+    ]
     return "\n".join(lines)

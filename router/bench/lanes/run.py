@@ -28,61 +28,110 @@ def lane(name: str | None) -> dict[str, str]:
     return {LANE_HEADER: name} if name else {}
 
 
-async def chat(session: aiohttp.ClientSession, url: str, model: str, lane_name: str | None,
-               messages: list[dict[str, Any]], max_tokens: int, **extra: Any) -> Reply:
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}, **extra}
+async def chat(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    lane_name: str | None,
+    messages: list[dict[str, Any]],
+    max_tokens: int,
+    **extra: Any,
+) -> Reply:
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **extra,
+    }
     return await stream(session, f"{url}/chat/completions", body, lane(lane_name), Reply())
 
 
-async def memory(session: aiohttp.ClientSession, url: str,
-                 pid: int | None) -> dict[str, Any]:
+async def memory(session: aiohttp.ClientSession, url: str, pid: int | None) -> dict[str, Any]:
     await asyncio.sleep(MEMORY_SETTLE)
     if pid is not None:  # mlx_lm.server: its one process
         figures = process_memory(pid) or {}
-        return {"pss_bytes": figures.get("pss_bytes"), "rss_bytes": figures.get("rss_bytes"),
-                "processes": 1}
+        return {
+            "pss_bytes": figures.get("pss_bytes"),
+            "rss_bytes": figures.get("rss_bytes"),
+            "processes": 1,
+        }
     async with session.get(url.removesuffix("/v1") + "/admin/lanes") as resp:
         workers = (await resp.json())["workers"]
-    return {"pss_bytes": sum(w.get("pss_bytes") or 0 for w in workers),
-            "rss_bytes": sum(w.get("rss_bytes") or 0 for w in workers),
-            "processes": len(workers)}
+    return {
+        "pss_bytes": sum(w.get("pss_bytes") or 0 for w in workers),
+        "rss_bytes": sum(w.get("rss_bytes") or 0 for w in workers),
+        "processes": len(workers),
+    }
 
 
-async def mixed(session: aiohttp.ClientSession, url: str, model: str, lanes: bool,
-                args: argparse.Namespace) -> dict[str, Any]:
-    batch = [chat(session, url, model, "batching" if lanes else None,
-                  [{"role": "user", "content": f"Tell story number {i} about a cat."}],
-                  args.concurrent_tokens, logit_bias=NO_EOS) for i in range(args.concurrency)]
-    interactive = chat(session, url, model, "speculative" if lanes else None,
-                       [{"role": "user", "content": "Count from 1 to 40, separated by commas."}],
-                       args.interactive_tokens)
+async def mixed(
+    session: aiohttp.ClientSession, url: str, model: str, lanes: bool, args: argparse.Namespace
+) -> dict[str, Any]:
+    batch = [
+        chat(
+            session,
+            url,
+            model,
+            "batching" if lanes else None,
+            [{"role": "user", "content": f"Tell story number {i} about a cat."}],
+            args.concurrent_tokens,
+            logit_bias=NO_EOS,
+        )
+        for i in range(args.concurrency)
+    ]
+    interactive = chat(
+        session,
+        url,
+        model,
+        "speculative" if lanes else None,
+        [{"role": "user", "content": "Count from 1 to 40, separated by commas."}],
+        args.interactive_tokens,
+    )
     started = time.perf_counter()  # the clock of Reply.token_times
     first, *others = await asyncio.gather(interactive, *batch)
-    ended = max((s.token_times[-1] for s in others if s.token_times),
-                default=time.perf_counter())
+    ended = max((s.token_times[-1] for s in others if s.token_times), default=time.perf_counter())
     tokens = sum(s.completion_tokens for s in others)
     wall = ended - started
-    return {"interactive_ttft_s": first.ttft, "interactive_tok_s": first.decode_rate(),
-            "batch_streams": len(others), "batch_tokens": tokens,
-            "aggregate_tok_s": tokens / wall if wall > 0 else None,
-            "errors": [s.error for s in (first, *others) if s.error]}
+    return {
+        "interactive_ttft_s": first.ttft,
+        "interactive_tok_s": first.decode_rate(),
+        "batch_streams": len(others),
+        "batch_tokens": tokens,
+        "aggregate_tok_s": tokens / wall if wall > 0 else None,
+        "errors": [s.error for s in (first, *others) if s.error],
+    }
 
 
-async def conversation(session: aiohttp.ClientSession, url: str, model: str,
-                       lanes: list[str | None], args: argparse.Namespace,
-                       seed: str) -> list[dict[str, Any]]:
+async def conversation(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    lanes: list[str | None],
+    args: argparse.Namespace,
+    seed: str,
+) -> list[dict[str, Any]]:
     """One agent conversation; turn i goes to ``lanes[i % len(lanes)]``."""
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": system_prompt(args.system_tokens, seed)}]
+        {"role": "system", "content": system_prompt(args.system_tokens, seed)}
+    ]
     rows = []
     for turn in range(args.turns):
         messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
         on = lanes[turn % len(lanes)]
         s = await chat(session, url, model, on, messages, args.max_tokens, tools=TOOLS)
-        rows.append({"turn": turn + 1, "lane": on, "ttft_s": s.ttft,
-                     "prompt_tokens": s.usage.get("prompt_tokens"),
-                     "cached_tokens": s.cached_tokens, "error": s.error})
+        rows.append(
+            {
+                "turn": turn + 1,
+                "lane": on,
+                "ttft_s": s.ttft,
+                "prompt_tokens": s.usage.get("prompt_tokens"),
+                "cached_tokens": s.cached_tokens,
+                "error": s.error,
+            }
+        )
         messages.append({"role": "assistant", "content": s.text})
     return rows
 
@@ -91,8 +140,9 @@ def later_ttft(rows: list[dict[str, Any]]) -> float | None:
     return mean([r["ttft_s"] for r in rows if r["turn"] >= 2])
 
 
-async def measure(name: str, url: str, pid: int | None, model: str,
-                  args: argparse.Namespace) -> dict[str, Any]:
+async def measure(
+    name: str, url: str, pid: int | None, model: str, args: argparse.Namespace
+) -> dict[str, Any]:
     """Every phase on one target; ``pid``: mlx_lm.server's process (None: speclane)."""
     lanes = pid is None
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
@@ -108,15 +158,18 @@ async def measure(name: str, url: str, pid: int | None, model: str,
         one: list[str | None] = ["speculative"] if lanes else [None]
         out["alternating"] = await conversation(session, url, model, both, args, f"{name} a")
         out["one_lane"] = await conversation(session, url, model, one, args, f"{name} b")
-        out["turn2plus_ttft_s"] = {"alternating": later_ttft(out["alternating"]),
-                                   "one_lane": later_ttft(out["one_lane"])}
+        out["turn2plus_ttft_s"] = {
+            "alternating": later_ttft(out["alternating"]),
+            "one_lane": later_ttft(out["one_lane"]),
+        }
         print(f"  {name}: turn 2+ TTFT {out['turn2plus_ttft_s']}", flush=True)
     return out
 
 
 @contextlib.asynccontextmanager
-async def target(name: str, model: Path, draft: Path,
-                 log: Path) -> AsyncIterator[tuple[str, int | None]]:
+async def target(
+    name: str, model: Path, draft: Path, log: Path
+) -> AsyncIterator[tuple[str, int | None]]:
     """A running target: its ``/v1`` URL, and mlx_lm.server's pid (None for speclane)."""
     if name == "mlx_lm.server":
         async with procs.mlx_lm_server(model, log, ("--draft-model", str(draft))) as served:
@@ -142,9 +195,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             served = model.name if pid is None else "default_model"  # mlx_lm.server's --model
             results[name] = await measure(name, url, pid, served, args)
     return {
-        "bench": "lanes", "date": environment.now_iso(), "model": str(model),
-        "draft": str(draft), "settings": {k: str(v) for k, v in vars(args).items()},
-        "environment": {"versions": environment.versions(), "hardware": environment.hardware(),
-                        "load_average": environment.load_average()},
-        "results": results, "ratios": ratios(results),
+        "bench": "lanes",
+        "date": environment.now_iso(),
+        "model": str(model),
+        "draft": str(draft),
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "environment": {
+            "versions": environment.versions(),
+            "hardware": environment.hardware(),
+            "load_average": environment.load_average(),
+        },
+        "results": results,
+        "ratios": ratios(results),
     }

@@ -47,18 +47,25 @@ class Level:
 
     def summary(self) -> dict[str, object]:
         return {
-            "target": self.target, "cpus": self.cpus, "concurrency": self.concurrency,
-            "tokens": self.tokens, "requests": self.requests, "errors": self.errors,
+            "target": self.target,
+            "cpus": self.cpus,
+            "concurrency": self.concurrency,
+            "tokens": self.tokens,
+            "requests": self.requests,
+            "errors": self.errors,
             "ttft_p50_ms": percentile(self.ttft_ms, 50),
             "ttft_p99_ms": percentile(self.ttft_ms, 99),
             "total_p50_ms": percentile(self.total_ms, 50),
             "total_p99_ms": percentile(self.total_ms, 99),
             "chunks_per_s": self.chunks / self.seconds if self.seconds else None,
-            "plain_requests_per_s": (self.plain_requests / self.plain_seconds
-                                     if self.plain_seconds else None),
-            "cpu_us_per_stream": {role: used / self.requests * 1e6
-                                  for role, used in self.cpu_seconds.items()
-                                  if self.requests},
+            "plain_requests_per_s": (
+                self.plain_requests / self.plain_seconds if self.plain_seconds else None
+            ),
+            "cpu_us_per_stream": {
+                role: used / self.requests * 1e6
+                for role, used in self.cpu_seconds.items()
+                if self.requests
+            },
         }
 
 
@@ -66,13 +73,11 @@ def _read(meters: Meters) -> dict[str, float]:
     return {role: v for role, read in meters.items() if (v := read()) is not None}
 
 
-async def _stream_once(session: aiohttp.ClientSession, url: str, body: bytes,
-                       level: Level) -> None:
+async def _stream_once(session: aiohttp.ClientSession, url: str, body: bytes, level: Level) -> None:
     start = time.perf_counter()
     first = None
     chunks = 0
-    async with session.post(url, data=body,
-                            headers={"Content-Type": "application/json"}) as resp:
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
         if resp.status != 200:
             level.errors += 1
             await resp.read()
@@ -89,8 +94,9 @@ async def _stream_once(session: aiohttp.ClientSession, url: str, body: bytes,
 
 
 async def _plain_once(session: aiohttp.ClientSession, url: str, level: Level) -> None:
-    async with session.post(url, data=PLAIN_BODY,
-                            headers={"Content-Type": "application/json"}) as resp:
+    async with session.post(
+        url, data=PLAIN_BODY, headers={"Content-Type": "application/json"}
+    ) as resp:
         await resp.read()
         if resp.status == 200:
             level.plain_requests += 1
@@ -98,8 +104,9 @@ async def _plain_once(session: aiohttp.ClientSession, url: str, level: Level) ->
             level.errors += 1
 
 
-async def _closed_loop(concurrency: int, seconds: float,
-                       once: Callable[[], asyncio.Future[None] | object]) -> float:
+async def _closed_loop(
+    concurrency: int, seconds: float, once: Callable[[], asyncio.Future[None] | object]
+) -> float:
     deadline = time.perf_counter() + seconds
 
     async def worker() -> None:
@@ -114,8 +121,14 @@ async def _closed_loop(concurrency: int, seconds: float,
     return time.perf_counter() - start
 
 
-async def measure(level: Level, base_url: str, seconds: float, warmup: float,
-                  plain: bool = True, meters: Meters | None = None) -> Level:
+async def measure(
+    level: Level,
+    base_url: str,
+    seconds: float,
+    warmup: float,
+    plain: bool = True,
+    meters: Meters | None = None,
+) -> Level:
     """One round of a cell, pooled into ``level``: a warm-up, streams for ``seconds``, then
     (``plain``) non-streaming requests for half as long."""
     url, body, c = f"{base_url}/chat/completions", stream_body(level.tokens), level.concurrency
@@ -124,14 +137,16 @@ async def measure(level: Level, base_url: str, seconds: float, warmup: float,
         warm = Level(level.target, c, level.tokens)
         await _closed_loop(c, warmup, lambda: _stream_once(session, url, body, warm))
         before = _read(meters or {})
-        level.seconds += await _closed_loop(c, seconds,
-                                            lambda: _stream_once(session, url, body, level))
+        level.seconds += await _closed_loop(
+            c, seconds, lambda: _stream_once(session, url, body, level)
+        )
         after = _read(meters or {})
         for role in before.keys() & after.keys():
             level.cpu_seconds[role] = level.cpu_seconds.get(role, 0.0) + after[role] - before[role]
         if plain:
-            level.plain_seconds += await _closed_loop(c, seconds / 2,
-                                                      lambda: _plain_once(session, url, level))
+            level.plain_seconds += await _closed_loop(
+                c, seconds / 2, lambda: _plain_once(session, url, level)
+            )
     return level
 
 
@@ -140,16 +155,17 @@ async def _targets(with_nginx: bool) -> AsyncIterator[dict[str, procs.Served]]:
     """The upstream first (as "direct"), then the proxies in front of it."""
     async with procs.bench_upstream() as upstream, contextlib.AsyncExitStack() as stack:
         targets = {"direct": upstream}
-        targets["speclane"] = await stack.enter_async_context(
-            procs.speclane_router(upstream.url))
+        targets["speclane"] = await stack.enter_async_context(procs.speclane_router(upstream.url))
         if with_nginx:
             targets["nginx"] = await stack.enter_async_context(procs.nginx_proxy(upstream.url))
         yield targets
 
 
 def _meters(targets: dict[str, procs.Served], name: str) -> Meters:
-    meters: Meters = {"upstream": lambda: cpu.session_cpu_seconds(targets["direct"].sid),
-                      "loadgen": cpu.own_cpu_seconds}
+    meters: Meters = {
+        "upstream": lambda: cpu.session_cpu_seconds(targets["direct"].sid),
+        "loadgen": cpu.own_cpu_seconds,
+    }
     if name != "direct":
         sid = targets[name].sid
         meters["proxy"] = lambda: cpu.session_cpu_seconds(sid)
@@ -175,9 +191,15 @@ def layouts_for(choice: str) -> tuple[str, ...]:
     return tuple(w for w in wanted if w == "shared" or can_split)
 
 
-async def run(concurrencies: list[int], seconds: float, warmup: float,
-              nginx: str, tokens: tuple[int, ...] = DEFAULT_TOKENS,
-              rounds: int = 1, cpus: str = "both") -> dict[str, object]:
+async def run(
+    concurrencies: list[int],
+    seconds: float,
+    warmup: float,
+    nginx: str,
+    tokens: tuple[int, ...] = DEFAULT_TOKENS,
+    rounds: int = 1,
+    cpus: str = "both",
+) -> dict[str, object]:
     """Each (stream length, concurrency) cell is measured in ``rounds`` rounds that visit
     the targets in turn, starting with a different one each round, and the rounds are
     pooled: on a shared machine a burst of someone else's work then lands on every target
@@ -193,38 +215,63 @@ async def run(concurrencies: list[int], seconds: float, warmup: float,
         try:
             for layout in layouts:
                 _arrange(layout, targets, everything)
-                rows += await _measure_layout(layout, targets, names, concurrencies, seconds,
-                                              warmup, tokens, rounds)
+                rows += await _measure_layout(
+                    layout, targets, names, concurrencies, seconds, warmup, tokens, rounds
+                )
         finally:
             if cpu.supported() and everything:
                 cpu.pin_self(everything)  # a caller in this process keeps its cores
     result: dict[str, object] = {
-        "benchmark": "overhead", "speclane": __version__,
+        "benchmark": "overhead",
+        "speclane": __version__,
         "date": environment.now_iso(),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpus": os.cpu_count() or 0},
-        "seconds_per_level": seconds, "rounds": rounds, "nginx": with_nginx,
-        "tokens": list(tokens), "layouts": list(layouts),
-        "rows": rows, "added": added_over_direct(rows),
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count() or 0,
+        },
+        "seconds_per_level": seconds,
+        "rounds": rounds,
+        "nginx": with_nginx,
+        "tokens": list(tokens),
+        "layouts": list(layouts),
+        "rows": rows,
+        "added": added_over_direct(rows),
     }
     result["targets"] = judge_targets(result)
     return result
 
 
-async def _measure_layout(layout: str, targets: dict[str, procs.Served], names: list[str],
-                          concurrencies: list[int], seconds: float, warmup: float,
-                          tokens: tuple[int, ...], rounds: int) -> list[dict[str, object]]:
+async def _measure_layout(
+    layout: str,
+    targets: dict[str, procs.Served],
+    names: list[str],
+    concurrencies: list[int],
+    seconds: float,
+    warmup: float,
+    tokens: tuple[int, ...],
+    rounds: int,
+) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for n, length in enumerate(tokens):
         for c in concurrencies:
             pooled = {name: Level(name, c, length, layout) for name in names}
             for r in range(rounds):
-                for name in names[r % len(names):] + names[:r % len(names)]:
+                for name in names[r % len(names) :] + names[: r % len(names)]:
                     # Non-streaming requests/s does not depend on the stream length.
-                    await measure(pooled[name], targets[name].url, seconds, warmup,
-                                  plain=n == 0, meters=_meters(targets, name))
+                    await measure(
+                        pooled[name],
+                        targets[name].url,
+                        seconds,
+                        warmup,
+                        plain=n == 0,
+                        meters=_meters(targets, name),
+                    )
             for name in names:
                 rows.append(pooled[name].summary())
-                print(f"  measured {name:<8} {layout:<8} c={c:<3} {length:>4} tokens: "
-                      f"{pooled[name].requests} streams", flush=True)
+                print(
+                    f"  measured {name:<8} {layout:<8} c={c:<3} {length:>4} tokens: "
+                    f"{pooled[name].requests} streams",
+                    flush=True,
+                )
     return rows

@@ -16,6 +16,7 @@ from router.lanes.gating.decide import model_key
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
+
 class BenchFormatError(ValueError):
     """The bench JSON has no usable ``pairs`` section."""
 
@@ -26,8 +27,11 @@ def pair_rule_from_bench(entry: Mapping[str, Any], *, when: str | None = None) -
         target, draft = str(entry["target"]), str(entry["draft"])
     except KeyError as e:
         raise BenchFormatError(f"a bench pair has no {e.args[0]!r}") from None
-    families = {str(k): round(float(v), 3)
-                for k, v in (entry.get("acceptance_by_family") or {}).items() if v is not None}
+    families = {
+        str(k): round(float(v), 3)
+        for k, v in (entry.get("acceptance_by_family") or {}).items()
+        if v is not None
+    }
     overall = entry.get("acceptance")
     if overall is None and families:
         overall = sum(families.values()) / len(families)  # each family counts the same
@@ -46,8 +50,9 @@ def pair_rule_from_bench(entry: Mapping[str, Any], *, when: str | None = None) -
     )
 
 
-def pair_rules_from_bench(bench: Mapping[str, Any] | str, *,
-                          when: str | None = None) -> tuple[PairRule, ...]:
+def pair_rules_from_bench(
+    bench: Mapping[str, Any] | str, *, when: str | None = None
+) -> tuple[PairRule, ...]:
     """Every pair of a bench result (the parsed JSON, or its text)."""
     data = json.loads(bench) if isinstance(bench, str) else bench
     pairs = data.get("pairs") if isinstance(data, Mapping) else None
@@ -69,15 +74,18 @@ def rules_to_toml(rules: Iterable[PairRule]) -> str:
     """The ``[[gating.pairs]]`` tables for these rules, ready to paste into speclane.toml."""
     blocks = []
     for rule in rules:
-        lines = [f"[[{SETTINGS_KEY}.pairs]]",
-                 f"target = {_string(rule.target)}",
-                 f"draft = {_string(rule.draft)}",
-                 f"action = {_string(rule.action)}"]
+        lines = [
+            f"[[{SETTINGS_KEY}.pairs]]",
+            f"target = {_string(rule.target)}",
+            f"draft = {_string(rule.draft)}",
+            f"action = {_string(rule.action)}",
+        ]
         if rule.measured_acceptance is not None:
             lines.append(f"measured_acceptance = {_number(rule.measured_acceptance)}")
         if rule.acceptance_by_family:
-            inner = ", ".join(f"{_key(k)} = {_number(v)}"
-                              for k, v in sorted(rule.acceptance_by_family.items()))
+            inner = ", ".join(
+                f"{_key(k)} = {_number(v)}" for k, v in sorted(rule.acceptance_by_family.items())
+            )
             lines.append(f"acceptance_by_family = {{ {inner} }}")
         if rule.passed_floor is not None:
             lines.append(f"passed_floor = {'true' if rule.passed_floor else 'false'}")

@@ -35,9 +35,12 @@ class Scenario:
 
     @property
     def how(self) -> str:
-        parts = [f"`X-Speclane-Lane: {self.lane_header}`" if self.lane_header else
-                 "no lane header (the router decides)"]
-        parts += [f"`\"{k}\": {v}`" for k, v in self.body_extra.items()]
+        parts = [
+            f"`X-Speclane-Lane: {self.lane_header}`"
+            if self.lane_header
+            else "no lane header (the router decides)"
+        ]
+        parts += [f'`"{k}": {v}`' for k, v in self.body_extra.items()]
         return " + ".join(parts)
 
 
@@ -45,8 +48,9 @@ class Scenario:
 # must beat; auto sends no lane header and reads the router's choice from the response.
 SCENARIOS: dict[str, Scenario] = {
     "spec-on": Scenario("spec-on", "Speculative lane, speculation on", "speculative"),
-    "spec-off": Scenario("spec-off", "Speculative lane, speculation off", "speculative",
-                         {"num_draft_tokens": 0}),
+    "spec-off": Scenario(
+        "spec-off", "Speculative lane, speculation off", "speculative", {"num_draft_tokens": 0}
+    ),
     "batching": Scenario("batching", "Batching lane", "batching"),
     "auto": Scenario("auto", "Router's automatic routing", None),
 }
@@ -89,16 +93,22 @@ class MatrixSpec:
     def cells(self) -> tuple[Cell, ...]:
         # Scenarios innermost: the four ways of serving one (family, concurrency) run back to
         # back, so a burst of load from elsewhere on the machine hits them alike.
-        return tuple(Cell(s, f, c) for c in self.concurrency for f in self.families
-                     for s in self.scenarios)
+        return tuple(
+            Cell(s, f, c) for c in self.concurrency for f in self.families for s in self.scenarios
+        )
 
     def with_(self, **changes: Any) -> MatrixSpec:
         return replace(self, **changes)
 
 
 DEFAULT_SPEC = MatrixSpec()
-QUICK_SPEC = MatrixSpec(families=("chat", "list"), concurrency=(1, 2), runs=1,
-                        max_tokens=MIN_MAX_TOKENS, long_prompt_chars=1500)
+QUICK_SPEC = MatrixSpec(
+    families=("chat", "list"),
+    concurrency=(1, 2),
+    runs=1,
+    max_tokens=MIN_MAX_TOKENS,
+    long_prompt_chars=1500,
+)
 
 
 def request_headers(scenario: Scenario, api_key: str | None = None) -> dict[str, str]:
@@ -111,13 +121,20 @@ def request_headers(scenario: Scenario, api_key: str | None = None) -> dict[str,
     return headers
 
 
-def request_body(model: str, scenario: Scenario, family: str, prompt_index: int,
-                 max_tokens: int, long_prompt_chars: int) -> dict[str, Any]:
+def request_body(
+    model: str,
+    scenario: Scenario,
+    family: str,
+    prompt_index: int,
+    max_tokens: int,
+    long_prompt_chars: int,
+) -> dict[str, Any]:
     """A streamed, greedy (temperature 0) chat request: comparable across scenarios."""
     return {
         "model": model,
-        "messages": [{"role": "user",
-                      "content": prompt_for(family, prompt_index, long_prompt_chars)}],
+        "messages": [
+            {"role": "user", "content": prompt_for(family, prompt_index, long_prompt_chars)}
+        ],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
@@ -203,8 +220,7 @@ class Plan:
 
 def request_seconds(speeds: Speeds, scenario: str, family: str, max_tokens: int) -> float:
     if scenario == "auto":  # the speculative lane alone, or a mix: the slower of the two
-        return max(request_seconds(speeds, s, family, max_tokens)
-                   for s in ("spec-on", "batching"))
+        return max(request_seconds(speeds, s, family, max_tokens) for s in ("spec-on", "batching"))
     lane = speeds.of(scenario)
     ttft = lane.ttft * (speeds.long_ttft_factor if family == "long" else 1.0)
     return ttft + (max_tokens - 1) / max(lane.decode_tps, 1e-6)
@@ -214,7 +230,7 @@ def cell_seconds(cell: Cell, spec: MatrixSpec, speeds: Speeds) -> float:
     one = request_seconds(speeds, cell.scenario, cell.family, spec.max_tokens)
     if cell.scenario in SERIAL_SCENARIOS:
         return cell.concurrency * spec.runs * one
-    return spec.runs * one * cell.concurrency ** BATCH_EXPONENT
+    return spec.runs * one * cell.concurrency**BATCH_EXPONENT
 
 
 Step = Callable[[Plan], Plan | None]
@@ -245,8 +261,9 @@ def _drop_top_level(plan: Plan, keep: int) -> Plan | None:
 
 def _one_family_under_load(plan: Plan) -> Plan | None:
     low = min(plan.concurrency)
-    loaded = [f for f in plan.families if any(
-        c.family == f and c.concurrency > low for c in plan.cells)]
+    loaded = [
+        f for f in plan.families if any(c.family == f and c.concurrency > low for c in plan.cells)
+    ]
     if len(loaded) <= 1:
         return None
     drop = loaded[-1]
@@ -264,8 +281,12 @@ def _one_family(plan: Plan) -> Plan | None:
     return _cut(plan, f"families {_csv(families)} → {_csv(kept)}", cells=cells)
 
 
-def fit(spec: MatrixSpec, speeds: Speeds | None, budget: float | None,
-        fixed: frozenset[str] = frozenset()) -> Plan:
+def fit(
+    spec: MatrixSpec,
+    speeds: Speeds | None,
+    budget: float | None,
+    fixed: frozenset[str] = frozenset(),
+) -> Plan:
     """The largest plan whose estimate fits ``budget`` seconds, cut in the order of
     ``steps`` (each step only while still over budget, never on a dimension in ``fixed``);
     the smallest one when none fits. ``budget`` None or 0, or no speeds: the whole matrix."""
@@ -322,4 +343,3 @@ def _head(note: str) -> str:
 
 def _csv(values: Iterable[object]) -> str:
     return ",".join(str(v) for v in values)
-

@@ -11,8 +11,10 @@ from router.bench.scorecard.records import levels, pooled
 from router.bench.scorecard.report import Result
 from router.bench.scorecard.score import Evaluation
 
-MISSING = ("--plot needs matplotlib, which is not installed: "
-           "pip install 'speclane[plot]' (or pip install matplotlib)")
+MISSING = (
+    "--plot needs matplotlib, which is not installed: "
+    "pip install 'speclane[plot]' (or pip install matplotlib)"
+)
 
 
 class PlotUnavailable(RuntimeError):
@@ -44,8 +46,11 @@ def write_charts(result: Result, ev: Evaluation, out_dir: Path) -> list[str]:
     plt = _pyplot()
     title = f"{result.model or 'model'} / draft {result.draft or '?'}"
     names = []
-    for name, draw in (("ttft_by_concurrency.png", _ttft), ("tps_by_concurrency.png", _tps),
-                       ("acceptance_by_family.png", _acceptance)):
+    for name, draw in (
+        ("ttft_by_concurrency.png", _ttft),
+        ("tps_by_concurrency.png", _tps),
+        ("acceptance_by_family.png", _acceptance),
+    ):
         fig = draw(plt, result, ev, title)
         if fig is None:
             continue
@@ -58,8 +63,11 @@ def write_charts(result: Result, ev: Evaluation, out_dir: Path) -> list[str]:
 def _series(result: Result, scenario: str, figure: str) -> list[tuple[int, float]]:
     """(concurrency, figure) of a scenario, every family pooled, where it was measured."""
     pooled_ = ((c, pooled(result.runs, scenario, concurrency=c)) for c in levels(result.runs))
-    return [(c, value) for c, s in pooled_
-            if s is not None and s.ok and (value := getattr(s, figure)) is not None]
+    return [
+        (c, value)
+        for c, s in pooled_
+        if s is not None and s.ok and (value := getattr(s, figure)) is not None
+    ]
 
 
 def _lines(ax: Any, result: Result, figures: dict[str, str]) -> bool:
@@ -70,10 +78,12 @@ def _lines(ax: Any, result: Result, figures: dict[str, str]) -> bool:
         color = None
         for i, (figure, suffix) in enumerate(figures.items()):
             if points := _series(result, scenario, figure):
-                style = {"marker": "o"} if i == 0 else {"linestyle": "--", "marker": ".",
-                                                        "alpha": 0.7}
-                line, = ax.plot(*zip(*points, strict=True), color=color,
-                                label=f"{scenario}{suffix}", **style)
+                style = (
+                    {"marker": "o"} if i == 0 else {"linestyle": "--", "marker": ".", "alpha": 0.7}
+                )
+                (line,) = ax.plot(
+                    *zip(*points, strict=True), color=color, label=f"{scenario}{suffix}", **style
+                )
                 color, drawn = line.get_color(), True
     return drawn
 
@@ -107,9 +117,13 @@ def _acceptance(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
     colors = ["tab:green" if a.passed else "tab:red" for a in rows]
     bars = ax.bar([a.family for a in rows], [a.acceptance for a in rows], color=colors)
     for bar, a in zip(bars, rows, strict=True):
-        ax.annotate(f"{a.acceptance:.2f}\n{a.accepted}/{a.drafted}",
-                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            f"{a.acceptance:.2f}\n{a.accepted}/{a.drafted}",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     floor = ev.thresholds.acceptance_floor
     ax.axhline(floor, color="gray", linestyle="--", label=f"floor {floor:.2f}")
     ax.set_ylim(0, 1.15)
@@ -129,4 +143,3 @@ def _axes(ax: Any, ylabel: str, title: str, result: Result) -> None:
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-

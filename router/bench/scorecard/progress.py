@@ -23,8 +23,9 @@ def clock(seconds: float | None) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-def render(done: int, total: int, cell: Cell | None, requests: str, elapsed: float,
-           left: float | None) -> str:
+def render(
+    done: int, total: int, cell: Cell | None, requests: str, elapsed: float, left: float | None
+) -> str:
     filled = BAR_WIDTH * done // total if total else BAR_WIDTH
     bar = "#" * filled + "." * (BAR_WIDTH - filled)
     what = f" {cell.label} {requests}" if cell else ""
@@ -32,8 +33,13 @@ def render(done: int, total: int, cell: Cell | None, requests: str, elapsed: flo
 
 
 class Progress:
-    def __init__(self, estimates: Sequence[float] | None, total: int,
-                 out: TextIO | None = None, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        estimates: Sequence[float] | None,
+        total: int,
+        out: TextIO | None = None,
+        enabled: bool = True,
+    ) -> None:
         self.estimates, self.total = list(estimates or ()), total
         self.out = out or sys.stderr
         self.enabled = enabled
@@ -49,8 +55,11 @@ class Progress:
         the average cell so far."""
         in_cell = now - self.cell_t0 if self.cell else 0.0
         if self.estimates:
-            left = eta(sum(self.estimates[self.done:]), sum(self.estimates[:self.done]),
-                       self.done_seconds)
+            left = eta(
+                sum(self.estimates[self.done :]),
+                sum(self.estimates[: self.done]),
+                self.done_seconds,
+            )
         elif self.done:
             left = self.done_seconds / self.done * (self.total - self.done)
         else:
@@ -60,8 +69,9 @@ class Progress:
     def line(self) -> str:
         now = time.monotonic()
         requests = f"({self.finished}/{self.expected} requests)" if self.cell else ""
-        return render(self.done, self.total, self.cell, requests, now - self.started,
-                      self.time_left(now))
+        return render(
+            self.done, self.total, self.cell, requests, now - self.started, self.time_left(now)
+        )
 
     def cell_started(self, index: int, cell: Cell, expected_requests: int) -> None:
         self.cell, self.cell_t0 = cell, time.monotonic()
@@ -76,8 +86,12 @@ class Progress:
         self.done, self.cell = index + 1, None
         self.done_seconds += run.seconds
         if self.enabled and not self.tty:
-            print(f"  {run.cell.label}: {len(run.measurements)} requests in "
-                  f"{run.seconds:.1f}s | {self.line()}", file=self.out, flush=True)
+            print(
+                f"  {run.cell.label}: {len(run.measurements)} requests in "
+                f"{run.seconds:.1f}s | {self.line()}",
+                file=self.out,
+                flush=True,
+            )
         self._draw()
 
     def start_ticking(self) -> None:

@@ -17,35 +17,51 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {
-    "chat": Family("chat", "chat", (
-        "Explain to a child why the sky is blue.",
-        "What is the capital of France? Answer in two sentences.",
-        "Give me three tips for sleeping better.",
-        "What is the difference between weather and climate?",
-        "Describe a cat to someone who has never seen one.",
-        "Why do people keep journals?",
-    )),
-    "code": Family("code", "code", (
-        "Write a Python function that checks whether a string is a palindrome.",
-        "Write a Python function that returns the n-th Fibonacci number.",
-        "Write a JavaScript function that removes duplicates from an array.",
-        "Write a Python class for a stack with push, pop and peek.",
-        "Write a SQL query that counts orders per customer.",
-        "Write a Python function that reverses the words of a sentence.",
-    )),
-    "list": Family("list", "repetitive / list", (
-        "Count from 1 to 40, separated by commas.",
-        "List the days of the week, one per line, and then list them again.",
-        "Write the numbers from 10 to 50 in steps of 2, separated by spaces.",
-        "List the months of the year, one per line.",
-        "Write the alphabet in capital letters, separated by commas.",
-        "Count down from 30 to 1, separated by commas.",
-    )),
-    "long": Family("long", "long prompt", (
-        "Summarize the maintenance log above in three sentences.",
-        "Which pumps were mentioned most often in the log above? Answer briefly.",
-        "List the problems found in the log above.",
-    )),
+    "chat": Family(
+        "chat",
+        "chat",
+        (
+            "Explain to a child why the sky is blue.",
+            "What is the capital of France? Answer in two sentences.",
+            "Give me three tips for sleeping better.",
+            "What is the difference between weather and climate?",
+            "Describe a cat to someone who has never seen one.",
+            "Why do people keep journals?",
+        ),
+    ),
+    "code": Family(
+        "code",
+        "code",
+        (
+            "Write a Python function that checks whether a string is a palindrome.",
+            "Write a Python function that returns the n-th Fibonacci number.",
+            "Write a JavaScript function that removes duplicates from an array.",
+            "Write a Python class for a stack with push, pop and peek.",
+            "Write a SQL query that counts orders per customer.",
+            "Write a Python function that reverses the words of a sentence.",
+        ),
+    ),
+    "list": Family(
+        "list",
+        "repetitive / list",
+        (
+            "Count from 1 to 40, separated by commas.",
+            "List the days of the week, one per line, and then list them again.",
+            "Write the numbers from 10 to 50 in steps of 2, separated by spaces.",
+            "List the months of the year, one per line.",
+            "Write the alphabet in capital letters, separated by commas.",
+            "Count down from 30 to 1, separated by commas.",
+        ),
+    ),
+    "long": Family(
+        "long",
+        "long prompt",
+        (
+            "Summarize the maintenance log above in three sentences.",
+            "Which pumps were mentioned most often in the log above? Answer briefly.",
+            "List the problems found in the log above.",
+        ),
+    ),
 }
 
 _PUMPS = ("north pump", "south pump", "intake valve", "reserve tank", "filter bank")
@@ -71,8 +87,10 @@ def long_document(chars: int) -> str:
         pump = _PUMPS[(day * 3) % len(_PUMPS)]
         finding = _FINDINGS[(day * 5) % len(_FINDINGS)]
         crew = 2 + day % 4
-        line = (f"Day {day}: a crew of {crew} inspected the {pump}, {finding}; "
-                f"the shift ended at {16 + day % 5}:{(day * 7) % 60:02d}.")
+        line = (
+            f"Day {day}: a crew of {crew} inspected the {pump}, {finding}; "
+            f"the shift ended at {16 + day % 5}:{(day * 7) % 60:02d}."
+        )
         lines.append(line)
         size += len(line) + 1
     return "\n".join(lines)

@@ -83,15 +83,28 @@ class CellRun:
         return max(0.0, self.finished - self.started)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self.cell), "runs": self.runs, "max_tokens": self.max_tokens,
-                "started": self.started, "finished": self.finished, "complete": self.complete,
-                "measurements": [m.to_json() for m in self.measurements]}
+        return {
+            **asdict(self.cell),
+            "runs": self.runs,
+            "max_tokens": self.max_tokens,
+            "started": self.started,
+            "finished": self.finished,
+            "complete": self.complete,
+            "measurements": [m.to_json() for m in self.measurements],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CellRun:
         cell = Cell(data["scenario"], data["family"], data["concurrency"])
-        return cls(cell, data["runs"], data["max_tokens"], data["started"], data["finished"],
-                   data["complete"], [Measurement.from_json(m) for m in data["measurements"]])
+        return cls(
+            cell,
+            data["runs"],
+            data["max_tokens"],
+            data["started"],
+            data["finished"],
+            data["complete"],
+            [Measurement.from_json(m) for m in data["measurements"]],
+        )
 
 
 @dataclass(frozen=True)
@@ -134,11 +147,17 @@ def summarize(measurements: Iterable[Measurement], seconds: float) -> Summary:
     tokens = sum(m.completion_tokens or 0 for m in ok)
     drafted, accepted = sum(m.drafted or 0 for m in ok), sum(m.accepted or 0 for m in ok)
     return Summary(
-        requests=len(done), errors=len(done) - len(ok), tokens=tokens, seconds=seconds,
-        ttft_avg_ms=mean(ttfts), ttft_p95_ms=percentile(ttfts, 95),
+        requests=len(done),
+        errors=len(done) - len(ok),
+        tokens=tokens,
+        seconds=seconds,
+        ttft_avg_ms=mean(ttfts),
+        ttft_p95_ms=percentile(ttfts, 95),
         decode_tps_avg=mean([m.decode_tps for m in ok]),
         agg_tps=tokens / seconds if ok and seconds > 0 else None,
-        e2e_p95_ms=percentile(e2es, 95), drafted=drafted, accepted=accepted,
+        e2e_p95_ms=percentile(e2es, 95),
+        drafted=drafted,
+        accepted=accepted,
         acceptance=accepted / drafted if drafted else None,
         speculated=sum(1 for m in ok if m.speculated),
         lanes=dict(Counter(m.lane or "unknown" for m in ok)),
@@ -150,39 +169,58 @@ def cell_summary(run: CellRun) -> Summary:
     return summarize(run.measurements, run.seconds)
 
 
-def pooled(runs: Sequence[CellRun], scenario: str, *, concurrency: int | None = None,
-           families: Iterable[str] | None = None) -> Summary | None:
+def pooled(
+    runs: Sequence[CellRun],
+    scenario: str,
+    *,
+    concurrency: int | None = None,
+    families: Iterable[str] | None = None,
+) -> Summary | None:
     """One summary over the cells of ``scenario`` (at ``concurrency``, of ``families``);
     None when there are none. Aggregate tok/s: all their tokens over their summed time."""
     wanted = set(families) if families is not None else None
-    chosen = [r for r in runs if r.cell.scenario == scenario
-              and (concurrency is None or r.cell.concurrency == concurrency)
-              and (wanted is None or r.cell.family in wanted)]
+    chosen = [
+        r
+        for r in runs
+        if r.cell.scenario == scenario
+        and (concurrency is None or r.cell.concurrency == concurrency)
+        and (wanted is None or r.cell.family in wanted)
+    ]
     if not chosen:
         return None
-    return summarize((m for r in chosen for m in r.measurements),
-                     sum(r.seconds for r in chosen))
+    return summarize((m for r in chosen for m in r.measurements), sum(r.seconds for r in chosen))
 
 
-def common_families(runs: Sequence[CellRun], scenarios: Iterable[str],
-                    concurrency: int) -> tuple[str, ...]:
+def common_families(
+    runs: Sequence[CellRun], scenarios: Iterable[str], concurrency: int
+) -> tuple[str, ...]:
     """The families measured with a result for every one of ``scenarios`` at a level."""
-    measured = [{r.cell.family for r in runs if r.cell.scenario == s
-                 and r.cell.concurrency == concurrency and any(m.ok for m in r.measurements)}
-                for s in scenarios]
+    measured = [
+        {
+            r.cell.family
+            for r in runs
+            if r.cell.scenario == s
+            and r.cell.concurrency == concurrency
+            and any(m.ok for m in r.measurements)
+        }
+        for s in scenarios
+    ]
     common = set.intersection(*measured) if measured else set()
     return tuple(f for f in dict.fromkeys(r.cell.family for r in runs) if f in common)
 
 
-def shared_pair(runs: Sequence[CellRun], a: str, b: str,
-                concurrency: int) -> tuple[Summary | None, Summary | None]:
+def shared_pair(
+    runs: Sequence[CellRun], a: str, b: str, concurrency: int
+) -> tuple[Summary | None, Summary | None]:
     """Scenarios ``a`` and ``b`` at a level, each pooled over the families both measured,
     so that a comparison compares the same prompts."""
     families = common_families(runs, (a, b), concurrency)
     if not families:
         return None, None
-    return (pooled(runs, a, concurrency=concurrency, families=families),
-            pooled(runs, b, concurrency=concurrency, families=families))
+    return (
+        pooled(runs, a, concurrency=concurrency, families=families),
+        pooled(runs, b, concurrency=concurrency, families=families),
+    )
 
 
 def rule_of(decision: str | None) -> str:

@@ -57,20 +57,25 @@ def to_json(result: Result, evaluation: Evaluation | None = None) -> dict[str, A
         "settings": {
             "requested": asdict(result.requested),
             "plan": {
-                "scenarios": list(plan.scenarios), "families": list(plan.families),
-                "concurrency": list(plan.concurrency), "runs": plan.spec.runs,
+                "scenarios": list(plan.scenarios),
+                "families": list(plan.families),
+                "concurrency": list(plan.concurrency),
+                "runs": plan.spec.runs,
                 "max_tokens": plan.spec.max_tokens,
                 "long_prompt_chars": plan.spec.long_prompt_chars,
                 "cells": [asdict(c) for c in plan.cells],
-                "reductions": list(plan.reductions), "estimate_s": plan.estimate,
+                "reductions": list(plan.reductions),
+                "estimate_s": plan.estimate,
                 "budget_s": result.budget,
             },
-            "scenarios": {name: {"title": s.title, "how": s.how} for name, s in
-                          SCENARIOS.items() if name in plan.scenarios},
+            "scenarios": {
+                name: {"title": s.title, "how": s.how}
+                for name, s in SCENARIOS.items()
+                if name in plan.scenarios
+            },
         },
         "warmup": [m.to_json() for m in result.warmup],
-        "cells": [{**run.to_json(), "summary": cell_summary(run).to_json()}
-                  for run in result.runs],
+        "cells": [{**run.to_json(), "summary": cell_summary(run).to_json()} for run in result.runs],
         "evaluation": ev.to_json(),
         "pairs": [pair(result, ev)],
     }
@@ -80,12 +85,16 @@ def pair(result: Result, ev: Evaluation) -> dict[str, Any]:
     """The measured acceptance of the (target, draft) pair, for the pair allow/deny list."""
     spec, env = pooled(result.runs, "spec-on"), result.environment
     return {
-        "target": result.model, "draft": result.draft,
-        "num_draft_tokens": env.get("num_draft_tokens"), "acceptance": ev.pooled_acceptance,
-        "drafted": spec.drafted if spec else 0, "accepted": spec.accepted if spec else 0,
+        "target": result.model,
+        "draft": result.draft,
+        "num_draft_tokens": env.get("num_draft_tokens"),
+        "acceptance": ev.pooled_acceptance,
+        "drafted": spec.drafted if spec else 0,
+        "accepted": spec.accepted if spec else 0,
         "acceptance_by_family": {a.family: a.acceptance for a in ev.acceptance},
         "floor": result.thresholds.acceptance_floor,
-        "passed_floor": ev.gate("acceptance").passed, "measured_at": env.get("date"),
+        "passed_floor": ev.gate("acceptance").passed,
+        "measured_at": env.get("date"),
         "hardware": (env.get("hardware") or {}).get("mlx_device"),
     }
 
@@ -94,19 +103,28 @@ def from_json(data: dict[str, Any]) -> Result:
     if data.get("schema") != SCHEMA:
         raise ValueError(f"not a speclane scorecard (schema {data.get('schema')!r})")
     settings = data["settings"]
-    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
-                              for k, v in settings["requested"].items()}
+    fields: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in settings["requested"].items()
+    }
     requested = MatrixSpec(**fields)
     p = settings["plan"]
-    spec = requested.with_(runs=p["runs"], max_tokens=p["max_tokens"],
-                           long_prompt_chars=p["long_prompt_chars"])
-    plan = Plan(spec, tuple(Cell(**c) for c in p["cells"]), tuple(p["reductions"]),
-                p["estimate_s"])
+    spec = requested.with_(
+        runs=p["runs"], max_tokens=p["max_tokens"], long_prompt_chars=p["long_prompt_chars"]
+    )
+    plan = Plan(spec, tuple(Cell(**c) for c in p["cells"]), tuple(p["reductions"]), p["estimate_s"])
     thresholds = Thresholds(**data["evaluation"]["thresholds"])
-    return Result(requested, plan, thresholds, data["environment"],
-                  [Measurement.from_json(m) for m in data["warmup"]],
-                  [CellRun.from_json(c) for c in data["cells"]], data["complete"],
-                  data["stopped"], p["budget_s"], data["duration_s"])
+    return Result(
+        requested,
+        plan,
+        thresholds,
+        data["environment"],
+        [Measurement.from_json(m) for m in data["warmup"]],
+        [CellRun.from_json(c) for c in data["cells"]],
+        data["complete"],
+        data["stopped"],
+        p["budget_s"],
+        data["duration_s"],
+    )
 
 
 CHARTS = {
@@ -116,8 +134,9 @@ CHARTS = {
 }
 
 
-def write(result: Result, out_dir: Path, charts: Sequence[str] = (),
-          evaluation: Evaluation | None = None) -> dict[str, Path]:
+def write(
+    result: Result, out_dir: Path, charts: Sequence[str] = (), evaluation: Evaluation | None = None
+) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     ev = evaluation or result.evaluation()
     paths = {"json": out_dir / "scorecard.json", "markdown": out_dir / "scorecard.md"}
@@ -127,20 +146,38 @@ def write(result: Result, out_dir: Path, charts: Sequence[str] = (),
 
 
 def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
-    sections = (_headline(result, ev), _environment(result), _gates(ev), _crossover(ev),
-                _acceptance(ev), _score(ev), _pair_rule(result, ev), _scenarios(result),
-                _charts(charts), _errors(result.runs), _method(result))
+    sections = (
+        _headline(result, ev),
+        _environment(result),
+        _gates(ev),
+        _crossover(ev),
+        _acceptance(ev),
+        _score(ev),
+        _pair_rule(result, ev),
+        _scenarios(result),
+        _charts(charts),
+        _errors(result.runs),
+        _method(result),
+    )
     out = ["# Speculative decoding readiness scorecard", ""]
     return "\n".join(out + [line for lines in sections for line in lines]).rstrip() + "\n"
 
 
 def _headline(result: Result, ev: Evaluation) -> list[str]:
-    lines = [f"**Verdict: {ev.verdict}**", "",
-             f"Readiness score: **{ev.score}/100** (rule below).", "",
-             f"> {ev.recommendation}", ""]
+    lines = [
+        f"**Verdict: {ev.verdict}**",
+        "",
+        f"Readiness score: **{ev.score}/100** (rule below).",
+        "",
+        f"> {ev.recommendation}",
+        "",
+    ]
     if not result.complete:
-        lines += [f"_This run is partial: {result.stopped or 'stopped early'}. Figures cover "
-                  "the cells measured; gates with nothing to judge say so._", ""]
+        lines += [
+            f"_This run is partial: {result.stopped or 'stopped early'}. Figures cover "
+            "the cells measured; gates with nothing to judge say so._",
+            "",
+        ]
     return lines
 
 
@@ -154,11 +191,21 @@ def _environment(result: Result) -> list[str]:
         draft += f" ({env['num_draft_tokens']} draft tokens per round)"
     cells = len(result.runs)
     requests = sum(len(r.measurements) for r in result.runs)
-    run = (f"{'complete' if result.complete else 'partial'}, {clock(result.duration)}, "
-           f"{cells}/{len(result.plan.cells)} cells, {requests} requests")
-    machine = ", ".join(str(x) for x in (
-        hw.get("machine"), hw.get("cpu"), f"{hw.get('cpus')} CPUs",
-        f"{hw.get('memory_gib')} GiB", f"MLX device {hw.get('mlx_device')}") if x)
+    run = (
+        f"{'complete' if result.complete else 'partial'}, {clock(result.duration)}, "
+        f"{cells}/{len(result.plan.cells)} cells, {requests} requests"
+    )
+    machine = ", ".join(
+        str(x)
+        for x in (
+            hw.get("machine"),
+            hw.get("cpu"),
+            f"{hw.get('cpus')} CPUs",
+            f"{hw.get('memory_gib')} GiB",
+            f"MLX device {hw.get('mlx_device')}",
+        )
+        if x
+    )
     if "openblas_preloaded" in hw:
         machine += ", OpenBLAS " + ("preloaded" if hw["openblas_preloaded"] else "not found")
     rows = [
@@ -167,20 +214,30 @@ def _environment(result: Result) -> list[str]:
         ("Date (UTC)", env.get("date") or "?"),
         ("Run", run),
         ("Router", env.get("router") or "?"),
-        ("speclane / mlx / mlx-lm", " / ".join(str(ver.get(k)) for k in
-                                               ("speclane", "mlx", "mlx-lm"))),
+        (
+            "speclane / mlx / mlx-lm",
+            " / ".join(str(ver.get(k)) for k in ("speclane", "mlx", "mlx-lm")),
+        ),
         ("Hardware", machine or "?"),
         ("Machine load", _load_text(load)),
     ]
-    lane_notes = [f"{lane['lane']} lane: {lane['speculation']['reason']}"
-                  for lane in env.get("lanes") or ()
-                  if (lane.get("speculation") or {}).get("reason")]
+    lane_notes = [
+        f"{lane['lane']} lane: {lane['speculation']['reason']}"
+        for lane in env.get("lanes") or ()
+        if (lane.get("speculation") or {}).get("reason")
+    ]
     if lane_notes:
         rows.append(("Router says", "; ".join(lane_notes)))
     if env.get("note"):
         rows.append(("Note", env["note"]))
-    return ["## Environment", "", "| | |", "| --- | --- |",
-            *(f"| {k} | {_cell(v)} |" for k, v in rows), ""]
+    return [
+        "## Environment",
+        "",
+        "| | |",
+        "| --- | --- |",
+        *(f"| {k} | {_cell(v)} |" for k, v in rows),
+        "",
+    ]
 
 
 def _load_text(load: dict[str, Any]) -> str:
@@ -196,23 +253,30 @@ def _load_text(load: dict[str, Any]) -> str:
 def _gates(ev: Evaluation) -> list[str]:
     lines = ["## Gates", "", "| Gate | Rule | Figure | Result |", "| --- | --- | --- | --- |"]
     marks = {True: "✅ passed", False: "❌ failed", None: "⚪ not measured"}
-    lines += [f"| {g.title} | {_cell(g.rule)} | {_cell(g.figure)} | {marks[g.passed]} |"
-              for g in ev.gates]
+    lines += [
+        f"| {g.title} | {_cell(g.rule)} | {_cell(g.figure)} | {marks[g.passed]} |" for g in ev.gates
+    ]
     return [*lines, ""]
 
 
 def _crossover(ev: Evaluation) -> list[str]:
-    lines = ["## Where speculation stops paying", "",
-             "Aggregate tokens per second of the speculative lane with speculation on, "
-             "against the better of the two ways of serving the same prompts without it "
-             f"(spec-off, batching), at each concurrency. It pays when it is at least "
-             f"{1 + ev.thresholds.crossover_margin:.2f}x the alternative.", "",
-             "| Concurrency | spec-on tok/s | Best alternative | Its tok/s | Ratio | Pays |",
-             "| ---: | ---: | --- | ---: | ---: | --- |"]
+    lines = [
+        "## Where speculation stops paying",
+        "",
+        "Aggregate tokens per second of the speculative lane with speculation on, "
+        "against the better of the two ways of serving the same prompts without it "
+        f"(spec-off, batching), at each concurrency. It pays when it is at least "
+        f"{1 + ev.thresholds.crossover_margin:.2f}x the alternative.",
+        "",
+        "| Concurrency | spec-on tok/s | Best alternative | Its tok/s | Ratio | Pays |",
+        "| ---: | ---: | --- | ---: | ---: | --- |",
+    ]
     for lv in ev.levels:
         pays = {True: "yes", False: "**no**", None: "n/a"}[lv.pays]
-        lines.append(f"| {lv.concurrency} | {_num(lv.spec_tps)} | {lv.alternative or 'n/a'} "
-                     f"| {_num(lv.alternative_tps)} | {_num(lv.ratio, '{:.2f}x')} | {pays} |")
+        lines.append(
+            f"| {lv.concurrency} | {_num(lv.spec_tps)} | {lv.alternative or 'n/a'} "
+            f"| {_num(lv.alternative_tps)} | {_num(lv.ratio, '{:.2f}x')} | {pays} |"
+        )
     if ev.stop_at is not None:
         lines += ["", f"Speculation stops paying at **concurrency {ev.stop_at}**."]
     elif ev.levels:
@@ -222,24 +286,36 @@ def _crossover(ev: Evaluation) -> list[str]:
 
 def _acceptance(ev: Evaluation) -> list[str]:
     floor = ev.thresholds.acceptance_floor
-    lines = ["## Acceptance by prompt family", "",
-             f"| Family | Drafted | Accepted | Acceptance | Floor {floor:.2f} |",
-             "| --- | ---: | ---: | ---: | --- |"]
+    lines = [
+        "## Acceptance by prompt family",
+        "",
+        f"| Family | Drafted | Accepted | Acceptance | Floor {floor:.2f} |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
     for a in ev.acceptance:
         mark = {True: "passed", False: "**failed**", None: "n/a"}[a.passed]
-        lines.append(f"| {_family(a.family)} | {a.drafted} | {a.accepted} "
-                     f"| {_num(a.acceptance, '{:.2f}')} | {mark} |")
+        lines.append(
+            f"| {_family(a.family)} | {a.drafted} | {a.accepted} "
+            f"| {_num(a.acceptance, '{:.2f}')} | {mark} |"
+        )
     lines.append(f"| **all** | | | **{_num(ev.pooled_acceptance, '{:.2f}')}** | |")
     return [*lines, ""]
 
 
 def _score(ev: Evaluation) -> list[str]:
-    lines = [f"## Readiness score: {ev.score}/100", "",
-             "The sum of these components, rounded (the verdict comes from the gates, "
-             "not from the score):", "",
-             "| Component | Points | Figure | Rule |", "| --- | ---: | --- | --- |"]
-    lines += [f"| {p.title} | {p.points:.1f} / {p.weight} | {p.figure} | {_cell(p.rule)} |"
-              for p in ev.parts]
+    lines = [
+        f"## Readiness score: {ev.score}/100",
+        "",
+        "The sum of these components, rounded (the verdict comes from the gates, "
+        "not from the score):",
+        "",
+        "| Component | Points | Figure | Rule |",
+        "| --- | ---: | --- | --- |",
+    ]
+    lines += [
+        f"| {p.title} | {p.points:.1f} / {p.weight} | {p.figure} | {_cell(p.rule)} |"
+        for p in ev.parts
+    ]
     return [*lines, ""]
 
 
@@ -248,10 +324,17 @@ def _pair_rule(result: Result, ev: Evaluation) -> list[str]:
     if result.draft is None or ev.pooled_acceptance is None:
         return []
     rule = pair_rule_from_bench(pair(result, ev), when=result.environment.get("date"))
-    return ["## Model pair rule", "",
-            "Paste into `speclane.toml` to record this measurement next to the pair; in strict "
-            "mode a pair below `gating.acceptance_floor` is denied (`deny_below_floor`).", "",
-            "```toml", rules_to_toml([rule]).rstrip(), "```", ""]
+    return [
+        "## Model pair rule",
+        "",
+        "Paste into `speclane.toml` to record this measurement next to the pair; in strict "
+        "mode a pair below `gating.acceptance_floor` is denied (`deny_below_floor`).",
+        "",
+        "```toml",
+        rules_to_toml([rule]).rstrip(),
+        "```",
+        "",
+    ]
 
 
 def _scenarios(result: Result) -> list[str]:
@@ -259,12 +342,17 @@ def _scenarios(result: Result) -> list[str]:
     for name in result.plan.scenarios:
         scenario = SCENARIOS[name]
         runs = [r for r in result.runs if r.cell.scenario == name]
-        lines += [f"### {scenario.title} (`{name}`)", "", f"Sent with {scenario.how}.", "",
-                  "| Family | c | Requests | Errors | TTFT avg ms | TTFT p95 ms | "
-                  "Decode tok/s | Aggregate tok/s | E2E p95 ms | Drafted | Accepted | "
-                  "Acceptance | Lane chosen |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-                  "| ---: | --- |"]
+        lines += [
+            f"### {scenario.title} (`{name}`)",
+            "",
+            f"Sent with {scenario.how}.",
+            "",
+            "| Family | c | Requests | Errors | TTFT avg ms | TTFT p95 ms | "
+            "Decode tok/s | Aggregate tok/s | E2E p95 ms | Drafted | Accepted | "
+            "Acceptance | Lane chosen |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+            "| ---: | --- |",
+        ]
         if not runs:
             lines.append("| (not measured) |" + " |" * 12)
         for run in runs:
@@ -274,7 +362,8 @@ def _scenarios(result: Result) -> list[str]:
                 f"| {s.errors} | {_num(s.ttft_avg_ms, '{:.0f}')} "
                 f"| {_num(s.ttft_p95_ms, '{:.0f}')} | {_num(s.decode_tps_avg)} "
                 f"| {_num(s.agg_tps)} | {_num(s.e2e_p95_ms, '{:.0f}')} | {s.drafted} "
-                f"| {s.accepted} | {_num(s.acceptance, '{:.2f}')} | {_lanes(s)} |")
+                f"| {s.accepted} | {_num(s.acceptance, '{:.2f}')} | {_lanes(s)} |"
+            )
         lines.append("")
     return lines
 
@@ -297,8 +386,12 @@ def _charts(charts: Sequence[str]) -> list[str]:
 
 
 def _errors(runs: Iterable[CellRun]) -> list[str]:
-    errors = Counter((r.cell.scenario, m.error) for r in runs for m in r.measurements
-                     if not m.ok and not m.cancelled)
+    errors = Counter(
+        (r.cell.scenario, m.error)
+        for r in runs
+        for m in r.measurements
+        if not m.ok and not m.cancelled
+    )
     if not errors:
         return []
     lines = ["## Errors", "", "| Scenario | Error | Requests |", "| --- | --- | ---: |"]
@@ -312,7 +405,8 @@ def _method(result: Result) -> list[str]:
     budget = f"{clock(result.budget)}" if result.budget else "none"
     reductions = "; ".join(plan.reductions) if plan.reductions else "none"
     return [
-        "## How this was measured", "",
+        "## How this was measured",
+        "",
         f"- Matrix: scenarios {', '.join(plan.scenarios)} x families "
         f"{', '.join(plan.families)} x concurrency {', '.join(map(str, plan.concurrency))}; "
         f"{len(plan.cells)} cells. A cell at concurrency c runs c client loops that each send "

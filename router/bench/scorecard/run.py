@@ -51,17 +51,24 @@ class Target:
         return time.perf_counter() - self.origin
 
 
-async def send(session: aiohttp.ClientSession, target: Target, m: Measurement,
-               spec: MatrixSpec) -> Measurement:
+async def send(
+    session: aiohttp.ClientSession, target: Target, m: Measurement, spec: MatrixSpec
+) -> Measurement:
     """Stream one request and fill ``m`` in; never raises except on cancellation."""
     scenario = SCENARIOS[m.scenario]
-    body = request_body(target.model, scenario, m.family, m.prompt_index, spec.max_tokens,
-                        spec.long_prompt_chars)
+    body = request_body(
+        target.model, scenario, m.family, m.prompt_index, spec.max_tokens, spec.long_prompt_chars
+    )
     reply = Reply()
     try:
-        await stream(session, f"{target.base_url}/chat/completions", body,
-                     request_headers(scenario, target.api_key), reply,
-                     limit=aiohttp.ClientTimeout(total=target.request_timeout))
+        await stream(
+            session,
+            f"{target.base_url}/chat/completions",
+            body,
+            request_headers(scenario, target.api_key),
+            reply,
+            limit=aiohttp.ClientTimeout(total=target.request_timeout),
+        )
     except asyncio.CancelledError:
         m.cancelled = True
         raise
@@ -76,11 +83,14 @@ async def send(session: aiohttp.ClientSession, target: Target, m: Measurement,
     if reply.usage:  # the last event's (stream_options.include_usage), with speclane_spec
         m.usage_reported = True
         m.completion_tokens, m.prompt_tokens = (
-            _int(reply.usage.get(k)) for k in ("completion_tokens", "prompt_tokens"))
+            _int(reply.usage.get(k)) for k in ("completion_tokens", "prompt_tokens")
+        )
         spec_stats = reply.usage.get("speclane_spec")
         if isinstance(spec_stats, dict):
-            m.drafted, m.accepted, m.steps, m.num_draft_tokens = (_int(spec_stats.get(k)) for k in (
-                "drafted", "accepted", "steps", "num_draft_tokens"))
+            m.drafted, m.accepted, m.steps, m.num_draft_tokens = (
+                _int(spec_stats.get(k))
+                for k in ("drafted", "accepted", "steps", "num_draft_tokens")
+            )
     m.error = reply.error or (None if reply.done else "the stream ended without data: [DONE]")
     if m.error is None:
         if m.completion_tokens is None:
@@ -93,8 +103,13 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-async def run_cells(session: aiohttp.ClientSession, target: Target, plan: Plan,
-                    stop: asyncio.Event, progress: Progress) -> tuple[list[CellRun], bool]:
+async def run_cells(
+    session: aiohttp.ClientSession,
+    target: Target,
+    plan: Plan,
+    stop: asyncio.Event,
+    progress: Progress,
+) -> tuple[list[CellRun], bool]:
     """Every cell in order until done or ``stop`` is set: (runs, stopped early). A cell cut
     short keeps what it measured."""
     spec, runs = plan.spec, list[CellRun]()
@@ -106,8 +121,14 @@ async def run_cells(session: aiohttp.ClientSession, target: Target, plan: Plan,
 
         async def loop(stream: int, cell: Cell = cell, run: CellRun = run) -> None:
             for seq in range(spec.runs):
-                m = Measurement(cell.scenario, cell.family, cell.concurrency, stream, seq,
-                                prompt_index=stream * spec.runs + seq)
+                m = Measurement(
+                    cell.scenario,
+                    cell.family,
+                    cell.concurrency,
+                    stream,
+                    seq,
+                    prompt_index=stream * spec.runs + seq,
+                )
                 run.measurements.append(m)
                 progress.request_done(await send(session, target, m, spec))
 
@@ -171,8 +192,9 @@ class Phase:
     measuring: bool = False
 
 
-async def run_scorecard(opts: Options, stop: asyncio.Event | None = None,
-                        log: Log = print, phase: Phase | None = None) -> Outcome:
+async def run_scorecard(
+    opts: Options, stop: asyncio.Event | None = None, log: Log = print, phase: Phase | None = None
+) -> Outcome:
     stop = stop or asyncio.Event()
     phase = phase or Phase()
     opts.out_dir.mkdir(parents=True, exist_ok=True)
@@ -181,24 +203,36 @@ async def run_scorecard(opts: Options, stop: asyncio.Event | None = None,
             base_url = normalize_url(opts.url)
             router = f"attached at {base_url}"
         else:
-            log("starting a router with both lanes (the first start prepares the default "
-                f"model and can take minutes; log: {opts.out_dir / 'router.log'})")
+            log(
+                "starting a router with both lanes (the first start prepares the default "
+                f"model and can take minutes; log: {opts.out_dir / 'router.log'})"
+            )
             try:
                 base_url = await stack.enter_async_context(
-                    procs.own_router(opts.lanes, opts.out_dir / "router.log"))
+                    procs.own_router(opts.lanes, opts.out_dir / "router.log")
+                )
             except (RuntimeError, TimeoutError) as e:
-                raise BenchError(f"the router did not start ({e}); see "
-                                 f"{opts.out_dir / 'router.log'}") from e
+                raise BenchError(
+                    f"the router did not start ({e}); see {opts.out_dir / 'router.log'}"
+                ) from e
             router = f"started by the bench at {base_url} (temporary configuration)"
         session = await stack.enter_async_context(
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        )
         result = await _measure(session, base_url, router, opts, stop, log, phase)
         outcome = _write(result, opts, log)
     return outcome
 
 
-async def _measure(session: aiohttp.ClientSession, base_url: str, router: str, opts: Options,
-                   stop: asyncio.Event, log: Log, phase: Phase) -> Result:
+async def _measure(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    router: str,
+    opts: Options,
+    stop: asyncio.Event,
+    log: Log,
+    phase: Phase,
+) -> Result:
     env = await _environment(session, base_url, router, opts)
     model = opts.model_name or env.get("model")
     if not model:
@@ -221,15 +255,17 @@ async def _measure(session: aiohttp.ClientSession, base_url: str, router: str, o
     result.runs = runs
     result.complete = not stopped and len(runs) == len(plan.cells)
     if stopped:
-        result.stopped = (f"stopped by the user after {sum(r.complete for r in runs)} of "
-                          f"{len(plan.cells)} cells")
+        result.stopped = (
+            f"stopped by the user after {sum(r.complete for r in runs)} of {len(plan.cells)} cells"
+        )
     result.duration = target.now() - started
     env.setdefault("load_average", {})["end"] = environment.load_average()
     return result
 
 
-async def _environment(session: aiohttp.ClientSession, base_url: str, router: str,
-                       opts: Options) -> dict[str, Any]:
+async def _environment(
+    session: aiohttp.ClientSession, base_url: str, router: str, opts: Options
+) -> dict[str, Any]:
     root = base_url.removesuffix("/v1")
     lanes = await environment.lanes_info(session, root, opts.api_key)
     served = await environment.served_models(session, base_url, opts.api_key)
@@ -252,15 +288,18 @@ async def _environment(session: aiohttp.ClientSession, base_url: str, router: st
     notes = [opts.note] if opts.note else []
     cpus = hw.get("cpus") or os.cpu_count() or 1
     if load and load[0] > 0.5 * cpus:
-        notes.append(f"the machine was busy when the run started (load {load[0]} on {cpus} "
-                     "CPUs): figures carry that noise")
+        notes.append(
+            f"the machine was busy when the run started (load {load[0]} on {cpus} "
+            "CPUs): figures carry that noise"
+        )
     if notes:
         env["note"] = "; ".join(notes)
     return env
 
 
-async def warm_up(session: aiohttp.ClientSession, target: Target, opts: Options,
-                  log: Log) -> list[Measurement]:
+async def warm_up(
+    session: aiohttp.ClientSession, target: Target, opts: Options, log: Log
+) -> list[Measurement]:
     """One short chat request per forced scenario (the lanes load their first batches, and
     the planner learns each lane's speed), plus one long prompt on the batching lane (how
     much longer prefill takes)."""
@@ -288,8 +327,10 @@ async def warm_up(session: aiohttp.ClientSession, target: Target, opts: Options,
 
 def _hint(warmups: list[Measurement]) -> str:
     if any(m.status == 403 for m in warmups):
-        return (" -- the bench picks lanes with the X-Speclane-Lane header; the router's "
-                "policy must allow it (allow_lane_override = true)")
+        return (
+            " -- the bench picks lanes with the X-Speclane-Lane header; the router's "
+            "policy must allow it (allow_lane_override = true)"
+        )
     if any(m.status == 401 for m in warmups):
         return " -- pass the router's API key with --api-key"
     return ""
@@ -297,12 +338,16 @@ def _hint(warmups: list[Measurement]) -> str:
 
 def _announce(plan: Plan, opts: Options, log: Log) -> None:
     est = f", about {clock(plan.estimate)}" if plan.estimate is not None else ""
-    log(f"measuring {len(plan.cells)} cells: {', '.join(plan.scenarios)} x "
+    log(
+        f"measuring {len(plan.cells)} cells: {', '.join(plan.scenarios)} x "
         f"{', '.join(plan.families)} x c={','.join(map(str, plan.concurrency))}, "
-        f"{plan.spec.runs} run(s), {plan.spec.max_tokens} tokens{est}")
+        f"{plan.spec.runs} run(s), {plan.spec.max_tokens} tokens{est}"
+    )
     if plan.reductions:
-        log(f"to fit the {clock(opts.budget)} budget: {'; '.join(plan.reductions)} "
-            "(--budget 0 runs the whole matrix)")
+        log(
+            f"to fit the {clock(opts.budget)} budget: {'; '.join(plan.reductions)} "
+            "(--budget 0 runs the whole matrix)"
+        )
 
 
 def _write(result: Result, opts: Options, log: Log) -> Outcome:

@@ -52,35 +52,34 @@ def scenario_body(body: Mapping[str, Any], variant: str) -> dict[str, Any]:
     return dict(body) if variant == "forced" else apply_variant(body, variant)
 
 
-
-
 def function_60() -> str:
     """A plausible 60-line Python function (the same text every run)."""
     head = [
-        "def summarize_orders(orders, currency=\"EUR\", limit=10):",
-        "    \"\"\"Summarize a list of orders: totals per customer and the largest orders.\"\"\"",
+        'def summarize_orders(orders, currency="EUR", limit=10):',
+        '    """Summarize a list of orders: totals per customer and the largest orders."""',
         "    totals = {}",
         "    counts = {}",
         "    largest = []",
         "    skipped = 0",
         "    for order in orders:",
-        "        if order.get(\"currency\") != currency:",
+        '        if order.get("currency") != currency:',
         "            skipped += 1",
         "            continue",
-        "        customer = order[\"customer\"]",
-        "        amount = float(order[\"amount\"])",
+        '        customer = order["customer"]',
+        '        amount = float(order["amount"])',
         "        totals[customer] = totals.get(customer, 0.0) + amount",
         "        counts[customer] = counts.get(customer, 0) + 1",
-        "        largest.append((amount, order[\"id\"]))",
+        '        largest.append((amount, order["id"]))',
     ]
     body = []
-    for i, name in enumerate(("north", "south", "east", "west", "online", "retail", "export",
-                              "partner")):
+    for i, name in enumerate(
+        ("north", "south", "east", "west", "online", "retail", "export", "partner")
+    ):
         body += [
-            f"    {name}_orders = [o for o in orders if o.get(\"region\") == \"{name}\"]",
-            f"    {name}_total = sum(float(o[\"amount\"]) for o in {name}_orders)",
-            f"    report_region(\"{name}\", len({name}_orders), {name}_total, rank={i + 1})",
-            f"    log.debug(\"region %s: %d orders, %.2f\", \"{name}\", len({name}_orders),"
+            f'    {name}_orders = [o for o in orders if o.get("region") == "{name}"]',
+            f'    {name}_total = sum(float(o["amount"]) for o in {name}_orders)',
+            f'    report_region("{name}", len({name}_orders), {name}_total, rank={i + 1})',
+            f'    log.debug("region %s: %d orders, %.2f", "{name}", len({name}_orders),'
             f" {name}_total)",
         ]
     tail = [
@@ -88,11 +87,11 @@ def function_60() -> str:
         "    top = [order_id for _, order_id in largest[:limit]]",
         "    average = sum(totals.values()) / max(len(totals), 1)",
         "    return {",
-        "        \"currency\": currency,",
-        "        \"totals\": totals,",
-        "        \"counts\": counts,",
-        "        \"top\": top,",
-        "        \"average\": average,",
+        '        "currency": currency,',
+        '        "totals": totals,',
+        '        "counts": counts,',
+        '        "top": top,',
+        '        "average": average,',
         "    }",
     ]
     lines = head + body + tail
@@ -101,14 +100,16 @@ def function_60() -> str:
     return "\n".join(lines[:60]) + "\n"
 
 
-INSTRUCTION = ("Rewrite the following Python function with one change: rename it to "
-               "`summarize_sales`. Output the complete function and nothing else.\n\n"
-               "```python\n{code}```")
+INSTRUCTION = (
+    "Rewrite the following Python function with one change: rename it to "
+    "`summarize_sales`. Output the complete function and nothing else.\n\n"
+    "```python\n{code}```"
+)
 # The answer's first line, written for the model: a 135M model asked to rewrite a function
 # tends to describe it instead; started on the new first line, it copies the rest, which is
 # the copy-heavy answer this family is about. ChatML, the default model's template.
 CHATML = "<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{start}"
-ANSWER_START = "```python\ndef summarize_sales(orders, currency=\"EUR\", limit=10):\n"
+ANSWER_START = '```python\ndef summarize_sales(orders, currency="EUR", limit=10):\n'
 
 
 def edit_body(family: str) -> dict[str, Any]:

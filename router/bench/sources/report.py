@@ -15,9 +15,12 @@ from router.bench.sources.plan import PLAIN, PREDICTION_FAMILY
 def family_rows(state: Mapping[str, Any], family: str) -> list[dict[str, Any]]:
     """The speculative lane's ``GET /admin/spec`` rows of one family's client."""
     client = f"family-{family}"
-    return [row for row in state.get("workloads", [])
-            if row.get("backend") == "speculative"
-            and str(row.get("workload", "")).split(":")[0] == client]
+    return [
+        row
+        for row in state.get("workloads", [])
+        if row.get("backend") == "speculative"
+        and str(row.get("workload", "")).split(":")[0] == client
+    ]
 
 
 def row_decided(row: Mapping[str, Any]) -> bool:
@@ -27,7 +30,8 @@ def row_decided(row: Mapping[str, Any]) -> bool:
     window, speed = row.get("window") or {}, row.get("speed") or {}
     return bool(window.get("judging")) and (
         speed.get("spec_samples", 0) >= speed.get("min_samples", 1)
-        and speed.get("baseline_tps") is not None)
+        and speed.get("baseline_tps") is not None
+    )
 
 
 def decided(rows: Sequence[Mapping[str, Any]], source: str | None) -> bool:
@@ -47,8 +51,10 @@ def summarise(runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "tps": mean([r["tps"] for r in runs if r.get("tps")]),
         "decode_tps": mean([r["decode_tps"] for r in runs if r.get("decode_tps")]),
-        "drafted": drafted, "accepted": accepted,
-        "acceptance": accepted / drafted if drafted else None, "forced": forced,
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance": accepted / drafted if drafted else None,
+        "forced": forced,
         "lanes": sorted({str(r.get("lane")) for r in runs}),
         "sources": sorted({str((r.get("spec") or {}).get("source")) for r in runs}),
         "tokens": [r.get("tokens", 0) for r in runs],
@@ -58,8 +64,7 @@ def summarise(runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 def together(runs: Sequence[Mapping[str, Any]], wall: float) -> dict[str, Any]:
     """Streams sent at once: per-stream decode speed (``summarise``) and the aggregate."""
     tokens = sum(r.get("tokens", 0) for r in runs)
-    return {**summarise(runs), "wall_s": wall,
-            "aggregate_tps": tokens / wall if wall > 0 else None}
+    return {**summarise(runs), "wall_s": wall, "aggregate_tps": tokens / wall if wall > 0 else None}
 
 
 def table(results: Mapping[str, Any]) -> str:
@@ -75,28 +80,39 @@ def table(results: Mapping[str, Any]) -> str:
         for variant, cell in r["c1"].items():
             c2 = r["c2"].get(variant) or {}
             c2_tps = c2.get("aggregate_tps")
-            acc = "-" if cell["acceptance"] is None else (
-                f"{cell['acceptance']:.2f} ({cell['accepted']}/{cell['drafted']})")
+            acc = (
+                "-"
+                if cell["acceptance"] is None
+                else (f"{cell['acceptance']:.2f} ({cell['accepted']}/{cell['drafted']})")
+            )
             lines.append(
                 f"| {family} | {variant} | {acc} | {fmt(cell['tps'], '{:.1f}')} | "
                 f"{fmt(ratio(cell['tps'], plain))} | {fmt(c2.get('tps'), '{:.1f}')} | "
-                f"{fmt(c2_tps, '{:.1f}')} ({fmt(ratio(c2_tps, batch))}) |")
+                f"{fmt(c2_tps, '{:.1f}')} ({fmt(ratio(c2_tps, batch))}) |"
+            )
         routed, routed2 = r["routed"], r.get("routed_c2") or {}
-        ad = ", ".join(f"{row.get('source')}: {row['state']} ({row['reason']})"
-                       for row in r.get("auto_disable", [])) or "-"
+        ad = (
+            ", ".join(
+                f"{row.get('source')}: {row['state']} ({row['reason']})"
+                for row in r.get("auto_disable", [])
+            )
+            or "-"
+        )
         lines.append(
             f"| {family} | **routed** ({', '.join(routed['lanes'])}; "
             f"{', '.join(routed['sources'])}) | {ad} | {fmt(routed['tps'], '{:.1f}')} | "
             f"**{fmt(ratio(routed['tps'], _plain_beside_routed(r)))}** | "
             f"{fmt(routed2.get('tps'), '{:.1f}')} | "
             f"{fmt(routed2.get('aggregate_tps'), '{:.1f}')} "
-            f"({fmt(ratio(routed2.get('aggregate_tps'), batch))}) |")
+            f"({fmt(ratio(routed2.get('aggregate_tps'), batch))}) |"
+        )
     return "\n".join(lines)
 
 
 def goals(results: Mapping[str, Any]) -> dict[str, Any]:
     """The issue's goals as ratios of this run: prediction >= 2.0x and prompt lookup >= 1.5x
     plain on the edit families; no family routed below 0.95x plain once decided."""
+
     def c1(family: str, variant: str) -> float | None:
         r = results.get(family)
         if not r or variant not in r["c1"]:
@@ -129,20 +145,28 @@ def _at_least(value: float | None, bound: float) -> bool | None:
 
 def scenario_table(results: Mapping[str, Any]) -> str:
     """The markdown table of the ``--scenarios`` part (``plan.SCENARIO_VARIANTS``)."""
-    lines = ["| scenario | variant | acceptance | forced | tok/s | / plain |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| scenario | variant | acceptance | forced | tok/s | / plain |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, cells in results.items():
         plain = cells[PLAIN]["tps"]
         for variant, cell in cells.items():
-            acc = "-" if cell["acceptance"] is None else (
-                f"{cell['acceptance']:.2f} ({cell['accepted']}/{cell['drafted']})")
-            lines.append(f"| {name} | {variant} | {acc} | {cell.get('forced', 0)} | "
-                         f"{fmt(cell['tps'], '{:.1f}')} | {fmt(ratio(cell['tps'], plain))} |")
+            acc = (
+                "-"
+                if cell["acceptance"] is None
+                else (f"{cell['acceptance']:.2f} ({cell['accepted']}/{cell['drafted']})")
+            )
+            lines.append(
+                f"| {name} | {variant} | {acc} | {cell.get('forced', 0)} | "
+                f"{fmt(cell['tps'], '{:.1f}')} | {fmt(ratio(cell['tps'], plain))} |"
+            )
     return "\n".join(lines)
 
 
 def scenario_goals(results: Mapping[str, Any]) -> dict[str, Any]:
     """The issue's goals: a repeated prompt's answer >= 2x, constrained answers >= 1.3x."""
+
     def over(name: str, variant: str) -> float | None:
         cells = results.get(name)
         return ratio(cells[variant]["tps"], cells[PLAIN]["tps"]) if cells else None

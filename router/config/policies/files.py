@@ -92,8 +92,9 @@ def parse_policies(
     return builder.build()
 
 
-def _load_file(path: Path, raw: bytes | None, presets: Collection[str] | None,
-               problems: list[str]) -> Policy | None:
+def _load_file(
+    path: Path, raw: bytes | None, presets: Collection[str] | None, problems: list[str]
+) -> Policy | None:
     if raw is None:
         problems.append(f"{path}: cannot read: is a directory")
         return None
@@ -119,8 +120,10 @@ def _load_file(path: Path, raw: bytes | None, presets: Collection[str] | None,
     if policy.client == DEFAULT_CLIENT:
         for key in ("client_header", "user_agent"):
             if getattr(policy.match, key):
-                problems.append(f"{path}: match.{key}: the default policy catches every "
-                                "request that no other policy matches; remove this rule")
+                problems.append(
+                    f"{path}: match.{key}: the default policy catches every "
+                    "request that no other policy matches; remove this rule"
+                )
     return policy
 
 
@@ -131,8 +134,10 @@ def _spec_problems(path: Path, policy: Policy, spec: SpecSettings) -> list[str]:
     try:
         spec.merged(policy.spec)
     except ValidationError as e:
-        return [line.replace(f"{path}: (top level): ", f"{path}: spec: ", 1)
-                for line in validation_problems(str(path), e)]
+        return [
+            line.replace(f"{path}: (top level): ", f"{path}: spec: ", 1)
+            for line in validation_problems(str(path), e)
+        ]
     return []
 
 
@@ -165,8 +170,9 @@ class _Builder:
     def add(self, policy: Policy, path: Path) -> None:
         name, where = policy.client, str(path)
         if name in self.sources:
-            self.problems.append(f"{where}: client: '{name}' is already defined in "
-                                 f"{self.sources[name]}")
+            self.problems.append(
+                f"{where}: client: '{name}' is already defined in {self.sources[name]}"
+            )
             return
         self.policies.append(policy)
         self.sources[name] = where
@@ -177,24 +183,29 @@ class _Builder:
         for i, env in enumerate(policy.match.api_key_env):
             key = self.environ.get(env, "").strip()
             if not key:
-                self.warnings.append(f"{where}: match.api_key_env[{i}]: ${env} is not set; "
-                                     "this key is ignored")
+                self.warnings.append(
+                    f"{where}: match.api_key_env[{i}]: ${env} is not set; this key is ignored"
+                )
                 self.key_labels[name].append(f"${env} (unset)")
                 continue
             self._add_key(name, where, f"match.api_key_env[{i}]", key, f"${env}")
         for i, value in enumerate(policy.match.client_header):
             owner = self.by_header.setdefault(value.lower(), name)
             if owner != name:
-                self.problems.append(f"{where}: match.client_header[{i}]: '{value}' is already "
-                                     f"used by client '{owner}' ({self.sources[owner]})")
+                self.problems.append(
+                    f"{where}: match.client_header[{i}]: '{value}' is already "
+                    f"used by client '{owner}' ({self.sources[owner]})"
+                )
         self.agents += [(re.compile(p), name) for p in policy.match.user_agent]
         self._warn_unprotected(policy, where)
 
     def _add_key(self, name: str, where: str, key_path: str, key: str, label: str) -> None:
         owner = self.by_key.setdefault(key_digest(key), name)
         if owner != name:
-            self.problems.append(f"{where}: {key_path}: this API key is already used by client "
-                                 f"'{owner}' ({self.sources[owner]})")
+            self.problems.append(
+                f"{where}: {key_path}: this API key is already used by client "
+                f"'{owner}' ({self.sources[owner]})"
+            )
             return
         self.key_labels[name].append(label)
 
@@ -202,11 +213,15 @@ class _Builder:
         has_keys = any(not label.endswith("(unset)") for label in self.key_labels[policy.client])
         recognisable = policy.match.client_header or policy.match.user_agent
         if has_keys and recognisable and not policy.require_api_key:
-            self.warnings.append(f"{where}: require_api_key: false, so a client header or user "
-                                 "agent selects this policy without its key")
+            self.warnings.append(
+                f"{where}: require_api_key: false, so a client header or user "
+                "agent selects this policy without its key"
+            )
         if policy.require_api_key and not has_keys:
-            self.warnings.append(f"{where}: require_api_key: true but no usable key; every "
-                                 "request identified as this client gets 401")
+            self.warnings.append(
+                f"{where}: require_api_key: true but no usable key; every "
+                "request identified as this client gets 401"
+            )
 
     def build(self) -> PolicySet:
         default = next((p for p in self.policies if p.client == DEFAULT_CLIENT), None)

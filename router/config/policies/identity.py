@@ -155,7 +155,8 @@ class PolicySet:
         if user_agent:
             for pattern, name in self._by_agent:
                 if pattern.search(user_agent) and self.admits_without_key(
-                        policy := self._policy(name)):
+                    policy := self._policy(name)
+                ):
                     return Identity(policy, "user_agent", presented)
         return Identity(self.default, "default", presented)
 
@@ -175,14 +176,18 @@ class PolicySet:
 
     def authorize(self, identity: Identity) -> None:
         if identity.malformed_key:
-            raise _unauthorized(identity.policy, "the API key is not valid UTF-8",
-                                "invalid_api_key")
+            raise _unauthorized(
+                identity.policy, "the API key is not valid UTF-8", "invalid_api_key"
+            )
         if identity.via == "api_key" or self.admits_without_key(identity.policy):
             return
         if identity.key_presented:
             raise _unauthorized(identity.policy, "invalid API key", "invalid_api_key")
-        raise _unauthorized(identity.policy, "this router requires an API key "
-                            "(Authorization: Bearer <key>)", "missing_api_key")
+        raise _unauthorized(
+            identity.policy,
+            "this router requires an API key (Authorization: Bearer <key>)",
+            "missing_api_key",
+        )
 
     def _policy(self, name: str) -> Policy:
         policy = self.get(name)
@@ -203,5 +208,3 @@ class Unauthorized(Exception):
 
 def _unauthorized(policy: Policy, message: str, code: str) -> Unauthorized:
     return Unauthorized(message, code, policy.client)
-
-

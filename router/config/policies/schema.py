@@ -48,8 +48,9 @@ class MatchRules(Frozen):
     client_header: tuple[str, ...] = ()
     user_agent: tuple[str, ...] = ()  # regular expressions, re.search
 
-    _listify = field_validator("api_keys", "api_key_env", "client_header", "user_agent",
-                               mode="before")(_one_or_many)
+    _listify = field_validator(
+        "api_keys", "api_key_env", "client_header", "user_agent", mode="before"
+    )(_one_or_many)
 
     @field_validator("api_keys")
     @classmethod
@@ -161,5 +162,3 @@ class PolicyError(Exception):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("\n".join(problems))
         self.problems = tuple(problems)
-
-

@@ -68,20 +68,34 @@ def compare_pair(t: Inspected, d: Inspected, found: Findings) -> None:
 def _compare_vocabularies(t: Inspected, d: Inspected, found: Findings) -> None:
     tv, dv = t.tokenizer.get_vocab(), d.tokenizer.get_vocab()
     if len(tv) != len(dv):
-        found.problem("vocab_size_mismatch", f"the draft's tokenizer has {len(dv)} tokens, the "
-                      f"target's {len(tv)}: they do not share a vocabulary", DRAFT_SETTING)
+        found.problem(
+            "vocab_size_mismatch",
+            f"the draft's tokenizer has {len(dv)} tokens, the "
+            f"target's {len(tv)}: they do not share a vocabulary",
+            DRAFT_SETTING,
+        )
     elif tv != dv:
         moved = sorted(tok for tok, i in tv.items() if dv.get(tok) != i)
         example = moved[0]
-        found.problem("vocab_mismatch", f"{len(moved)} tokens have other ids in the draft's "
-                      f"vocabulary (e.g. {example!r}: target {tv[example]}, draft "
-                      f"{dv.get(example)})", DRAFT_SETTING)
+        found.problem(
+            "vocab_mismatch",
+            f"{len(moved)} tokens have other ids in the draft's "
+            f"vocabulary (e.g. {example!r}: target {tv[example]}, draft "
+            f"{dv.get(example)})",
+            DRAFT_SETTING,
+        )
     t_rows, d_rows = t.config.get("vocab_size"), d.config.get("vocab_size")
     if isinstance(t_rows, int) and isinstance(d_rows, int) and t_rows != d_rows:
-        extra = (" (the draft may propose ids the target has no embedding for)"
-                 if d_rows > t_rows else "")
-        found.warning("embedding_size_differs", f"embedding sizes differ: target {t_rows}, draft "
-                      f"{d_rows}{extra}", DRAFT_SETTING)
+        extra = (
+            " (the draft may propose ids the target has no embedding for)"
+            if d_rows > t_rows
+            else ""
+        )
+        found.warning(
+            "embedding_size_differs",
+            f"embedding sizes differ: target {t_rows}, draft {d_rows}{extra}",
+            DRAFT_SETTING,
+        )
 
 
 def _compare_special_tokens(t: Inspected, d: Inspected, found: Findings) -> None:
@@ -89,19 +103,23 @@ def _compare_special_tokens(t: Inspected, d: Inspected, found: Findings) -> None
     for role in ("bos", "eos"):
         ti, di = _role_id(t.tokenizer, role), _role_id(d.tokenizer, role)
         if ti is not None and di is not None and ti != di:
-            wrong.append(f"{role} token: target {_token(t.tokenizer, role)} ({ti}), draft "
-                         f"{_token(d.tokenizer, role)} ({di})")
+            wrong.append(
+                f"{role} token: target {_token(t.tokenizer, role)} ({ti}), draft "
+                f"{_token(d.tokenizer, role)} ({di})"
+            )
     tv, dv = t.tokenizer.get_vocab(), d.tokenizer.get_vocab()
     for token in sorted(_template_tokens(t.tokenizer) | _template_tokens(d.tokenizer)):
         if tv.get(token) != dv.get(token):
             wrong.append(f"{token}: target {tv.get(token)}, draft {dv.get(token)}")
     if wrong:
-        found.problem("special_token_mismatch", "special tokens differ: " + "; ".join(wrong),
-                      DRAFT_SETTING)
+        found.problem(
+            "special_token_mismatch", "special tokens differ: " + "; ".join(wrong), DRAFT_SETTING
+        )
     ti, di = _role_id(t.tokenizer, "pad"), _role_id(d.tokenizer, "pad")
     if ti is not None and di is not None and ti != di:
-        found.warning("pad_token_differs", f"pad token ids differ: target {ti}, draft {di}",
-                      DRAFT_SETTING)
+        found.warning(
+            "pad_token_differs", f"pad token ids differ: target {ti}, draft {di}", DRAFT_SETTING
+        )
 
 
 def _role_id(tokenizer: Any, role: str) -> int | None:
@@ -134,13 +152,20 @@ def _template_tokens(tokenizer: Any) -> set[str]:
 def _compare_chat_templates(t: Inspected, d: Inspected, found: Findings) -> None:
     t_has, d_has = t.tokenizer.has_chat_template, d.tokenizer.has_chat_template
     if not t_has:
-        found.warning("chat_template_missing", f"the target {t.name} has no chat template: chat "
-                      "requests cannot be formatted", TARGET_SETTING)
+        found.warning(
+            "chat_template_missing",
+            f"the target {t.name} has no chat template: chat requests cannot be formatted",
+            TARGET_SETTING,
+        )
         return
     if not d_has:
-        found.warning("chat_template_missing", f"the draft {d.name} has no chat template: it "
-                      "will read prompts in the target's format, which pays only if it was "
-                      "trained on it", DRAFT_SETTING)
+        found.warning(
+            "chat_template_missing",
+            f"the draft {d.name} has no chat template: it "
+            "will read prompts in the target's format, which pays only if it was "
+            "trained on it",
+            DRAFT_SETTING,
+        )
         return
     t_text, d_text = _template_text(t.tokenizer), _template_text(d.tokenizer)
     if t_text and t_text == d_text:
@@ -149,17 +174,26 @@ def _compare_chat_templates(t: Inspected, d: Inspected, found: Findings) -> None
     d_ids, d_err = render_sample(d.tokenizer)
     if t_ids is None or d_ids is None:
         who, err = (t.name, t_err) if t_ids is None else (d.name, d_err)
-        found.warning("chat_template_unrenderable", f"the chat template of {who} does not render "
-                      f"a sample conversation ({err}); templates not compared",
-                      TARGET_SETTING if t_ids is None else DRAFT_SETTING)
+        found.warning(
+            "chat_template_unrenderable",
+            f"the chat template of {who} does not render "
+            f"a sample conversation ({err}); templates not compared",
+            TARGET_SETTING if t_ids is None else DRAFT_SETTING,
+        )
         return
     if t_ids != d_ids:
-        at = next((i for i, (a, b) in enumerate(zip(t_ids, d_ids, strict=False)) if a != b),
-                  min(len(t_ids), len(d_ids)))
-        found.problem("chat_template_mismatch", "the chat templates render a conversation "
-                      f"differently (from token {at}: target "
-                      f"{_snippet(t.tokenizer, t_ids[at:at + 8])}, draft "
-                      f"{_snippet(d.tokenizer, d_ids[at:at + 8])})", DRAFT_SETTING)
+        at = next(
+            (i for i, (a, b) in enumerate(zip(t_ids, d_ids, strict=False)) if a != b),
+            min(len(t_ids), len(d_ids)),
+        )
+        found.problem(
+            "chat_template_mismatch",
+            "the chat templates render a conversation "
+            f"differently (from token {at}: target "
+            f"{_snippet(t.tokenizer, t_ids[at : at + 8])}, draft "
+            f"{_snippet(d.tokenizer, d_ids[at : at + 8])})",
+            DRAFT_SETTING,
+        )
 
 
 def render_sample(tokenizer: Any) -> tuple[list[int] | None, str | None]:
@@ -192,12 +226,18 @@ def _compare_sizes(t: Inspected, d: Inspected, found: Findings) -> None:
         return
     same = t.path is not None and d.path is not None and t.path.resolve() == d.path.resolve()
     if same:
-        found.warning("draft_not_smaller", "the draft is the target itself: every token is "
-                      "computed twice, speculation cannot pay", DRAFT_SETTING)
+        found.warning(
+            "draft_not_smaller",
+            "the draft is the target itself: every token is computed twice, speculation cannot pay",
+            DRAFT_SETTING,
+        )
     elif d.weight_bytes >= t.weight_bytes:
-        found.warning("draft_not_smaller", f"the draft's weights ({_mb(d.weight_bytes)}) are not "
-                      f"smaller than the target's ({_mb(t.weight_bytes)}): speculation cannot pay",
-                      DRAFT_SETTING)
+        found.warning(
+            "draft_not_smaller",
+            f"the draft's weights ({_mb(d.weight_bytes)}) are not "
+            f"smaller than the target's ({_mb(t.weight_bytes)}): speculation cannot pay",
+            DRAFT_SETTING,
+        )
 
 
 def _mb(n: int) -> str:

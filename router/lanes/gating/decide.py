@@ -25,9 +25,6 @@ from router.lanes.gating.inspect import check_pair
 __all__ = ["GateDecision", "check_pair", "decide", "lane_mode", "preset_mode"]
 
 
-
-
-
 def lane_mode(settings: GatingSettings, lane: str, presets: Iterable[str] = ()) -> GateMode:
     """The mode gating a lane: its own (or the global) mode, made strict by any strict preset
     routed to it, since that preset's requests were promised speculation."""
@@ -62,14 +59,17 @@ class GateDecision:
     def message(self) -> str:
         """The actionable text for a fatal decision (or a log): what is wrong, what to change."""
         if self.active:
-            return "speculation enabled" + (f" ({'; '.join(self.warnings)})" if self.warnings
-                                             else "")
+            return "speculation enabled" + (
+                f" ({'; '.join(self.warnings)})" if self.warnings else ""
+            )
         head = f"speculation cannot start with this model pair (gating mode: {self.mode}):"
         lines = [head, *(f"  - {d}" for d in self.details)]
         if self.fatal:
-            lines.append(f'  To start the lane without speculation instead, set {SETTINGS_KEY}.mode'
-                         f' = "graceful" (or {SETTINGS_KEY}.lane_modes / preset_modes), or turn'
-                         " the lane off with lanes.speculative.enabled = false.")
+            lines.append(
+                f"  To start the lane without speculation instead, set {SETTINGS_KEY}.mode"
+                f' = "graceful" (or {SETTINGS_KEY}.lane_modes / preset_modes), or turn'
+                " the lane off with lanes.speculative.enabled = false."
+            )
         return "\n".join(lines)
 
 
@@ -91,12 +91,14 @@ def _name_matches(pattern: str, name: str | Path) -> bool:
     # The full name, and its last component: a rule "Qwen2.5-7B" names the directory
     # /models/Qwen2.5-7B and the repo mlx-community/Qwen2.5-7B alike.
     text = str(name).rstrip("/")
-    return any(fnmatch.fnmatchcase(candidate, pattern)
-               for candidate in (text, text.rsplit("/", 1)[-1]))
+    return any(
+        fnmatch.fnmatchcase(candidate, pattern) for candidate in (text, text.rsplit("/", 1)[-1])
+    )
 
 
-def matching_rule(settings: GatingSettings, target: str | Path,
-                  draft: str | Path | None) -> PairRule | None:
+def matching_rule(
+    settings: GatingSettings, target: str | Path, draft: str | Path | None
+) -> PairRule | None:
     """The rule for a pair: the first matching deny, else the first matching allow."""
     matches = [r for r in settings.pairs if rule_matches(r, target, draft)]
     denied = [r for r in matches if r.action == "deny"]
@@ -124,33 +126,54 @@ def decide(
     mode = lane_mode(settings, lane, presets)
     rule = matching_rule(settings, target_name, draft_name)
     blocking: list[tuple[Any, str]] = [(p.code, p.line()) for p in report.problems]
-    warnings = [w.line() for w in report.warnings
-                if not (rule is not None and rule.action == "allow"
-                        and w.code == "draft_not_smaller")]
+    warnings = [
+        w.line()
+        for w in report.warnings
+        if not (rule is not None and rule.action == "allow" and w.code == "draft_not_smaller")
+    ]
     pairs_key = f"{SETTINGS_KEY}.pairs"
     if rule is not None and rule.action == "deny":
         note = f": {rule.note}" if rule.note else ""
-        blocking.insert(0, ("denied", f"denied: the pair {model_key(target_name)} + "
-                                      f"{model_key(draft_name or '')} is denied by "
-                                      f"{pairs_key}{note} (change {pairs_key})"))
+        blocking.insert(
+            0,
+            (
+                "denied",
+                f"denied: the pair {model_key(target_name)} + "
+                f"{model_key(draft_name or '')} is denied by "
+                f"{pairs_key}{note} (change {pairs_key})",
+            ),
+        )
     elif rule is not None and below_floor(rule, settings.acceptance_floor):
-        line = (f"below_floor: measured acceptance {_acceptance(rule)} is below the floor "
-                f"{settings.acceptance_floor:g} (change {SETTINGS_KEY}.acceptance_floor, "
-                f"{SETTINGS_KEY}.deny_below_floor or {pairs_key})")
+        line = (
+            f"below_floor: measured acceptance {_acceptance(rule)} is below the floor "
+            f"{settings.acceptance_floor:g} (change {SETTINGS_KEY}.acceptance_floor, "
+            f"{SETTINGS_KEY}.deny_below_floor or {pairs_key})"
+        )
         if mode == "strict" and settings.deny_below_floor:
             blocking.append(("below_floor", line))
         else:
             warnings.append(line)
     elif rule is None and settings.require_listed and draft_name is not None:
-        blocking.append(("not_validated", f"not_validated: no allow rule in {pairs_key} names "
-                         f"this pair and {SETTINGS_KEY}.require_listed is true (run speclane "
-                         f"bench and add its rule to {pairs_key})"))
+        blocking.append(
+            (
+                "not_validated",
+                f"not_validated: no allow rule in {pairs_key} names "
+                f"this pair and {SETTINGS_KEY}.require_listed is true (run speclane "
+                f"bench and add its rule to {pairs_key})",
+            )
+        )
     if not blocking:
         return GateDecision(True, mode, None, False, warnings=tuple(warnings), rule=rule)
     codes, lines = zip(*blocking, strict=True)
     return GateDecision(
-        active=False, mode=mode, reason="; ".join(lines), fatal=mode == "strict",
-        code=codes[0], warnings=tuple(warnings), rule=rule, details=tuple(lines),
+        active=False,
+        mode=mode,
+        reason="; ".join(lines),
+        fatal=mode == "strict",
+        code=codes[0],
+        warnings=tuple(warnings),
+        rule=rule,
+        details=tuple(lines),
     )
 
 

@@ -23,16 +23,51 @@ from router.lanes.gating.compare import Findings, Inspected, compare_pair
 from router.lanes.gating.findings import DRAFT_SETTING, TARGET_SETTING, ModelFacts, PairReport
 
 # Model types that are vision/audio models even where mlx-lm can load their text part.
-MULTIMODAL_MODEL_TYPES = frozenset({
-    "llava", "llava_next", "llava_onevision", "mllama", "idefics2", "idefics3", "smolvlm",
-    "pixtral", "paligemma", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_omni",
-    "qwen3_omni_moe", "gemma3", "gemma3n", "mistral3", "llama4", "kimi_vl", "internvl_chat",
-    "phi3_v", "phi4mm", "florence2", "molmo", "deepseek_vl_v2", "glm4v", "glm4v_moe", "lfm2_vl",
-    "aya_vision",
-})
+MULTIMODAL_MODEL_TYPES = frozenset(
+    {
+        "llava",
+        "llava_next",
+        "llava_onevision",
+        "mllama",
+        "idefics2",
+        "idefics3",
+        "smolvlm",
+        "pixtral",
+        "paligemma",
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "qwen3_vl_moe",
+        "qwen2_5_omni",
+        "qwen3_omni_moe",
+        "gemma3",
+        "gemma3n",
+        "mistral3",
+        "llama4",
+        "kimi_vl",
+        "internvl_chat",
+        "phi3_v",
+        "phi4mm",
+        "florence2",
+        "molmo",
+        "deepseek_vl_v2",
+        "glm4v",
+        "glm4v_moe",
+        "lfm2_vl",
+        "aya_vision",
+    }
+)
 # config.json keys that only multimodal models carry.
-MULTIMODAL_KEYS = ("vision_config", "audio_config", "vision_tower", "mm_projector_type",
-                   "image_token_index", "image_token_id", "video_token_id", "speech_config")
+MULTIMODAL_KEYS = (
+    "vision_config",
+    "audio_config",
+    "vision_tower",
+    "mm_projector_type",
+    "image_token_index",
+    "image_token_id",
+    "video_token_id",
+    "speech_config",
+)
 
 _MAX_HEADER = 100 * 1024 * 1024  # a safetensors header is JSON; this size means garbage
 
@@ -41,8 +76,9 @@ def check_pair(target: str | Path, draft: str | Path | None) -> PairReport:
     found = Findings()
     t = _inspect(str(target), TARGET_SETTING, found)
     if draft is None:
-        found.problem("no_draft", "speculation is requested but no draft model is configured",
-                      DRAFT_SETTING)
+        found.problem(
+            "no_draft", "speculation is requested but no draft model is configured", DRAFT_SETTING
+        )
         return _report(t, None, found)
     d = _inspect(str(draft), DRAFT_SETTING, found)
     compare_pair(t, d, found)
@@ -51,9 +87,12 @@ def check_pair(target: str | Path, draft: str | Path | None) -> PairReport:
 
 def _report(t: Inspected, d: Inspected | None, found: Findings) -> PairReport:
     return PairReport(
-        target=t.name, draft=d.name if d else None,
-        problems=tuple(found.problems), warnings=tuple(found.warnings),
-        target_facts=_facts(t), draft_facts=_facts(d) if d else None,
+        target=t.name,
+        draft=d.name if d else None,
+        problems=tuple(found.problems),
+        warnings=tuple(found.warnings),
+        target_facts=_facts(t),
+        draft_facts=_facts(d) if d else None,
     )
 
 
@@ -96,9 +135,12 @@ def _resolve(name: str, setting: str, found: Findings) -> Path | None:
     cached = _hf_cache(name)
     if cached is not None:
         return cached
-    found.problem("model_not_found", f"{name} is not a local directory and not in the Hugging "
-                  "Face cache (download it first, or point the setting at a model directory)",
-                  setting)
+    found.problem(
+        "model_not_found",
+        f"{name} is not a local directory and not in the Hugging "
+        "Face cache (download it first, or point the setting at a model directory)",
+        setting,
+    )
     return None
 
 
@@ -119,8 +161,9 @@ def _read_config(path: Path, setting: str, found: Findings) -> dict[str, Any] | 
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        found.problem("config_invalid", f"{path} has no config.json: not an mlx-lm model "
-                      "directory", setting)
+        found.problem(
+            "config_invalid", f"{path} has no config.json: not an mlx-lm model directory", setting
+        )
         return None
     except (OSError, ValueError) as e:
         found.problem("config_invalid", f"{file} cannot be read: {e}", setting)
@@ -171,8 +214,9 @@ def safetensors_data_bytes(file: Path) -> int:
         total += stop - start
         end = max(end, stop)
     if file.stat().st_size < 8 + length + end:
-        raise ValueError(f"truncated: {file.stat().st_size} bytes, the header declares "
-                         f"{8 + length + end}")
+        raise ValueError(
+            f"truncated: {file.stat().st_size} bytes, the header declares {8 + length + end}"
+        )
     return total
 
 
@@ -180,20 +224,30 @@ def _check_architecture(m: Inspected, found: Findings) -> None:
     config, setting = m.config, m.setting
     model_type = config["model_type"]
     if config.get("model_file"):
-        found.problem("custom_code", f"{m.name} needs its own code ({config['model_file']}); the "
-                      "lanes do not run model code from model directories", setting)
+        found.problem(
+            "custom_code",
+            f"{m.name} needs its own code ({config['model_file']}); the "
+            "lanes do not run model code from model directories",
+            setting,
+        )
         return
     keys = [k for k in MULTIMODAL_KEYS if k in config]
     if model_type in MULTIMODAL_MODEL_TYPES or keys:
         why = f"config.json has {', '.join(keys)}" if keys else f"model_type {model_type}"
-        found.problem("multimodal", f"{m.name} is a multimodal model ({why}); the lanes "
-                      "speculate on text-only models", setting)
+        found.problem(
+            "multimodal",
+            f"{m.name} is a multimodal model ({why}); the lanes speculate on text-only models",
+            setting,
+        )
         return
     try:
         arch = importlib.import_module(f"mlx_lm.models.{_mlx_model_type(config)}")
     except ImportError:
-        found.problem("architecture_unsupported", f"mlx-lm {_mlx_lm_version()} has no model "
-                      f"type '{model_type}' ({m.name})", setting)
+        found.problem(
+            "architecture_unsupported",
+            f"mlx-lm {_mlx_lm_version()} has no model type '{model_type}' ({m.name})",
+            setting,
+        )
         return
     try:
         from mlx_lm.models.cache import make_prompt_cache
@@ -201,18 +255,29 @@ def _check_architecture(m: Inspected, found: Findings) -> None:
         model = arch.Model(arch.ModelArgs.from_dict(config))  # lazy arrays: nothing allocated
         caches = make_prompt_cache(model)
     except Exception as e:
-        found.problem("config_invalid", f"mlx-lm cannot build {m.name} from its config.json: "
-                      f"{type(e).__name__}: {e}", setting)
+        found.problem(
+            "config_invalid",
+            f"mlx-lm cannot build {m.name} from its config.json: {type(e).__name__}: {e}",
+            setting,
+        )
         return
     stuck = sorted({type(c).__name__ for c in caches if not c.is_trimmable()})
     if stuck:
-        found.problem("cache_not_trimmable", f"{m.name} ({model_type}) keeps a recurrent state "
-                      f"({', '.join(stuck)}) that cannot rewind rejected draft tokens; mlx-lm "
-                      "cannot speculate with it", setting)
+        found.problem(
+            "cache_not_trimmable",
+            f"{m.name} ({model_type}) keeps a recurrent state "
+            f"({', '.join(stuck)}) that cannot rewind rejected draft tokens; mlx-lm "
+            "cannot speculate with it",
+            setting,
+        )
     elif any(type(c).__name__ == "RotatingKVCache" for c in caches):
-        found.warning("sliding_window_cache", f"{m.name} ({model_type}) uses a sliding-window "
-                      "cache: rejected draft tokens can be rewound only while the context fits "
-                      "the window", setting)
+        found.warning(
+            "sliding_window_cache",
+            f"{m.name} ({model_type}) uses a sliding-window "
+            "cache: rejected draft tokens can be rewound only while the context fits "
+            "the window",
+            setting,
+        )
 
 
 def _mlx_model_type(config: dict[str, Any]) -> str:
@@ -246,6 +311,9 @@ def _load_tokenizer(m: Inspected, found: Findings) -> Any:
 
         return load_tokenizer(m.path, eos_token_ids=m.config.get("eos_token_id"))
     except Exception as e:
-        found.problem("tokenizer_unloadable", f"the tokenizer of {m.name} does not load: "
-                      f"{type(e).__name__}: {e}", m.setting)
+        found.problem(
+            "tokenizer_unloadable",
+            f"the tokenizer of {m.name} does not load: {type(e).__name__}: {e}",
+            m.setting,
+        )
         return None

@@ -20,19 +20,37 @@ def test_largest_gap_counts_waits_overlapping_the_window_whole() -> None:
 
 def test_ratios_and_goals() -> None:
     def result(ttfts: list[float], tps: float, gap: float | None) -> dict[str, object]:
-        return {"turns": [{"turn": i + 1, "ttft_s": t, "decode_tok_s": 1.0, "prompt_tokens": 1,
-                           "cached_tokens": 0} for i, t in enumerate(ttfts)],
-                "throughput": {"aggregate_tok_s": tps, "concurrency": 4},
-                "starvation": {"largest_gap_s": gap, "long_prompt_tokens": 1,
-                               "short_tokens_during_prefill": 3}}
+        return {
+            "turns": [
+                {
+                    "turn": i + 1,
+                    "ttft_s": t,
+                    "decode_tok_s": 1.0,
+                    "prompt_tokens": 1,
+                    "cached_tokens": 0,
+                }
+                for i, t in enumerate(ttfts)
+            ],
+            "throughput": {"aggregate_tok_s": tps, "concurrency": 4},
+            "starvation": {
+                "largest_gap_s": gap,
+                "long_prompt_tokens": 1,
+                "short_tokens_during_prefill": 3,
+            },
+        }
 
-    results = {"speclane": result([30.0, 1.0, 3.0], 12.0, 1.5),
-               "mlx_lm.server": result([20.0, 2.0, 2.0], 10.0, 9.0)}
+    results = {
+        "speclane": result([30.0, 1.0, 3.0], 12.0, 1.5),
+        "mlx_lm.server": result([20.0, 2.0, 2.0], 10.0, 9.0),
+    }
     out = ratios(results)
     assert out["turn2plus_ttft"] == 1.0  # turn 1 (no cache anywhere) is left out
     assert out["aggregate_throughput"] == pytest.approx(1.2)
-    assert out["goals_met"] == {"turn2plus_ttft<=1.0": True, "aggregate_throughput>=1.0": True,
-                                "largest_gap<2s": True}
+    assert out["goals_met"] == {
+        "turn2plus_ttft<=1.0": True,
+        "aggregate_throughput>=1.0": True,
+        "largest_gap<2s": True,
+    }
     assert ratio(1.0, 0.0) is None and ratio(None, 1.0) is None
     text = render({"results": results, "ratios": out})
     assert "| speclane | 2 | 1.00 |" in text and "largest gap 1.50s" in text

@@ -27,8 +27,9 @@ def test_a_bad_list_is_a_usage_error_in_every_command(capsys: pytest.CaptureFixt
     assert "not a comma-separated list" in capsys.readouterr().err
 
 
-def test_save_writes_json_with_its_folder(tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_save_writes_json_with_its_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "deep" / "r.json"
     save(path, {"a": [1, 2]})
     assert json.loads(path.read_text()) == {"a": [1, 2]} and path.read_text().endswith("\n")

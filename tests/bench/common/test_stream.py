@@ -10,8 +10,12 @@ import pytest
 from router.bench.common.stream import Reply, error_message, pieces, stream
 from tests.fakes.upstream import Behaviour, FakeUpstream
 
-BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
-        "stream": True, "stream_options": {"include_usage": True}}
+BODY = {
+    "model": "fake-model",
+    "messages": [{"role": "user", "content": "hi"}],
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
 
 
 async def ask(fake: FakeUpstream, stop_after: int | None = None) -> tuple[Reply, list[str]]:
@@ -22,8 +26,9 @@ async def ask(fake: FakeUpstream, stop_after: int | None = None) -> tuple[Reply,
         return stop_after is not None and len(seen) >= stop_after
 
     async with aiohttp.ClientSession() as session:
-        reply = await stream(session, f"{fake.base_url}/chat/completions", BODY,
-                             {"X-Test": "1"}, Reply(), on_chunk)
+        reply = await stream(
+            session, f"{fake.base_url}/chat/completions", BODY, {"X-Test": "1"}, Reply(), on_chunk
+        )
     return reply, seen
 
 
@@ -32,8 +37,7 @@ async def test_a_whole_stream_hands_every_piece_and_the_usage(fake: FakeUpstream
     reply, seen = await ask(fake)
     assert seen == ["w0 ", "w1 ", "w2 ", "w3 "]
     assert reply.done and reply.error is None and reply.status == 200
-    assert reply.usage["completion_tokens"] == 4 and reply.usage["speclane_spec"] == {
-        "drafted": 3}
+    assert reply.usage["completion_tokens"] == 4 and reply.usage["speclane_spec"] == {"drafted": 3}
     assert reply.text == "w0 w1 w2 w3 " and len(reply.token_times) == 4
     assert reply.sent <= reply.token_times[0] <= reply.token_times[-1]
     assert fake.requests[-1].headers["X-Test"] == "1"
@@ -70,8 +74,11 @@ def test_error_messages() -> None:
 
 
 def test_reply_rates_use_usage_when_reported() -> None:
-    s = Reply(sent=10.0, token_times=[11.0, 11.5, 12.0], usage={
-        "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 7}})
+    s = Reply(
+        sent=10.0,
+        token_times=[11.0, 11.5, 12.0],
+        usage={"completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 7}},
+    )
     assert s.ttft == 1.0
     assert s.decode_rate() == pytest.approx(4.0)  # 4 tokens after the first in 1 s
     assert s.cached_tokens == 7

@@ -34,8 +34,13 @@ child.stdin.close(); child.wait()
 
 @pytest.fixture
 def session() -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         yield proc
@@ -46,15 +51,21 @@ def session() -> Iterator[subprocess.Popen[str]]:
 
 
 def test_session_cpu_counts_the_leader_its_threads_and_its_children(
-        session: subprocess.Popen[str]) -> None:
+    session: subprocess.Popen[str],
+) -> None:
     used = cpu.session_cpu_seconds(session.pid)
     # 0.2 s in the leader's thread + 0.3 s in its child; interpreter start-up adds more.
     assert used is not None and used >= 0.45
 
 
 def test_session_cpu_of_a_session_with_no_live_process_is_zero() -> None:
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, start_new_session=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        start_new_session=True,
+        check=True,
+    )
     assert cpu.session_cpu_seconds(int(proc.stdout)) == 0.0
 
 
@@ -63,8 +74,9 @@ def test_pin_session_pins_every_thread_of_every_process(session: subprocess.Pope
     everything = cpu.allowed_cpus()
     one = {min(everything)}
     cpu.pin_session(session.pid, one)
-    tasks = [int(t) for pid in cpu.session_pids(session.pid)
-             for t in os.listdir(f"/proc/{pid}/task")]
+    tasks = [
+        int(t) for pid in cpu.session_pids(session.pid) for t in os.listdir(f"/proc/{pid}/task")
+    ]
     assert len(cpu.session_pids(session.pid)) == 2  # the leader and its child
     assert len(tasks) >= 3  # the leader's two threads and its child
     assert all(os.sched_getaffinity(t) == one for t in tasks)

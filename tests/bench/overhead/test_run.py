@@ -12,11 +12,13 @@ from router.bench.overhead import cli, cpu, report, run
 
 
 async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -> None:
-    result = await run.run([1, 64], seconds=0.4, warmup=0.1, nginx="off", tokens=(7, 40),
-                                rounds=2, cpus="shared")
+    result = await run.run(
+        [1, 64], seconds=0.4, warmup=0.1, nginx="off", tokens=(7, 40), rounds=2, cpus="shared"
+    )
     rows = result["rows"]
     assert {(r["target"], r["concurrency"], r["tokens"]) for r in rows} == {
-        (t, c, n) for t in ("direct", "speclane") for c in (1, 64) for n in (7, 40)}
+        (t, c, n) for t in ("direct", "speclane") for c in (1, 64) for n in (7, 40)
+    }
     for r in rows:
         assert r["errors"] == 0 and r["requests"] > 0
         assert r["cpus"] == "shared"
@@ -27,12 +29,17 @@ async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -
         # role chunk + tokens + finish chunk + [DONE], every one relayed
         per_stream = r["tokens"] + 3
         assert r["chunks_per_s"] == pytest.approx(
-            r["requests"] * per_stream / overhead_seconds(result), rel=0.5)
+            r["requests"] * per_stream / overhead_seconds(result), rel=0.5
+        )
     plain = {(r["tokens"], r["plain_requests_per_s"] is not None) for r in rows}
     assert plain == {(7, True), (40, False)}
     targets = result["targets"]
     assert [(t["target"].split()[0], t["tokens"]) for t in targets] == [
-        ("added", 7), ("relayed", 7), ("added", 40), ("relayed", 40)]
+        ("added", 7),
+        ("relayed", 7),
+        ("added", 40),
+        ("relayed", 40),
+    ]
     table = report.render_table(result)
     assert "| speclane | shared | 64 | 40 |" in table
     assert "target < 1 ms" in report.render_targets(targets)
@@ -40,8 +47,7 @@ async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -
 
 
 @pytest.mark.skipif(not run.layouts_for("own-core"), reason="needs Linux and two cores")
-async def test_own_core_layout_pins_the_proxy_apart_and_gives_this_process_its_cores_back(
-        ) -> None:
+async def test_own_core_layout_pins_the_proxy_apart_and_gives_this_process_its_cores_back() -> None:
     everything = cpu.allowed_cpus()
     proxy_cores, rest = cpu.split(everything)  # type: ignore[misc]
     targets: dict[str, procs.Served] = {}
@@ -56,32 +62,41 @@ async def test_own_core_layout_pins_the_proxy_apart_and_gives_this_process_its_c
         # While a cell is measured: where each process may run, every thread of it.
         seen[(level.cpus, level.target)] = {
             "loadgen": cpu.allowed_cpus(),
-            **{name: _cores_of(s.sid) for name, s in targets.items()}}
+            **{name: _cores_of(s.sid) for name, s in targets.items()},
+        }
         return await measure(level, *args, **kwargs)  # type: ignore[arg-type]
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(run, "_arrange", recording)
         mp.setattr(run, "measure", watching)
-        result = await run.run([1], seconds=0.3, warmup=0.1, nginx="off", tokens=(7,),
-                                    cpus="both")
+        result = await run.run([1], seconds=0.3, warmup=0.1, nginx="off", tokens=(7,), cpus="both")
     # Each target of a layout is measured with the same placement, direct included.
     shared = {"loadgen": everything, "direct": everything, "speclane": everything}
     pinned = {"loadgen": rest, "direct": rest, "speclane": proxy_cores}
-    assert seen == {("shared", "direct"): shared, ("shared", "speclane"): shared,
-                    ("own-core", "direct"): pinned, ("own-core", "speclane"): pinned}
+    assert seen == {
+        ("shared", "direct"): shared,
+        ("shared", "speclane"): shared,
+        ("own-core", "direct"): pinned,
+        ("own-core", "speclane"): pinned,
+    }
     assert cpu.allowed_cpus() == everything  # the test process has its cores back
     assert [(r["target"], r["cpus"]) for r in result["rows"]] == [
-        ("direct", "shared"), ("speclane", "shared"),
-        ("direct", "own-core"), ("speclane", "own-core")]
-    assert [(t["cpus"], t["tokens"]) for t in result["targets"]] == [
-        ("shared", 7), ("own-core", 7)]
+        ("direct", "shared"),
+        ("speclane", "shared"),
+        ("direct", "own-core"),
+        ("speclane", "own-core"),
+    ]
+    assert [(t["cpus"], t["tokens"]) for t in result["targets"]] == [("shared", 7), ("own-core", 7)]
     assert result["layouts"] == ["shared", "own-core"]
 
 
 def _cores_of(sid: int) -> set[int]:
     """The cores a session's threads may use; they must agree."""
-    found = {frozenset(os.sched_getaffinity(int(task)))
-             for pid in cpu.session_pids(sid) for task in os.listdir(f"/proc/{pid}/task")}
+    found = {
+        frozenset(os.sched_getaffinity(int(task)))
+        for pid in cpu.session_pids(sid)
+        for task in os.listdir(f"/proc/{pid}/task")
+    }
     assert len(found) == 1, found
     return set(next(iter(found)))
 
@@ -92,25 +107,68 @@ def overhead_seconds(result: dict[str, object]) -> float:
 
 
 def test_targets_are_judged_from_the_added_rows() -> None:
-    result = {"added": [
-        {"target": "speclane", "concurrency": 1, "tokens": 7, "added_ttft_p50_ms": 0.9,
-         "chunks_vs_direct": 0.5},
-        {"target": "speclane", "concurrency": 64, "tokens": 7, "added_ttft_p50_ms": 9.0,
-         "chunks_vs_direct": 0.79},
-        {"target": "speclane", "concurrency": 64, "tokens": 256, "added_ttft_p50_ms": 9.0,
-         "chunks_vs_direct": 0.81},
-        {"target": "nginx", "concurrency": 64, "tokens": 7, "added_ttft_p50_ms": 1.0,
-         "chunks_vs_direct": 0.9},
-    ]}
+    result = {
+        "added": [
+            {
+                "target": "speclane",
+                "concurrency": 1,
+                "tokens": 7,
+                "added_ttft_p50_ms": 0.9,
+                "chunks_vs_direct": 0.5,
+            },
+            {
+                "target": "speclane",
+                "concurrency": 64,
+                "tokens": 7,
+                "added_ttft_p50_ms": 9.0,
+                "chunks_vs_direct": 0.79,
+            },
+            {
+                "target": "speclane",
+                "concurrency": 64,
+                "tokens": 256,
+                "added_ttft_p50_ms": 9.0,
+                "chunks_vs_direct": 0.81,
+            },
+            {
+                "target": "nginx",
+                "concurrency": 64,
+                "tokens": 7,
+                "added_ttft_p50_ms": 1.0,
+                "chunks_vs_direct": 0.9,
+            },
+        ]
+    }
     assert [t["met"] for t in report.judge_targets(result)] == [True, False, True]
 
 
-def test_main_prints_the_table_and_saves_json(tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_prints_the_table_and_saves_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "o.json"
-    assert cli.main(["--concurrency", "1", "--tokens", "7", "--seconds", "0.3",
-                          "--rounds", "1", "--warmup", "0.1", "--nginx", "off",
-                          "--cpus", "shared", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "--concurrency",
+                "1",
+                "--tokens",
+                "7",
+                "--seconds",
+                "0.3",
+                "--rounds",
+                "1",
+                "--warmup",
+                "0.1",
+                "--nginx",
+                "off",
+                "--cpus",
+                "shared",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "| direct | shared | 1 | 7 |" in printed
     assert "added TTFT p50 at concurrency 1, 7-token streams" in printed

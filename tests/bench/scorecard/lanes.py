@@ -26,15 +26,29 @@ from tests.fakes.upstream import Behaviour, FakeUpstream
 MODEL = "fake-model"
 
 
-def told(ttft: float, interval: float, tokens: int = 30, drafted: int = 0,
-         accepted: int = 0, num_draft_tokens: int = 3) -> Behaviour:
+def told(
+    ttft: float,
+    interval: float,
+    tokens: int = 30,
+    drafted: int = 0,
+    accepted: int = 0,
+    num_draft_tokens: int = 3,
+) -> Behaviour:
     # The fake sleeps ``interval`` before every content chunk and ``delay_headers`` before
     # answering: the first chunk arrives after delay_headers + interval.
-    spec = {"drafted": drafted, "accepted": accepted, "rejected": drafted - accepted,
-            "steps": drafted // max(1, num_draft_tokens),
-            "num_draft_tokens": num_draft_tokens if drafted else 0}
-    return Behaviour(chunks=tokens, interval=interval, delay_headers=max(0.0, ttft - interval),
-                     usage_extra={"speclane_spec": spec})
+    spec = {
+        "drafted": drafted,
+        "accepted": accepted,
+        "rejected": drafted - accepted,
+        "steps": drafted // max(1, num_draft_tokens),
+        "num_draft_tokens": num_draft_tokens if drafted else 0,
+    }
+    return Behaviour(
+        chunks=tokens,
+        interval=interval,
+        delay_headers=max(0.0, ttft - interval),
+        usage_extra={"speclane_spec": spec},
+    )
 
 
 def family_of(body: dict[str, Any]) -> str:
@@ -46,8 +60,14 @@ def family_of(body: dict[str, Any]) -> str:
 
 
 class ToldLane(FakeUpstream):
-    def __init__(self, name: str, *, spec: dict[str, Behaviour] | Behaviour | None = None,
-                 plain: dict[str, Behaviour] | Behaviour, serial: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        spec: dict[str, Behaviour] | Behaviour | None = None,
+        plain: dict[str, Behaviour] | Behaviour,
+        serial: bool = False,
+    ) -> None:
         super().__init__(models=(MODEL,), name=name)
         self.spec = spec
         self.plain = plain
@@ -70,8 +90,9 @@ class ToldLane(FakeUpstream):
         assert table is not None
         return table[family_of(body)] if isinstance(table, dict) else table
 
-    async def _answer(self, request: web.Request, body: dict[str, Any],
-                      b: Behaviour) -> web.StreamResponse:
+    async def _answer(
+        self, request: web.Request, body: dict[str, Any], b: Behaviour
+    ) -> web.StreamResponse:
         told_b = self.behaviour_for(body)
         if self.serial:
             async with self.lock:

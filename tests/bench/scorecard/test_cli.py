@@ -34,15 +34,28 @@ def test_quick_and_explicit_dimensions() -> None:
 
 
 def test_lane_and_gate_flags() -> None:
-    o = opts("--model", "/m", "--draft-model", "/d", "--num-draft-tokens", "5",
-             "--acceptance-floor", "0.6", "--target-concurrency", "4", "--budget", "0")
+    o = opts(
+        "--model",
+        "/m",
+        "--draft-model",
+        "/d",
+        "--num-draft-tokens",
+        "5",
+        "--acceptance-floor",
+        "0.6",
+        "--target-concurrency",
+        "4",
+        "--budget",
+        "0",
+    )
     assert (o.lanes.model, o.lanes.draft_model, o.lanes.num_draft_tokens) == ("/m", "/d", 5)
     assert o.thresholds.acceptance_floor == 0.6 and o.thresholds.target_concurrency == 4
     assert o.budget == 0
 
 
-@pytest.mark.parametrize("argv", [["--families", "poetry"], ["--concurrency", "1,x"],
-                                  ["--scenarios", ""]])
+@pytest.mark.parametrize(
+    "argv", [["--families", "poetry"], ["--concurrency", "1,x"], ["--scenarios", ""]]
+)
 def test_bad_lists_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         scorecard_cli.main(argv)
@@ -51,7 +64,8 @@ def test_bad_lists_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixtu
 
 
 def test_plot_without_matplotlib_stops_before_measuring(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(plot, "available", lambda: False)
     assert scorecard_cli.main(["--plot", "--url", "http://127.0.0.1:9/v1"]) == 2
     assert "pip install 'speclane[plot]'" in capsys.readouterr().err
@@ -71,8 +85,12 @@ def test_render_of_a_wrong_file_fails(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "cannot read" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("url", "base"), [
-    ("http://127.0.0.1:8080", "http://127.0.0.1:8080/v1"),
-    ("http://127.0.0.1:8080/v1/", "http://127.0.0.1:8080/v1")])
+@pytest.mark.parametrize(
+    ("url", "base"),
+    [
+        ("http://127.0.0.1:8080", "http://127.0.0.1:8080/v1"),
+        ("http://127.0.0.1:8080/v1/", "http://127.0.0.1:8080/v1"),
+    ],
+)
 def test_urls_are_normalised(url: str, base: str) -> None:
     assert normalize_url(url) == base

@@ -33,7 +33,8 @@ def test_cell_estimates() -> None:
     assert cell_seconds(Cell("spec-on", "chat", 4), spec, SPEEDS) == pytest.approx(4 * 2 * one)
     assert cell_seconds(Cell("spec-off", "long", 1), spec, SPEEDS) == pytest.approx(2 * 5.0)
     assert cell_seconds(Cell("batching", "chat", 4), spec, SPEEDS) == pytest.approx(
-        2 * one * 4 ** BATCH_EXPONENT)
+        2 * one * 4**BATCH_EXPONENT
+    )
     assert cell_seconds(Cell("auto", "chat", 1), spec, SPEEDS) == pytest.approx(2 * one)
 
 
@@ -64,11 +65,13 @@ def test_reductions_follow_the_stated_order_and_stop_when_it_fits() -> None:
 
     smallest = fit(SPEC, SPEEDS, 1)
     assert smallest.reductions == (
-        "runs 2 → 1", f"max_tokens 64 → 32 → {MIN_MAX_TOKENS}",
+        "runs 2 → 1",
+        f"max_tokens 64 → 32 → {MIN_MAX_TOKENS}",
         "concurrency 1,2,4,8 → 1,2,4 → 1,2",
         "families above c=1: chat,code,list,long → chat,code,list → chat,code → chat",
         "concurrency 1,2 → 1",
-        "families chat,code,list,long → chat,code,list → chat,code → chat")
+        "families chat,code,list,long → chat,code,list → chat,code → chat",
+    )
     assert smallest.cells == tuple(Cell(s, "chat", 1) for s in SPEC.scenarios)
 
 
@@ -88,9 +91,13 @@ def test_families_above_the_lowest_level_go_before_the_levels() -> None:
 
 
 def test_speeds_from_the_warm_up() -> None:
-    warm = [req("spec-on", ttft=0.5, tps=4.0), req("spec-off", ttft=0.4, tps=8.0),
-            req("batching", ttft=0.4, tps=9.0), req("batching", "long", ttft=2.0, tps=9.0),
-            req("spec-on", ok=False, error="x")]
+    warm = [
+        req("spec-on", ttft=0.5, tps=4.0),
+        req("spec-off", ttft=0.4, tps=8.0),
+        req("batching", ttft=0.4, tps=9.0),
+        req("batching", "long", ttft=2.0, tps=9.0),
+        req("spec-on", ok=False, error="x"),
+    ]
     speeds = speeds_from(warm)
     assert speeds is not None
     assert speeds.of("spec-on") == LaneSpeed(0.5, pytest.approx(4.0))  # type: ignore[arg-type]

@@ -22,9 +22,15 @@ def test_decode_tps_is_tokens_after_the_first_over_their_span() -> None:
     assert m.decode_tps == pytest.approx(8.0)
 
 
-@pytest.mark.parametrize("change", [
-    {"completion_tokens": 1}, {"completion_tokens": None}, {"ok": False}, {"ttft": None},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"completion_tokens": 1},
+        {"completion_tokens": None},
+        {"ok": False},
+        {"ttft": None},
+    ],
+)
 def test_decode_tps_is_none_without_two_tokens_and_a_span(change: dict[str, object]) -> None:
     m = req(tokens=5)
     for key, value in change.items():
@@ -34,8 +40,9 @@ def test_decode_tps_is_none_without_two_tokens_and_a_span(change: dict[str, obje
 
 def test_summary_figures() -> None:
     ttfts = [0.1, 0.2, 0.3, 0.4, 1.0]
-    requests = [req(ttft=t, tokens=11, tps=10.0 * (i + 1), e2e=2.0 + i)
-                for i, t in enumerate(ttfts)]
+    requests = [
+        req(ttft=t, tokens=11, tps=10.0 * (i + 1), e2e=2.0 + i) for i, t in enumerate(ttfts)
+    ]
     requests.append(req(ok=False, error="HTTP 500: boom"))
     requests.append(req(cancelled=True))
     s = summarize(requests, seconds=5.0)
@@ -59,27 +66,35 @@ def test_summary_of_nothing_has_no_figures() -> None:
 
 
 def test_lanes_and_rules_are_counted_from_the_headers() -> None:
-    requests = [req("auto", lane="speculative", decision="preset=none,spec-lane-free->speculative"),
-                req("auto", lane="batching", decision="preset=none,spec-lane-busy->batching"),
-                req("auto", lane="batching", decision="preset=none,load-high->batching,clamped=n")]
+    requests = [
+        req("auto", lane="speculative", decision="preset=none,spec-lane-free->speculative"),
+        req("auto", lane="batching", decision="preset=none,spec-lane-busy->batching"),
+        req("auto", lane="batching", decision="preset=none,load-high->batching,clamped=n"),
+    ]
     s = summarize(requests, 1.0)
     assert s.lanes == {"speculative": 1, "batching": 2}
     assert s.rules == {"spec-lane-free": 1, "spec-lane-busy": 1, "load-high": 1}
 
 
-@pytest.mark.parametrize(("decision", "rule"), [
-    ("override->speculative", "override"),
-    ("preset=interactive,short-output->batching", "short-output"),
-    (None, "unknown"), ("garbage", "unknown"),
-])
+@pytest.mark.parametrize(
+    ("decision", "rule"),
+    [
+        ("override->speculative", "override"),
+        ("preset=interactive,short-output->batching", "short-output"),
+        (None, "unknown"),
+        ("garbage", "unknown"),
+    ],
+)
 def test_rule_of(decision: str | None, rule: str) -> None:
     assert rule_of(decision) == rule
 
 
 def test_pooled_sums_tokens_and_time_over_cells() -> None:
-    runs = [uniform("batching", "chat", 2, ttft=0.1, tps=10, agg=20.0),
-            uniform("batching", "code", 2, ttft=0.3, tps=20, agg=40.0),
-            uniform("batching", "code", 4, ttft=0.3, tps=20, agg=80.0)]
+    runs = [
+        uniform("batching", "chat", 2, ttft=0.1, tps=10, agg=20.0),
+        uniform("batching", "code", 2, ttft=0.3, tps=20, agg=40.0),
+        uniform("batching", "code", 4, ttft=0.3, tps=20, agg=80.0),
+    ]
     s = pooled(runs, "batching", concurrency=2)
     assert s is not None
     # 22 tokens in 1.1 s + 22 tokens in 0.55 s
@@ -91,10 +106,12 @@ def test_pooled_sums_tokens_and_time_over_cells() -> None:
 
 
 def test_common_families_need_a_result_on_both_sides() -> None:
-    runs = [uniform("spec-on", "chat", 1, ttft=0.1, tps=10, agg=10),
-            uniform("spec-on", "code", 1, ttft=0.1, tps=10, agg=10),
-            uniform("spec-off", "code", 1, ttft=0.1, tps=10, agg=10),
-            cell("spec-off", "chat", 1, [req(ok=False, error="x")], 1.0)]
+    runs = [
+        uniform("spec-on", "chat", 1, ttft=0.1, tps=10, agg=10),
+        uniform("spec-on", "code", 1, ttft=0.1, tps=10, agg=10),
+        uniform("spec-off", "code", 1, ttft=0.1, tps=10, agg=10),
+        cell("spec-off", "chat", 1, [req(ok=False, error="x")], 1.0),
+    ]
     assert common_families(runs, ("spec-on", "spec-off"), 1) == ("code",)
 
 

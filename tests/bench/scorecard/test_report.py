@@ -14,29 +14,52 @@ from router.bench.scorecard.score import Thresholds
 from tests.bench.scorecard.build import cell, req
 from tests.bench.scorecard.test_score import matrix
 
-ENV = {"date": "2026-01-01T00:00:00+00:00", "model": "target-x", "draft_model": "draft-y",
-       "num_draft_tokens": 3, "router": "attached", "versions": {"speclane": "0.1.0",
-       "mlx": "0.1", "mlx-lm": "0.2"}, "hardware": {"machine": "x86_64", "cpus": 2},
-       "load_average": {"start": [1.5, 1.0, 1.0], "end": [2.5, 1.0, 1.0]}}
+ENV = {
+    "date": "2026-01-01T00:00:00+00:00",
+    "model": "target-x",
+    "draft_model": "draft-y",
+    "num_draft_tokens": 3,
+    "router": "attached",
+    "versions": {"speclane": "0.1.0", "mlx": "0.1", "mlx-lm": "0.2"},
+    "hardware": {"machine": "x86_64", "cpus": 2},
+    "load_average": {"start": [1.5, 1.0, 1.0], "end": [2.5, 1.0, 1.0]},
+}
 
 
 def result(complete: bool = True) -> Result:
     spec = MatrixSpec(families=("chat",), concurrency=(1, 4), runs=1, max_tokens=24)
     runs = matrix()
-    runs.append(cell("batching", "chat", 1, [req("batching", ok=False,
-                                                  error="HTTP 503: lane down")], 1.0))
-    return Result(spec, Plan.full(spec), Thresholds(), dict(ENV), [req("spec-on")], runs,
-                  complete=complete, stopped=None if complete else "stopped by the user",
-                  budget=480.0, duration=65.0)
+    runs.append(
+        cell("batching", "chat", 1, [req("batching", ok=False, error="HTTP 503: lane down")], 1.0)
+    )
+    return Result(
+        spec,
+        Plan.full(spec),
+        Thresholds(),
+        dict(ENV),
+        [req("spec-on")],
+        runs,
+        complete=complete,
+        stopped=None if complete else "stopped by the user",
+        budget=480.0,
+        duration=65.0,
+    )
 
 
 def test_markdown_has_every_section_with_its_figures() -> None:
     r = result()
     text = report.render(r, r.evaluation())
-    for heading in ("# Speculative decoding readiness scorecard", "## Environment",
-                    "## Gates", "## Where speculation stops paying",
-                    "## Acceptance by prompt family", "## Readiness score: ",
-                    "## Results by scenario", "## Errors", "## How this was measured"):
+    for heading in (
+        "# Speculative decoding readiness scorecard",
+        "## Environment",
+        "## Gates",
+        "## Where speculation stops paying",
+        "## Acceptance by prompt family",
+        "## Readiness score: ",
+        "## Results by scenario",
+        "## Errors",
+        "## How this was measured",
+    ):
         assert heading in text
     assert "**Verdict: NOT READY: requests failed**" in text
     assert "| Draft | draft-y (3 draft tokens per round) |" in text
@@ -45,8 +68,12 @@ def test_markdown_has_every_section_with_its_figures() -> None:
     assert "| batching | HTTP 503: lane down | 1 |" in text
     assert "load average 1.5 at the start, 2.5 at the end" in text
     # every scenario has its table and the lane column reads the headers
-    for title in ("Speculative lane, speculation on", "Speculative lane, speculation off",
-                  "Batching lane", "Router's automatic routing"):
+    for title in (
+        "Speculative lane, speculation on",
+        "Speculative lane, speculation off",
+        "Batching lane",
+        "Router's automatic routing",
+    ):
         assert f"### {title}" in text
     assert "speculative 1 (1 with draft)" in text
     assert "_This run is partial" not in text
@@ -97,8 +124,9 @@ def test_charts_are_written_and_linked(tmp_path: Path) -> None:
     assert "![TTFT by concurrency](ttft_by_concurrency.png)" in text
 
 
-def test_missing_matplotlib_is_a_clear_message(monkeypatch: pytest.MonkeyPatch,
-                                               tmp_path: Path) -> None:
+def test_missing_matplotlib_is_a_clear_message(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import builtins
 
     real_import = builtins.__import__

@@ -37,8 +37,11 @@ TOLD = {"chat": (12, 6), "list": (12, 11)}  # drafted, accepted per request
 
 def fast_spec() -> ToldLane:
     return ToldLane(
-        "spec", serial=True, plain=told(TTFT, PLAIN_INTERVAL, TOKENS),
-        spec={f: told(TTFT, SPEC_INTERVAL, TOKENS, d, a) for f, (d, a) in TOLD.items()})
+        "spec",
+        serial=True,
+        plain=told(TTFT, PLAIN_INTERVAL, TOKENS),
+        spec={f: told(TTFT, SPEC_INTERVAL, TOKENS, d, a) for f, (d, a) in TOLD.items()},
+    )
 
 
 def batching() -> ToldLane:
@@ -46,10 +49,11 @@ def batching() -> ToldLane:
 
 
 @asynccontextmanager
-async def router(spec: ToldLane, batch: ToldLane,
-                 tmp_path: Path) -> AsyncIterator[RunningRouter]:
-    async with started(spec, batch), lanes_router(
-            spec, batch, policies_dir=str(write_policies(tmp_path / "policies"))) as r:
+async def router(spec: ToldLane, batch: ToldLane, tmp_path: Path) -> AsyncIterator[RunningRouter]:
+    async with (
+        started(spec, batch),
+        lanes_router(spec, batch, policies_dir=str(write_policies(tmp_path / "policies"))) as r,
+    ):
         yield r
 
 
@@ -59,8 +63,11 @@ def options(r: RunningRouter, tmp_path: Path, **kw: Any) -> Options:
 
 
 def cells(data: dict[str, Any], scenario: str, c: int | None = None) -> list[dict[str, Any]]:
-    return [x for x in data["cells"] if x["scenario"] == scenario
-            and (c is None or x["concurrency"] == c)]
+    return [
+        x
+        for x in data["cells"]
+        if x["scenario"] == scenario and (c is None or x["concurrency"] == c)
+    ]
 
 
 def told_interval(m: Measurement) -> float:
@@ -116,13 +123,13 @@ async def test_figures_match_what_the_lanes_were_told(tmp_path: Path) -> None:
         assert s.ttft_avg_ms == pytest.approx(TTFT * 1000)
         assert s.decode_tps_avg == pytest.approx(1 / SPEC_INTERVAL)
         assert cell_summary(by["spec-off", family, 1]).decode_tps_avg == pytest.approx(
-            1 / PLAIN_INTERVAL)
+            1 / PLAIN_INTERVAL
+        )
         for c in (1, 2, 4):
             b = cell_summary(by["batching", family, c])
             assert b.decode_tps_avg == pytest.approx(1 / BATCH_INTERVAL)
             assert b.ttft_p95_ms == pytest.approx(TTFT * 1000)  # all at once: no queueing
-            assert b.agg_tps == pytest.approx(
-                c * TOKENS / (TTFT + (TOKENS - 1) * BATCH_INTERVAL))
+            assert b.agg_tps == pytest.approx(c * TOKENS / (TTFT + (TOKENS - 1) * BATCH_INTERVAL))
 
     # the speculative lane decodes one request at a time: at c=4 the last waits for three
     one = TTFT + (TOKENS - 1) * SPEC_INTERVAL
@@ -137,7 +144,9 @@ async def test_figures_match_what_the_lanes_were_told(tmp_path: Path) -> None:
     assert gates["active"] is True
     assert ev.pooled_acceptance == pytest.approx(17 / 24)
     assert {a.family: a.acceptance for a in ev.acceptance} == {
-        "chat": 0.5, "list": pytest.approx(11 / 12)}
+        "chat": 0.5,
+        "list": pytest.approx(11 / 12),
+    }
     # told: spec 1 request at a time at ~86 tok/s; batching 33 tok/s per request, in parallel
     assert [lv.pays for lv in ev.levels] == [True, True, False]
     assert ev.stop_at == 4
@@ -152,7 +161,8 @@ async def test_figures_match_what_the_lanes_were_told(tmp_path: Path) -> None:
     assert lanes.count("speculative") + warm.count("speculative") == spec.count
     assert lanes.count("batching") + warm.count("batching") == batch.count
     assert {m["lane"] for x in cells(data, "spec-off") for m in x["measurements"]} == {
-        "speculative"}
+        "speculative"
+    }
     for x in cells(data, "auto"):
         assert sum(x["summary"]["lanes"].values()) == x["concurrency"]
 
@@ -163,13 +173,15 @@ async def test_figures_match_what_the_lanes_were_told(tmp_path: Path) -> None:
 
 
 async def test_speculation_slower_than_plain_decoding_is_not_ready(tmp_path: Path) -> None:
-    spec = ToldLane("spec", serial=True, plain=told(TTFT, 0.01, TOKENS),
-                    spec=told(TTFT, 0.03, TOKENS, 12, 3))
+    spec = ToldLane(
+        "spec", serial=True, plain=told(TTFT, 0.01, TOKENS), spec=told(TTFT, 0.03, TOKENS, 12, 3)
+    )
     batch = batching()
     async with router(spec, batch, tmp_path) as r:
         outcome = await run_scorecard(
             options(r, tmp_path, spec=QUICK_SPEC.with_(families=("chat",), concurrency=(1,))),
-            log=lambda _: None)
+            log=lambda _: None,
+        )
     ev = outcome.result.evaluation()
     assert ev.gate("interactive").passed is False
     assert ev.gate("acceptance").passed is False  # 3/12 < 0.45
@@ -184,14 +196,14 @@ async def test_a_stop_keeps_what_was_measured(tmp_path: Path) -> None:
     stop = asyncio.Event()
     phase = Phase()
     async with router(spec, batch, tmp_path) as r:
+
         async def stop_soon() -> None:
             await spec.answered(2 + 3)  # the warm-up's two, then three measured
             assert phase.measuring
             stop.set()
 
         stopper = asyncio.create_task(stop_soon())
-        outcome = await run_scorecard(options(r, tmp_path), stop, log=lambda _: None,
-                                      phase=phase)
+        outcome = await run_scorecard(options(r, tmp_path), stop, log=lambda _: None, phase=phase)
         await stopper
     result = outcome.result
     assert not result.complete
@@ -212,10 +224,24 @@ async def test_ctrl_c_on_the_command_line_still_writes_the_scorecard(tmp_path: P
     out = tmp_path / "cli"
     async with router(spec, batch, tmp_path) as r:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "router", "bench", "--url", r.base_url, "--quick",
-            "--concurrency", "1,2,4", "--budget", "0", "--out", str(out), "--no-progress",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            sys.executable,
+            "-m",
+            "router",
+            "bench",
+            "--url",
+            r.base_url,
+            "--quick",
+            "--concurrency",
+            "1,2,4",
+            "--budget",
+            "0",
+            "--out",
+            str(out),
+            "--no-progress",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         try:
             await asyncio.wait_for(spec.answered(2 + 3), 60)
             proc.send_signal(signal.SIGINT)
@@ -241,5 +267,7 @@ async def test_lane_overrides_refused_by_policy_fail_clearly(tmp_path: Path) -> 
         from router.bench.scorecard.run import BenchError
 
         with pytest.raises(BenchError, match="allow_lane_override = true"):
-            await run_scorecard(options(r, tmp_path, spec=QUICK_SPEC.with_(
-                scenarios=("spec-on", "batching"))), log=lambda _: None)
+            await run_scorecard(
+                options(r, tmp_path, spec=QUICK_SPEC.with_(scenarios=("spec-on", "batching"))),
+                log=lambda _: None,
+            )

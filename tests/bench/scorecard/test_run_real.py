@@ -16,10 +16,26 @@ pytestmark = [pytest.mark.realmodel, pytest.mark.timeout(1200)]
 def test_bench_starts_its_router_measures_and_stops_it(tmp_path: Path) -> None:
     out = tmp_path / "scorecard"
     proc = subprocess.run(
-        [sys.executable, "-m", "router", "bench", "--quick", "--families", "list",
-         "--concurrency", "1", "--scenarios", "spec-on,spec-off,auto", "--out", str(out),
-         "--no-progress"],
-        capture_output=True, text=True, timeout=1100)
+        [
+            sys.executable,
+            "-m",
+            "router",
+            "bench",
+            "--quick",
+            "--families",
+            "list",
+            "--concurrency",
+            "1",
+            "--scenarios",
+            "spec-on,spec-off,auto",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1100,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((out / "scorecard.json").read_text())
     env = data["environment"]

@@ -9,18 +9,32 @@ from router.bench.scorecard.score import Thresholds, evaluate
 from tests.bench.scorecard.build import cell, req, uniform
 
 
-def matrix(*, spec_tps: float = 20.0, spec_ttft: float = 0.11, off_tps: float = 10.0,
-           spec_agg: tuple[float, float] = (18.0, 18.0),
-           batch_agg: tuple[float, float] = (8.5, 30.0),
-           auto_agg: tuple[float, float] = (17.0, 28.0),
-           drafted: int = 12, accepted: int = 6, families: tuple[str, ...] = ("chat",),
-           ) -> list[CellRun]:
+def matrix(
+    *,
+    spec_tps: float = 20.0,
+    spec_ttft: float = 0.11,
+    off_tps: float = 10.0,
+    spec_agg: tuple[float, float] = (18.0, 18.0),
+    batch_agg: tuple[float, float] = (8.5, 30.0),
+    auto_agg: tuple[float, float] = (17.0, 28.0),
+    drafted: int = 12,
+    accepted: int = 6,
+    families: tuple[str, ...] = ("chat",),
+) -> list[CellRun]:
     runs = []
     for i, c in enumerate((1, 4)):
         for f in families:
             runs += [
-                uniform("spec-on", f, c, ttft=spec_ttft, tps=spec_tps, agg=spec_agg[i],
-                        drafted=drafted, accepted=accepted),
+                uniform(
+                    "spec-on",
+                    f,
+                    c,
+                    ttft=spec_ttft,
+                    tps=spec_tps,
+                    agg=spec_agg[i],
+                    drafted=drafted,
+                    accepted=accepted,
+                ),
                 uniform("spec-off", f, c, ttft=0.1, tps=off_tps, agg=9.5),
                 uniform("batching", f, c, ttft=0.1, tps=9.0, agg=batch_agg[i]),
                 uniform("auto", f, c, ttft=0.1, tps=15.0, agg=auto_agg[i]),
@@ -31,13 +45,20 @@ def matrix(*, spec_tps: float = 20.0, spec_ttft: float = 0.11, off_tps: float = 
 def test_spec_pays_alone_but_not_under_load() -> None:
     ev = evaluate(matrix())
     g = {gate.key: gate.passed for gate in ev.gates}
-    assert g == {"active": True, "errors": True, "acceptance": True, "interactive": True,
-                 "throughput": False}
+    assert g == {
+        "active": True,
+        "errors": True,
+        "acceptance": True,
+        "interactive": True,
+        "throughput": False,
+    }
     assert "2.00x" in ev.gate("interactive").figure  # decode 10 -> 20 tok/s
     assert "1.10x" in ev.gate("interactive").figure  # TTFT 100 -> 110 ms
     assert "(0.93x)" in ev.gate("throughput").figure  # auto 28 vs batching 30 at c=4
     assert [(lv.concurrency, lv.alternative, lv.pays) for lv in ev.levels] == [
-        (1, "spec-off", True), (4, "batching", False)]
+        (1, "spec-off", True),
+        (4, "batching", False),
+    ]
     assert ev.levels[1].ratio == pytest.approx(18 / 30)
     assert ev.stop_at == 4
     assert ev.verdict.startswith("READY FOR INTERACTIVE USE")
@@ -79,8 +100,7 @@ def test_no_draft_statistics_means_speculation_is_not_running() -> None:
 
 def test_errors_fail_the_reliability_gate() -> None:
     runs = matrix()
-    runs.append(cell("batching", "code", 1, [req("batching", ok=False, error="HTTP 500: x")],
-                     1.0))
+    runs.append(cell("batching", "code", 1, [req("batching", ok=False, error="HTTP 500: x")], 1.0))
     ev = evaluate(runs)
     assert ev.gate("errors").passed is False
     assert "1 of 21 requests failed" in ev.gate("errors").figure
@@ -116,8 +136,10 @@ def test_acceptance_floor(accepted: int, passed: bool) -> None:
 
 
 def test_acceptance_by_family_and_pooled() -> None:
-    runs = [uniform("spec-on", "chat", 1, ttft=0.1, tps=10, agg=9, n=2, drafted=10, accepted=3),
-            uniform("spec-on", "list", 1, ttft=0.1, tps=10, agg=9, n=2, drafted=10, accepted=9)]
+    runs = [
+        uniform("spec-on", "chat", 1, ttft=0.1, tps=10, agg=9, n=2, drafted=10, accepted=3),
+        uniform("spec-on", "list", 1, ttft=0.1, tps=10, agg=9, n=2, drafted=10, accepted=9),
+    ]
     ev = evaluate(runs, Thresholds(acceptance_floor=0.5))
     by = {a.family: (a.drafted, a.accepted, a.acceptance, a.passed) for a in ev.acceptance}
     assert by == {"chat": (20, 6, 0.3, False), "list": (20, 18, 0.9, True)}
@@ -135,8 +157,10 @@ def test_throughput_gate_without_auto_compares_spec_on_and_an_explicit_target() 
 
 def test_comparisons_use_shared_families_only() -> None:
     # spec-off measured only for chat; code's fast spec-on must not inflate the speed-up
-    runs = [uniform("spec-on", "chat", 1, ttft=0.1, tps=12, agg=10),
-            uniform("spec-on", "code", 1, ttft=0.1, tps=100, agg=90),
-            uniform("spec-off", "chat", 1, ttft=0.1, tps=10, agg=9)]
+    runs = [
+        uniform("spec-on", "chat", 1, ttft=0.1, tps=12, agg=10),
+        uniform("spec-on", "code", 1, ttft=0.1, tps=100, agg=90),
+        uniform("spec-off", "chat", 1, ttft=0.1, tps=10, agg=9),
+    ]
     ev = evaluate(runs)
     assert "(1.20x)" in ev.gate("interactive").figure

@@ -33,8 +33,10 @@ def test_every_family_is_measured_against_plain_decoding() -> None:
 def test_variants_rewrite_a_copy_of_the_body() -> None:
     body = {"prompt": "x"}
     assert plan.apply_variant(body, "plain") == {"prompt": "x", "num_draft_tokens": 0}
-    assert plan.apply_variant(body, "prompt_lookup") == {"prompt": "x",
-                                                            "draft_source": "prompt_lookup"}
+    assert plan.apply_variant(body, "prompt_lookup") == {
+        "prompt": "x",
+        "draft_source": "prompt_lookup",
+    }
     assert plan.apply_variant(body, "prediction") == body
     assert body == {"prompt": "x"}
 
