@@ -3,7 +3,7 @@
 #
 #   ./docker-less-run.sh                 # router + both MLX lanes on the embedded default model
 #   ./docker-less-run.sh --port 9000     # any `speclane serve` flag passes through
-#   ./docker-less-run.sh test            # ruff, mypy, then the whole test suite (what CI runs)
+#   ./docker-less-run.sh test            # ruff (lint, format), mypy, then the whole test suite (CI)
 #   ./docker-less-run.sh test -k relay   # pytest flags pass through
 #   ./docker-less-run.sh bench overhead  # a benchmark (`speclane bench` flags pass through)
 #
@@ -106,8 +106,9 @@ say "preparing the default model (cached after the first run)"
 case "$MODE" in
   test)
     # Lint and type-check first: either failing fails the run (set -e) before pytest starts.
-    say "ruff check"
-    "$VENV/bin/ruff" check router tests
+    say "ruff check, ruff format --check"
+    "$VENV/bin/ruff" check router tests examples
+    "$VENV/bin/ruff" format --check router tests examples
     say "mypy (configured in pyproject.toml: router/)"
     "$VENV/bin/mypy"
     say "running the tests"
