@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
-import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +25,6 @@ from router.config.names import LANE_HEADER
 
 LANE_HEADERS = {LANE_HEADER: "batching"}
 NO_EOS = {"0": -100, "2": -100}  # SmolLM2's end-of-text tokens (the default model)
-MLX_START_DEADLINE = 600.0
 REQUEST_TIMEOUT = 1800.0
 
 
@@ -237,36 +233,6 @@ async def measure(targets: Sequence[Target], args: argparse.Namespace) -> dict[s
     return out
 
 
-@contextlib.asynccontextmanager
-async def mlx_lm_server(model_dir: Path, log_path: Path) -> AsyncIterator[str]:
-    """``python -m mlx_lm.server --model DIR`` on a free port; yields its ``/v1`` URL."""
-    from router.lanes.blas import preload_env
-
-    port = procs.free_port()
-    env = {**os.environ, **preload_env()}  # the same BLAS as the lanes
-    with log_path.open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "mlx_lm.server",
-            "--model",
-            str(model_dir),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            stdout=log,
-            stderr=log,
-            env=env,
-            start_new_session=True,
-        )
-        try:
-            await procs.wait_http(f"http://127.0.0.1:{port}/v1/models", proc, MLX_START_DEADLINE)
-            yield f"http://127.0.0.1:{port}/v1"
-        finally:
-            await procs.stop(proc, 15.0, group=True)
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from router.lanes.modelprep import ensure_default_models
 
@@ -275,13 +241,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"starting mlx_lm.server and speclane on {model_dir}", flush=True)
     lanes = procs.LaneOptions(model=str(model_dir), max_batch_size=max(8, args.concurrency))
     async with (
-        mlx_lm_server(model_dir, args.out.with_suffix(".mlx_lm.log")) as mlx_url,
+        procs.mlx_lm_server(model_dir, args.out.with_suffix(".mlx_lm.log")) as mlx,
         procs.own_router(lanes, args.out.with_suffix(".router.log")) as url,
     ):
         async with aiohttp.ClientSession() as session:
             models = await environment.served_models(session, url)
         targets = [
-            Target("mlx_lm.server", mlx_url, {}, "default_model"),  # its --model
+            Target("mlx_lm.server", mlx.url, {}, "default_model"),  # its --model
             Target("speclane", url, dict(LANE_HEADERS), (models or [model_dir.name])[0]),
         ]
         results = await measure(targets, args)

@@ -1,6 +1,5 @@
-"""Who a request is: the frozen ``PolicySet`` of the loaded policies and its lookups.
-
-Who a request is (``PolicySet.identify``), in this order of precedence:
+"""Who a request is: the frozen ``PolicySet`` of the loaded policies and its lookups
+(``PolicySet.identify``), in this order of precedence:
 
 1. an API key (``Authorization: Bearer ...``) listed by a policy: the key is proof;
 2. the ``X-Speclane-Client`` header, compared case-insensitively;
@@ -25,17 +24,6 @@ policy, with its lanes, presets and priority: that is what labels are for.)
 - An unknown key on an open router is ignored (OpenAI SDKs always send some key) and
   recognition goes on with steps 2-4; on a closed one it is a 401 (``invalid_api_key``). A
   ``Bearer`` value that is not valid UTF-8 can be no key: always 401.
-
-``priority``: higher is more important (llm-d's direction); 0 is normal and negative is
-sheddable. It is the claim on the one-request-at-a-time speculative lane: above 0 the
-request takes that lane whenever the lane itself is free, even while the load gate says the
-machine is busy; below 0 it takes it only while both lanes are idle.
-
-``caps`` are limits on request parameters. ``action = "clamp"`` (the default) lowers the
-value and says so in ``X-Speclane-Decision`` (``clamped=max_tokens``); ``"reject"`` answers
-400. A ``max_tokens`` cap also applies when the request sets no ``max_tokens`` (the lanes
-would otherwise generate until EOS or the end of the context), and the decision header then
-says ``max_tokens_cap=<n>``: the guard against a small model looping on an agent's request.
 
 Prompt-cache partitions (``PolicySet.cache_partition``): a lane reuses the KV state of an
 earlier prompt only for a request of the same partition, so that ``cached_tokens`` and the
