@@ -76,6 +76,9 @@ def test_ready_lines_name_the_mode_and_model(
 def test_health_reports_each_lane(spec_worker: WorkerProcess, batch_worker: WorkerProcess) -> None:
     reported = health(spec_worker)
     assert set(reported.pop("prompt_cache")) >= {"max_bytes", "bytes", "entries", "lookups"}
+    index = reported.pop("suffix_index")
+    assert set(index) == {"entries", "bytes", "max_bytes", "evicted"}
+    assert index["max_bytes"] == 64 * 1024 * 1024
     assert reported == {
         "status": "ok",
         "mode": "speculative",
@@ -163,6 +166,7 @@ def test_zero_draft_tokens_decodes_without_the_draft(spec_worker: WorkerProcess)
         "steps": 0,
         "num_draft_tokens": 0,
         "source": None,
+        "forced": 0,
     }
     assert reply.usage.completion_tokens_details is None
     assert "Paris" in (reply.choices[0].message.content or "")
