@@ -127,3 +127,25 @@ def test_launchd_agent() -> None:
     _serve_flags_parse(command[1:])
     assert agent["KeepAlive"] == {"SuccessfulExit": False}
     assert agent["ExitTimeOut"] > load_settings().shutdown_grace
+
+
+# Scripts with a main guard (importing one runs nothing; openai_sdk.py talks to a router).
+SCRIPTS = sorted(
+    p for p in (ROOT / "examples").rglob("*.py") if '__name__ == "__main__"' in p.read_text()
+)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_example_scripts_import(script: Path) -> None:
+    """Every example script's imports resolve (a module that moved leaves none behind)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(f"example_{script.stem}", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(script.parent))  # scripts import their siblings (benchconfig)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(script.parent))
