@@ -20,6 +20,7 @@ Pure: no I/O apart from reading the machine's host name once, when the rule is b
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import socket
@@ -134,7 +135,13 @@ class HostRule:
         return any(host == d[1:] or host.endswith(d) for d in self.domains)
 
     def allows_header(self, value: str) -> bool:
-        return self.allows(host_name(value))
+        return _allows_header(self, value)
+
+
+@functools.lru_cache(maxsize=256)
+def _allows_header(rule: HostRule, value: str) -> bool:
+    # Every request asks about the same few Host values: judge each once (bounded).
+    return rule.allows(host_name(value))
 
 
 def _is_port(text: str) -> bool:

@@ -10,6 +10,7 @@ backends never get it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 
@@ -20,6 +21,7 @@ __all__ = ["CACHE_PARTITION_HEADER", "wire_token"]
 _KEY = secrets.token_bytes(32)
 
 
+@functools.lru_cache(maxsize=1024)  # a handful of partitions, asked for on every request
 def wire_token(partition: str) -> str:
     """24 hex digits, matching ``CACHE_PARTITION_PATTERN``."""
     digest = hashlib.blake2b(partition.encode("utf-8", "surrogatepass"), key=_KEY, digest_size=12)
