@@ -239,14 +239,18 @@ def worker_argv(
     prefill_chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
     speculative: tuple[str, ...] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    shared_threads: str = "auto",
 ) -> list[str]:
     """The command line of a worker on a free loopback port; ``speculative``: the draft
-    source flags of the speculative lane; ``max_body_bytes``: the router's own limit."""
+    source flags of the speculative lane; ``max_body_bytes``: the router's own limit;
+    ``shared_threads``: the shared mode's generation threads (``SHARED_THREADS``)."""
     argv = [python, "-m", MODULE, "--mode", mode, "--model", str(model), "--model-name", model_name]
     if draft is not None and serves_speculative(mode):
         argv += ["--draft-model", str(draft)]
     if serves_speculative(mode):
         argv += speculative
+    if mode == SHARED_MODE:
+        argv += ["--shared-threads", shared_threads]
     if serves_batching(mode):
         argv += [
             "--prefill-step-size",
