@@ -80,14 +80,10 @@ def materialize(models: Models) -> None:
     say): a lazy array made on the loading thread cannot be evaluated on another."""
     import mlx.core as mx
 
-    arrays: list[Any] = []
-    for model in (models.model, models.draft):
-        if model is None:
-            continue
-        arrays.append(model.parameters())
-        for module in model.modules():
-            arrays.extend(v for v in vars(module).values() if isinstance(v, mx.array))
-    mx.eval(arrays)
+    def every_array(module: Any, key: str, value: Any) -> bool:
+        return isinstance(value, dict | list | mx.array)  # parameters() skips "_" keys
+
+    mx.eval([m.filter_and_map(every_array) for m in (models.model, models.draft) if m is not None])
 
 
 class SharedEngine:

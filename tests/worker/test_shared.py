@@ -11,7 +11,7 @@ import threading
 
 from router.worker.engine import Models
 from router.worker.jobs import JobQueue
-from router.worker.shared import SharedEngine, threads_for
+from router.worker.shared import SharedEngine, materialize, threads_for
 from router.worker.speculative import SpecSettings
 
 TIMEOUT = 10.0
@@ -160,3 +160,26 @@ def test_two_threads_where_the_lanes_can_compute_at_once() -> None:
     assert threads_for("auto", 8, on_cpu=False) == 1  # one GPU: shared either way
     assert threads_for("auto", None, on_cpu=True) == 1
     assert (threads_for("1", 8, True), threads_for("2", 1, False)) == (1, 2)
+
+
+def test_the_loaded_models_can_be_used_from_another_thread() -> None:
+    """Every array a model holds, a lazy private one too, is evaluated where it was made:
+    MLX cannot evaluate a lazy array on another thread."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    made: list[nn.Module] = []
+
+    def load() -> None:
+        model = nn.Linear(4, 2)
+        model._scale = mx.ones((2,)) * 3  # lazy, and not a parameter
+        materialize(Models(model, None))
+        made.append(model)
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    loader.join(TIMEOUT)
+    (model,) = made
+    out = model(mx.ones((1, 4))) * model._scale  # here, on another thread
+    mx.eval(out)
+    assert out.shape == (1, 2)
