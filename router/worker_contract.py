@@ -32,7 +32,7 @@ LANE_MODES = ("speculative", "batching")  # one lane per process
 SHARED_MODE = "shared"  # both lanes in one process, on one copy of the model
 MODES = (*LANE_MODES, SHARED_MODE)
 # Shared mode's generation threads: one taking turns between the lanes, or one per lane;
-# auto: one per lane on a CPU with two cores or more (``router.worker.shared.threads_for``).
+# auto: one per lane on a multi-core CPU with a one-thread BLAS (``shared.threads_for``).
 SHARED_THREADS = ("auto", "1", "2")
 LANES_PATH = "/lanes"  # shared mode: a lane's endpoints live under LANES_PATH/<lane>
 READY_PREFIX = "SPECLANE_WORKER_READY "
@@ -81,8 +81,8 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
         choices=SHARED_THREADS,
         default="auto",
         help="shared mode: 1: one generation thread takes turns between the lanes; 2: each "
-        "lane on its own thread; auto (the default): 2 on a CPU with two cores or more, "
-        "else 1",
+        "lane on its own thread; auto (the default): 2 on a CPU with two cores or more and "
+        "OPENBLAS_NUM_THREADS=1, else 1",
     )
     p.add_argument("--model", required=required, help="the model directory (mlx-lm format)")
     p.add_argument("--model-name", help="the id served in /v1/models (default: the directory name)")

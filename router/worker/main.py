@@ -127,7 +127,8 @@ def build_shared(args: argparse.Namespace) -> SharedEngine:
     import mlx.core as mx
 
     choice = args.shared_threads
-    threads = threads_for(choice, os.cpu_count(), mx.default_device() == mx.Device(mx.cpu))
+    on_cpu = mx.default_device() == mx.Device(mx.cpu)
+    threads = threads_for(choice, os.cpu_count(), on_cpu, os.environ.get("OPENBLAS_NUM_THREADS"))
     log.info("shared mode: %d generation thread(s) (--shared-threads %s)", threads, choice)
     return SharedEngine(
         loader(args),

@@ -2,19 +2,21 @@
 
 Two ways to run the two engines (``--shared-threads``, ``threads_for``):
 
-- **two threads** (``2``; ``auto`` on a CPU with two cores or more): each lane's engine runs
-  on its own generation thread, exactly as in a one-lane worker, so the lanes decode at the
-  same time on two cores. MLX (>= 0.31.2) is thread-safe, and each thread evaluates on its
-  own default stream (and mlx-lm's ``generation_stream`` is thread-local), but a lazy array
-  made on one thread cannot be evaluated on another. So whatever crosses is evaluated first:
+- **two threads** (``2``; ``auto`` on a multi-core CPU with a one-thread BLAS, ``threads_for``):
+  each lane's engine runs on its own generation thread, exactly as in a one-lane worker, so
+  the lanes decode at the same time on two cores. MLX (>= 0.31.2) is thread-safe, and each
+  thread evaluates on its own default stream (mlx-lm's ``generation_stream`` is
+  thread-local), but a lazy array made on one thread cannot be evaluated on another. So
+  whatever crosses is evaluated first:
   the weights when loaded (``materialize``), and a KV state before it enters the prompt cache
   (``PromptCache.store``); the prompt cache itself is locked, and an entry is only ever
   copied out, never changed in place. Fairness: neither lane waits for the other's rounds
   or steps; they share the cores (the operating system's scheduler) and the prompt cache's
   lock, held for a lookup or an insertion, never for a forward pass. The batch's prefill
   chunks keep their one-lane sizes.
-- **one thread taking turns** (``1``; ``auto`` on a GPU, one device both lanes would share
-  anyway, or a one-core CPU), described below.
+- **one thread taking turns** (``1``; ``auto`` otherwise: a GPU, one device both lanes share
+  anyway; a multi-threaded BLAS, which already spreads one thread's work over the cores; one
+  core), described below.
 
 With one thread, the generation thread runs the speculative lane's ``SpeculativeEngine`` and
 the batching lane's ``BatchingEngine``, taking turns:
@@ -64,15 +66,20 @@ def _loaded_elsewhere() -> Models:
     raise RuntimeError("the shared engine loads the models")  # the lanes never load
 
 
-def threads_for(choice: str, cpu_count: int | None, on_cpu: bool) -> int:
+def threads_for(
+    choice: str, cpu_count: int | None, on_cpu: bool, blas_threads: str | None = None
+) -> int:
     """Generation threads of the shared worker (pure): ``auto`` gives each lane its own thread
-    where they can compute at once (a CPU with two cores or more), and one thread taking
-    turns on a GPU (one device, shared either way) or a single core."""
+    only where that pays: a CPU with two cores or more whose BLAS runs one thread per call
+    (``blas_threads``: ``OPENBLAS_NUM_THREADS``, "1"). A multi-threaded BLAS already spreads
+    one thread's work over the cores, and two lanes computing at once then compete for them
+    (measured: no more aggregate throughput, a slower speculative stream); a GPU is one
+    device shared either way."""
     if choice not in SHARED_THREADS:
         raise ValueError(f"shared threads must be one of {', '.join(SHARED_THREADS)}")
     if choice != "auto":
         return int(choice)
-    return 2 if on_cpu and (cpu_count or 1) >= 2 else 1
+    return 2 if on_cpu and (cpu_count or 1) >= 2 and blas_threads == "1" else 1
 
 
 def materialize(models: Models) -> None:

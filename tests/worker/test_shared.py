@@ -155,10 +155,12 @@ def test_with_two_threads_each_lane_progresses_on_its_own() -> None:
 
 
 def test_two_threads_where_the_lanes_can_compute_at_once() -> None:
-    assert threads_for("auto", 2, on_cpu=True) == 2
-    assert threads_for("auto", 1, on_cpu=True) == 1  # one core: taking turns loses nothing
-    assert threads_for("auto", 8, on_cpu=False) == 1  # one GPU: shared either way
-    assert threads_for("auto", None, on_cpu=True) == 1
+    assert threads_for("auto", 2, on_cpu=True, blas_threads="1") == 2
+    assert threads_for("auto", 2, on_cpu=True) == 1  # a multi-threaded BLAS uses the cores
+    assert threads_for("auto", 2, on_cpu=True, blas_threads="2") == 1
+    assert threads_for("auto", 1, on_cpu=True, blas_threads="1") == 1  # one core
+    assert threads_for("auto", 8, on_cpu=False, blas_threads="1") == 1  # one GPU
+    assert threads_for("auto", None, on_cpu=True, blas_threads="1") == 1
     assert (threads_for("1", 8, True), threads_for("2", 1, False)) == (1, 2)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 import time
 import urllib.request
@@ -18,7 +17,6 @@ import openai
 import pytest
 
 from router.lanes.modelprep import DEFAULT_DRAFT_NAME, DEFAULT_MODEL_NAME
-from router.worker.shared import threads_for
 from router.worker_contract import lane_prefix
 from tests.worker.conftest import BATCH_SIZE, WorkerProcess, start_worker, worker_command
 
@@ -47,7 +45,14 @@ def shared_worker(prepared_models: tuple[Path, Path]) -> Iterator[WorkerProcess]
     model, draft = prepared_models
     worker = start_worker(
         worker_command(
-            model, "shared", "--draft-model", str(draft), "--max-batch-size", str(BATCH_SIZE)
+            model,
+            "shared",
+            "--draft-model",
+            str(draft),
+            "--max-batch-size",
+            str(BATCH_SIZE),
+            "--shared-threads",
+            "2",  # the path that needs proving; the scheduler tests cover one thread
         )
     )
     yield worker
@@ -69,8 +74,7 @@ def test_one_process_reports_both_lanes(shared_worker: WorkerProcess) -> None:
     assert shared_worker.ready["mode"] == "shared" and shared_worker.ready["lanes"] == list(LANES)
     root = get(f"{shared_worker.url}/health")
     assert (root["mode"], root["pid"]) == ("shared", shared_worker.proc.pid)
-    # --shared-threads auto: each lane on its own thread on this multi-core CPU
-    assert root["threads"] == threads_for("auto", os.cpu_count(), on_cpu=True)
+    assert root["threads"] == 2  # each lane on its own generation thread
     for lane in LANES:
         own = get(f"{shared_worker.url}{lane_prefix(lane)}/health")
         assert own["mode"] == lane and own["pid"] == shared_worker.proc.pid

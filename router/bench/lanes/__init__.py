@@ -2,7 +2,7 @@
 one run, on the same model and draft directories (issue 25).
 
 The targets (``--targets`` picks some): ``shared`` (the router's default ``shared_threads``:
-each lane on its own generation thread on a multi-core CPU), ``shared-1thread`` (one thread
+``router.worker.shared.threads_for``), ``shared-1thread`` (one thread
 taking turns between the lanes), ``separate`` and ``mlx_lm.server``. Each target runs alone,
 one after the other, through the same phases:
 
