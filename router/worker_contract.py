@@ -31,6 +31,9 @@ MODULE = "router.worker"  # python -m MODULE
 LANE_MODES = ("speculative", "batching")  # one lane per process
 SHARED_MODE = "shared"  # both lanes in one process, on one copy of the model
 MODES = (*LANE_MODES, SHARED_MODE)
+# Shared mode's generation threads: one taking turns between the lanes, or one per lane;
+# auto: one per lane on a multi-core CPU with a one-thread BLAS (``shared.threads_for``).
+SHARED_THREADS = ("auto", "1", "2")
 LANES_PATH = "/lanes"  # shared mode: a lane's endpoints live under LANES_PATH/<lane>
 READY_PREFIX = "SPECLANE_WORKER_READY "
 DRAFT_TOKENS_FIELD = "num_draft_tokens"  # request field: 0 decodes without the draft
@@ -72,6 +75,14 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
         help="speculative: one request at a time with a draft; batching: continuous "
         "batching; shared: both lanes in one process on one copy of the model, "
         f"under {LANES_PATH}/<lane>",
+    )
+    p.add_argument(
+        "--shared-threads",
+        choices=SHARED_THREADS,
+        default="auto",
+        help="shared mode: 1: one generation thread takes turns between the lanes; 2: each "
+        "lane on its own thread; auto (the default): 2 on a CPU with two cores or more and "
+        "OPENBLAS_NUM_THREADS=1, else 1",
     )
     p.add_argument("--model", required=required, help="the model directory (mlx-lm format)")
     p.add_argument("--model-name", help="the id served in /v1/models (default: the directory name)")
@@ -228,14 +239,18 @@ def worker_argv(
     prefill_chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
     speculative: tuple[str, ...] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    shared_threads: str = "auto",
 ) -> list[str]:
     """The command line of a worker on a free loopback port; ``speculative``: the draft
-    source flags of the speculative lane; ``max_body_bytes``: the router's own limit."""
+    source flags of the speculative lane; ``max_body_bytes``: the router's own limit;
+    ``shared_threads``: the shared mode's generation threads (``SHARED_THREADS``)."""
     argv = [python, "-m", MODULE, "--mode", mode, "--model", str(model), "--model-name", model_name]
     if draft is not None and serves_speculative(mode):
         argv += ["--draft-model", str(draft)]
     if serves_speculative(mode):
         argv += speculative
+    if mode == SHARED_MODE:
+        argv += ["--shared-threads", shared_threads]
     if serves_batching(mode):
         argv += [
             "--prefill-step-size",

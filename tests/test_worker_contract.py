@@ -104,12 +104,15 @@ def test_the_shared_worker_gets_the_draft_and_both_lanes_flags() -> None:
         parent_pid=1,
         prefill_chunk_seconds=0.25,
         speculative=("--draft-source", "draft_model"),
+        shared_threads="1",
     )
     p = _parser()
     args = p.parse_args(argv[3:])
     check_worker_flags(p, args)
     assert (args.mode, args.draft_model, args.draft_source) == ("shared", "/d", "draft_model")
     assert (args.max_batch_size, args.prefill_chunk_seconds) == (8, 0.25)
+    assert args.shared_threads == "1"
+    assert p.parse_args(["--mode", "shared", "--model", "m"]).shared_threads == "auto"
 
 
 def test_each_lane_of_a_shared_worker_has_its_own_prefix() -> None:

@@ -134,6 +134,11 @@ class LanesSettings(Frozen):
     # serves both lanes on one copy, with one prompt cache; auto: separate while the estimate
     # of two copies takes under a quarter of the machine's memory (router.lanes.layout).
     layout: Literal["auto", "shared", "separate"] = "auto"
+    # The shared layout's generation threads: 2 runs each lane on its own (they compute at
+    # once, on two cores), 1 takes turns between them on one thread (router.worker.shared);
+    # auto: 2 on a CPU with two cores or more and a one-thread BLAS (OPENBLAS_NUM_THREADS=1),
+    # else 1 (a multi-threaded BLAS already uses the cores).
+    shared_threads: Literal["auto", 1, 2] = "auto"
     # Refuse to start when the lanes' estimated memory exceeds this (None: the available
     # memory less router.lanes.layout.RESERVE_BYTES).
     memory_limit_bytes: int | None = Field(default=None, ge=0)

@@ -75,6 +75,7 @@ def build_worker_command(
         prefill_chunk_seconds=settings.prefill_chunk_seconds,
         speculative=speculative_args(settings, draft_dir),
         max_body_bytes=max_body_bytes,
+        shared_threads=str(settings.shared_threads),
     )
     env = preload_env()
     env.update(settings.env)

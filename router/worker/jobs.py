@@ -100,6 +100,13 @@ class JobQueue:
                 self._cond.wait()
             return self._items.popleft() if self._items and not self.closed else None
 
+    def wait(self) -> bool:
+        """Block until a job is queued (True) or the queue is closed (False)."""
+        with self._cond:
+            while not self._items and not self.closed:
+                self._cond.wait()
+            return not self.closed
+
     def remove(self, job: Job) -> bool:
         with self._cond:
             try:

@@ -26,7 +26,7 @@ from router.worker.batching import BatchingEngine
 from router.worker.drafts import LookupConfig, PredictionConfig
 from router.worker.engine import Engine, LoadError, Models
 from router.worker.server import WorkerInfo, make_app, make_shared_app, start_site
-from router.worker.shared import SharedEngine
+from router.worker.shared import SharedEngine, threads_for
 from router.worker.speculative import SpecSettings, SpeculativeEngine
 from router.worker.suffix import SuffixConfig
 from router.worker_contract import (
@@ -82,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         }
         app = make_shared_app(
             lanes,
-            lambda: {"model": lanes["speculative"][1].model_name, "turns": dict(engine.turns)},
+            lambda: {
+                "model": lanes["speculative"][1].model_name,
+                "threads": engine.threads,
+                "turns": dict(engine.turns),
+            },
             args.max_body_bytes,
         )
         hard_exit(asyncio.run(serve(args, engine, app, ready_out, lanes=list(lanes))))
@@ -120,6 +124,12 @@ def build_engine(args: argparse.Namespace) -> Engine:
 
 
 def build_shared(args: argparse.Namespace) -> SharedEngine:
+    import mlx.core as mx
+
+    choice = args.shared_threads
+    on_cpu = mx.default_device() == mx.Device(mx.cpu)
+    threads = threads_for(choice, os.cpu_count(), on_cpu, os.environ.get("OPENBLAS_NUM_THREADS"))
+    log.info("shared mode: %d generation thread(s) (--shared-threads %s)", threads, choice)
     return SharedEngine(
         loader(args),
         spec_settings(args),
@@ -127,6 +137,7 @@ def build_shared(args: argparse.Namespace) -> SharedEngine:
         prompt_cache_bytes=args.prompt_cache_bytes,
         prefill_step_size=args.prefill_step_size,
         chunk_seconds=args.prefill_chunk_seconds,
+        threads=threads,
     )
 
 

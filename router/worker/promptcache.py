@@ -19,11 +19,15 @@ found by the other. Each lane counts its own lookups (``Counters``); the entries
 A speculative lane also keeps its draft model's KV state here, under the ``DRAFT`` key: the
 two models' caches never mix.
 
-Used only from the generation thread; ``stats()`` is read from the event loop (plain ints).
+Thread-safe: in shared mode with two generation threads (``router.worker.shared``) both use
+it at once. A lock guards the entries; an entry is evaluated before it is stored (a lazy array
+made on one thread cannot be evaluated on another) and only ever copied out, never changed in
+place. ``stats()`` is read from the event loop (plain ints).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +74,7 @@ class PromptCache:
         if max_bytes < 0:
             raise ValueError("max_bytes must be >= 0")
         self.max_bytes = max_bytes
+        self._lock = threading.Lock()
         self._lru: Any = None
         if max_bytes:
             from mlx_lm.models.cache import LRUPromptCache
@@ -96,7 +101,8 @@ class PromptCache:
         cache, rest = None, tokens
         if self._lru is not None:
             key = entry_key(model, partition)
-            cache, rest = self._lru.fetch_nearest_cache(key, tokens)
+            with self._lock:  # the entry comes out as a copy: this thread's own to change
+                cache, rest = self._lru.fetch_nearest_cache(key, tokens)
             rest = list(rest)
             if cache is not None and not rest:
                 # An exact match: generation needs the last prompt token as its input, so
@@ -120,7 +126,9 @@ class PromptCache:
         ``partition``."""
         if self._lru is None or not cache or not tokens:
             return
-        self._lru.insert_cache(entry_key(model, partition), list(tokens), cache)
+        _evaluate(cache)
+        with self._lock:
+            self._lru.insert_cache(entry_key(model, partition), list(tokens), cache)
 
     def stats(self, counters: Counters | None = None) -> dict[str, int]:
         """The cache's figures; with ``counters``, the lookups are that lane's."""
@@ -135,6 +143,14 @@ class PromptCache:
             "reused_tokens": counted.reused_tokens,
             "prefilled_tokens": counted.prefilled_tokens,
         }
+
+
+def _evaluate(cache: list[Any]) -> None:
+    """Evaluate a KV state's arrays on this thread (a batch's extracted state is lazy), so
+    that any thread may fetch it."""
+    import mlx.core as mx
+
+    mx.eval([c.state for c in cache], [vars(c) for c in cache])
 
 
 def _back_one(cache: list[Any], tokens: list[int]) -> tuple[list[Any] | None, list[int]]:

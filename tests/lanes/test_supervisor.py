@@ -521,6 +521,19 @@ def test_build_worker_command_passes_the_prompt_cache_and_prefill_settings(tmp_p
     assert "--prefill-step-size" not in spec  # one sequence at a time: nothing to interleave
 
 
+def test_build_worker_command_passes_the_shared_threads_to_the_shared_worker_only(tmp_path):
+    shared = build_worker_command("shared", LanesSettings(), tmp_path, None, "m").argv
+    assert shared[shared.index("--shared-threads") + 1] == "auto"
+    one = build_worker_command("shared", LanesSettings(shared_threads=1), tmp_path, None, "m")
+    assert one.argv[one.argv.index("--shared-threads") + 1] == "1"
+    for lane in ("speculative", "batching"):
+        assert "--shared-threads" not in build_worker_command(
+            lane, LanesSettings(shared_threads=2), tmp_path, None, "m"
+        ).argv
+    with pytest.raises(ValueError):
+        LanesSettings(shared_threads=3)  # type: ignore[arg-type]
+
+
 def test_build_worker_command_rejects_unknown_lanes(tmp_path):
     with pytest.raises(ValueError, match="unknown lane"):
         build_worker_command("turbo", LanesSettings(), tmp_path, None, "m")

@@ -55,3 +55,24 @@ def test_each_partition_keeps_its_own_entry_for_the_same_tokens() -> None:
 def test_entry_keys_keep_models_and_partitions_apart() -> None:
     keys = {entry_key(ns, p) for ns in ("target", "draft") for p in ("", "a", "b")}
     assert len(keys) == 6
+
+
+def test_an_entry_stored_on_one_thread_is_used_on_another() -> None:
+    """Shared mode with two generation threads: a lazy KV state (as a batch hands back) is
+    evaluated as it is stored, since MLX cannot evaluate it on the thread that fetches it."""
+    import threading
+
+    cache = PromptCache(1 << 20)
+
+    def store() -> None:
+        lazy = kv(len(PROMPT))
+        lazy[0].keys = lazy[0].keys + 1  # not evaluated
+        cache.store(PROMPT, lazy, "alice")
+
+    storer = threading.Thread(target=store)
+    storer.start()
+    storer.join(10)
+    hit = cache.fetch([*PROMPT, 17], "alice")
+    assert hit.cache is not None and hit.cached_tokens == len(PROMPT)
+    keys = hit.cache[0].state[0]
+    assert keys.sum().item() == keys.size  # the zeros plus one, evaluated here

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +45,14 @@ def shared_worker(prepared_models: tuple[Path, Path]) -> Iterator[WorkerProcess]
     model, draft = prepared_models
     worker = start_worker(
         worker_command(
-            model, "shared", "--draft-model", str(draft), "--max-batch-size", str(BATCH_SIZE)
+            model,
+            "shared",
+            "--draft-model",
+            str(draft),
+            "--max-batch-size",
+            str(BATCH_SIZE),
+            "--shared-threads",
+            "2",  # the path that needs proving; the scheduler tests cover one thread
         )
     )
     yield worker
@@ -66,6 +74,7 @@ def test_one_process_reports_both_lanes(shared_worker: WorkerProcess) -> None:
     assert shared_worker.ready["mode"] == "shared" and shared_worker.ready["lanes"] == list(LANES)
     root = get(f"{shared_worker.url}/health")
     assert (root["mode"], root["pid"]) == ("shared", shared_worker.proc.pid)
+    assert root["threads"] == 2  # each lane on its own generation thread
     for lane in LANES:
         own = get(f"{shared_worker.url}{lane_prefix(lane)}/health")
         assert own["mode"] == lane and own["pid"] == shared_worker.proc.pid
@@ -265,3 +274,74 @@ def test_the_speculative_lane_drafts_by_prompt_lookup_on_request(
     )
     spec = reply.usage.model_extra["speclane_spec"]  # type: ignore[union-attr]
     assert spec["source"] == "prompt_lookup" and spec["drafted"] > 0
+
+
+QUESTIONS = (
+    "What is the capital of France?",
+    "Name three colours.",
+    "Write a Python function that adds two numbers.",
+    "Count from 1 to 10.",
+)
+
+
+def lane_answers(worker: WorkerProcess, lane: str) -> list[str]:
+    """One client on ``lane``: its questions one after the other (greedy, plus one seeded
+    sampled request), all with one system prompt, so cache entries cross between lanes."""
+    client = lane_client(worker, lane)
+    answers = []
+    for i, question in enumerate(QUESTIONS):
+        extra = {"draft_source": "prompt_lookup"} if lane == "speculative" and i % 2 else {}
+        reply = client.chat.completions.create(
+            model=DEFAULT_MODEL_NAME,
+            messages=[SYSTEM, {"role": "user", "content": question}],
+            max_tokens=24,
+            temperature=0,
+            extra_body=extra,
+        )
+        answers.append(reply.choices[0].message.content or "")
+    seeded = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME,
+        messages=[SYSTEM, {"role": "user", "content": "Tell me a story."}],
+        max_tokens=16,
+        temperature=0.9,
+        seed=7,
+    )
+    answers.append(seeded.choices[0].message.content or "")
+    return answers
+
+
+def test_both_lanes_decoding_at_once_answer_what_each_answers_alone(
+    shared_worker: WorkerProcess,
+) -> None:
+    """A stress of the two generation threads: each lane's answers (greedy, and seeded
+    sampling, whose random key is per thread) while the other lane decodes are those it gives
+    alone; nothing leaks or breaks between them."""
+    alone = {lane: lane_answers(shared_worker, lane) for lane in LANES}
+    assert all(alone[lane][:4] for lane in LANES)
+    rounds = 2
+    together: dict[str, list[str]] = {lane: [] for lane in LANES}
+    spans: dict[str, tuple[float, float]] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(LANES))
+
+    def client(lane: str) -> None:
+        try:
+            start.wait(30)
+            began = time.monotonic()
+            for _ in range(rounds):
+                together[lane] += lane_answers(shared_worker, lane)
+            spans[lane] = (began, time.monotonic())
+        except BaseException as e:  # reported below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(lane,)) for lane in LANES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(900)
+    assert not errors, errors
+    (b1, e1), (b2, e2) = spans.values()
+    assert b1 < e2 and b2 < e1, "the lanes never decoded at the same time"
+    for lane in LANES:
+        assert together[lane] == alone[lane] * rounds, lane
+    assert shared_worker.proc.poll() is None

@@ -279,6 +279,7 @@ class LaneOptions:
     num_draft_tokens: int | None = None
     max_batch_size: int = 8
     layout: str | None = None  # [lanes] layout; None: the router's default
+    shared_threads: int | None = None  # [lanes] shared_threads; None: the router's default
 
 
 def write_policies(directory: Path, policies: dict[str, str] = POLICIES) -> Path:
@@ -305,6 +306,8 @@ def lanes_config(lanes: LaneOptions) -> str:
         lines.append(f"num_draft_tokens = {lanes.num_draft_tokens}")
     if lanes.layout:
         lines.append(f"layout = {q(lanes.layout)}")
+    if lanes.shared_threads is not None:
+        lines.append(f"shared_threads = {lanes.shared_threads}")
     return "\n".join(lines) + "\n"
 
 

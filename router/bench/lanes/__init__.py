@@ -1,7 +1,10 @@
 """``speclane bench lanes``: the two lane layouts against ``mlx_lm.server --draft-model``, in
 one run, on the same model and draft directories (issue 25).
 
-Each target runs alone, one after the other, through the same phases:
+The targets (``--targets`` picks some): ``shared`` (the router's default ``shared_threads``:
+``router.worker.shared.threads_for``), ``shared-1thread`` (one thread
+taking turns between the lanes), ``separate`` and ``mlx_lm.server``. Each target runs alone,
+one after the other, through the same phases:
 
 - memory: the proportional set size (PSS) of its model-holding processes after the same
   warm-up (one short chat on each lane): speclane's workers as ``/admin/lanes`` reports them,

@@ -7,7 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from router.bench.lanes.report import render
+from router.bench.lanes.report import TARGETS, render
 from router.bench.lanes.run import run
 
 
@@ -24,8 +24,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--concurrent-tokens", type=int, default=24)
     p.add_argument("--interactive-tokens", type=int, default=24)
+    p.add_argument(
+        "--targets",
+        type=lambda s: [t for t in s.split(",") if t],
+        default=list(TARGETS),
+        help=f"comma-separated, run in this order (default: {','.join(TARGETS)})",
+    )
     p.add_argument("--out", type=Path, default=Path("examples/results/lanes-layout.json"))
     args = p.parse_args(argv)
+    if unknown := set(args.targets) - set(TARGETS):
+        p.error(f"unknown targets: {', '.join(sorted(unknown))}")
     report = asyncio.run(run(args))
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print()

@@ -16,7 +16,7 @@ from router.bench.common import environment, procs
 from router.bench.common.stats import mean
 from router.bench.common.stream import Reply, stream
 from router.bench.lanes.plan import NO_EOS, QUESTIONS, TOOLS, system_prompt
-from router.bench.lanes.report import TARGETS, ratios
+from router.bench.lanes.report import SHARED_ONE_THREAD, ratios
 from router.config.names import LANE_HEADER
 from router.lanes.memory import process_memory
 
@@ -175,7 +175,13 @@ async def target(
         async with procs.mlx_lm_server(model, log, ("--draft-model", str(draft))) as served:
             yield served.url, served.sid
         return
-    options = procs.LaneOptions(model=str(model), draft_model=str(draft), layout=name)
+    one_thread = name == SHARED_ONE_THREAD
+    options = procs.LaneOptions(
+        model=str(model),
+        draft_model=str(draft),
+        layout="shared" if one_thread else name,
+        shared_threads=1 if one_thread else None,
+    )
     async with procs.own_router(options, log) as url:
         yield url, None
 
@@ -188,7 +194,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     draft = Path(args.draft_model) if args.draft_model else default_draft
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name in TARGETS:
+    for name in args.targets:
         print(f"{name}: starting on {model} with draft {draft}", flush=True)
         log = args.out.with_suffix(f".{name.replace('.', '_')}.log")
         async with target(name, model, draft, log) as (url, pid):
