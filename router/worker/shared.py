@@ -60,8 +60,6 @@ from router.worker_contract import SHARED_THREADS
 log = logging.getLogger("speclane.worker")
 
 
-
-
 def _loaded_elsewhere() -> Models:
     raise RuntimeError("the shared engine loads the models")  # the lanes never load
 

@@ -527,9 +527,12 @@ def test_build_worker_command_passes_the_shared_threads_to_the_shared_worker_onl
     one = build_worker_command("shared", LanesSettings(shared_threads=1), tmp_path, None, "m")
     assert one.argv[one.argv.index("--shared-threads") + 1] == "1"
     for lane in ("speculative", "batching"):
-        assert "--shared-threads" not in build_worker_command(
-            lane, LanesSettings(shared_threads=2), tmp_path, None, "m"
-        ).argv
+        assert (
+            "--shared-threads"
+            not in build_worker_command(
+                lane, LanesSettings(shared_threads=2), tmp_path, None, "m"
+            ).argv
+        )
     with pytest.raises(ValueError):
         LanesSettings(shared_threads=3)  # type: ignore[arg-type]
 
