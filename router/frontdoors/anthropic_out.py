@@ -22,7 +22,7 @@ import orjson
 
 from router import errors, sse
 from router.errors import RouterError
-from router.frontdoors.common import dict_of, list_of, translate_events, whole_call
+from router.frontdoors.common import dict_of, first_choices, list_of, translate_events, whole_call
 from router.sse import event_json
 
 STREAM_CONTENT_TYPE = "text/event-stream"
@@ -223,12 +223,7 @@ class AnthropicEgress:
         out = bytearray()
         if isinstance(event.get("usage"), dict):
             self._usage = event["usage"]
-        choices = event.get("choices")
-        if not isinstance(choices, list):
-            return b""
-        for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
+        for choice in first_choices(event):
             delta = dict_of(choice, "delta")
             text = delta.get("content")
             if isinstance(text, str) and text:

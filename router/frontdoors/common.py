@@ -19,6 +19,15 @@ def to_parsed(endpoint: Endpoint, openai: dict[str, Any]) -> ParsedRequest:
     return parse_request(endpoint, orjson.dumps(openai))
 
 
+def first_choices(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """The well-formed choices of index 0 in an upstream chunk (the doors answer one choice);
+    anything else in ``choices`` is skipped."""
+    choices = event.get("choices")
+    if not isinstance(choices, list):
+        return []
+    return [c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0]
+
+
 def dict_of(data: dict[str, Any], key: str) -> dict[str, Any]:
     """An upstream object's member that should be an object; anything else reads as empty."""
     value = data.get(key)

@@ -22,7 +22,13 @@ import orjson
 
 from router import errors
 from router.errors import RouterError
-from router.frontdoors.common import arguments_object, dict_of, translate_events, whole_call
+from router.frontdoors.common import (
+    arguments_object,
+    dict_of,
+    first_choices,
+    translate_events,
+    whole_call,
+)
 
 log = logging.getLogger("speclane.frontdoors")
 STREAM_CONTENT_TYPE = "application/x-ndjson"
@@ -154,13 +160,8 @@ class OllamaEgress:
     def _chunk(self, event: dict[str, Any]) -> bytes:
         if isinstance(event.get("usage"), dict):
             self._usage = event["usage"]
-        choices = event.get("choices")
-        if not isinstance(choices, list):
-            return b""
         out = bytearray()
-        for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
+        for choice in first_choices(event):
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 text = delta.get("content")

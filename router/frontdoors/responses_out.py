@@ -22,7 +22,7 @@ import orjson
 
 from router import errors
 from router.errors import RouterError
-from router.frontdoors.common import translate_events
+from router.frontdoors.common import first_choices, translate_events
 from router.frontdoors.responses_in import ResponsesRequest
 
 STREAM_CONTENT_TYPE = "text/event-stream"
@@ -293,12 +293,7 @@ class ResponsesEgress:
         out = bytearray()
         if isinstance(event.get("usage"), dict):
             self._usage = event["usage"]
-        choices = event.get("choices")
-        if not isinstance(choices, list):
-            return b""
-        for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
+        for choice in first_choices(event):
             delta: dict[str, Any] = choice["delta"] if isinstance(choice.get("delta"), dict) else {}
             text = delta.get("content")
             if isinstance(text, str) and text:
