@@ -139,10 +139,31 @@ def has_done_line(events: bytes) -> bool:
     return first >= 0 and DONE_LINE.search(events, max(0, first - 7)) is not None
 
 
-def ends_with_done(events: bytes) -> bool:
-    """The last of these whole events is ``data: [DONE]``."""
-    body = events.rstrip()
-    return body[body.rfind(b"\n") + 1 :].replace(b" ", b"") == b"data:[DONE]"
+def through_done(events: bytes) -> tuple[bytes, bytes]:
+    """``(the events up to and including the first data: [DONE] event, what follows it)``;
+    ``(events, b"")`` when no whole ``[DONE]`` event is among them. Nothing an upstream sends
+    after its end reaches a client."""
+    first = events.find(DONE)
+    found = DONE_LINE.search(events, max(0, first - 7)) if first >= 0 else None
+    if found is None:
+        return events, b""
+    line_end = found.end() - 1  # the LF that ends the [DONE] line
+    if line_end < 0 or events[line_end : line_end + 1] != b"\n":
+        return events, b""  # the line has no end yet: the event is not whole
+    ends = [i + n for sep, n in _EVENT_ENDS if (i := events.find(sep, line_end)) >= 0]
+    if not ends:
+        return events, b""
+    end = min(ends)
+    return events[:end], events[end:]
+
+
+def only_done_after(rest: bytes) -> bool:
+    """What followed a stream's ``[DONE]`` is blank, comments or repeated ``[DONE]`` events
+    (some servers send it twice): nothing that says the upstream misbehaved."""
+    return all(is_done(p) for p in payloads(rest)) and all(
+        not line.strip() or line.startswith(b":") or line.startswith(b"data:")
+        for line in rest.splitlines()
+    )
 
 
 # --- a client's reading, line by line -----------------------------------------------------

@@ -18,7 +18,6 @@ from router.sse import (
     DONE_LINE,
     HELD_LIMIT,
     SSETail,
-    ends_with_done,
     first_event_is_json,
     has_done_line,
     looks_like_sse,
@@ -35,7 +34,7 @@ def test_frames_read_back_as_written() -> None:
     written = sse.frame(b'{"a": 1}') + sse.event_json("ping", {"b": 2}) + sse.DONE_EVENT
     assert written == b'data: {"a": 1}\n\nevent: ping\ndata: {"b":2}\n\ndata: [DONE]\n\n'
     assert list(sse.payloads(written)) == [b'{"a": 1}', b'{"b":2}', b"[DONE]"]
-    assert ends_with_done(written) and has_done_line(written)
+    assert sse.through_done(written) == (written, b"") and has_done_line(written)
 
 
 # --- events and their data ------------------------------------------------------------------
@@ -202,7 +201,7 @@ def test_done_line_search_agrees_on_random_mixtures() -> None:
     ],
 )
 def test_ends_with_done(events: bytes, ends: bool) -> None:
-    assert ends_with_done(events) is ends
+    assert (sse.through_done(events)[0] == events and has_done_line(events)) is ends
 
 
 # --- a client reading line by line ------------------------------------------------------------
@@ -352,3 +351,33 @@ def test_the_tail_window_reads_the_same_payloads_as_splitting_everything(
 ) -> None:
     buf = b"".join(pieces)
     assert sse.tail_payloads(bytearray(buf), want) == tail_payloads_by_split(buf, want)
+
+
+@pytest.mark.parametrize(
+    ("events", "through", "after"),
+    [
+        (b"data: 1\n\ndata: [DONE]\n\n", b"data: 1\n\ndata: [DONE]\n\n", b""),
+        (b"data: [DONE]\n\ndata: {}\n\n", b"data: [DONE]\n\n", b"data: {}\n\n"),
+        (b"data: [DONE]\r\n\r\nx", b"data: [DONE]\r\n\r\n", b"x"),
+        (b"data:[DONE]\nid: 3\n\ndata: 2\n\n", b"data:[DONE]\nid: 3\n\n", b"data: 2\n\n"),
+        (b'data: {"t": "[DONE]"}\n\n', b'data: {"t": "[DONE]"}\n\n', b""),  # content, not end
+        (b"data: [DONE]", b"data: [DONE]", b""),  # not whole yet
+    ],
+)
+def test_through_done_cuts_after_the_end_event(events: bytes, through: bytes, after: bytes) -> None:
+    assert sse.through_done(events) == (through, after)
+
+
+@pytest.mark.parametrize(
+    ("rest", "benign"),
+    [
+        (b"", True),
+        (b"\r\n\n", True),
+        (b": keep-alive\n\ndata: [DONE]\n\n", True),
+        (b"data: {}\n\n", False),
+        (b"garbage", False),
+        (b"event: error\ndata: [DONE]\n\n", False),
+    ],
+)
+def test_only_done_after(rest: bytes, benign: bool) -> None:
+    assert sse.only_done_after(rest) is benign

@@ -74,9 +74,10 @@ from router.sse import (
     first_event_is_json,
     has_done_line,
     looks_like_sse,
+    only_done_after,
     split_events,
+    through_done,
 )
-from router.sse import ends_with_done as _ends_with_done
 
 log = logging.getLogger("speclane.relay")
 
@@ -367,6 +368,7 @@ class Relay:
                 f"'{ctype or 'none'}' instead of text/event-stream",
                 code="upstream_bad_stream",
             )
+        resp.release_on_close = True  # what follows [DONE] decides whether it is reused
         first = b""
         try:
             # Up to the end of the first event (bounded): it may come in pieces.
@@ -464,23 +466,25 @@ class Relay:
                             f"{backend.read_timeout:g}s mid-stream"
                         ),
                     )
-                tail.feed(chunk)
                 whole, held = split_events(held + chunk)
-                if egress is not None and whole:
-                    whole = egress.events(whole)
+                after = None
+                if b"[DONE]" in whole and has_done_line(whole):
+                    whole, after = through_done(whole)  # nothing after the end reaches a client
+                tail.feed(whole)
+                sent = whole if egress is None or not whole else egress.events(whole)
                 try:
-                    if whole:
-                        await out.write(whole)
+                    if sent:
+                        await out.write(sent)
                 except ConnectionResetError:
                     outcome.client_left()  # the client went away; nothing more to send
                     return out
-                if b"[DONE]" in whole and has_done_line(whole):
+                if after is not None:
                     self._delivered(backend, outcome, tail)
-                    await self._after_done(out, backend, resp, outcome, held)
+                    end = b"" if egress is None else egress.finish()
+                    await self._after_done(out, backend, resp, outcome, after + held, end)
                     return out
-                if whole.endswith((b"[DONE]\n\n", b"[DONE]\r\n\r\n")) and _ends_with_done(whole):
-                    break  # the stream has ended for the client: trailers can't add an end
                 chunk = await resp.readany()
+            tail.feed(held)
             outcome.last_byte_at = time.monotonic()
             outcome.tail_events, _, saw_done = tail.finish()
             self._upstream_failed_it(backend, outcome)
@@ -560,10 +564,12 @@ class Relay:
         backend: Backend,
         resp: Response,
         outcome: Outcome,
-        held: bytes,
+        rest: bytes,
+        trailer: bytes,
     ) -> None:
-        """Read the upstream's end of body (and pass on what little may follow [DONE])."""
-        rest = held
+        """Read the upstream's end of body; whatever came after [DONE] (``rest`` and more)
+        is not the client's: it is dropped, and with it the connection unless it was only
+        blank lines, comments or a repeated [DONE]."""
         # Usually the end of body came in the same read as [DONE]: nothing to wait for, so
         # no timer is armed (the connection goes back to the pool in ``_end``).
         if not resp.complete:
@@ -573,11 +579,15 @@ class Relay:
                         rest += chunk
             except (TimeoutError, *CONNECT_ERRORS):
                 pass
-        if not resp.complete:
-            resp.close()  # silent, broken or endless after [DONE]: its connection is dropped
-        if rest:
-            await self._write(out, rest, outcome)
-        await self._finish(out, b"", outcome)
+        if not resp.complete or not only_done_after(rest):
+            if resp.complete:
+                log.warning(
+                    "backend %s sent %d bytes after data: [DONE]: dropped, and its connection",
+                    backend.name,
+                    len(rest),
+                )
+            resp.discard()  # silent, broken, endless or talking after [DONE]: not reused
+        await self._finish(out, trailer, outcome)
 
     async def _stream_failed(
         self,
@@ -705,15 +715,18 @@ class Relay:
         task.add_done_callback(self._drains.discard)
 
     async def _read_tail(self, resp: Response) -> None:
-        size = 0
+        rest = b""
         try:
             async with asyncio.timeout(TAIL_GRACE):
-                while size <= TAIL_LIMIT and (chunk := await resp.readany()):
-                    size += len(chunk)
+                while len(rest) <= TAIL_LIMIT and (chunk := await resp.readany()):
+                    rest += chunk
         except (TimeoutError, *CONNECT_ERRORS):
             pass
         finally:
-            resp.close()  # given back to the pool only if the body ended
+            if only_done_after(rest):
+                resp.close()  # given back to the pool only if the body ended
+            else:
+                resp.discard()
 
     async def _drain(self, backend: Backend, resp: Response) -> None:
         """Let the backend finish an aborted generation instead of cutting it off."""

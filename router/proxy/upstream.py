@@ -191,6 +191,9 @@ class Response:
         self._size = 0  # decoded body bytes so far
         self._paused = False
         self._spoilt = False  # reading was paused at some point: never pooled
+        # Give the connection back only on close(), not as the last body bytes are read: the
+        # reader decides first whether what came on it was clean (a stream's tail).
+        self.release_on_close = False
         self._encoding: str | None = None  # Content-Encoding, read once the head is in
         self._decoder: Any = None  # a zlib decompressor for gzip/deflate answers
         self._error: BaseException | None = None
@@ -221,7 +224,8 @@ class Response:
             if self._error is not None:
                 raise self._error
             if self._parser.done:
-                self._release()
+                if not self.release_on_close:
+                    self._release()
                 return b""
             await self._wait()
         data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
@@ -235,7 +239,7 @@ class Response:
         ):
             self._paused = False
             self._conn.transport.resume_reading()
-        if self._parser.done:
+        if self._parser.done and not self.release_on_close:
             self._release()
         return data
 
@@ -250,6 +254,11 @@ class Response:
                 self.close()
                 return b"".join(parts)[:limit]
         return b"".join(parts)
+
+    def discard(self) -> None:
+        """Close without ever pooling the connection: what came on it was not right."""
+        self._spoilt = True
+        self.close()
 
     def close(self) -> None:
         self._stop_timers()

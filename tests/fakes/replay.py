@@ -81,6 +81,7 @@ class ReplayUpstream(LoopbackServer):
         self.tail_gap = tail_gap
         self.answered = 0  # bodies sent to their end
         self.writing = 0  # answers being written now
+        self.post_connections = 0  # connections that carried a POST (reused: counted once)
         self._conns: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
@@ -102,6 +103,7 @@ class ReplayUpstream(LoopbackServer):
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._conns.add(writer)
+        posted = False
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -115,6 +117,8 @@ class ReplayUpstream(LoopbackServer):
                 if length:
                     await reader.readexactly(length)
                 if method == "POST":
+                    self.post_connections += 0 if posted else 1
+                    posted = True
                     await self._answer(writer, self.post)
                 else:
                     cap = self.gets.get(path.split("?")[0])

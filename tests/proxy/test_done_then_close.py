@@ -230,3 +230,39 @@ async def test_an_upstream_that_never_ends_after_done_is_cut_and_the_stream_stay
         await wait_until(lambda: not up.writing)
     assert body.count(b"data: [DONE]") == 1 and b'"draft_n":36' in body
     assert metric_value(text, "speclane_spec_draft_tokens_total", backend="llama") == DRAFTED
+
+
+@pytest.mark.parametrize(
+    ("after", "reused"),
+    [
+        (b'data: {"junk": 1}\n\ndata: {"error": {"message": "not yours"}}\n\n', False),
+        (b"event: x\ndata: [DONE]\n\nnot sse at all\r\n", False),
+        (b"data: [DONE]\n\n: bye\n\n", True),  # a repeated [DONE]: harmless
+    ],
+)
+async def test_nothing_after_done_reaches_the_client(after: bytes, reused: bool) -> None:
+    """Hostile: the upstream goes on after its data: [DONE] within the same body. The client
+    gets the stream up to [DONE] and nothing else; the request is booked as the clean 200 it
+    was (a later error event does not make it a failure), and a connection that carried
+    anything but blank lines, comments or another [DONE] is not reused."""
+    chunk = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "model": "smollm2",
+        "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}],
+    }
+    body = b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n" + after
+    up = ReplayUpstream(
+        Capture(200, "text/event-stream", body),
+        gets={"/v1/models": load("llamacpp-server_v1-models.json")},
+    )
+    async with up, run_router(settings(up)) as r, aiohttp.ClientSession() as s:
+        for _ in range(2):
+            async with s.post(f"{r.base_url}/chat/completions", json=BODY) as resp:
+                assert resp.status == 200
+                got = await resp.read()
+            assert got.endswith(b"data: [DONE]\n\n") and got.count(b"[DONE]") == 1, got
+            assert b"junk" not in got and b"not yours" not in got
+        text = await booked(r, 2)
+    assert metric_value(text, "speclane_requests_total", backend="llama", status="200") == 2
+    assert up.post_connections == (1 if reused else 2)
