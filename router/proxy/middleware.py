@@ -77,11 +77,13 @@ def browser_guard(rule: HostRule) -> Middleware:
     """A middleware that refuses what a hostile web page can make a browser send.
 
     Every request: a ``Host`` that ``rule`` does not allow is answered 421 (DNS rebinding:
-    the browser thinks it talks to the attacker's name). A state-changing admin request
-    (any method but GET/HEAD/OPTIONS under ``/admin/``) is refused 403 when it comes from
-    another site (``Sec-Fetch-Site: cross-site`` or ``same-site``; an ``Origin`` other than
-    the request's own whose host is not allowed or is a loopback name, i.e. another local
-    program's page; ``Origin: null``) or carries a body a form can send (CSRF).
+    the browser thinks it talks to the attacker's name). A request that does something (any
+    method but GET/HEAD/OPTIONS) is refused 403 when it comes from another site
+    (``Sec-Fetch-Site: cross-site`` or ``same-site``; an ``Origin`` other than the request's
+    own whose host is not allowed or is a loopback name, i.e. another local program's page;
+    ``Origin: null``): a page the user visits must not make their machine generate, fill its
+    prompt cache or spend a client's limits. An admin request is refused also when it carries
+    a body a form can send (CSRF); API requests may (``curl -d`` sends a form type).
     """
 
     @web.middleware
@@ -95,7 +97,7 @@ def browser_guard(rule: HostRule) -> Middleware:
                     type="permission_error",
                     code="host_not_allowed",
                 )
-        if request.path.startswith("/admin/") and request.method not in SAFE_METHODS:
+        if request.method not in SAFE_METHODS:
             refuse_cross_site(request, rule)
         return await handler(request)
 
@@ -114,13 +116,23 @@ def refuse_cross_site(request: web.Request, rule: HostRule) -> None:
             # A loopback origin on another port is another local program's page.
             if not rule.allows(host) or host is None or is_loopback_name(host):
                 reason = f"Origin: {origin[:100]!r}"
+    admin = request.path.startswith("/admin/")
     ctype = headers.get(hdrs.CONTENT_TYPE, "").split(";", 1)[0].strip().lower()
-    if ctype in FORM_TYPES:
+    if admin and ctype in FORM_TYPES:
         reason = f"Content-Type: {ctype} (admin requests take no form body)"
-    if reason is not None:
+    if reason is None:
+        return
+    if admin:
         raise RouterError(
             403,
             f"admin requests from web pages are refused ({reason}); use the speclane CLI or curl",
             type="permission_error",
             code="cross_site_admin_request",
         )
+    raise RouterError(
+        403,
+        f"requests from other sites' web pages are refused ({reason}); speclane serves "
+        "programs, not pages on other origins",
+        type="permission_error",
+        code="cross_site_request",
+    )
