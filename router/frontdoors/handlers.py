@@ -8,6 +8,7 @@ the error middleware, which knows the API by the path (``errors.api_for_path``).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -17,7 +18,7 @@ import orjson
 from aiohttp import web
 
 from router import errors
-from router.appkeys import LIMITER, POOL, SESSION, SETTINGS
+from router.appkeys import LIMITER, METRICS, POOL, SESSION, SETTINGS
 from router.backends.base import Backend
 from router.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in, ollama_info
@@ -25,8 +26,11 @@ from router.frontdoors.anthropic_out import AnthropicEgress
 from router.frontdoors.common import to_parsed
 from router.frontdoors.ollama_out import OllamaEgress, now_iso
 from router.frontdoors.responses_http import setup_responses_routes
+from router.proxy import observe
+from router.proxy.accesslog import ACCESS, record_of
 from router.proxy.connections import read_body
 from router.proxy.handlers import Inbound, identify, proxy, request_key
+from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
 
 TOKENIZE_PATH = "/tokenize"  # under a lane worker's /v1 (router.worker.server)
@@ -62,27 +66,44 @@ async def count_tokens(request: web.Request) -> web.Response:
     (``router.worker.tokenizing``).
     """
     app = request.app
-    policy = identify(request, anthropic_key(request))
-    raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
-    req = anthropic_in.to_openai(load_object(raw), for_count=True)
-    if not policy.allows_model(req.model):
-        raise RouterError(
-            403,
-            f"client '{policy.client}' may not use model '{req.model}'",
-            type="permission_error",
-            param="model",
-            code="model_not_allowed",
-        )
-    lane = _tokenizing_lane(app[POOL], req.model)
-    try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
-        body = orjson.dumps(anthropic_in.count_body(req))
-    except orjson.JSONEncodeError as e:
-        raise errors.bad_request(
-            f"request body cannot be forwarded: {e}", code="invalid_json"
-        ) from e
-    async with app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout):
-        count = await _count(app[SESSION], lane, body)
-    return web.json_response({"input_tokens": count})
+    outcome = Outcome(endpoint="count_tokens", arrival=time.monotonic(), api="anthropic")
+    client, model = "unidentified", None
+    try:
+        policy = identify(request, anthropic_key(request))
+        client = policy.client
+        raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
+        req = anthropic_in.to_openai(load_object(raw), for_count=True)
+        model = req.model
+        if not policy.allows_model(req.model):
+            raise RouterError(
+                403,
+                f"client '{policy.client}' may not use model '{req.model}'",
+                type="permission_error",
+                param="model",
+                code="model_not_allowed",
+            )
+        lane = _tokenizing_lane(app[POOL], req.model)
+        try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
+            body = orjson.dumps(anthropic_in.count_body(req))
+        except orjson.JSONEncodeError as e:
+            raise errors.bad_request(
+                f"request body cannot be forwarded: {e}", code="invalid_json"
+            ) from e
+        async with app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout):
+            outcome.tried, outcome.attempts = lane, 1
+            count = await _count(app[SESSION], lane, body)
+        outcome.backend, outcome.status = lane, 200
+        return web.json_response({"input_tokens": count})
+    except RouterError as e:
+        outcome.status, outcome.error = e.status, e
+        raise
+    except asyncio.CancelledError:
+        outcome.client_left()
+        raise
+    finally:  # booked like every proxied request: metrics and the access log
+        outcome.finished_at = time.monotonic()
+        observe.record(app[METRICS], outcome)
+        app[ACCESS].add(record_of(outcome, client=client, model=model, decision=None))
 
 
 async def _count(session: aiohttp.ClientSession, lane: Backend, body: bytes) -> int:

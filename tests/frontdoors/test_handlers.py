@@ -18,11 +18,19 @@ import ollama
 import openai
 import pytest
 
-from router.appkeys import LIMITER
+from router.appkeys import LIMITER, METRICS
 from router.config.settings import Settings
+from router.proxy.accesslog import ACCESS
 from router.worker.server import WorkerInfo, make_app, start_site
 from router.worker_contract import worker_argv
-from tests.conftest import RunningRouter, add_fake_lane, router_settings, run_router, wait_until
+from tests.conftest import (
+    RunningRouter,
+    add_fake_lane,
+    metric_value,
+    router_settings,
+    run_router,
+    wait_until,
+)
 from tests.worker.scripted import ScriptedEngine
 
 MODEL = "scripted-model"
@@ -122,6 +130,41 @@ async def test_count_tokens_past_the_queue_timeout_is_a_429_in_anthropics_shape(
         await client.close()
     assert refused.value.body["type"] == "error"  # type: ignore[index]
     assert refused.value.response.headers["retry-after"]
+
+
+async def test_count_tokens_is_booked_like_any_request(tmp_path: Path) -> None:
+    """Counted or refused, a count is in the access log and in speclane_requests_total."""
+    engine = ScriptedEngine("ok", paced=True)
+    async with scripted_router(engine, tmp_path, LIMITED.format(timeout=0.2)) as r:
+        client = claude(r, KEY)
+        await client.messages.count_tokens(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+        generation = asyncio.ensure_future(
+            client.messages.create(model=MODEL, max_tokens=4, messages=MESSAGES)
+        )  # type: ignore[arg-type]
+        await wait_until(lambda: engine.started, WAIT)
+        with pytest.raises(anthropic.RateLimitError):
+            await client.messages.count_tokens(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+        engine.release(2)
+        await generation
+        await client.close()
+        counts = [a for a in r.app[ACCESS].recent if a.endpoint == "count_tokens"]
+        text = r.app[METRICS].render().decode()
+    assert [(a.client, a.model, a.status) for a in counts] == [
+        ("counter", MODEL, 200),
+        ("counter", MODEL, 429),
+    ]
+    assert counts[0].backend is not None and counts[1].error is not None
+    for status in ("200", "429"):
+        assert (
+            metric_value(
+                text,
+                "speclane_requests_total",
+                endpoint="count_tokens",
+                status=status,
+                api="anthropic",
+            )
+            == 1
+        )
 
 
 # --- one body limit -----------------------------------------------------------------------
