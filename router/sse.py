@@ -139,6 +139,24 @@ def has_done_line(events: bytes) -> bool:
     return first >= 0 and DONE_LINE.search(events, max(0, first - 7)) is not None
 
 
+def done_tail(events: bytes) -> bytes | None:
+    """What follows the first ``data: [DONE]`` line's event among these events (``b""``: it
+    ends them), None without one. The usual stream's last read ends with its only ``[DONE]``
+    and is answered without a regular expression."""
+    first = events.find(DONE)
+    if first < 0:
+        return None
+    if (
+        first == len(events) - 8
+        and events.endswith(DONE_EVENT)
+        and (first == 6 or events[first - 7] == 0x0A)  # "data: " at a line start
+    ):
+        return b""
+    if DONE_LINE.search(events, max(0, first - 7)) is None:
+        return None
+    return through_done(events)[1]
+
+
 def through_done(events: bytes) -> tuple[bytes, bytes]:
     """``(the events up to and including the first data: [DONE] event, what follows it)``;
     ``(events, b"")`` when no whole ``[DONE]`` event is among them. Nothing an upstream sends

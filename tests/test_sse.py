@@ -381,3 +381,22 @@ def test_through_done_cuts_after_the_end_event(events: bytes, through: bytes, af
 )
 def test_only_done_after(rest: bytes, benign: bool) -> None:
     assert sse.only_done_after(rest) is benign
+
+
+@pytest.mark.parametrize(
+    ("events", "tail"),
+    [
+        (b"data: 1\n\ndata: [DONE]\n\n", b""),
+        (sse.DONE_EVENT, b""),
+        (b"data: [DONE]\n\ndata: {}\n\n", b"data: {}\n\n"),
+        (b"data: [DONE]\r\n\r\n", b""),
+        (b"data: [DONE]\n\ndata: [DONE]\n\n", b"data: [DONE]\n\n"),
+        (b'data: {"t": "x data: [DONE]\n\n"}', None),  # inside content, not at a line start
+        (b'data: {"t": "[DONE]"}\n\n', None),
+        (b"data: 1\n\n", None),
+    ],
+)
+def test_done_tail(events: bytes, tail: bytes | None) -> None:
+    assert sse.done_tail(events) == tail
+    if tail is not None:
+        assert sse.through_done(events)[1] == tail

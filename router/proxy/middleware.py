@@ -106,6 +106,9 @@ def browser_guard(rule: HostRule) -> Middleware:
 
 def refuse_cross_site(request: web.Request, rule: HostRule) -> None:
     headers = request.headers
+    admin = request.path.startswith("/admin/")
+    if not admin and hdrs.ORIGIN not in headers and "Sec-Fetch-Site" not in headers:
+        return  # a program's request: the usual case, decided without parsing anything
     site = headers.get("Sec-Fetch-Site", "").strip().lower()
     reason = None
     if site in ("cross-site", "same-site"):
@@ -116,7 +119,6 @@ def refuse_cross_site(request: web.Request, rule: HostRule) -> None:
             # A loopback origin on another port is another local program's page.
             if not rule.allows(host) or host is None or is_loopback_name(host):
                 reason = f"Origin: {origin[:100]!r}"
-    admin = request.path.startswith("/admin/")
     ctype = headers.get(hdrs.CONTENT_TYPE, "").split(";", 1)[0].strip().lower()
     if admin and ctype in FORM_TYPES:
         reason = f"Content-Type: {ctype} (admin requests take no form body)"

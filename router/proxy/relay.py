@@ -71,12 +71,11 @@ from router.routing.types import Candidate, Decision
 from router.sse import (
     HELD_LIMIT,
     SSETail,
+    done_tail,
     first_event_is_json,
-    has_done_line,
     looks_like_sse,
     only_done_after,
     split_events,
-    through_done,
 )
 
 log = logging.getLogger("speclane.relay")
@@ -368,7 +367,6 @@ class Relay:
                 f"'{ctype or 'none'}' instead of text/event-stream",
                 code="upstream_bad_stream",
             )
-        resp.release_on_close = True  # what follows [DONE] decides whether it is reused
         first = b""
         try:
             # Up to the end of the first event (bounded): it may come in pieces.
@@ -467,9 +465,9 @@ class Relay:
                         ),
                     )
                 whole, held = split_events(held + chunk)
-                after = None
-                if b"[DONE]" in whole and has_done_line(whole):
-                    whole, after = through_done(whole)  # nothing after the end reaches a client
+                after = done_tail(whole)
+                if after:  # nothing after the end reaches a client
+                    whole = whole[: len(whole) - len(after)]
                 tail.feed(whole)
                 sent = whole if egress is None or not whole else egress.events(whole)
                 try:
@@ -579,7 +577,7 @@ class Relay:
                         rest += chunk
             except (TimeoutError, *CONNECT_ERRORS):
                 pass
-        if not resp.complete or not only_done_after(rest):
+        if not resp.complete or (rest and not only_done_after(rest)):
             if resp.complete:
                 log.warning(
                     "backend %s sent %d bytes after data: [DONE]: dropped, and its connection",

@@ -191,9 +191,7 @@ class Response:
         self._size = 0  # decoded body bytes so far
         self._paused = False
         self._spoilt = False  # reading was paused at some point: never pooled
-        # Give the connection back only on close(), not as the last body bytes are read: the
-        # reader decides first whether what came on it was clean (a stream's tail).
-        self.release_on_close = False
+        self._returned: _Connection | None = None  # given back to the pool by close()
         self._encoding: str | None = None  # Content-Encoding, read once the head is in
         self._decoder: Any = None  # a zlib decompressor for gzip/deflate answers
         self._error: BaseException | None = None
@@ -224,8 +222,7 @@ class Response:
             if self._error is not None:
                 raise self._error
             if self._parser.done:
-                if not self.release_on_close:
-                    self._release()
+                self._release()
                 return b""
             await self._wait()
         data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
@@ -239,7 +236,7 @@ class Response:
         ):
             self._paused = False
             self._conn.transport.resume_reading()
-        if self._parser.done and not self.release_on_close:
+        if self._parser.done:
             self._release()
         return data
 
@@ -256,9 +253,15 @@ class Response:
         return b"".join(parts)
 
     def discard(self) -> None:
-        """Close without ever pooling the connection: what came on it was not right."""
+        """Close without pooling the connection (what came on it was not right), and take it
+        back out of the pool if the end of the body already gave it back and nobody has
+        taken it since (its framing was clean, so a request already on it is safe)."""
         self._spoilt = True
-        self.close()
+        if self._conn is not None:
+            self.close()
+        elif self._returned is not None:
+            self._pool._take_back(self._origin, self._returned)
+            self._returned = None
 
     def close(self) -> None:
         self._stop_timers()
@@ -278,6 +281,7 @@ class Response:
             and conn.reusable()
         ):
             self._pool._give_back(self._origin, conn)
+            self._returned = conn
         else:
             conn.abort()
         if self._error is None and not parser.done:
@@ -602,6 +606,12 @@ class Http1Pool:
             )
             for conn in self._idle.pop(origin, []):
                 conn.abort()
+
+    def _take_back(self, origin: Origin, conn: _Connection) -> None:
+        idle = self._idle.get(origin)
+        if idle and conn in idle:
+            idle.remove(conn)
+            conn.close()
 
     def _give_back(self, origin: Origin, conn: _Connection) -> None:
         idle = self._idle.setdefault(origin, [])
