@@ -15,6 +15,7 @@ import platform
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -199,7 +200,7 @@ async def run(
     tokens: tuple[int, ...] = DEFAULT_TOKENS,
     rounds: int = 1,
     cpus: str = "both",
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Each (stream length, concurrency) cell is measured in ``rounds`` rounds that visit
     the targets in turn, starting with a different one each round, and the rounds are
     pooled: on a shared machine a burst of someone else's work then lands on every target
@@ -221,7 +222,7 @@ async def run(
         finally:
             if cpu.supported() and everything:
                 cpu.pin_self(everything)  # a caller in this process keeps its cores
-    result: dict[str, object] = {
+    result: dict[str, Any] = {
         "benchmark": "overhead",
         "speclane": __version__,
         "date": environment.now_iso(),
