@@ -4,6 +4,7 @@ by ``--render``), ``scorecard.md``, and the charts ``plot.py`` draws."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -163,15 +164,19 @@ def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
     return "\n".join(out + [line for lines in sections for line in lines]).rstrip() + "\n"
 
 
+def _table(heading: Sequence[str], columns: str, rows: Iterable[Sequence[object]]) -> list[str]:
+    """A section: its heading lines, then a Markdown table (``columns``: one letter per
+    column, ``l`` left or ``r`` right aligned, then ``|`` and the header cells)."""
+    align, header = columns.split("|", 1)
+    lines = [*heading, f"| {header.replace('|', ' | ')} |"]
+    lines.append("| " + " | ".join("---:" if a == "r" else "---" for a in align) + " |")
+    cells = (" | ".join(str(c) for c in row) for row in rows)
+    return lines + [re.sub(r"\|  (?=\|)", "| ", f"| {text} |") for text in cells]
+
+
 def _headline(result: Result, ev: Evaluation) -> list[str]:
-    lines = [
-        f"**Verdict: {ev.verdict}**",
-        "",
-        f"Readiness score: **{ev.score}/100** (rule below).",
-        "",
-        f"> {ev.recommendation}",
-        "",
-    ]
+    lines = [f"**Verdict: {ev.verdict}**", "", f"Readiness score: **{ev.score}/100** (rule below).",
+             "", f"> {ev.recommendation}", ""]  # fmt: skip
     if not result.complete:
         lines += [
             f"_This run is partial: {result.stopped or 'stopped early'}. Figures cover "
@@ -182,30 +187,19 @@ def _headline(result: Result, ev: Evaluation) -> list[str]:
 
 
 def _environment(result: Result) -> list[str]:
-    env = result.environment
-    ver = env.get("versions") or {}
-    hw = env.get("hardware") or {}
-    load = env.get("load_average") or {}
+    env, plan = result.environment, result.plan
+    ver, hw, load = (env.get(k) or {} for k in ("versions", "hardware", "load_average"))
     draft = env.get("draft_model") or "unknown"
     if env.get("num_draft_tokens"):
         draft += f" ({env['num_draft_tokens']} draft tokens per round)"
-    cells = len(result.runs)
     requests = sum(len(r.measurements) for r in result.runs)
     run = (
         f"{'complete' if result.complete else 'partial'}, {clock(result.duration)}, "
-        f"{cells}/{len(result.plan.cells)} cells, {requests} requests"
+        f"{len(result.runs)}/{len(plan.cells)} cells, {requests} requests"
     )
-    machine = ", ".join(
-        str(x)
-        for x in (
-            hw.get("machine"),
-            hw.get("cpu"),
-            f"{hw.get('cpus')} CPUs",
-            f"{hw.get('memory_gib')} GiB",
-            f"MLX device {hw.get('mlx_device')}",
-        )
-        if x
-    )
+    parts = (hw.get("machine"), hw.get("cpu"), f"{hw.get('cpus')} CPUs",
+             f"{hw.get('memory_gib')} GiB", f"MLX device {hw.get('mlx_device')}")  # fmt: skip
+    machine = ", ".join(str(x) for x in parts if x)
     if "openblas_preloaded" in hw:
         machine += ", OpenBLAS " + ("preloaded" if hw["openblas_preloaded"] else "not found")
     rows = [
@@ -214,30 +208,20 @@ def _environment(result: Result) -> list[str]:
         ("Date (UTC)", env.get("date") or "?"),
         ("Run", run),
         ("Router", env.get("router") or "?"),
-        (
-            "speclane / mlx / mlx-lm",
-            " / ".join(str(ver.get(k)) for k in ("speclane", "mlx", "mlx-lm")),
-        ),
+        ("speclane / mlx / mlx-lm", " / ".join(str(ver.get(k)) for k in
+                                               ("speclane", "mlx", "mlx-lm"))),
         ("Hardware", machine or "?"),
         ("Machine load", _load_text(load)),
-    ]
-    lane_notes = [
+    ]  # fmt: skip
+    said = [
         f"{lane['lane']} lane: {lane['speculation']['reason']}"
         for lane in env.get("lanes") or ()
         if (lane.get("speculation") or {}).get("reason")
     ]
-    if lane_notes:
-        rows.append(("Router says", "; ".join(lane_notes)))
-    if env.get("note"):
-        rows.append(("Note", env["note"]))
-    return [
-        "## Environment",
-        "",
-        "| | |",
-        "| --- | --- |",
-        *(f"| {k} | {_cell(v)} |" for k, v in rows),
-        "",
-    ]
+    rows += [("Router says", "; ".join(said))] if said else []
+    rows += [("Note", env["note"])] if env.get("note") else []
+    return ["## Environment", "", "| | |", "| --- | --- |",
+            *(f"| {k} | {_cell(v)} |" for k, v in rows), ""]  # fmt: skip
 
 
 def _load_text(load: dict[str, Any]) -> str:
@@ -251,16 +235,13 @@ def _load_text(load: dict[str, Any]) -> str:
 
 
 def _gates(ev: Evaluation) -> list[str]:
-    lines = ["## Gates", "", "| Gate | Rule | Figure | Result |", "| --- | --- | --- | --- |"]
     marks = {True: "✅ passed", False: "❌ failed", None: "⚪ not measured"}
-    lines += [
-        f"| {g.title} | {_cell(g.rule)} | {_cell(g.figure)} | {marks[g.passed]} |" for g in ev.gates
-    ]
-    return [*lines, ""]
+    rows = [(g.title, _cell(g.rule), _cell(g.figure), marks[g.passed]) for g in ev.gates]
+    return [*_table(("## Gates", ""), "llll|Gate|Rule|Figure|Result", rows), ""]
 
 
 def _crossover(ev: Evaluation) -> list[str]:
-    lines = [
+    heading = (
         "## Where speculation stops paying",
         "",
         "Aggregate tokens per second of the speculative lane with speculation on, "
@@ -268,15 +249,13 @@ def _crossover(ev: Evaluation) -> list[str]:
         f"(spec-off, batching), at each concurrency. It pays when it is at least "
         f"{1 + ev.thresholds.crossover_margin:.2f}x the alternative.",
         "",
-        "| Concurrency | spec-on tok/s | Best alternative | Its tok/s | Ratio | Pays |",
-        "| ---: | ---: | --- | ---: | ---: | --- |",
-    ]
-    for lv in ev.levels:
-        pays = {True: "yes", False: "**no**", None: "n/a"}[lv.pays]
-        lines.append(
-            f"| {lv.concurrency} | {_num(lv.spec_tps)} | {lv.alternative or 'n/a'} "
-            f"| {_num(lv.alternative_tps)} | {_num(lv.ratio, '{:.2f}x')} | {pays} |"
-        )
+    )
+    pays = {True: "yes", False: "**no**", None: "n/a"}
+    rows = [(lv.concurrency, _num(lv.spec_tps), lv.alternative or "n/a", _num(lv.alternative_tps),
+             _num(lv.ratio, "{:.2f}x"), pays[lv.pays]) for lv in ev.levels]  # fmt: skip
+    lines = _table(
+        heading, "rrlrrl|Concurrency|spec-on tok/s|Best alternative|Its tok/s|Ratio|Pays", rows
+    )
     if ev.stop_at is not None:
         lines += ["", f"Speculation stops paying at **concurrency {ev.stop_at}**."]
     elif ev.levels:
@@ -286,37 +265,25 @@ def _crossover(ev: Evaluation) -> list[str]:
 
 def _acceptance(ev: Evaluation) -> list[str]:
     floor = ev.thresholds.acceptance_floor
-    lines = [
-        "## Acceptance by prompt family",
-        "",
-        f"| Family | Drafted | Accepted | Acceptance | Floor {floor:.2f} |",
-        "| --- | ---: | ---: | ---: | --- |",
-    ]
-    for a in ev.acceptance:
-        mark = {True: "passed", False: "**failed**", None: "n/a"}[a.passed]
-        lines.append(
-            f"| {_family(a.family)} | {a.drafted} | {a.accepted} "
-            f"| {_num(a.acceptance, '{:.2f}')} | {mark} |"
-        )
-    lines.append(f"| **all** | | | **{_num(ev.pooled_acceptance, '{:.2f}')}** | |")
+    marks = {True: "passed", False: "**failed**", None: "n/a"}
+    rows = [(_family(a.family), a.drafted, a.accepted, _num(a.acceptance, "{:.2f}"),
+             marks[a.passed]) for a in ev.acceptance]  # fmt: skip
+    rows.append(("**all**", "", "", f"**{_num(ev.pooled_acceptance, '{:.2f}')}**", ""))
+    columns = f"lrrrl|Family|Drafted|Accepted|Acceptance|Floor {floor:.2f}"
+    lines = _table(("## Acceptance by prompt family", ""), columns, rows)
     return [*lines, ""]
 
 
 def _score(ev: Evaluation) -> list[str]:
-    lines = [
+    heading = (
         f"## Readiness score: {ev.score}/100",
         "",
-        "The sum of these components, rounded (the verdict comes from the gates, "
-        "not from the score):",
+        "The sum of these components, rounded (the verdict comes from the gates, not from "
+        "the score):",
         "",
-        "| Component | Points | Figure | Rule |",
-        "| --- | ---: | --- | --- |",
-    ]
-    lines += [
-        f"| {p.title} | {p.points:.1f} / {p.weight} | {p.figure} | {_cell(p.rule)} |"
-        for p in ev.parts
-    ]
-    return [*lines, ""]
+    )
+    rows = [(p.title, f"{p.points:.1f} / {p.weight}", p.figure, _cell(p.rule)) for p in ev.parts]
+    return [*_table(heading, "lrll|Component|Points|Figure|Rule", rows), ""]
 
 
 def _pair_rule(result: Result, ev: Evaluation) -> list[str]:
@@ -337,35 +304,30 @@ def _pair_rule(result: Result, ev: Evaluation) -> list[str]:
     ]
 
 
+SCENARIO_COLUMNS = (
+    "lrrrrrrrrrrrl|Family|c|Requests|Errors|TTFT avg ms|TTFT p95 ms|Decode tok/s|"
+    "Aggregate tok/s|E2E p95 ms|Drafted|Accepted|Acceptance|Lane chosen"
+)
+
+
 def _scenarios(result: Result) -> list[str]:
     lines = ["## Results by scenario", ""]
     for name in result.plan.scenarios:
         scenario = SCENARIOS[name]
+        heading = (f"### {scenario.title} (`{name}`)", "", f"Sent with {scenario.how}.", "")
         runs = [r for r in result.runs if r.cell.scenario == name]
-        lines += [
-            f"### {scenario.title} (`{name}`)",
-            "",
-            f"Sent with {scenario.how}.",
-            "",
-            "| Family | c | Requests | Errors | TTFT avg ms | TTFT p95 ms | "
-            "Decode tok/s | Aggregate tok/s | E2E p95 ms | Drafted | Accepted | "
-            "Acceptance | Lane chosen |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-            "| ---: | --- |",
-        ]
-        if not runs:
-            lines.append("| (not measured) |" + " |" * 12)
-        for run in runs:
-            s, partial = cell_summary(run), "" if run.complete else " (partial)"
-            lines.append(
-                f"| {_family(run.cell.family)}{partial} | {run.cell.concurrency} | {s.requests} "
-                f"| {s.errors} | {_num(s.ttft_avg_ms, '{:.0f}')} "
-                f"| {_num(s.ttft_p95_ms, '{:.0f}')} | {_num(s.decode_tps_avg)} "
-                f"| {_num(s.agg_tps)} | {_num(s.e2e_p95_ms, '{:.0f}')} | {s.drafted} "
-                f"| {s.accepted} | {_num(s.acceptance, '{:.2f}')} | {_lanes(s)} |"
-            )
+        lines += _table(heading, SCENARIO_COLUMNS, map(_scenario_row, runs))
+        lines += [] if runs else ["| (not measured) |" + " |" * 12]
         lines.append("")
     return lines
+
+
+def _scenario_row(run: CellRun) -> tuple[object, ...]:
+    s, partial = cell_summary(run), "" if run.complete else " (partial)"
+    return (f"{_family(run.cell.family)}{partial}", run.cell.concurrency, s.requests, s.errors,
+            _num(s.ttft_avg_ms, "{:.0f}"), _num(s.ttft_p95_ms, "{:.0f}"), _num(s.decode_tps_avg),
+            _num(s.agg_tps), _num(s.e2e_p95_ms, "{:.0f}"), s.drafted, s.accepted,
+            _num(s.acceptance, "{:.2f}"), _lanes(s))  # fmt: skip
 
 
 def _lanes(s: Summary) -> str:
@@ -394,9 +356,8 @@ def _errors(runs: Iterable[CellRun]) -> list[str]:
     )
     if not errors:
         return []
-    lines = ["## Errors", "", "| Scenario | Error | Requests |", "| --- | --- | ---: |"]
-    lines += [f"| {s} | {_cell(e or 'unknown')} | {n} |" for (s, e), n in errors.most_common(10)]
-    return [*lines, ""]
+    rows = [(s, _cell(e or "unknown"), n) for (s, e), n in errors.most_common(10)]
+    return [*_table(("## Errors", ""), "llr|Scenario|Error|Requests", rows), ""]
 
 
 def _method(result: Result) -> list[str]:
