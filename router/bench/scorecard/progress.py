@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from router.bench.scorecard.plan import Cell, eta
+from router.bench.scorecard.plan import Cell
 from router.bench.scorecard.records import CellRun, Measurement
 
 BAR_WIDTH = 24
@@ -21,6 +21,13 @@ def clock(seconds: float | None) -> str:
         return "?"
     hours, rest = divmod(max(0, round(seconds)), 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def eta(remaining_estimate: float, done_estimate: float, done_actual: float) -> float:
+    """Seconds left: the remaining estimate, scaled by how far off the estimate was so far."""
+    if done_estimate <= 0 or done_actual <= 0:
+        return remaining_estimate
+    return remaining_estimate * done_actual / done_estimate
 
 
 def render(
