@@ -46,6 +46,11 @@ def hardware() -> dict[str, Any]:
     return info
 
 
+def record() -> dict[str, Any]:
+    """Versions, hardware and machine load, for a benchmark's results file."""
+    return {"versions": versions(), "hardware": hardware(), "load_average": load_average()}
+
+
 def load_average() -> list[float] | None:
     with contextlib.suppress(OSError, AttributeError):
         return [round(x, 2) for x in os.getloadavg()]

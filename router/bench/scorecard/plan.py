@@ -294,7 +294,9 @@ def fit(
     if speeds is None:
         return Plan.full(spec)
     plan = _estimated(Plan.full(spec), speeds)
-    for dimension, step in STEPS if budget else ():
+    if not budget:
+        return plan
+    for dimension, step in STEPS:
         while dimension not in fixed and plan.estimate is not None and plan.estimate > budget:
             if (smaller := step(plan)) is None:
                 break

@@ -266,8 +266,10 @@ def _crossover(ev: Evaluation) -> list[str]:
 def _acceptance(ev: Evaluation) -> list[str]:
     floor = ev.thresholds.acceptance_floor
     marks = {True: "passed", False: "**failed**", None: "n/a"}
-    rows = [(_family(a.family), a.drafted, a.accepted, _num(a.acceptance, "{:.2f}"),
-             marks[a.passed]) for a in ev.acceptance]  # fmt: skip
+    rows: list[tuple[object, ...]] = [
+        (_family(a.family), a.drafted, a.accepted, _num(a.acceptance, "{:.2f}"), marks[a.passed])
+        for a in ev.acceptance
+    ]
     rows.append(("**all**", "", "", f"**{_num(ev.pooled_acceptance, '{:.2f}')}**", ""))
     columns = f"lrrrl|Family|Drafted|Accepted|Acceptance|Floor {floor:.2f}"
     lines = _table(("## Acceptance by prompt family", ""), columns, rows)
