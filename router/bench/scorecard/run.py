@@ -12,7 +12,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,16 +80,12 @@ async def send(
         m.content_chunks = len(reply.token_times)
         m.status = reply.status
         m.lane, m.decision = reply.headers.get(LANE_HEADER), reply.headers.get(DECISION_HEADER)
-    if reply.usage:  # the last event's (stream_options.include_usage), with speclane_spec
+    if usage := reply.usage:  # the last event's (stream_options.include_usage)
         m.usage_reported = True
-        m.completion_tokens, m.prompt_tokens = (
-            _int(reply.usage.get(k)) for k in ("completion_tokens", "prompt_tokens")
-        )
-        spec_stats = reply.usage.get("speclane_spec")
-        if isinstance(spec_stats, dict):
-            m.drafted, m.accepted, m.steps, m.num_draft_tokens = (
-                _int(spec_stats.get(k))
-                for k in ("drafted", "accepted", "steps", "num_draft_tokens")
+        m.completion_tokens, m.prompt_tokens = _ints(usage, "completion_tokens", "prompt_tokens")
+        if isinstance(spec_stats := usage.get("speclane_spec"), dict):
+            m.drafted, m.accepted, m.steps, m.num_draft_tokens = _ints(
+                spec_stats, "drafted", "accepted", "steps", "num_draft_tokens"
             )
     m.error = reply.error or (None if reply.done else "the stream ended without data: [DONE]")
     if m.error is None:
@@ -99,8 +95,9 @@ async def send(
     return m
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _ints(data: dict[str, Any], *keys: str) -> list[int | None]:
+    return [v if isinstance(v := data.get(k), int) and not isinstance(v, bool) else None
+            for k in keys]  # fmt: skip
 
 
 async def run_cells(
@@ -121,14 +118,7 @@ async def run_cells(
 
         async def loop(stream: int, cell: Cell = cell, run: CellRun = run) -> None:
             for seq in range(spec.runs):
-                m = Measurement(
-                    cell.scenario,
-                    cell.family,
-                    cell.concurrency,
-                    stream,
-                    seq,
-                    prompt_index=stream * spec.runs + seq,
-                )
+                m = Measurement(*astuple(cell), stream, seq, prompt_index=stream * spec.runs + seq)
                 run.measurements.append(m)
                 progress.request_done(await send(session, target, m, spec))
 
@@ -266,13 +256,11 @@ async def _measure(
 async def _environment(
     session: aiohttp.ClientSession, base_url: str, router: str, opts: Options
 ) -> dict[str, Any]:
-    root = base_url.removesuffix("/v1")
-    lanes = await environment.lanes_info(session, root, opts.api_key)
+    lanes = await environment.lanes_info(session, base_url.removesuffix("/v1"), opts.api_key)
     served = await environment.served_models(session, base_url, opts.api_key)
     spec_lane = next((lane for lane in lanes if lane.get("lane") == "speculative"), {})
     model = next((lane.get("model") for lane in lanes if lane.get("model")), None)
-    load = environment.load_average()
-    hw = environment.hardware()
+    load, hw = environment.load_average(), environment.hardware()
     env: dict[str, Any] = {
         "date": environment.now_iso(),
         "model": model or (served[0] if served else None),
@@ -288,10 +276,8 @@ async def _environment(
     notes = [opts.note] if opts.note else []
     cpus = hw.get("cpus") or os.cpu_count() or 1
     if load and load[0] > 0.5 * cpus:
-        notes.append(
-            f"the machine was busy when the run started (load {load[0]} on {cpus} "
-            "CPUs): figures carry that noise"
-        )
+        notes.append(f"the machine was busy when the run started (load {load[0]} on {cpus} "
+                     "CPUs): figures carry that noise")  # fmt: skip
     if notes:
         env["note"] = "; ".join(notes)
     return env
@@ -307,8 +293,7 @@ async def warm_up(
         return []
     spec = opts.spec.with_(max_tokens=min(opts.spec.max_tokens, WARMUP_MAX_TOKENS))
     log(f"warm-up: {opts.warmup} round(s) on each lane")
-    forced: list[str] = [s for s in ("spec-on", "spec-off", "batching") if s in spec.scenarios]
-    forced = forced or ["auto"]
+    forced = [s for s in ("spec-on", "spec-off", "batching") if s in spec.scenarios] or ["auto"]
     plan = [(s, "chat") for s in forced]
     if "long" in spec.families:
         plan.append(("batching" if "batching" in forced else forced[0], "long"))
