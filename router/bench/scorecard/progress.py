@@ -47,10 +47,8 @@ class Progress:
         out: TextIO | None = None,
         enabled: bool = True,
     ) -> None:
-        self.estimates, self.total = list(estimates or ()), total
-        self.out = out or sys.stderr
-        self.enabled = enabled
-        self.tty = enabled and self.out.isatty()
+        self.estimates, self.total, self.out = list(estimates or ()), total, out or sys.stderr
+        self.enabled, self.tty = enabled, enabled and self.out.isatty()
         self.started = self.cell_t0 = time.monotonic()
         self.done, self.done_seconds = 0, 0.0
         self.cell: Cell | None = None
@@ -60,25 +58,20 @@ class Progress:
     def time_left(self, now: float) -> float | None:
         """The estimates left, scaled by how far off they were so far; without estimates,
         the average cell so far."""
-        in_cell = now - self.cell_t0 if self.cell else 0.0
         if self.estimates:
-            left = eta(
-                sum(self.estimates[self.done :]),
-                sum(self.estimates[: self.done]),
-                self.done_seconds,
-            )
+            done, left = self.estimates[: self.done], self.estimates[self.done :]
+            left_s = eta(sum(left), sum(done), self.done_seconds)
         elif self.done:
-            left = self.done_seconds / self.done * (self.total - self.done)
+            left_s = self.done_seconds / self.done * (self.total - self.done)
         else:
             return None
-        return max(0.0, left - in_cell)
+        return max(0.0, left_s - (now - self.cell_t0 if self.cell else 0.0))
 
     def line(self) -> str:
         now = time.monotonic()
         requests = f"({self.finished}/{self.expected} requests)" if self.cell else ""
-        return render(
-            self.done, self.total, self.cell, requests, now - self.started, self.time_left(now)
-        )
+        elapsed = now - self.started
+        return render(self.done, self.total, self.cell, requests, elapsed, self.time_left(now))
 
     def cell_started(self, index: int, cell: Cell, expected_requests: int) -> None:
         self.cell, self.cell_t0 = cell, time.monotonic()
@@ -93,12 +86,8 @@ class Progress:
         self.done, self.cell = index + 1, None
         self.done_seconds += run.seconds
         if self.enabled and not self.tty:
-            print(
-                f"  {run.cell.label}: {len(run.measurements)} requests in "
-                f"{run.seconds:.1f}s | {self.line()}",
-                file=self.out,
-                flush=True,
-            )
+            print(f"  {run.cell.label}: {len(run.measurements)} requests in "
+                  f"{run.seconds:.1f}s | {self.line()}", file=self.out, flush=True)  # fmt: skip
         self._draw()
 
     def start_ticking(self) -> None:

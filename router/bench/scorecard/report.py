@@ -4,13 +4,13 @@ by ``--render``), ``scorecard.md``, and the charts ``plot.py`` draws."""
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from router.bench.common.stats import table
 from router.bench.scorecard.pair_rules import pair_rule_from_bench, rules_to_toml
 from router.bench.scorecard.plan import SCENARIOS, Cell, MatrixSpec, Plan
 from router.bench.scorecard.progress import clock
@@ -165,13 +165,10 @@ def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
 
 
 def _table(heading: Sequence[str], columns: str, rows: Iterable[Sequence[object]]) -> list[str]:
-    """A section: its heading lines, then a Markdown table (``columns``: one letter per
-    column, ``l`` left or ``r`` right aligned, then ``|`` and the header cells)."""
+    """``heading``, then a table (``columns``: the alignment letters, then ``|`` and the
+    header cells)."""
     align, header = columns.split("|", 1)
-    lines = [*heading, f"| {header.replace('|', ' | ')} |"]
-    lines.append("| " + " | ".join("---:" if a == "r" else "---" for a in align) + " |")
-    cells = (" | ".join(str(c) for c in row) for row in rows)
-    return lines + [re.sub(r"\|  (?=\|)", "| ", f"| {text} |") for text in cells]
+    return [*heading, *table(header.split("|"), rows, align)]
 
 
 def _headline(result: Result, ev: Evaluation) -> list[str]:
