@@ -12,7 +12,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +118,8 @@ async def run_cells(
 
         async def loop(stream: int, cell: Cell = cell, run: CellRun = run) -> None:
             for seq in range(spec.runs):
-                m = Measurement(*astuple(cell), stream, seq, prompt_index=stream * spec.runs + seq)
+                c, index = cell, stream * spec.runs + seq
+                m = Measurement(c.scenario, c.family, c.concurrency, stream, seq, index)
                 run.measurements.append(m)
                 progress.request_done(await send(session, target, m, spec))
 
@@ -293,7 +294,8 @@ async def warm_up(
         return []
     spec = opts.spec.with_(max_tokens=min(opts.spec.max_tokens, WARMUP_MAX_TOKENS))
     log(f"warm-up: {opts.warmup} round(s) on each lane")
-    forced = [s for s in ("spec-on", "spec-off", "batching") if s in spec.scenarios] or ["auto"]
+    forced: list[str] = [s for s in ("spec-on", "spec-off", "batching") if s in spec.scenarios]
+    forced = forced or ["auto"]
     plan = [(s, "chat") for s in forced]
     if "long" in spec.families:
         plan.append(("batching" if "batching" in forced else forced[0], "long"))
