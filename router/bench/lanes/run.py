@@ -1,4 +1,4 @@
-"""``speclane bench lanes``: the measurements, target by target (see the package)."""
+"""``speclane bench lanes``: the measurements, target by target (the phases: the package)."""
 
 from __future__ import annotations
 
