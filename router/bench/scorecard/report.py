@@ -19,6 +19,7 @@ from router.bench.scorecard.records import CellRun, Measurement, Summary, cell_s
 from router.bench.scorecard.score import Evaluation, Thresholds, evaluate
 
 SCHEMA = "speclane-scorecard/1"
+PLAN_SPEC = ("runs", "max_tokens", "long_prompt_chars")  # what a plan may cut of the spec
 
 
 @dataclass
@@ -58,12 +59,8 @@ def to_json(result: Result, evaluation: Evaluation | None = None) -> dict[str, A
         "settings": {
             "requested": asdict(result.requested),
             "plan": {
-                "scenarios": list(plan.scenarios),
-                "families": list(plan.families),
-                "concurrency": list(plan.concurrency),
-                "runs": plan.spec.runs,
-                "max_tokens": plan.spec.max_tokens,
-                "long_prompt_chars": plan.spec.long_prompt_chars,
+                **{k: list(getattr(plan, k)) for k in ("scenarios", "families", "concurrency")},
+                **{k: getattr(plan.spec, k) for k in PLAN_SPEC},
                 "cells": [asdict(c) for c in plan.cells],
                 "reductions": list(plan.reductions),
                 "estimate_s": plan.estimate,
@@ -103,21 +100,15 @@ def pair(result: Result, ev: Evaluation) -> dict[str, Any]:
 def from_json(data: dict[str, Any]) -> Result:
     if data.get("schema") != SCHEMA:
         raise ValueError(f"not a speclane scorecard (schema {data.get('schema')!r})")
-    settings = data["settings"]
-    fields: dict[str, Any] = {
-        k: tuple(v) if isinstance(v, list) else v for k, v in settings["requested"].items()
-    }
+    asked, p = data["settings"]["requested"], data["settings"]["plan"]
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in asked.items()}
     requested = MatrixSpec(**fields)
-    p = settings["plan"]
-    spec = requested.with_(
-        runs=p["runs"], max_tokens=p["max_tokens"], long_prompt_chars=p["long_prompt_chars"]
-    )
+    spec = requested.with_(**{k: p[k] for k in PLAN_SPEC})
     plan = Plan(spec, tuple(Cell(**c) for c in p["cells"]), tuple(p["reductions"]), p["estimate_s"])
-    thresholds = Thresholds(**data["evaluation"]["thresholds"])
     return Result(
         requested,
         plan,
-        thresholds,
+        Thresholds(**data["evaluation"]["thresholds"]),
         data["environment"],
         [Measurement.from_json(m) for m in data["warmup"]],
         [CellRun.from_json(c) for c in data["cells"]],
