@@ -57,8 +57,14 @@ async def conversation(
         for t in targets:
             history = messages[t.name]
             history.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
-            s = await t.chat(session, messages=history, tools=TOOLS, tool_choice="auto",
-                             max_tokens=args.max_tokens, temperature=0)  # fmt: skip
+            s = await t.chat(
+                session,
+                messages=history,
+                tools=TOOLS,
+                tool_choice="auto",
+                max_tokens=args.max_tokens,
+                temperature=0,
+            )
             row = {
                 "turn": turn + 1,
                 "ttft_s": s.ttft,
@@ -80,11 +86,16 @@ async def concurrent(
     started = time.perf_counter()
     streams = await asyncio.gather(
         *(
-            t.chat(session, max_tokens=max_tokens, temperature=0, logit_bias=NO_EOS,
-                   messages=[{"role": "user", "content": f"Tell story number {i} about a cat."}])
+            t.chat(
+                session,
+                max_tokens=max_tokens,
+                temperature=0,
+                logit_bias=NO_EOS,
+                messages=[{"role": "user", "content": f"Tell story number {i} about a cat."}],
+            )
             for i in range(level)
         )
-    )  # fmt: skip
+    )
     wall = time.perf_counter() - started
     tokens = sum(s.completion_tokens for s in streams)
     rate = tokens / wall if wall > 0 else None
@@ -93,8 +104,13 @@ async def concurrent(
         flush=True,
     )
     errors = [s.error for s in streams if s.error]
-    return {"concurrency": level, "tokens": tokens, "wall_s": wall, "aggregate_tok_s": rate,
-            "errors": errors}  # fmt: skip
+    return {
+        "concurrency": level,
+        "tokens": tokens,
+        "wall_s": wall,
+        "aggregate_tok_s": rate,
+        "errors": errors,
+    }
 
 
 async def starvation(
@@ -117,8 +133,9 @@ async def starvation(
     await asyncio.wait({short_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     watcher.cancel()
     document = long_document(long_tokens, topic) + "\nSummarise the log."
-    long = await t.chat(session, max_tokens=1, temperature=0,
-                        messages=[{"role": "user", "content": document}])  # fmt: skip
+    long = await t.chat(
+        session, max_tokens=1, temperature=0, messages=[{"role": "user", "content": document}]
+    )
     done.set()
     await short_task
     end = long.token_times[0] if long.token_times else time.perf_counter()

@@ -69,9 +69,13 @@ async def lanes_info(
     data = await _get_json(session, f"{root_url}/admin/lanes", _auth(api_key))
     lanes = []
     for backend in (b for b in (data or {}).get("backends", []) if b.get("lane")):
-        entry = {"lane": backend["lane"], "model": backend.get("model"),
-                 "draft_model": backend.get("draft"), "state": backend.get("state"),
-                 "speculation": backend.get("speculation")}  # fmt: skip
+        entry = {
+            "lane": backend["lane"],
+            "model": backend.get("model"),
+            "draft_model": backend.get("draft"),
+            "state": backend.get("state"),
+            "speculation": backend.get("speculation"),
+        }
         url = str(backend.get("url") or "")
         if url and (health := await _get_json(session, url.removesuffix("/v1") + "/health", {})):
             keys = ("mode", "model", "draft_model", "num_draft_tokens", "capacity", "pid")

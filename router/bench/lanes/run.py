@@ -44,8 +44,11 @@ async def memory(session: aiohttp.ClientSession, url: str, pid: int | None) -> d
     await asyncio.sleep(MEMORY_SETTLE)
     if pid is not None:  # mlx_lm.server: its one process
         figures = process_memory(pid) or {}
-        return {"pss_bytes": figures.get("pss_bytes"), "rss_bytes": figures.get("rss_bytes"),
-                "processes": 1}  # fmt: skip
+        return {
+            "pss_bytes": figures.get("pss_bytes"),
+            "rss_bytes": figures.get("rss_bytes"),
+            "processes": 1,
+        }
     async with session.get(url.removesuffix("/v1") + "/admin/lanes") as resp:
         workers = (await resp.json())["workers"]
     return {
@@ -59,11 +62,17 @@ async def mixed(
     session: aiohttp.ClientSession, url: str, model: str, lanes: bool, args: argparse.Namespace
 ) -> dict[str, Any]:
     batch = [
-        send(session, url, model, "batching" if lanes else None,
-             [{"role": "user", "content": f"Tell story number {i} about a cat."}],
-             args.concurrent_tokens, logit_bias=NO_EOS)
+        send(
+            session,
+            url,
+            model,
+            "batching" if lanes else None,
+            [{"role": "user", "content": f"Tell story number {i} about a cat."}],
+            args.concurrent_tokens,
+            logit_bias=NO_EOS,
+        )
         for i in range(args.concurrency)
-    ]  # fmt: skip
+    ]
     count = [{"role": "user", "content": "Count from 1 to 40, separated by commas."}]
     interactive = send(
         session, url, model, "speculative" if lanes else None, count, args.interactive_tokens
@@ -100,9 +109,16 @@ async def conversation(
         messages.append({"role": "user", "content": LANE_QUESTIONS[turn % len(LANE_QUESTIONS)]})
         on = lanes[turn % len(lanes)]
         s = await send(session, url, model, on, messages, args.max_tokens, tools=TOOLS)
-        rows.append({"turn": turn + 1, "lane": on, "ttft_s": s.ttft,
-                     "prompt_tokens": s.usage.get("prompt_tokens"),
-                     "cached_tokens": s.cached_tokens, "error": s.error})  # fmt: skip
+        rows.append(
+            {
+                "turn": turn + 1,
+                "lane": on,
+                "ttft_s": s.ttft,
+                "prompt_tokens": s.usage.get("prompt_tokens"),
+                "cached_tokens": s.cached_tokens,
+                "error": s.error,
+            }
+        )
         messages.append({"role": "assistant", "content": s.text})
     return rows
 

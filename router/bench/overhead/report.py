@@ -3,6 +3,7 @@ figures against its two targets, and the tables printed at the end (pure)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from router.bench.common.stats import fmt, ratio, table
@@ -67,23 +68,31 @@ def render_table(result: dict[str, Any]) -> str:
     return "\n".join([*rows, "", *added])
 
 
+# speclane's two targets: (concurrency, figure of the added row, what it is, goal, met)
+GOALS: tuple[tuple[int, str, str, str, Callable[[float], bool]], ...] = (
+    (1, "added_ttft_p50_ms", "added TTFT p50 at concurrency 1", f"< {TTFT_TARGET_MS:g} ms",
+     lambda v: v < TTFT_TARGET_MS),
+    (64, "chunks_vs_direct", "relayed chunks/s at 64 streams vs direct",
+     f">= {THROUGHPUT_TARGET:g}x", lambda v: v >= THROUGHPUT_TARGET),
+)  # fmt: skip
+
+
 def judge_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """speclane's figures against the two targets, one entry per core layout and stream
-    length."""
-    out: list[dict[str, Any]] = []
-    for a in (a for a in result["added"] if a["target"] == "speclane"):
-        where = {"tokens": a["tokens"], "cpus": a.get("cpus", LAYOUTS[0])}
-        if a["concurrency"] == 1:
-            v = a["added_ttft_p50_ms"]
-            out.append({"target": "added TTFT p50 at concurrency 1", **where, "value": v,
-                        "goal": f"< {TTFT_TARGET_MS:g} ms",
-                        "met": isinstance(v, int | float) and v < TTFT_TARGET_MS})  # fmt: skip
-        if a["concurrency"] == 64:
-            v = a["chunks_vs_direct"]
-            out.append({"target": "relayed chunks/s at 64 streams vs direct", **where, "value": v,
-                        "goal": f">= {THROUGHPUT_TARGET:g}x",
-                        "met": isinstance(v, int | float) and v >= THROUGHPUT_TARGET})  # fmt: skip
-    return out
+    """speclane's figures against the targets, one entry per core layout and stream length."""
+    return [
+        {
+            "target": what,
+            "tokens": a["tokens"],
+            "cpus": a.get("cpus", LAYOUTS[0]),
+            "value": (v := a[figure]),
+            "goal": goal,
+            "met": isinstance(v, int | float) and met(v),
+        }
+        for a in result["added"]
+        if a["target"] == "speclane"
+        for level, figure, what, goal, met in GOALS
+        if a["concurrency"] == level
+    ]
 
 
 def render_targets(entries: list[dict[str, Any]]) -> str:

@@ -50,14 +50,19 @@ class Level:
         keys = ("target", "cpus", "concurrency", "tokens", "requests", "errors")
         return {
             **{k: getattr(self, k) for k in keys},
-            **{f"{name}_p{q}_ms": percentile(values, q)
-               for name, values in (("ttft", self.ttft_ms), ("total", self.total_ms))
-               for q in (50, 99)},
+            **{
+                f"{name}_p{q}_ms": percentile(values, q)
+                for name, values in (("ttft", self.ttft_ms), ("total", self.total_ms))
+                for q in (50, 99)
+            },
             "chunks_per_s": ratio(self.chunks, self.seconds),
             "plain_requests_per_s": ratio(self.plain_requests, self.plain_seconds),
-            "cpu_us_per_stream": {role: used / self.requests * 1e6
-                                  for role, used in self.cpu_seconds.items() if self.requests},
-        }  # fmt: skip
+            "cpu_us_per_stream": {
+                role: used / self.requests * 1e6
+                for role, used in self.cpu_seconds.items()
+                if self.requests
+            },
+        }
 
 
 def _read(meters: Meters) -> dict[str, float]:

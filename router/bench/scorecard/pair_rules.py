@@ -42,8 +42,10 @@ def rules_to_toml(rules: Iterable[PairRule]) -> str:
     blocks = []
     for rule in rules:
         lines = [f"[[{SETTINGS_KEY}.pairs]]"]
-        lines += [f"{k} = {_string(v)}" for k, v in (("target", rule.target),
-                  ("draft", rule.draft), ("action", rule.action))]  # fmt: skip
+        lines += [
+            f"{k} = {_string(v)}"
+            for k, v in (("target", rule.target), ("draft", rule.draft), ("action", rule.action))
+        ]
         if rule.measured_acceptance is not None:
             lines.append(f"measured_acceptance = {_number(rule.measured_acceptance)}")
         if rule.acceptance_by_family:

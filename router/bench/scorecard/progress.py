@@ -86,8 +86,12 @@ class Progress:
         self.done, self.cell = index + 1, None
         self.done_seconds += run.seconds
         if self.enabled and not self.tty:
-            print(f"  {run.cell.label}: {len(run.measurements)} requests in "
-                  f"{run.seconds:.1f}s | {self.line()}", file=self.out, flush=True)  # fmt: skip
+            print(
+                f"  {run.cell.label}: {len(run.measurements)} requests in "
+                f"{run.seconds:.1f}s | {self.line()}",
+                file=self.out,
+                flush=True,
+            )
         self._draw()
 
     def start_ticking(self) -> None:

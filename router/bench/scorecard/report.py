@@ -163,8 +163,14 @@ def _table(heading: Sequence[str], columns: str, rows: Iterable[Sequence[object]
 
 
 def _headline(result: Result, ev: Evaluation) -> list[str]:
-    lines = [f"**Verdict: {ev.verdict}**", "", f"Readiness score: **{ev.score}/100** (rule below).",
-             "", f"> {ev.recommendation}", ""]  # fmt: skip
+    lines = [
+        f"**Verdict: {ev.verdict}**",
+        "",
+        f"Readiness score: **{ev.score}/100** (rule below).",
+        "",
+        f"> {ev.recommendation}",
+        "",
+    ]
     if not result.complete:
         lines += [
             f"_This run is partial: {result.stopped or 'stopped early'}. Figures cover "
@@ -185,8 +191,13 @@ def _environment(result: Result) -> list[str]:
         f"{'complete' if result.complete else 'partial'}, {clock(result.duration)}, "
         f"{len(result.runs)}/{len(plan.cells)} cells, {requests} requests"
     )
-    parts = (hw.get("machine"), hw.get("cpu"), f"{hw.get('cpus')} CPUs",
-             f"{hw.get('memory_gib')} GiB", f"MLX device {hw.get('mlx_device')}")  # fmt: skip
+    parts = (
+        hw.get("machine"),
+        hw.get("cpu"),
+        f"{hw.get('cpus')} CPUs",
+        f"{hw.get('memory_gib')} GiB",
+        f"MLX device {hw.get('mlx_device')}",
+    )
     machine = ", ".join(str(x) for x in parts if x)
     if "openblas_preloaded" in hw:
         machine += ", OpenBLAS " + ("preloaded" if hw["openblas_preloaded"] else "not found")
@@ -196,11 +207,13 @@ def _environment(result: Result) -> list[str]:
         ("Date (UTC)", env.get("date") or "?"),
         ("Run", run),
         ("Router", env.get("router") or "?"),
-        ("speclane / mlx / mlx-lm", " / ".join(str(ver.get(k)) for k in
-                                               ("speclane", "mlx", "mlx-lm"))),
+        (
+            "speclane / mlx / mlx-lm",
+            " / ".join(str(ver.get(k)) for k in ("speclane", "mlx", "mlx-lm")),
+        ),
         ("Hardware", machine or "?"),
         ("Machine load", _load_text(load)),
-    ]  # fmt: skip
+    ]
     said = [
         f"{lane['lane']} lane: {lane['speculation']['reason']}"
         for lane in env.get("lanes") or ()
@@ -208,8 +221,14 @@ def _environment(result: Result) -> list[str]:
     ]
     rows += [("Router says", "; ".join(said))] if said else []
     rows += [("Note", env["note"])] if env.get("note") else []
-    return ["## Environment", "", "| | |", "| --- | --- |",
-            *(f"| {k} | {_cell(v)} |" for k, v in rows), ""]  # fmt: skip
+    return [
+        "## Environment",
+        "",
+        "| | |",
+        "| --- | --- |",
+        *(f"| {k} | {_cell(v)} |" for k, v in rows),
+        "",
+    ]
 
 
 def _load_text(load: dict[str, Any]) -> str:
@@ -239,8 +258,17 @@ def _crossover(ev: Evaluation) -> list[str]:
         "",
     )
     pays = {True: "yes", False: "**no**", None: "n/a"}
-    rows = [(lv.concurrency, _num(lv.spec_tps), lv.alternative or "n/a", _num(lv.alternative_tps),
-             _num(lv.ratio, "{:.2f}x"), pays[lv.pays]) for lv in ev.levels]  # fmt: skip
+    rows = [
+        (
+            lv.concurrency,
+            _num(lv.spec_tps),
+            lv.alternative or "n/a",
+            _num(lv.alternative_tps),
+            _num(lv.ratio, "{:.2f}x"),
+            pays[lv.pays],
+        )
+        for lv in ev.levels
+    ]
     lines = _table(
         heading, "rrlrrl|Concurrency|spec-on tok/s|Best alternative|Its tok/s|Ratio|Pays", rows
     )
@@ -314,10 +342,21 @@ def _scenarios(result: Result) -> list[str]:
 
 def _scenario_row(run: CellRun) -> tuple[object, ...]:
     s, partial = cell_summary(run), "" if run.complete else " (partial)"
-    return (f"{_family(run.cell.family)}{partial}", run.cell.concurrency, s.requests, s.errors,
-            _num(s.ttft_avg_ms, "{:.0f}"), _num(s.ttft_p95_ms, "{:.0f}"), _num(s.decode_tps_avg),
-            _num(s.agg_tps), _num(s.e2e_p95_ms, "{:.0f}"), s.drafted, s.accepted,
-            _num(s.acceptance, "{:.2f}"), _lanes(s))  # fmt: skip
+    return (
+        f"{_family(run.cell.family)}{partial}",
+        run.cell.concurrency,
+        s.requests,
+        s.errors,
+        _num(s.ttft_avg_ms, "{:.0f}"),
+        _num(s.ttft_p95_ms, "{:.0f}"),
+        _num(s.decode_tps_avg),
+        _num(s.agg_tps),
+        _num(s.e2e_p95_ms, "{:.0f}"),
+        s.drafted,
+        s.accepted,
+        _num(s.acceptance, "{:.2f}"),
+        _lanes(s),
+    )
 
 
 def _lanes(s: Summary) -> str:

@@ -96,8 +96,9 @@ async def send(
 
 
 def _ints(data: dict[str, Any], *keys: str) -> list[int | None]:
-    return [v if isinstance(v := data.get(k), int) and not isinstance(v, bool) else None
-            for k in keys]  # fmt: skip
+    return [
+        v if isinstance(v := data.get(k), int) and not isinstance(v, bool) else None for k in keys
+    ]
 
 
 async def run_cells(
@@ -193,8 +194,10 @@ async def run_scorecard(
             base_url = normalize_url(opts.url)
             router = f"attached at {base_url}"
         else:
-            log("starting a router with both lanes (the first start prepares the default "
-                f"model and can take minutes; log: {log_path})")  # fmt: skip
+            log(
+                "starting a router with both lanes (the first start prepares the default "
+                f"model and can take minutes; log: {log_path})"
+            )
             try:
                 own = procs.own_router(opts.lanes, log_path)
                 base_url = await stack.enter_async_context(own)
@@ -252,8 +255,10 @@ async def _environment(
     notes = [opts.note] if opts.note else []
     cpus = hw.get("cpus") or os.cpu_count() or 1
     if load and load[0] > 0.5 * cpus:
-        notes.append(f"the machine was busy when the run started (load {load[0]} on {cpus} "
-                     "CPUs): figures carry that noise")  # fmt: skip
+        notes.append(
+            f"the machine was busy when the run started (load {load[0]} on {cpus} "
+            "CPUs): figures carry that noise"
+        )
     if notes:
         env["note"] = "; ".join(notes)
     return env
