@@ -247,10 +247,10 @@ def _score_parts(f: Figures, crossover: tuple[Level, ...], t: Thresholds) -> tup
          f.throughput, "{:.2f}x", lambda v: (v - 0.5) / (floor - 0.5)),
     ]  # fmt: skip
     parts = [
-        ScorePart(key, title, weight, rule, fmt(value, pattern, "n/a"),
-                  0.0 if value is None else weight * max(0.0, min(1.0, share(value))))
+        ScorePart(key, title, weight, rule, fmt(value, pattern, "n/a"), points)
         for key, title, weight, rule, value, pattern, share in table
-    ]  # fmt: skip
+        for points in [0.0 if value is None else weight * max(0.0, min(1.0, share(value)))]
+    ]
     judged = [lv for lv in crossover if lv.pays is not None]
     paying = sum(1 for lv in judged if lv.pays)
     parts.append(
