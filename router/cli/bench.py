@@ -1,22 +1,371 @@
-"""``speclane bench [overhead | agent | lanes] ...``: dispatch to the benchmark asked for (each
-parses its own flags)."""
+"""``speclane bench [overhead | agent | lanes] ...``: every benchmark's flags, parsed here; the
+benchmarks themselves (``router/bench/``) take typed options and return their results.
+
+``speclane bench`` (the scorecard): Ctrl-C while measuring stops after the requests in flight
+are cut short and still writes what was measured; a second Ctrl-C (or one before measuring
+starts) exits at once."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from router.bench.agent import report as agent_report
+from router.bench.agent import run as agent_run
+from router.bench.common.procs import LaneOptions
+from router.bench.lanes import report as lanes_report
+from router.bench.lanes import run as lanes_run
+from router.bench.overhead import report as overhead_report
+from router.bench.overhead import run as overhead_run
+from router.bench.scorecard import plan, plot, report
+from router.bench.scorecard.run import BenchError, Options, Phase, run_scorecard
+from router.bench.scorecard.score import Thresholds
+
+INTERRUPTED = 130
+
+
+def csv(
+    kind: Callable[[str], Any], choices: Sequence[str] = ()
+) -> Callable[[str], tuple[Any, ...]]:
+    """An argparse ``type``: a non-empty comma-separated list of ``kind`` (among ``choices``)."""
+
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            values = tuple(kind(v.strip()) for v in text.split(",") if v.strip())
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"not a comma-separated list: {text!r}") from e
+        if not values:
+            raise argparse.ArgumentTypeError("empty list")
+        if bad := [v for v in values if choices and v not in choices]:
+            raise argparse.ArgumentTypeError(
+                f"unknown: {', '.join(bad)} (choose from {', '.join(choices)})"
+            )
+        return values
+
+    return parse
+
+
+def save(path: Path, results: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(f"\nsaved {path}")
+
+
+def flags(p: Any, *specs: tuple[Any, ...]) -> None:
+    """``(flag, default, help, **argparse keywords)`` rows; a non-None default shows in the
+    help, and sets the ``type`` unless the row gives one."""
+    for flag, default, text, *extra in specs:
+        kw: dict[str, Any] = extra[0] if extra else {}
+        if default is not None and not isinstance(default, bool | tuple):
+            kw.setdefault("type", type(default))
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        shown = f"{shown:g}" if isinstance(shown, float) else shown
+        if default not in (None, False) and "default" not in (text or ""):
+            text = f"{text} (default {shown})" if text else f"default {shown}"
+        p.add_argument(flag, default=default, help=text, **kw)
+
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] == "agent":
-        from router.bench.agent.cli import main as agent
+    bench = argv[0] if argv[:1] and argv[0] in BENCHES else None
+    if bench is None:
+        return scorecard(argv)
+    return BENCHES[bench](argv[1:])
 
-        return agent(argv[1:])
-    if argv and argv[0] == "lanes":
-        from router.bench.lanes.cli import main as lanes
 
-        return lanes(argv[1:])
-    if argv and argv[0] == "overhead":
-        from router.bench.overhead.cli import main as overhead
+# --- speclane bench overhead -------------------------------------------------------------
 
-        return overhead(argv[1:])
-    from router.bench.scorecard.cli import main as scorecard
 
-    return scorecard(argv)
+def overhead(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="speclane bench overhead",
+        description="Measure the latency and throughput speclane adds.",
+    )
+    flags(
+        p,
+        ("--concurrency", (1, 16, 64), "comma-separated", {"type": csv(int)}),
+        ("--tokens", overhead_run.DEFAULT_TOKENS, "comma-separated stream lengths in tokens",
+         {"type": csv(int)}),
+        ("--seconds", 3.0, "measured seconds per target, level and round"),
+        ("--rounds", 3, "interleaved rounds pooled per level"),
+        ("--warmup", 0.5, "warm-up seconds before each measurement"),
+        ("--nginx", "auto", "also measure nginx as a plain reverse proxy (auto: when "
+         "installed)", {"choices": ("auto", "on", "off")}),
+        ("--cpus", "both", "core layout: every process shares every core, the proxies get a "
+         "core of their own (Linux, 2+ cores), or both in turn (default both; own-core is "
+         "skipped where it cannot be done)", {"choices": ("shared", "own-core", "both")}),
+        ("--out", Path("bench-results/overhead.json"), "where to write the JSON results"),
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    layouts = overhead_run.layouts_for(args.cpus)
+    if not layouts:
+        p.error("--cpus own-core needs Linux and at least two cores")
+    print(
+        f"speclane bench overhead: levels {list(args.concurrency)}, streams of "
+        f"{list(args.tokens)} tokens, {args.rounds} x {args.seconds:g}s each, core layouts "
+        f"{list(layouts)}",
+        flush=True,
+    )
+    result = asyncio.run(
+        overhead_run.run(
+            list(args.concurrency),
+            args.seconds,
+            args.warmup,
+            args.nginx,
+            args.tokens,
+            max(1, args.rounds),
+            args.cpus,
+        )
+    )
+    targets = overhead_report.render_targets(result["targets"])
+    print(f"{overhead_report.render_table(result)}\n\n{targets}")
+    save(args.out, result)
+    return 0
+
+
+# --- speclane bench agent, speclane bench lanes ------------------------------------------
+
+
+def agent(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="speclane bench agent",
+        description="An agent conversation against speclane's batching lane and mlx_lm.server.",
+    )
+    flags(
+        p,
+        ("--model", None, "mlx-lm model directory (default: the prepared default)"),
+        ("--system-tokens", 1000, "approximate size of the system prompt"),
+        ("--turns", 3, None),
+        ("--max-tokens", 24, "per turn"),
+        ("--concurrency", 4, None),
+        ("--concurrent-tokens", 24, None),
+        ("--rounds", 2, "concurrency rounds per target, alternating"),
+        ("--long-tokens", 800, "approximate size of the long prompt of the starvation test"),
+        ("--out", Path("bench-results/agent.json"), None),
+    )
+    args = p.parse_args(argv)
+    results = asyncio.run(agent_run.run(args))
+    print(f"\n{agent_report.render(results)}")
+    save(args.out, results)
+    return 0
+
+
+def lanes(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="speclane bench lanes",
+        description="The shared and separate lane layouts against mlx_lm.server --draft-model.",
+    )
+    T = lanes_report.TARGETS
+    flags(
+        p,
+        ("--model", None, "mlx-lm model directory (default: the prepared default)"),
+        ("--draft-model", None, "draft directory (default: the prepared default's)"),
+        ("--system-tokens", 600, None),
+        ("--turns", 3, None),
+        ("--max-tokens", 16, "per turn"),
+        ("--concurrency", 4, None),
+        ("--concurrent-tokens", 24, None),
+        ("--interactive-tokens", 24, None),
+        ("--targets", T, "comma-separated, run in this order", {"type": csv(str, T)}),
+        ("--out", Path("examples/results/lanes-layout.json"), None),
+    )
+    args = p.parse_args(argv)
+    args.targets = list(args.targets)
+    results = asyncio.run(lanes_run.run(args))
+    print(f"\n{lanes_report.render(results)}")
+    save(args.out, results)
+    return 0
+
+
+BENCHES: dict[str, Callable[[list[str]], int]] = {
+    "overhead": overhead,
+    "agent": agent,
+    "lanes": lanes,
+}
+
+
+# --- speclane bench: the readiness scorecard ---------------------------------------------
+
+MATRIX = ("scenarios", "families", "concurrency", "runs", "max_tokens", "long_prompt_chars")
+GATES = {  # Thresholds field -> what its flag sets
+    "acceptance_floor": "acceptance gate: accepted/drafted at least this",
+    "min_speedup": "interactive gate: spec-on decode tok/s over spec-off at least this",
+    "ttft_tolerance": "interactive gate: spec-on TTFT at most this fraction above spec-off",
+    "throughput_tolerance": "throughput gate: auto at most this fraction below batching at "
+    "the target concurrency",
+}
+
+
+def scorecard_parser() -> argparse.ArgumentParser:
+
+    d, q = plan.DEFAULT_SPEC, plan.QUICK_SPEC
+    p = argparse.ArgumentParser(
+        prog="speclane bench",
+        description="Measure speculative decoding against plain decoding and batching through "
+        "speclane's lanes, and write a readiness scorecard (Markdown + JSON).",
+        epilog="'speclane bench overhead' measures the proxy's own overhead instead.",
+    )
+    flags(
+        p.add_argument_group("router"),
+        ("--url", None, "attach to a running router (its base URL) instead of starting one"),
+        ("--model", None, "target model for the lanes the bench starts (default: the "
+         "embedded default model)"),
+        ("--draft-model", None, "draft model for the speculative lane"),
+        ("--num-draft-tokens", None, "draft tokens per round", {"type": int}),
+        ("--model-name", None, "model id to request (default: the lanes' model)"),
+        ("--api-key", None, "API key for a router that requires one"),
+    )  # fmt: skip
+    flags(
+        p.add_argument_group("matrix"),
+        ("--quick", False, f"a short run: asks for {' + '.join(q.families)} at concurrency "
+         f"{' and '.join(map(str, q.concurrency))}, {q.max_tokens} tokens, within a "
+         f"{plan.QUICK_BUDGET:.0f}s budget; on a slow or busy machine the budget cuts it "
+         f"further (down to {q.families[0]} at concurrency {q.concurrency[0]}, 1 request; the "
+         "scorecard lists every cut; --budget 0: no cuts)", {"action": "store_true"}),
+        ("--scenarios", None, f"default: {','.join(plan.SCENARIO_NAMES)}",
+         {"type": csv(str, plan.SCENARIO_NAMES)}),
+        ("--families", None, f"default: {','.join(plan.FAMILY_NAMES)}",
+         {"type": csv(str, plan.FAMILY_NAMES)}),
+        ("--concurrency", None, f"levels asked for (default {','.join(map(str, d.concurrency))}"
+         f"; quick {','.join(map(str, q.concurrency))}); the budget drops the highest levels "
+         "that do not fit unless given here", {"type": csv(int)}),
+        ("--runs", None, f"requests per client loop per cell (default {d.runs})", {"type": int}),
+        ("--max-tokens", None, f"default {d.max_tokens}; keep it above the router's "
+         "short-output rule (16)", {"type": int}),
+        ("--long-prompt-chars", None, f"default {d.long_prompt_chars}", {"type": int}),
+        ("--budget", None, "seconds of measurement to fit the matrix into (default "
+         f"{plan.DEFAULT_BUDGET:.0f}, quick {plan.QUICK_BUDGET:.0f}; 0: the whole matrix "
+         "whatever it takes)", {"type": float}),
+        ("--warmup", 1, "warm-up rounds"),
+        ("--request-timeout", 600.0, "seconds before one request counts as failed"),
+    )  # fmt: skip
+    flags(
+        p.add_argument_group("gates"),
+        ("--target-concurrency", None, "the level of the throughput gate (default: the "
+         "highest measured)", {"type": int}),
+        *((f"--{name.replace('_', '-')}", getattr(Thresholds, name), text)
+          for name, text in GATES.items()),
+    )  # fmt: skip
+    flags(
+        p.add_argument_group("output"),
+        ("--out", Path("speclane-scorecard"), "output directory (default ./speclane-scorecard)"),
+        ("--plot", False, "also write PNG charts (matplotlib)", {"action": "store_true"}),
+        ("--no-progress", False, "no progress line", {"action": "store_true"}),
+        ("--note", None, "a remark for the scorecard's environment section"),
+        ("--render", None, "re-render scorecard.md (and charts) from a scorecard.json",
+         {"type": Path, "metavar": "JSON"}),
+    )  # fmt: skip
+    return p
+
+
+def scorecard_options(args: argparse.Namespace) -> Options:
+
+    given = {k: getattr(args, k) for k in MATRIX if getattr(args, k) is not None}
+    spec = plan.MatrixSpec(
+        **{**(plan.QUICK_SPEC if args.quick else plan.DEFAULT_SPEC).__dict__, **given}
+    )
+    budget = plan.QUICK_BUDGET if args.quick else plan.DEFAULT_BUDGET
+    return Options(
+        spec=spec,
+        out_dir=args.out,
+        fixed=frozenset(given),
+        thresholds=Thresholds(
+            target_concurrency=args.target_concurrency, **{n: getattr(args, n) for n in GATES}
+        ),
+        url=args.url,
+        model_name=args.model_name,
+        lanes=LaneOptions(
+            args.model,
+            args.draft_model,
+            args.num_draft_tokens,
+            max_batch_size=max(8, *spec.concurrency),
+        ),
+        api_key=args.api_key,
+        budget=budget if args.budget is None else args.budget,
+        warmup=args.warmup,
+        plot=args.plot,
+        progress=not args.no_progress,
+        request_timeout=args.request_timeout,
+        note=args.note,
+    )
+
+
+def scorecard(argv: list[str]) -> int:
+
+    p = scorecard_parser()
+    args = p.parse_args(argv)
+    if args.render:
+        return render(args.render, args.plot)
+    try:
+        opts = scorecard_options(args)
+    except ValueError as e:
+        p.error(str(e))
+    if opts.spec.max_tokens < plan.MIN_MAX_TOKENS:
+        print(
+            f"note: --max-tokens {opts.spec.max_tokens} is at or below the router's "
+            "short-output rule: `auto` will send everything to batching",
+            file=sys.stderr,
+        )
+    if opts.plot and not plot.available():
+        print(f"speclane bench: {plot.MISSING}", file=sys.stderr)
+        return 2
+    return asyncio.run(measure(opts))
+
+
+async def measure(opts: Options) -> int:
+
+    stop, phase = asyncio.Event(), Phase()
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+
+    def interrupt() -> None:
+        if phase.measuring and not stop.is_set():
+            log("\nstopping: writing what was measured (Ctrl-C again to quit at once)")
+            stop.set()
+        else:
+            task.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, interrupt)
+    try:
+        outcome = await run_scorecard(opts, stop, log=log, phase=phase)
+    except BenchError as e:
+        print(f"speclane bench: {e}", file=sys.stderr)
+        return 1
+    except asyncio.CancelledError:
+        print("speclane bench: interrupted; nothing written", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    ev = outcome.result.evaluation()
+    print(f"\n{ev.verdict}  (readiness score {ev.score}/100)\n{ev.recommendation}")
+    for name, path in outcome.paths.items():
+        print(f"  {name}: {path}")
+    return INTERRUPTED if stop.is_set() else 0
+
+
+def render(path: Path, with_plot: bool) -> int:
+
+    try:
+        result = report.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"speclane bench: cannot read {path}: {e}", file=sys.stderr)
+        return 1
+    charts = [name for name in report.CHARTS if (path.parent / name).exists()]
+    if with_plot:
+        try:
+            charts = plot.write_charts(result, result.evaluation(), path.parent)
+        except plot.PlotUnavailable as e:
+            print(f"speclane bench: {e}", file=sys.stderr)
+            return 2
+    print(f"  markdown: {report.write(result, path.parent, charts)['markdown']}")
+    return 0
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

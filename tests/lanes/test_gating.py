@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
@@ -14,13 +13,6 @@ from typing import Any, get_args
 import pytest
 from pydantic import ValidationError
 
-from router.bench.scorecard.pair_rules import (
-    BenchFormatError,
-    merged_rules,
-    pair_rule_from_bench,
-    pair_rules_from_bench,
-    rules_to_toml,
-)
 from router.config.gating import SETTINGS_KEY, GatingSettings, PairRule
 from router.lanes.gating.compare import render_sample
 from router.lanes.gating.decide import check_pair, decide, lane_mode, matching_rule, preset_mode
@@ -541,65 +533,3 @@ def test_rule_names_match_paths_repo_ids_and_patterns() -> None:
         matching_rule(GatingSettings(pairs=(by_repo,)), "mlx-community/Qwen2.5-7B-Instruct", D)
         == by_repo
     )
-
-
-# --- rules from speclane bench -------------------------------------------------------------------
-
-BENCH = {
-    "pairs": [
-        {
-            "target": "/home/u/.local/share/speclane/models/SmolLM2-135M-Instruct",
-            "draft": "/home/u/.local/share/speclane/models/SmolLM2-135M-Instruct-draft",
-            "acceptance_by_family": {"fact": 0.4, "code": 0.7, "counting": 0.9, "story": 0.35},
-            "passed_floor": True,
-            "floor": 0.3,
-        },
-        {
-            "target": "mlx-community/Qwen2.5-7B-Instruct-4bit",
-            "draft": "mlx-community/Qwen2.5-0.5B-Instruct-4bit",
-            "acceptance": 0.21,
-            "acceptance_by_family": {"code": 0.1, 'chat "long"': 0.32},
-            "passed_floor": False,
-        },
-    ]
-}
-
-
-def test_pair_rule_from_bench() -> None:
-    rule = pair_rule_from_bench(BENCH["pairs"][0], when="2026-02-23")
-    assert (rule.target, rule.draft) == ("SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct-draft")
-    assert rule.action == "allow" and rule.passed_floor is True
-    assert rule.measured_acceptance == pytest.approx((0.4 + 0.7 + 0.9 + 0.35) / 4, abs=1e-3)
-    assert rule.note == "speclane bench 2026-02-23, floor 0.3"
-    failed = pair_rule_from_bench(BENCH["pairs"][1])
-    assert failed.measured_acceptance == 0.21 and failed.passed_floor is False
-    assert failed.target == "mlx-community/Qwen2.5-7B-Instruct-4bit"
-
-
-def test_bench_rules_round_trip_through_toml() -> None:
-    rules = pair_rules_from_bench(json.dumps(BENCH), when="2026-02-23")
-    text = rules_to_toml(rules)
-    parsed = tomllib.loads(text)
-    assert GatingSettings(**parsed[SETTINGS_KEY]).pairs == rules
-    # a failed pair is recorded, and strict mode denies it
-    strict = GatingSettings(mode="strict", pairs=rules)
-    d = decide(
-        PairReport("a", "b"),
-        strict,
-        "mlx-community/Qwen2.5-7B-Instruct-4bit",
-        "mlx-community/Qwen2.5-0.5B-Instruct-4bit",
-    )
-    assert d.fatal and d.code == "below_floor"
-
-
-def test_bench_without_pairs_and_merging() -> None:
-
-    with pytest.raises(BenchFormatError):
-        pair_rules_from_bench({"scorecard": {}})
-    with pytest.raises(BenchFormatError):
-        pair_rule_from_bench({"target": "a"})
-    old = (PairRule(target="a", draft="b", action="deny"), PairRule(target="c", draft="d"))
-    new = (PairRule(target="a", draft="b", measured_acceptance=0.5),)
-    merged = merged_rules(old, new)
-    assert merged == (old[1], new[0])
-    assert rules_to_toml(()) == ""

@@ -1,2 +1,2 @@
-"""``speclane bench agent``: ``plan`` (the conversation) -> ``run`` (speclane's batching lane and
-``mlx_lm.server`` in turn) -> ``report`` (ratios against the goals) -> ``cli``."""
+"""``speclane bench agent``: ``run`` (speclane's batching lane and ``mlx_lm.server`` in turn,
+on ``common.workload``'s conversation) -> ``report`` (ratios against the goals)."""

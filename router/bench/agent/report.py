@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from router.bench.common.stats import fmt, mean, ratio
+from router.bench.common.stats import fmt, mean, ratio, table
 
 GAP_GOAL = 2.0
 
@@ -32,10 +32,8 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
     def throughput(r: dict[str, Any]) -> float | None:
         return (r.get("throughput") or {}).get("aggregate_tok_s")
 
-    ttft, tps = (
-        ratio(later_ttft(ours), later_ttft(theirs)),
-        ratio(throughput(ours), throughput(theirs)),
-    )
+    ttft = ratio(later_ttft(ours), later_ttft(theirs))
+    tps = ratio(throughput(ours), throughput(theirs))
     gap = (ours.get("starvation") or {}).get("largest_gap_s")
     return {
         "turn2plus_ttft": ttft,
@@ -58,35 +56,25 @@ def fmt_row(row: dict[str, Any]) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = [
-        "| target | turn | TTFT s | decode tok/s | prompt | cached |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for name, r in report["results"].items():
-        for row in r["turns"]:
-            lines.append(
-                f"| {name} | {row['turn']} | {fmt(row['ttft_s'])} | "
-                f"{fmt(row['decode_tok_s'])} | {row['prompt_tokens']} | "
-                f"{row['cached_tokens']} |"
-            )
-    lines += [
-        "",
-        "| target | aggregate tok/s (concurrency) | long prompt tokens | "
-        "short stream tokens during its prefill | largest gap s |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name, r in report["results"].items():
-        tp, st = r["throughput"], r["starvation"]
-        lines.append(
-            f"| {name} | {fmt(tp['aggregate_tok_s'])} ({tp['concurrency']}) | "
-            f"{st['long_prompt_tokens']} | {st['short_tokens_during_prefill']} | "
-            f"{fmt(st['largest_gap_s'])} |"
-        )
-    rt = report["ratios"]
-    lines += [
-        "",
-        f"turn 2+ TTFT ratio {fmt(rt['turn2plus_ttft'])} (goal <= 1.0); aggregate "
-        f"throughput ratio {fmt(rt['aggregate_throughput'])} (goal >= 1.0); largest gap "
-        f"{fmt(rt['largest_gap_s'])}s (goal < {GAP_GOAL:g}s)",
-    ]
-    return "\n".join(lines)
+    results, rt = report["results"], report["ratios"]
+    turns = table(
+        ["target", "turn", "TTFT s", "decode tok/s", "prompt", "cached"],
+        [[name, row["turn"], fmt(row["ttft_s"]), fmt(row["decode_tok_s"]),
+          row["prompt_tokens"], row["cached_tokens"]]
+         for name, r in results.items() for row in r["turns"]],
+        "lrrrrr",
+    )  # fmt: skip
+    load = table(
+        ["target", "aggregate tok/s (concurrency)", "long prompt tokens",
+         "short stream tokens during its prefill", "largest gap s"],
+        [[name, f"{fmt(tp['aggregate_tok_s'])} ({tp['concurrency']})",
+          st["long_prompt_tokens"], st["short_tokens_during_prefill"], fmt(st["largest_gap_s"])]
+         for name, r in results.items() for tp, st in [(r["throughput"], r["starvation"])]],
+        "lrrrr",
+    )  # fmt: skip
+    goals = (
+        f"turn 2+ TTFT ratio {fmt(rt['turn2plus_ttft'])} (goal <= 1.0); aggregate throughput "
+        f"ratio {fmt(rt['aggregate_throughput'])} (goal >= 1.0); largest gap "
+        f"{fmt(rt['largest_gap_s'])}s (goal < {GAP_GOAL:g}s)"
+    )
+    return "\n".join([*turns, "", *load, "", goals])

@@ -46,6 +46,11 @@ def hardware() -> dict[str, Any]:
     return info
 
 
+def record() -> dict[str, Any]:
+    """Versions, hardware and machine load, for a benchmark's results file."""
+    return {"versions": versions(), "hardware": hardware(), "load_average": load_average()}
+
+
 def load_average() -> list[float] | None:
     with contextlib.suppress(OSError, AttributeError):
         return [round(x, 2) for x in os.getloadavg()]
@@ -61,12 +66,9 @@ async def lanes_info(
 ) -> list[dict[str, Any]]:
     """The router's lanes as its admin endpoint and the workers' health report them; empty
     when the admin endpoint is closed to us (another machine, an admin key)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    data = await _get_json(session, f"{root_url}/admin/lanes", _auth(api_key))
     lanes = []
-    data = await _get_json(session, f"{root_url}/admin/lanes", headers)
-    for backend in (data or {}).get("backends", []):
-        if not backend.get("lane"):
-            continue
+    for backend in (b for b in (data or {}).get("backends", []) if b.get("lane")):
         entry = {
             "lane": backend["lane"],
             "model": backend.get("model"),
@@ -75,14 +77,9 @@ async def lanes_info(
             "speculation": backend.get("speculation"),
         }
         url = str(backend.get("url") or "")
-        health = await _get_json(session, url.removesuffix("/v1") + "/health", {}) if url else None
-        if health:
-            entry.update(
-                {
-                    k: health.get(k)
-                    for k in ("mode", "model", "draft_model", "num_draft_tokens", "capacity", "pid")
-                }
-            )
+        if url and (health := await _get_json(session, url.removesuffix("/v1") + "/health", {})):
+            keys = ("mode", "model", "draft_model", "num_draft_tokens", "capacity", "pid")
+            entry.update({k: health.get(k) for k in keys})
         lanes.append(entry)
     return lanes
 
@@ -90,9 +87,12 @@ async def lanes_info(
 async def served_models(
     session: aiohttp.ClientSession, base_url: str, api_key: str | None = None
 ) -> list[str]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    data = await _get_json(session, f"{base_url}/models", headers)
+    data = await _get_json(session, f"{base_url}/models", _auth(api_key))
     return [str(m["id"]) for m in (data or {}).get("data", []) if "id" in m]
+
+
+def _auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 async def _get_json(

@@ -181,18 +181,9 @@ async def _router(
         config_path.write_text(
             f"policies_dir = {json.dumps(str(policies_dir))}\n{config}", encoding="utf-8"
         )
+        argv = [*prefix, sys.executable, "-m", "router", "serve", "--config", str(config_path)]
         proc, m = await spawn_until_line(
-            [
-                *prefix,
-                sys.executable,
-                "-m",
-                "router",
-                "serve",
-                "--config",
-                str(config_path),
-                "--port",
-                "0",
-            ],
+            [*argv, "--port", "0"],
             r"speclane listening on (http://\S+)",
             deadline=deadline,
             env=env,
@@ -204,6 +195,15 @@ async def _router(
         finally:
             await stop(proc, 15.0 if log else 10.0, group=log is not None)
             drainer.cancel()
+
+
+async def _spawn(
+    argv: list[str], out: int | IO[Any], env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    """A process in its own session (so that a group kill takes its children too)."""
+    return await asyncio.create_subprocess_exec(
+        *argv, stdout=out, stderr=out, env=env, start_new_session=True
+    )
 
 
 def nginx_binary() -> str | None:
@@ -253,18 +253,8 @@ async def nginx_proxy(upstream_base: str) -> AsyncIterator[Served]:
     with tempfile.TemporaryDirectory(prefix="speclane-nginx-") as tmp:
         conf = Path(tmp) / "nginx.conf"
         conf.write_text(NGINX_CONF.format(tmp=tmp, upstream=hostport, port=port))
-        proc = await asyncio.create_subprocess_exec(
-            binary,
-            "-c",
-            str(conf),
-            "-p",
-            tmp,
-            "-e",
-            f"{tmp}/error.log",
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        argv = [binary, "-c", str(conf), "-p", tmp, "-e", f"{tmp}/error.log"]
+        proc = await _spawn(argv, asyncio.subprocess.DEVNULL)
         try:
             await wait_http(f"http://127.0.0.1:{port}/v1/models", proc, 10.0)
             yield Served(f"http://127.0.0.1:{port}/v1", proc.pid)
@@ -291,23 +281,11 @@ def write_policies(directory: Path, policies: dict[str, str] = POLICIES) -> Path
 
 def lanes_config(lanes: LaneOptions) -> str:
     q = json.dumps  # a JSON string is a valid TOML basic string
-    lines = [
-        'log_level = "info"',
-        "shutdown_grace = 2",
-        "[lanes]",
-        f"max_batch_size = {lanes.max_batch_size}",
-    ]
-    lines += [
-        f"{key} = {q(value)}"
-        for key, value in (("model", lanes.model), ("draft_model", lanes.draft_model))
-        if value
-    ]
-    if lanes.num_draft_tokens is not None:
-        lines.append(f"num_draft_tokens = {lanes.num_draft_tokens}")
-    if lanes.layout:
-        lines.append(f"layout = {q(lanes.layout)}")
-    if lanes.shared_threads is not None:
-        lines.append(f"shared_threads = {lanes.shared_threads}")
+    lines = ['log_level = "info"', "shutdown_grace = 2", "[lanes]"]
+    lines.append(f"max_batch_size = {lanes.max_batch_size}")
+    for key in ("model", "draft_model", "num_draft_tokens", "layout", "shared_threads"):
+        if (value := getattr(lanes, key)) is not None and value != "":
+            lines.append(f"{key} = {q(value)}")  # json.dumps of an int is the int
     return "\n".join(lines) + "\n"
 
 
@@ -340,23 +318,9 @@ async def mlx_lm_server(
 
     port = free_port()
     env = {**os.environ, **preload_env()}  # the same BLAS as the lanes
+    argv = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), *extra]
     with log_path.open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "mlx_lm.server",
-            "--model",
-            str(model_dir),
-            *extra,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            stdout=log,
-            stderr=log,
-            env=env,
-            start_new_session=True,
-        )
+        proc = await _spawn([*argv, "--host", "127.0.0.1", "--port", str(port)], log, env)
         try:
             await wait_http(f"http://127.0.0.1:{port}/v1/models", proc, MLX_START_DEADLINE)
             yield Served(f"http://127.0.0.1:{port}/v1", proc.pid)

@@ -1,9 +1,9 @@
-"""Small, exact statistics used by every benchmark (pure)."""
+"""Small, exact statistics and Markdown tables used by every benchmark (pure)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -30,3 +30,13 @@ def fmt(value: float | None, pattern: str = "{:.2f}", missing: str = "-") -> str
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b, None when either is missing or b is zero."""
     return a / b if a is not None and b else None
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[object]], align: str = "") -> list[str]:
+    """A Markdown table's lines; ``align``: one letter per column, ``r`` right-aligned."""
+    rule = ["---:" if a == "r" else "---" for a in align.ljust(len(header), "l")]
+    return [_row(header), _row(rule), *map(_row, rows)]
+
+
+def _row(cells: Sequence[object]) -> str:
+    return "|" + "|".join(f" {c} " if str(c) else " " for c in cells) + "|"

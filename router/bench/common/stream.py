@@ -105,6 +105,20 @@ async def stream(
     return reply
 
 
+async def chat(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str] | None = None,
+    reply: Reply | None = None,
+    on_chunk: Callable[[dict[str, Any]], bool] = lambda chunk: False,
+) -> Reply:
+    """``stream`` a chat completion to ``base_url`` (``.../v1``), with its usage."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    url = f"{base_url}/chat/completions"
+    return await stream(session, url, body, headers or {}, reply or Reply(), on_chunk)
+
+
 def error_message(body: bytes) -> str:
     """The ``error.message`` of an OpenAI error body, else the body's text (cut short)."""
     try:

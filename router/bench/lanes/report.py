@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.bench.common.stats import ratio
+from router.bench.common.stats import fmt, ratio, table
 
 # shared: the router's default shared_threads (auto: router.worker.shared.threads_for);
 # shared-1thread: one generation thread taking turns between the lanes.
@@ -40,31 +40,27 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def _num(value: Any, scale: float = 1.0) -> str:
-    return "-" if not isinstance(value, int | float) else f"{value / scale:.2f}"
+    return fmt(value / scale if isinstance(value, int | float) else None)
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = [
-        "| target | PSS MiB | processes | interactive TTFT s | interactive tok/s | "
-        "batch aggregate tok/s | turn 2+ TTFT s alternating | one lane |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, r in report["results"].items():
-        m, x, t = r["memory"], r["mixed"], r["turn2plus_ttft_s"]
-        lines.append(
-            f"| {name} | {_num(m['pss_bytes'], 1 << 20)} | {m['processes']} | "
-            f"{_num(x['interactive_ttft_s'])} | {_num(x['interactive_tok_s'])} | "
-            f"{_num(x['aggregate_tok_s'])} | {_num(t['alternating'])} | "
-            f"{_num(t['one_lane'])} |"
-        )
     rt = report["ratios"]
-    lines += [
-        "",
+    lines = table(
+        ["target", "PSS MiB", "processes", "interactive TTFT s", "interactive tok/s",
+         "batch aggregate tok/s", "turn 2+ TTFT s alternating", "one lane"],
+        [[name, _num(m["pss_bytes"], 1 << 20), m["processes"], _num(x["interactive_ttft_s"]),
+          _num(x["interactive_tok_s"]), _num(x["aggregate_tok_s"]), _num(t["alternating"]),
+          _num(t["one_lane"])]
+         for name, r in report["results"].items()
+         for m, x, t in [(r["memory"], r["mixed"], r["turn2plus_ttft_s"])]],
+        "lrrrrrrr",
+    )  # fmt: skip
+    goals = (
         f"shared memory / mlx_lm.server {_num(rt['shared_memory_vs_mlx_lm'])} (goal "
         f"<= 1.1); separate {_num(rt['separate_memory_vs_mlx_lm'])}; shared alternating / "
         f"one-lane turn 2+ TTFT {_num(rt['shared_alternating_vs_one_lane_ttft'])} (goal "
         f"<= 1.1); shared / separate aggregate tok/s "
         f"{_num(rt['shared_vs_separate_aggregate_tok_s'])} (goal >= 0.85; one thread taking "
-        f"turns: {_num(rt.get('shared_1thread_vs_separate_aggregate_tok_s'))})",
-    ]
-    return "\n".join(lines)
+        f"turns: {_num(rt.get('shared_1thread_vs_separate_aggregate_tok_s'))})"
+    )
+    return "\n".join([*lines, "", goals])

@@ -1,4 +1,4 @@
-"""``speclane bench lanes``: the measurements, target by target (see the package)."""
+"""``speclane bench lanes``: the measurements, target by target (the phases: the package)."""
 
 from __future__ import annotations
 
@@ -14,39 +14,30 @@ import aiohttp
 
 from router.bench.common import environment, procs
 from router.bench.common.stats import mean
-from router.bench.common.stream import Reply, stream
-from router.bench.lanes.plan import NO_EOS, QUESTIONS, TOOLS, system_prompt
+from router.bench.common.stream import Reply, chat
+from router.bench.common.workload import AGENT, NO_EOS, QUESTIONS, RULES, system_prompt, tools
 from router.bench.lanes.report import SHARED_ONE_THREAD, ratios
 from router.config.names import LANE_HEADER
 from router.lanes.memory import process_memory
 
 MEMORY_SETTLE = 3.0  # seconds: one supervisor health poll (which reads the workers' PSS)
 REQUEST_TIMEOUT = 1800.0
+TOOLS = tools("read", "edit")
+LANE_RULES, LANE_QUESTIONS = (RULES[0], RULES[1], RULES[2], RULES[7]), QUESTIONS[:4]
 
 
-def lane(name: str | None) -> dict[str, str]:
-    return {LANE_HEADER: name} if name else {}
-
-
-async def chat(
+async def send(
     session: aiohttp.ClientSession,
     url: str,
     model: str,
-    lane_name: str | None,
+    lane: str | None,
     messages: list[dict[str, Any]],
     max_tokens: int,
     **extra: Any,
 ) -> Reply:
-    body = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        **extra,
-    }
-    return await stream(session, f"{url}/chat/completions", body, lane(lane_name), Reply())
+    """A greedy chat on ``lane`` (None: no lane header, as ``mlx_lm.server`` has none)."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    return await chat(session, url, {**body, **extra}, {LANE_HEADER: lane} if lane else {})
 
 
 async def memory(session: aiohttp.ClientSession, url: str, pid: int | None) -> dict[str, Any]:
@@ -71,7 +62,7 @@ async def mixed(
     session: aiohttp.ClientSession, url: str, model: str, lanes: bool, args: argparse.Namespace
 ) -> dict[str, Any]:
     batch = [
-        chat(
+        send(
             session,
             url,
             model,
@@ -82,13 +73,9 @@ async def mixed(
         )
         for i in range(args.concurrency)
     ]
-    interactive = chat(
-        session,
-        url,
-        model,
-        "speculative" if lanes else None,
-        [{"role": "user", "content": "Count from 1 to 40, separated by commas."}],
-        args.interactive_tokens,
+    count = [{"role": "user", "content": "Count from 1 to 40, separated by commas."}]
+    interactive = send(
+        session, url, model, "speculative" if lanes else None, count, args.interactive_tokens
     )
     started = time.perf_counter()  # the clock of Reply.token_times
     first, *others = await asyncio.gather(interactive, *batch)
@@ -113,15 +100,15 @@ async def conversation(
     args: argparse.Namespace,
     seed: str,
 ) -> list[dict[str, Any]]:
-    """One agent conversation; turn i goes to ``lanes[i % len(lanes)]``."""
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": system_prompt(args.system_tokens, seed)}
-    ]
+    """One agent conversation; turn i goes to ``lanes[i % len(lanes)]``; ``seed`` makes two
+    conversations' prompts differ from their first token (no shared prefix)."""
+    system = system_prompt(args.system_tokens, f"[{seed}] {AGENT}", LANE_RULES)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     rows = []
     for turn in range(args.turns):
-        messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
+        messages.append({"role": "user", "content": LANE_QUESTIONS[turn % len(LANE_QUESTIONS)]})
         on = lanes[turn % len(lanes)]
-        s = await chat(session, url, model, on, messages, args.max_tokens, tools=TOOLS)
+        s = await send(session, url, model, on, messages, args.max_tokens, tools=TOOLS)
         rows.append(
             {
                 "turn": turn + 1,
@@ -136,31 +123,25 @@ async def conversation(
     return rows
 
 
-def later_ttft(rows: list[dict[str, Any]]) -> float | None:
-    return mean([r["ttft_s"] for r in rows if r["turn"] >= 2])
-
-
 async def measure(
     name: str, url: str, pid: int | None, model: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     """Every phase on one target; ``pid``: mlx_lm.server's process (None: speclane)."""
     lanes = pid is None
+    both: list[str | None] = ["speculative", "batching"] if lanes else [None]
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        hello = [{"role": "user", "content": "Hi"}]
-        for on in ("speculative", "batching") if lanes else (None,):  # the same warm-up
-            await chat(session, url, model, on, hello, 4)
+        for on in both:  # the same warm-up
+            await send(session, url, model, on, [{"role": "user", "content": "Hi"}], 4)
         out: dict[str, Any] = {"memory": await memory(session, url, pid)}
         print(f"  {name}: memory {out['memory']}", flush=True)
         out["mixed"] = await mixed(session, url, model, lanes, args)
         print(f"  {name}: mixed load {out['mixed']}", flush=True)
-        both: list[str | None] = ["speculative", "batching"] if lanes else [None]
-        one: list[str | None] = ["speculative"] if lanes else [None]
         out["alternating"] = await conversation(session, url, model, both, args, f"{name} a")
-        out["one_lane"] = await conversation(session, url, model, one, args, f"{name} b")
+        out["one_lane"] = await conversation(session, url, model, both[:1], args, f"{name} b")
         out["turn2plus_ttft_s"] = {
-            "alternating": later_ttft(out["alternating"]),
-            "one_lane": later_ttft(out["one_lane"]),
+            key: mean([r["ttft_s"] for r in out[key] if r["turn"] >= 2])
+            for key in ("alternating", "one_lane")
         }
         print(f"  {name}: turn 2+ TTFT {out['turn2plus_ttft_s']}", flush=True)
     return out
@@ -206,11 +187,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": str(model),
         "draft": str(draft),
         "settings": {k: str(v) for k, v in vars(args).items()},
-        "environment": {
-            "versions": environment.versions(),
-            "hardware": environment.hardware(),
-            "load_average": environment.load_average(),
-        },
+        "environment": environment.record(),
         "results": results,
         "ratios": ratios(results),
     }

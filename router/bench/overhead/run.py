@@ -15,12 +15,13 @@ import platform
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
 from router import __version__
 from router.bench.common import environment, procs
-from router.bench.common.stats import percentile
+from router.bench.common.stats import percentile, ratio
 from router.bench.common.upstream import PLAIN_BODY, stream_body
 from router.bench.overhead import cpu
 from router.bench.overhead.report import LAYOUTS, added_over_direct, judge_targets
@@ -46,21 +47,16 @@ class Level:
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # streaming phase, per role
 
     def summary(self) -> dict[str, object]:
+        keys = ("target", "cpus", "concurrency", "tokens", "requests", "errors")
         return {
-            "target": self.target,
-            "cpus": self.cpus,
-            "concurrency": self.concurrency,
-            "tokens": self.tokens,
-            "requests": self.requests,
-            "errors": self.errors,
-            "ttft_p50_ms": percentile(self.ttft_ms, 50),
-            "ttft_p99_ms": percentile(self.ttft_ms, 99),
-            "total_p50_ms": percentile(self.total_ms, 50),
-            "total_p99_ms": percentile(self.total_ms, 99),
-            "chunks_per_s": self.chunks / self.seconds if self.seconds else None,
-            "plain_requests_per_s": (
-                self.plain_requests / self.plain_seconds if self.plain_seconds else None
-            ),
+            **{k: getattr(self, k) for k in keys},
+            **{
+                f"{name}_p{q}_ms": percentile(values, q)
+                for name, values in (("ttft", self.ttft_ms), ("total", self.total_ms))
+                for q in (50, 99)
+            },
+            "chunks_per_s": ratio(self.chunks, self.seconds),
+            "plain_requests_per_s": ratio(self.plain_requests, self.plain_seconds),
             "cpu_us_per_stream": {
                 role: used / self.requests * 1e6
                 for role, used in self.cpu_seconds.items()
@@ -74,21 +70,17 @@ def _read(meters: Meters) -> dict[str, float]:
 
 
 async def _stream_once(session: aiohttp.ClientSession, url: str, body: bytes, level: Level) -> None:
-    start = time.perf_counter()
-    first = None
-    chunks = 0
+    start, first, chunks = time.perf_counter(), None, 0
     async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
         if resp.status != 200:
             level.errors += 1
             await resp.read()
             return
         async for data in resp.content.iter_any():
-            if first is None:
-                first = time.perf_counter()
+            first = first or time.perf_counter()
             chunks += data.count(b"\n\n")
     end = time.perf_counter()
-    level.requests += 1
-    level.chunks += chunks
+    level.requests, level.chunks = level.requests + 1, level.chunks + chunks
     level.ttft_ms.append(((first or end) - start) * 1000)
     level.total_ms.append((end - start) * 1000)
 
@@ -199,7 +191,7 @@ async def run(
     tokens: tuple[int, ...] = DEFAULT_TOKENS,
     rounds: int = 1,
     cpus: str = "both",
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Each (stream length, concurrency) cell is measured in ``rounds`` rounds that visit
     the targets in turn, starting with a different one each round, and the rounds are
     pooled: on a shared machine a burst of someone else's work then lands on every target
@@ -221,7 +213,7 @@ async def run(
         finally:
             if cpu.supported() and everything:
                 cpu.pin_self(everything)  # a caller in this process keeps its cores
-    result: dict[str, object] = {
+    result: dict[str, Any] = {
         "benchmark": "overhead",
         "speclane": __version__,
         "date": environment.now_iso(),

@@ -1,10 +1,10 @@
 """What the scorecard measures, and fitting it into a time budget (pure).
 
 The matrix is every scenario (``SCENARIOS``: four ways of sending the same request) x prompt
-family x concurrency level. ``fit`` shrinks it, step by step in the order its ``steps`` list,
-until the estimate from the warm-up's speeds fits the budget: a slow CPU so still gets the
-figures that matter most (every family at concurrency 1, where the speculative lane is meant
-to be used, and one level under load), and the scorecard lists every cut."""
+family x concurrency level. ``fit`` shrinks it, step by step (``STEPS``), until the estimate
+from the warm-up's speeds fits the budget: a slow CPU so still gets the figures that matter
+most (every family at concurrency 1, where the speculative lane is meant to be used, and one
+level under load), and the scorecard lists every cut."""
 
 from __future__ import annotations
 
@@ -233,20 +233,15 @@ def cell_seconds(cell: Cell, spec: MatrixSpec, speeds: Speeds) -> float:
     return spec.runs * one * cell.concurrency**BATCH_EXPONENT
 
 
-Step = Callable[[Plan], Plan | None]
-
-
 def _fewer_runs(plan: Plan) -> Plan | None:
-    if plan.spec.runs <= 1:
-        return None
-    return _cut(plan, f"runs {plan.spec.runs} → 1", spec=plan.spec.with_(runs=1))
+    runs = plan.spec.runs
+    return _cut(plan, f"runs {runs} → 1", spec=plan.spec.with_(runs=1)) if runs > 1 else None
 
 
 def _fewer_tokens(plan: Plan) -> Plan | None:
     n = plan.spec.max_tokens
-    if n <= MIN_MAX_TOKENS:
+    if (m := max(MIN_MAX_TOKENS, n // 2)) >= n:
         return None
-    m = max(MIN_MAX_TOKENS, n // 2)
     return _cut(plan, f"max_tokens {n} → {m}", spec=plan.spec.with_(max_tokens=m))
 
 
@@ -261,24 +256,30 @@ def _drop_top_level(plan: Plan, keep: int) -> Plan | None:
 
 def _one_family_under_load(plan: Plan) -> Plan | None:
     low = min(plan.concurrency)
-    loaded = [
-        f for f in plan.families if any(c.family == f and c.concurrency > low for c in plan.cells)
-    ]
-    if len(loaded) <= 1:
+    busy = {c.family for c in plan.cells if c.concurrency > low}
+    if len(loaded := [f for f in plan.families if f in busy]) <= 1:
         return None
-    drop = loaded[-1]
-    cells = tuple(c for c in plan.cells if not (c.family == drop and c.concurrency > low))
-    kept = loaded[:-1]
-    return _cut(plan, f"families above c={low}: {_csv(loaded)} → {_csv(kept)}", cells=cells)
+    cells = tuple(c for c in plan.cells if c.family != loaded[-1] or c.concurrency == low)
+    note = f"families above c={low}: {_csv(loaded)} → {_csv(loaded[:-1])}"
+    return _cut(plan, note, cells=cells)
 
 
 def _one_family(plan: Plan) -> Plan | None:
-    families = plan.families
-    if len(families) <= 1:
+    if len(families := plan.families) <= 1:
         return None
-    kept = families[:-1]
-    cells = tuple(c for c in plan.cells if c.family in kept)
-    return _cut(plan, f"families {_csv(families)} → {_csv(kept)}", cells=cells)
+    cells = tuple(c for c in plan.cells if c.family in families[:-1])
+    return _cut(plan, f"families {_csv(families)} → {_csv(families[:-1])}", cells=cells)
+
+
+# The order of the cuts: what matters least first; every family at the lowest level last.
+STEPS: tuple[tuple[str, Callable[[Plan], Plan | None]], ...] = (
+    ("runs", _fewer_runs),
+    ("max_tokens", _fewer_tokens),
+    ("concurrency", lambda p: _drop_top_level(p, keep=2)),
+    ("families", _one_family_under_load),
+    ("concurrency", lambda p: _drop_top_level(p, keep=1)),
+    ("families", _one_family),
+)
 
 
 def fit(
@@ -287,38 +288,20 @@ def fit(
     budget: float | None,
     fixed: frozenset[str] = frozenset(),
 ) -> Plan:
-    """The largest plan whose estimate fits ``budget`` seconds, cut in the order of
-    ``steps`` (each step only while still over budget, never on a dimension in ``fixed``);
-    the smallest one when none fits. ``budget`` None or 0, or no speeds: the whole matrix."""
+    """The largest plan whose estimate fits ``budget`` seconds, cut in the order of ``STEPS``
+    (each only while still over budget, never on a dimension in ``fixed``); the smallest one
+    when none fits. ``budget`` None or 0, or no speeds: the whole matrix."""
     if speeds is None:
         return Plan.full(spec)
     plan = _estimated(Plan.full(spec), speeds)
     if not budget:
         return plan
-    steps: list[tuple[str, Step]] = [
-        ("runs", _fewer_runs),
-        ("max_tokens", _fewer_tokens),
-        ("concurrency", lambda p: _drop_top_level(p, keep=2)),
-        ("families", _one_family_under_load),
-        ("concurrency", lambda p: _drop_top_level(p, keep=1)),
-        ("families", _one_family),
-    ]
-    for dimension, step in steps:
-        if dimension in fixed:
-            continue
-        while plan.estimate is not None and plan.estimate > budget:
-            smaller = step(plan)
-            if smaller is None:
+    for dimension, step in STEPS:
+        while dimension not in fixed and plan.estimate is not None and plan.estimate > budget:
+            if (smaller := step(plan)) is None:
                 break
             plan = _estimated(smaller, speeds)
     return plan
-
-
-def eta(remaining_estimate: float, done_estimate: float, done_actual: float) -> float:
-    """Seconds left: the remaining estimate, scaled by how far off the estimate was so far."""
-    if done_estimate <= 0 or done_actual <= 0:
-        return remaining_estimate
-    return remaining_estimate * done_actual / done_estimate
 
 
 def _estimated(plan: Plan, speeds: Speeds) -> Plan:
@@ -327,18 +310,14 @@ def _estimated(plan: Plan, speeds: Speeds) -> Plan:
 
 
 def _cut(plan: Plan, note: str, **changes: Any) -> Plan:
-    return replace(plan, reductions=_merge(plan.reductions, note), **changes)
-
-
-def _merge(notes: tuple[str, ...], note: str) -> tuple[str, ...]:
-    """Successive steps on one dimension read as one: 'max_tokens 64 → 32 → 24'."""
-    if notes and _head(notes[-1]) == _head(note):
-        return (*notes[:-1], f"{notes[-1]} → {note.rsplit('→ ', 1)[1]}")
-    return (*notes, note)
-
-
-def _head(note: str) -> str:
-    return note.split(":", 1)[0] if ":" in note else note.split(" ", 1)[0]
+    """``plan`` with ``changes``; successive cuts of one dimension read as one note:
+    'max_tokens 64 → 32 → 24'."""
+    notes, head = plan.reductions, note.split(":" if ":" in note else " ", 1)[0]
+    if notes and notes[-1].split(":" if ":" in notes[-1] else " ", 1)[0] == head:
+        notes = (*notes[:-1], f"{notes[-1]} → {note.rsplit('→ ', 1)[1]}")
+    else:
+        notes = (*notes, note)
+    return replace(plan, reductions=notes, **changes)
 
 
 def _csv(values: Iterable[object]) -> str:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from router.bench.scorecard.plan import Cell, eta
+from router.bench.scorecard.plan import Cell
 from router.bench.scorecard.records import CellRun, Measurement
 
 BAR_WIDTH = 24
@@ -21,6 +21,13 @@ def clock(seconds: float | None) -> str:
         return "?"
     hours, rest = divmod(max(0, round(seconds)), 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def eta(remaining_estimate: float, done_estimate: float, done_actual: float) -> float:
+    """Seconds left: the remaining estimate, scaled by how far off the estimate was so far."""
+    if done_estimate <= 0 or done_actual <= 0:
+        return remaining_estimate
+    return remaining_estimate * done_actual / done_estimate
 
 
 def render(
@@ -40,10 +47,8 @@ class Progress:
         out: TextIO | None = None,
         enabled: bool = True,
     ) -> None:
-        self.estimates, self.total = list(estimates or ()), total
-        self.out = out or sys.stderr
-        self.enabled = enabled
-        self.tty = enabled and self.out.isatty()
+        self.estimates, self.total, self.out = list(estimates or ()), total, out or sys.stderr
+        self.enabled, self.tty = enabled, enabled and self.out.isatty()
         self.started = self.cell_t0 = time.monotonic()
         self.done, self.done_seconds = 0, 0.0
         self.cell: Cell | None = None
@@ -53,25 +58,20 @@ class Progress:
     def time_left(self, now: float) -> float | None:
         """The estimates left, scaled by how far off they were so far; without estimates,
         the average cell so far."""
-        in_cell = now - self.cell_t0 if self.cell else 0.0
         if self.estimates:
-            left = eta(
-                sum(self.estimates[self.done :]),
-                sum(self.estimates[: self.done]),
-                self.done_seconds,
-            )
+            done, left = self.estimates[: self.done], self.estimates[self.done :]
+            left_s = eta(sum(left), sum(done), self.done_seconds)
         elif self.done:
-            left = self.done_seconds / self.done * (self.total - self.done)
+            left_s = self.done_seconds / self.done * (self.total - self.done)
         else:
             return None
-        return max(0.0, left - in_cell)
+        return max(0.0, left_s - (now - self.cell_t0 if self.cell else 0.0))
 
     def line(self) -> str:
         now = time.monotonic()
         requests = f"({self.finished}/{self.expected} requests)" if self.cell else ""
-        return render(
-            self.done, self.total, self.cell, requests, now - self.started, self.time_left(now)
-        )
+        elapsed = now - self.started
+        return render(self.done, self.total, self.cell, requests, elapsed, self.time_left(now))
 
     def cell_started(self, index: int, cell: Cell, expected_requests: int) -> None:
         self.cell, self.cell_t0 = cell, time.monotonic()

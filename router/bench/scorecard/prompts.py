@@ -11,14 +11,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Family:
-    name: str
     title: str
     prompts: tuple[str, ...]
 
 
 FAMILIES: dict[str, Family] = {
     "chat": Family(
-        "chat",
         "chat",
         (
             "Explain to a child why the sky is blue.",
@@ -31,7 +29,6 @@ FAMILIES: dict[str, Family] = {
     ),
     "code": Family(
         "code",
-        "code",
         (
             "Write a Python function that checks whether a string is a palindrome.",
             "Write a Python function that returns the n-th Fibonacci number.",
@@ -42,7 +39,6 @@ FAMILIES: dict[str, Family] = {
         ),
     ),
     "list": Family(
-        "list",
         "repetitive / list",
         (
             "Count from 1 to 40, separated by commas.",
@@ -54,7 +50,6 @@ FAMILIES: dict[str, Family] = {
         ),
     ),
     "long": Family(
-        "long",
         "long prompt",
         (
             "Summarize the maintenance log above in three sentences.",

@@ -1,9 +1,8 @@
 """The raw records of a scorecard run, one per request and one per cell, and their figures
 per cell or pooled over cells (pure). ``scorecard.json`` stores the records as they are, so
-every figure can be recomputed from it; the definitions of the figures are stated in the
-scorecard's "How this was measured". Times are ``perf_counter`` seconds: a cell's span and a
-request's ``started`` from the start of the run, a request's other times from its own start.
-Requests stopped by the user count neither as results nor as errors."""
+every figure can be recomputed from it. Times are ``perf_counter`` seconds: a cell's span and
+a request's ``started`` from the start of the run, a request's other times from its own
+start. Requests stopped by the user count neither as results nor as errors."""
 
 from __future__ import annotations
 
@@ -83,28 +82,19 @@ class CellRun:
         return max(0.0, self.finished - self.started)
 
     def to_json(self) -> dict[str, Any]:
+        fields = {k: v for k, v in asdict(self).items() if k not in ("cell", "measurements")}
         return {
             **asdict(self.cell),
-            "runs": self.runs,
-            "max_tokens": self.max_tokens,
-            "started": self.started,
-            "finished": self.finished,
-            "complete": self.complete,
+            **fields,
             "measurements": [m.to_json() for m in self.measurements],
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CellRun:
+        fields = {k: data[k] for k in ("runs", "max_tokens", "started", "finished", "complete")}
+        measurements = [Measurement.from_json(m) for m in data["measurements"]]
         cell = Cell(data["scenario"], data["family"], data["concurrency"])
-        return cls(
-            cell,
-            data["runs"],
-            data["max_tokens"],
-            data["started"],
-            data["finished"],
-            data["complete"],
-            [Measurement.from_json(m) for m in data["measurements"]],
-        )
+        return cls(cell, **fields, measurements=measurements)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from router.bench.common.stats import table
 from router.bench.scorecard.pair_rules import pair_rule_from_bench, rules_to_toml
 from router.bench.scorecard.plan import SCENARIOS, Cell, MatrixSpec, Plan
 from router.bench.scorecard.progress import clock
@@ -18,6 +19,7 @@ from router.bench.scorecard.records import CellRun, Measurement, Summary, cell_s
 from router.bench.scorecard.score import Evaluation, Thresholds, evaluate
 
 SCHEMA = "speclane-scorecard/1"
+PLAN_SPEC = ("runs", "max_tokens", "long_prompt_chars")  # what a plan may cut of the spec
 
 
 @dataclass
@@ -57,12 +59,8 @@ def to_json(result: Result, evaluation: Evaluation | None = None) -> dict[str, A
         "settings": {
             "requested": asdict(result.requested),
             "plan": {
-                "scenarios": list(plan.scenarios),
-                "families": list(plan.families),
-                "concurrency": list(plan.concurrency),
-                "runs": plan.spec.runs,
-                "max_tokens": plan.spec.max_tokens,
-                "long_prompt_chars": plan.spec.long_prompt_chars,
+                **{k: list(getattr(plan, k)) for k in ("scenarios", "families", "concurrency")},
+                **{k: getattr(plan.spec, k) for k in PLAN_SPEC},
                 "cells": [asdict(c) for c in plan.cells],
                 "reductions": list(plan.reductions),
                 "estimate_s": plan.estimate,
@@ -102,21 +100,15 @@ def pair(result: Result, ev: Evaluation) -> dict[str, Any]:
 def from_json(data: dict[str, Any]) -> Result:
     if data.get("schema") != SCHEMA:
         raise ValueError(f"not a speclane scorecard (schema {data.get('schema')!r})")
-    settings = data["settings"]
-    fields: dict[str, Any] = {
-        k: tuple(v) if isinstance(v, list) else v for k, v in settings["requested"].items()
-    }
+    asked, p = data["settings"]["requested"], data["settings"]["plan"]
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in asked.items()}
     requested = MatrixSpec(**fields)
-    p = settings["plan"]
-    spec = requested.with_(
-        runs=p["runs"], max_tokens=p["max_tokens"], long_prompt_chars=p["long_prompt_chars"]
-    )
+    spec = requested.with_(**{k: p[k] for k in PLAN_SPEC})
     plan = Plan(spec, tuple(Cell(**c) for c in p["cells"]), tuple(p["reductions"]), p["estimate_s"])
-    thresholds = Thresholds(**data["evaluation"]["thresholds"])
     return Result(
         requested,
         plan,
-        thresholds,
+        Thresholds(**data["evaluation"]["thresholds"]),
         data["environment"],
         [Measurement.from_json(m) for m in data["warmup"]],
         [CellRun.from_json(c) for c in data["cells"]],
@@ -163,6 +155,13 @@ def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
     return "\n".join(out + [line for lines in sections for line in lines]).rstrip() + "\n"
 
 
+def _table(heading: Sequence[str], columns: str, rows: Iterable[Sequence[object]]) -> list[str]:
+    """``heading``, then a table (``columns``: the alignment letters, then ``|`` and the
+    header cells)."""
+    align, header = columns.split("|", 1)
+    return [*heading, *table(header.split("|"), rows, align)]
+
+
 def _headline(result: Result, ev: Evaluation) -> list[str]:
     lines = [
         f"**Verdict: {ev.verdict}**",
@@ -182,30 +181,24 @@ def _headline(result: Result, ev: Evaluation) -> list[str]:
 
 
 def _environment(result: Result) -> list[str]:
-    env = result.environment
-    ver = env.get("versions") or {}
-    hw = env.get("hardware") or {}
-    load = env.get("load_average") or {}
+    env, plan = result.environment, result.plan
+    ver, hw, load = (env.get(k) or {} for k in ("versions", "hardware", "load_average"))
     draft = env.get("draft_model") or "unknown"
     if env.get("num_draft_tokens"):
         draft += f" ({env['num_draft_tokens']} draft tokens per round)"
-    cells = len(result.runs)
     requests = sum(len(r.measurements) for r in result.runs)
     run = (
         f"{'complete' if result.complete else 'partial'}, {clock(result.duration)}, "
-        f"{cells}/{len(result.plan.cells)} cells, {requests} requests"
+        f"{len(result.runs)}/{len(plan.cells)} cells, {requests} requests"
     )
-    machine = ", ".join(
-        str(x)
-        for x in (
-            hw.get("machine"),
-            hw.get("cpu"),
-            f"{hw.get('cpus')} CPUs",
-            f"{hw.get('memory_gib')} GiB",
-            f"MLX device {hw.get('mlx_device')}",
-        )
-        if x
+    parts = (
+        hw.get("machine"),
+        hw.get("cpu"),
+        f"{hw.get('cpus')} CPUs",
+        f"{hw.get('memory_gib')} GiB",
+        f"MLX device {hw.get('mlx_device')}",
     )
+    machine = ", ".join(str(x) for x in parts if x)
     if "openblas_preloaded" in hw:
         machine += ", OpenBLAS " + ("preloaded" if hw["openblas_preloaded"] else "not found")
     rows = [
@@ -221,15 +214,13 @@ def _environment(result: Result) -> list[str]:
         ("Hardware", machine or "?"),
         ("Machine load", _load_text(load)),
     ]
-    lane_notes = [
+    said = [
         f"{lane['lane']} lane: {lane['speculation']['reason']}"
         for lane in env.get("lanes") or ()
         if (lane.get("speculation") or {}).get("reason")
     ]
-    if lane_notes:
-        rows.append(("Router says", "; ".join(lane_notes)))
-    if env.get("note"):
-        rows.append(("Note", env["note"]))
+    rows += [("Router says", "; ".join(said))] if said else []
+    rows += [("Note", env["note"])] if env.get("note") else []
     return [
         "## Environment",
         "",
@@ -251,16 +242,13 @@ def _load_text(load: dict[str, Any]) -> str:
 
 
 def _gates(ev: Evaluation) -> list[str]:
-    lines = ["## Gates", "", "| Gate | Rule | Figure | Result |", "| --- | --- | --- | --- |"]
     marks = {True: "✅ passed", False: "❌ failed", None: "⚪ not measured"}
-    lines += [
-        f"| {g.title} | {_cell(g.rule)} | {_cell(g.figure)} | {marks[g.passed]} |" for g in ev.gates
-    ]
-    return [*lines, ""]
+    rows = [(g.title, _cell(g.rule), _cell(g.figure), marks[g.passed]) for g in ev.gates]
+    return [*_table(("## Gates", ""), "llll|Gate|Rule|Figure|Result", rows), ""]
 
 
 def _crossover(ev: Evaluation) -> list[str]:
-    lines = [
+    heading = (
         "## Where speculation stops paying",
         "",
         "Aggregate tokens per second of the speculative lane with speculation on, "
@@ -268,15 +256,22 @@ def _crossover(ev: Evaluation) -> list[str]:
         f"(spec-off, batching), at each concurrency. It pays when it is at least "
         f"{1 + ev.thresholds.crossover_margin:.2f}x the alternative.",
         "",
-        "| Concurrency | spec-on tok/s | Best alternative | Its tok/s | Ratio | Pays |",
-        "| ---: | ---: | --- | ---: | ---: | --- |",
-    ]
-    for lv in ev.levels:
-        pays = {True: "yes", False: "**no**", None: "n/a"}[lv.pays]
-        lines.append(
-            f"| {lv.concurrency} | {_num(lv.spec_tps)} | {lv.alternative or 'n/a'} "
-            f"| {_num(lv.alternative_tps)} | {_num(lv.ratio, '{:.2f}x')} | {pays} |"
+    )
+    pays = {True: "yes", False: "**no**", None: "n/a"}
+    rows = [
+        (
+            lv.concurrency,
+            _num(lv.spec_tps),
+            lv.alternative or "n/a",
+            _num(lv.alternative_tps),
+            _num(lv.ratio, "{:.2f}x"),
+            pays[lv.pays],
         )
+        for lv in ev.levels
+    ]
+    lines = _table(
+        heading, "rrlrrl|Concurrency|spec-on tok/s|Best alternative|Its tok/s|Ratio|Pays", rows
+    )
     if ev.stop_at is not None:
         lines += ["", f"Speculation stops paying at **concurrency {ev.stop_at}**."]
     elif ev.levels:
@@ -286,37 +281,27 @@ def _crossover(ev: Evaluation) -> list[str]:
 
 def _acceptance(ev: Evaluation) -> list[str]:
     floor = ev.thresholds.acceptance_floor
-    lines = [
-        "## Acceptance by prompt family",
-        "",
-        f"| Family | Drafted | Accepted | Acceptance | Floor {floor:.2f} |",
-        "| --- | ---: | ---: | ---: | --- |",
+    marks = {True: "passed", False: "**failed**", None: "n/a"}
+    rows: list[tuple[object, ...]] = [
+        (_family(a.family), a.drafted, a.accepted, _num(a.acceptance, "{:.2f}"), marks[a.passed])
+        for a in ev.acceptance
     ]
-    for a in ev.acceptance:
-        mark = {True: "passed", False: "**failed**", None: "n/a"}[a.passed]
-        lines.append(
-            f"| {_family(a.family)} | {a.drafted} | {a.accepted} "
-            f"| {_num(a.acceptance, '{:.2f}')} | {mark} |"
-        )
-    lines.append(f"| **all** | | | **{_num(ev.pooled_acceptance, '{:.2f}')}** | |")
+    rows.append(("**all**", "", "", f"**{_num(ev.pooled_acceptance, '{:.2f}')}**", ""))
+    columns = f"lrrrl|Family|Drafted|Accepted|Acceptance|Floor {floor:.2f}"
+    lines = _table(("## Acceptance by prompt family", ""), columns, rows)
     return [*lines, ""]
 
 
 def _score(ev: Evaluation) -> list[str]:
-    lines = [
+    heading = (
         f"## Readiness score: {ev.score}/100",
         "",
-        "The sum of these components, rounded (the verdict comes from the gates, "
-        "not from the score):",
+        "The sum of these components, rounded (the verdict comes from the gates, not from "
+        "the score):",
         "",
-        "| Component | Points | Figure | Rule |",
-        "| --- | ---: | --- | --- |",
-    ]
-    lines += [
-        f"| {p.title} | {p.points:.1f} / {p.weight} | {p.figure} | {_cell(p.rule)} |"
-        for p in ev.parts
-    ]
-    return [*lines, ""]
+    )
+    rows = [(p.title, f"{p.points:.1f} / {p.weight}", p.figure, _cell(p.rule)) for p in ev.parts]
+    return [*_table(heading, "lrll|Component|Points|Figure|Rule", rows), ""]
 
 
 def _pair_rule(result: Result, ev: Evaluation) -> list[str]:
@@ -337,35 +322,41 @@ def _pair_rule(result: Result, ev: Evaluation) -> list[str]:
     ]
 
 
+SCENARIO_COLUMNS = (
+    "lrrrrrrrrrrrl|Family|c|Requests|Errors|TTFT avg ms|TTFT p95 ms|Decode tok/s|"
+    "Aggregate tok/s|E2E p95 ms|Drafted|Accepted|Acceptance|Lane chosen"
+)
+
+
 def _scenarios(result: Result) -> list[str]:
     lines = ["## Results by scenario", ""]
     for name in result.plan.scenarios:
         scenario = SCENARIOS[name]
+        heading = (f"### {scenario.title} (`{name}`)", "", f"Sent with {scenario.how}.", "")
         runs = [r for r in result.runs if r.cell.scenario == name]
-        lines += [
-            f"### {scenario.title} (`{name}`)",
-            "",
-            f"Sent with {scenario.how}.",
-            "",
-            "| Family | c | Requests | Errors | TTFT avg ms | TTFT p95 ms | "
-            "Decode tok/s | Aggregate tok/s | E2E p95 ms | Drafted | Accepted | "
-            "Acceptance | Lane chosen |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-            "| ---: | --- |",
-        ]
-        if not runs:
-            lines.append("| (not measured) |" + " |" * 12)
-        for run in runs:
-            s, partial = cell_summary(run), "" if run.complete else " (partial)"
-            lines.append(
-                f"| {_family(run.cell.family)}{partial} | {run.cell.concurrency} | {s.requests} "
-                f"| {s.errors} | {_num(s.ttft_avg_ms, '{:.0f}')} "
-                f"| {_num(s.ttft_p95_ms, '{:.0f}')} | {_num(s.decode_tps_avg)} "
-                f"| {_num(s.agg_tps)} | {_num(s.e2e_p95_ms, '{:.0f}')} | {s.drafted} "
-                f"| {s.accepted} | {_num(s.acceptance, '{:.2f}')} | {_lanes(s)} |"
-            )
+        lines += _table(heading, SCENARIO_COLUMNS, map(_scenario_row, runs))
+        lines += [] if runs else ["| (not measured) |" + " |" * 12]
         lines.append("")
     return lines
+
+
+def _scenario_row(run: CellRun) -> tuple[object, ...]:
+    s, partial = cell_summary(run), "" if run.complete else " (partial)"
+    return (
+        f"{_family(run.cell.family)}{partial}",
+        run.cell.concurrency,
+        s.requests,
+        s.errors,
+        _num(s.ttft_avg_ms, "{:.0f}"),
+        _num(s.ttft_p95_ms, "{:.0f}"),
+        _num(s.decode_tps_avg),
+        _num(s.agg_tps),
+        _num(s.e2e_p95_ms, "{:.0f}"),
+        s.drafted,
+        s.accepted,
+        _num(s.acceptance, "{:.2f}"),
+        _lanes(s),
+    )
 
 
 def _lanes(s: Summary) -> str:
@@ -394,9 +385,8 @@ def _errors(runs: Iterable[CellRun]) -> list[str]:
     )
     if not errors:
         return []
-    lines = ["## Errors", "", "| Scenario | Error | Requests |", "| --- | --- | ---: |"]
-    lines += [f"| {s} | {_cell(e or 'unknown')} | {n} |" for (s, e), n in errors.most_common(10)]
-    return [*lines, ""]
+    rows = [(s, _cell(e or "unknown"), n) for (s, e), n in errors.most_common(10)]
+    return [*_table(("## Errors", ""), "llr|Scenario|Error|Requests", rows), ""]
 
 
 def _method(result: Result) -> list[str]:

@@ -80,16 +80,12 @@ async def send(
         m.content_chunks = len(reply.token_times)
         m.status = reply.status
         m.lane, m.decision = reply.headers.get(LANE_HEADER), reply.headers.get(DECISION_HEADER)
-    if reply.usage:  # the last event's (stream_options.include_usage), with speclane_spec
+    if usage := reply.usage:  # the last event's (stream_options.include_usage)
         m.usage_reported = True
-        m.completion_tokens, m.prompt_tokens = (
-            _int(reply.usage.get(k)) for k in ("completion_tokens", "prompt_tokens")
-        )
-        spec_stats = reply.usage.get("speclane_spec")
-        if isinstance(spec_stats, dict):
-            m.drafted, m.accepted, m.steps, m.num_draft_tokens = (
-                _int(spec_stats.get(k))
-                for k in ("drafted", "accepted", "steps", "num_draft_tokens")
+        m.completion_tokens, m.prompt_tokens = _ints(usage, "completion_tokens", "prompt_tokens")
+        if isinstance(spec_stats := usage.get("speclane_spec"), dict):
+            m.drafted, m.accepted, m.steps, m.num_draft_tokens = _ints(
+                spec_stats, "drafted", "accepted", "steps", "num_draft_tokens"
             )
     m.error = reply.error or (None if reply.done else "the stream ended without data: [DONE]")
     if m.error is None:
@@ -99,8 +95,10 @@ async def send(
     return m
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _ints(data: dict[str, Any], *keys: str) -> list[int | None]:
+    return [
+        v if isinstance(v := data.get(k), int) and not isinstance(v, bool) else None for k in keys
+    ]
 
 
 async def run_cells(
@@ -121,14 +119,8 @@ async def run_cells(
 
         async def loop(stream: int, cell: Cell = cell, run: CellRun = run) -> None:
             for seq in range(spec.runs):
-                m = Measurement(
-                    cell.scenario,
-                    cell.family,
-                    cell.concurrency,
-                    stream,
-                    seq,
-                    prompt_index=stream * spec.runs + seq,
-                )
+                prompt = stream * spec.runs + seq
+                m = Measurement(cell.scenario, cell.family, cell.concurrency, stream, seq, prompt)
                 run.measurements.append(m)
                 progress.request_done(await send(session, target, m, spec))
 
@@ -195,8 +187,7 @@ class Phase:
 async def run_scorecard(
     opts: Options, stop: asyncio.Event | None = None, log: Log = print, phase: Phase | None = None
 ) -> Outcome:
-    stop = stop or asyncio.Event()
-    phase = phase or Phase()
+    stop, phase, log_path = stop or asyncio.Event(), phase or Phase(), opts.out_dir / "router.log"
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     async with contextlib.AsyncExitStack() as stack:
         if opts.url:
@@ -205,74 +196,50 @@ async def run_scorecard(
         else:
             log(
                 "starting a router with both lanes (the first start prepares the default "
-                f"model and can take minutes; log: {opts.out_dir / 'router.log'})"
+                f"model and can take minutes; log: {log_path})"
             )
             try:
-                base_url = await stack.enter_async_context(
-                    procs.own_router(opts.lanes, opts.out_dir / "router.log")
-                )
+                own = procs.own_router(opts.lanes, log_path)
+                base_url = await stack.enter_async_context(own)
             except (RuntimeError, TimeoutError) as e:
-                raise BenchError(
-                    f"the router did not start ({e}); see {opts.out_dir / 'router.log'}"
-                ) from e
+                raise BenchError(f"the router did not start ({e}); see {log_path}") from e
             router = f"started by the bench at {base_url} (temporary configuration)"
-        session = await stack.enter_async_context(
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-        )
-        result = await _measure(session, base_url, router, opts, stop, log, phase)
-        outcome = _write(result, opts, log)
-    return outcome
-
-
-async def _measure(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    router: str,
-    opts: Options,
-    stop: asyncio.Event,
-    log: Log,
-    phase: Phase,
-) -> Result:
-    env = await _environment(session, base_url, router, opts)
-    model = opts.model_name or env.get("model")
-    if not model:
-        raise BenchError(f"no model is served at {base_url} (GET /v1/models is empty)")
-    env["model"] = model
-    target = Target(base_url, model, opts.api_key, opts.request_timeout)
-    warmups = await warm_up(session, target, opts, log)
-    plan = fit(opts.spec, speeds_from(warmups), opts.budget, opts.fixed)
-    _announce(plan, opts, log)
-    progress = Progress(plan.cell_estimates, len(plan.cells), enabled=opts.progress)
-    result = Result(opts.spec, plan, opts.thresholds, env, warmups, budget=opts.budget)
-    started = target.now()
-    phase.measuring = True
-    progress.start_ticking()
-    try:
-        runs, stopped = await run_cells(session, target, plan, stop, progress)
-    finally:
-        phase.measuring = False
-        progress.close()
-    result.runs = runs
-    result.complete = not stopped and len(runs) == len(plan.cells)
+        connector = aiohttp.TCPConnector(limit=0)
+        session = await stack.enter_async_context(aiohttp.ClientSession(connector=connector))
+        env = await _environment(session, base_url, router, opts)
+        if not (model := opts.model_name or env.get("model")):
+            raise BenchError(f"no model is served at {base_url} (GET /v1/models is empty)")
+        env["model"] = model
+        target = Target(base_url, model, opts.api_key, opts.request_timeout)
+        warmups = await warm_up(session, target, opts, log)
+        plan = fit(opts.spec, speeds_from(warmups), opts.budget, opts.fixed)
+        _announce(plan, opts, log)
+        progress = Progress(plan.cell_estimates, len(plan.cells), enabled=opts.progress)
+        result = Result(opts.spec, plan, opts.thresholds, env, warmups, budget=opts.budget)
+        started, phase.measuring = target.now(), True
+        progress.start_ticking()
+        try:
+            result.runs, stopped = await run_cells(session, target, plan, stop, progress)
+        finally:
+            phase.measuring = False
+            progress.close()
+        result.duration = target.now() - started
+        env.setdefault("load_average", {})["end"] = environment.load_average()
+    result.complete = not stopped and len(result.runs) == len(plan.cells)
     if stopped:
-        result.stopped = (
-            f"stopped by the user after {sum(r.complete for r in runs)} of {len(plan.cells)} cells"
-        )
-    result.duration = target.now() - started
-    env.setdefault("load_average", {})["end"] = environment.load_average()
-    return result
+        done = sum(r.complete for r in result.runs)
+        result.stopped = f"stopped by the user after {done} of {len(plan.cells)} cells"
+    return _write(result, opts, log)
 
 
 async def _environment(
     session: aiohttp.ClientSession, base_url: str, router: str, opts: Options
 ) -> dict[str, Any]:
-    root = base_url.removesuffix("/v1")
-    lanes = await environment.lanes_info(session, root, opts.api_key)
+    lanes = await environment.lanes_info(session, base_url.removesuffix("/v1"), opts.api_key)
     served = await environment.served_models(session, base_url, opts.api_key)
     spec_lane = next((lane for lane in lanes if lane.get("lane") == "speculative"), {})
     model = next((lane.get("model") for lane in lanes if lane.get("model")), None)
-    load = environment.load_average()
-    hw = environment.hardware()
+    load, hw = environment.load_average(), environment.hardware()
     env: dict[str, Any] = {
         "date": environment.now_iso(),
         "model": model or (served[0] if served else None),

@@ -2,13 +2,12 @@
 
 Every comparison is computed once (``Figures``: spec-on against spec-off at the lowest level,
 ``auto`` against batching at the target level, on the prompt families both sides measured)
-and judged twice: pass or fail by the gates, points by the score. The rules are stated in
-the scorecard itself (``report.py`` renders the ``rule`` strings built here).
-"""
+and judged twice: pass or fail by the gates, points by the score. The rule strings built here
+are what the scorecard prints."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,11 +49,11 @@ class ScorePart:
 
 @dataclass(frozen=True)
 class Level:
-    """Does the speculative lane beat the non-speculative alternatives at one level?"""
+    """Does spec-on beat the better of spec-off and batching at one level?"""
 
     concurrency: int
     spec_tps: float | None
-    alternative: str | None  # the better of spec-off and batching
+    alternative: str | None
     alternative_tps: float | None
     pays: bool | None
 
@@ -108,7 +107,7 @@ class Figures:
     """What the gates and the score both judge."""
 
     spec: Summary | None  # every spec-on request
-    everything: Summary  # every request
+    everything: Summary
     low: int  # the interactive level: the lowest measured
     target: int | None  # the throughput level
     mine: str  # what the throughput level judges: auto when measured, else spec-on
@@ -139,23 +138,15 @@ class Figures:
 
 
 def _compare(a: Summary | None, b: Summary | None, figure: str) -> float | None:
-    """``a``'s figure over ``b``'s; None when either is missing."""
     return ratio(getattr(a, figure, None), getattr(b, figure, None))
 
 
 def figures(runs: Sequence[CellRun], t: Thresholds) -> Figures:
     measured = levels(runs)
-    target = (
-        t.target_concurrency
-        if t.target_concurrency is not None
-        else (measured[-1] if measured else None)
-    )
-    mine = "auto" if any(r.cell.scenario == "auto" for r in runs) else "spec-on"
     low = measured[0] if measured else 1
+    target = t.target_concurrency or (measured[-1] if measured else None)
+    mine = "auto" if any(r.cell.scenario == "auto" for r in runs) else "spec-on"
     everything = summarize((m for r in runs for m in r.measurements), sum(r.seconds for r in runs))
-    ours, batching = (
-        shared_pair(runs, mine, "batching", target) if target is not None else (None, None)
-    )
     return Figures(
         pooled(runs, "spec-on"),
         everything,
@@ -163,8 +154,7 @@ def figures(runs: Sequence[CellRun], t: Thresholds) -> Figures:
         target,
         mine,
         *shared_pair(runs, "spec-on", "spec-off", low),
-        ours,
-        batching,
+        *(shared_pair(runs, mine, "batching", target) if target is not None else (None, None)),
     )
 
 
@@ -176,11 +166,9 @@ def evaluate(
     stop_at = next((lv.concurrency for lv in crossover if lv.pays is False), None)
     gates = _gates(f, t)
     parts = _score_parts(f, crossover, t)
-    verdict, recommendation = _verdict(gates, stop_at, crossover, f.target, complete)
     return Evaluation(
         round(sum(p.points for p in parts)),
-        verdict,
-        recommendation,
+        *_verdict({g.key: g.passed for g in gates}, stop_at, crossover, f.target, complete),
         stop_at,
         gates,
         parts,
@@ -192,175 +180,76 @@ def evaluate(
 
 
 def _gates(f: Figures, t: Thresholds) -> tuple[Gate, ...]:
-    spec, every, on, off = f.spec, f.everything, f.on, f.off
-    gates = []
-    rule = (
-        "every successful spec-on request ran with a draft "
-        "(`usage.speclane_spec.num_draft_tokens` > 0)"
+    """Each gate: (figure, passed) when measured, else the reason it is not."""
+    spec, every, on, off, rate = f.spec, f.everything, f.on, f.off, f.everything.error_rate
+    speedup, ttft, throughput = f.speedup, f.ttft, f.throughput
+    rows: list[tuple[str, str, str, str, tuple[str, bool] | None]] = [
+        ("active", "Speculation active",
+         "every successful spec-on request ran with a draft "
+         "(`usage.speclane_spec.num_draft_tokens` > 0)",
+         "no successful spec-on request",
+         (f"{spec.speculated}/{spec.ok} spec-on requests speculated", spec.speculated == spec.ok)
+         if spec and spec.ok else None),
+        ("errors", "Errors", f"failed requests at most {t.max_error_rate:.0%} of all",
+         "no request finished",
+         (f"{every.errors} of {every.requests} requests failed ({rate:.1%})",
+          rate <= t.max_error_rate) if rate is not None else None),
+        ("acceptance", "Acceptance floor (model pair)",
+         f"accepted / drafted draft tokens over every spec-on request at least "
+         f"{t.acceptance_floor:.2f} (the router's own re-enable threshold)",
+         "no drafted tokens reported",
+         (f"{spec.acceptance:.2f} ({spec.accepted}/{spec.drafted} drafted tokens)",
+          spec.acceptance >= t.acceptance_floor)
+         if spec and spec.acceptance is not None else None),
+        ("interactive", f"Interactive (c={f.low}): TTFT and decode speed",
+         f"at concurrency {f.low}, spec-on vs spec-off on the same prompts: decode tok/s "
+         f"at least {t.min_speedup:.2f}x and TTFT at most {1 + t.ttft_tolerance:.2f}x "
+         "(speculation cannot make the first token earlier: its first round drafts and "
+         "verifies before anything is sent)",
+         "spec-on or spec-off not measured",
+         (f"decode {off.decode_tps_avg:.1f} → {on.decode_tps_avg:.1f} tok/s ({speedup:.2f}x); "
+          f"TTFT {off.ttft_avg_ms:.0f} → {on.ttft_avg_ms:.0f} ms ({ttft:.2f}x)",
+          speedup >= t.min_speedup and ttft <= 1 + t.ttft_tolerance)
+         if on and off and speedup is not None and ttft is not None else None),
+        ("throughput", f"No throughput regression (c={f.target})",
+         f"at the target concurrency, {f.mine} aggregate tok/s at least "
+         f"{1 - t.throughput_tolerance:.2f}x the batching lane's on the same prompts",
+         "nothing measured" if f.target is None else f"{f.mine} or batching not measured",
+         (f"{f.mine} {f.ours.agg_tps:.1f} vs batching {f.batching.agg_tps:.1f} tok/s "
+          f"({throughput:.2f}x)", throughput >= 1 - t.throughput_tolerance)
+         if f.ours and f.batching and throughput is not None else None),
+    ]  # fmt: skip
+    return tuple(
+        Gate(key, title, rule, *(judged or (missing, None)))
+        for key, title, rule, missing, judged in rows
     )
-    if spec is None or not spec.ok:
-        gates.append(
-            Gate("active", "Speculation active", rule, "no successful spec-on request", None)
-        )
-    else:
-        gates.append(
-            Gate(
-                "active",
-                "Speculation active",
-                rule,
-                f"{spec.speculated}/{spec.ok} spec-on requests speculated",
-                spec.speculated == spec.ok,
-            )
-        )
-    rule = f"failed requests at most {t.max_error_rate:.0%} of all"
-    rate = every.error_rate
-    gates.append(
-        Gate("errors", "Errors", rule, "no request finished", None)
-        if rate is None
-        else Gate(
-            "errors",
-            "Errors",
-            rule,
-            f"{every.errors} of {every.requests} requests failed ({rate:.1%})",
-            rate <= t.max_error_rate,
-        )
-    )
-    title, rule = (
-        "Acceptance floor (model pair)",
-        (
-            f"accepted / drafted draft tokens over every spec-on request at least "
-            f"{t.acceptance_floor:.2f} (the router's own re-enable threshold)"
-        ),
-    )
-    if spec is None or spec.acceptance is None:
-        gates.append(Gate("acceptance", title, rule, "no drafted tokens reported", None))
-    else:
-        gates.append(
-            Gate(
-                "acceptance",
-                title,
-                rule,
-                f"{spec.acceptance:.2f} ({spec.accepted}/{spec.drafted} drafted tokens)",
-                spec.acceptance >= t.acceptance_floor,
-            )
-        )
-    title = f"Interactive (c={f.low}): TTFT and decode speed"
-    rule = (
-        f"at concurrency {f.low}, spec-on vs spec-off on the same prompts: decode tok/s "
-        f"at least {t.min_speedup:.2f}x and TTFT at most {1 + t.ttft_tolerance:.2f}x "
-        "(speculation cannot make the first token earlier: its first round drafts and "
-        "verifies before anything is sent)"
-    )
-    if on is None or off is None or f.speedup is None or f.ttft is None:
-        gates.append(Gate("interactive", title, rule, "spec-on or spec-off not measured", None))
-    else:
-        gates.append(
-            Gate(
-                "interactive",
-                title,
-                rule,
-                (
-                    f"decode {off.decode_tps_avg:.1f} → {on.decode_tps_avg:.1f} tok/s "
-                    f"({f.speedup:.2f}x); TTFT {off.ttft_avg_ms:.0f} → {on.ttft_avg_ms:.0f} ms "
-                    f"({f.ttft:.2f}x)"
-                ),
-                f.speedup >= t.min_speedup and f.ttft <= 1 + t.ttft_tolerance,
-            )
-        )
-    title = f"No throughput regression (c={f.target})"
-    rule = (
-        f"at the target concurrency, {f.mine} aggregate tok/s at least "
-        f"{1 - t.throughput_tolerance:.2f}x the batching lane's on the same prompts"
-    )
-    if f.target is None:
-        gates.append(Gate("throughput", title, rule, "nothing measured", None))
-    elif f.ours is None or f.batching is None or f.throughput is None:
-        gates.append(Gate("throughput", title, rule, f"{f.mine} or batching not measured", None))
-    else:
-        gates.append(
-            Gate(
-                "throughput",
-                title,
-                rule,
-                (
-                    f"{f.mine} {f.ours.agg_tps:.1f} vs batching {f.batching.agg_tps:.1f} tok/s "
-                    f"({f.throughput:.2f}x)"
-                ),
-                f.throughput >= 1 - t.throughput_tolerance,
-            )
-        )
-    return tuple(gates)
 
 
 def _score_parts(f: Figures, crossover: tuple[Level, ...], t: Thresholds) -> tuple[ScorePart, ...]:
     """Each part: ``weight`` x a share in [0, 1] of its figure; 0 when not measured."""
     tol, floor = t.ttft_tolerance, 1 - t.throughput_tolerance
-    table = (
-        (
-            "active",
-            "Speculation active",
-            10,
-            "10 x share of spec-on requests that ran with a draft",
-            f.active,
-            "{:.0%}",
-            lambda v: v,
-        ),
-        (
-            "errors",
-            "Reliability",
-            10,
-            "10 x (1 - error rate / 10 %), at least 0",
-            f.everything.error_rate,
-            "{:.1%} errors",
-            lambda v: 1 - v / 0.10,
-        ),
-        (
-            "acceptance",
-            "Acceptance",
-            20,
-            f"20 x acceptance / {t.acceptance_floor:.2f}, at most 20",
-            f.acceptance,
-            "{:.2f}",
-            lambda v: v / t.acceptance_floor,
-        ),
-        (
-            "speedup",
-            f"Decode speed-up (c={f.low})",
-            25,
-            f"25 x (speed-up - 1) / {t.full_speedup - 1:.2f}, between 0 and 25",
-            f.speedup,
-            "{:.2f}x",
-            lambda v: (v - 1) / (t.full_speedup - 1),
-        ),
-        (
-            "ttft",
-            f"TTFT (c={f.low})",
-            10,
-            f"10 up to {1 + tol:.2f}x spec-off's TTFT, falling linearly to 0 at {1 + 2 * tol:.2f}x",
-            f.ttft,
-            "{:.2f}x",
-            lambda v: (1 + 2 * tol - v) / tol,
-        ),
-        (
-            "throughput",
-            f"Throughput (c={f.target})",
-            15,
-            f"15 from {floor:.2f}x batching's aggregate tok/s up, falling linearly to 0 at 0.50x",
-            f.throughput,
-            "{:.2f}x",
-            lambda v: (v - 0.5) / (floor - 0.5),
-        ),
-    )
+    table: list[tuple[str, str, int, str, float | None, str, Callable[[float], float]]] = [
+        ("active", "Speculation active", 10,
+         "10 x share of spec-on requests that ran with a draft", f.active, "{:.0%}", lambda v: v),
+        ("errors", "Reliability", 10, "10 x (1 - error rate / 10 %), at least 0",
+         f.everything.error_rate, "{:.1%} errors", lambda v: 1 - v / 0.10),
+        ("acceptance", "Acceptance", 20,
+         f"20 x acceptance / {t.acceptance_floor:.2f}, at most 20", f.acceptance, "{:.2f}",
+         lambda v: v / t.acceptance_floor),
+        ("speedup", f"Decode speed-up (c={f.low})", 25,
+         f"25 x (speed-up - 1) / {t.full_speedup - 1:.2f}, between 0 and 25", f.speedup,
+         "{:.2f}x", lambda v: (v - 1) / (t.full_speedup - 1)),
+        ("ttft", f"TTFT (c={f.low})", 10,
+         f"10 up to {1 + tol:.2f}x spec-off's TTFT, falling linearly to 0 at {1 + 2 * tol:.2f}x",
+         f.ttft, "{:.2f}x", lambda v: (1 + 2 * tol - v) / tol),
+        ("throughput", f"Throughput (c={f.target})", 15,
+         f"15 from {floor:.2f}x batching's aggregate tok/s up, falling linearly to 0 at 0.50x",
+         f.throughput, "{:.2f}x", lambda v: (v - 0.5) / (floor - 0.5)),
+    ]  # fmt: skip
     parts = [
-        ScorePart(
-            key,
-            title,
-            weight,
-            rule,
-            fmt(value, pattern, "n/a"),
-            0.0 if value is None else weight * _clamp(share(value)),
-        )
+        ScorePart(key, title, weight, rule, fmt(value, pattern, "n/a"), points)
         for key, title, weight, rule, value, pattern, share in table
+        for points in [0.0 if value is None else weight * max(0.0, min(1.0, share(value)))]
     ]
     judged = [lv for lv in crossover if lv.pays is not None]
     paying = sum(1 for lv in judged if lv.pays)
@@ -379,65 +268,52 @@ def _score_parts(f: Figures, crossover: tuple[Level, ...], t: Thresholds) -> tup
 
 def _level(runs: Sequence[CellRun], c: int, t: Thresholds) -> Level:
     """spec-on against the alternative hardest to beat at level ``c``, on shared prompts."""
-    best: Level | None = None
+    candidates = []
     for alt in ("spec-off", "batching"):
         on, other = shared_pair(runs, "spec-on", alt, c)
-        if on is None or other is None or on.agg_tps is None or other.agg_tps is None:
-            continue
-        level = Level(
-            c,
-            on.agg_tps,
-            alt,
-            other.agg_tps,
-            on.agg_tps >= (1 + t.crossover_margin) * other.agg_tps,
-        )
-        if best is None or _harder(level, best):
-            best = level
-    return best or Level(c, None, None, None, None)
-
-
-def _harder(a: Level, b: Level) -> bool:
-    if a.pays != b.pays:
-        return a.pays is False
-    return (a.ratio if a.ratio is not None else float("inf")) < (
-        b.ratio if b.ratio is not None else float("inf")
+        if on and other and on.agg_tps is not None and other.agg_tps is not None:
+            pays = on.agg_tps >= (1 + t.crossover_margin) * other.agg_tps
+            candidates.append(Level(c, on.agg_tps, alt, other.agg_tps, pays))
+    # Hardest: one that does not pay first, then the lowest ratio (the first of equals).
+    return min(
+        candidates,
+        key=lambda lv: (lv.pays is not False, lv.ratio if lv.ratio is not None else float("inf")),
+        default=Level(c, None, None, None, None),
     )
 
 
 def _verdict(
-    gates: tuple[Gate, ...],
+    passed: dict[str, bool | None],
     stop_at: int | None,
     crossover: tuple[Level, ...],
     target: int | None,
     complete: bool,
 ) -> tuple[str, str]:
-    g = {gate.key: gate for gate in gates}
     partial = "" if complete else " (partial run)"
-    if g["active"].passed is None or g["interactive"].passed is None:
+    if passed["active"] is None or passed["interactive"] is None:
         return (
             f"INCONCLUSIVE{partial}",
             "Not enough was measured to judge speculation; run the whole matrix.",
         )
-    if not g["active"].passed:
+    if not passed["active"]:
         return (
             f"NOT READY{partial}: speculation is not running",
             "Spec-on requests came back without draft statistics: check that the "
             "speculative lane has a draft model and that nothing switched it off.",
         )
-    if not g["errors"].passed:
+    if not passed["errors"]:
         return (
             f"NOT READY{partial}: requests failed",
             "Fix the failing requests first (see the errors column), then run again.",
         )
-    if not g["interactive"].passed or not g["acceptance"].passed:
+    if not passed["interactive"] or not passed["acceptance"]:
         return (
             f"NOT READY{partial}: keep speculation off for this model pair here",
             "Speculation does not pay for these clients on this machine: turn it off "
             "(`[lanes.speculative] enabled = false`, or leave it to the router's "
             "auto-disable, which measures the same thing per workload).",
         )
-    top = max((lv.concurrency for lv in crossover), default=None)
-    stop = stop_at if stop_at is not None else (target if g["throughput"].passed is False else None)
+    stop = stop_at if stop_at is not None else (target if passed["throughput"] is False else None)
     if stop is not None and stop > 1:
         return (
             f"READY FOR INTERACTIVE USE{partial}: below concurrency {stop}",
@@ -450,6 +326,7 @@ def _verdict(
             f"NOT READY{partial}: speculation does not pay even alone",
             "Keep speculation off (`[lanes.speculative] enabled = false`).",
         )
+    top = max((lv.concurrency for lv in crossover), default=None)
     return (
         f"READY{partial}: enable speculation",
         f"Speculation pays at every level measured (up to c={top}); the router's "
@@ -462,18 +339,6 @@ def _acceptance_by_family(runs: Sequence[CellRun], t: Thresholds) -> tuple[Famil
     for family in dict.fromkeys(r.cell.family for r in runs if r.cell.scenario == "spec-on"):
         s = pooled(runs, "spec-on", families=[family])
         assert s is not None
-        acc = s.acceptance
-        out.append(
-            FamilyAcceptance(
-                family,
-                s.drafted,
-                s.accepted,
-                acc,
-                None if acc is None else acc >= t.acceptance_floor,
-            )
-        )
+        passed = None if s.acceptance is None else s.acceptance >= t.acceptance_floor
+        out.append(FamilyAcceptance(family, s.drafted, s.accepted, s.acceptance, passed))
     return tuple(out)
-
-
-def _clamp(x: float) -> float:
-    return max(0.0, min(1.0, x))

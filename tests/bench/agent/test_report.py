@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from router.bench.agent.plan import long_document, system_prompt
 from router.bench.agent.report import largest_gap, ratios, render
 from router.bench.common.stats import ratio
+from router.bench.common.workload import AGENT, long_document, system_prompt
 
 
 def test_largest_gap_counts_waits_overlapping_the_window_whole() -> None:
@@ -57,6 +57,6 @@ def test_ratios_and_goals() -> None:
 
 
 def test_prompts_have_about_the_asked_size_and_are_deterministic() -> None:
-    assert system_prompt(1000) == system_prompt(1000)
-    assert 3500 < len(system_prompt(1000)) < 5000
+    assert system_prompt(1000, AGENT) == system_prompt(1000, AGENT)
+    assert 3500 < len(system_prompt(1000, AGENT)) < 5000
     assert long_document(500, "a") != long_document(500, "b")

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from router.bench.common import procs
-from router.bench.overhead import cli, cpu, report, run
+from router.bench.overhead import cpu, report, run
+from router.cli import bench as cli
 
 
 async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -> None:
@@ -149,6 +150,7 @@ def test_main_prints_the_table_and_saves_json(
     assert (
         cli.main(
             [
+                "overhead",
                 "--concurrency",
                 "1",
                 "--tokens",

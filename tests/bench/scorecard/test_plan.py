@@ -15,11 +15,10 @@ from router.bench.scorecard.plan import (
     Plan,
     Speeds,
     cell_seconds,
-    eta,
     fit,
     speeds_from,
 )
-from router.bench.scorecard.progress import Progress, clock, render
+from router.bench.scorecard.progress import Progress, clock, eta, render
 from tests.bench.scorecard.build import req, uniform
 
 # 1 s to the first token, 10 tok/s after it, on every lane; long prompts 3x slower to start.

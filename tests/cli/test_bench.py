@@ -1,20 +1,54 @@
-"""``speclane bench`` arguments: defaults, --quick, explicit dimensions, --render, --plot."""
+"""``speclane bench ...`` arguments: list flags, saving results, and the scorecard's defaults,
+--quick, explicit dimensions, --render, --plot."""
 
 from __future__ import annotations
 
+import argparse
+import json
 from pathlib import Path
 
 import pytest
 
-from router.bench.scorecard import cli as scorecard_cli
 from router.bench.scorecard import plot, report
 from router.bench.scorecard.plan import DEFAULT_BUDGET, DEFAULT_SPEC, QUICK_BUDGET, QUICK_SPEC
 from router.bench.scorecard.run import normalize_url
+from router.cli import bench as cli
 from tests.bench.scorecard.test_report import result
 
 
+def test_lists_parse_and_check_their_choices() -> None:
+    assert cli.csv(int)("1, 16,64,") == (1, 16, 64)
+    assert cli.csv(str, ("chat", "code"))("code,chat") == ("code", "chat")
+    for kind, choices, text in ((int, (), "1,x"), (int, (), " , "), (str, ("chat",), "poetry")):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cli.csv(kind, choices)(text)
+
+
+def test_a_bad_list_is_a_usage_error_in_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["overhead", "--concurrency", "1,x"])
+    assert e.value.code == 2
+    assert "not a comma-separated list" in capsys.readouterr().err
+
+
+def test_save_writes_json_with_its_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "deep" / "r.json"
+    cli.save(path, {"a": [1, 2]})
+    assert json.loads(path.read_text()) == {"a": [1, 2]} and path.read_text().endswith("\n")
+    assert f"saved {path}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["lanes", "--targets", "nginx"], ["agent", "--turns", "x"]])
+def test_each_benchmarks_flags_are_checked(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+
+
 def opts(*argv: str):  # type: ignore[no-untyped-def]
-    return scorecard_cli.options(scorecard_cli.parser().parse_args(list(argv)))
+    return cli.scorecard_options(cli.scorecard_parser().parse_args(list(argv)))
 
 
 def test_defaults() -> None:
@@ -58,7 +92,7 @@ def test_lane_and_gate_flags() -> None:
 )
 def test_bad_lists_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
-        scorecard_cli.main(argv)
+        cli.main(argv)
     assert e.value.code == 2
     assert "speclane bench: error" in capsys.readouterr().err
 
@@ -67,21 +101,21 @@ def test_plot_without_matplotlib_stops_before_measuring(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(plot, "available", lambda: False)
-    assert scorecard_cli.main(["--plot", "--url", "http://127.0.0.1:9/v1"]) == 2
+    assert cli.main(["--plot", "--url", "http://127.0.0.1:9/v1"]) == 2
     assert "pip install 'speclane[plot]'" in capsys.readouterr().err
 
 
 def test_render_rewrites_the_markdown_from_the_json(tmp_path: Path) -> None:
     paths = report.write(result(), tmp_path)
     paths["markdown"].write_text("stale")
-    assert scorecard_cli.main(["--render", str(paths["json"])]) == 0
+    assert cli.main(["--render", str(paths["json"])]) == 0
     assert paths["markdown"].read_text().startswith("# Speculative decoding readiness")
 
 
 def test_render_of_a_wrong_file_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "x.json"
     bad.write_text("{}")
-    assert scorecard_cli.main(["--render", str(bad)]) == 1
+    assert cli.main(["--render", str(bad)]) == 1
     assert "cannot read" in capsys.readouterr().err
 
 
