@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from router.appkeys import LAYOUT, POLICIES, POOL, SPEC, SUPERVISORS
+from router.appkeys import LAYOUT, MODELS, POLICIES, POOL, SPEC, SUPERVISORS
 from router.backends.status import backend_status
 from router.errors import RouterError
 from router.lanes.view import layout, supervised_states, workers
@@ -21,13 +21,19 @@ from router.proxy.middleware import expect_handler
 
 async def lanes(request: web.Request) -> web.Response:
     require_admin(request)
+    manager = request.app.get(MODELS)
     supervisors = request.app.get(SUPERVISORS, [])
-    data = [backend_status(b, supervised_states(supervisors)) for b in request.app[POOL]]
+    states = supervised_states(supervisors)
+    if manager is not None:  # every loaded model's lanes, the start-up model's included
+        supervisors = manager.supervisors()
+        states = {**states, **manager.supervised_states()}
+    data = [backend_status(b, states) for b in request.app[POOL]]
     return web.json_response(
         {
             "backends": data,
             "layout": layout(request.app.get(LAYOUT)),
             "workers": workers(supervisors),
+            "models": manager.models() if manager is not None else [],
         }
     )
 
