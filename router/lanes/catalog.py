@@ -83,7 +83,7 @@ def from_folders(folders: Iterable[Folder]) -> list[CatalogModel]:
     usable = {f.name: f for f in folders if is_model(f)}
     models = []
     for name, folder in sorted(usable.items()):
-        if name.endswith(DRAFT_SUFFIX) and name.removesuffix(DRAFT_SUFFIX) in usable:
+        if name.endswith(DRAFT_SUFFIX):
             continue  # a draft, not a model of its own
         draft = usable.get(name + DRAFT_SUFFIX)
         models.append(

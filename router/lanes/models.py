@@ -270,6 +270,10 @@ class ModelManager:
             # One load, many waiters: each gets its own error (the proxy adds its headers).
             raise ModelUnavailable(str(e.code), e.message) from None
         except TimeoutError:
+            if slot.state == "loading" and not slot.reserved:  # still waiting for memory
+                raise ModelUnavailable(
+                    "model_memory_busy", self._busy_message(slot, self.room_for(slot))
+                ) from None
             raise ModelUnavailable(
                 "model_load_timeout",
                 f"model '{name}' did not load within lanes.load_timeout "
