@@ -480,6 +480,7 @@ class ModelManager:
                 "in_flight": s.in_flight,
                 "layout": s.choice.layout if s.choice is not None else None,
                 "lanes": [b.name for b in s.backends],
+                "pids": [p.status.pid for p in s.supervisors if p.status.pid is not None],
                 "last_error": s.last_error,
                 "path": s.model.path,
                 "draft": s.model.draft,

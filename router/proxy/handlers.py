@@ -189,16 +189,17 @@ async def proxy(
         model = parsed.route.model
         parsed.cache_partition = wire_token(partition)
         limiter = app[LIMITER]
-        # Fingerprints serve only to send a conversation back to the lane holding its
-        # prefix: without lanes of ours nothing ever holds one, so none are computed. They
-        # are the partition's own: another client's traffic never steers this request.
-        if app[SETTINGS].routing.cache_affinity and app[POOL].has_lanes:
-            prints = fingerprints(endpoint, parsed.data, partition)
         async with (
             model_loaded(app.get(MODELS), app[POOL], parsed, policy),
             limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited,
         ):
             model = parsed.route.model
+            # Fingerprints serve only to send a conversation back to the lane holding its
+            # prefix: without lanes of ours nothing ever holds one, so none are computed.
+            # They are the partition's and the model's own: another client's traffic, or
+            # the same conversation with another model's lanes, never steers this request.
+            if app[SETTINGS].routing.cache_affinity and app[POOL].has_lanes:
+                prints = fingerprints(endpoint, parsed.data, f"{partition}\0{model}")
             result = decide(request, parsed, policy, claim, prints)
             decision = result.decision.reason
             metrics.decisions.labels(

@@ -113,11 +113,8 @@ def metric(router: RunningRouter, name: str, **labels: str) -> float | None:
 
 
 def worker_pids(router: RunningRouter, name: str) -> list[int]:
-    return [
-        s.status.pid
-        for s in manager(router).supervisors()
-        if s.status.pid is not None and s.command.argv[-1] == name
-    ]
+    pids: list[int] = entry(router, name)["pids"]
+    return pids
 
 
 def gone(pid: int) -> bool:
