@@ -27,7 +27,7 @@ from router.frontdoors.ollama_out import Kind, OllamaEgress, now_iso
 from router.frontdoors.responses_http import setup_responses_routes
 from router.proxy.connections import read_body
 from router.proxy.handlers import Inbound, identify, proxy, request_key
-from router.proxy.ondemand import model_loaded
+from router.proxy.ondemand import holding, model_loaded
 from router.proxy.request import load_object
 
 TOKENIZE_PATH = "/tokenize"  # under a lane worker's /v1 (router.worker.server)
@@ -74,15 +74,17 @@ async def count_tokens(request: web.Request) -> web.Response:
             param="model",
             code="model_not_allowed",
         )
-    lane = _tokenizing_lane(app[POOL], req.model)
-    try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
-        body = orjson.dumps(anthropic_in.count_body(req))
-    except orjson.JSONEncodeError as e:
-        raise errors.bad_request(
-            f"request body cannot be forwarded: {e}", code="invalid_json"
-        ) from e
-    async with app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout):
-        count = await _count(app[SESSION], lane, body)
+    async with holding(app.get(MODELS), app[POOL], req.model, policy) as held:
+        model = held.model if held is not None else req.model  # a model of ours loads first
+        lane = _tokenizing_lane(app[POOL], model)
+        try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
+            body = orjson.dumps(anthropic_in.count_body(req))
+        except orjson.JSONEncodeError as e:
+            raise errors.bad_request(
+                f"request body cannot be forwarded: {e}", code="invalid_json"
+            ) from e
+        async with app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout):
+            count = await _count(app[SESSION], lane, body)
     return web.json_response({"input_tokens": count})
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -93,7 +94,11 @@ def catalog_for(settings: Settings, startup: LaneModels | None) -> Catalog:
         first = CatalogModel(
             startup.name, startup.model, startup.draft, size_bytes=weights_bytes(startup.model)
         )
-    return build(list_dir(Path(directory)), entries, first)
+    folders = list_dir(Path(directory))
+    if startup is not None:  # its own folder under another name is the same model
+        own = os.path.abspath(os.path.expanduser(startup.model))
+        folders = [f for f in folders if os.path.abspath(f.path) != own]
+    return build(folders, entries, first)
 
 
 def memory_budget(lanes: LanesSettings) -> int:

@@ -45,26 +45,34 @@ def served_elsewhere(pool: BackendPool, model: str) -> bool:
     return any(b.lane is None and model in b.models for b in pool)
 
 
+@dataclasses.dataclass(slots=True)
+class Held:
+    model: str  # the name to route: the model's own, with the request's @preset suffix
+    load_seconds: float = 0.0  # this request's wait for the model to load
+
+
 @contextlib.asynccontextmanager
-async def model_loaded(
-    manager: ModelManager | None, pool: BackendPool, parsed: ParsedRequest, policy: Policy
-) -> AsyncIterator[None]:
-    """Around the whole request: load its model if needed (raises 403 or 503 in speclane's
-    terms), and hold it until the answer has ended."""
-    found = target(manager, parsed.route.model, policy) if manager is not None else None
+async def holding(
+    manager: ModelManager | None,
+    pool: BackendPool,
+    requested: str,
+    policy: Policy,
+    keep_alive: float | None = None,
+) -> AsyncIterator[Held | None]:
+    """Around a whole request for ``requested``: load its model if needed (raises 403 or
+    503 in speclane's terms) and hold it until the block ends; None when it is none of the
+    servable models (or one the policy may not use, or an external backend serves)."""
+    found = target(manager, requested, policy) if manager is not None else None
     if manager is None or found is None:
-        yield
+        yield None
         return
     name, suffix = found
     loaded = manager.state(name) == "loaded"
     if not policy.allows_model(name) or (not loaded and served_elsewhere(pool, name)):
-        yield
+        yield None
         return
-    if parsed.route.model != name + suffix:
-        # an alias: the workers serve the model under its own name
-        parsed.set_field("model", name + suffix)
-        parsed.route = dataclasses.replace(parsed.route, model=name + suffix)
-    with manager.hold(name, parsed.keep_alive):
+    held = Held(name + suffix)
+    with manager.hold(name, keep_alive):
         if not loaded:
             if not policy.allows_load(name):
                 raise RouterError(
@@ -76,5 +84,20 @@ async def model_loaded(
                     code="model_load_forbidden",
                 )
             # a 503 (router.lanes.models.ModelUnavailable) when it cannot load in time
-            parsed.load_seconds = await manager.ensure(name)
+            held.load_seconds = await manager.ensure(name)
+        yield held
+
+
+@contextlib.asynccontextmanager
+async def model_loaded(
+    manager: ModelManager | None, pool: BackendPool, parsed: ParsedRequest, policy: Policy
+) -> AsyncIterator[None]:
+    """``holding`` for a parsed request: an alias is rewritten to the model's own name (the
+    workers serve it under that name) and the load's wait recorded."""
+    async with holding(manager, pool, parsed.route.model, policy, parsed.keep_alive) as held:
+        if held is not None:
+            if parsed.route.model != held.model:
+                parsed.set_field("model", held.model)
+                parsed.route = dataclasses.replace(parsed.route, model=held.model)
+            parsed.load_seconds = held.load_seconds
         yield

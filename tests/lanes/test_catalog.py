@@ -117,3 +117,19 @@ def test_list_dir_reads_config_and_weights(tmp_path: Path) -> None:
     assert (folders["linked"].has_config, folders["linked"].weights_bytes) == (True, 10)
     assert (folders["empty"].has_config, folders["empty"].weights_bytes) == (False, 0)
     assert list_dir(tmp_path / "missing") == []
+
+
+def test_the_startup_folder_under_another_name_is_one_model(tmp_path: Path) -> None:
+    from router.config.settings import Settings
+    from router.lanes.group import LaneModels
+    from router.lanes.models import catalog_for
+
+    for name in ("SmolLM2", "other"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        (tmp_path / name / "model.safetensors").write_bytes(b"x")
+    settings = Settings(lanes={"models_dir": str(tmp_path)})  # type: ignore[arg-type]
+    startup = LaneModels(str(tmp_path / "SmolLM2"), None, "smol")  # model_name = "smol"
+    assert catalog_for(settings, startup).names() == ["smol", "other"]
+    same = LaneModels(str(tmp_path / "SmolLM2"), None, "SmolLM2")
+    assert catalog_for(settings, same).names() == ["SmolLM2", "other"]

@@ -345,3 +345,14 @@ async def test_ollama_load_and_unload_requests(router: RunningRouter) -> None:
         await wait_until(lambda: entry(router, "gamma")["state"] == "unloaded")
         async with s.post(router.url + "/api/generate", json={"model": "nope"}) as r:
             assert r.status == 404
+
+
+async def test_count_tokens_loads_its_model(router: RunningRouter) -> None:
+    body = {"model": "beta", "messages": [{"role": "user", "content": "hi"}]}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(router.url + "/v1/messages/count_tokens", json=body) as r,
+    ):
+        await r.read()  # the fake worker cannot count: only the load is checked here
+    assert entry(router, "beta")["state"] == "loaded"
+    assert entry(router, "beta")["in_flight"] == 0
