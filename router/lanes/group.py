@@ -266,6 +266,7 @@ async def _start_workers(
             max_body_bytes=settings.max_body_bytes,
         )
 
+    suffix = "" if default else f"@{models.name}"  # as backend_name: its own metric series
     if shared:
         supervisors = [
             LaneSupervisor.from_settings(
@@ -273,6 +274,7 @@ async def _start_workers(
                 settings.lanes,
                 metrics=metrics,
                 on_change=follow(backends),
+                label_suffix=suffix,
             )
         ]
     else:
@@ -282,6 +284,7 @@ async def _start_workers(
                 settings.lanes,
                 metrics=metrics,
                 on_change=follow([b]),
+                label_suffix=suffix,
             )
             for b in backends
         ]

@@ -200,6 +200,9 @@ async def test_a_short_ttl_unloads_an_idle_model_and_its_worker_exits(tmp_path: 
         await wait_until(lambda: entry(router, "beta")["state"] == "unloaded", 10)
         await wait_until(lambda: gone(pid))  # the worker stops after leaving the pool
         assert metric(router, "speclane_model_unloads_total", model="beta", reason="ttl") == 1
+        # its worker metrics are its own: the start-up model's lane stays up
+        await wait_until(lambda: metric(router, "speclane_worker_up", lane="speculative@beta") == 0)
+        assert metric(router, "speclane_worker_up", lane="speculative") == 1
         assert entry(router, "alpha")["state"] == "loaded"  # pinned: the start-up model
         # asked again, it loads again
         assert (await chat(router, "beta")).choices[0].message.content == "ok"
