@@ -137,9 +137,7 @@ class LaneSupervisor:
         # The lanes' names in metrics: a model loaded on demand has "<lane>@<model>", so its
         # workers never write the start-up model's series (router.lanes.models).
         self._labels = tuple(lane + label_suffix for lane in self.lanes)
-        self._figures = {
-            lane: WorkerFigures(lane + label_suffix, metrics) for lane in self.lanes
-        }
+        self._figures = {lane: WorkerFigures(lane + label_suffix, metrics) for lane in self.lanes}
         self.memory: dict[str, int] | None = None  # the worker's last RSS and PSS
         self._worker: WorkerProcess | None = None
         self._session: aiohttp.ClientSession | None = None
