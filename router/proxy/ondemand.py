@@ -94,6 +94,9 @@ async def model_loaded(
 ) -> AsyncIterator[None]:
     """``holding`` for a parsed request: an alias is rewritten to the model's own name (the
     workers serve it under that name) and the load's wait recorded."""
+    if parsed.endpoint == "embeddings":  # the lanes do not embed: nothing to load
+        yield
+        return
     async with holding(manager, pool, parsed.route.model, policy, parsed.keep_alive) as held:
         if held is not None:
             if parsed.route.model != held.model:

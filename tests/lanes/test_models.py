@@ -359,3 +359,9 @@ async def test_count_tokens_loads_its_model(router: RunningRouter) -> None:
         await r.read()  # the fake worker cannot count: only the load is checked here
     assert entry(router, "beta")["state"] == "loaded"
     assert entry(router, "beta")["in_flight"] == 0
+
+
+async def test_embeddings_never_load_a_model(router: RunningRouter) -> None:
+    with pytest.raises(openai.NotFoundError):  # the lanes do not embed
+        await router.client().embeddings.create(model="beta", input="hi")
+    assert entry(router, "beta")["state"] == "unloaded"
