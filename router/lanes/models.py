@@ -356,12 +356,14 @@ class ModelManager:
                     f"{slot.choice.layout if slot.choice else '?'}) but only "
                     f"{gib(plan.limit_bytes)} may be used (lanes.memory_limit_bytes)"
                 )
+            if plan.fits and not plan.evict:
+                slot.reserved = True  # from here a concurrent load counts it
+                return
             if plan.fits:
-                slot.reserved = True  # before any await: a concurrent load counts it
                 for other in plan.evict:
                     log.info("model %s: unloading %s to make room", slot.model.name, other)
                     await self._unload(self._slots[other], "memory")
-                return
+                continue  # plan again: a model may have got a request meanwhile
             remaining = deadline - self.clock()
             if remaining <= 0:
                 raise ModelUnavailable("model_memory_busy", self._busy_message(slot, plan))
