@@ -365,3 +365,15 @@ async def test_embeddings_never_load_a_model(router: RunningRouter) -> None:
     with pytest.raises(openai.NotFoundError):  # the lanes do not embed
         await router.client().embeddings.create(model="beta", input="hi")
     assert entry(router, "beta")["state"] == "unloaded"
+
+
+async def test_past_the_load_queue_a_request_gets_503_at_once(tmp_path: Path) -> None:
+    async with run_router(settings_for(tmp_path, load_queue=1)) as router:
+        first = asyncio.create_task(chat(router, "beta"))
+        await wait_until(lambda: entry(router, "beta")["in_flight"] == 1)  # waiting for beta
+        with pytest.raises(openai.APIStatusError) as caught:
+            await chat(router, "gamma")
+        body: Any = caught.value.body
+        assert (caught.value.status_code, body["code"]) == (503, "model_load_queue_full")
+        assert (await first).choices[0].message.content == "ok"
+        assert entry(router, "gamma")["state"] == "unloaded"
