@@ -14,7 +14,7 @@ from aiohttp import web
 from router.appkeys import LAYOUT, MODELS, POLICIES, POOL, SPEC, SUPERVISORS
 from router.backends.status import backend_status
 from router.errors import RouterError
-from router.lanes.view import layout, supervised_states, workers
+from router.lanes.view import every_lane, layout, workers
 from router.proxy.admin_auth import require_admin
 from router.proxy.middleware import expect_handler
 
@@ -22,11 +22,7 @@ from router.proxy.middleware import expect_handler
 async def lanes(request: web.Request) -> web.Response:
     require_admin(request)
     manager = request.app.get(MODELS)
-    supervisors = request.app.get(SUPERVISORS, [])
-    states = supervised_states(supervisors)
-    if manager is not None:  # every loaded model's lanes, the start-up model's included
-        supervisors = manager.supervisors()
-        states = {**states, **manager.supervised_states()}
+    supervisors, states = every_lane(request.app.get(SUPERVISORS, []), manager)
     data = [backend_status(b, states) for b in request.app[POOL]]
     return web.json_response(
         {

@@ -163,6 +163,13 @@ async def test_a_request_for_an_unloaded_model_loads_it_and_is_answered(
     assert backends["speculative@beta"]["lane"] == "speculative"
     assert backends["speculative@beta"]["state"] == "ready"
     assert backends["speculative"]["model"] == "alpha"
+    assert {w["pid"] for w in admin["workers"]} == {
+        *entry(router, "alpha")["pids"],
+        *entry(router, "beta")["pids"],
+    }
+    status = await get_json(router, "/admin/status")  # what the status page reads
+    assert [m["name"] for m in status["models"]] == [m["name"] for m in admin["models"]]
+    assert {b["name"]: b["state"] for b in status["backends"]}["speculative@beta"] == "ready"
     assert metric(router, "speclane_model_state", model="beta", state="loaded") == 1
     assert metric(router, "speclane_model_state", model="gamma", state="unloaded") == 1
     ps = [m["name"] for m in (await get_json(router, "/api/ps"))["models"]]
