@@ -210,7 +210,7 @@ async def proxy(
             # A model's load is not speclane's overhead: it is the model starting.
             overhead = time.monotonic() - arrival - waited - parsed.load_seconds
             metrics.overhead.labels(endpoint).observe(overhead)
-            headers = decision_headers(result, overhead, waited)
+            headers = decision_headers(result, overhead, waited, parsed.load_seconds)
             return await app[RELAY].forward(
                 request,
                 parsed,

@@ -148,7 +148,16 @@ async def test_listing_shows_every_servable_model_with_state_and_size(
 async def test_a_request_for_an_unloaded_model_loads_it_and_is_answered(
     router: RunningRouter,
 ) -> None:
-    answer = await chat(router, "beta")
+    raw = await router.client().chat.completions.with_raw_response.create(
+        model="beta", messages=[{"role": "user", "content": "hi"}], max_tokens=5
+    )
+    assert float(raw.headers["X-Speclane-Load-Ms"]) > 0  # the wait for beta, said
+    assert float(raw.headers["X-Speclane-Overhead-Ms"]) < float(raw.headers["X-Speclane-Load-Ms"])
+    answer = raw.parse()
+    again = await router.client().chat.completions.with_raw_response.create(
+        model="beta", messages=[{"role": "user", "content": "hi"}], max_tokens=5
+    )
+    assert "X-Speclane-Load-Ms" not in again.headers  # loaded: no wait
     assert answer.choices[0].message.content == "ok"
     assert answer.model == "beta"
     beta = entry(router, "beta")
