@@ -11,23 +11,25 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from router.appkeys import LAYOUT, POLICIES, POOL, SPEC, SUPERVISORS
+from router.appkeys import LAYOUT, MODELS, POLICIES, POOL, SPEC, SUPERVISORS
 from router.backends.status import backend_status
 from router.errors import RouterError
-from router.lanes.view import layout, supervised_states, workers
+from router.lanes.view import every_lane, layout, workers
 from router.proxy.admin_auth import require_admin
 from router.proxy.middleware import expect_handler
 
 
 async def lanes(request: web.Request) -> web.Response:
     require_admin(request)
-    supervisors = request.app.get(SUPERVISORS, [])
-    data = [backend_status(b, supervised_states(supervisors)) for b in request.app[POOL]]
+    manager = request.app.get(MODELS)
+    supervisors, states = every_lane(request.app.get(SUPERVISORS, []), manager)
+    data = [backend_status(b, states) for b in request.app[POOL]]
     return web.json_response(
         {
             "backends": data,
             "layout": layout(request.app.get(LAYOUT)),
             "workers": workers(supervisors),
+            "models": manager.models() if manager is not None else [],
         }
     )
 

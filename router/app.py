@@ -16,6 +16,7 @@ from router.appkeys import (
     LIMITER,
     LOCAL_TOKEN,
     METRICS,
+    MODELS,
     POLICIES,
     POOL,
     RELAY,
@@ -33,7 +34,8 @@ from router.config.policies import PolicySet, load_policies
 from router.config.policydir import is_packaged
 from router.config.settings import Settings
 from router.frontdoors.handlers import setup_frontdoor_routes
-from router.lanes.group import start_lanes, stop_lanes
+from router.lanes.group import start_lanes
+from router.lanes.models import ModelManager, catalog_for, memory_budget
 from router.metrics import Metrics
 from router.observability.history import HISTORY, History, history_context
 from router.observability.status import setup_status_routes
@@ -96,12 +98,22 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
 
 
 async def lanes_context(app: web.Application) -> AsyncIterator[None]:
-    """speclane's own two MLX lanes (``router.lanes.group``), started before serving."""
-    app[SUPERVISORS], app[LAYOUT] = [], None
-    started = await start_lanes(app[SETTINGS], app[POOL], app[METRICS])
+    """speclane's own two MLX lanes (``router.lanes.group``) on the start-up model, started
+    before serving; the other servable models load on demand (``router.lanes.models``)."""
+    app[SUPERVISORS], app[LAYOUT], app[MODELS] = [], None, None
+    settings = app[SETTINGS]
+    budget = memory_budget(settings.lanes)  # before the start-up model holds any
+    started = await start_lanes(settings, app[POOL], app[METRICS])
     app[SUPERVISORS], app[LAYOUT] = started.supervisors, started.layout
+    if started.layout is not None:
+        catalog = catalog_for(settings, started.models)
+        manager = ModelManager(settings, app[POOL], app[METRICS], catalog, budget)
+        await manager.start(started)
+        app[MODELS] = manager
+        log.info("models: %s servable (%s)", len(catalog.models), ", ".join(catalog.names()))
     yield
-    await stop_lanes(app[SUPERVISORS], app[SETTINGS])
+    if (models := app[MODELS]) is not None:
+        await models.stop()  # the start-up model's lanes too
 
 
 async def finish_in_flight(app: web.Application) -> None:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from router.backends.pool import BackendPool
     from router.config.settings import Settings
     from router.lanes.layout import LayoutChoice
+    from router.lanes.models import ModelManager
     from router.lanes.supervisor import LaneSupervisor
     from router.metrics import Metrics
     from router.proxy.admission import ConcurrencyLimiter
@@ -35,6 +36,8 @@ LIMITER: web.AppKey[ConcurrencyLimiter] = web.AppKey("limiter")
 ROUTING: web.AppKey[RoutingState] = web.AppKey("routing")
 SUPERVISORS: web.AppKey[list[LaneSupervisor]] = web.AppKey("supervisors")
 LAYOUT: web.AppKey[LayoutChoice | None] = web.AppKey("layout")  # None: no lanes
+# Models on demand (router.lanes.models); None: no lanes of ours.
+MODELS: web.AppKey[ModelManager | None] = web.AppKey("models")
 SPEC: web.AppKey[SpecTelemetry] = web.AppKey("spec")
 # The local admin token of this run (router.proxy.localtoken): the admin key's authority.
 LOCAL_TOKEN: web.AppKey[str] = web.AppKey("local_token")

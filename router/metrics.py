@@ -203,6 +203,32 @@ class Metrics:
             ["layout"],
             registry=r,
         )
+        # --- models on demand (router.lanes.models) ---------------------------------------
+        self.model_state = Gauge(
+            "speclane_model_state",
+            "1 for each servable model's current state (unloaded, loading, loaded, failed).",
+            ["model", "state"],
+            registry=r,
+        )
+        self.model_loads = Counter(
+            "speclane_model_loads_total",
+            "Model loads, by outcome (loaded, failed, memory_busy).",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.model_unloads = Counter(
+            "speclane_model_unloads_total",
+            "Model unloads, by reason (ttl, memory, keep_alive, shutdown).",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.model_load_seconds = Histogram(
+            "speclane_model_load_seconds",
+            "Seconds from a load's start to its lanes being ready (successful loads).",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.worker_given_up = Gauge(
             "speclane_worker_given_up",
             "1 when the supervisor stopped restarting a lane's worker that kept dying.",

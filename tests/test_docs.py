@@ -28,7 +28,7 @@ from router.config import names
 from router.config.gating import PairRule
 from router.config.policies import Policy
 from router.config.presets import PresetSpec
-from router.config.settings import BackendSpec, LanesSettings, Settings, load_settings
+from router.config.settings import BackendSpec, LanesSettings, ModelEntry, Settings, load_settings
 from router.config.speculation import SpecOverrides, SpecSettings
 from router.metrics import Metrics
 
@@ -120,6 +120,7 @@ def settings_knobs() -> dict[str, tuple[str, str]]:
         | knobs(BackendSpec, "backends[].")
         | knobs(PresetSpec, "presets.<name>.")
         | knobs(PairRule, "gating.pairs[].")
+        | knobs(ModelEntry, "lanes.models[].")
     )
 
 

@@ -24,6 +24,13 @@ class BackendPool:
         self._by_name[backend.name] = backend
         self.has_lanes = self.has_lanes or backend.lane is not None
 
+    def remove(self, name: str) -> Backend | None:
+        """Take a backend out (a model's lanes when it unloads): no new request is routed
+        to it; one already sent keeps its ``Backend`` object to the end."""
+        backend = self._by_name.pop(name, None)
+        self.has_lanes = any(b.lane is not None for b in self._by_name.values())
+        return backend
+
     def get(self, name: str) -> Backend | None:
         return self._by_name.get(name)
 

@@ -154,6 +154,8 @@ def _lanes(policy: Policy, presets: Mapping[str, PresetSpec]) -> list[str]:
 def _access(policy: Policy) -> list[str]:
     models = ", ".join(policy.models.allow) or "all served"
     lines = [f"models: {models}"]
+    if policy.models.load is not None:  # unset: may load every model it may use
+        lines.append(f"may load: {', '.join(policy.models.load) or 'none'}")
     lines += [f"alias {alias} -> {target}" for alias, target in policy.models.aliases.items()]
     lines.append(f"presets: {', '.join(policy.presets) or 'all'}")
     lines.append("lane override: " + ("allowed" if policy.allow_lane_override else "403"))

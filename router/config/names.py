@@ -22,5 +22,6 @@ BACKEND_HEADER = "X-Speclane-Backend"
 DECISION_HEADER = "X-Speclane-Decision"
 OVERHEAD_HEADER = "X-Speclane-Overhead-Ms"
 QUEUE_HEADER = "X-Speclane-Queue-Ms"
+LOAD_HEADER = "X-Speclane-Load-Ms"  # only when the request waited for its model to load
 ATTEMPTS_HEADER = "X-Speclane-Attempts"
 ERROR_SOURCE_HEADER = "X-Speclane-Error-Source"

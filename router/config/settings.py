@@ -92,8 +92,34 @@ class LaneSpec(Frozen):
     enabled: bool = True
 
 
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+
+
+class ModelEntry(Frozen):
+    """One ``[[lanes.models]]`` entry: a model the lanes may load on demand
+    (``router.lanes.models``); it wins over a ``models_dir`` folder of the same name."""
+
+    name: str = Field(pattern=MODEL_NAME_PATTERN)  # the id clients send in "model"
+    path: str  # a local mlx-lm directory (a Hugging Face repo id on a Mac)
+    aliases: tuple[str, ...] = ()  # other ids that name this model
+    draft: str | None = None  # its draft model's directory (None: none)
+    # never unloaded (TTL or memory); None: pinned when it is the start-up model
+    pinned: bool | None = None
+    ttl: float | None = Field(default=None, ge=0)  # idle seconds before unloading; None: lanes.ttl
+    layout: Literal["auto", "shared", "separate"] | None = None  # None: lanes.layout
+
+    @field_validator("aliases")
+    @classmethod
+    def _alias_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for alias in v:
+            if not re.fullmatch(MODEL_NAME_PATTERN, alias):
+                raise ValueError(f"alias {alias!r} is not a model name")
+        return v
+
+
 class LanesSettings(Frozen):
-    """speclane's own two MLX workers on one target model."""
+    """speclane's own two MLX workers per model: the start-up model (``model``) and the
+    models loaded on demand (``models_dir``, ``models``)."""
 
     enabled: bool = True
     model: str | None = None  # None: the embedded default model (speclane models prepare)
@@ -147,11 +173,32 @@ class LanesSettings(Frozen):
     machine_memory_bytes: int | None = Field(default=None, ge=0)
     speculative: LaneSpec = LaneSpec()
     batching: LaneSpec = LaneSpec()
+    # Models on demand (router.lanes.models): every mlx-lm directory in models_dir is
+    # servable under its folder name (None: speclane's models directory, where
+    # ``speclane models prepare`` puts the default model; "<name>-draft" is <name>'s draft).
+    models_dir: Path | None = None
+    models: tuple[ModelEntry, ...] = ()
+    # Idle seconds before a loaded model is unloaded (0: never); per model: models[].ttl.
+    ttl: float = Field(default=300.0, ge=0)
+    # The longest a request waits for its model to load (or for memory to be freed).
+    load_timeout: float = Field(default=600.0, gt=0)
+    # Requests waiting for a model to load, all models together; beyond: 503 at once.
+    load_queue: int = Field(default=64, ge=1)
 
     @model_validator(mode="after")
     def _ngram_range(self) -> LanesSettings:
         if self.lookup_ngram_min > self.lookup_ngram_max:
             raise ValueError("lookup_ngram_min must not exceed lookup_ngram_max")
+        return self
+
+    @model_validator(mode="after")
+    def _unique_model_names(self) -> LanesSettings:
+        seen: set[str] = set()
+        for entry in self.models:
+            for name in (entry.name, *entry.aliases):
+                if name in seen:
+                    raise ValueError(f"model name or alias '{name}' is used twice in lanes.models")
+                seen.add(name)
         return self
 
 

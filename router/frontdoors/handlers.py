@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -18,18 +18,19 @@ import orjson
 from aiohttp import web
 
 from router import errors
-from router.appkeys import LIMITER, METRICS, POOL, SESSION, SETTINGS
+from router.appkeys import LIMITER, METRICS, MODELS, POOL, SESSION, SETTINGS
 from router.backends.base import Backend
 from router.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
 from router.frontdoors.common import to_parsed
-from router.frontdoors.ollama_out import OllamaEgress, now_iso
+from router.frontdoors.ollama_out import Kind, OllamaEgress, now_iso
 from router.frontdoors.responses_http import setup_responses_routes
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of
 from router.proxy.connections import read_body
 from router.proxy.handlers import Inbound, identify, proxy, request_key
+from router.proxy.ondemand import holding, model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
 
@@ -82,16 +83,20 @@ async def count_tokens(request: web.Request) -> web.Response:
                 param="model",
                 code="model_not_allowed",
             )
-        lane = _tokenizing_lane(app[POOL], req.model)
-        try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
-            body = orjson.dumps(anthropic_in.count_body(req))
-        except orjson.JSONEncodeError as e:
-            raise errors.bad_request(
-                f"request body cannot be forwarded: {e}", code="invalid_json"
-            ) from e
-        async with app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout):
-            outcome.tried, outcome.attempts = lane, 1
-            count = await _count(app[SESSION], lane, body)
+        async with holding(app.get(MODELS), app[POOL], req.model, policy) as held:
+            model = held.model if held is not None else req.model  # a model of ours loads first
+            lane = _tokenizing_lane(app[POOL], model)
+            try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
+                body = orjson.dumps(anthropic_in.count_body(req))
+            except orjson.JSONEncodeError as e:
+                raise errors.bad_request(
+                    f"request body cannot be forwarded: {e}", code="invalid_json"
+                ) from e
+            async with app[LIMITER].slot(
+                policy.client, policy.max_concurrency, policy.queue_timeout
+            ):
+                outcome.tried, outcome.attempts = lane, 1
+                count = await _count(app[SESSION], lane, body)
         outcome.backend, outcome.status = lane, 200
         return web.json_response({"input_tokens": count})
     except RouterError as e:
@@ -161,7 +166,7 @@ async def ollama_chat(request: web.Request) -> web.StreamResponse:
 
     def translate(raw: bytes) -> Inbound:
         req = ollama_in.chat_to_openai(load_object(raw))
-        return to_parsed(req.endpoint, req.openai), OllamaEgress("chat", req.model, arrival)
+        return _ollama_parsed(req, "chat", arrival)
 
     return await proxy(request, "chat", api="ollama", translate=translate, arrival=arrival)
 
@@ -171,24 +176,46 @@ async def ollama_generate(request: web.Request) -> web.StreamResponse:
     # Read under the body deadline; aiohttp keeps the bytes for proxy()'s own read.
     body = load_object(await read_body(request, request.app[SETTINGS].client_limits.body_timeout))
     if ollama_in.is_load_request(body):
-        identify(request)
-        model = ollama_in.generate_to_openai(body).model
-        _served(request, model)
-        return web.json_response(
-            {
-                "model": model,
-                "created_at": now_iso(),
-                "response": "",
-                "done": True,
-                "done_reason": "load",
-            }
-        )
+        return await _ollama_load(request, body, arrival)
 
     def translate(raw: bytes) -> Inbound:
-        req = ollama_in.generate_to_openai(body)
-        return to_parsed(req.endpoint, req.openai), OllamaEgress("generate", req.model, arrival)
+        return _ollama_parsed(ollama_in.generate_to_openai(body), "generate", arrival)
 
     return await proxy(request, "chat", api="ollama", translate=translate, arrival=arrival)
+
+
+async def _ollama_load(request: web.Request, body: dict[str, Any], arrival: float) -> web.Response:
+    """A generate request without a prompt: load the model (one of ours loads now, as for
+    a request), or with ``keep_alive: 0`` unload it; answered at once, like Ollama."""
+    policy = identify(request)
+    req = ollama_in.generate_to_openai(body)
+    parsed, _ = _ollama_parsed(req, "generate", arrival)
+    manager = request.app.get(MODELS)
+    name = manager.resolve(req.model) if manager is not None else None
+    unloading = req.keep_alive == 0
+    if manager is None or name is None:
+        _served(request, req.model)  # 404 when nothing serves it
+    elif not (unloading and manager.state(name) != "loaded"):
+        async with model_loaded(manager, request.app[POOL], parsed, policy):
+            pass
+    answer = {
+        "model": req.model,
+        "created_at": now_iso(),
+        "response": "",
+        "done": True,
+        "done_reason": "unload" if unloading else "load",
+    }
+    if parsed.load_seconds:
+        answer["load_duration"] = int(parsed.load_seconds * 1e9)
+    return web.json_response(answer)
+
+
+def _ollama_parsed(req: ollama_in.OllamaRequest, kind: Kind, arrival: float) -> Inbound:
+    """The request to route (with its ``keep_alive``) and the answer's translation, which
+    reports the request's wait for its model as ``load_duration``."""
+    parsed = to_parsed(req.endpoint, req.openai)
+    parsed.keep_alive = req.keep_alive
+    return parsed, OllamaEgress(kind, req.model, arrival, loaded=lambda: parsed.load_seconds)
 
 
 def _models(request: web.Request) -> list[ollama_info.ServedModel]:
@@ -198,7 +225,27 @@ def _models(request: web.Request) -> list[ollama_info.ServedModel]:
             fmt = "mlx" if b.lane is not None else b.kind
             if m not in seen or (b.ready and not seen[m].ready):
                 seen[m] = ollama_info.ServedModel(m, fmt, b.ready)
+    manager = request.app.get(MODELS)
+    for entry in manager.models() if manager is not None else []:
+        name, known = entry["name"], seen.get(entry["name"])
+        loaded = entry["state"] == "loaded"
+        seen[name] = ollama_info.ServedModel(
+            name,
+            "mlx",
+            known.ready if known is not None else False,
+            size=entry["size_bytes"],
+            loadable=not loaded,
+            expires_at=_expiry(entry["expires_in"]),
+        )
     return sorted(seen.values(), key=lambda m: m.name)
+
+
+def _expiry(seconds: float | None) -> str:
+    """Ollama's ``expires_at`` of a model ``seconds`` from unloading (None: not counting)."""
+    if seconds is None:
+        return ollama_info.NEVER_EXPIRES
+    when = datetime.now(UTC) + timedelta(seconds=seconds)
+    return when.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _served(request: web.Request, name: str) -> ollama_info.ServedModel:

@@ -4,13 +4,16 @@
 ``seed``, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repeat_penalty``, the two
 penalties); ``num_ctx`` and every other option are accepted and ignored, as Ollama ignores
 options a model does not use. ``format`` (``"json"`` or a JSON schema) becomes
-``response_format``, for backends with constrained decoding. ``keep_alive`` and ``think``
-are accepted and ignored: the lanes stay loaded. Ollama's tool calls carry no ids; the
+``response_format``, for backends with constrained decoding. ``keep_alive`` (seconds, or a
+duration such as ``"5m"``, ``"1h30m"``; 0 unloads the model after the answer, a negative
+value keeps it loaded) sets how long a model of speclane's lanes stays loaded once idle
+(``router.lanes.models``); ``think`` is accepted and ignored. Ollama's tool calls carry no ids; the
 translation gives them ids and pairs each ``tool`` message with its call.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +43,7 @@ class OllamaRequest:
     openai: dict[str, Any]
     model: str
     stream: bool
+    keep_alive: float | None = None  # seconds (< 0: forever); None: not sent
 
 
 def chat_to_openai(body: dict[str, Any]) -> OllamaRequest:
@@ -102,7 +106,44 @@ def _common(body: dict[str, Any], out: dict[str, Any], endpoint: Endpoint) -> Ol
         # Ollama reports counts in its last line: ask the backend for usage.
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
-    return OllamaRequest(endpoint, out, out["model"], stream)
+    keep_alive = keep_alive_seconds(body.get("keep_alive"))
+    return OllamaRequest(endpoint, out, out["model"], stream, keep_alive)
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_KEEP_ALIVE = 10 * 365 * 86400.0  # longer is "forever" anyway
+
+
+def keep_alive_seconds(value: Any) -> float | None:
+    """Ollama's ``keep_alive``: a number of seconds or a Go duration string; a negative
+    value is -1 (keep loaded); None when absent; 400 when malformed."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise bad_request("'keep_alive' must be a duration or a number", param="keep_alive")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip():
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        body = text.lstrip("+-")
+        try:
+            seconds = float(body)  # a bare number is seconds
+        except ValueError:
+            parts = _DURATION_PART.findall(body)
+            if not parts or "".join(n + u for n, u in parts) != body:
+                raise bad_request(
+                    f'\'keep_alive\' {value!r} is not a duration (e.g. "5m", "30s", 0)',
+                    param="keep_alive",
+                ) from None
+            seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+        seconds *= sign
+    else:
+        raise bad_request("'keep_alive' must be a duration or a number", param="keep_alive")
+    if seconds != seconds:  # NaN
+        raise bad_request("'keep_alive' must be a number", param="keep_alive")
+    return -1.0 if seconds < 0 else min(seconds, MAX_KEEP_ALIVE)
 
 
 def _options(options: Any) -> dict[str, Any]:

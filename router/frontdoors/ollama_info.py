@@ -1,8 +1,11 @@
 """The bodies of Ollama's model endpoints: /api/tags, /api/show, /api/ps, /api/version,
 /api/pull (pure).
 
-speclane has no model files, so sizes are 0 and the digest is the SHA-256 of the model's
-name: stable, and distinct per model, which is what clients use it for.
+A model of speclane's lanes has its weights files' size; an external backend's model has
+size 0. The digest is the SHA-256 of the model's name: stable, and distinct per model, which
+is what clients use it for. ``/api/tags`` lists every model a request may name (a model of
+ours that is not loaded loads on its first request); ``/api/ps`` the loaded ones, with when
+each would be unloaded.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ class ServedModel:
     name: str
     format: str  # "mlx" for the lanes, else the backend kind
     ready: bool
+    size: int = 0  # bytes of its weights (0: not known)
+    loadable: bool = False  # one of ours, not loaded: listed by /api/tags, not /api/ps
+    expires_at: str = NEVER_EXPIRES  # /api/ps: when it would be unloaded
 
 
 def digest(name: str) -> str:
@@ -48,12 +54,12 @@ def tags(models: list[ServedModel], modified_at: str) -> dict[str, Any]:
                 "name": m.name,
                 "model": m.name,
                 "modified_at": modified_at,
-                "size": 0,
+                "size": m.size,
                 "digest": digest(m.name),
                 "details": details(m),
             }
             for m in models
-            if m.ready
+            if m.ready or m.loadable
         ]
     }
 
@@ -64,10 +70,10 @@ def ps(models: list[ServedModel]) -> dict[str, Any]:
             {
                 "name": m.name,
                 "model": m.name,
-                "size": 0,
+                "size": m.size,
                 "digest": digest(m.name),
                 "details": details(m),
-                "expires_at": NEVER_EXPIRES,
+                "expires_at": m.expires_at,
                 "size_vram": 0,
             }
             for m in models
@@ -96,7 +102,7 @@ def pull(name: str, served: list[ServedModel]) -> dict[str, Any]:
     """/api/pull's last line: speclane downloads nothing, so a model it serves is "pulled"
     already (``codex --oss`` pulls its model when the list lacks it) and any other is an
     error saying what is served."""
-    if any(m.name == name for m in served):
+    if any(m.name == name and (m.ready or m.loadable) for m in served):
         return {"status": "success"}
     names = ", ".join(m.name for m in served) or "none"
     return {

@@ -4,8 +4,9 @@ A stream becomes NDJSON: one line per piece of text (``message.content`` for cha
 ``response`` for generate), one line with the tool calls once they are whole (Ollama sends
 them whole, with arguments as an object; a call cut by the token limit is dropped), then the
 ``done`` line with ``done_reason`` and the counts and durations in nanoseconds. Durations are
-measured at the router: the prompt's is the time to the first token, the eval's the rest;
-``load_duration`` is 0 (the lanes stay loaded).
+measured at the router: ``load_duration`` is the time the request waited for its model to
+load (0 when it was loaded), the prompt's is the time from then to the first token, the
+eval's the rest.
 A whole answer cannot be split that way: its time is reported as ``eval_duration``.
 A failure ends a stream with a line holding ``error``.
 """
@@ -73,8 +74,10 @@ class OllamaEgress:
         arrival: float,
         clock: Callable[[], float] = time.monotonic,
         stamp: Callable[[], str] = now_iso,
+        loaded: Callable[[], float] | None = None,
     ) -> None:
         self.kind = kind
+        self._loaded = loaded  # the seconds the request waited for its model to load
         self.model = model
         self.arrival = arrival
         self._clock = clock
@@ -99,15 +102,16 @@ class OllamaEgress:
     def _stats(self, finish_reason: Any, usage: Any, *, whole: bool) -> dict[str, Any]:
         end = self._clock()
         total = end - self.arrival
+        load = self._loaded() if self._loaded is not None else 0.0
         if whole or self._first_token is None:
-            prompt, decode = 0.0, total
+            prompt, decode = 0.0, total - load
         else:
-            prompt, decode = self._first_token - self.arrival, end - self._first_token
+            prompt, decode = self._first_token - self.arrival - load, end - self._first_token
         return {
             "done": True,
             "done_reason": done_reason(finish_reason),
             "total_duration": _ns(total),
-            "load_duration": 0,
+            "load_duration": _ns(load),
             "prompt_eval_count": _count(usage, "prompt_tokens"),
             "prompt_eval_duration": _ns(prompt),
             "eval_count": _count(usage, "completion_tokens"),

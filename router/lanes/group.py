@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from router.backends.base import SPECLANE_KIND, Backend
@@ -69,10 +69,15 @@ def enabled_lanes(lanes: LanesSettings) -> list[LaneName]:
 
 
 def lane_backend(
-    lane: LaneName, settings: Settings, model_name: str, cache_domain: str | None = None
+    lane: LaneName,
+    settings: Settings,
+    model_name: str,
+    cache_domain: str | None = None,
+    *,
+    name: str | None = None,
 ) -> Backend:
     return Backend(
-        name=lane,
+        name=name or lane,
         kind=SPECLANE_KIND,
         base_url="http://127.0.0.1:0/v1",  # replaced by the worker's port once it is ready
         cooldown=Cooldown(settings.cooldown.allowed_fails, settings.cooldown.seconds),
@@ -137,21 +142,33 @@ async def gate_speculation(settings: Settings, models: LaneModels) -> GateDecisi
 class StartedLanes:
     supervisors: list[LaneSupervisor]
     layout: LayoutChoice | None  # None: no lanes
+    backends: list[Backend] = field(default_factory=list)
+    models: LaneModels | None = None
 
 
-def plan_layout(lanes: LanesSettings, models: LaneModels) -> LayoutChoice:
-    """The layout and the numbers behind it; raises LaneStartupError when the lanes would
-    not fit (the guard: nothing has been started yet)."""
+def layout_choice(
+    lanes: LanesSettings, models: LaneModels, layout: str | None = None
+) -> LayoutChoice:
+    """The layout (``layout``: the model's own, else ``lanes.layout``) and the numbers behind
+    it, guard not applied."""
     sizes = Sizes(
         weights_bytes(models.model), weights_bytes(models.draft), lanes.prompt_cache_bytes
     )
-    choice = choose(
-        lanes.layout,
+    return choose(
+        layout or lanes.layout,
         sizes,
         machine_memory(lanes.machine_memory_bytes),
         frozenset(enabled_lanes(lanes)),
         lanes.memory_limit_bytes,
     )
+
+
+def plan_layout(
+    lanes: LanesSettings, models: LaneModels, layout: str | None = None
+) -> LayoutChoice:
+    """The layout and the numbers behind it; raises LaneStartupError when the lanes would
+    not fit (the guard: nothing has been started yet)."""
+    choice = layout_choice(lanes, models, layout)
     log.info("%s", choice.summary())
     refused = refusal(choice, lanes.memory_limit_bytes is not None)
     if refused is not None:
@@ -160,28 +177,74 @@ def plan_layout(lanes: LanesSettings, models: LaneModels) -> LayoutChoice:
 
 
 async def start_lanes(settings: Settings, pool: BackendPool, metrics: Metrics) -> StartedLanes:
-    """Resolve the model, choose the layout (or refuse: too big), gate the draft, register
-    one backend per enabled lane in ``pool`` and start the workers; raises LaneStartupError
-    (serve refuses to start and says why)."""
+    """Resolve the start-up model, choose the layout (or refuse: too big), gate the draft,
+    register one backend per enabled lane in ``pool`` and start the workers; raises
+    LaneStartupError (serve refuses to start and says why)."""
     if not settings.lanes.enabled or not enabled_lanes(settings.lanes):
         return StartedLanes([], None)
     try:
         models = resolve_models(settings.lanes)  # may convert with MLX: main thread (above)
     except PrepareError as e:
         raise LaneStartupError(f"the default model could not be prepared: {e}") from e
-    choice = plan_layout(settings.lanes, models)
-    shared = choice.layout == "shared"
+    return await start_model(settings, pool, metrics, models, default=True)
+
+
+def backend_name(lane: LaneName, model: str, default: bool) -> str:
+    """The start-up model's lanes keep the bare lane names (everything that names a lane
+    stays as it was); a model loaded on demand has ``<lane>@<model>``."""
+    return lane if default else f"{lane}@{model}"
+
+
+async def start_model(
+    settings: Settings,
+    pool: BackendPool,
+    metrics: Metrics,
+    models: LaneModels,
+    *,
+    default: bool,
+    choice: LayoutChoice | None = None,
+) -> StartedLanes:
+    """Start one model's lanes: the layout (``choice``, else planned here; may refuse), the
+    draft gate, one backend per enabled lane in ``pool`` (``backend_name``) and the workers.
+    On failure its backends leave the pool again and LaneStartupError says why."""
+    if choice is None:
+        choice = plan_layout(settings.lanes, models)
     metrics.lanes_layout.labels(choice.layout).set(1)
     backends: list[Backend] = []
+    try:
+        supervisors = await _start_workers(
+            settings, pool, metrics, models, default, choice, backends
+        )
+    except BaseException:
+        for backend in backends:
+            pool.remove(backend.name)
+        raise
+    log.info("model %s: lanes %s ready", models.name, [b.name for b in backends])
+    return StartedLanes(supervisors, choice, backends, models)
+
+
+async def _start_workers(
+    settings: Settings,
+    pool: BackendPool,
+    metrics: Metrics,
+    models: LaneModels,
+    default: bool,
+    choice: LayoutChoice,
+    backends: list[Backend],
+) -> list[LaneSupervisor]:
+    shared = choice.layout == "shared"
     draft = None
     for lane in enabled_lanes(settings.lanes):
-        backend = lane_backend(lane, settings, models.name, SHARED_MODE if shared else None)
+        name = backend_name(lane, models.name, default)
+        backend = lane_backend(
+            lane, settings, models.name, SHARED_MODE if shared else None, name=name
+        )
         if lane == "speculative":
             gate = await gate_speculation(settings, models)
             backend.gated(models.draft, gate.mode, gate.reason)
             draft = Path(models.draft) if gate.active and models.draft else None
-            metrics.spec_requested.labels(lane).set(1)
-            metrics.spec_active.labels(lane).set(0)
+            metrics.spec_requested.labels(name).set(1)
+            metrics.spec_active.labels(name).set(0)
         pool.add(backend)
         backends.append(backend)
     model_dir = Path(models.model)
@@ -203,6 +266,7 @@ async def start_lanes(settings: Settings, pool: BackendPool, metrics: Metrics) -
             max_body_bytes=settings.max_body_bytes,
         )
 
+    suffix = "" if default else f"@{models.name}"  # as backend_name: its own metric series
     if shared:
         supervisors = [
             LaneSupervisor.from_settings(
@@ -210,6 +274,7 @@ async def start_lanes(settings: Settings, pool: BackendPool, metrics: Metrics) -
                 settings.lanes,
                 metrics=metrics,
                 on_change=follow(backends),
+                label_suffix=suffix,
             )
         ]
     else:
@@ -219,6 +284,7 @@ async def start_lanes(settings: Settings, pool: BackendPool, metrics: Metrics) -
                 settings.lanes,
                 metrics=metrics,
                 on_change=follow([b]),
+                label_suffix=suffix,
             )
             for b in backends
         ]
@@ -233,7 +299,7 @@ async def start_lanes(settings: Settings, pool: BackendPool, metrics: Metrics) -
         await start_all(supervisors)
     except WorkerStartError as e:
         raise LaneStartupError(str(e)) from e
-    return StartedLanes(supervisors, choice)
+    return supervisors
 
 
 async def stop_lanes(supervisors: list[LaneSupervisor], settings: Settings) -> None:

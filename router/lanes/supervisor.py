@@ -115,6 +115,7 @@ class LaneSupervisor:
         kill_grace: float = 5.0,
         metrics: Metrics | None = None,
         on_change: StatusCallback | None = None,
+        label_suffix: str = "",
     ) -> None:
         if unhealthy_after < 1:
             raise ValueError("unhealthy_after must be >= 1")
@@ -133,7 +134,10 @@ class LaneSupervisor:
         self._metrics = metrics
         self._on_change = on_change
         self._status = LaneStatus(lane=self.lane)
-        self._figures = {lane: WorkerFigures(lane, metrics) for lane in self.lanes}
+        # The lanes' names in metrics: a model loaded on demand has "<lane>@<model>", so its
+        # workers never write the start-up model's series (router.lanes.models).
+        self._labels = tuple(lane + label_suffix for lane in self.lanes)
+        self._figures = {lane: WorkerFigures(lane + label_suffix, metrics) for lane in self.lanes}
         self.memory: dict[str, int] | None = None  # the worker's last RSS and PSS
         self._worker: WorkerProcess | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -153,6 +157,7 @@ class LaneSupervisor:
         *,
         metrics: Metrics | None = None,
         on_change: StatusCallback | None = None,
+        label_suffix: str = "",
     ) -> LaneSupervisor:
         return cls(
             command,
@@ -162,6 +167,7 @@ class LaneSupervisor:
             restart_window=settings.restart_window,
             metrics=metrics,
             on_change=on_change,
+            label_suffix=label_suffix,
         )
 
     # --- public surface ---------------------------------------------------------------
@@ -312,8 +318,8 @@ class LaneSupervisor:
             self._budget.record(asyncio.get_running_loop().time())
             self._update(restarts=self._status.restarts + 1)
             if self._metrics is not None:
-                for lane in self.lanes:
-                    self._metrics.worker_restarts.labels(lane, lost.reason).inc()
+                for label in self._labels:
+                    self._metrics.worker_restarts.labels(label, lost.reason).inc()
             try:
                 await self._launch()
             except WorkerStartError as e:
@@ -426,13 +432,13 @@ class LaneSupervisor:
 
     def _set_gauge(self, name: str, value: float) -> None:
         if self._metrics is not None:
-            for lane in self.lanes:
-                getattr(self._metrics, name).labels(lane).set(value)
+            for label in self._labels:
+                getattr(self._metrics, name).labels(label).set(value)
 
     def _observe_memory(self, pid: int) -> None:
         self.memory = process_memory(pid)
         if self.memory is not None and self._metrics is not None:
-            label = "+".join(self.lanes)
+            label = "+".join(self._labels)
             for kind in ("rss", "pss"):
                 self._metrics.worker_memory.labels(label, kind).set(self.memory[f"{kind}_bytes"])
 

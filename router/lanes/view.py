@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from router.lanes.layout import LayoutChoice
+from router.lanes.models import ModelManager
 from router.lanes.supervisor import LaneSupervisor
 
 
@@ -28,6 +29,17 @@ def workers(supervisors: Iterable[LaneSupervisor]) -> list[dict[str, Any]]:
         }
         for s in supervisors
     ]
+
+
+def every_lane(
+    supervisors: list[LaneSupervisor], manager: ModelManager | None
+) -> tuple[list[LaneSupervisor], dict[str, str]]:
+    """The worker processes and each lane backend's state, of every loaded model (the
+    start-up model's ``supervisors`` alone without models on demand)."""
+    states = supervised_states(supervisors)
+    if manager is None:
+        return supervisors, states
+    return manager.supervisors(), {**states, **manager.supervised_states()}
 
 
 def layout(choice: LayoutChoice | None) -> dict[str, Any] | None:

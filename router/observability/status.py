@@ -21,9 +21,9 @@ from typing import Any
 from aiohttp import web
 
 from router import __version__
-from router.appkeys import LAYOUT, LIMITER, POLICIES, POOL, SPEC, SUPERVISORS
+from router.appkeys import LAYOUT, LIMITER, MODELS, POLICIES, POOL, SPEC, SUPERVISORS
 from router.backends.status import backend_status
-from router.lanes.view import layout, supervised_states, workers
+from router.lanes.view import every_lane, layout, workers
 from router.metrics import package_version
 from router.observability.history import HISTORY
 from router.proxy.accesslog import ACCESS
@@ -94,8 +94,8 @@ def queues(app: web.Application) -> list[dict[str, Any]]:
 
 
 def snapshot(app: web.Application) -> dict[str, Any]:
-    supervisors = app.get(SUPERVISORS, [])
-    supervised = supervised_states(supervisors)
+    manager = app.get(MODELS)
+    supervisors, supervised = every_lane(app.get(SUPERVISORS, []), manager)
     recent = list(app[ACCESS].recent)[-RECENT_SHOWN:]
     return {
         "version": __version__,
@@ -106,6 +106,7 @@ def snapshot(app: web.Application) -> dict[str, Any]:
         "backends": [backend_status(b, supervised) for b in app[POOL]],
         "layout": layout(app.get(LAYOUT)),
         "workers": workers(supervisors),
+        "models": manager.models() if manager is not None else [],  # as /admin/lanes
         "spec": app[SPEC].admin_snapshot(),
         "history": app[HISTORY].to_json(),
         "recent": [r.to_json() for r in reversed(recent)],

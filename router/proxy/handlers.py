@@ -7,11 +7,22 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from router import errors
-from router.appkeys import LIMITER, METRICS, POLICIES, POOL, RELAY, ROUTING, SETTINGS, SPEC
+from router.appkeys import (
+    LIMITER,
+    METRICS,
+    MODELS,
+    POLICIES,
+    POOL,
+    RELAY,
+    ROUTING,
+    SETTINGS,
+    SPEC,
+)
 from router.backends.base import Backend
 from router.config.names import API_KEY_HEADER, AUTHORIZATION, CLIENT_HEADER
 from router.config.policies import Policy, Unauthorized
@@ -24,6 +35,7 @@ from router.proxy.connections import read_body
 from router.proxy.credentials import presented_key
 from router.proxy.headers import decision_headers
 from router.proxy.middleware import expect_handler
+from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.partition import wire_token
 from router.proxy.relay import BodyFor, Egress
@@ -40,6 +52,9 @@ from router.routing.classify import (
 )
 from router.routing.speculate import asked_source
 from router.routing.types import Candidate, Endpoint
+
+if TYPE_CHECKING:  # handed in by router.app: lanes/ sits beside proxy/
+    from router.lanes.models import ModelManager
 
 log = logging.getLogger("speclane.route")
 
@@ -174,12 +189,17 @@ async def proxy(
         model = parsed.route.model
         parsed.cache_partition = wire_token(partition)
         limiter = app[LIMITER]
-        # Fingerprints serve only to send a conversation back to the lane holding its
-        # prefix: without lanes of ours nothing ever holds one, so none are computed. They
-        # are the partition's own: another client's traffic never steers this request.
-        if app[SETTINGS].routing.cache_affinity and app[POOL].has_lanes:
-            prints = fingerprints(endpoint, parsed.data, partition)
-        async with limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited:
+        async with (
+            model_loaded(app.get(MODELS), app[POOL], parsed, policy),
+            limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited,
+        ):
+            model = parsed.route.model
+            # Fingerprints serve only to send a conversation back to the lane holding its
+            # prefix: without lanes of ours nothing ever holds one, so none are computed.
+            # They are the partition's and the model's own: another client's traffic, or
+            # the same conversation with another model's lanes, never steers this request.
+            if app[SETTINGS].routing.cache_affinity and app[POOL].has_lanes:
+                prints = fingerprints(endpoint, parsed.data, f"{partition}\0{model}")
             result = decide(request, parsed, policy, claim, prints)
             decision = result.decision.reason
             metrics.decisions.labels(
@@ -187,9 +207,10 @@ async def proxy(
                 result.decision.candidates[0].lane,
                 result.decision.labels.get("rule", "none"),
             ).inc()
-            overhead = time.monotonic() - arrival - waited
+            # A model's load is not speclane's overhead: it is the model starting.
+            overhead = time.monotonic() - arrival - waited - parsed.load_seconds
             metrics.overhead.labels(endpoint).observe(overhead)
-            headers = decision_headers(result, overhead, waited)
+            headers = decision_headers(result, overhead, waited, parsed.load_seconds)
             return await app[RELAY].forward(
                 request,
                 parsed,
@@ -232,11 +253,22 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     identify(request)  # a router that requires keys does not list its models to strangers
-    data = [
-        {"id": m, "object": "model", "created": 0, "owned_by": owner}
-        for m, owner in request.app[POOL].models()
-    ]
-    return web.json_response({"object": "list", "data": data})
+    served = request.app[POOL].models()
+    manager = request.app.get(MODELS)
+    return web.json_response({"object": "list", "data": model_list(served, manager)})
+
+
+def model_list(served: list[tuple[str, str]], manager: ModelManager | None) -> list[dict[str, Any]]:
+    """Every model a backend serves now, and every model of ours (loaded or not) with its
+    state and size under ``speclane``, sorted by id."""
+    data = {m: {"id": m, "object": "model", "created": 0, "owned_by": owner} for m, owner in served}
+    for entry in manager.models() if manager is not None else []:
+        row = data.setdefault(
+            entry["name"],
+            {"id": entry["name"], "object": "model", "created": 0, "owned_by": "speclane"},
+        )
+        row["speclane"] = {"state": entry["state"], "size_bytes": entry["size_bytes"]}
+    return [data[m] for m in sorted(data)]
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -10,16 +10,20 @@ from router.config.names import (
     CLIENT_HEADER,
     DECISION_HEADER,
     LANE_HEADER,
+    LOAD_HEADER,
     OVERHEAD_HEADER,
     QUEUE_HEADER,
 )
 from router.routing.classify import Classification
 
 
-def decision_headers(result: Classification, overhead: float, waited: float) -> dict[str, str]:
-    """Known once the request is classified; the lane and backend are the first choice."""
+def decision_headers(
+    result: Classification, overhead: float, waited: float, loaded: float = 0.0
+) -> dict[str, str]:
+    """Known once the request is classified; the lane and backend are the first choice.
+    ``loaded``: seconds the request waited for its model to load (the header only then)."""
     first = result.decision.candidates[0]
-    return {
+    headers = {
         LANE_HEADER: first.lane,
         BACKEND_HEADER: first.backend,
         CLIENT_HEADER: result.client,
@@ -27,6 +31,9 @@ def decision_headers(result: Classification, overhead: float, waited: float) -> 
         OVERHEAD_HEADER: f"{overhead * 1000:.3f}",
         QUEUE_HEADER: f"{waited * 1000:.3f}",
     }
+    if loaded:
+        headers[LOAD_HEADER] = f"{loaded * 1000:.3f}"
+    return headers
 
 
 def served_headers(

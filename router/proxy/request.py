@@ -35,6 +35,10 @@ class ParsedRequest:
     changed: bool = False  # speclane changed a field (clamped, aliased...)
     # The token a lane of ours files the prompt's KV cache under (``router.proxy.partition``).
     cache_partition: str | None = None
+    # Seconds the model stays loaded once idle after this request (Ollama's keep_alive;
+    # None: its TTL), and the seconds this request waited for its model to load.
+    keep_alive: float | None = None
+    load_seconds: float = 0.0
     _encoded: bytes | None = None
 
     def set_field(self, key: str, value: Any) -> None:

@@ -120,7 +120,7 @@ class SpecTelemetry:
         backend = self._pool[first.backend]
         if not speculates(backend.lane, _judged(backend), first):
             return _with(decision, candidates)
-        key = SpecKey(backend.name, claim.model, claim.workload, candidate_source(first))
+        key = SpecKey(_state_owner(backend), claim.model, claim.workload, candidate_source(first))
         verdict = self.auto.verdict(key, now)
         settled = settle(
             candidates,
@@ -171,7 +171,7 @@ class SpecTelemetry:
             self._metrics.decode_tps.labels(served.lane, str(speculative).lower()).observe(
                 observation.decode_tps() or 0.0
             )
-        key = SpecKey(backend.name, model, workload, source)
+        key = SpecKey(_state_owner(backend), model, workload, source)
         if claim.key is not None and claim.key != key:
             self._release(claim, now)  # a retry moved it to another backend
             claim.ticket = None
@@ -341,3 +341,11 @@ def _observation(outcome: Outcome) -> Observation | None:
         ttft_seconds=outcome.ttft,
         solo=outcome.solo,
     )
+
+
+def _state_owner(backend: Backend) -> str:
+    """Whose speculative state a request's outcome joins: a lane of ours by its lane name
+    (every model's speculative lane is ``speculative``; the model is its own part of the
+    key, so ``advise`` finds the state of a model loaded on demand), an external backend
+    by its name."""
+    return backend.lane or backend.name

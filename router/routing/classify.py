@@ -220,7 +220,7 @@ def classify(
         _spec_sources(serving, request), lambda src: spec(model, workload, src)
     )
     pref = policy.lane_for(preset, presets)
-    override = _override_target(facts.lane_header, policy, backends)
+    override = _override_target(facts.lane_header, policy, backends, model)
     if override is not None:
         candidates, rule = _overridden(override, model, request), "override"
         reason = f"override->{candidates[0].lane}"
@@ -430,7 +430,7 @@ def _serves_endpoint(view: BackendView, request: RouteRequest) -> bool:
 
 
 def _override_target(
-    header: str | None, policy: Policy, backends: Sequence[BackendView]
+    header: str | None, policy: Policy, backends: Sequence[BackendView], model: str = ""
 ) -> BackendView | None:
     value = (header or "").strip()
     if not value or value.lower() == "auto":
@@ -443,7 +443,9 @@ def _override_target(
             code="lane_override_forbidden",
         )
     lane = value.lower()
-    for view in backends:
+    # Each model loaded on demand has its own lanes: the one serving the model first.
+    ordered = sorted(backends, key=lambda v: model not in v.models)
+    for view in ordered:
         if (view.lane is not None and view.lane == lane) or view.name == value:
             return view
     if lane in LANE_NAMES:

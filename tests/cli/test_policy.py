@@ -111,3 +111,15 @@ def test_the_table_says_whose_prompt_cache_a_client_shares(
     assert lines[b + 1].endswith("(default without the key)")  # b: also by its header
     assert any(line.endswith("prompt cache: default (no key)") for line in lines)  # c
     assert any(line.endswith("prompt cache: default") for line in lines)  # the default
+
+
+def test_the_table_says_which_models_a_client_may_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a.toml").write_text('[models]\nload = ["qwen*"]\n')
+    (tmp_path / "b.toml").write_text("[models]\nload = []\n")
+    (tmp_path / "c.toml").write_text("priority = 1\n")
+    assert main(["check", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "may load: qwen*" in out and "may load: none" in out
+    assert out.count("may load:") == 2  # unset: not shown (every model it may use)

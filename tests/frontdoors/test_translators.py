@@ -307,6 +307,44 @@ def test_stream_errors_end_it_once() -> None:
 # --- Ollama ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (None, None),
+        (0, 0.0),
+        ("0", 0.0),
+        (300, 300.0),
+        (2.5, 2.5),
+        ("30s", 30.0),
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+        ("1.5h", 5400.0),
+        ("250ms", 0.25),
+        ("-1", -1.0),
+        (-5, -1.0),
+        ("-1m", -1.0),
+        ("10000000h", ollama_in.MAX_KEEP_ALIVE),
+    ],
+)
+def test_ollama_keep_alive_durations(value: object, seconds: float | None) -> None:
+    assert ollama_in.keep_alive_seconds(value) == seconds
+
+
+@pytest.mark.parametrize("value", [True, "", "5 minutes", "m", "5x", "1h 30m", [], {}, "nan"])
+def test_ollama_keep_alive_malformed_is_a_400(value: object) -> None:
+    with pytest.raises(RouterError) as caught:
+        ollama_in.keep_alive_seconds(value)
+    assert (caught.value.status, caught.value.param) == (400, "keep_alive")
+
+
+def test_ollama_requests_carry_their_keep_alive() -> None:
+    chat = ollama_in.chat_to_openai(
+        {"model": "m", "keep_alive": "5m", "messages": [{"role": "user", "content": "q"}]}
+    )
+    assert chat.keep_alive == 300.0 and "keep_alive" not in chat.openai
+    assert ollama_in.generate_to_openai({"model": "m", "prompt": "p"}).keep_alive is None
+
+
 def test_ollama_chat_request_maps_options_format_and_tool_ids() -> None:
     req = ollama_in.chat_to_openai(
         {

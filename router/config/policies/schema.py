@@ -89,8 +89,12 @@ class MatchRules(Frozen):
 class ModelRules(Frozen):
     allow: tuple[str, ...] = ()  # shell-style patterns (fnmatch); empty: every served model
     aliases: dict[str, str] = Field(default_factory=dict)  # name the client sends -> real model
+    # Which models the client may LOAD on demand (router.lanes.models), so one client cannot
+    # evict another's models at will: patterns; unset: every model it may use; []: none
+    # (it uses only the models already loaded).
+    load: tuple[str, ...] | None = None
 
-    _listify = field_validator("allow", mode="before")(_one_or_many)
+    _listify = field_validator("allow", "load", mode="before")(_one_or_many)
 
 
 class Caps(Frozen):
@@ -145,6 +149,13 @@ class Policy(Frozen):
 
     def allows_model(self, model: str) -> bool:
         return not self.models.allow or any(fnmatchcase(model, p) for p in self.models.allow)
+
+    def allows_load(self, model: str) -> bool:
+        """May this client's request load ``model`` (not loaded yet)?"""
+        if not self.allows_model(model):
+            return False
+        rules = self.models.load
+        return rules is None or any(fnmatchcase(model, p) for p in rules)
 
     def lane_for(self, preset: str | None, presets: Mapping[str, PresetSpec]) -> LanePreference:
         """The policy's lane for the preset, else the preset's own, else auto."""

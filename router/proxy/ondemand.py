@@ -1,0 +1,106 @@
+"""Models on demand, at the edge: before a request is classified, load the servable model
+it names (``router.lanes.models``) when it is not loaded and the client may load it, and
+hold the model for the whole request (its stream included) so it is never unloaded under it.
+
+The model is named as classification will name it: the policy's alias first, then a
+catalog alias (rewritten to the model's own name, which the lane workers check), with an
+``@<preset>`` suffix kept. A name the catalog does not know, a model the policy may not use
+(classification answers that 403) and a model an external backend already serves are left
+to classification as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from router.backends.pool import BackendPool
+from router.config.policies import Policy
+from router.errors import RouterError
+from router.proxy.request import ParsedRequest
+
+if TYPE_CHECKING:  # the manager is handed in (router.app): lanes/ sits beside proxy/
+    from router.lanes.models import ModelManager
+
+
+def target(manager: ModelManager, requested: str, policy: Policy) -> tuple[str, str] | None:
+    """(the servable model's name, the ``@preset`` suffix or "") that ``requested`` names
+    for this policy, or None when it names none."""
+    aliases = policy.models.aliases
+    name = aliases.get(requested, requested)
+    canonical = manager.resolve(name)
+    if canonical is not None:
+        return canonical, ""
+    base, at, suffix = name.rpartition("@")
+    if at and base:
+        canonical = manager.resolve(aliases.get(base, base))
+        if canonical is not None:
+            return canonical, at + suffix
+    return None
+
+
+def served_elsewhere(pool: BackendPool, model: str) -> bool:
+    return any(b.lane is None and model in b.models for b in pool)
+
+
+@dataclasses.dataclass(slots=True)
+class Held:
+    model: str  # the name to route: the model's own, with the request's @preset suffix
+    load_seconds: float = 0.0  # this request's wait for the model to load
+
+
+@contextlib.asynccontextmanager
+async def holding(
+    manager: ModelManager | None,
+    pool: BackendPool,
+    requested: str,
+    policy: Policy,
+    keep_alive: float | None = None,
+) -> AsyncIterator[Held | None]:
+    """Around a whole request for ``requested``: load its model if needed (raises 403 or
+    503 in speclane's terms) and hold it until the block ends; None when it is none of the
+    servable models (or one the policy may not use, or an external backend serves)."""
+    found = target(manager, requested, policy) if manager is not None else None
+    if manager is None or found is None:
+        yield None
+        return
+    name, suffix = found
+    loaded = manager.state(name) == "loaded"
+    if not policy.allows_model(name) or (not loaded and served_elsewhere(pool, name)):
+        yield None
+        return
+    held = Held(name + suffix)
+    with manager.hold(name, keep_alive):
+        if not loaded:
+            if not policy.allows_load(name):
+                raise RouterError(
+                    403,
+                    f"client '{policy.client}' may not load model '{name}' (it is not loaded; "
+                    "the policy's models.load does not match it)",
+                    type="permission_error",
+                    param="model",
+                    code="model_load_forbidden",
+                )
+            # a 503 (router.lanes.models.ModelUnavailable) when it cannot load in time
+            held.load_seconds = await manager.ensure(name)
+        yield held
+
+
+@contextlib.asynccontextmanager
+async def model_loaded(
+    manager: ModelManager | None, pool: BackendPool, parsed: ParsedRequest, policy: Policy
+) -> AsyncIterator[None]:
+    """``holding`` for a parsed request: an alias is rewritten to the model's own name (the
+    workers serve it under that name) and the load's wait recorded."""
+    if parsed.endpoint == "embeddings":  # the lanes do not embed: nothing to load
+        yield
+        return
+    async with holding(manager, pool, parsed.route.model, policy, parsed.keep_alive) as held:
+        if held is not None:
+            if parsed.route.model != held.model:
+                parsed.set_field("model", held.model)
+                parsed.route = dataclasses.replace(parsed.route, model=held.model)
+            parsed.load_seconds = held.load_seconds
+        yield
