@@ -33,6 +33,7 @@ from router.proxy.accesslog import ACCESS, record_of
 from router.proxy.admin_auth import is_loopback, require_admin
 from router.proxy.connections import read_body
 from router.proxy.credentials import presented_key
+from router.proxy.early import EarlyStream, early_stream
 from router.proxy.headers import decision_headers
 from router.proxy.middleware import expect_handler
 from router.proxy.ondemand import model_loaded
@@ -174,6 +175,7 @@ async def proxy(
     decision: str | None = None
     claim = SpecClaim()
     prints: tuple[bytes, ...] = ()
+    early: EarlyStream | None = None
     try:
         if key is None and api_key_header:  # an API with its own key header (Anthropic's)
             key = request_key(request, use_api_key_header=True)
@@ -189,8 +191,15 @@ async def proxy(
         model = parsed.route.model
         parsed.cache_partition = wire_token(partition)
         limiter = app[LIMITER]
+        early = early_stream(
+            request,
+            api,
+            parsed.route.stream,
+            egress.stream_content_type if egress is not None else None,
+            egress.error if egress is not None else None,
+        )
         async with (
-            model_loaded(app.get(MODELS), app[POOL], parsed, policy),
+            model_loaded(app.get(MODELS), app[POOL], parsed, policy, early.tick if early else None),
             limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited,
         ):
             model = parsed.route.model
@@ -220,16 +229,27 @@ async def proxy(
                 body_for=body_for(parsed),
                 headers=headers,
                 egress=egress,
+                begun=early.response if early is not None else None,
             )
     except RouterError as e:
         outcome.status, outcome.error = e.status, e
         client = e.headers.setdefault(CLIENT_HEADER, client)
         if e.status in (401, 403):
             metrics.rejections.labels(client, str(e.status)).inc()
+        if early is not None and early.response is not None:
+            outcome.stream = True
+            return await early.fail(e)  # its headers (200) are out: an error event ends it
         raise
     except asyncio.CancelledError:
         outcome.client_left()  # not a disconnect once the stream's [DONE] reached the client
         raise
+    except Exception:
+        if early is None or early.response is None:
+            raise  # the error middleware answers it
+        log.exception("internal error on a begun stream (%s)", endpoint)
+        err = errors.internal_error()
+        outcome.status, outcome.error, outcome.stream = err.status, err, True
+        return await early.fail(err)
     finally:
         outcome.finished_at = time.monotonic()
         if prints and outcome.status == 200 and outcome.backend and outcome.backend.lane:

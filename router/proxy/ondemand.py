@@ -11,14 +11,17 @@ to classification as before.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from router.backends.pool import BackendPool
 from router.config.policies import Policy
 from router.errors import RouterError
+from router.proxy.early import FIRST_TICK, TICK
 from router.proxy.request import ParsedRequest
 
 if TYPE_CHECKING:  # the manager is handed in (router.app): lanes/ sits beside proxy/
@@ -58,6 +61,7 @@ async def holding(
     requested: str,
     policy: Policy,
     keep_alive: float | None = None,
+    waiting: Waiting | None = None,
 ) -> AsyncIterator[Held | None]:
     """Around a whole request for ``requested``: load its model if needed (raises 403 or
     503 in speclane's terms) and hold it until the block ends; None when it is none of the
@@ -84,20 +88,46 @@ async def holding(
                     code="model_load_forbidden",
                 )
             # a 503 (router.lanes.models.ModelUnavailable) when it cannot load in time
-            held.load_seconds = await manager.ensure(name)
+            held.load_seconds = await _wait(manager.ensure(name), name, waiting)
         yield held
+
+
+# Told, while a request waits for a model to load, the model and the seconds waited so far
+# (router.proxy.early: a stream's keep-alive comments).
+Waiting = Callable[[str, float], Awaitable[None]]
+
+
+async def _wait(load: Awaitable[float], name: str, waiting: Waiting | None) -> float:
+    if waiting is None:
+        return await load
+    began = time.monotonic()
+    task = asyncio.ensure_future(load)
+    try:
+        pause = FIRST_TICK
+        while not (await asyncio.wait({task}, timeout=pause))[0]:
+            await waiting(name, time.monotonic() - began)
+            pause = TICK
+        return task.result()
+    finally:
+        task.cancel()  # the caller went away (or ``waiting`` failed): stop waiting
 
 
 @contextlib.asynccontextmanager
 async def model_loaded(
-    manager: ModelManager | None, pool: BackendPool, parsed: ParsedRequest, policy: Policy
+    manager: ModelManager | None,
+    pool: BackendPool,
+    parsed: ParsedRequest,
+    policy: Policy,
+    waiting: Waiting | None = None,
 ) -> AsyncIterator[None]:
     """``holding`` for a parsed request: an alias is rewritten to the model's own name (the
     workers serve it under that name) and the load's wait recorded."""
     if parsed.endpoint == "embeddings":  # the lanes do not embed: nothing to load
         yield
         return
-    async with holding(manager, pool, parsed.route.model, policy, parsed.keep_alive) as held:
+    async with holding(
+        manager, pool, parsed.route.model, policy, parsed.keep_alive, waiting
+    ) as held:
         if held is not None:
             if parsed.route.model != held.model:
                 parsed.set_field("model", held.model)

@@ -187,7 +187,10 @@ class Relay:
         body_for: BodyFor,
         headers: dict[str, str],
         egress: Egress | None = None,
+        begun: web.StreamResponse | None = None,
     ) -> web.StreamResponse:
+        """``begun``: a stream's response whose headers already went out (while its model
+        loaded, ``router.proxy.early``): the answer's events are written into it."""
         outcome.stream = parsed.route.stream
         if self._closing:
             raise shutting_down()
@@ -200,7 +203,9 @@ class Relay:
             headers = served_headers(headers, backend.name, opened.candidate.lane, outcome.attempts)
             try:
                 if parsed.route.stream:
-                    return await self._relay_stream(request, opened, outcome, headers, live, egress)
+                    return await self._relay_stream(
+                        request, opened, outcome, headers, live, egress, begun
+                    )
                 return await self._relay_body(opened, outcome, headers, egress)
             finally:
                 self._end(backend, opened.response, outcome)
@@ -436,18 +441,22 @@ class Relay:
         headers: dict[str, str],
         live: _Live,
         egress: Egress | None,
+        begun: web.StreamResponse | None = None,
     ) -> web.StreamResponse:
         backend, resp = opened.backend, opened.response
         outcome.status = resp.status
-        out_headers = {**headers, **SSE_HEADERS}
-        if egress is not None:
-            out_headers["Content-Type"] = egress.stream_content_type
-        out = web.StreamResponse(status=resp.status, headers=out_headers)
         tail = SSETail()
         chunk = opened.first_chunk
         held = b""  # the incomplete event at the end of what was read
         outcome.first_byte_at = time.monotonic()
-        await out.prepare(request)
+        if begun is None:
+            out_headers = {**headers, **SSE_HEADERS}
+            if egress is not None:
+                out_headers["Content-Type"] = egress.stream_content_type
+            out = web.StreamResponse(status=resp.status, headers=out_headers)
+            await out.prepare(request)
+        else:
+            out = begun
         live.response = resp
         # Keep-alive comments are bytes, not progress: a backend that sends only those for
         # its read timeout has stalled as surely as one that sends nothing.
