@@ -107,7 +107,14 @@ async def lanes_context(app: web.Application) -> AsyncIterator[None]:
     app[SUPERVISORS], app[LAYOUT] = started.supervisors, started.layout
     if started.layout is not None:
         catalog = catalog_for(settings, started.models)
-        manager = ModelManager(settings, app[POOL], app[METRICS], catalog, budget)
+        manager = ModelManager(
+            settings,
+            app[POOL],
+            app[METRICS],
+            catalog,
+            budget,
+            rescan=lambda: catalog_for(settings, started.models),
+        )
         await manager.start(started)
         app[MODELS] = manager
         log.info("models: %s servable (%s)", len(catalog.models), ", ".join(catalog.names()))

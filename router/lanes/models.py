@@ -53,6 +53,7 @@ from router.lanes.residency import (
     expired,
     make_room,
 )
+from router.lanes.status import LaneState
 from router.lanes.supervisor import LaneSupervisor
 from router.metrics import Metrics
 from router.periodic import Periodic
@@ -61,7 +62,10 @@ log = logging.getLogger("speclane.models")
 
 State = Literal["unloaded", "loading", "loaded", "failed"]
 STATES: tuple[State, ...] = ("unloaded", "loading", "loaded", "failed")
-UnloadReason = Literal["ttl", "memory", "keep_alive", "shutdown"]
+UnloadReason = Literal["ttl", "memory", "keep_alive", "shutdown", "failed"]
+# A name the catalog does not know makes the models directory be read again, at most this
+# often: a model folder added while speclane runs is servable without a restart.
+RESCAN_INTERVAL = 2.0
 
 
 # How long a client is told to wait before trying again after a 503 of a load.
@@ -154,11 +158,47 @@ class ModelManager:
     _waiters: _Waiters = field(default_factory=_Waiters)
     _ttl_check: Periodic | None = None
     _background: set[asyncio.Task[None]] = field(default_factory=set)
+    # Reads the catalog again (the models directory); None: the catalog never changes.
+    rescan: Callable[[], Catalog] | None = None
+    _scanned_at: float = 0.0
 
     def __post_init__(self) -> None:
         self._slots = {m.name: Slot(m) for m in self.catalog.models}
         for slot in self._slots.values():
             self._publish(slot)
+        self._scanned_at = self.clock()
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Read the catalog again (at most every ``RESCAN_INTERVAL`` unless ``force``): new
+        folders become servable; a model whose folder is gone stays while it is loaded."""
+        now = self.clock()
+        if self.rescan is None or (not force and now - self._scanned_at < RESCAN_INTERVAL):
+            return
+        self._scanned_at = now
+        try:
+            fresh = self.rescan()
+        except OSError as e:
+            log.warning("models: could not read the models directory again: %s", e)
+            return
+        kept = [
+            s.model
+            for s in self._slots.values()
+            if s.model.name not in fresh.names() and (s.state != "unloaded" or s.in_flight)
+        ]
+        for model in fresh.models:
+            slot = self._slots.get(model.name)
+            if slot is None:
+                self._slots[model.name] = slot = Slot(model)
+                log.info("models: %s found in the models directory", model.name)
+            elif slot.state == "unloaded":
+                slot.model = model  # its folder may have changed
+            self._publish(slot)
+        for name in [n for n in self._slots if n not in fresh.names()]:
+            if self._slots[name].model not in kept:
+                del self._slots[name]
+                for state in STATES:
+                    self.metrics.model_state.labels(name, state).set(0)
+        self.catalog = Catalog((*fresh.models, *kept))
 
     # --- the start-up model and the TTL check -----------------------------------------
 
@@ -221,8 +261,26 @@ class ModelManager:
     # --- what requests use ------------------------------------------------------------
 
     def resolve(self, name: str) -> str | None:
-        """The servable model ``name`` names (itself or an alias), or None."""
-        return self.catalog.canonical(name)
+        """The servable model ``name`` names (itself or an alias), or None (after reading
+        the models directory again, when it was not read just now)."""
+        found = self.catalog.canonical(name)
+        if found is None and self.rescan is not None:
+            self.refresh()
+            found = self.catalog.canonical(name)
+        return found
+
+    def needs_load(self, name: str) -> bool:
+        """Not loaded, or loaded with every lane given up by its supervisor (restarted too
+        often): a request then loads it again instead of getting 503s until a restart."""
+        slot = self._slots.get(name)
+        if slot is None:
+            return False
+        return slot.state != "loaded" or self._given_up(slot)
+
+    @staticmethod
+    def _given_up(slot: Slot) -> bool:
+        sups = slot.supervisors
+        return bool(sups) and all(s.status.state is LaneState.FAILED for s in sups)
 
     def state(self, name: str) -> State | None:
         slot = self._slots.get(name)
@@ -255,6 +313,9 @@ class ModelManager:
         ModelUnavailable (the load failed, no memory could be freed in time, too many
         waiting, or ``load_timeout`` passed)."""
         slot = self._slots[name]
+        if slot.state == "loaded" and self._given_up(slot):
+            log.warning("model %s: every lane was given up; loading it again", name)
+            await self._unload(slot, "failed")
         if slot.state == "loaded":
             return 0.0
         lanes = self.settings.lanes
@@ -409,8 +470,8 @@ class ModelManager:
         Never a model with a request in flight (but at shutdown)."""
         if slot.state != "loaded" or slot.started is None:
             return
-        if slot.in_flight > 0 and reason != "shutdown":
-            return
+        if slot.in_flight > 0 and reason not in ("shutdown", "failed"):
+            return  # (a failed model's requests fail on their own: its lanes are gone)
         started, slot.started = slot.started, None
         for backend in started.backends:
             self.pool.remove(backend.name)
@@ -471,6 +532,7 @@ class ModelManager:
     def models(self) -> list[dict[str, Any]]:
         """``/admin/lanes`` ``models``: one entry per servable model (a contract with the
         status page and ``speclane status``: fields are added, never renamed)."""
+        self.refresh()
         now = self.clock()
         return [
             {

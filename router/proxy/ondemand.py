@@ -71,7 +71,7 @@ async def holding(
         yield None
         return
     name, suffix = found
-    loaded = manager.state(name) == "loaded"
+    loaded = not manager.needs_load(name)
     if not policy.allows_model(name) or (not loaded and served_elsewhere(pool, name)):
         yield None
         return

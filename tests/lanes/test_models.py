@@ -393,3 +393,54 @@ async def test_past_the_load_queue_a_request_gets_503_at_once(tmp_path: Path) ->
         assert (caught.value.status_code, body["code"]) == (503, "model_load_queue_full")
         assert (await first).choices[0].message.content == "ok"
         assert entry(router, "gamma")["state"] == "unloaded"
+
+
+async def test_a_model_folder_added_while_running_is_servable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from router.lanes import models as models_module
+
+    monkeypatch.setattr(models_module, "RESCAN_INTERVAL", 0.0)
+    async with run_router(settings_for(tmp_path)) as router:
+        with pytest.raises(openai.NotFoundError):
+            await chat(router, "delta")
+        model_dir(tmp_path / "models", "delta")
+        assert (await chat(router, "delta")).choices[0].message.content == "ok"
+        listed = [m["id"] for m in (await get_json(router, "/v1/models"))["data"]]
+        assert "delta" in listed
+        assert entry(router, "delta")["state"] == "loaded"
+
+
+def die_once_command(
+    lane: str, settings: Any, model_dir: Path, draft: Path | None, model_name: str, **kw: Any
+) -> WorkerCommand:
+    command = fake_command(lane, settings, model_dir, draft, model_name, **kw)
+    marker = model_dir / "die-once"
+    if marker.exists():
+        marker.unlink()
+        return WorkerCommand(
+            lane=command.lane, argv=(*command.argv, "--die-after", "0.3"), env=command.env
+        )
+    return command
+
+
+async def test_a_model_whose_lanes_were_given_up_loads_again_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(group, "build_worker_command", die_once_command)
+    async with run_router(settings_for(tmp_path, max_restarts=0)) as router:
+        (tmp_path / "models" / "beta" / "die-once").write_text("")
+        await chat(router, "beta")  # answered before its worker dies
+        await wait_until(
+            lambda: (
+                router.app[MODELS] is not None
+                and not any(
+                    s.status.state.value != "failed"
+                    for s in manager(router)._slots["beta"].supervisors
+                )
+            ),
+            10,
+        )
+        assert (await chat(router, "beta")).choices[0].message.content == "ok"
+        assert metric(router, "speclane_model_unloads_total", model="beta", reason="failed") == 1
+        assert entry(router, "beta")["state"] == "loaded"
