@@ -102,15 +102,16 @@ class Metrics:
         self.requests = Counter(
             "speclane_requests_total",
             "Requests answered, by endpoint, HTTP status, the API the client called (openai, "
-            "responses, anthropic, ollama) and backend: the one that answered, else the last "
-            "one tried, else 'none' (refused before any backend was tried).",
-            ["endpoint", "backend", "status", "api"],
+            "responses, anthropic, ollama), backend: the one that answered, else the last "
+            "one tried, else 'none' (refused before any backend was tried), and model: the "
+            "served model it was routed to, else 'none'.",
+            ["endpoint", "backend", "status", "api", "model"],
             registry=r,
         )
         self.request_duration = Histogram(
             "speclane_request_duration_seconds",
             "Time from request arrival to the last byte sent to the client.",
-            ["endpoint", "backend", "api"],
+            ["endpoint", "backend", "api", "model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -119,7 +120,7 @@ class Metrics:
             "Streams only: time from request arrival to the first body byte relayed to the "
             "client (a non-streaming answer's first byte is the whole answer: see "
             "speclane_request_duration_seconds).",
-            ["endpoint", "backend", "api"],
+            ["endpoint", "backend", "api", "model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

@@ -23,13 +23,13 @@ from tests.fakes.upstream import Behaviour, FakeUpstream
 
 def test_remembered_children_keep_series_apart() -> None:
     m = Metrics()
-    first = m.requests.labels("chat", "a", "200", "openai")
-    assert m.requests.labels("chat", "a", "200", "openai") is first
+    first = m.requests.labels("chat", "a", "200", "openai", "m")
+    assert m.requests.labels("chat", "a", "200", "openai", "m") is first
     first.inc()
-    m.requests.labels("chat", "a", "200", "openai").inc()
-    m.requests.labels("chat", "b", "200", "openai").inc()
+    m.requests.labels("chat", "a", "200", "openai", "m").inc()
+    m.requests.labels("chat", "b", "200", "openai", "m").inc()
     m.requests.labels(
-        endpoint="chat", backend="a", status="500", api="openai"
+        endpoint="chat", backend="a", status="500", api="openai", model="m"
     ).inc()  # keywords still work
     text = m.render().decode()
     total = "speclane_requests_total"
@@ -145,3 +145,19 @@ async def test_ttft_counts_streams_only(fake: FakeUpstream) -> None:
         text = await scrape(r)
     assert metric_value(text, "speclane_ttft_seconds_count", backend="fake") == 1
     assert metric_value(text, "speclane_request_duration_seconds_count", backend="fake") == 2
+
+
+async def test_requests_are_booked_by_the_served_model_and_unknown_names_are_none(
+    fake: FakeUpstream,
+) -> None:
+    async with run_router(router_settings(fake)) as r:
+        client = r.client()
+        await client.chat.completions.create(model="fake-model", messages=CHAT, max_tokens=2)  # type: ignore[arg-type]
+        for name in ("x1", "x2", "x3"):  # names nobody serves: no series of their own
+            with pytest.raises(openai.NotFoundError):
+                await client.chat.completions.create(model=name, messages=CHAT, max_tokens=2)  # type: ignore[arg-type]
+        text = await scrape(r)
+    total = "speclane_requests_total"
+    assert metric_value(text, total, model="fake-model", status="200", backend="fake") == 1
+    assert metric_value(text, total, model="none", status="404") == 3
+    assert "x1" not in text

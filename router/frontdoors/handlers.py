@@ -86,6 +86,7 @@ async def count_tokens(request: web.Request) -> web.Response:
         async with holding(app.get(MODELS), app[POOL], req.model, policy) as held:
             model = held.model if held is not None else req.model  # a model of ours loads first
             lane = _tokenizing_lane(app[POOL], model)
+            outcome.model = model
             try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
                 body = orjson.dumps(anthropic_in.count_body(req))
             except orjson.JSONEncodeError as e:

@@ -210,6 +210,7 @@ async def proxy(
             if app[SETTINGS].routing.cache_affinity and app[POOL].has_lanes:
                 prints = fingerprints(endpoint, parsed.data, f"{partition}\0{model}")
             result = decide(request, parsed, policy, claim, prints)
+            outcome.model = result.model
             decision = result.decision.reason
             metrics.decisions.labels(
                 client,

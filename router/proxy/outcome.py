@@ -19,6 +19,7 @@ class Outcome:
     endpoint: str
     arrival: float
     api: str = "openai"  # the front door the client came through (errors.Api)
+    model: str | None = None  # the model routed (set once classification accepted it)
     status: int = 0
     backend: Backend | None = None
     candidate: Candidate | None = None

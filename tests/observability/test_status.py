@@ -125,7 +125,7 @@ def test_history_reads_the_metrics() -> None:
     m.spec_draft_tokens.labels("speculative", "m", "default:none", "draft_model").inc(12)
     m.spec_accepted_tokens.labels("speculative", "m", "default:none", "draft_model").inc(5)
     m.decode_tps.labels("speculative", "true").observe(20.0)
-    m.requests.labels("chat", "speculative", "200", "openai").inc()
+    m.requests.labels("chat", "speculative", "200", "openai", "m").inc()
     s = take(m, 1.0)
     assert (s.requests, s.drafted, s.accepted) == (1, 12, 5)
     assert s.decode["true"] == (20.0, 1.0)
