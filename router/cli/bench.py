@@ -1,5 +1,5 @@
-"""``speclane bench [overhead | agent | lanes] ...``: dispatch to the benchmark asked for (each
-parses its own flags)."""
+"""``speclane bench [overhead | agent | lanes | cold] ...``: dispatch to the benchmark asked
+for (each parses its own flags)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ def main(argv: list[str]) -> int:
         from router.bench.lanes.cli import main as lanes
 
         return lanes(argv[1:])
+    if argv and argv[0] == "cold":
+        from router.bench.cold.cli import main as cold
+
+        return cold(argv[1:])
     if argv and argv[0] == "overhead":
         from router.bench.overhead.cli import main as overhead
 
