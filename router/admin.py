@@ -9,6 +9,8 @@ Host, a cross-site POST) before they run.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from router.appkeys import LAYOUT, POLICIES, POOL, SPEC, SUPERVISORS
@@ -19,17 +21,20 @@ from router.proxy.admin_auth import require_admin
 from router.proxy.middleware import expect_handler
 
 
+def lanes_view(app: web.Application) -> dict[str, Any]:
+    """What ``/admin/lanes`` answers; the status page's ``/admin/status`` includes it whole,
+    so both always show the same lanes, backends and models."""
+    supervisors = app.get(SUPERVISORS, [])
+    return {
+        "backends": [backend_status(b, supervised_states(supervisors)) for b in app[POOL]],
+        "layout": layout(app.get(LAYOUT)),
+        "workers": workers(supervisors),
+    }
+
+
 async def lanes(request: web.Request) -> web.Response:
     require_admin(request)
-    supervisors = request.app.get(SUPERVISORS, [])
-    data = [backend_status(b, supervised_states(supervisors)) for b in request.app[POOL]]
-    return web.json_response(
-        {
-            "backends": data,
-            "layout": layout(request.app.get(LAYOUT)),
-            "workers": workers(supervisors),
-        }
-    )
+    return web.json_response(lanes_view(request.app))
 
 
 async def spec(request: web.Request) -> web.Response:
