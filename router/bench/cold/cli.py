@@ -8,7 +8,7 @@ from pathlib import Path
 
 from router.bench.cold.plan import MODES
 from router.bench.cold.report import markdown, table
-from router.bench.cold.run import run
+from router.bench.cold.run import models_dir_supported, run
 from router.bench.common.cli import save
 
 
@@ -34,6 +34,10 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.rounds < 1 or args.warm < 0 or args.max_tokens < 1:
         p.error("--rounds and --max-tokens must be at least 1, --warm at least 0")
+    if args.mode == "on-demand" and not models_dir_supported():
+        p.error(
+            "--mode on-demand needs [lanes] models_dir, which this router lacks (--mode startup)"
+        )
     report = asyncio.run(run(args))
     print()
     print(table(report))

@@ -224,10 +224,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with logs[SPECLANE].open("wb") as ours, logs[MLX_LM].open("wb") as theirs:
         for step in schedule(args.rounds):
             print(f"round {step.round}: {step.side} ({mode})", flush=True)
-            if step.side == SPECLANE:
-                record = await speclane_round(mode, model_dir, args, ours)
-            else:
-                record = await mlx_round(model_dir, args, theirs)
+            try:
+                if step.side == SPECLANE:
+                    record = await speclane_round(mode, model_dir, args, ours)
+                else:
+                    record = await mlx_round(model_dir, args, theirs)
+            except (RuntimeError, OSError, TimeoutError) as e:  # a server that did not start
+                record = {"mode": mode, "errors": [f"{type(e).__name__}: {e}"]}
             record = {"round": step.round, "side": step.side, **record}
             print(f"  {record}", flush=True)
             rounds.append(record)
