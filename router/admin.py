@@ -9,6 +9,8 @@ Host, a cross-site POST) before they run.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from router.appkeys import LAYOUT, MODELS, POLICIES, POOL, SPEC, SUPERVISORS
@@ -19,19 +21,24 @@ from router.proxy.admin_auth import require_admin
 from router.proxy.middleware import expect_handler
 
 
+def lanes_view(app: web.Application) -> dict[str, Any]:
+    """What ``/admin/lanes`` answers; the status page's ``/admin/status`` includes it whole,
+    so both always show the same lanes, backends and models."""
+    manager = app.get(MODELS)
+    supervisors, states = every_lane(app.get(SUPERVISORS, []), manager)
+    view: dict[str, Any] = {
+        "backends": [backend_status(b, states) for b in app[POOL]],
+        "layout": layout(app.get(LAYOUT)),
+        "workers": workers(supervisors),
+    }
+    if manager is not None:  # none without lanes of ours: no models section anywhere
+        view["models"] = manager.models()
+    return view
+
+
 async def lanes(request: web.Request) -> web.Response:
     require_admin(request)
-    manager = request.app.get(MODELS)
-    supervisors, states = every_lane(request.app.get(SUPERVISORS, []), manager)
-    data = [backend_status(b, states) for b in request.app[POOL]]
-    return web.json_response(
-        {
-            "backends": data,
-            "layout": layout(request.app.get(LAYOUT)),
-            "workers": workers(supervisors),
-            "models": manager.models() if manager is not None else [],
-        }
-    )
+    return web.json_response(lanes_view(request.app))
 
 
 async def spec(request: web.Request) -> web.Response:

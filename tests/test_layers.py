@@ -43,6 +43,7 @@ FLOORS: dict[str, int] = {
     "router.bench.agent": 7,
     "router.bench.sources": 7,
     "router.bench.lanes": 7,
+    "router.bench.cold": 7,
     "router.observability": 7,
     "router.app": 8,
     "router.server": 9,

@@ -1,5 +1,5 @@
-"""``speclane bench [overhead | agent | lanes] ...``: every benchmark's flags, parsed here; the
-benchmarks themselves (``router/bench/``) take typed options and return their results.
+"""``speclane bench [overhead | agent | lanes | cold] ...``: every benchmark's flags, parsed
+here; the benchmarks themselves (``router/bench/``) take typed options and return their results.
 
 ``speclane bench`` (the scorecard): Ctrl-C while measuring stops after the requests in flight
 are cut short and still writes what was measured; a second Ctrl-C (or one before measuring
@@ -18,6 +18,9 @@ from typing import Any
 
 from router.bench.agent import report as agent_report
 from router.bench.agent import run as agent_run
+from router.bench.cold import plan as cold_plan
+from router.bench.cold import report as cold_report
+from router.bench.cold import run as cold_run
 from router.bench.common.procs import LaneOptions
 from router.bench.lanes import report as lanes_report
 from router.bench.lanes import run as lanes_run
@@ -182,10 +185,45 @@ def lanes(argv: list[str]) -> int:
     return 0
 
 
+def cold(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="speclane bench cold",
+        description="Time to first token of a cold request (load included): speclane against "
+        "mlx_lm.server started fresh on the same model, rounds interleaved.",
+    )
+    flags(
+        p,
+        ("--model", None, "mlx-lm model directory (default: the prepared default)"),
+        (
+            "--mode",
+            "auto",
+            "on-demand: an unloaded model of [lanes] models_dir; startup: speclane serve's "
+            "start to first token; auto: on-demand",
+            {"choices": ("auto", *cold_plan.MODES)},
+        ),
+        ("--rounds", 3, "rounds of both sides"),
+        ("--warm", 3, "warm requests per side and round"),
+        ("--max-tokens", 8, "per request"),
+        ("--layout", "auto", None, {"choices": ("auto", "shared", "separate")}),
+        ("--out", Path("examples/results/cold-start.json"), None),
+    )
+    args = p.parse_args(argv)
+    if args.rounds < 1 or args.warm < 0 or args.max_tokens < 1:
+        p.error("--rounds and --max-tokens must be at least 1, --warm at least 0")
+    results = asyncio.run(cold_run.run(args))
+    print(f"\n{cold_report.table(results)}")
+    save(args.out, results)
+    md = args.out.with_suffix(".md")
+    md.write_text(cold_report.markdown(results), encoding="utf-8")
+    print(f"saved {md}")
+    return 0
+
+
 BENCHES: dict[str, Callable[[list[str]], int]] = {
     "overhead": overhead,
     "agent": agent,
     "lanes": lanes,
+    "cold": cold,
 }
 
 

@@ -67,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print_table(data.get("backends") or [], sys.stdout)
         print_layout(data.get("layout"), data.get("workers") or [], sys.stdout)
+        if isinstance(data.get("models"), list):
+            print_models(data["models"], sys.stdout)
     return 0
 
 
@@ -187,6 +189,49 @@ def print_layout(layout: Any, workers: Sequence[dict[str, Any]], out: TextIO) ->
             f"rss {_gib(w.get('rss_bytes'))}, pss {_gib(w.get('pss_bytes'))}",
             file=out,
         )
+
+
+def print_models(models: Sequence[dict[str, Any]], out: TextIO) -> None:
+    """One line per servable model (a router that serves models on demand lists them)."""
+    print("\nmodels:" if models else "\nmodels: none servable", file=out)
+    lines = [model_line(m) for m in models]
+    width = max((len(name) for name, _ in lines), default=0)
+    for name, rest in lines:
+        print(f"  {name.ljust(width)}  {rest}", file=out)
+
+
+def model_line(m: dict[str, Any]) -> tuple[str, str]:
+    """(the model's name, the rest of its line)."""
+    state = _text(m.get("state"))
+    parts = [state, f"size {_size(m.get('size_bytes'))}"]
+    parts.append(f"estimate {_size(m.get('estimate_bytes'))}")
+    if state in ("loaded", "loading"):
+        lanes = "+".join(str(lane) for lane in m.get("lanes") or []) or "-"
+        parts.append(f"{_text(m.get('layout'))} lanes {lanes}")
+        parts.append(f"in flight {_text(m.get('in_flight'))}")
+    if state == "loaded":
+        parts.append(f"idle {_seconds(m.get('idle_seconds'))}")
+    ttl = m.get("ttl")
+    parts.append(
+        "pinned" if m.get("pinned") else "ttl never" if ttl == 0 else f"ttl {_seconds(ttl)}"
+    )
+    if aliases := m.get("aliases"):
+        parts.append("aliases " + ", ".join(str(a) for a in aliases))
+    if m.get("last_error"):
+        parts.append(f"last error: {m['last_error']}")
+    return _text(m.get("name")), ", ".join(parts)
+
+
+def _size(value: Any) -> str:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return "-"
+    return _gib(value) if value >= 1 << 30 else f"{value / (1 << 20):.0f} MiB"
+
+
+def _seconds(value: Any) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "-"
+    return f"{value / 60:.1f} min" if value >= 120 else f"{value:.0f} s"
 
 
 def _gib(value: Any) -> str:

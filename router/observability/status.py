@@ -21,9 +21,8 @@ from typing import Any
 from aiohttp import web
 
 from router import __version__
-from router.appkeys import LAYOUT, LIMITER, MODELS, POLICIES, POOL, SPEC, SUPERVISORS
-from router.backends.status import backend_status
-from router.lanes.view import every_lane, layout, workers
+from router.admin import lanes_view
+from router.appkeys import LIMITER, POLICIES, SPEC
 from router.metrics import package_version
 from router.observability.history import HISTORY
 from router.proxy.accesslog import ACCESS
@@ -94,8 +93,6 @@ def queues(app: web.Application) -> list[dict[str, Any]]:
 
 
 def snapshot(app: web.Application) -> dict[str, Any]:
-    manager = app.get(MODELS)
-    supervisors, supervised = every_lane(app.get(SUPERVISORS, []), manager)
     recent = list(app[ACCESS].recent)[-RECENT_SHOWN:]
     return {
         "version": __version__,
@@ -103,10 +100,7 @@ def snapshot(app: web.Application) -> dict[str, Any]:
         "mlx_lm": package_version("mlx-lm"),
         "now": time.time(),
         "uptime_s": round(time.monotonic() - app[STARTED], 1),
-        "backends": [backend_status(b, supervised) for b in app[POOL]],
-        "layout": layout(app.get(LAYOUT)),
-        "workers": workers(supervisors),
-        "models": manager.models() if manager is not None else [],  # as /admin/lanes
+        **lanes_view(app),  # backends, layout, workers and models, as /admin/lanes
         "spec": app[SPEC].admin_snapshot(),
         "history": app[HISTORY].to_json(),
         "recent": [r.to_json() for r in reversed(recent)],

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from router.bench.agent.report import ratios
+from router.bench.cold import report as cold
 from router.bench.overhead.report import added_over_direct, judge_targets
 from router.bench.scorecard import report
 from router.bench.sources import report as sources
@@ -49,3 +50,10 @@ def test_draft_source_results_recompute() -> None:
     data = load("spec-sources.json")
     assert sources.table(data["families"]).split("\n") == data["meta"]["table"]
     assert sources.goals(data["families"]) == data["meta"]["goals"]
+
+
+def test_cold_start_results_recompute() -> None:
+    data = load("cold-start.json")
+    assert cold.summary(data["rounds_detail"]) == data["summary"]
+    markdown = (EXAMPLES / "results" / "cold-start.md").read_text(encoding="utf-8")
+    assert cold.markdown(data) == markdown

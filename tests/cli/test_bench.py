@@ -128,3 +128,12 @@ def test_render_of_a_wrong_file_fails(tmp_path: Path, capsys: pytest.CaptureFixt
 )
 def test_urls_are_normalised(url: str, base: str) -> None:
     assert normalize_url(url) == base
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "0"], ["--max-tokens", "0"], ["--warm", "-1"]])
+def test_bench_cold_counts_below_their_minimum_are_usage_errors(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["cold", *argv])
+    assert e.value.code == 2 and "at least" in capsys.readouterr().err

@@ -148,6 +148,79 @@ async def test_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[1][offset:].startswith("SmolLM2") and lines[3][offset:].startswith("qwen2.5")
 
 
+MODELS = [
+    {
+        "name": "SmolLM2-135M-Instruct",
+        "aliases": ["smol", "default"],
+        "state": "loaded",
+        "size_bytes": 270 << 20,
+        "estimate_bytes": 600 << 20,
+        "pinned": False,
+        "ttl": 300,
+        "idle_seconds": 12.4,
+        "in_flight": 1,
+        "layout": "shared",
+        "lanes": ["speculative", "batching"],
+        "last_error": None,
+    },
+    {
+        "name": "qwen2.5-coder-7b",
+        "aliases": [],
+        "state": "unloaded",
+        "size_bytes": 4608 << 20,
+        "estimate_bytes": 5 << 30,
+        "pinned": True,
+        "ttl": 0,
+        "idle_seconds": None,
+        "in_flight": 0,
+        "layout": None,
+        "lanes": [],
+        "last_error": None,
+    },
+    {
+        "name": "broken",
+        "aliases": [],
+        "state": "failed",
+        "size_bytes": None,
+        "estimate_bytes": None,
+        "pinned": False,
+        "ttl": 600,
+        "idle_seconds": None,
+        "in_flight": 0,
+        "layout": None,
+        "lanes": [],
+        "last_error": "config.json: unknown model_type 'mamba9'",
+    },
+]
+
+
+async def test_one_line_per_model_when_the_router_serves_models_on_demand(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async with fake_admin({**LANES, "models": MODELS}) as url:
+        assert await run("--url", url, "--admin-key", KEY) == 0
+    out = capsys.readouterr().out
+    lines = out.split("\nmodels:\n", 1)[1].splitlines()
+    assert lines == [
+        "  SmolLM2-135M-Instruct  loaded, size 270 MiB, estimate 600 MiB, shared lanes "
+        "speculative+batching, in flight 1, idle 12 s, ttl 5.0 min, aliases smol, default",
+        "  qwen2.5-coder-7b       unloaded, size 4.50 GiB, estimate 5.00 GiB, pinned",
+        "  broken                 failed, size -, estimate -, ttl 10.0 min, last error: "
+        "config.json: unknown model_type 'mamba9'",
+    ]
+    async with fake_admin({**LANES, "models": []}) as url:
+        assert await run("--url", url, "--admin-key", KEY) == 0
+    assert capsys.readouterr().out.endswith("\nmodels: none servable\n")
+
+
+async def test_no_models_section_from_a_router_without_models_on_demand(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async with fake_admin() as url:
+        assert await run("--url", url, "--admin-key", KEY) == 0
+    assert "models" not in capsys.readouterr().out
+
+
 async def test_json_and_env_key(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from router.admin import lanes_view
 from router.metrics import Metrics
 from router.observability.history import HISTORY, Sample, points
 from tests.conftest import RunningRouter, lanes_router, router_settings, run_router
@@ -29,6 +30,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 CHAT = [{"role": "user", "content": "hi"}]
+NONE = "\u2013"  # the page's cell for a value it does not have (an en dash)
 
 
 async def get(url: str, method: str = "GET", **headers: str) -> tuple[int, str, str]:
@@ -79,6 +81,19 @@ async def test_admin_status_has_what_the_page_shows(fake: FakeUpstream) -> None:
     point = data["history"]["points"][-1]  # (the app also samples at start-up)
     assert point["requests_per_s"] > 0
     assert {q["client"] for q in data["queues"]} == {"default"}
+
+
+async def test_admin_status_includes_what_admin_lanes_answers(fake: FakeUpstream) -> None:
+    # The page shows what /admin/lanes has (the models served on demand among it) without a
+    # second list of fields to keep in step.
+    async with run_router(router_settings(fake)) as r:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{r.url}/admin/lanes") as resp:
+                lanes = await resp.json()
+            async with s.get(f"{r.url}/admin/status") as resp:
+                status = await resp.json()
+    assert {"backends", "layout", "workers"} <= set(lanes)
+    assert {k: status[k] for k in lanes} == lanes
 
 
 def test_history_points_are_differences_of_neighbouring_samples() -> None:
@@ -226,6 +241,7 @@ async def test_the_page_in_headless_chromium(tmp_path: Path) -> None:
     assert seen["recent_rows"] == 9 and "default" in seen["recent_text"]
     assert seen["chart_points"] > 0 and seen["decode_points"] > 0
     assert seen["queues"] == ["default"]
+    assert seen["models_hidden"] is True  # no models list: nothing new on the page
     assert (tmp_path / "status-page.png").stat().st_size > 10_000
     if os.environ.get("SPECLANE_UPDATE_SCREENSHOT"):  # refresh examples/status-page-fake-lanes.png
         shutil.copyfile(tmp_path / "status-page.png", shot)
@@ -245,5 +261,86 @@ async def read_page(page: Any) -> dict[str, Any]:
         chart_points: Number(document.getElementById("chart-acceptance").dataset.points),
         decode_points: Number(document.getElementById("chart-decode").dataset.points),
         queues: rows("queues").map((r) => r.dataset.client),
+        models_hidden: document.getElementById("models-section").hidden,
+        models: rows("models").map((r) => Array.from(r.cells).map((c) => c.textContent)),
       };
     }""")
+
+
+MODELS = [
+    {
+        "name": "SmolLM2-135M-Instruct",
+        "aliases": ["smol"],
+        "state": "loaded",
+        "size_bytes": 270 << 20,
+        "estimate_bytes": 3 << 30,
+        "pinned": False,
+        "ttl": 300,
+        "idle_seconds": 42,
+        "in_flight": 2,
+        "layout": "shared",
+        "lanes": ["speculative", "batching"],
+        "last_error": None,
+    },
+    {
+        "name": "<b>coder</b>",  # names come from folders: shown as text, never as HTML
+        "aliases": [],
+        "state": "failed",
+        "size_bytes": None,
+        "estimate_bytes": None,
+        "pinned": True,
+        "ttl": 0,
+        "idle_seconds": None,
+        "in_flight": 0,
+        "layout": None,
+        "lanes": [],
+        "last_error": "out of memory",
+    },
+]
+
+
+@pytest.mark.skipif(
+    not Path(CHROMIUM).exists(),
+    reason="needs Debian's chromium at /usr/bin/chromium (./docker-less-run.sh test installs it)",
+)
+async def test_the_page_shows_the_models_table_when_the_router_lists_models(
+    fake: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    playwright_api = pytest.importorskip("playwright.async_api")
+    from router.observability import status
+
+    def with_models(app: Any) -> dict[str, Any]:  # /admin/lanes of a models_dir router
+        return {**lanes_view(app), "models": MODELS}
+
+    monkeypatch.setattr(status, "lanes_view", with_models)
+    async with run_router(router_settings(fake)) as r:
+        async with playwright_api.async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = await browser.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                await page.goto(f"{r.url}/", wait_until="load")
+                await page.wait_for_selector("#live.ok", timeout=15_000)
+                seen = await read_page(page)
+            finally:
+                await browser.close()
+    assert errors == []
+    assert seen["models_hidden"] is False
+    loaded, failed = seen["models"]
+    assert loaded == [
+        "SmolLM2-135M-Instruct",
+        "smol",
+        "loaded",
+        "270 MiB",
+        "3.00 GiB",
+        "no",
+        "42 s",
+        "5.0 min",
+        "2",
+        "shared",
+        "speculative + batching",
+        NONE,
+    ]
+    assert failed[:3] == ["<b>coder</b>", NONE, "failed"]
+    assert failed[5:8] == ["yes", NONE, "never (pinned)"] and failed[-1] == "out of memory"

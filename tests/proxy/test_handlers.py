@@ -128,7 +128,8 @@ async def test_metrics_endpoint_counts_requests(fake: FakeUpstream) -> None:
         async with aiohttp.ClientSession() as s, s.get(f"{r.url}/metrics") as resp:
             text = await resp.text()
     assert (
-        'speclane_requests_total{api="openai",backend="fake",endpoint="chat",model="fake-model",status="200"} 1.0'
+        'speclane_requests_total{api="openai",backend="fake",endpoint="chat",'
+        'model="fake-model",status="200"} 1.0'
     ) in text
     assert 'speclane_backend_up{backend="fake"} 1.0' in text
     assert "speclane_ttft_seconds_bucket" not in text  # streams only

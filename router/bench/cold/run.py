@@ -1,0 +1,249 @@
+"""``speclane bench cold``: the measurements, round by round (see the package)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+
+from router.bench.cold.plan import (
+    COLD,
+    MLX_LM,
+    MLX_LM_MODEL,
+    SPECLANE,
+    Mode,
+    body,
+    model_links,
+    schedule,
+    served_name,
+    speclane_config,
+)
+from router.bench.cold.report import summary
+from router.bench.common import environment, procs
+from router.bench.common.stream import Reply, stream
+from router.config.names import OVERHEAD_HEADER
+
+REQUEST_TIMEOUT = 900.0  # a first request may wait for a whole model load
+RETRY_EVERY = 0.02  # seconds between tries while mlx_lm.server's port is not open yet
+
+
+def commit() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}-dirty" if dirty else head
+
+
+def prime(model_dir: Path) -> None:
+    """Read the model's files once, so that neither side's first round is the one that
+    pays for the disk: both then load from the page cache."""
+    for path in sorted(model_dir.iterdir()):
+        if path.is_file():
+            with path.open("rb") as f:
+                while f.read(1 << 24):
+                    pass
+
+
+async def first_token(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: dict[str, Any],
+    started: float,
+    proc: asyncio.subprocess.Process | None = None,
+    deadline: float = REQUEST_TIMEOUT,
+) -> tuple[Reply, float | None]:
+    """The reply, and the seconds from ``started`` (``perf_counter``) to its first token.
+    With ``proc``: retried until the server's port takes it (the process still alive)."""
+    while True:
+        reply = await stream(session, f"{url}/chat/completions", payload, {}, Reply())
+        refused = reply.status is None and reply.error and "Connect" in reply.error
+        if not (refused and proc is not None and proc.returncode is None):
+            break
+        if time.perf_counter() - started > deadline:
+            break
+        await asyncio.sleep(RETRY_EVERY)
+    at = reply.token_times[0] - started if reply.token_times else None
+    return reply, at
+
+
+async def warm(
+    session: aiohttp.ClientSession, url: str, model: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    ttft, overhead, errors = [], [], []
+    for i in range(args.warm):
+        payload = body(model, 10 + i, args.max_tokens)
+        reply = await stream(session, f"{url}/chat/completions", payload, {}, Reply())
+        if reply.error or reply.ttft is None:
+            errors.append(reply.error or "no token")
+            continue
+        ttft.append(reply.ttft)
+        if value := reply.headers.get(OVERHEAD_HEADER):
+            with contextlib.suppress(ValueError):
+                overhead.append(float(value))
+    return {"warm_ttft_s": ttft, "overhead_ms": overhead, "errors": errors}
+
+
+def session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT))
+
+
+def write_config(root: Path, mode: Mode, model_dir: Path, layout: str) -> Path:
+    """The router's configuration and policies in ``root``; in on-demand mode, its models
+    folder too (the model under two names)."""
+    policies = procs.write_policies(root / "policies")
+    models_dir = root / "models" if mode == "on-demand" else None
+    if models_dir is not None:
+        files = [p.name for p in model_dir.iterdir() if p.is_file()]
+        for link, target in model_links(model_dir, files, models_dir):
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(target)
+    config = root / "speclane.toml"
+    config.write_text(
+        speclane_config(mode, model_dir, policies, models_dir, layout), encoding="utf-8"
+    )
+    return config
+
+
+@contextlib.asynccontextmanager
+async def speclane_serving(
+    mode: Mode, model_dir: Path, layout: str, log: IO[bytes]
+) -> AsyncIterator[tuple[str, float, float]]:
+    """``speclane serve`` on a temporary configuration: (its /v1 URL, when it was started,
+    when it said it listens), both ``perf_counter``."""
+    with tempfile.TemporaryDirectory(prefix="speclane-cold-") as tmp:
+        config = write_config(Path(tmp), mode, model_dir, layout)
+        argv = [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"]
+        started = time.perf_counter()
+        proc, m = await procs.spawn_until_line(
+            argv,
+            r"speclane listening on (http://\S+)",
+            procs.START_DEADLINE,
+            procs.router_env(),
+            log,
+        )
+        listening = time.perf_counter()
+        drainer = asyncio.create_task(procs.drain(proc.stdout, log))
+        try:
+            yield m.group(1), started, listening
+        finally:
+            await procs.stop(proc, 15.0, group=True)
+            drainer.cancel()
+
+
+async def speclane_round(
+    mode: Mode, model_dir: Path, args: argparse.Namespace, log: IO[bytes]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"mode": mode, "errors": []}
+    async with speclane_serving(mode, model_dir, args.layout, log) as (url, started, up):
+        out["startup_s"] = up - started
+        async with session() as s:
+            first = body(served_name(mode, model_dir), 0, args.max_tokens)
+            reply, out["startup_first_token_s"] = await first_token(s, url, first, started)
+            out["errors"] += [reply.error] if reply.error else []
+            if mode == "on-demand":
+                sent = time.perf_counter()
+                reply, out["on_demand_first_token_s"] = await first_token(
+                    s, url, body(COLD, 1, args.max_tokens), sent
+                )
+                out["errors"] += [reply.error] if reply.error else []
+            figures = await warm(s, url, served_name(mode, model_dir), args)
+            lanes = await environment.lanes_info(s, url.removesuffix("/v1"))
+    out["errors"] += figures.pop("errors")
+    out["lanes"] = lanes
+    return {**out, **figures}
+
+
+async def mlx_round(model_dir: Path, args: argparse.Namespace, log: IO[bytes]) -> dict[str, Any]:
+    from router.lanes.blas import preload_env
+
+    port = procs.free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    argv = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir)]
+    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    started = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdout=log,
+        stderr=log,
+        env={**os.environ, **preload_env()},  # the same BLAS as the lanes
+        start_new_session=True,
+    )
+    out: dict[str, Any] = {"errors": []}
+    try:
+        async with session() as s:
+            payload = body(MLX_LM_MODEL, 0, args.max_tokens)
+            reply, out["first_token_s"] = await first_token(s, url, payload, started, proc)
+            out["errors"] += [reply.error] if reply.error else []
+            figures = await warm(s, url, MLX_LM_MODEL, args)
+    finally:
+        await procs.stop(proc, 15.0, group=True)
+    out["errors"] += figures.pop("errors")
+    return {**out, **figures}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from router.lanes.modelprep import ensure_default_models
+
+    model_dir = Path(args.model) if args.model else ensure_default_models(quiet=True)[0]
+    mode: Mode = args.mode
+    if args.mode == "auto":
+        mode = "on-demand"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    prime(model_dir)
+    load_before = environment.load_average()
+    rounds = []
+    logs = {
+        side: args.out.with_suffix(f".{side.replace('.', '_')}.log") for side in (SPECLANE, MLX_LM)
+    }
+    with logs[SPECLANE].open("wb") as ours, logs[MLX_LM].open("wb") as theirs:
+        for step in schedule(args.rounds):
+            print(f"round {step.round}: {step.side} ({mode})", flush=True)
+            try:
+                if step.side == SPECLANE:
+                    record = await speclane_round(mode, model_dir, args, ours)
+                else:
+                    record = await mlx_round(model_dir, args, theirs)
+            except (RuntimeError, OSError, TimeoutError) as e:  # a server that did not start
+                record = {"mode": mode, "errors": [f"{type(e).__name__}: {e}"]}
+            record = {"round": step.round, "side": step.side, **record}
+            print(f"  {record}", flush=True)
+            rounds.append(record)
+    report: dict[str, Any] = {
+        "bench": "cold",
+        "date": environment.now_iso(),
+        "commit": commit(),
+        "mode": mode,
+        "rounds": args.rounds,
+        "model": str(model_dir),
+        "layout": args.layout,
+        "max_tokens": args.max_tokens,
+        "warm": args.warm,
+        "environment": {
+            "versions": environment.versions(),
+            "hardware": environment.hardware(),
+            "load_average_before": load_before,
+            "load_average_after": environment.load_average(),
+        },
+        "rounds_detail": rounds,
+    }
+    report["summary"] = summary(rounds)
+    return report
