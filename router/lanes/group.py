@@ -34,6 +34,7 @@ from router.lanes.supervisor import (
     WorkerStartError,
     build_worker_command,
     start_all,
+    start_first,
     stop_all,
 )
 from router.metrics import Metrics
@@ -203,23 +204,26 @@ async def start_model(
     *,
     default: bool,
     choice: LayoutChoice | None = None,
+    first_ready: bool = False,
 ) -> StartedLanes:
     """Start one model's lanes: the layout (``choice``, else planned here; may refuse), the
     draft gate, one backend per enabled lane in ``pool`` (``backend_name``) and the workers.
-    On failure its backends leave the pool again and LaneStartupError says why."""
+    ``first_ready``: return once one lane is ready (the others go on starting). On failure
+    its backends leave the pool again and LaneStartupError says why."""
     if choice is None:
         choice = plan_layout(settings.lanes, models)
     metrics.lanes_layout.labels(choice.layout).set(1)
     backends: list[Backend] = []
     try:
         supervisors = await _start_workers(
-            settings, pool, metrics, models, default, choice, backends
+            settings, pool, metrics, models, default, choice, backends, first_ready
         )
     except BaseException:
         for backend in backends:
             pool.remove(backend.name)
         raise
-    log.info("model %s: lanes %s ready", models.name, [b.name for b in backends])
+    ready = [b.name for b in backends if b.ready]
+    log.info("model %s: lanes %s ready (of %s)", models.name, ready, [b.name for b in backends])
     return StartedLanes(supervisors, choice, backends, models)
 
 
@@ -231,6 +235,7 @@ async def _start_workers(
     default: bool,
     choice: LayoutChoice,
     backends: list[Backend],
+    first_ready: bool = False,
 ) -> list[LaneSupervisor]:
     shared = choice.layout == "shared"
     draft = None
@@ -296,7 +301,7 @@ async def _start_workers(
         models.draft,
     )
     try:
-        await start_all(supervisors)
+        await (start_first if first_ready else start_all)(supervisors)
     except WorkerStartError as e:
         raise LaneStartupError(str(e)) from e
     return supervisors

@@ -378,7 +378,13 @@ class ModelManager:
             await self._make_room(slot, began)
             log.info("model %s: loading (%s)", name, choice.summary())
             slot.started = await start_model(
-                self.settings, self.pool, self.metrics, models, default=False, choice=choice
+                self.settings,
+                self.pool,
+                self.metrics,
+                models,
+                default=False,
+                choice=choice,
+                first_ready=True,  # its first request goes to the first lane ready
             )
         except ModelUnavailable as e:
             slot.last_error = e.message

@@ -54,6 +54,7 @@ __all__ = [
     "WorkerStartError",
     "build_worker_command",
     "start_all",
+    "start_first",
     "stop_all",
 ]
 
@@ -468,6 +469,40 @@ async def start_all(supervisors: Iterable[LaneSupervisor], *, grace: float = 5.0
             await asyncio.wait(pending)
         await stop_all(sups, grace=grace)
         raise failed[0]
+
+
+async def start_first(supervisors: Iterable[LaneSupervisor], *, grace: float = 5.0) -> None:
+    """Start the lanes concurrently and return once one is READY, the others still starting
+    (a model loaded on demand serves its first request as soon as it can: its other lane
+    joins when ready, or ends FAILED, logged). All failing: stop them all, raise the first
+    error. ``stop`` ends a start still running."""
+    sups = list(supervisors)
+    pending = {asyncio.create_task(s.start(), name=f"{s.lane}-start-first") for s in sups}
+    failed: list[BaseException] = []
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            failed += [e for t in done if (e := t.exception()) is not None]
+            if len(failed) < len(done):  # one is ready
+                for task in pending:
+                    task.add_done_callback(_late_start)
+                return
+    except asyncio.CancelledError:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        await stop_all(sups, grace=grace)
+        raise
+    await stop_all(sups, grace=grace)
+    raise failed[0]
+
+
+def _late_start(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    if (e := task.exception()) is not None:
+        log.warning("a lane that was still starting did not come up: %s", e)
 
 
 async def stop_all(supervisors: Iterable[LaneSupervisor], *, grace: float = 10.0) -> None:

@@ -444,3 +444,25 @@ async def test_a_model_whose_lanes_were_given_up_loads_again_when_asked(
         assert (await chat(router, "beta")).choices[0].message.content == "ok"
         assert metric(router, "speclane_model_unloads_total", model="beta", reason="failed") == 1
         assert entry(router, "beta")["state"] == "loaded"
+
+
+def slow_batching_command(
+    lane: str, settings: Any, model_dir: Path, draft: Path | None, model_name: str, **kw: Any
+) -> WorkerCommand:
+    command = fake_command(lane, settings, model_dir, draft, model_name, **kw)
+    if lane == "batching" and model_dir.name == "gamma":
+        return WorkerCommand(lane=lane, argv=(*command.argv, "--slow-start", "60"), env=command.env)
+    return command
+
+
+async def test_a_model_loaded_on_demand_serves_once_its_first_lane_is_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(group, "build_worker_command", slow_batching_command)
+    both = settings_for(tmp_path, batching={"enabled": True}, layout="separate")
+    async with run_router(both) as router:
+        answer = await asyncio.wait_for(chat(router, "gamma"), 30)  # not the batching lane's 60 s
+        assert answer.choices[0].message.content == "ok"
+        backends = {b.name: b for b in manager(router)._slots["gamma"].backends}
+        assert backends["speculative@gamma"].ready and not backends["batching@gamma"].ready
+        assert entry(router, "gamma")["state"] == "loaded"
