@@ -472,33 +472,37 @@ async def start_all(supervisors: Iterable[LaneSupervisor], *, grace: float = 5.0
 
 
 async def start_first(supervisors: Iterable[LaneSupervisor], *, grace: float = 5.0) -> None:
-    """Start the lanes concurrently and return once one is READY, the others still starting
-    (a model loaded on demand serves its first request as soon as it can: its other lane
-    joins when ready, or ends FAILED, logged). All failing: stop them all, raise the first
-    error. ``stop`` ends a start still running."""
+    """Start the first lane and return once it is READY; the others then start in the
+    background (a model loaded on demand serves its first request as soon as one lane can,
+    and that lane does not share the machine with its siblings' start-ups meanwhile; a
+    sibling that fails to come up ends FAILED, logged). A first lane that fails hands over to
+    the next. All failing: stop them all, raise the first error. ``stop`` ends a start still
+    running."""
     sups = list(supervisors)
-    pending = {asyncio.create_task(s.start(), name=f"{s.lane}-start-first") for s in sups}
     failed: list[BaseException] = []
-    try:
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            failed += [e for t in done if (e := t.exception()) is not None]
-            if len(failed) < len(done):  # one is ready
-                for task in pending:
-                    task.add_done_callback(_late_start)
-                return
-    except asyncio.CancelledError:
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
-        await stop_all(sups, grace=grace)
-        raise
+    for i, sup in enumerate(sups):
+        try:
+            await sup.start()
+        except WorkerStartError as e:
+            failed.append(e)
+            continue
+        except asyncio.CancelledError:
+            await stop_all(sups, grace=grace)
+            raise
+        for rest in sups[i + 1 :]:
+            task = asyncio.create_task(rest.start(), name=f"{rest.lane}-start-later")
+            _STARTING.add(task)
+            task.add_done_callback(_late_start)
+        return
     await stop_all(sups, grace=grace)
     raise failed[0]
 
 
+_STARTING: set[asyncio.Task[None]] = set()  # the running starts of start_first (held here)
+
+
 def _late_start(task: asyncio.Task[None]) -> None:
+    _STARTING.discard(task)
     if task.cancelled():
         return
     if (e := task.exception()) is not None:

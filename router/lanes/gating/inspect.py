@@ -74,7 +74,9 @@ _MAX_HEADER = 100 * 1024 * 1024  # a safetensors header is JSON; this size means
 
 def check_pair(target: str | Path, draft: str | Path | None) -> PairReport:
     found = Findings()
-    t = _inspect(str(target), TARGET_SETTING, found)
+    # Without a draft there is no pair to compare: the target's tokenizer (the slow part) is
+    # left to the worker, which reports a broken one when it loads.
+    t = _inspect(str(target), TARGET_SETTING, found, tokenizer=draft is not None)
     if draft is None:
         found.problem(
             "no_draft", "speculation is requested but no draft model is configured", DRAFT_SETTING
@@ -110,7 +112,7 @@ def _facts(m: Inspected) -> ModelFacts:
 # --- one model ---------------------------------------------------------------------------------
 
 
-def _inspect(name: str, setting: str, found: Findings) -> Inspected:
+def _inspect(name: str, setting: str, found: Findings, *, tokenizer: bool = True) -> Inspected:
     m = Inspected(name, setting)
     m.path = _resolve(name, setting, found)
     if m.path is None:
@@ -121,7 +123,8 @@ def _inspect(name: str, setting: str, found: Findings) -> Inspected:
     m.config = config
     m.weight_bytes = _weight_bytes(m.path, setting, found)
     _check_architecture(m, found)
-    m.tokenizer = _load_tokenizer(m, found)
+    if tokenizer:
+        m.tokenizer = _load_tokenizer(m, found)
     return m
 
 
