@@ -11,8 +11,12 @@ and keeps the run the target agrees with. Every emitted token is then the target
 under the exact mask plain constrained decoding applies, so the output is plain constrained
 decoding's, token for token (greedy), and drawn from the same distribution (sampling).
 
-When the grammar forces nothing, the request's own draft source (prompt lookup, suffix, its
-prediction) drafts instead, verified under the same masks.
+One step's draft chains both kinds (``ConstraintDraft.draft``): the forced run, then the
+request's own source (prompt lookup, suffix, its prediction; the draft model) proposing what
+follows it, then the run the grammar forces after that, and so on, all verified in the one
+forward pass. A free draft token the grammar refuses ends the draft there (verifying it could
+only waste a position). The mask rows are computed on the same walk through the grammar, so
+the matcher walks each draft once.
 
 ``ConstraintDraft`` holds the request's matcher, kept in step with the answer: it follows the
 emitted tokens, walks a draft forward to compute the per-position masks, and rolls back.
@@ -22,13 +26,37 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 log = logging.getLogger("speclane.worker")
 
-FORCED_MAX_DRAFT = 16  # forced tokens verified per step
+FORCED_MAX_DRAFT = 16  # draft tokens verified per step when the grammar forces some
+
+Propose = Callable[[list[int], int], list[int]]  # (context, k) -> up to k draft tokens
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One step's draft under the grammar: its tokens, which of them were forced, and the
+    mask rows (row i: what the grammar allows after the answer and ``tokens[:i]``)."""
+
+    tokens: list[int]
+    forced: list[bool]
+    rows: np.ndarray  # (1 + len(tokens), the grammar's vocabulary rounded up to 32) booleans
+
+    def mask(self, width: int) -> np.ndarray:
+        """The rows cut or padded (nothing allowed) to the logits' ``width``."""
+        have = self.rows.shape[1]
+        if have >= width:
+            return self.rows[:, :width]
+        return np.pad(self.rows, ((0, 0), (0, width - have)))
+
+    def forced_kept(self, accepted: int) -> int:
+        """How many of the first ``accepted`` draft tokens the grammar forced."""
+        return sum(self.forced[:accepted])
 
 
 class ConstraintDraft:
@@ -47,6 +75,7 @@ class ConstraintDraft:
         self._start = prompt_len
         self._consumed: list[int] = []  # the answer tokens the matcher has taken, in order
         self._bitmask = np.zeros((vocab + 31) // 32, dtype=np.int32)
+        self._width = self._bitmask.size * 32
         self._on_error = on_error
 
     @classmethod
@@ -80,6 +109,56 @@ class ConstraintDraft:
         if k <= 0 or self._matcher.is_error() or self._matcher.is_stopped():
             return []
         return [int(t) for t in self._matcher.compute_ff_tokens()[:k]]
+
+    def draft(
+        self,
+        history: Sequence[int],
+        budget: int,
+        forced_k: int,
+        propose: Propose | None = None,
+        k: int = 0,
+    ) -> Draft:
+        """Up to ``budget`` draft tokens after ``history`` and their mask rows: the forced run
+        (at most ``forced_k`` tokens at a time), then up to ``k`` from ``propose`` (given
+        ``history`` and the draft so far), then the run forced after those, and so on while
+        the grammar forces something between two proposals. The walk stops at the first
+        proposed token the grammar refuses."""
+        self._sync(history)
+        matcher = self._matcher
+        width = self._width
+        tokens: list[int] = []
+        forced: list[bool] = []
+        rows: list[np.ndarray] = []
+
+        def take(run: Sequence[int], is_forced: bool) -> None:
+            for token in run:
+                rows.append(self._allowed(width))
+                matcher.consume_token(token)
+                tokens.append(token)
+                forced.append(is_forced)
+
+        # A forced run, the source's proposal after it, the run forced after that, ...: a
+        # proposal is only asked for after a forced run (the first one may be empty), never
+        # right after another proposal, which would mostly be the source copying its own
+        # draft again.
+        while not (matcher.is_error() or matcher.is_stopped()):
+            room = budget - len(tokens)
+            run = [int(t) for t in matcher.compute_ff_tokens()[: min(forced_k, room)]]
+            if tokens and not run:
+                break
+            take(run, True)
+            room -= len(run)
+            if propose is None or k <= 0 or room <= 0 or matcher.is_stopped():
+                break
+            proposed = propose([*history, *tokens], min(k, room))
+            valid = matcher.validate_tokens(proposed) if proposed else 0
+            take(proposed[:valid], False)
+            if not valid or valid < len(proposed):
+                break
+        rows.append(self._allowed(width))
+        if tokens:
+            matcher.rollback(len(tokens))
+        return Draft(tokens, forced, np.stack(rows))
 
     def masks(self, history: Sequence[int], draft: Sequence[int], width: int) -> np.ndarray:
         """(1 + len(draft), width) booleans: row i is the grammar's mask after ``history``
