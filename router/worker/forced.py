@@ -114,12 +114,11 @@ class ConstraintDraft:
         self,
         history: Sequence[int],
         budget: int,
-        forced_k: int,
         propose: Propose | None = None,
         k: int = 0,
     ) -> Draft:
-        """Up to ``budget`` draft tokens after ``history`` and their mask rows: the forced run
-        (at most ``forced_k`` tokens at a time), then up to ``k`` from ``propose`` (given
+        """Up to ``budget`` draft tokens after ``history`` and their mask rows: the forced run,
+        then up to ``k`` from ``propose`` (given
         ``history`` and the draft so far), then the run forced after those, and so on while
         the grammar forces something between two proposals. The walk stops at the first
         proposed token the grammar refuses."""
@@ -143,7 +142,7 @@ class ConstraintDraft:
         # draft again.
         while not (matcher.is_error() or matcher.is_stopped()):
             room = budget - len(tokens)
-            run = [int(t) for t in matcher.compute_ff_tokens()[: min(forced_k, room)]]
+            run = [int(t) for t in matcher.compute_ff_tokens()[:room]]
             if tokens and not run:
                 break
             take(run, True)

@@ -227,9 +227,9 @@ def decode(
     for the prompt cache. A prompt longer than one ``PREFILL_STEP`` chunk is prefilled one chunk
     per step, each yielded as a step with no tokens (a point to cancel, or to let the shared
     worker's batch take its turn). ``constraint``: every position is masked by the grammar
-    (instead of ``processors``), and each step's draft chains the grammar's forced runs (up to
-    ``forced_k`` tokens each) with ``propose``'s tokens after them (``ConstraintDraft.draft``),
-    at most ``max(forced_k, k)`` tokens in all.
+    (instead of ``processors``), and each step's draft chains the grammar's forced runs with
+    ``propose``'s tokens after them (``ConstraintDraft.draft``), at most ``max(forced_k, k)``
+    tokens in all.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
@@ -251,7 +251,7 @@ def decode(
             # position of the budget is the target's own token).
             free = None if propose is None else _free(propose, prompt_len)
             longest = min(budget - 1, max(forced_k, k))
-            grammar = constraint.draft(history, longest, forced_k, free, k)
+            grammar = constraint.draft(history, longest, free, k)
             draft = grammar.tokens
         elif propose is not None and k > 0 and budget > 1:
             draft = propose(history, prompt_len, min(k, budget - 1))
