@@ -16,7 +16,9 @@ request's own source (prompt lookup, suffix, its prediction; the draft model) pr
 follows it, then the run the grammar forces after that, and so on, all verified in the one
 forward pass. A free draft token the grammar refuses ends the draft there (verifying it could
 only waste a position). The mask rows are computed on the same walk through the grammar, so
-the matcher walks each draft once.
+the matcher walks each draft once. The grammar's masks cost far less than a forward pass:
+what costs is verifying positions the target refuses, so the source's proposals start short
+and grow only while the target keeps them (``FREE_START``).
 
 ``ConstraintDraft`` holds the request's matcher, kept in step with the answer: it follows the
 emitted tokens, walks a draft forward to compute the per-position masks, and rolls back.
@@ -34,6 +36,11 @@ import numpy as np
 log = logging.getLogger("speclane.worker")
 
 FORCED_MAX_DRAFT = 16  # draft tokens verified per step when the grammar forces some
+# The source's proposals between forced runs: this many tokens at first, two more after a
+# proposal kept whole, one fewer after one the target refused (at least one), as
+# transformers' "heuristic" assistant-token schedule. Most of a JSON answer's free text is
+# new, where proposals fail; a list that repeats itself is copied, where they hold.
+FREE_START = 4
 
 Propose = Callable[[list[int], int], list[int]]  # (context, k) -> up to k draft tokens
 
@@ -77,6 +84,7 @@ class ConstraintDraft:
         self._bitmask = np.zeros((vocab + 31) // 32, dtype=np.int32)
         self._width = self._bitmask.size * 32
         self._on_error = on_error
+        self.free_k = FREE_START  # the length of the source's next proposal, at most k
 
     @classmethod
     def for_constraint(
@@ -123,6 +131,8 @@ class ConstraintDraft:
         the grammar forces something between two proposals. The walk stops at the first
         proposed token the grammar refuses."""
         self._sync(history)
+        if k > 0:
+            self.free_k = min(self.free_k, k)
         matcher = self._matcher
         width = self._width
         tokens: list[int] = []
@@ -149,7 +159,7 @@ class ConstraintDraft:
             room -= len(run)
             if propose is None or k <= 0 or room <= 0 or matcher.is_stopped():
                 break
-            proposed = propose([*history, *tokens], min(k, room))
+            proposed = propose([*history, *tokens], min(k, self.free_k, room))
             valid = matcher.validate_tokens(proposed) if proposed else 0
             take(proposed[:valid], False)
             if not valid or valid < len(proposed):
@@ -158,6 +168,17 @@ class ConstraintDraft:
         if tokens:
             matcher.rollback(len(tokens))
         return Draft(tokens, forced, np.stack(rows))
+
+    def verified(self, draft: Draft, accepted: int) -> None:
+        """The target kept the first ``accepted`` tokens of ``draft``: lengthen or shorten
+        the source's next proposals."""
+        free = [i for i, forced in enumerate(draft.forced) if not forced]
+        if not free:
+            return
+        if free[-1] < accepted:
+            self.free_k += 2
+        else:
+            self.free_k = max(1, self.free_k - 1)
 
     def masks(self, history: Sequence[int], draft: Sequence[int], width: int) -> np.ndarray:
         """(1 + len(draft), width) booleans: row i is the grammar's mask after ``history``

@@ -278,7 +278,10 @@ def decode(
         # The cache took 1 + len(draft) positions; keep those of history[:-1] only.
         trim_prompt_cache(cache, len(draft) + 1 - len(emitted))
         accepted = min(n, len(emitted))
-        forced = grammar.forced_kept(accepted) if grammar is not None else 0
+        forced = 0
+        if grammar is not None and constraint is not None:
+            forced = grammar.forced_kept(accepted)
+            constraint.verified(grammar, n)
         yield Step(emitted, accepted, len(draft), forced)
         if emitted[-1] in stop_tokens:
             return

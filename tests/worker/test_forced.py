@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from router.worker.constrain import COMPILER, Constraint
-from router.worker.forced import ConstraintDraft
+from router.worker.forced import FREE_START, ConstraintDraft, Draft
 from router.worker.protocol import parse_request
 
 WEATHER = {
@@ -200,3 +200,33 @@ def test_the_draft_stays_within_its_budget(tokenizer: Any, budget: int) -> None:
     assert draft.tokens == answer[:budget]
     assert draft.forced == [True] * budget  # the forced run comes first
     assert draft.mask(width).shape == (budget + 1, width)
+
+
+def test_proposals_grow_while_kept_and_shrink_when_refused(tokenizer: Any) -> None:
+    constraint = compiled(tokenizer, response_format={"type": "json_object"})
+    grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT))
+    opening = PROMPT + tokenizer.encode('{"note": "', add_special_tokens=False)
+    words = tokenizer.encode(" word" * 40, add_special_tokens=False)
+    calls: list[int] = []
+
+    def propose(context: list[int], k: int) -> list[int]:
+        calls.append(k)
+        return words[:k]
+
+    def step(accepted: int) -> None:
+        draft = grammar.draft(opening, 16, propose, 8)
+        grammar.verified(draft, accepted)
+
+    step(FREE_START)  # kept whole: two more next time
+    step(0)  # refused: one fewer
+    step(1)  # partly kept: one fewer
+    for _ in range(4):
+        step(99)  # kept whole, up to the source's k
+    assert calls == [FREE_START, FREE_START + 2, FREE_START + 1, FREE_START, 6, 8, 8]
+    for _ in range(12):
+        step(0)
+    assert calls[-1] == 1  # never below one
+    forced_only = Draft([1, 2], [True, True], np.ones((3, 8), dtype=bool))
+    before = grammar.free_k
+    grammar.verified(forced_only, 0)  # no proposal in it: nothing to learn
+    assert grammar.free_k == before
