@@ -15,7 +15,8 @@ on the batching lane at concurrency 2; then requests without a lane header until
 auto-disable has decided (GET /admin/spec), and the routed requests that are measured.
 Speed = tokens / (last token - request sent), the prompt cached by a warm-up request
 on each lane. The pure parts: router/bench/sources/. The `tool-call` and `json-schema`
-families are answers held to a grammar (the router's `constrained` family). `--routed-only`
+families are answers held to a grammar (the router's `constrained` family), each request
+about a subject not asked before (`router.bench.sources.plan.SUBJECTS`). `--routed-only`
 measures per family only plain decoding and the routed run once auto-disable has decided
 (every family's routed ratio in far less time).
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -70,6 +72,8 @@ probe_initial = 600
 probe_max = 1200
 """
 SCENARIO_CLIENT = "scenarios"
+# How many questions each constrained family has asked (a fresh subject every request).
+ASKED = {name: itertools.count() for name in plan.CONSTRAINED}
 REPEAT_PROMPT = (
     "Write a Python class named {name} with methods add(item), remove(item) and "
     "total() for a shopping cart, with a docstring for each method."
@@ -123,8 +127,11 @@ async def one(
         endpoint = "completions"
         del body["messages"]
         body.update(edit_body(family))
-    elif family in plan.CONSTRAINED:
-        body.update(plan.constrained_request(family)[1])
+    elif family in plan.CONSTRAINED:  # a question never asked before in this run
+        body["messages"][0]["content"], fields = plan.constrained_request(
+            family, next(ASKED[family])
+        )
+        body.update(fields)
     if variant is not None:
         body = plan.apply_variant(body, variant)
     first = last = None

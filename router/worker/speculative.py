@@ -22,8 +22,9 @@ A request chooses its source with the ``draft_source`` field (``draft_model``,
 still wins.
 
 A constrained request (tool calls, ``json_schema``) drafts the tokens its grammar forces
-(``router.worker.forced``), else from its source, every position verified under the grammar's
-mask; ``usage.speclane_spec.forced`` counts the forced tokens kept. A request with other logits
+chained with its source's proposals between them, one draft per step
+(``router.worker.forced``), every position verified under the grammar's mask;
+``usage.speclane_spec.forced`` counts the forced tokens kept. A request with other logits
 processors (penalties, logit bias) decodes plainly: they depend on every previous token, and
 drafting around them is not worth the risk.
 
