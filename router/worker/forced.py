@@ -13,8 +13,8 @@ decoding's, token for token (greedy), and drawn from the same distribution (samp
 
 One step's draft chains both kinds (``ConstraintDraft.draft``): the forced run, then the
 request's own source (prompt lookup, suffix, its prediction; the draft model) proposing what
-follows it, then the run the grammar forces after that, and so on, all verified in the one
-forward pass. A free draft token the grammar refuses ends the draft there (verifying it could
+follows it, then the run the grammar forces after that, all verified in the one forward
+pass. A free draft token the grammar refuses ends the draft there (verifying it could
 only waste a position). The mask rows are computed on the same walk through the grammar, so
 the matcher walks each draft once. The grammar's masks cost far less than a forward pass:
 what costs is verifying positions the target refuses, so the source's proposals start short
@@ -126,10 +126,9 @@ class ConstraintDraft:
         k: int = 0,
     ) -> Draft:
         """Up to ``budget`` draft tokens after ``history`` and their mask rows: the forced run,
-        then up to ``k`` from ``propose`` (given
-        ``history`` and the draft so far), then the run forced after those, and so on while
-        the grammar forces something between two proposals. The walk stops at the first
-        proposed token the grammar refuses."""
+        then up to ``k`` (and ``free_k``) tokens from ``propose`` (given ``history`` and the
+        forced run), then the run forced after those. A proposed token the grammar refuses
+        ends the draft there."""
         self._sync(history)
         if k > 0:
             self.free_k = min(self.free_k, k)
@@ -146,28 +145,26 @@ class ConstraintDraft:
                 tokens.append(token)
                 forced.append(is_forced)
 
-        # A forced run, the source's proposal after it, the run forced after that, ...: a
-        # proposal is only asked for after a forced run (the first one may be empty), never
-        # right after another proposal, which would mostly be the source copying its own
-        # draft again.
-        while not (matcher.is_error() or matcher.is_stopped()):
-            room = budget - len(tokens)
-            run = [int(t) for t in matcher.compute_ff_tokens()[:room]]
-            if tokens and not run:
-                break
-            take(run, True)
-            room -= len(run)
-            if propose is None or k <= 0 or room <= 0 or matcher.is_stopped():
-                break
+        # The forced run, the source's proposal after it, the run forced after that. One
+        # proposal per draft: the source then sees only the answer and forced tokens, which
+        # the target nearly always keeps, so its context only ever grows (after a refused
+        # token it would re-index the whole context).
+        if not self._done():
+            take([int(t) for t in matcher.compute_ff_tokens()[:budget]], True)
+        room = budget - len(tokens)
+        if propose is not None and k > 0 and room > 0 and not self._done():
             proposed = propose([*history, *tokens], min(k, self.free_k, room))
             valid = matcher.validate_tokens(proposed) if proposed else 0
             take(proposed[:valid], False)
-            if not valid or valid < len(proposed):
-                break
+            if valid and valid == len(proposed) and not self._done():
+                take([int(t) for t in matcher.compute_ff_tokens()[: budget - len(tokens)]], True)
         rows.append(self._allowed(width))
         if tokens:
             matcher.rollback(len(tokens))
         return Draft(tokens, forced, np.stack(rows))
+
+    def _done(self) -> bool:
+        return bool(self._matcher.is_error() or self._matcher.is_stopped())
 
     def verified(self, draft: Draft, accepted: int) -> None:
         """The target kept the first ``accepted`` tokens of ``draft``: lengthen or shorten

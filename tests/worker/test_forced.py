@@ -140,8 +140,9 @@ def test_one_draft_chains_forced_runs_and_proposals(tokenizer: Any) -> None:
     assert tokenizer.decode(draft.tokens[:first_free]).endswith('"city":')
     assert draft.forced[first_free : first_free + 3] == [False] * 3
     assert tokenizer.decode(draft.tokens[first_free : first_free + 3]) == ' "Paris",'
-    assert draft.forced[first_free + 3] and len(draft.tokens) > first_free + 4
-    assert len(calls) >= 2  # a proposal after each forced run
+    assert all(draft.forced[first_free + 3 :]) and len(draft.tokens) > first_free + 4
+    # one proposal per draft, given the answer and the forced run: a context that only grows
+    assert calls == [len(PROMPT) + first_free]
     assert draft.forced_kept(first_free) == first_free
     assert draft.forced_kept(first_free + 2) == first_free
     # the rows are the plain processor's masks, position for position
@@ -170,7 +171,7 @@ def test_a_proposal_the_grammar_refuses_ends_the_draft(tokenizer: Any) -> None:
     assert np.array_equal(draft.mask(width), grammar.masks(start, good, width))
 
 
-def test_no_proposal_follows_a_proposal_without_a_forced_run_between(tokenizer: Any) -> None:
+def test_one_proposal_per_draft(tokenizer: Any) -> None:
     constraint = compiled(tokenizer, response_format={"type": "json_object"})
     grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT))
     opening = PROMPT + tokenizer.encode('{"note": "', add_special_tokens=False)
