@@ -225,14 +225,13 @@ async def settle(
     session: aiohttp.ClientSession, url: str, family: str, prompt: str, tokens: int, most: int
 ) -> int:
     """Routed requests until auto-disable has decided for the source the router drafts this
-    family with (or ``most`` requests); how many were sent."""
-    source: str | None = None
-    for sent in range(most):
-        rows = report.family_rows(await spec_state(session, url), family)
-        if sent and report.decided(rows, source):
-            return sent
+    family with, down its cascade (or ``most`` requests); how many were sent."""
+    for sent in range(1, most + 1):
         run = await one(session, url, family, prompt, tokens, None, None)
-        source = (run["spec"] or {}).get("source") or source
+        source = (run["spec"] or {}).get("source")
+        rows = report.family_rows(await spec_state(session, url), family)
+        if report.settled(rows, source, run["lane"]):
+            return sent
     return most
 
 
