@@ -3,7 +3,7 @@ auto-disable decide?
 
     python examples/spec_families.py [--families chat,code,list,edit,refactor-with-prediction]
         [--requests 3] [--max-tokens 48] [--edit-max-tokens 160] [--settle-max 12] [--out FILE]
-        [--scenarios repeat,near-repeat,tool-call,json-schema]
+        [--scenarios repeat,near-repeat,tool-call,json-schema] [--routed-only]
 
 Starts speclane with both lanes on the default model, `[lanes] draft_source = "auto"` (or
 attaches with --url, which then needs the family policies below in its policies_dir). Each
@@ -14,7 +14,11 @@ own auto-disable workload. Per family, on the speculative lane: plain decoding
 on the batching lane at concurrency 2; then requests without a lane header until
 auto-disable has decided (GET /admin/spec), and the routed requests that are measured.
 Speed = tokens / (last token - request sent), the prompt cached by a warm-up request
-on each lane. The pure parts: router/bench/sources/.
+on each lane. The pure parts: router/bench/sources/. The `tool-call` and `json-schema`
+families are answers held to a grammar (the router's `constrained` family), each request
+about a subject not asked before (`router.bench.sources.plan.SUBJECTS`). `--routed-only`
+measures per family only plain decoding and the routed run once auto-disable has decided
+(every family's routed ratio in far less time).
 
 `--scenarios` (then `--families ""` skips the families) measures, on the speculative lane
 as one client: a repeated prompt and a near-repeat (one name changed) with the `suffix`
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -47,6 +52,8 @@ FAMILIES = {
     "code": "Write a Python function that checks whether a string is a palindrome.",
     "list": "Count from 1 to 40, separated by commas.",
     **{name: "" for name in EDIT_FAMILIES},  # bodies from router.bench.sources.plan
+    # answers held to a grammar (the router's ``constrained`` family)
+    **{name: plan.constrained_request(name)[0] for name in plan.CONSTRAINED},
 }
 CONFIG = """
 policies_dir = "{tmp}/policies"
@@ -65,6 +72,8 @@ probe_initial = 600
 probe_max = 1200
 """
 SCENARIO_CLIENT = "scenarios"
+# How many questions each constrained family has asked (a fresh subject every request).
+ASKED = {name: itertools.count() for name in plan.CONSTRAINED}
 REPEAT_PROMPT = (
     "Write a Python class named {name} with methods add(item), remove(item) and "
     "total() for a shopping cart, with a docstring for each method."
@@ -81,49 +90,6 @@ NAMES = [
     "ItemStore",
     "Collector",
 ]
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string"},
-                "country": {"type": "string"},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-                "days": {"type": "integer"},
-            },
-            "required": ["city", "country", "unit", "days"],
-        },
-    },
-}
-PERSON = {
-    "type": "object",
-    "properties": {
-        "first_name": {"type": "string"},
-        "last_name": {"type": "string"},
-        "age": {"type": "integer"},
-        "city": {"type": "string"},
-        "occupation": {"type": "string"},
-        "languages": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["first_name", "last_name", "age", "city", "occupation", "languages"],
-}
-CONSTRAINED = {
-    "tool-call": (
-        "What will the weather be in Lyon, France over the next 3 days in celsius?",
-        {"tools": [WEATHER], "tool_choice": "required"},
-    ),
-    "json-schema": (
-        "Describe Ada Lovelace as a JSON object.",
-        {
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "person", "schema": PERSON},
-            }
-        },
-    ),
-}
 # The scenarios compare variants the body names: no request of theirs may become a plain
 # baseline sample of auto-disable (at most one a week).
 SCENARIO_SPEC = """[spec]
@@ -161,6 +127,11 @@ async def one(
         endpoint = "completions"
         del body["messages"]
         body.update(edit_body(family))
+    elif family in plan.CONSTRAINED:  # a question never asked before in this run
+        body["messages"][0]["content"], fields = plan.constrained_request(
+            family, next(ASKED[family])
+        )
+        body.update(fields)
     if variant is not None:
         body = plan.apply_variant(body, variant)
     first = last = None
@@ -175,7 +146,8 @@ async def one(
                 continue
             event = json.loads(line[6:])
             choice = (event.get("choices") or [{}])[0]
-            if choice.get("text") or (choice.get("delta") or {}).get("content"):
+            delta = choice.get("delta") or {}
+            if choice.get("text") or delta.get("content") or delta.get("tool_calls"):
                 last = time.perf_counter()
                 first = first or last
             if event.get("usage"):
@@ -253,14 +225,13 @@ async def settle(
     session: aiohttp.ClientSession, url: str, family: str, prompt: str, tokens: int, most: int
 ) -> int:
     """Routed requests until auto-disable has decided for the source the router drafts this
-    family with (or ``most`` requests); how many were sent."""
-    source: str | None = None
-    for sent in range(most):
-        rows = report.family_rows(await spec_state(session, url), family)
-        if sent and report.decided(rows, source):
-            return sent
+    family with, down its cascade (or ``most`` requests); how many were sent."""
+    for sent in range(1, most + 1):
         run = await one(session, url, family, prompt, tokens, None, None)
-        source = (run["spec"] or {}).get("source") or source
+        source = (run["spec"] or {}).get("source")
+        rows = report.family_rows(await spec_state(session, url), family)
+        if report.settled(rows, source, run["lane"]):
+            return sent
     return most
 
 
@@ -314,8 +285,9 @@ async def scenarios(
     for name in names:
         variants = plan.SCENARIO_VARIANTS[name]
         runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-        if name in CONSTRAINED:
-            prompt, extra = CONSTRAINED[name]
+        constrained = name in plan.CONSTRAINED
+        if constrained:
+            prompt, extra = plan.constrained_request(name)
             await scenario_one(session, url, prompt, extra, 4, plan.PLAIN)  # warm-up
         else:  # the first answer, which the suffix index keeps
             prompt, extra = REPEAT_PROMPT.format(name=NAMES[0]), {}
@@ -323,6 +295,9 @@ async def scenarios(
         for i in range(rounds):
             if name == "near-repeat":  # a name never sent before: only others' answers
                 prompt = REPEAT_PROMPT.format(name=NAMES[1 + i % (len(NAMES) - 1)])
+            if constrained and i:  # a fresh subject, its prompt cached alike for both
+                prompt, extra = plan.constrained_request(name, i)
+                await scenario_one(session, url, prompt, extra, 1, plan.PLAIN)
             for v in variants:
                 runs[v].append(await scenario_one(session, url, prompt, extra, max_tokens, v))
         out[name] = {v: report.summarise(r) for v, r in runs.items()}
@@ -341,17 +316,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for family in args.families:
             prompt = FAMILIES[family]
             tokens = args.edit_max_tokens if family in EDIT_FAMILIES else args.max_tokens
-            names = plan.variants(family)
+            # --routed-only: plain decoding (also auto-disable's baseline) and the routed run
+            names = (plan.PLAIN,) if args.routed_only else plan.variants(family)
             for lane in ("speculative", "batching"):  # warm-up: each lane caches the prompt
                 await one(session, url, family, prompt, 4, lane, plan.PLAIN)
             c1: dict[str, list[dict[str, Any]]] = {v: [] for v in names}
             for _ in range(args.requests):  # interleaved, so drift hits every variant alike
                 for v in names:
                     c1[v].append(await one(session, url, family, prompt, tokens, "speculative", v))
-            c2 = {
-                v: await both(session, url, family, prompt, tokens, "speculative", v) for v in names
-            }
-            c2_batching = await both(session, url, family, prompt, tokens, "batching", plan.PLAIN)
+            c2, c2_batching = {}, None
+            if not args.routed_only:
+                c2 = {
+                    v: await both(session, url, family, prompt, tokens, "speculative", v)
+                    for v in names
+                }
+                c2_batching = await both(
+                    session, url, family, prompt, tokens, "batching", plan.PLAIN
+                )
             settled = await settle(session, url, family, prompt, tokens, args.settle_max)
             routed, plain_after = [], []
             for _ in range(args.requests):  # interleaved with plain decoding again, so that
@@ -360,7 +341,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     await one(session, url, family, prompt, tokens, "speculative", plan.PLAIN)
                 )
                 routed.append(await one(session, url, family, prompt, tokens, None, None))
-            routed_c2 = await both(session, url, family, prompt, tokens, None, None)
+            routed_c2 = (
+                None
+                if args.routed_only
+                else await both(session, url, family, prompt, tokens, None, None)
+            )
             rows = report.family_rows(await spec_state(session, url), family)
             results[family] = {
                 "c1": {v: report.summarise(runs) for v, runs in c1.items()},
@@ -428,6 +413,11 @@ def main() -> int:
         help="comma-separated, of: " + ", ".join(plan.SCENARIO_VARIANTS),
     )
     p.add_argument("--scenario-max-tokens", type=int, default=96)
+    p.add_argument(
+        "--routed-only",
+        action="store_true",
+        help="per family only plain decoding and the routed run once auto-disable has decided",
+    )
     p.add_argument("--out", type=Path, default=Path("bench-results/spec-families.json"))
     args = p.parse_args()
     unknown = set(args.families) - set(FAMILIES)
@@ -435,6 +425,7 @@ def main() -> int:
         p.error(f"unknown families: {', '.join(sorted(unknown))}")
     if set(args.scenarios) - set(plan.SCENARIO_VARIANTS):
         p.error(f"unknown scenarios: {', '.join(args.scenarios)}")
+    load_before = list(os.getloadavg())
     results = asyncio.run(run(args))
     scenario_results = results.pop("scenarios", {})
     meta: dict[str, Any] = {
@@ -443,7 +434,9 @@ def main() -> int:
         "edit_max_tokens": args.edit_max_tokens,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": _commit(),
+        "load_average_before": load_before,
         "load_average": list(os.getloadavg()),
+        "routed_only": args.routed_only,
     }
     if results:
         print(report.table(results))

@@ -134,6 +134,9 @@ class LanesSettings(Frozen):
     # value is that source alone for every family; prompt_lookup needs no draft model.
     # suffix drafts from the same client's earlier prompts and answers (and the request's
     # own context); auto tries it after prompt_lookup, and for chat after the other two.
+    # constrained answers (tool_choice required or named, a JSON response_format) draft
+    # their grammar's forced tokens, and under auto suffix, then prompt_lookup between them,
+    # the draft model last.
     draft_source: Literal["auto", "draft_model", "prompt_lookup", "suffix", "none"] = "auto"
     lookup_ngram_min: int = Field(default=2, ge=1, le=16)
     lookup_ngram_max: int = Field(default=4, ge=1, le=16)

@@ -54,6 +54,9 @@ __all__ = [
 
 # The families whose answers copy given text: prompt lookup's case under ``auto``.
 COPYING_FAMILIES = frozenset({"code-block", "tools"})
+# Answers held to a grammar: its forced tokens are drafted whatever the source, so the source
+# only fills in between them and must cost next to nothing.
+CONSTRAINED_FAMILY = "constrained"
 # The draft sources, as the auto-disable state and the metrics name them: on the speculative
 # lane ``prediction`` (the request's own), ``draft_model``, ``prompt_lookup`` and ``suffix``
 # (the ones a body may ask for, ``LANE_ASKABLE``) or ``none``; an external backend's is its
@@ -100,6 +103,9 @@ def lane_sources(family: str, configured: str, lane_has_draft: bool) -> tuple[st
     if family == "prediction":
         return ()
     if configured == "auto":
+        if family == CONSTRAINED_FAMILY:
+            free = ("suffix", "prompt_lookup")
+            return (*free, "draft_model") if lane_has_draft else free
         if not lane_has_draft:
             return ("prompt_lookup", "suffix")
         if family in COPYING_FAMILIES:

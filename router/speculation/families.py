@@ -7,6 +7,9 @@ not per client alone. The families, the first that applies:
 
 - ``prediction``: the body carries an OpenAI ``prediction`` (``{"type": "content", ...}``
   with content): the draft is given, and it is usually most of the answer.
+- ``constrained``: the answer is held to a grammar (``response_format`` ``json_schema`` or
+  ``json_object``, or ``tools`` with ``tool_choice`` ``"required"`` or a named function):
+  the grammar forces much of it (braces, key names, the function name), drafted for free.
 - ``tools``: ``tools`` (or the legacy ``functions``) are offered: answers are short calls or
   prose about them.
 - ``code-block``: the last user message (or the completion prompt) holds a long fenced code
@@ -22,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-FAMILIES: Final = ("prediction", "tools", "code-block", "chat")
+FAMILIES: Final = ("prediction", "constrained", "tools", "code-block", "chat")
+JSON_FORMATS = frozenset({"json_schema", "json_object"})
 SCAN_CHARS = 64 * 1024  # the tail of the last user message that is looked at
 LONG_BLOCK_LINES = 8  # a fenced, quoted or indented block at least this long is "long"
 LONG_BLOCK_CHARS = 400  # ... or a fenced block at least this many characters
@@ -33,6 +37,8 @@ def classify_family(data: Mapping[str, Any]) -> str:
     if _has_prediction(data.get("prediction")):
         return "prediction"
     tools, functions = data.get("tools"), data.get("functions")
+    if _constrained(data, isinstance(tools, list) and bool(tools)):
+        return "constrained"
     if (isinstance(tools, list) and tools) or (isinstance(functions, list) and functions):
         return "tools"
     if has_long_block(_last_user_text(data)):
@@ -51,6 +57,17 @@ def _has_prediction(value: Any) -> bool:
     return isinstance(content, list) and any(
         isinstance(p, Mapping) and isinstance(p.get("text"), str) and p["text"] for p in content
     )
+
+
+def _constrained(data: Mapping[str, Any], tools: bool) -> bool:
+    """What the lanes decode under a grammar (``router.worker.constrain``): a JSON
+    ``response_format``, or ``tools`` the answer must call (``tool_choice`` ``"required"``
+    or a named function)."""
+    response_format = data.get("response_format")
+    if isinstance(response_format, Mapping) and response_format.get("type") in JSON_FORMATS:
+        return True
+    choice = data.get("tool_choice")
+    return tools and (choice == "required" or isinstance(choice, Mapping))
 
 
 def _last_user_text(data: Mapping[str, Any]) -> str:

@@ -11,8 +11,14 @@ and keeps the run the target agrees with. Every emitted token is then the target
 under the exact mask plain constrained decoding applies, so the output is plain constrained
 decoding's, token for token (greedy), and drawn from the same distribution (sampling).
 
-When the grammar forces nothing, the request's own draft source (prompt lookup, suffix, its
-prediction) drafts instead, verified under the same masks.
+One step's draft chains both kinds (``ConstraintDraft.draft``): the forced run, then the
+request's own source (prompt lookup, suffix, its prediction; the draft model) proposing what
+follows it, then the run the grammar forces after that, all verified in the one forward
+pass. A free draft token the grammar refuses ends the draft there (verifying it could
+only waste a position). The mask rows are computed on the same walk through the grammar, so
+the matcher walks each draft once. The grammar's masks cost far less than a forward pass:
+what costs is verifying positions the target refuses, so the source's proposals start short
+and grow only while the target keeps them (``FREE_START``).
 
 ``ConstraintDraft`` holds the request's matcher, kept in step with the answer: it follows the
 emitted tokens, walks a draft forward to compute the per-position masks, and rolls back.
@@ -22,13 +28,42 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 log = logging.getLogger("speclane.worker")
 
-FORCED_MAX_DRAFT = 16  # forced tokens verified per step
+FORCED_MAX_DRAFT = 16  # draft tokens verified per step when the grammar forces some
+# The source's proposals between forced runs: this many tokens at first, two more after a
+# proposal kept whole, one fewer after one the target refused (at least one), as
+# transformers' "heuristic" assistant-token schedule. Most of a JSON answer's free text is
+# new, where proposals fail; a list that repeats itself is copied, where they hold.
+FREE_START = 4
+
+Propose = Callable[[list[int], int], list[int]]  # (context, k) -> up to k draft tokens
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One step's draft under the grammar: its tokens, which of them were forced, and the
+    mask rows (row i: what the grammar allows after the answer and ``tokens[:i]``)."""
+
+    tokens: list[int]
+    forced: list[bool]
+    rows: np.ndarray  # (1 + len(tokens), the grammar's vocabulary rounded up to 32) booleans
+
+    def mask(self, width: int) -> np.ndarray:
+        """The rows cut or padded (nothing allowed) to the logits' ``width``."""
+        have = self.rows.shape[1]
+        if have >= width:
+            return self.rows[:, :width]
+        return np.pad(self.rows, ((0, 0), (0, width - have)))
+
+    def forced_kept(self, accepted: int) -> int:
+        """How many of the first ``accepted`` draft tokens the grammar forced."""
+        return sum(self.forced[:accepted])
 
 
 class ConstraintDraft:
@@ -47,7 +82,9 @@ class ConstraintDraft:
         self._start = prompt_len
         self._consumed: list[int] = []  # the answer tokens the matcher has taken, in order
         self._bitmask = np.zeros((vocab + 31) // 32, dtype=np.int32)
+        self._width = self._bitmask.size * 32
         self._on_error = on_error
+        self.free_k = FREE_START  # the length of the source's next proposal, at most k
 
     @classmethod
     def for_constraint(
@@ -80,6 +117,65 @@ class ConstraintDraft:
         if k <= 0 or self._matcher.is_error() or self._matcher.is_stopped():
             return []
         return [int(t) for t in self._matcher.compute_ff_tokens()[:k]]
+
+    def draft(
+        self,
+        history: Sequence[int],
+        budget: int,
+        propose: Propose | None = None,
+        k: int = 0,
+    ) -> Draft:
+        """Up to ``budget`` draft tokens after ``history`` and their mask rows: the forced run,
+        then up to ``k`` (and ``free_k``) tokens from ``propose`` (given ``history`` and the
+        forced run), then the run forced after those. A proposed token the grammar refuses
+        ends the draft there."""
+        self._sync(history)
+        if k > 0:
+            self.free_k = min(self.free_k, k)
+        matcher = self._matcher
+        width = self._width
+        tokens: list[int] = []
+        forced: list[bool] = []
+        rows: list[np.ndarray] = []
+
+        def take(run: Sequence[int], is_forced: bool) -> None:
+            for token in run:
+                rows.append(self._allowed(width))
+                matcher.consume_token(token)
+                tokens.append(token)
+                forced.append(is_forced)
+
+        # The forced run, the source's proposal after it, the run forced after that. One
+        # proposal per draft: the source then sees only the answer and forced tokens, which
+        # the target nearly always keeps, so its context only ever grows (after a refused
+        # token it would re-index the whole context).
+        if not self._done():
+            take([int(t) for t in matcher.compute_ff_tokens()[:budget]], True)
+        room = budget - len(tokens)
+        if propose is not None and k > 0 and room > 0 and not self._done():
+            proposed = propose([*history, *tokens], min(k, self.free_k, room))
+            valid = matcher.validate_tokens(proposed) if proposed else 0
+            take(proposed[:valid], False)
+            if valid and valid == len(proposed) and not self._done():
+                take([int(t) for t in matcher.compute_ff_tokens()[: budget - len(tokens)]], True)
+        rows.append(self._allowed(width))
+        if tokens:
+            matcher.rollback(len(tokens))
+        return Draft(tokens, forced, np.stack(rows))
+
+    def _done(self) -> bool:
+        return bool(self._matcher.is_error() or self._matcher.is_stopped())
+
+    def verified(self, draft: Draft, accepted: int) -> None:
+        """The target kept the first ``accepted`` tokens of ``draft``: lengthen or shorten
+        the source's next proposals."""
+        free = [i for i, forced in enumerate(draft.forced) if not forced]
+        if not free:
+            return
+        if free[-1] < accepted:
+            self.free_k += 2
+        else:
+            self.free_k = max(1, self.free_k - 1)
 
     def masks(self, history: Sequence[int], draft: Sequence[int], width: int) -> np.ndarray:
         """(1 + len(draft), width) booleans: row i is the grammar's mask after ``history``

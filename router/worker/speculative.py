@@ -22,8 +22,9 @@ A request chooses its source with the ``draft_source`` field (``draft_model``,
 still wins.
 
 A constrained request (tool calls, ``json_schema``) drafts the tokens its grammar forces
-(``router.worker.forced``), else from its source, every position verified under the grammar's
-mask; ``usage.speclane_spec.forced`` counts the forced tokens kept. A request with other logits
+chained with its source's proposals between them, one draft per step
+(``router.worker.forced``), every position verified under the grammar's mask;
+``usage.speclane_spec.forced`` counts the forced tokens kept. A request with other logits
 processors (penalties, logit bias) decodes plainly: they depend on every previous token, and
 drafting around them is not worth the risk.
 
@@ -47,7 +48,7 @@ from typing import Any, cast
 
 from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft, PromptLookup
 from router.worker.engine import Engine, Models, generation_failed, processors_for, sampler_for
-from router.worker.forced import FORCED_MAX_DRAFT, ConstraintDraft
+from router.worker.forced import FORCED_MAX_DRAFT, ConstraintDraft, Draft
 from router.worker.jobs import Event, Finished, Job, JobQueue, TextDelta, aborted
 from router.worker.promptcache import DRAFT, TARGET, Counters, PromptCache
 from router.worker.protocol import GenerationRequest
@@ -227,8 +228,9 @@ def decode(
     for the prompt cache. A prompt longer than one ``PREFILL_STEP`` chunk is prefilled one chunk
     per step, each yielded as a step with no tokens (a point to cancel, or to let the shared
     worker's batch take its turn). ``constraint``: every position is masked by the grammar
-    (instead of ``processors``), and up to ``forced_k`` forced tokens are the draft when there
-    are any.
+    (instead of ``processors``), and each step's draft chains the grammar's forced runs with
+    ``propose``'s tokens after them (``ConstraintDraft.draft``), at most ``max(forced_k, k)``
+    tokens in all.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
@@ -244,16 +246,20 @@ def decode(
     while produced < max_tokens:
         budget = max_tokens - produced
         draft: list[int] = []
-        if constraint is not None and budget > 1:
-            draft = constraint.forced(history, min(forced_k, budget - 1))
-        forced = len(draft)
-        if not draft and propose is not None and k > 0 and budget > 1:
+        grammar: Draft | None = None
+        if constraint is not None:
+            # The forced runs and the source's proposals after them, one draft (the last
+            # position of the budget is the target's own token).
+            free = None if propose is None else _free(propose, prompt_len)
+            longest = min(budget - 1, max(forced_k, k))
+            grammar = constraint.draft(history, longest, free, k)
+            draft = grammar.tokens
+        elif propose is not None and k > 0 and budget > 1:
             draft = propose(history, prompt_len, min(k, budget - 1))
         inputs = mx.array(history[-1:] + draft, mx.uint32)
         logits = model(inputs[None], cache=cache)[0]  # (1 + len(draft), vocab)
-        if constraint is not None:
-            allowed = constraint.masks(history, draft, logits.shape[-1])
-            logits = mx.where(mx.array(allowed), logits, -mx.inf)
+        if grammar is not None:
+            logits = mx.where(mx.array(grammar.mask(logits.shape[-1])), logits, -mx.inf)
         elif processors:  # only ever without a draft: one row
             context = mx.array(history, mx.uint32)
             for processor in processors:
@@ -273,9 +279,17 @@ def decode(
         # The cache took 1 + len(draft) positions; keep those of history[:-1] only.
         trim_prompt_cache(cache, len(draft) + 1 - len(emitted))
         accepted = min(n, len(emitted))
-        yield Step(emitted, accepted, len(draft), accepted if forced else 0)
+        forced = 0
+        if grammar is not None and constraint is not None:
+            forced = grammar.forced_kept(accepted)
+            constraint.verified(grammar, n)
+        yield Step(emitted, accepted, len(draft), forced)
         if emitted[-1] in stop_tokens:
             return
+
+
+def _free(propose: Propose, prompt_len: int) -> Callable[[list[int], int], list[int]]:
+    return lambda context, k: propose(context, prompt_len, k)
 
 
 # --- the engine -----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -67,3 +68,45 @@ def test_a_streamed_forced_tool_call_through_the_router(router: Router, lane: st
     reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert reasons[-1] == "tool_calls"
     assert [c for c in chunks if c.usage is not None] == [chunks[-1]]
+
+
+def test_a_constrained_answer_drafts_forced_tokens_and_writes_the_plain_answer(
+    router: Router,
+) -> None:
+    """The router sends a required call and a json_schema answer to the speculative lane with
+    a free source between the grammar's forced tokens; the batching lane decodes them
+    plainly under the same grammar: the same answer (greedy)."""
+    person = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    cases: list[dict[str, Any]] = [
+        {"tools": [READ], "tool_choice": {"type": "function", "function": {"name": "read"}}},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": person},
+            }
+        },
+    ]
+    for extra in cases:
+        answers = {}
+        for lane in ("speculative", "batching"):
+            resp = router.client().chat.completions.create(
+                model=DEFAULT_MODEL_NAME,
+                messages=ASK,
+                max_tokens=40,
+                temperature=0,
+                extra_headers={"X-Speclane-Lane": lane},
+                **extra,
+            )
+            message = resp.choices[0].message
+            calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+            answers[lane] = (message.content, calls)
+            usage = resp.model_dump()["usage"]
+            if lane == "speculative":
+                spec = usage["speclane_spec"]
+                assert spec["source"] == "suffix" and spec["forced"] > 0, spec
+                assert spec["accepted"] >= spec["forced"]
+        assert answers["speculative"] == answers["batching"], extra

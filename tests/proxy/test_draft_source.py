@@ -62,6 +62,12 @@ async def test_the_lane_gets_the_source_chosen_for_the_family() -> None:
         assert last_body(spec)["draft_source"] == "prompt_lookup"  # a file to copy back
         assert await send(r, CHAT, tools=TOOLS) == "speculative"
         assert last_body(spec)["draft_source"] == "prompt_lookup"
+        # answers held to a grammar: a free source between its forced tokens
+        assert await send(r, CHAT, tools=TOOLS, tool_choice="required") == "speculative"
+        assert last_body(spec)["draft_source"] == "suffix"
+        json_answer = {"type": "json_schema", "json_schema": {"name": "p", "schema": {}}}
+        assert await send(r, CHAT, response_format=json_answer) == "speculative"
+        assert last_body(spec)["draft_source"] == "suffix"
         # the client's own choice is honoured and forwarded as sent
         assert await send(r, EDIT, extra_body={"draft_source": "draft_model"}) == "speculative"
         assert last_body(spec)["draft_source"] == "draft_model"
@@ -73,6 +79,7 @@ async def test_the_lane_gets_the_source_chosen_for_the_family() -> None:
     assert SpecKey("speculative", "fake-model", "default:none:code-block", "prompt_lookup") in keys
     assert SpecKey("speculative", "fake-model", "default:none:code-block", "draft_model") in keys
     assert SpecKey("speculative", "fake-model", "default:none:prediction", "prediction") in keys
+    assert SpecKey("speculative", "fake-model", "default:none:constrained", "suffix") in keys
     assert all("num_draft_tokens" not in s.body for s in spec.requests)
     assert not batch.requests
 

@@ -78,6 +78,11 @@ def test_request_source_is_the_key_part(
         ("code-block", "auto", True, ("prompt_lookup", "suffix", "draft_model")),
         ("tools", "auto", True, ("prompt_lookup", "suffix", "draft_model")),
         ("chat", "auto", False, ("prompt_lookup", "suffix")),
+        # constrained: the free sources between the forced tokens, the draft model last
+        ("constrained", "auto", True, ("suffix", "prompt_lookup", "draft_model")),
+        ("constrained", "auto", False, ("suffix", "prompt_lookup")),
+        ("constrained", "prompt_lookup", True, ("prompt_lookup",)),
+        ("constrained", "draft_model", True, ("draft_model",)),
         ("tools", "suffix", True, ("suffix",)),
         ("chat", "suffix", False, ("suffix",)),
         ("prediction", "auto", True, ()),

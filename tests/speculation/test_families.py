@@ -58,6 +58,32 @@ def user(content: Any, **extra: Any) -> dict[str, Any]:
         (user(FENCED, tools=[{"type": "function"}]), "tools"),
         (user("weather?", tools=[]), "chat"),
         (user("weather?", functions=[{"name": "f"}]), "tools"),
+        # held to a grammar: a JSON answer, or tools the answer must call
+        (user("json", response_format={"type": "json_object"}), "constrained"),
+        (user("json", response_format={"type": "json_schema", "json_schema": {}}), "constrained"),
+        (user("text", response_format={"type": "text"}), "chat"),
+        (user("text", response_format="json_object"), "chat"),  # malformed
+        (user("w?", tools=[{"type": "function"}], tool_choice="required"), "constrained"),
+        (
+            user("w?", tools=[{"type": "function"}], tool_choice={"type": "function"}),
+            "constrained",
+        ),  # a named function
+        (user("w?", tools=[{"type": "function"}], tool_choice="auto"), "tools"),
+        (user("w?", tools=[{"type": "function"}], tool_choice="none"), "tools"),
+        (user("w?", tool_choice="required"), "chat"),  # nothing to call
+        (user("w?", tools=[], tool_choice="required"), "chat"),
+        (
+            user(FENCED, tools=[{"type": "function"}], response_format={"type": "json_object"}),
+            "constrained",
+        ),
+        (
+            user(
+                "e",
+                prediction={"type": "content", "content": "x"},
+                response_format={"type": "json_object"},
+            ),
+            "prediction",
+        ),  # prediction still comes first
         (user(FENCED), "code-block"),
         (user(QUOTED), "code-block"),
         (user("Refactor:\n\n" + FUNCTION), "code-block"),  # indented lines

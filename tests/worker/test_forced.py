@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from router.worker.constrain import COMPILER, Constraint
-from router.worker.forced import ConstraintDraft
+from router.worker.forced import FREE_START, ConstraintDraft, Draft
 from router.worker.protocol import parse_request
 
 WEATHER = {
@@ -108,3 +108,126 @@ def test_a_refused_draft_token_repeats_its_row_and_leaves_the_state(tokenizer: A
     assert len(rows) == 3 and not rows[0][refused]
     assert np.array_equal(rows[1], rows[0]) and np.array_equal(rows[2], rows[0])
     assert draft.forced(PROMPT, 8) == before
+
+
+def oracle(answer: list[int], prompt_len: int, calls: list[int]) -> Any:
+    """A source that knows the answer: proposes what follows the context in it."""
+
+    def propose(context: list[int], k: int) -> list[int]:
+        calls.append(len(context))
+        done = len(context) - prompt_len
+        return answer[done : done + k]
+
+    return propose
+
+
+def test_one_draft_chains_forced_runs_and_proposals(tokenizer: Any) -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    constraint = compiled(tokenizer, tools=TOOLS, tool_choice=named)
+    width = len(tokenizer._tokenizer)
+    text = (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+        "\n</tool_call>"
+    )
+    answer = tokenizer.encode(text, add_special_tokens=False)
+    grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT))
+    calls: list[int] = []
+    draft = grammar.draft(PROMPT, 64, oracle(answer, len(PROMPT), calls), 3)
+    assert draft.tokens == answer[: len(draft.tokens)]
+    # forced up to the city's value, three proposed (its quote, "Paris" and the closing),
+    # then forced again (the next key)
+    first_free = draft.forced.index(False)
+    assert tokenizer.decode(draft.tokens[:first_free]).endswith('"city":')
+    assert draft.forced[first_free : first_free + 3] == [False] * 3
+    assert tokenizer.decode(draft.tokens[first_free : first_free + 3]) == ' "Paris",'
+    assert all(draft.forced[first_free + 3 :]) and len(draft.tokens) > first_free + 4
+    # one proposal per draft, given the answer and the forced run: a context that only grows
+    assert calls == [len(PROMPT) + first_free]
+    assert draft.forced_kept(first_free) == first_free
+    assert draft.forced_kept(first_free + 2) == first_free
+    # the rows are the plain processor's masks, position for position
+    assert np.array_equal(draft.mask(width), grammar.masks(PROMPT, draft.tokens, width))
+    # and the matcher is back where it was
+    assert grammar.forced(PROMPT, 32) == draft.tokens[:first_free][:32]
+
+
+def test_a_proposal_the_grammar_refuses_ends_the_draft(tokenizer: Any) -> None:
+    constraint = compiled(tokenizer, tools=TOOLS, tool_choice="required")
+    width = len(tokenizer._tokenizer)
+    grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT))
+    forced = grammar.forced(PROMPT, 64)
+    start = PROMPT + forced  # the grammar now wants a tool's name
+    call = tokenizer.encode('<tool_call>\n{"name": "get_weather"', add_special_tokens=False)
+    assert call[: len(forced)] == forced
+    good = call[len(forced) :][:2]
+    refused = tokenizer.encode("zz", add_special_tokens=False)
+
+    def propose(context: list[int], k: int) -> list[int]:
+        return [*good, *refused, *good][:k]
+
+    draft = grammar.draft(start, 16, propose, 8)
+    assert draft.tokens == good and draft.forced == [False] * len(good)
+    assert draft.rows.shape[0] == len(good) + 1
+    assert np.array_equal(draft.mask(width), grammar.masks(start, good, width))
+
+
+def test_one_proposal_per_draft(tokenizer: Any) -> None:
+    constraint = compiled(tokenizer, response_format={"type": "json_object"})
+    grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT))
+    opening = PROMPT + tokenizer.encode('{"note": "', add_special_tokens=False)
+    words = tokenizer.encode(" word" * 40, add_special_tokens=False)
+    calls: list[int] = []
+
+    def propose(context: list[int], k: int) -> list[int]:
+        calls.append(k)
+        return words[:k]
+
+    draft = grammar.draft(opening, 16, propose, 3)
+    assert calls == [3] and draft.tokens == words[:3]  # inside a string: nothing forced
+
+
+@pytest.mark.parametrize("budget", [0, 1, 5, 9])
+def test_the_draft_stays_within_its_budget(tokenizer: Any, budget: int) -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    constraint = compiled(tokenizer, tools=TOOLS, tool_choice=named)
+    width = len(tokenizer._tokenizer)
+    answer = tokenizer.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"',
+        add_special_tokens=False,
+    )
+    grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT))
+    draft = grammar.draft(PROMPT, budget, oracle(answer, len(PROMPT), []), 8)
+    assert len(draft.tokens) == budget
+    assert draft.tokens == answer[:budget]
+    assert draft.forced == [True] * budget  # the forced run comes first
+    assert draft.mask(width).shape == (budget + 1, width)
+
+
+def test_proposals_grow_while_kept_and_shrink_when_refused(tokenizer: Any) -> None:
+    constraint = compiled(tokenizer, response_format={"type": "json_object"})
+    grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT))
+    opening = PROMPT + tokenizer.encode('{"note": "', add_special_tokens=False)
+    words = tokenizer.encode(" word" * 40, add_special_tokens=False)
+    calls: list[int] = []
+
+    def propose(context: list[int], k: int) -> list[int]:
+        calls.append(k)
+        return words[:k]
+
+    def step(accepted: int) -> None:
+        draft = grammar.draft(opening, 16, propose, 8)
+        grammar.verified(draft, accepted)
+
+    step(FREE_START)  # kept whole: two more next time
+    step(0)  # refused: one fewer
+    step(1)  # partly kept: one fewer
+    for _ in range(4):
+        step(99)  # kept whole, up to the source's k
+    assert calls == [FREE_START, FREE_START + 2, FREE_START + 1, FREE_START, 6, 8, 8]
+    for _ in range(12):
+        step(0)
+    assert calls[-1] == 1  # never below one
+    forced_only = Draft([1, 2], [True, True], np.ones((3, 8), dtype=bool))
+    before = grammar.free_k
+    grammar.verified(forced_only, 0)  # no proposal in it: nothing to learn
+    assert grammar.free_k == before

@@ -123,6 +123,10 @@ WEATHER_TOOL = {
 }
 CONSTRAINED = {
     "tool_call": {"tools": [WEATHER_TOOL], "tool_choice": "required"},
+    "named_function": {
+        "tools": [WEATHER_TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    },
     "json_schema": {
         "response_format": {
             "type": "json_schema",
@@ -141,7 +145,7 @@ CONSTRAINED = {
 
 @pytest.mark.parametrize("case", list(CONSTRAINED))
 def test_forced_tokens_write_what_plain_constrained_decoding_writes(
-    loaded: tuple[Any, Any, Any], case: str
+    loaded: tuple[Any, Any, Any], case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -149,12 +153,19 @@ def test_forced_tokens_write_what_plain_constrained_decoding_writes(
     from router.worker.forced import ConstraintDraft
     from router.worker.protocol import parse_request
 
-    model, tokenizer, _ = loaded
+    model, tokenizer, draft_model = loaded
     messages = [{"role": "user", "content": "What is the weather in Paris? Tom is 31 years old."}]
     request = parse_request({"messages": messages, **CONSTRAINED[case]}, "chat")
     constraint = COMPILER.compile(request, tokenizer)
     prompt = prompt_ids(tokenizer, messages)
     eos = frozenset(tokenizer.eos_token_ids)
+    chained: list[bool] = []
+    draft_of = ConstraintDraft.draft
+
+    def spy(self: ConstraintDraft, *args: Any, **kwargs: Any) -> Any:
+        made = draft_of(self, *args, **kwargs)
+        chained.append(any(made.forced) and not all(made.forced))
+        return made
 
     def run(**how: Any) -> tuple[list[int], int, int]:
         history = list(prompt)
@@ -173,17 +184,24 @@ def test_forced_tokens_write_what_plain_constrained_decoding_writes(
         out = [t for s in steps for t in s.tokens]
         return out, sum(s.forced for s in steps), len(steps)
 
+    def constrained() -> ConstraintDraft:
+        return ConstraintDraft.for_constraint(constraint, len(prompt))
+
     plain, _, plain_steps = run(processors=[constraint.processor()])
-    forced, kept, forced_steps = run(
-        constraint=ConstraintDraft.for_constraint(constraint, len(prompt)), forced_k=16
-    )
+    forced, kept, forced_steps = run(constraint=constrained(), forced_k=16)
     assert forced == plain
     assert kept > 0 and forced_steps < plain_steps
-    # Forced tokens first, prompt lookup where nothing is forced: still the same answer.
-    both, _, _ = run(
-        constraint=ConstraintDraft.for_constraint(constraint, len(prompt)),
-        forced_k=16,
-        propose=lookup_proposer(LookupConfig()),
-        k=8,
-    )
-    assert both == plain
+    # Forced runs and a source's proposals in one draft: still the same answer, whatever the
+    # source (the suffix index holds an earlier answer to a similar question).
+    index = SuffixIndex(SuffixConfig())
+    index.insert("p", prompt + forced[:-3])
+    sources = {
+        "prompt_lookup": (lookup_proposer(LookupConfig()), 8),
+        "suffix": (suffix_proposer(SuffixDraft(index, "p")), 16),
+        "draft_model": (DraftModel(draft_model, make_prompt_cache(draft_model), []).propose, 3),
+    }
+    monkeypatch.setattr(ConstraintDraft, "draft", spy)
+    for name, (propose, k) in sources.items():
+        out, _, _ = run(constraint=constrained(), forced_k=16, propose=propose, k=k)
+        assert out == plain, name
+    assert any(chained)  # some step verified forced and proposed tokens in one pass

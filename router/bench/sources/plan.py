@@ -38,18 +38,146 @@ def apply_variant(body: Mapping[str, Any], variant: str) -> dict[str, Any]:
 # ``repeat``: the same prompt again; ``near-repeat``: the same task with one name changed (a
 # fresh name every round, the suffix variant first, so its index only holds other names'
 # answers); ``tool-call`` and ``json-schema``: constrained answers, plain constrained decoding
-# against the lane's default (the grammar's forced tokens, then the lane's source).
+# against what the router picks (the grammar's forced tokens, and the source of the
+# ``constrained`` family between them), a fresh subject every round and the forced variant
+# first, so no earlier answer to the same question can be drafted from.
 SCENARIO_VARIANTS = {
     "repeat": (PLAIN, "suffix"),
     "near-repeat": ("suffix", PLAIN),
-    "tool-call": (PLAIN, "forced"),
-    "json-schema": (PLAIN, "forced"),
+    "tool-call": ("forced", PLAIN),
+    "json-schema": ("forced", PLAIN),
 }
 
 
 def scenario_body(body: Mapping[str, Any], variant: str) -> dict[str, Any]:
     """``forced``: the body as it is (a constrained request drafts its forced tokens)."""
     return dict(body) if variant == "forced" else apply_variant(body, variant)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "country": {"type": "string"},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer"},
+            },
+            "required": ["city", "country", "unit", "days"],
+        },
+    },
+}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "first_name": {"type": "string"},
+        "last_name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string"},
+        "occupation": {"type": "string"},
+        "languages": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["first_name", "last_name", "age", "city", "occupation", "languages"],
+}
+# Constrained answers (scenarios, and families of the routed run): the prompt with a subject,
+# and the body fields that hold the answer to a grammar.
+CONSTRAINED: dict[str, tuple[str, dict[str, Any]]] = {
+    "tool-call": (
+        "What will the weather be in {subject} over the next 3 days in celsius?",
+        {"tools": [WEATHER], "tool_choice": "required"},
+    ),
+    "json-schema": (
+        "Describe {subject} as a JSON object.",
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": PERSON},
+            }
+        },
+    ),
+}
+# Enough subjects that a family's routed run (a few dozen requests) never asks the same
+# question twice: an earlier answer to the same question would be drafted whole.
+SUBJECTS = {
+    "tool-call": (
+        "Lyon, France",
+        "Porto, Portugal",
+        "Graz, Austria",
+        "Turku, Finland",
+        "Ghent, Belgium",
+        "Bergen, Norway",
+        "Kraków, Poland",
+        "Seville, Spain",
+        "Leipzig, Germany",
+        "Bologna, Italy",
+        "Utrecht, Netherlands",
+        "Brno, Czechia",
+        "Cork, Ireland",
+        "Aarhus, Denmark",
+        "Basel, Switzerland",
+        "Tartu, Estonia",
+        "Pécs, Hungary",
+        "Split, Croatia",
+        "Cluj, Romania",
+        "Kaunas, Lithuania",
+        "Malmö, Sweden",
+        "Nantes, France",
+        "Braga, Portugal",
+        "Linz, Austria",
+        "Oulu, Finland",
+        "Bruges, Belgium",
+        "Tromsø, Norway",
+        "Gdańsk, Poland",
+        "Valencia, Spain",
+        "Dresden, Germany",
+        "Verona, Italy",
+        "Leiden, Netherlands",
+    ),
+    "json-schema": (
+        "Ada Lovelace",
+        "Alan Turing",
+        "Grace Hopper",
+        "Marie Curie",
+        "Isaac Newton",
+        "Emmy Noether",
+        "Nikola Tesla",
+        "Rosalind Franklin",
+        "Charles Darwin",
+        "Katherine Johnson",
+        "Leonhard Euler",
+        "Lise Meitner",
+        "Carl Gauss",
+        "Hedy Lamarr",
+        "Niels Bohr",
+        "Barbara McClintock",
+        "Blaise Pascal",
+        "Dorothy Hodgkin",
+        "Max Planck",
+        "Sophie Germain",
+        "Galileo Galilei",
+        "Mary Somerville",
+        "Johannes Kepler",
+        "Chien-Shiung Wu",
+        "Michael Faraday",
+        "Caroline Herschel",
+        "Enrico Fermi",
+        "Ida Noddack",
+        "James Maxwell",
+        "Maria Agnesi",
+        "Alfred Wegener",
+        "Edith Clarke",
+    ),
+}
+
+
+def constrained_request(name: str, round_: int = 0) -> tuple[str, dict[str, Any]]:
+    """The prompt (its ``round_``-th subject, cycling) and the constraining body fields."""
+    template, fields = CONSTRAINED[name]
+    subjects = SUBJECTS[name]
+    return template.format(subject=subjects[round_ % len(subjects)]), fields
 
 
 def function_60() -> str:

@@ -41,6 +41,18 @@ def decided(rows: Sequence[Mapping[str, Any]], source: str | None) -> bool:
     return bool(chosen) and all(row_decided(r) for r in chosen)
 
 
+def settled(rows: Sequence[Mapping[str, Any]], source: str | None, lane: str | None) -> bool:
+    """Whether the routed requests now measure a decision: sent to the batching lane (every
+    source off), or drafting with a source that has decided and stayed on. A source that
+    has just turned off has not settled: the next request drafts with the next source of
+    the family's cascade, which is judged in turn. A plain request on the speculative lane
+    (``source`` None: a baseline sample) says nothing."""
+    if lane == "batching":
+        return True
+    chosen = [r for r in rows if source is not None and r.get("source") == source]
+    return bool(chosen) and all(row_decided(r) and r.get("state") == "on" for r in chosen)
+
+
 def summarise(runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """One cell: mean tok/s of the streams (``tps``: from sending to the last token;
     ``decode_tps``: first to last token), draft totals, lanes and sources seen."""

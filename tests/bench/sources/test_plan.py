@@ -46,3 +46,17 @@ def test_scenario_bodies() -> None:
     assert plan.scenario_body(body, "forced") == body
     assert plan.scenario_body(body, "plain") == {"messages": [], "num_draft_tokens": 0}
     assert plan.scenario_body(body, "suffix") == {"messages": [], "draft_source": "suffix"}
+
+
+def test_constrained_requests_are_the_constrained_family_with_a_fresh_subject() -> None:
+    for name in plan.CONSTRAINED:
+        prompts = set()
+        for round_ in range(len(plan.SUBJECTS[name])):
+            prompt, fields = plan.constrained_request(name, round_)
+            body = {"messages": [{"role": "user", "content": prompt}], **fields}
+            assert classify_family(body) == "constrained"
+            prompts.add(prompt)
+        assert len(prompts) == len(plan.SUBJECTS[name])  # no two rounds ask the same
+        assert plan.constrained_request(name, 0) == plan.constrained_request(name)
+        # the forced variant goes first: no plain answer to the same question to draft from
+        assert plan.SCENARIO_VARIANTS[name] == ("forced", plan.PLAIN)

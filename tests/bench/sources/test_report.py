@@ -50,6 +50,16 @@ def test_decided_looks_at_the_source_the_router_drafts_with() -> None:
     assert not sources.decided([], "draft_model")  # nothing seen yet is not a decision
 
 
+def test_settled_once_the_source_in_use_decided_to_stay_on_or_every_source_is_off() -> None:
+    rows = [row("draft_model", state="off"), row("prompt_lookup", judging=False)]
+    assert not sources.settled(rows, "draft_model", "speculative")  # the cascade moves on
+    assert not sources.settled(rows, "prompt_lookup", "speculative")  # still judging
+    assert sources.settled([*rows[:1], row("prompt_lookup")], "prompt_lookup", "speculative")
+    assert not sources.settled(rows, None, "speculative")  # a plain baseline sample
+    assert sources.settled(rows, None, "batching")  # every source off: decoded plainly
+    assert not sources.settled([], "suffix", "speculative")  # nothing judged yet
+
+
 def test_family_rows_keep_the_speculative_lane_rows_of_that_client() -> None:
     state = {
         "workloads": [
