@@ -247,8 +247,8 @@ def worker_argv(
     argv = [python, "-m", MODULE, "--mode", mode, "--model", str(model), "--model-name", model_name]
     if draft is not None and serves_speculative(mode):
         argv += ["--draft-model", str(draft)]
-    if serves_speculative(mode):
-        argv += speculative
+    if serves_speculative(mode) or serves_batching(mode):
+        argv += speculative  # the batching lane drafts too (its sources' limits)
     if mode == SHARED_MODE:
         argv += ["--shared-threads", shared_threads]
     if serves_batching(mode):
