@@ -52,8 +52,7 @@ def request(content: str, **fields: Any) -> GenerationRequest:
         kind="chat",
         messages=(Message("user", content),),
         temperature=0.0,
-        max_tokens=MAX_TOKENS,
-        **fields,
+        **{"max_tokens": MAX_TOKENS, **fields},
     )
 
 
@@ -145,26 +144,40 @@ def test_sequences_accepting_different_lengths_in_one_batch_are_each_exact(
 
 def test_a_sequence_cancelled_mid_verify_leaves_the_others_exact(engine: BatchingEngine) -> None:
     expected = plain(engine, EDIT)
+    verifying = engine._generator._generation_batch
+    drafter = verifying.drafter
+    seen: list[int] = []
 
     async def run() -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
         loop = asyncio.get_running_loop()
-        doomed = job_for(engine, request(EDIT, prediction=expected, max_tokens=512), loop, "p")
+        doomed_request = request(QUESTION, draft_source="prompt_lookup", max_tokens=96)
+        doomed = job_for(engine, doomed_request, loop, "p")
         others = [
             job_for(engine, request(EDIT, prediction=expected), loop, "p"),
             job_for(engine, request(EDIT, draft_source="prompt_lookup"), loop, "p"),
         ]
+
+        def cancelling(uids: list[int], histories: list[list[int]], room: list[int]) -> Any:
+            drafts = drafter(uids, histories, room)
+            seen.append(len(uids))
+            if len(uids) == 3:  # between the drafts and the forward pass that verifies them
+                doomed.cancelled.set()
+            return drafts
+
+        verifying.drafter = cancelling
         with engine.queue._cond:
             for job in (doomed, *others):
                 engine.submit(job)
-        first = await asyncio.wait_for(doomed.events.get(), 300)  # it is decoding, drafting
-        assert isinstance(first, TextDelta)
-        engine.cancel(doomed)
         outcome = None
         while not isinstance(outcome, (Failed, Finished)):
             outcome = await asyncio.wait_for(doomed.events.get(), 300)
         return outcome, list(await asyncio.gather(*(answer(job) for job in others)))
 
-    outcome, answers = asyncio.run(run())
+    try:
+        outcome, answers = asyncio.run(run())
+    finally:
+        verifying.drafter = drafter
+    assert 3 in seen  # all three were decoding together when it was cancelled
     assert isinstance(outcome, Failed) and outcome.error.code == "aborted"
     assert [text for text, _ in answers] == [expected, expected]
     assert plain(engine, EDIT) == expected  # the batch is sound afterwards
