@@ -41,6 +41,7 @@ from typing import Any
 from router.errors import RouterError
 from router.worker.batchverify import drafting_generator, last_verified
 from router.worker.draftlength import (
+    BATCH_DRAFT_TABLE,
     PLAIN,
     BatchDraftSettings,
     BatchPlan,
@@ -132,6 +133,7 @@ class BatchingEngine(Engine):
             "prefill_step_size": self.prefill_step_size,
             "prefill_rate": round(self.prefill_rate or 0.0, 1),
             "prompt_cache": self.prompt_cache.stats(self.cache_counters),
+            "draft_table": [list(row) for row in BATCH_DRAFT_TABLE],
             "suffix_index": {
                 "entries": len(self.suffix),
                 "bytes": self.suffix.bytes,
