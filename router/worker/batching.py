@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.errors import RouterError
-from router.worker.batchverify import drafting_generator, last_verified
+from router.worker.batchverify import drafting_generator, last_verified, set_drafter
 from router.worker.draftlength import (
     BATCH_DRAFT_TABLE,
     PLAIN,
@@ -84,6 +84,7 @@ class _Sequence:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0  # decoding steps in which it verified a draft
+    output: list[int] = field(default_factory=list)  # the tokens generated so far
 
 
 class BatchingEngine(Engine):
@@ -175,6 +176,9 @@ class BatchingEngine(Engine):
         if not live:
             return
         generator.prefill_step_size = self._chunk(live, others_waiting)
+        # No proposer in the batch: mlx-lm's own step, with its pipelining intact.
+        proposing = any(seq.propose is not None for seq in live.values())
+        set_drafter(generator, self._propose if proposing else None)
         try:
             with generator.stats() as step:
                 prompt_responses, responses = generator.next()
@@ -325,13 +329,13 @@ class BatchingEngine(Engine):
         if seq is None:
             return
         seq.decoding = True
+        seq.output.append(response.token)
         reason = response.finish_reason
         if reason != "stop":  # "stop" here is the EOS token itself: not part of the text
             seq.detokenizer.add_token(response.token)
         if reason is not None:
             seq.detokenizer.finalize()
             self.prompt_cache.store(response.all_tokens, response.prompt_cache, seq.job.partition)
-            self.suffix.insert(seq.job.partition, response.all_tokens)
         if seq.progress.token(seq.detokenizer.last_segment, False):
             if reason is None:
                 self._remove(generator, live, [response.uid])
@@ -342,7 +346,9 @@ class BatchingEngine(Engine):
 
     def _finish(self, seq: _Sequence, reason: str) -> Event:
         """The answer, with the draft statistics of a sequence that drafted (as the
-        speculative lane reports them)."""
+        speculative lane reports them); its prompt and answer go into the ``suffix`` index
+        (whatever it drafted with: a plain first answer drafts its retry)."""
+        self.suffix.insert(seq.job.partition, [*seq.job.prompt_ids, *seq.output])
         event = seq.progress.finish(reason)
         if seq.plan.source is None or not isinstance(event, Finished):
             return event

@@ -224,6 +224,11 @@ def drafting_generator(model: Any, drafter: Drafter, **options: Any) -> Any:
     return generator
 
 
+def set_drafter(generator: Any, drafter: Drafter | None) -> None:
+    """Draft with ``drafter`` from the next step on; None: mlx-lm's plain steps."""
+    generator._generation_batch.drafter = drafter
+
+
 def last_verified(generator: Any) -> list[Verified]:
     """The rows that verified a draft in the generator's last step."""
     return list(getattr(generator._generation_batch, "verified", ()))

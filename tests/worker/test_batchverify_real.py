@@ -144,8 +144,7 @@ def test_sequences_accepting_different_lengths_in_one_batch_are_each_exact(
 
 def test_a_sequence_cancelled_mid_verify_leaves_the_others_exact(engine: BatchingEngine) -> None:
     expected = plain(engine, EDIT)
-    verifying = engine._generator._generation_batch
-    drafter = verifying.drafter
+    drafter = engine._propose
     seen: list[int] = []
 
     async def run() -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
@@ -164,7 +163,7 @@ def test_a_sequence_cancelled_mid_verify_leaves_the_others_exact(engine: Batchin
                 doomed.cancelled.set()
             return drafts
 
-        verifying.drafter = cancelling
+        engine._propose = cancelling  # type: ignore[method-assign]  # a spy around it
         with engine.queue._cond:
             for job in (doomed, *others):
                 engine.submit(job)
@@ -176,7 +175,7 @@ def test_a_sequence_cancelled_mid_verify_leaves_the_others_exact(engine: Batchin
     try:
         outcome, answers = asyncio.run(run())
     finally:
-        verifying.drafter = drafter
+        del engine._propose
     assert 3 in seen  # all three were decoding together when it was cancelled
     assert isinstance(outcome, Failed) and outcome.error.code == "aborted"
     assert [text for text, _ in answers] == [expected, expected]
