@@ -23,8 +23,8 @@ draw (a draft token is kept only when the sample equals it), as on the speculati
 Per-sequence trimming: the pass added ``width`` positions to every row of the cache; row
 ``i`` keeps its emitted ``1 + n_i`` (fewer where it finished inside the run). The positions
 all rows reject are trimmed off the end (``trim``); the rest of each row's rejected tail is
-rolled to its front and becomes left padding, masked from then on (``BatchKVCache.prepare(
-right_padding=...)`` and ``finalize()``, mlx-lm's own way of absorbing a right-padded prefill).
+shifted out: the row's span moves right and its front becomes left padding, masked from then
+on (what mlx-lm's ``BatchKVCache.finalize()`` does after a right-padded prefill).
 Rows that accepted different lengths stay consistent, and a row's extracted cache
 (``extract``) is exactly its tokens.
 
@@ -79,13 +79,27 @@ def trimmable(caches: list[Any]) -> bool:
 
 
 def trim_rows(caches: list[Any], width: int, kept: list[int]) -> None:
+    """Drop each row's rejected tail after a pass of ``width`` positions (row ``i`` keeps
+    ``kept[i]``): what every row rejects is trimmed off the end; the rest of a row's tail is
+    shifted out by moving the row's span right, its stale front becoming left padding (the
+    effect of mlx-lm's ``finalize`` after a right-padded prefill, as slice copies of the rows
+    that need it rather than a gather over the whole batch, several times slower on a CPU)."""
+    import mlx.core as mx
+
     common, extra = row_trims(width, kept)
+    shift = mx.array(extra)
     for c in caches:
         if common:
             c.trim(common)
-        if max(extra) > 0:
-            c.prepare(right_padding=extra)
-            c.finalize()
+        if not max(extra):
+            continue
+        end = c._idx
+        for i, r in enumerate(extra):
+            if r:
+                c.keys[i : i + 1, :, r:end] = c.keys[i : i + 1, :, : end - r]
+                c.values[i : i + 1, :, r:end] = c.values[i : i + 1, :, : end - r]
+        c.offset = c.offset - shift
+        c.left_padding = c.left_padding + shift
 
 
 @cache
