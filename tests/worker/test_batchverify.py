@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from router.worker.batchverify import accepted_prefix, row_trims, trim_rows, trimmable
 
 
@@ -47,3 +49,15 @@ def test_rows_that_keep_different_lengths_hold_exactly_their_tokens() -> None:
     # Padding is masked: a next token of row 0 sees its 6 positions and itself, no more.
     mask = batch.make_mask(1)
     assert mask.reshape(2, -1).sum(axis=1).tolist() == [7, 8]
+
+
+def test_the_batching_worker_reports_its_table_and_suffix_index() -> None:
+    from router.worker.batching import BatchingEngine
+    from router.worker.draftlength import BATCH_DRAFT_TABLE
+
+    def never() -> Any:
+        raise AssertionError("not started")
+
+    report = BatchingEngine(never, 4).report()  # what /health adds
+    assert report["draft_table"] == [list(row) for row in BATCH_DRAFT_TABLE]
+    assert report["suffix_index"] == {"entries": 0, "bytes": 0, "max_bytes": 64 << 20, "evicted": 0}
