@@ -24,6 +24,11 @@ measures per family only plain decoding and the routed run once auto-disable has
 as one client: a repeated prompt and a near-repeat (one name changed) with the `suffix`
 source against plain decoding, and constrained answers (a required tool call, a
 `json_schema`) with the grammar's forced tokens against plain constrained decoding.
+
+`--scenarios batch-copy` measures drafting on the batching lane: the copy-heavy families
+(`refactor-with-prediction` drafting from its prediction, `edit` from prompt lookup) as
+BATCH_CONCURRENCY requests at once on the batching lane, drafting against plain decoding
+(`num_draft_tokens: 0`), interleaved; aggregate tok/s = the batch's tokens / its wall time.
 """
 
 from __future__ import annotations
@@ -74,6 +79,11 @@ probe_max = 1200
 SCENARIO_CLIENT = "scenarios"
 # How many questions each constrained family has asked (a fresh subject every request).
 ASKED = {name: itertools.count() for name in plan.CONSTRAINED}
+# Drafting on the batching lane: (family, the source it drafts with), BATCH_CONCURRENCY at once.
+BATCH_SCENARIOS = {
+    "batch-copy": (("refactor-with-prediction", "prediction"), ("edit", "prompt_lookup"))
+}
+BATCH_CONCURRENCY = 4
 REPEAT_PROMPT = (
     "Write a Python class named {name} with methods add(item), remove(item) and "
     "total() for a shopping cart, with a docstring for each method."
@@ -305,13 +315,115 @@ async def scenarios(
     return out
 
 
+async def batch_one(
+    session: aiohttp.ClientSession, url: str, family: str, max_tokens: int, variant: str
+) -> dict[str, Any]:
+    """One streamed request of an edit family on the batching lane, as the scenario client
+    (no plain baseline samples: each variant is what its body names)."""
+    headers = {"X-Speclane-Client": f"family-{SCENARIO_CLIENT}", "X-Speclane-Lane": "batching"}
+    body = {
+        "model": "SmolLM2-135M-Instruct",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **edit_body(family),
+    }
+    body = plan.apply_variant(body, variant)
+    usage: dict[str, Any] = {}
+    async with session.post(f"{url}/completions", json=body, headers=headers) as resp:
+        lane = resp.headers.get("X-Speclane-Lane")
+        async for raw in resp.content:
+            line = raw.strip()
+            if line.startswith(b"data: {") and (event := json.loads(line[6:])).get("usage"):
+                usage = event["usage"]
+    return {
+        "lane": lane,
+        "tokens": usage.get("completion_tokens", 0),
+        "spec": usage.get("speclane_spec"),
+    }
+
+
+async def batch_copy(
+    session: aiohttp.ClientSession, url: str, rounds: int, max_tokens: int
+) -> dict[str, Any]:
+    """Each copy-heavy family, BATCH_CONCURRENCY requests at once on the batching lane:
+    drafting against plain, interleaved round by round."""
+    out: dict[str, Any] = {}
+    for family, source in BATCH_SCENARIOS["batch-copy"]:
+        await batch_one(session, url, family, 4, plan.PLAIN)  # warm-up: the prompt is cached
+        runs: dict[str, list[dict[str, Any]]] = {plan.PLAIN: [], source: []}
+        for _ in range(rounds):
+            for variant in runs:
+                start = time.perf_counter()
+                answers = await asyncio.gather(
+                    *(
+                        batch_one(session, url, family, max_tokens, variant)
+                        for _ in range(BATCH_CONCURRENCY)
+                    )
+                )
+                seconds = time.perf_counter() - start
+                tokens = sum(a["tokens"] for a in answers)
+                specs = [a["spec"] or {} for a in answers]
+                runs[variant].append(
+                    {
+                        "tokens": tokens,
+                        "seconds": round(seconds, 3),
+                        "aggregate_tps": round(tokens / seconds, 2),
+                        "drafted": sum(s.get("drafted", 0) for s in specs),
+                        "accepted": sum(s.get("accepted", 0) for s in specs),
+                        "lanes": sorted({str(a["lane"]) for a in answers}),
+                    }
+                )
+        summary = {
+            v: {
+                "aggregate_tps": round(
+                    sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs), 2
+                ),
+                "runs": rs,
+            }
+            for v, rs in runs.items()
+        }
+        plain_tps = summary[plan.PLAIN]["aggregate_tps"]
+        out[family] = {
+            "source": source,
+            "concurrency": BATCH_CONCURRENCY,
+            "ratio": round(summary[source]["aggregate_tps"] / plain_tps, 2) if plain_tps else None,
+            **summary,
+        }
+        print(f"  batch-copy {family}: {out[family]['ratio']}x", flush=True)
+    return out
+
+
+def batch_table(results: dict[str, Any]) -> str:
+    rows = [
+        "| family (source) | plain tok/s | drafting tok/s | ratio | accepted/drafted |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for family, r in results.items():
+        drafting = r[r["source"]]
+        accepted = sum(x["accepted"] for x in drafting["runs"])
+        drafted = sum(x["drafted"] for x in drafting["runs"])
+        rows.append(
+            f"| {family} ({r['source']}) | {r['plain']['aggregate_tps']} | "
+            f"{drafting['aggregate_tps']} | {r['ratio']}x | {accepted}/{drafted} |"
+        )
+    return "\n".join(rows)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     timeout = aiohttp.ClientTimeout(total=900)
     async with router(args.url) as url, aiohttp.ClientSession(timeout=timeout) as session:
-        if args.scenarios:
+        batch = [s for s in args.scenarios if s in BATCH_SCENARIOS]
+        if batch:
+            results["batch_scenarios"] = await batch_copy(
+                session, url, args.requests, args.edit_max_tokens
+            )
+        named = [s for s in args.scenarios if s not in BATCH_SCENARIOS]
+        if named:
             results["scenarios"] = await scenarios(
-                session, url, args.scenarios, args.requests, args.scenario_max_tokens
+                session, url, named, args.requests, args.scenario_max_tokens
             )
         for family in args.families:
             prompt = FAMILIES[family]
@@ -410,7 +522,7 @@ def main() -> int:
         "--scenarios",
         type=lambda v: [s for s in v.split(",") if s],
         default=[],
-        help="comma-separated, of: " + ", ".join(plan.SCENARIO_VARIANTS),
+        help="comma-separated, of: " + ", ".join([*plan.SCENARIO_VARIANTS, *BATCH_SCENARIOS]),
     )
     p.add_argument("--scenario-max-tokens", type=int, default=96)
     p.add_argument(
@@ -423,11 +535,12 @@ def main() -> int:
     unknown = set(args.families) - set(FAMILIES)
     if unknown:
         p.error(f"unknown families: {', '.join(sorted(unknown))}")
-    if set(args.scenarios) - set(plan.SCENARIO_VARIANTS):
+    if set(args.scenarios) - set(plan.SCENARIO_VARIANTS) - set(BATCH_SCENARIOS):
         p.error(f"unknown scenarios: {', '.join(args.scenarios)}")
     load_before = list(os.getloadavg())
     results = asyncio.run(run(args))
     scenario_results = results.pop("scenarios", {})
+    batch_results = results.pop("batch_scenarios", {})
     meta: dict[str, Any] = {
         "requests": args.requests,
         "max_tokens": args.max_tokens,
@@ -450,10 +563,13 @@ def main() -> int:
             scenario_table=report.scenario_table(scenario_results).split("\n"),
             scenario_goals=report.scenario_goals(scenario_results),
         )
+    out: dict[str, Any] = {"meta": meta, "families": results, "scenarios": scenario_results}
+    if batch_results:
+        print(batch_table(batch_results))
+        meta.update(batch_table=batch_table(batch_results).split("\n"))
+        out["batch_scenarios"] = batch_results
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"meta": meta, "families": results, "scenarios": scenario_results}, indent=2)
-    )
+    args.out.write_text(json.dumps(out, indent=2))
     print(f"saved {args.out}")
     return 0
 

@@ -213,6 +213,21 @@ def serves_speculative(mode: str) -> bool:
     return mode in ("speculative", SHARED_MODE)
 
 
+def without_draft_source(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """The draft flags the batching lane takes: the sources' limits. Its source comes with
+    each request (the router names one), so no lane-wide ``--draft-source``."""
+    out: list[str] = []
+    skip = False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag == "--draft-source":
+            skip = True
+        else:
+            out.append(flag)
+    return tuple(out)
+
+
 def serves_batching(mode: str) -> bool:
     return mode in ("batching", SHARED_MODE)
 
@@ -249,6 +264,8 @@ def worker_argv(
         argv += ["--draft-model", str(draft)]
     if serves_speculative(mode):
         argv += speculative
+    elif serves_batching(mode):
+        argv += without_draft_source(speculative)
     if mode == SHARED_MODE:
         argv += ["--shared-threads", shared_threads]
     if serves_batching(mode):

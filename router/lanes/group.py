@@ -87,7 +87,7 @@ def lane_backend(
         connect_timeout=5.0,
         read_timeout=settings.lanes.read_timeout,
         speculative_requested=lane == "speculative",
-        source_setting=settings.lanes.draft_source if lane == "speculative" else None,
+        source_setting=settings.lanes.draft_source,
         still_working=lambda b: for_lane(b.base_url, b.reported),
         cache_domain=cache_domain,
     )

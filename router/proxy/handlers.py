@@ -127,6 +127,7 @@ def decide(
         gate=app[ROUTING].gate,
         spec=telemetry.advise,
         rules=settings.routing,
+        batch_spec=telemetry.advise_batching,
     )
     app[ROUTING].gate = result.gate
     decision = telemetry.claim_route(result, claim)
@@ -140,11 +141,12 @@ def decide(
 
 
 def body_for(parsed: ParsedRequest) -> BodyFor:
-    """Only speclane's own speculative lane gets a body changed for it: ``num_draft_tokens: 0``
-    to decode plainly, or the ``draft_source`` chosen for the request's family."""
+    """Only speclane's own lanes get a body changed for them: ``num_draft_tokens: 0`` to decode
+    plainly, or the ``draft_source`` chosen for the request's family (on each lane its own,
+    judged apart)."""
 
     def build(backend: Backend, cand: Candidate) -> bytes:
-        if backend.lane != "speculative":
+        if backend.lane is None:
             return parsed.body()
         return parsed.body(plain=not cand.speculative, draft_source=asked_source(cand))
 

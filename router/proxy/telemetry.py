@@ -105,7 +105,14 @@ class SpecTelemetry:
     def advise(self, model: str, workload: str, source: str) -> SpecAdvice:
         """The workload's state on the speculative lane with ``source``, peeked: nothing is
         taken."""
-        key = SpecKey("speculative", model, workload, source)
+        return self.advise_lane("speculative", model, workload, source)
+
+    def advise_batching(self, model: str, workload: str, source: str) -> SpecAdvice:
+        """The same, on the batching lane (judged apart: its own key)."""
+        return self.advise_lane("batching", model, workload, source)
+
+    def advise_lane(self, lane: str, model: str, workload: str, source: str) -> SpecAdvice:
+        key = SpecKey(lane, model, workload, source)
         verdict = self.auto.peek(key, time.monotonic())
         return SpecAdvice(use=verdict.use_speculation and not verdict.probe, probe=verdict.probe)
 
@@ -300,9 +307,7 @@ def _ran_plain(backend: Backend, result: SpecResult) -> bool:
     """speclane's lane said it decoded without drafting (the client's ``num_draft_tokens: 0``,
     or logits processors): a plain-decoding speed sample, not a speculative one."""
     return (
-        backend.lane == "speculative"
-        and isinstance(result, NotReported)
-        and result.reason == "no_draft"
+        backend.lane is not None and isinstance(result, NotReported) and result.reason == "no_draft"
     )
 
 

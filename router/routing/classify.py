@@ -93,6 +93,7 @@ from router.routing.speculate import (
     SpecOracle,
     advice_label,
     advice_rule,
+    batch_request_sources,
     choose_source,
     free_rule,
     lane_speculates,
@@ -188,6 +189,7 @@ def classify(
     gate: LoadGate | None = None,
     spec: SpecOracle = speculation_pays,
     rules: RoutingRules = DEFAULT_RULES,
+    batch_spec: SpecOracle | None = None,
 ) -> Classification:
     request = facts.request
     model, suffix = resolve_model(request.model, policy, backends)
@@ -235,8 +237,14 @@ def classify(
         reason = f"preset={preset or 'none'},{rule}->{candidates[0].lane}"
         if shared_cache:
             reason += ",cache=shared"
+    batching = _batch_candidate(serving, request, model, workload, batch_spec)
     candidates = tuple(
-        dataclasses.replace(c, source=source) if c.lane == "speculative" else c for c in candidates
+        dataclasses.replace(c, source=source)
+        if c.lane == "speculative"
+        else batching
+        if batching is not None and c.lane == "batching" and c.backend == batching.backend
+        else c
+        for c in candidates
     )
     if clamped:
         reason += ",clamped=" + "+".join(clamped)
@@ -423,6 +431,26 @@ def _spec_sources(serving: Sequence[BackendView], request: RouteRequest) -> tupl
     return request_sources(
         request.family, request.draft_source, lane.source_setting or "auto", lane.has_draft
     )
+
+
+def _batch_candidate(
+    serving: Sequence[BackendView],
+    request: RouteRequest,
+    model: str,
+    workload: str,
+    batch_spec: SpecOracle | None,
+) -> Candidate | None:
+    """The batching lane's candidate with its draft source and whether it drafts (judged by
+    auto-disable for the batching lane: ``batch_spec``); None without either."""
+    lane = _lane(serving, "batching")
+    if lane is None or batch_spec is None:
+        return None
+    sources = batch_request_sources(
+        request.family, request.draft_source, lane.source_setting or "auto"
+    )
+    source, advice = choose_source(sources, lambda src: batch_spec(model, workload, src))
+    drafts = source != "none" and (advice.use or advice.probe)
+    return Candidate(lane.name, "batching", drafts, source)
 
 
 def _serves_endpoint(view: BackendView, request: RouteRequest) -> bool:

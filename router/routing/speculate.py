@@ -38,6 +38,7 @@ __all__ = [
     "advice_label",
     "advice_rule",
     "asked_source",
+    "batch_request_sources",
     "candidate_source",
     "choose_source",
     "lane_source",
@@ -141,6 +142,15 @@ def request_source(family: str, asked: str | None, configured: str, lane_has_dra
     return request_sources(family, asked, configured, lane_has_draft)[0]
 
 
+def batch_request_sources(family: str, asked: str | None, configured: str) -> tuple[str, ...]:
+    """The sources a request may draft with on the batching lane, in order of preference:
+    the free ones of ``request_sources`` (no draft model runs there), each judged by
+    auto-disable apart from the same source on the speculative lane. ``draft_model`` asked
+    by the client, or configured alone, means no drafting there (``none``)."""
+    sources = request_sources(family, asked, configured, lane_has_draft=False)
+    return tuple(s for s in sources if s != "draft_model") or ("none",)
+
+
 def choose_source(
     sources: Sequence[str], advise: Callable[[str], SpecAdvice]
 ) -> tuple[str, SpecAdvice]:
@@ -159,9 +169,9 @@ def choose_source(
 
 
 def asked_source(candidate: Candidate) -> str | None:
-    """What the router writes in the speculative lane's ``draft_source`` body field: the
-    candidate's source when it is one the lane takes from the body (not ``prediction``, which
-    the body's own ``prediction`` says, nor ``none``)."""
+    """What the router writes in a lane's ``draft_source`` body field: the candidate's source
+    when it is one the lane takes from the body (not ``prediction``, which the body's own
+    ``prediction`` says, nor ``none``)."""
     return candidate.source if candidate.source in LANE_ASKABLE else None
 
 
@@ -197,9 +207,9 @@ def advice_label(advice: SpecAdvice) -> str:
 
 
 def speculates(lane: str | None, requested: bool, candidate: Candidate) -> bool:
-    """Whether serving ``candidate`` runs speculation: the speculative lane as the candidate
-    says; an external backend when the user configured it as speculative."""
-    if lane == "speculative":
+    """Whether serving ``candidate`` runs speculation: either lane as the candidate says; an
+    external backend when the user configured it as speculative."""
+    if lane is not None:
         return candidate.speculative
     return lane is None and requested
 
@@ -234,7 +244,7 @@ def settle(
     if probe or use:
         return Settled(candidates, True, False)
     first = candidates[0]
-    if lane == "speculative":
+    if lane is not None:
         # Off (or a baseline sample): the same lane decodes without the draft.
         plain = dataclasses.replace(first, speculative=False)
         return Settled((plain, *candidates[1:]), True, baseline_sample)

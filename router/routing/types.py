@@ -27,7 +27,7 @@ class BackendView:
     queued: int = 0  # requests the backend itself reports as waiting (lanes only)
     capacity: int | None = None  # concurrent requests it serves at full speed
     speculative: bool = False  # speculation is active on it
-    # The speculative lane: ``[lanes] draft_source`` (auto, draft_model, prompt_lookup, suffix,
+    # The lanes: ``[lanes] draft_source`` (auto, draft_model, prompt_lookup, suffix,
     # none) and whether its worker reports a loaded draft model; None for other backends.
     source_setting: str | None = None
     has_draft: bool = False

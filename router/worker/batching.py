@@ -23,16 +23,32 @@ pieces).
 ``progress_tokens`` (prompt tokens prefilled plus tokens generated) only ever grows while
 the lane works: the router reads it from /health to tell a lane that is busy
 prefilling a long prompt from one that hangs.
+
+Drafting: a sequence may draft from its ``prediction``, prompt lookup or ``suffix``
+(``router.worker.draftlength`` picks the source and the length per batch size); each decoding
+step verifies every sequence's draft in the batch's one forward pass
+(``router.worker.batchverify``). Every finished request's prompt and answer go into the
+lane's own ``suffix`` index, in its client partition.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from router.errors import RouterError
+from router.worker.batchverify import drafting_generator, last_verified, set_drafter
+from router.worker.draftlength import (
+    BATCH_DRAFT_TABLE,
+    PLAIN,
+    BatchDraftSettings,
+    BatchPlan,
+    batch_plan,
+    sequence_draft_length,
+)
+from router.worker.drafts import PredictionDraft, PromptLookup
 from router.worker.engine import (
     Engine,
     Models,
@@ -41,8 +57,10 @@ from router.worker.engine import (
     processors_for,
     sampler_for,
 )
-from router.worker.jobs import Failed, Job, JobQueue, aborted
+from router.worker.jobs import Event, Failed, Finished, Job, JobQueue, aborted
 from router.worker.promptcache import Counters, PromptCache
+from router.worker.stats import SpecStats, usage
+from router.worker.suffix import SuffixDraft, SuffixIndex
 from router.worker_contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
 
 log = logging.getLogger("speclane.worker")
@@ -60,6 +78,13 @@ class _Sequence:
     detokenizer: Any
     prefilled: int = 0  # prompt tokens of this sequence prefilled so far (from the generator)
     decoding: bool = False  # its prompt is done
+    plan: BatchPlan = PLAIN
+    propose: Callable[[list[int], int], list[int]] | None = None  # (history, k) -> draft
+    prediction: PredictionDraft | None = None
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0  # decoding steps in which it verified a draft
+    output: list[int] = field(default_factory=list)  # the tokens generated so far
 
 
 class BatchingEngine(Engine):
@@ -73,6 +98,7 @@ class BatchingEngine(Engine):
         chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
         prompt_cache: PromptCache | None = None,
         queue: JobQueue | None = None,
+        drafts: BatchDraftSettings | None = None,
     ) -> None:
         super().__init__(load, queue)
         if prefill_step_size < 1 or chunk_seconds <= 0:
@@ -90,6 +116,10 @@ class BatchingEngine(Engine):
         self.generated_tokens = 0  # tokens generated, all requests (monotonic)
         self._generator: Any = None
         self._live: dict[int, _Sequence] = {}
+        self.drafts = drafts if drafts is not None else BatchDraftSettings()
+        # Earlier requests' prompts and answers, per client partition (generation thread only;
+        # the lane's own, also in shared mode, where the two lanes may run on two threads).
+        self.suffix = SuffixIndex(self.drafts.suffix)
 
     @property
     def progress_tokens(self) -> int:
@@ -104,6 +134,13 @@ class BatchingEngine(Engine):
             "prefill_step_size": self.prefill_step_size,
             "prefill_rate": round(self.prefill_rate or 0.0, 1),
             "prompt_cache": self.prompt_cache.stats(self.cache_counters),
+            "draft_table": [list(row) for row in BATCH_DRAFT_TABLE],
+            "suffix_index": {
+                "entries": len(self.suffix),
+                "bytes": self.suffix.bytes,
+                "max_bytes": self.suffix.config.max_bytes,
+                "evicted": self.suffix.evicted,
+            },
         }
 
     def _serve(self, models: Models) -> None:
@@ -139,6 +176,9 @@ class BatchingEngine(Engine):
         if not live:
             return
         generator.prefill_step_size = self._chunk(live, others_waiting)
+        # No proposer in the batch: mlx-lm's own step, with its pipelining intact.
+        proposing = any(seq.propose is not None for seq in live.values())
+        set_drafter(generator, self._propose if proposing else None)
         try:
             with generator.stats() as step:
                 prompt_responses, responses = generator.next()
@@ -151,6 +191,11 @@ class BatchingEngine(Engine):
             self._generator = self._new_generator(models)
             self.active = 0
             return
+        for verified in last_verified(generator):
+            if (drafting := live.get(verified.uid)) is not None:
+                drafting.steps += 1
+                drafting.drafted += verified.drafted
+                drafting.accepted += verified.accepted
         for prompt_response in prompt_responses:
             self._on_prefill(live, prompt_response)
         self._measure(step.prompt_tokens, step.prompt_time)
@@ -183,10 +228,9 @@ class BatchingEngine(Engine):
         self.prefill_rate = rate if old is None else old + RATE_WEIGHT * (rate - old)
 
     def _new_generator(self, models: Models) -> Any:
-        from mlx_lm.generate import BatchGenerator
-
-        return BatchGenerator(
+        return drafting_generator(
             models.model,
+            self._propose,
             stop_tokens=[[t] for t in models.tokenizer.eos_token_ids],
             completion_batch_size=self.capacity,
             prefill_batch_size=min(self.capacity, 8),
@@ -224,8 +268,40 @@ class BatchingEngine(Engine):
                 continue
             progress = Progress(job, 0)
             progress.cached_tokens = lookup.cached_tokens
-            live[uid] = _Sequence(job, progress, models.tokenizer.detokenizer)
+            seq = _Sequence(job, progress, models.tokenizer.detokenizer)
+            self._plan(seq)
+            live[uid] = seq
             self.active = len(live)
+
+    def _plan(self, seq: _Sequence) -> None:
+        """The sequence's draft source and proposer (none: plain decoding)."""
+        job = seq.job
+        seq.plan = batch_plan(job.request, self.drafts, bool(processors_for(job.request)))
+        source = seq.plan.source
+        if source == "prediction":
+            prediction = seq.prediction = PredictionDraft(
+                job.prediction_ids, self.drafts.prediction
+            )
+            prompt_len = len(job.prompt_ids)
+            seq.propose = lambda history, k: prediction.propose(history[prompt_len:], k)
+        elif source == "prompt_lookup":
+            seq.propose = PromptLookup(self.drafts.lookup).propose
+        elif source == "suffix":
+            seq.propose = SuffixDraft(self.suffix, job.partition).propose
+
+    def _propose(
+        self, uids: list[int], histories: list[list[int]], room: list[int]
+    ) -> list[list[int]]:
+        """Each decoding sequence's draft for this step (``batchverify.Drafter``): its length
+        from the table for ``len(uids)`` sequences."""
+        drafts: list[list[int]] = []
+        for uid, history, left in zip(uids, histories, room, strict=True):
+            seq = self._live.get(uid)
+            k = 0
+            if seq is not None and seq.propose is not None and not seq.job.cancelled.is_set():
+                k = sequence_draft_length(len(uids), seq.plan.k, left)
+            drafts.append(seq.propose(history, k) if k and seq is not None and seq.propose else [])
+        return drafts
 
     def _drop_cancelled(self, generator: Any, live: dict[int, _Sequence]) -> None:
         gone = [uid for uid, seq in live.items() if seq.job.cancelled.is_set()]
@@ -253,6 +329,7 @@ class BatchingEngine(Engine):
         if seq is None:
             return
         seq.decoding = True
+        seq.output.append(response.token)
         reason = response.finish_reason
         if reason != "stop":  # "stop" here is the EOS token itself: not part of the text
             seq.detokenizer.add_token(response.token)
@@ -265,4 +342,25 @@ class BatchingEngine(Engine):
             reason = "stop"
         if reason is not None:
             del live[response.uid]
-            self._answer(seq.job, seq.progress.finish(reason))
+            self._answer(seq.job, self._finish(seq, reason))
+
+    def _finish(self, seq: _Sequence, reason: str) -> Event:
+        """The answer, with the draft statistics of a sequence that drafted (as the
+        speculative lane reports them); its prompt and answer go into the ``suffix`` index
+        (whatever it drafted with: a plain first answer drafts its retry)."""
+        self.suffix.insert(seq.job.partition, [*seq.job.prompt_ids, *seq.output])
+        event = seq.progress.finish(reason)
+        if seq.plan.source is None or not isinstance(event, Finished):
+            return event
+        tokens = seq.progress.counter.tokens
+        stats = SpecStats(seq.drafted, seq.accepted, seq.steps, seq.plan.k)
+        body = usage(len(seq.job.prompt_ids), tokens, stats, seq.progress.cached_tokens)
+        spec = body["speclane_spec"]
+        assert isinstance(spec, dict)
+        spec["source"] = seq.plan.source
+        if seq.prediction is not None:  # OpenAI's meaning: prediction tokens (not) in the output
+            body["completion_tokens_details"] = {
+                "accepted_prediction_tokens": seq.prediction.matched,
+                "rejected_prediction_tokens": seq.prediction.unmatched,
+            }
+        return Finished(event.finish_reason, body, event.stop_string)

@@ -26,7 +26,7 @@ from router.worker.batching import BatchingEngine
 from router.worker.drafts import LookupConfig, PredictionConfig
 from router.worker.engine import Engine, LoadError, Models
 from router.worker.server import WorkerInfo, make_app, make_shared_app, start_site
-from router.worker.shared import SharedEngine, threads_for
+from router.worker.shared import SharedEngine, batch_drafts, threads_for
 from router.worker.speculative import SpecSettings, SpeculativeEngine
 from router.worker.suffix import SuffixConfig
 from router.worker_contract import (
@@ -120,6 +120,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
         prompt_cache_bytes=args.prompt_cache_bytes,
         prefill_step_size=args.prefill_step_size,
         chunk_seconds=args.prefill_chunk_seconds,
+        drafts=batch_drafts(spec_settings(args)),
     )
 
 

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from typing import Any
 
 from router.worker.batching import BatchingEngine
+from router.worker.draftlength import BatchDraftSettings
 from router.worker.engine import Engine, LoadError, Models
 from router.worker.jobs import JobQueue, wait_any
 from router.worker.promptcache import PromptCache
@@ -91,6 +92,14 @@ def materialize(models: Models) -> None:
     mx.eval([m.filter_and_map(every_array) for m in (models.model, models.draft) if m is not None])
 
 
+def batch_drafts(settings: SpecSettings) -> BatchDraftSettings:
+    """The batching lane's draft limits, the speculative lane's (the router names each
+    request's source, so the lane has none of its own)."""
+    return BatchDraftSettings(
+        lookup=settings.lookup, prediction=settings.prediction, suffix=settings.suffix
+    )
+
+
 class SharedEngine:
     def __init__(
         self,
@@ -121,6 +130,7 @@ class SharedEngine:
             chunk_seconds=chunk_seconds,
             prompt_cache=self.prompt_cache,
             queue=JobQueue(cond),
+            drafts=batch_drafts(settings),
         )
         self.models: Models | None = None
         self.turns = {"speculative": 0, "batching": 0}  # turns taken per lane (monotonic)

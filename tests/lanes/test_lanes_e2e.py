@@ -174,11 +174,14 @@ def test_the_router_chooses_the_draft_source_per_family(router: Router) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_batching_lane_answers_without_drafts(router: Router, stream: bool) -> None:
+def test_batching_lane_answers_drafting_from_a_free_source(router: Router, stream: bool) -> None:
+    """The batching lane drafts too (no draft model there): under ``auto`` the router asks it
+    for prompt lookup on a chat request."""
     text, usage, headers = ask(router, "batching", stream)
     assert "Paris" in text
     assert headers["x-speclane-lane"] == "batching"
-    assert usage["speclane_spec"]["drafted"] == 0
+    spec = usage["speclane_spec"]
+    assert spec["source"] == "prompt_lookup" and 0 <= spec["accepted"] <= spec["drafted"]
 
 
 def test_the_batching_lanes_prompt_cache_reaches_usage_and_metrics(router: Router) -> None:

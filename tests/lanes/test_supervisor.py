@@ -505,6 +505,8 @@ def test_build_worker_command_batching_lane_has_no_draft(tmp_path):
     cmd = build_worker_command("batching", LanesSettings(), tmp_path, tmp_path / "draft", "m")
     assert cmd.argv[0] == sys.executable
     assert "--draft-model" not in cmd.argv and "--draft-source" not in cmd.argv
+    # The free sources' limits: the batching lane drafts from predictions, lookup and suffix.
+    assert "--lookup-max-draft" in cmd.argv and "--suffix-bytes" in cmd.argv
     assert cmd.argv[cmd.argv.index("--mode") + 1] == "batching"
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
+
 from router.appkeys import POOL, SPEC
 from router.speculation.keystate import SpecKey
 from tests.conftest import (
@@ -131,3 +133,40 @@ async def test_an_external_backend_never_gets_a_draft_source() -> None:
             keys = set(r.app[SPEC].auto.keys())
     assert all("draft_source" not in s.body for s in ext.requests)
     assert SpecKey("ext", "fake-model", "default:none:code-block", "draft_model") in keys
+
+
+async def test_the_batching_lane_gets_its_own_source_and_is_judged_apart() -> None:
+    """The batching lane drafts from the free sources: the router names one per family, and
+    auto-disable judges it under the batching lane's own key (metrics ``backend="batching"``);
+    once off there, the lane decodes plainly (``num_draft_tokens: 0``)."""
+    stats = {
+        "drafted": 9,
+        "accepted": 1,
+        "rejected": 8,
+        "steps": 3,
+        "num_draft_tokens": 6,
+        "source": "prompt_lookup",
+    }
+    async with fake_upstreams("batch") as (batch,):
+        batch.behaviour = Behaviour(usage_extra={"speclane_spec": stats})
+        settings = router_settings(
+            backends=[], spec=LOW, lanes={"enabled": False, "draft_source": "prompt_lookup"}
+        )
+        async with run_router(
+            settings, setup=lambda app: add_fake_lane(app, "batching", batch)
+        ) as r:
+            assert await send(r, EDIT) == "batching"
+            assert last_body(batch)["draft_source"] == "prompt_lookup"
+            key = SpecKey("batching", "fake-model", "default:none:code-block", "prompt_lookup")
+            assert key in set(r.app[SPEC].auto.keys())
+            assert not r.app[SPEC].auto.enabled(key)  # low acceptance: off on this lane
+            async with aiohttp.ClientSession() as s, s.get(f"{r.url}/metrics") as resp:
+                metrics = await resp.text()
+            await send(r, EDIT)
+            off = last_body(batch)
+            # a prediction drafts from itself there too: nothing asked
+            await send(r, CHAT, prediction={"type": "content", "content": "hello"})
+            predicted = last_body(batch)
+    assert off["num_draft_tokens"] == 0 and "draft_source" not in off
+    assert "draft_source" not in predicted and "num_draft_tokens" not in predicted
+    assert 'speclane_spec_draft_tokens_total{backend="batching"' in metrics

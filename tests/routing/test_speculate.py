@@ -13,12 +13,15 @@ from router.routing.classify import SPECULATION_PAYS, RequestFacts, classify
 from router.routing.speculate import (
     SpecAdvice,
     asked_source,
+    batch_request_sources,
     candidate_source,
     choose_source,
     lane_source,
     lane_sources,
     request_source,
     request_sources,
+    settle,
+    speculates,
 )
 from router.routing.types import BackendView, Candidate, RouteRequest
 from router.speculation.families import FAMILIES
@@ -251,3 +254,62 @@ def test_chat_falls_back_on_prompt_lookup_once_the_draft_model_is_off() -> None:
     )
     assert result.decision.candidates[0].backend == "batching"
     assert result.decision.labels["rule"] == "spec-not-paying"
+
+
+@pytest.mark.parametrize(
+    ("family", "asked", "configured", "sources"),
+    [
+        ("chat", None, "auto", ("prompt_lookup", "suffix")),  # no draft model on the lane
+        ("code-block", None, "auto", ("prompt_lookup", "suffix")),
+        ("prediction", None, "auto", ("prediction",)),
+        ("chat", "suffix", "auto", ("suffix",)),
+        ("chat", "draft_model", "auto", ("none",)),
+        ("chat", None, "draft_model", ("none",)),
+        ("chat", None, "prompt_lookup", ("prompt_lookup",)),
+        ("chat", None, "none", ("none",)),
+    ],
+)
+def test_the_batching_lane_drafts_from_the_free_sources(
+    family: str, asked: str | None, configured: str, sources: tuple[str, ...]
+) -> None:
+    assert batch_request_sources(family, asked, configured) == sources
+
+
+def test_the_batching_lane_is_judged_apart_from_the_speculative_lane() -> None:
+    batch_asked: list[str] = []
+
+    def batch_oracle(model: str, workload: str, src: str) -> SpecAdvice:
+        batch_asked.append(src)
+        return OFF if src == "prompt_lookup" else ON
+
+    result = classify(
+        RequestFacts(RouteRequest("chat", "m", family="code-block")),
+        Policy(client="c"),
+        DEFAULT_PRESETS,
+        lanes(True),
+        spec=lambda m, w, s: ON,
+        batch_spec=batch_oracle,
+    )
+    by_backend = {c.backend: c for c in result.decision.candidates}
+    assert by_backend["speculative"].source == "prompt_lookup"  # on there
+    # off on the batching lane for this workload: it falls back on suffix there
+    assert batch_asked == ["prompt_lookup", "suffix"]
+    assert by_backend["batching"] == Candidate("batching", "batching", True, "suffix")
+    # every source off on the batching lane: it decodes plainly there
+    result = classify(
+        RequestFacts(RouteRequest("chat", "m", family="code-block")),
+        Policy(client="c"),
+        DEFAULT_PRESETS,
+        lanes(True),
+        batch_spec=lambda m, w, s: OFF,
+    )
+    batching = next(c for c in result.decision.candidates if c.backend == "batching")
+    assert not batching.speculative and batching.source == "prompt_lookup"
+
+
+def test_a_batching_candidate_that_drafts_speculates_and_settles_plain_when_off() -> None:
+    drafting = Candidate("batching", "batching", True, "prompt_lookup")
+    assert speculates("batching", False, drafting)
+    assert not speculates("batching", False, Candidate("batching", "batching"))
+    settled = settle((drafting,), "batching", use=False, probe=False, baseline_sample=True)
+    assert settled.candidates[0].speculative is False and settled.baseline

@@ -1,0 +1,248 @@
+"""The batching lane's verify step: every sequence of the batch checks its own draft in the
+one forward pass of a decoding step.
+
+mlx-lm's ``GenerationBatch`` (the decoding sequences of a ``BatchGenerator``) keeps, per row,
+the tokens in its KV cache (``tokens``), a *pending* token (``_next_tokens``: sampled at the
+previous step, not yet emitted nor in the cache), its sampler, logits processors, stop
+matcher and token count. A plain step feeds each row's pending token, samples the next one
+and emits the fed one.
+
+``DraftingBatch`` (a ``GenerationBatch``; ``drafting_generator`` puts one in a
+``BatchGenerator``, whose prefill, insertion, removal and cache extraction stay mlx-lm's)
+asks its ``drafter`` for each row's draft ``d_i`` (possibly none) to follow the pending
+token. With no draft in the batch the step is mlx-lm's own. Otherwise each row's input is its
+pending token and its draft, padded on the right to the step's width ``1 + max(d_i)``; one
+forward pass of the target over the batch computes every position (the causal mask keeps a
+row's real positions from seeing its padding); each row is sampled at every position, and
+row ``i`` emits its pending token plus the longest prefix of its draft that the target's
+samples reproduce (``n_i`` tokens), the sample after it becoming its new pending token. So
+every emitted token is the target's own sample given exactly the emitted prefix: greedy
+output is plain decoding's token for token, and with sampling each token is the target's
+draw (a draft token is kept only when the sample equals it), as on the speculative lane.
+
+Per-sequence trimming: the pass added ``width`` positions to every row of the cache; row
+``i`` keeps its emitted ``1 + n_i`` (fewer where it finished inside the run). The positions
+all rows reject are trimmed off the end (``trim``); the rest of each row's rejected tail is
+shifted out: the row's span moves right and its front becomes left padding, masked from then
+on (what mlx-lm's ``BatchKVCache.finalize()`` does after a right-padded prefill).
+Rows that accepted different lengths stay consistent, and a row's extracted cache
+(``extract``) is exactly its tokens.
+
+Only plain ``BatchKVCache`` layers can be trimmed per row: a batch holding any other kind
+(rotating caches of sliding-window models, state-space layers) decodes plainly. A row with
+logits processors never drafts (``router.worker.draftlength``): its processors see one token
+per step, as in mlx-lm's step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, cast
+
+# (uids, histories, room) -> drafts. A history is the row's tokens in the cache plus its
+# pending token; ``room`` is how many tokens the row may still emit.
+Drafter = Callable[[list[int], list[list[int]], list[int]], list[list[int]]]
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One row's verify step: ``drafted`` draft tokens checked, ``accepted`` of them emitted."""
+
+    uid: int
+    drafted: int
+    accepted: int
+
+
+def accepted_prefix(draft: list[int], sampled: list[int]) -> int:
+    """How many leading draft tokens the target's samples reproduce."""
+    n = 0
+    while n < len(draft) and sampled[n] == draft[n]:
+        n += 1
+    return n
+
+
+def row_trims(width: int, kept: list[int]) -> tuple[int, list[int]]:
+    """(positions every row drops off the end, each row's further positions to roll into
+    its left padding) after a pass of ``width`` positions where row ``i`` keeps ``kept[i]``."""
+    drops = [width - k for k in kept]
+    common = min(drops)
+    return common, [d - common for d in drops]
+
+
+def trimmable(caches: list[Any]) -> bool:
+    """Every layer a plain ``BatchKVCache`` (its rows can be trimmed apart)."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    return bool(caches) and all(type(c) is BatchKVCache for c in caches)
+
+
+def trim_rows(caches: list[Any], width: int, kept: list[int]) -> None:
+    """Drop each row's rejected tail after a pass of ``width`` positions (row ``i`` keeps
+    ``kept[i]``): what every row rejects is trimmed off the end; the rest of a row's tail is
+    shifted out by moving the row's span right, its stale front becoming left padding (the
+    effect of mlx-lm's ``finalize`` after a right-padded prefill, as slice copies of the rows
+    that need it rather than a gather over the whole batch, several times slower on a CPU)."""
+    import mlx.core as mx
+
+    common, extra = row_trims(width, kept)
+    shift = mx.array(extra)
+    for c in caches:
+        if common:
+            c.trim(common)
+        if not max(extra):
+            continue
+        end = c._idx
+        for i, r in enumerate(extra):
+            if r:
+                c.keys[i : i + 1, :, r:end] = c.keys[i : i + 1, :, : end - r]
+                c.values[i : i + 1, :, r:end] = c.values[i : i + 1, :, : end - r]
+        c.offset = c.offset - shift
+        c.left_padding = c.left_padding + shift
+
+
+@cache
+def batch_class() -> type:
+    """``DraftingBatch``, made on first use (mlx-lm is imported on the generation thread)."""
+    from mlx_lm.generate import GenerationBatch
+
+    class DraftingBatch(GenerationBatch):
+        drafter: Drafter | None = None
+        verified: tuple[Verified, ...] = ()  # the last step's, per row that drafted
+
+        def next(self) -> list[Any]:
+            self.verified = ()
+            if self.drafter is None or not self.uids or not trimmable(self.prompt_cache):
+                return super().next()
+            pending = cast("list[int]", self._next_tokens.tolist())  # (batch,) uint32
+            room = [m - n for m, n in zip(self.max_tokens, self._num_tokens, strict=True)]
+            histories = [[*t, y] for t, y in zip(self.tokens, pending, strict=True)]
+            drafts = self.drafter(list(self.uids), histories, room)
+            processors = self.logits_processors or [[] for _ in drafts]
+            drafts = [
+                [] if processors[i] else d[: max(0, room[i] - 1)] for i, d in enumerate(drafts)
+            ]
+            if not any(drafts):
+                return super().next()
+            return self._verify(pending, drafts)
+
+        def _verify(self, pending: list[int], drafts: list[list[int]]) -> list[Any]:
+            import mlx.core as mx
+
+            size = len(self.uids)
+            width = 1 + max(len(d) for d in drafts)
+            rows = [
+                [y, *d] + [0] * (width - 1 - len(d)) for y, d in zip(pending, drafts, strict=True)
+            ]
+            inputs = mx.array(rows, dtype=mx.uint32)
+            logits = self.model(inputs, cache=self.prompt_cache)  # (size, width, vocab)
+            if any(self.logits_processors or ()):
+                logits = mx.stack([self._processed(e, inputs, logits[e]) for e in range(size)])
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            given = self.samplers or [self.fallback_sampler] * size
+            samplers = [self.fallback_sampler if s is None else s for s in given]
+            if all(s is samplers[0] for s in samplers):
+                flat = samplers[0](logprobs.reshape(size * width, -1))
+                sampled = flat.reshape(size, width)
+            else:
+                sampled = mx.stack([s(logprobs[e]) for e, s in enumerate(samplers)])
+            rows_sampled = cast("list[list[int]]", sampled.tolist())  # (size, width) uint32
+
+            emitted: list[list[int]] = []
+            finish: list[str | None] = []
+            step_logprobs: list[list[Any]] = []
+            next_tokens: list[int] = []
+            next_logprobs: list[Any] = []
+            verified: list[Verified] = []
+            for i, (draft, got) in enumerate(zip(drafts, rows_sampled, strict=True)):
+                n = accepted_prefix(draft, got)
+                run = [pending[i], *draft[:n]]
+                reason = None
+                taken = 0
+                for token in run:
+                    taken += 1
+                    self._num_tokens[i] += 1
+                    if self._num_tokens[i] >= self.max_tokens[i]:
+                        reason = "length"
+                    if self._matchers[i].advance(token):
+                        reason = "stop"
+                    if reason is not None:
+                        break
+                run = run[:taken]
+                self.tokens[i].extend(run)
+                emitted.append(run)
+                finish.append(reason)
+                step_logprobs.append(
+                    [self._next_logprobs[i], *(logprobs[i, j] for j in range(taken - 1))]
+                )
+                next_tokens.append(got[n])
+                next_logprobs.append(logprobs[i, n])
+                if draft:
+                    verified.append(Verified(self.uids[i], len(draft), taken - 1))
+
+            self.verified = tuple(verified)
+            trim_rows(self.prompt_cache, width, [len(run) for run in emitted])
+            self._current_tokens = mx.array(pending, dtype=mx.uint32)  # type: ignore[assignment]  # mlx-lm annotates it None
+            self._current_logprobs = self._next_logprobs
+            self._next_tokens = mx.array(next_tokens, dtype=mx.uint32)
+            self._next_logprobs = next_logprobs
+            mx.async_eval(self._next_tokens, [c.state for c in self.prompt_cache])
+
+            responses = []
+            keep = []
+            for i, (run, reason) in enumerate(zip(emitted, finish, strict=True)):
+                if reason is None:
+                    keep.append(i)
+                for j, token in enumerate(run):
+                    last = reason is not None and j == len(run) - 1
+                    responses.append(
+                        self.Response(
+                            uid=self.uids[i],
+                            token=token,
+                            logprobs=step_logprobs[i][j],
+                            finish_reason=reason if last else None,
+                            prompt_cache=self.extract_cache(i) if last else None,
+                            all_tokens=self.tokens[i] if last else None,
+                        )
+                    )
+            if len(keep) < size:
+                self.filter(keep)
+            return responses
+
+        def _processed(self, e: int, inputs: Any, row: Any) -> Any:
+            """Row ``e``'s logits, its processors applied at its one real position."""
+            import mlx.core as mx
+
+            processors = (self.logits_processors or [[]] * (e + 1))[e]
+            if not processors:
+                return row
+            context = self._token_context[e].update_and_fetch(inputs[e, :1])
+            first = row[:1]
+            for processor in processors:
+                first = processor(context, first)
+            return mx.concatenate([first, row[1:]])
+
+    return DraftingBatch
+
+
+def drafting_generator(model: Any, drafter: Drafter, **options: Any) -> Any:
+    """A ``BatchGenerator`` whose decoding sequences verify ``drafter``'s drafts."""
+    from mlx_lm.generate import BatchGenerator
+
+    generator = BatchGenerator(model, **options)
+    batch: Any = batch_class()
+    batch = batch.empty(model, generator.sampler)
+    batch.drafter = drafter
+    generator._generation_batch = batch
+    return generator
+
+
+def set_drafter(generator: Any, drafter: Drafter | None) -> None:
+    """Draft with ``drafter`` from the next step on; None: mlx-lm's plain steps."""
+    generator._generation_batch.drafter = drafter
+
+
+def last_verified(generator: Any) -> list[Verified]:
+    """The rows that verified a draft in the generator's last step."""
+    return list(getattr(generator._generation_batch, "verified", ()))

@@ -1,0 +1,87 @@
+"""What each sequence of the batching lane drafts with, and how far (pure).
+
+Verifying ``d`` draft tokens widens a sequence's row of the batch's forward pass to ``1 + d``
+positions, and every row of the pass is as wide as the widest. One sequence alone leaves most
+of a forward pass's cost unused (it is paid to read the weights), so a long draft is nearly
+free; a full batch already uses the machine, so every extra position costs about as much as
+it can save. So the draft shrinks as the batch grows, down to none (vLLM's dynamic
+speculative decoding): ``BATCH_DRAFT_TABLE``, then the source's own maximum, the request's
+``num_draft_tokens`` and the tokens the sequence may still emit lower it further.
+
+The sources are the free ones (no draft model runs on this lane): the request's
+``prediction``, prompt lookup and ``suffix``. A request with logits processors (penalties, a
+logit bias, a decoding constraint) does not draft here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from router.worker.drafts import LookupConfig, PredictionConfig
+from router.worker.protocol import GenerationRequest
+from router.worker.suffix import SuffixConfig
+
+# (largest batch size, draft tokens per sequence per step); larger batches draft nothing.
+BATCH_DRAFT_TABLE: tuple[tuple[int, int], ...] = ((2, 8), (4, 6), (8, 2))
+
+BATCH_SOURCES = ("prediction", "prompt_lookup", "suffix")
+
+
+def batch_draft_length(
+    batch_size: int, table: tuple[tuple[int, int], ...] = BATCH_DRAFT_TABLE
+) -> int:
+    """Draft tokens per sequence for a step of ``batch_size`` decoding sequences."""
+    for largest, length in table:
+        if batch_size <= largest:
+            return length
+    return 0
+
+
+def sequence_draft_length(batch_size: int, source_max: int, room: int) -> int:
+    """One sequence's draft this step: the table's length for the batch, at most its
+    ``source_max`` (the source's maximum, lowered by the request's ``num_draft_tokens``) and
+    ``room - 1`` (the pending token is emitted too, and ``room`` is what it may still emit)."""
+    return max(0, min(batch_draft_length(batch_size), source_max, room - 1))
+
+
+@dataclass(frozen=True)
+class BatchDraftSettings:
+    """The batching lane's draft sources: their limits, and the lane's own source for
+    requests that name none (``none``: only a prediction or a request's ``draft_source``
+    drafts; the router names one per request)."""
+
+    draft_source: str = "none"
+    lookup: LookupConfig = field(default_factory=LookupConfig)
+    prediction: PredictionConfig = field(default_factory=PredictionConfig)
+    suffix: SuffixConfig = field(default_factory=SuffixConfig)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    source: str | None  # None: plain decoding
+    k: int = 0  # the most it drafts per step, before the table
+
+
+PLAIN = BatchPlan(None)
+
+
+def batch_plan(
+    request: GenerationRequest, settings: BatchDraftSettings, has_processors: bool
+) -> BatchPlan:
+    """Which source a request drafts with on the batching lane: its prediction, else its own
+    ``draft_source``, else the lane's; plain with logits processors, ``num_draft_tokens: 0``,
+    or a source this lane has not (``draft_model``)."""
+    asked = request.num_draft_tokens
+    if has_processors or asked == 0:
+        return PLAIN
+    if request.prediction:
+        source, k = "prediction", settings.prediction.max_draft
+    else:
+        source = request.draft_source or settings.draft_source
+        if source == "prompt_lookup":
+            k = settings.lookup.max_draft
+        elif source == "suffix":
+            k = settings.suffix.max_draft
+        else:
+            return PLAIN
+    return BatchPlan(source, k if asked is None else min(asked, k))

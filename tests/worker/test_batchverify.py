@@ -1,0 +1,63 @@
+"""The batched verify step's pieces: the accepted prefix, and trimming the rows of a
+``BatchKVCache`` apart (on a real mlx-lm cache, no model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from router.worker.batchverify import accepted_prefix, row_trims, trim_rows, trimmable
+
+
+def test_the_accepted_prefix() -> None:
+    assert accepted_prefix([], [7]) == 0
+    assert accepted_prefix([1, 2, 3], [1, 2, 3, 4]) == 3
+    assert accepted_prefix([1, 2, 3], [1, 5, 3, 4]) == 1
+    assert accepted_prefix([1, 2, 3], [9, 2, 3, 4]) == 0
+
+
+def test_row_trims_drop_what_every_row_rejects_and_roll_the_rest() -> None:
+    assert row_trims(5, [5, 5]) == (0, [0, 0])
+    assert row_trims(5, [1, 3, 5]) == (0, [4, 2, 0])
+    assert row_trims(5, [1, 2]) == (3, [1, 0])
+
+
+def test_rows_that_keep_different_lengths_hold_exactly_their_tokens() -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
+
+    def single(values: list[float]) -> KVCache:
+        c = KVCache()
+        x = mx.array(values, dtype=mx.float32).reshape(1, 1, len(values), 1)
+        c.update_and_fetch(x, x)
+        return c
+
+    batch = BatchKVCache.merge([single([1, 2, 3]), single([4, 5])])
+    assert trimmable([batch]) and not trimmable([RotatingKVCache(8)]) and not trimmable([])
+    # One verify pass of width 4: row 0 keeps 2 positions, row 1 keeps 4.
+    new = mx.array([[10, 11, 12, 13], [20, 21, 22, 23]], dtype=mx.float32).reshape(2, 1, 4, 1)
+    batch.update_and_fetch(new, new)
+    trim_rows([batch], 4, [2, 4])
+    first, second = batch.extract(0), batch.extract(1)
+    assert first.keys.reshape(-1).tolist() == [1, 2, 3, 10, 11]
+    assert second.keys.reshape(-1).tolist() == [4, 5, 20, 21, 22, 23]
+    assert batch.offset.tolist() == [5, 6]  # each row's own length: its next positions
+    # The next step appends after each row's own tokens.
+    step = mx.array([[14], [24]], dtype=mx.float32).reshape(2, 1, 1, 1)
+    batch.update_and_fetch(step, step)
+    assert batch.extract(0).keys.reshape(-1).tolist() == [1, 2, 3, 10, 11, 14]
+    assert batch.extract(1).keys.reshape(-1).tolist() == [4, 5, 20, 21, 22, 23, 24]
+    # Padding is masked: a next token of row 0 sees its 6 positions and itself, no more.
+    mask = batch.make_mask(1)
+    assert mask.reshape(2, -1).sum(axis=1).tolist() == [7, 8]
+
+
+def test_the_batching_worker_reports_its_table_and_suffix_index() -> None:
+    from router.worker.batching import BatchingEngine
+    from router.worker.draftlength import BATCH_DRAFT_TABLE
+
+    def never() -> Any:
+        raise AssertionError("not started")
+
+    report = BatchingEngine(never, 4).report()  # what /health adds
+    assert report["draft_table"] == [list(row) for row in BATCH_DRAFT_TABLE]
+    assert report["suffix_index"] == {"entries": 0, "bytes": 0, "max_bytes": 64 << 20, "evicted": 0}
