@@ -5,8 +5,6 @@ tests/lanes/test_models.py), one of them slow to start."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,21 +18,19 @@ from router.lanes import group
 from router.lanes.process import WorkerCommand
 from router.proxy import ondemand
 from tests.conftest import RunningRouter, run_router
-from tests.lanes.test_models import FAKE_WORKER, settings_for
+from tests.lanes.test_models import fake_command, settings_for
 
 SLOW_START = 1.5  # seconds the fake workers of "gamma" and "broken" take to start
 
 
 def slow_command(
-    lane: str, settings: Any, model_dir: Path, draft: Path | None, model_name: str, **_: Any
+    lane: str, settings: Any, model_dir: Path, draft: Path | None, model_name: str, **kw: Any
 ) -> WorkerCommand:
-    flags = ["--mode", lane, "--port", "0", "--model", str(model_dir), "--model-name", model_name]
-    if model_dir.name in ("gamma", "broken"):
-        flags += ["--slow-start", str(SLOW_START)]
-    if "broken" in model_dir.name:
-        flags += ["--exit-early", "7"]
-    argv = (sys.executable, str(FAKE_WORKER), *flags)
-    return WorkerCommand(lane=lane, argv=argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    command = fake_command(lane, settings, model_dir, draft, model_name, **kw)
+    if model_dir.name not in ("gamma", "broken"):
+        return command
+    slow = (*command.argv, "--slow-start", str(SLOW_START))
+    return WorkerCommand(lane=command.lane, argv=slow, env=command.env)
 
 
 @pytest.fixture(autouse=True)
