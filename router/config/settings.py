@@ -150,6 +150,9 @@ class LanesSettings(Frozen):
     health_interval: float = Field(default=2.0, gt=0)
     max_restarts: int = Field(default=5, ge=0)  # within restart_window, then the lane is given up
     restart_window: float = Field(default=300.0, gt=0)
+    # A worker busy (a request active or queued) whose progress_tokens do not move for this
+    # long has a stuck generation thread: it is killed and restarted (0: never).
+    stall_timeout: float = Field(default=300.0, ge=0)
     read_timeout: float = Field(default=300.0, gt=0)
     # KV cache of earlier requests reused for the longest common token prefix (0: off).
     prompt_cache_bytes: int = Field(default=DEFAULT_PROMPT_CACHE_BYTES, ge=0)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 # Why a worker was restarted (the ``reason`` label of speclane_worker_restarts_total).
-RestartReason = Literal["exited", "hung", "start_failed"]
+RestartReason = Literal["exited", "hung", "stalled", "start_failed"]
 
 
 class LaneState(enum.Enum):
@@ -121,3 +121,31 @@ def lane_health(health: dict[str, Any] | None, lane: str) -> dict[str, Any] | No
         return health
     block = health["lanes"].get(lane)
     return block if isinstance(block, dict) else None
+
+
+@dataclass
+class StallWatch:
+    """A worker that answers /health but makes no progress while it has work: its generation
+    thread is stuck (a request would only time out, and the next one with it). ``observe``
+    each health answer; it returns how long the worker has been busy without progress
+    (``progress_tokens`` unchanged while a request is active or queued), 0 while it moves or
+    idles. A health answer without ``progress_tokens`` is never judged."""
+
+    since: float | None = None
+    progress: int | None = None
+
+    def observe(self, blocks: list[dict[str, Any] | None], now: float) -> float:
+        busy, progress = 0, 0
+        for block in blocks:
+            if block is None or not isinstance(block.get("progress_tokens"), int):
+                self.since = None
+                return 0.0
+            busy += int(block.get("active") or 0) + int(block.get("queued") or 0)
+            progress += block["progress_tokens"]
+        if not busy:
+            self.since = None  # idle: the clock starts when work arrives
+            return 0.0
+        if progress != self.progress or self.since is None:
+            self.progress, self.since = progress, now
+            return 0.0
+        return now - self.since

@@ -40,6 +40,7 @@ from router.lanes.status import (
     LaneStatus,
     RestartBudget,
     RestartReason,
+    StallWatch,
     backoff_delay,
     check_transition,
     lane_health,
@@ -114,6 +115,7 @@ class LaneSupervisor:
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
         kill_grace: float = 5.0,
+        stall_timeout: float = 0.0,
         metrics: Metrics | None = None,
         on_change: StatusCallback | None = None,
         label_suffix: str = "",
@@ -132,6 +134,7 @@ class LaneSupervisor:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.kill_grace = kill_grace  # for workers we abandon (start-up timeout, hung)
+        self.stall_timeout = stall_timeout  # busy without progress this long: stuck (0: off)
         self._metrics = metrics
         self._on_change = on_change
         self._status = LaneStatus(lane=self.lane)
@@ -166,6 +169,7 @@ class LaneSupervisor:
             health_interval=settings.health_interval,
             max_restarts=settings.max_restarts,
             restart_window=settings.restart_window,
+            stall_timeout=settings.stall_timeout,
             metrics=metrics,
             on_change=on_change,
             label_suffix=label_suffix,
@@ -329,6 +333,8 @@ class LaneSupervisor:
 
     async def _watch(self, worker: WorkerProcess) -> None:
         failures = 0
+        stall = StallWatch()
+        loop = asyncio.get_running_loop()
         while True:
             done, _ = await asyncio.wait({worker.exited}, timeout=self.health_interval)
             if done:
@@ -341,6 +347,16 @@ class LaneSupervisor:
                 for lane, figures in self._figures.items():
                     figures.observe(lane_health(health, lane))
                 self._observe_memory(worker.pid)
+                stuck = stall.observe(
+                    [lane_health(health, lane) for lane in self.lanes], loop.time()
+                )
+                if self.stall_timeout and stuck > self.stall_timeout:
+                    await worker.terminate(self.kill_grace)
+                    raise self._lost(
+                        "stalled",
+                        f"worker stalled: busy without progress for {stuck:.0f}s "
+                        f"(lanes.stall_timeout {self.stall_timeout:g}s)",
+                    )
                 continue
             if worker.exited.done():
                 continue  # reported as an exit on the next turn

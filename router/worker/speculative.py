@@ -373,6 +373,7 @@ class SpeculativeEngine(Engine):
         )
         self.cache_counters = Counters()
         self.run: SpecRun | None = None  # the request being decoded
+        self.progress_tokens = 0  # grows with every prefill chunk and generated token
         # Earlier requests' prompts and answers, per client partition (generation thread only).
         self.suffix = SuffixIndex(settings.suffix)
 
@@ -385,6 +386,7 @@ class SpeculativeEngine(Engine):
         from the event loop)."""
         index = self.suffix
         return {
+            "progress_tokens": self.progress_tokens,
             "prompt_cache": self.prompt_cache.stats(self.cache_counters),
             "suffix_index": {
                 "entries": len(index),
@@ -535,6 +537,8 @@ class SpecRun:
         step = next(self.steps, None)
         if step is None:
             return self._end()
+        # a prefill chunk or a step's tokens: what /health shows moving (never on a stuck thread)
+        self.engine.progress_tokens += max(1, len(step.tokens))
         self.decoding = self.decoding or bool(step.tokens)
         if self.progress.step(step):
             self.reason = "stop"

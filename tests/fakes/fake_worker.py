@@ -1,7 +1,8 @@
 """A spawnable fake lane worker that speaks the router.worker contract without MLX.
 
     python tests/fakes/fake_worker.py --port 0 [--slow-start S] [--exit-early CODE]
-        [--ignore-sigterm] [--hang-health-after N] [--die-after S] [--parent-pid PID]
+        [--ignore-sigterm] [--hang-health-after N] [--stall-after N] [--die-after S]
+        [--parent-pid PID]
 
 It accepts the real worker's flags too (--mode, --model, --draft-model, ...), prints the
 ready line on stdout once listening, logs to stderr, answers GET /health, GET /v1/models
@@ -40,6 +41,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--noise-lines", type=int, default=0, help="stderr lines printed at start")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--hang-health-after", type=int, help="/health never answers after N answers")
+    p.add_argument(
+        "--stall-after",
+        type=int,
+        help="after N /health answers, report a request active whose progress never moves",
+    )
     p.add_argument("--die-after", type=float, help="exit with --die-code this long after ready")
     p.add_argument("--die-code", type=int, default=3)
     p.add_argument(
@@ -59,6 +65,11 @@ class FakeWorker:
         self.health_answers = 0
         self.active = 0
 
+    @property
+    def stalled(self) -> bool:
+        limit = self.args.stall_after
+        return limit is not None and self.health_answers >= limit
+
     def health(self) -> dict[str, object]:
         speculative = self.args.mode == "speculative" and self.args.draft_model is not None
         return {
@@ -68,8 +79,9 @@ class FakeWorker:
             "draft_model": self.args.draft_model,
             "speculative": speculative,
             "num_draft_tokens": self.args.num_draft_tokens if speculative else 0,
-            "active": self.active,
+            "active": self.active or int(self.stalled),
             "queued": 0,
+            "progress_tokens": self.health_answers if not self.stalled else 7,
             "capacity": 1 if self.args.mode == "speculative" else self.args.max_batch_size,
             "pid": os.getpid(),
         }

@@ -129,3 +129,24 @@ def test_a_lanes_health_is_its_own_block_of_a_shared_workers_health() -> None:
     assert lane_health(shared, "speculative") == {"mode": "speculative"}
     assert lane_health({"mode": "shared", "lanes": {}}, "batching") is None
     assert lane_health(None, "batching") is None
+
+
+def test_stall_watch_counts_only_busy_time_without_progress() -> None:
+    from router.lanes.status import StallWatch
+
+    watch = StallWatch()
+    idle = {"active": 0, "queued": 0, "progress_tokens": 100}
+    busy = {"active": 1, "queued": 0, "progress_tokens": 100}
+    assert watch.observe([idle], 0.0) == 0.0
+    assert watch.observe([busy], 290.0) == 0.0  # work just arrived: the clock starts now
+    assert watch.observe([busy], 300.0) == 10.0
+    assert watch.observe([{**busy, "progress_tokens": 101}], 301.0) == 0.0  # it moved
+    assert watch.observe([{**busy, "progress_tokens": 101}], 320.0) == 19.0
+    assert watch.observe([idle], 330.0) == 0.0
+    # a shared worker: the lanes' progress together (one lane waits while the other runs)
+    lanes = [{"active": 0, "queued": 1, "progress_tokens": 5}, {**busy, "progress_tokens": 9}]
+    assert watch.observe(lanes, 400.0) == 0.0
+    moved = [lanes[0], {**busy, "progress_tokens": 10}]
+    assert watch.observe(moved, 500.0) == 0.0
+    # a worker that does not report progress is never judged
+    assert watch.observe([{"active": 1, "queued": 0}], 900.0) == 0.0

@@ -32,6 +32,7 @@ from router.lanes.supervisor import (
     stop_all,
 )
 from router.metrics import Metrics
+from tests.conftest import wait_until
 from tests.fakes.lane_status import Recorder
 
 FAKE_WORKER = Path(__file__).parents[1] / "fakes" / "fake_worker.py"
@@ -274,6 +275,30 @@ async def test_hung_worker_is_killed_and_restarted(make):
     again = await rec.wait_for(LaneState.READY, nth=2)
     assert again.pid != first.pid
     assert sample(metrics, "speclane_worker_restarts_total", lane="speculative", reason="hung") >= 1
+
+
+async def test_a_worker_busy_without_progress_is_killed_and_restarted(make):
+    """Its /health answers, but a request stays active and progress_tokens never move: the
+    generation thread is stuck. Past stall_timeout the lane restarts (reason stalled)."""
+    metrics = Metrics()
+    sup, rec = make("--stall-after", "3", stall_timeout=0.5, metrics=metrics)
+    await sup.start()
+    first = sup.status
+    down = await rec.wait_for(LaneState.DOWN)
+    assert "stalled" in (down.last_error or "")
+    assert gone(rec.procs[first.pid])
+    again = await rec.wait_for(LaneState.READY, nth=2)
+    assert again.pid != first.pid
+    labels = {"lane": "speculative", "reason": "stalled"}
+    assert sample(metrics, "speclane_worker_restarts_total", **labels) >= 1
+
+
+async def test_a_busy_worker_that_progresses_is_left_alone(make):
+    sup, rec = make("--stall-after", "1000000", stall_timeout=0.3)
+    await sup.start()
+    # health checks well past stall_timeout (0.1 s apart), its progress moving every one
+    await wait_until(lambda: (sup.status.health or {}).get("progress_tokens", 0) >= 12, WAIT)
+    assert rec.states == [LaneState.STARTING, LaneState.READY]
 
 
 async def test_worker_that_keeps_dying_is_given_up(make, caplog):
