@@ -79,6 +79,7 @@ def test_health_reports_each_lane(spec_worker: WorkerProcess, batch_worker: Work
     index = reported.pop("suffix_index")
     assert set(index) == {"entries", "bytes", "max_bytes", "evicted"}
     assert index["max_bytes"] == 64 * 1024 * 1024
+    assert isinstance(reported.pop("progress_tokens"), int)  # what the stall watch reads
     assert reported == {
         "status": "ok",
         "mode": "speculative",
