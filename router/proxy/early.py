@@ -18,14 +18,10 @@ from aiohttp import web
 
 from router import errors
 from router.errors import RouterError
+from router.proxy.relay import SSE_HEADERS
 
 FIRST_TICK = 2.0  # a load shorter than this changes nothing: the answer's own headers go out
 TICK = 5.0
-SSE_HEADERS = {
-    "Content-Type": "text/event-stream",
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",
-}
 
 
 class EarlyStream:
