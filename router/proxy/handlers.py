@@ -193,15 +193,18 @@ async def proxy(
         model = parsed.route.model
         parsed.cache_partition = wire_token(partition)
         limiter = app[LIMITER]
-        early = early_stream(
-            request,
-            api,
-            parsed.route.stream,
-            egress.stream_content_type if egress is not None else None,
-            egress.error if egress is not None else None,
-        )
+        # Without models of ours to load (external backends only) nothing ever waits for a
+        # load: no stream is begun early, and ``model_loaded`` is a no-op.
+        if (manager := app[MODELS]) is not None:
+            early = early_stream(
+                request,
+                api,
+                parsed.route.stream,
+                egress.stream_content_type if egress is not None else None,
+                egress.error if egress is not None else None,
+            )
         async with (
-            model_loaded(app.get(MODELS), app[POOL], parsed, policy, early.tick if early else None),
+            model_loaded(manager, app[POOL], parsed, policy, early.tick if early else None),
             limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited,
         ):
             model = parsed.route.model

@@ -97,7 +97,11 @@ def browser_guard(rule: HostRule) -> Middleware:
                     type="permission_error",
                     code="host_not_allowed",
                 )
-        if request.method not in SAFE_METHODS:
+        if request.method not in SAFE_METHODS and (
+            hdrs.ORIGIN in request.headers
+            or "Sec-Fetch-Site" in request.headers
+            or request.path.startswith("/admin/")
+        ):
             refuse_cross_site(request, rule)
         return await handler(request)
 

@@ -112,19 +112,32 @@ async def _wait(load: Awaitable[float], name: str, waiting: Waiting | None) -> f
         task.cancel()  # the caller went away (or ``waiting`` failed): stop waiting
 
 
-@contextlib.asynccontextmanager
-async def model_loaded(
+# One shared no-op: a request with nothing to load costs no generator.
+NOTHING_TO_LOAD: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+def model_loaded(
     manager: ModelManager | None,
     pool: BackendPool,
     parsed: ParsedRequest,
     policy: Policy,
     waiting: Waiting | None = None,
-) -> AsyncIterator[None]:
+) -> contextlib.AbstractAsyncContextManager[None]:
     """``holding`` for a parsed request: an alias is rewritten to the model's own name (the
     workers serve it under that name) and the load's wait recorded."""
-    if parsed.endpoint == "embeddings":  # the lanes do not embed: nothing to load
-        yield
-        return
+    if manager is None or parsed.endpoint == "embeddings":  # the lanes do not embed
+        return NOTHING_TO_LOAD
+    return _model_loaded(manager, pool, parsed, policy, waiting)
+
+
+@contextlib.asynccontextmanager
+async def _model_loaded(
+    manager: ModelManager,
+    pool: BackendPool,
+    parsed: ParsedRequest,
+    policy: Policy,
+    waiting: Waiting | None,
+) -> AsyncIterator[None]:
     async with holding(
         manager, pool, parsed.route.model, policy, parsed.keep_alive, waiting
     ) as held:

@@ -105,7 +105,9 @@ class SpecTelemetry:
     def advise(self, model: str, workload: str, source: str) -> SpecAdvice:
         """The workload's state on the speculative lane with ``source``, peeked: nothing is
         taken."""
-        return self.advise_lane("speculative", model, workload, source)
+        key = SpecKey("speculative", model, workload, source)  # advise_lane's, inline
+        verdict = self.auto.peek(key, time.monotonic())
+        return SpecAdvice(use=verdict.use_speculation and not verdict.probe, probe=verdict.probe)
 
     def advise_batching(self, model: str, workload: str, source: str) -> SpecAdvice:
         """The same, on the batching lane (judged apart: its own key)."""
@@ -127,7 +129,11 @@ class SpecTelemetry:
         backend = self._pool[first.backend]
         if not speculates(backend.lane, _judged(backend), first):
             return _with(decision, candidates)
-        key = SpecKey(_state_owner(backend), claim.model, claim.workload, candidate_source(first))
+        # Whose state: a lane of ours by its lane name (the model is its own part of the key,
+        # so a model loaded on demand finds its state), an external backend by its name.
+        key = SpecKey(
+            backend.lane or backend.name, claim.model, claim.workload, candidate_source(first)
+        )
         verdict = self.auto.verdict(key, now)
         settled = settle(
             candidates,
@@ -178,7 +184,7 @@ class SpecTelemetry:
             self._metrics.decode_tps.labels(served.lane, str(speculative).lower()).observe(
                 observation.decode_tps() or 0.0
             )
-        key = SpecKey(_state_owner(backend), model, workload, source)
+        key = SpecKey(backend.lane or backend.name, model, workload, source)  # as claim_route
         if claim.key is not None and claim.key != key:
             self._release(claim, now)  # a retry moved it to another backend
             claim.ticket = None
@@ -346,11 +352,3 @@ def _observation(outcome: Outcome) -> Observation | None:
         ttft_seconds=outcome.ttft,
         solo=outcome.solo,
     )
-
-
-def _state_owner(backend: Backend) -> str:
-    """Whose speculative state a request's outcome joins: a lane of ours by its lane name
-    (every model's speculative lane is ``speculative``; the model is its own part of the
-    key, so ``advise`` finds the state of a model loaded on demand), an external backend
-    by its name."""
-    return backend.lane or backend.name

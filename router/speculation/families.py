@@ -63,11 +63,10 @@ def _constrained(data: Mapping[str, Any], tools: bool) -> bool:
     """What the lanes decode under a grammar (``router.worker.constrain``): a JSON
     ``response_format``, or ``tools`` the answer must call (``tool_choice`` ``"required"``
     or a named function)."""
-    response_format = data.get("response_format")
-    if isinstance(response_format, Mapping) and response_format.get("type") in JSON_FORMATS:
+    response_format = data.get("response_format")  # a JSON body's objects are dicts
+    if isinstance(response_format, dict) and response_format.get("type") in JSON_FORMATS:
         return True
-    choice = data.get("tool_choice")
-    return tools and (choice == "required" or isinstance(choice, Mapping))
+    return tools and ((choice := data.get("tool_choice")) == "required" or isinstance(choice, dict))
 
 
 def _last_user_text(data: Mapping[str, Any]) -> str:
