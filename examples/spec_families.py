@@ -48,7 +48,7 @@ from typing import Any
 
 import aiohttp
 
-from router.bench.common import procs
+from router.bench.common import procs, stats
 from router.bench.sources import plan, report
 from router.bench.sources.plan import EDIT_FAMILIES, edit_body
 
@@ -264,7 +264,7 @@ async def scenario_one(
         "messages": [{"role": "user", "content": prompt}],
         **extra,
     }
-    body = plan.scenario_body(body, variant)
+    body = plan.apply_variant(body, variant)
     last = None
     usage: dict[str, Any] = {}
     sent = time.perf_counter()
@@ -396,19 +396,15 @@ async def batch_copy(
 
 
 def batch_table(results: dict[str, Any]) -> str:
-    rows = [
-        "| family (source) | plain tok/s | drafting tok/s | ratio | accepted/drafted |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
+    rows = []
     for family, r in results.items():
         drafting = r[r["source"]]
         accepted = sum(x["accepted"] for x in drafting["runs"])
         drafted = sum(x["drafted"] for x in drafting["runs"])
-        rows.append(
-            f"| {family} ({r['source']}) | {r['plain']['aggregate_tps']} | "
-            f"{drafting['aggregate_tps']} | {r['ratio']}x | {accepted}/{drafted} |"
-        )
-    return "\n".join(rows)
+        figures = [drafting["aggregate_tps"], f"{r['ratio']}x", f"{accepted}/{drafted}"]
+        rows.append([f"{family} ({r['source']})", r["plain"]["aggregate_tps"], *figures])
+    header = ["family (source)", "plain tok/s", "drafting tok/s", "ratio", "accepted/drafted"]
+    return "\n".join(stats.table(header, rows, "lrrrr"))
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
