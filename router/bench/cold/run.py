@@ -30,15 +30,10 @@ RETRY_EVERY = 0.02  # seconds between tries while mlx_lm.server's port is not op
 
 def commit() -> str:
     """The checked-out commit, ``-dirty`` when tracked files have changed."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout
-
-    try:
-        head, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "-uno")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"{head.strip()}-dirty" if dirty.strip() else head.strip()
+    argv = ["git", "describe", "--always", "--dirty", "--exclude=*"]
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+    return "unknown"
 
 
 def prime(model_dir: Path) -> None:
@@ -62,9 +57,8 @@ async def first_token(
     while True:
         reply = await stream(session, f"{url}/chat/completions", payload, {}, Reply())
         refused = reply.status is None and reply.error and "Connect" in reply.error
-        if not (refused and proc is not None and proc.returncode is None):
-            break
-        if time.perf_counter() - started > REQUEST_TIMEOUT:
+        alive = proc is not None and proc.returncode is None
+        if not (refused and alive and time.perf_counter() - started <= REQUEST_TIMEOUT):
             break
         await asyncio.sleep(RETRY_EVERY)
     return reply, reply.token_times[0] - started if reply.token_times else None
@@ -90,40 +84,36 @@ async def warm(
 def write_config(root: Path, mode: Mode, model_dir: Path, layout: str) -> Path:
     """The router's configuration and policies in ``root``; in on-demand mode, its models
     folder too (the model under two names)."""
-    policies = procs.write_policies(root / "policies")
     models_dir = root / "models" if mode == "on-demand" else None
     if models_dir is not None:
         files = [p.name for p in model_dir.iterdir() if p.is_file()]
         for link, target in plan.model_links(model_dir, files, models_dir):
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(target)
-    config = root / "speclane.toml"
+    policies = procs.write_policies(root / "policies")
     text = plan.speclane_config(mode, model_dir, policies, models_dir, layout)
-    config.write_text(text, encoding="utf-8")
-    return config
+    (root / "speclane.toml").write_text(text, encoding="utf-8")
+    return root / "speclane.toml"
 
 
 @contextlib.asynccontextmanager
 async def speclane_serving(
     mode: Mode, model_dir: Path, layout: str, log: IO[bytes]
 ) -> AsyncIterator[tuple[str, float, float]]:
-    """``speclane serve`` on a temporary configuration: (its /v1 URL, when it was started,
-    when it said it listens), both ``perf_counter``."""
+    """``speclane serve`` on a temporary configuration: its /v1 URL, when it was started and
+    when it said it listens (``perf_counter``)."""
     with tempfile.TemporaryDirectory(prefix="speclane-cold-") as tmp:
         config = write_config(Path(tmp), mode, model_dir, layout)
         argv = [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"]
+        listening = r"speclane listening on (http://\S+)"
         started = time.perf_counter()
         proc, m = await procs.spawn_until_line(
-            argv,
-            r"speclane listening on (http://\S+)",
-            procs.START_DEADLINE,
-            procs.router_env(),
-            log,
+            argv, listening, procs.START_DEADLINE, procs.router_env(), log
         )
-        listening = time.perf_counter()
+        up = time.perf_counter()
         drainer = asyncio.create_task(procs.drain(proc.stdout, log))
         try:
-            yield m.group(1), started, listening
+            yield m.group(1), started, up
         finally:
             await procs.stop(proc, 15.0, group=True)
             drainer.cancel()
