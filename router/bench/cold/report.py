@@ -44,7 +44,9 @@ def summary(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return spread([v for r in side for v in r.get(key, [])])
 
     cold, mlx_cold = spread([speclane_cold(r) for r in ours]), each(theirs, "first_token_s")
-    warm, mlx_warm = every(ours, "warm_ttft_s")["median"], every(theirs, "warm_ttft_s")["median"]
+    warm, mlx_warm = every(ours, "warm_ttft_s"), every(theirs, "warm_ttft_s")
+    ours_s, theirs_s = warm["median"], mlx_warm["median"]
+    difference = None if ours_s is None or theirs_s is None else (ours_s - theirs_s) * 1000
     return {
         "speclane_cold_s": cold,
         "speclane_startup_first_token_s": each(ours, "startup_first_token_s"),
@@ -52,11 +54,9 @@ def summary(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "speclane_on_demand_first_token_s": each(ours, "on_demand_first_token_s"),
         "mlx_lm_server_cold_s": mlx_cold,
         "cold_ratio": ratio(cold["median"], mlx_cold["median"]),
-        "speclane_warm_ttft_s": every(ours, "warm_ttft_s"),
-        "mlx_lm_server_warm_ttft_s": every(theirs, "warm_ttft_s"),
-        "warm_ttft_difference_ms": None
-        if warm is None or mlx_warm is None
-        else (warm - mlx_warm) * 1000,
+        "speclane_warm_ttft_s": warm,
+        "mlx_lm_server_warm_ttft_s": mlx_warm,
+        "warm_ttft_difference_ms": difference,
         "router_overhead_ms": every(ours, "overhead_ms"),
         "errors": [f"round {r['round']} {r['side']}: {e}" for r in rounds for e in r["errors"]],
     }
