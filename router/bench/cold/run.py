@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,6 +24,7 @@ from router.config.names import OVERHEAD_HEADER
 
 REQUEST_TIMEOUT = 900.0  # a first request may wait for a whole model load
 TIMEOUT = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
+LISTENING = r"speclane listening on (http://\S+)"
 RETRY_EVERY = 0.02  # seconds between tries while mlx_lm.server's port is not open yet
 
 
@@ -96,47 +96,36 @@ def write_config(root: Path, mode: Mode, model_dir: Path, layout: str) -> Path:
     return root / "speclane.toml"
 
 
-@contextlib.asynccontextmanager
-async def speclane_serving(
-    mode: Mode, model_dir: Path, layout: str, log: IO[bytes]
-) -> AsyncIterator[tuple[str, float, float]]:
-    """``speclane serve`` on a temporary configuration: its /v1 URL, when it was started and
-    when it said it listens (``perf_counter``)."""
-    with tempfile.TemporaryDirectory(prefix="speclane-cold-") as tmp:
-        config = write_config(Path(tmp), mode, model_dir, layout)
-        argv = [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"]
-        listening = r"speclane listening on (http://\S+)"
-        started = time.perf_counter()
-        proc, m = await procs.spawn_until_line(
-            argv, listening, procs.START_DEADLINE, procs.router_env(), log
-        )
-        up = time.perf_counter()
-        drainer = asyncio.create_task(procs.drain(proc.stdout, log))
-        try:
-            yield m.group(1), started, up
-        finally:
-            await procs.stop(proc, 15.0, group=True)
-            drainer.cancel()
-
-
 async def speclane_round(
     mode: Mode, model_dir: Path, args: argparse.Namespace, log: IO[bytes]
 ) -> dict[str, Any]:
+    """``speclane serve`` on a temporary configuration, its start-up and first requests."""
     out: dict[str, Any] = {"mode": mode, "errors": []}
     model = plan.served_name(mode, model_dir)
-    async with speclane_serving(mode, model_dir, args.layout, log) as (url, started, up):
-        out["startup_s"] = up - started
-        async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
-            first = body(model, 0, args.max_tokens)
-            reply, out["startup_first_token_s"] = await first_token(s, url, first, started)
-            replies = [reply]
-            if mode == "on-demand":
-                sent = time.perf_counter()
-                cold = body(COLD, 1, args.max_tokens)
-                reply, out["on_demand_first_token_s"] = await first_token(s, url, cold, sent)
-                replies.append(reply)
-            figures = await warm(s, url, model, args)
-            lanes = await environment.lanes_info(s, url.removesuffix("/v1"))
+    with tempfile.TemporaryDirectory(prefix="speclane-cold-") as tmp:
+        config = write_config(Path(tmp), mode, model_dir, args.layout)
+        argv = [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"]
+        started = time.perf_counter()
+        proc, m = await procs.spawn_until_line(
+            argv, LISTENING, procs.START_DEADLINE, procs.router_env(), log
+        )
+        out["startup_s"], url = time.perf_counter() - started, m.group(1)
+        drainer = asyncio.create_task(procs.drain(proc.stdout, log))
+        try:
+            async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+                first = body(model, 0, args.max_tokens)
+                reply, out["startup_first_token_s"] = await first_token(s, url, first, started)
+                replies = [reply]
+                if mode == "on-demand":
+                    sent = time.perf_counter()
+                    cold = body(COLD, 1, args.max_tokens)
+                    reply, out["on_demand_first_token_s"] = await first_token(s, url, cold, sent)
+                    replies.append(reply)
+                figures = await warm(s, url, model, args)
+                lanes = await environment.lanes_info(s, url.removesuffix("/v1"))
+        finally:
+            await procs.stop(proc, 15.0, group=True)
+            drainer.cancel()
     out["errors"] = [r.error for r in replies if r.error] + figures.pop("errors")
     return {**out, "lanes": lanes, **figures}
 
