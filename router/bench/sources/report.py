@@ -21,26 +21,23 @@ def family_rows(state: Mapping[str, Any], family: str) -> list[dict[str, Any]]:
     ]
 
 
-def row_decided(row: Mapping[str, Any]) -> bool:
-    """Off, or on with a full acceptance window and enough speed samples to have judged."""
-    if row.get("state") == "off":
-        return True
-    window, speed = row.get("window") or {}, row.get("speed") or {}
-    return bool(window.get("judging")) and (
-        speed.get("spec_samples", 0) >= speed.get("min_samples", 1)
-        and speed.get("baseline_tps") is not None
-    )
-
-
 def settled(rows: Sequence[Mapping[str, Any]], source: str | None, lane: str | None) -> bool:
     """Whether routed requests now measure a decision: sent to the batching lane (every
-    source off), or drafting with a source that has decided and stayed on. A source just
-    turned off has not settled (the family's next source is judged in turn); a plain request
-    on the speculative lane (``source`` None: a baseline sample) says nothing."""
+    source off), or drafting with a source that stayed on once judged (a full acceptance
+    window and enough speed samples). A source just turned off has not settled (the family's
+    next source is judged in turn); a plain request on the speculative lane (``source`` None:
+    a baseline sample) says nothing."""
     if lane == "batching":
         return True
     chosen = [r for r in rows if source is not None and r.get("source") == source]
-    return bool(chosen) and all(row_decided(r) and r.get("state") == "on" for r in chosen)
+    return bool(chosen) and all(_judged_on(r) for r in chosen)
+
+
+def _judged_on(row: Mapping[str, Any]) -> bool:
+    window, speed = row.get("window") or {}, row.get("speed") or {}
+    samples = speed.get("spec_samples", 0) >= speed.get("min_samples", 1)
+    judged = bool(window.get("judging")) and samples and speed.get("baseline_tps") is not None
+    return row.get("state") == "on" and judged
 
 
 def summarise(runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
