@@ -48,7 +48,7 @@ from typing import Any
 
 import aiohttp
 
-from router.bench.common import procs
+from router.bench.common import procs, stats
 from router.bench.sources import plan, report
 from router.bench.sources.plan import EDIT_FAMILIES, edit_body
 
@@ -112,6 +112,22 @@ client_header = ["family-{name}"]
 """
 
 
+def request(max_tokens: int, **fields: Any) -> dict[str, Any]:
+    """A greedy streamed request with its usage; ``fields``: the messages or the prompt, and
+    whatever else the request carries."""
+    greedy = {"max_tokens": max_tokens, "temperature": 0, "stream": True}
+    usage = {"stream_options": {"include_usage": True}}
+    return {"model": "SmolLM2-135M-Instruct", **greedy, **usage, **fields}
+
+
+async def events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """The JSON events of a streamed answer, as they arrive."""
+    async for raw in resp.content:
+        line = raw.strip()
+        if line.startswith(b"data: {"):
+            yield json.loads(line[6:])
+
+
 async def one(
     session: aiohttp.ClientSession,
     url: str,
@@ -124,24 +140,14 @@ async def one(
     headers = {"X-Speclane-Client": f"family-{family}"}
     if lane:
         headers["X-Speclane-Lane"] = lane
-    body: dict[str, Any] = {
-        "model": "SmolLM2-135M-Instruct",
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": prompt}],
-    }
-    endpoint = "chat/completions"
     if family in EDIT_FAMILIES:
-        endpoint = "completions"
-        del body["messages"]
-        body.update(edit_body(family))
-    elif family in plan.CONSTRAINED:  # a question never asked before in this run
-        body["messages"][0]["content"], fields = plan.constrained_request(
-            family, next(ASKED[family])
-        )
-        body.update(fields)
+        endpoint, fields = "completions", edit_body(family)
+    else:
+        endpoint, fields = "chat/completions", {}
+        if family in plan.CONSTRAINED:  # a question never asked before in this run
+            prompt, fields = plan.constrained_request(family, next(ASKED[family]))
+        fields = {"messages": [{"role": "user", "content": prompt}], **fields}
+    body = request(max_tokens, **fields)
     if variant is not None:
         body = plan.apply_variant(body, variant)
     first = last = None
@@ -150,11 +156,7 @@ async def one(
     async with session.post(f"{url}/{endpoint}", json=body, headers=headers) as resp:
         chosen = resp.headers.get("X-Speclane-Lane")
         decision = resp.headers.get("X-Speclane-Decision")
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data: {"):
-                continue
-            event = json.loads(line[6:])
+        async for event in events(resp):
             choice = (event.get("choices") or [{}])[0]
             delta = choice.get("delta") or {}
             if choice.get("text") or delta.get("content") or delta.get("tool_calls"):
@@ -255,25 +257,13 @@ async def scenario_one(
 ) -> dict[str, Any]:
     """One streamed chat request of a scenario on the speculative lane."""
     headers = {"X-Speclane-Client": f"family-{SCENARIO_CLIENT}", "X-Speclane-Lane": "speculative"}
-    body: dict[str, Any] = {
-        "model": "SmolLM2-135M-Instruct",
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": prompt}],
-        **extra,
-    }
-    body = plan.scenario_body(body, variant)
+    messages = [{"role": "user", "content": prompt}]
+    body = plan.apply_variant(request(max_tokens, messages=messages, **extra), variant)
     last = None
     usage: dict[str, Any] = {}
     sent = time.perf_counter()
     async with session.post(f"{url}/chat/completions", json=body, headers=headers) as resp:
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data: {"):
-                continue
-            event = json.loads(line[6:])
+        async for event in events(resp):
             delta = (event.get("choices") or [{}])[0].get("delta") or {}
             if delta.get("content") or delta.get("tool_calls"):
                 last = time.perf_counter()
@@ -321,22 +311,12 @@ async def batch_one(
     """One streamed request of an edit family on the batching lane, as the scenario client
     (no plain baseline samples: each variant is what its body names)."""
     headers = {"X-Speclane-Client": f"family-{SCENARIO_CLIENT}", "X-Speclane-Lane": "batching"}
-    body = {
-        "model": "SmolLM2-135M-Instruct",
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        **edit_body(family),
-    }
-    body = plan.apply_variant(body, variant)
+    body = plan.apply_variant(request(max_tokens, **edit_body(family)), variant)
     usage: dict[str, Any] = {}
     async with session.post(f"{url}/completions", json=body, headers=headers) as resp:
         lane = resp.headers.get("X-Speclane-Lane")
-        async for raw in resp.content:
-            line = raw.strip()
-            if line.startswith(b"data: {") and (event := json.loads(line[6:])).get("usage"):
-                usage = event["usage"]
+        async for event in events(resp):
+            usage = event.get("usage") or usage
     return {
         "lane": lane,
         "tokens": usage.get("completion_tokens", 0),
@@ -396,19 +376,15 @@ async def batch_copy(
 
 
 def batch_table(results: dict[str, Any]) -> str:
-    rows = [
-        "| family (source) | plain tok/s | drafting tok/s | ratio | accepted/drafted |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
+    rows = []
     for family, r in results.items():
         drafting = r[r["source"]]
         accepted = sum(x["accepted"] for x in drafting["runs"])
         drafted = sum(x["drafted"] for x in drafting["runs"])
-        rows.append(
-            f"| {family} ({r['source']}) | {r['plain']['aggregate_tps']} | "
-            f"{drafting['aggregate_tps']} | {r['ratio']}x | {accepted}/{drafted} |"
-        )
-    return "\n".join(rows)
+        figures = [drafting["aggregate_tps"], f"{r['ratio']}x", f"{accepted}/{drafted}"]
+        rows.append([f"{family} ({r['source']})", r["plain"]["aggregate_tps"], *figures])
+    header = ["family (source)", "plain tok/s", "drafting tok/s", "ratio", "accepted/drafted"]
+    return "\n".join(stats.table(header, rows, "lrrrr"))
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,49 +1,35 @@
 """``speclane bench cold``: what runs in which order, what is sent, and the router's
-configuration for each mode (pure)."""
+configuration in each mode (pure)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 Mode = Literal["startup", "on-demand"]
 MODES: tuple[Mode, ...] = ("startup", "on-demand")
-SPECLANE = "speclane"
-MLX_LM = "mlx_lm.server"
-SIDES = (SPECLANE, MLX_LM)
+SPECLANE, MLX_LM = "speclane", "mlx_lm.server"
 MLX_LM_MODEL = "default_model"  # what mlx_lm.server calls the model given by --model
 # The two names the model is served under in on-demand mode: loaded at start-up, and not.
 LOADED, COLD = "cold-bench-a", "cold-bench-b"
 
 
-@dataclass(frozen=True)
-class Step:
-    round: int  # from 1
-    side: str
-
-
-def schedule(rounds: int, sides: tuple[str, ...] = SIDES) -> list[Step]:
-    """Every side once per round; the order turns each round, so that neither side is
-    always the one measured first (after the other has warmed the machine)."""
-    steps = []
-    for r in range(rounds):
-        turn = r % len(sides)
-        steps += [Step(r + 1, side) for side in sides[turn:] + sides[:turn]]
-    return steps
-
-
-def question(i: int) -> list[dict[str, str]]:
-    """A short chat, different for each ``i``: no prompt cache answers a later one."""
-    return [{"role": "user", "content": f"Question {i}: name one city in a country you like."}]
+def schedule(rounds: int) -> list[tuple[int, str]]:
+    """(round from 1, side): both sides each round, the first one alternating, so that
+    neither is always measured after the other has warmed the machine."""
+    sides = (SPECLANE, MLX_LM)
+    return [(r + 1, side) for r in range(rounds) for side in (sides if r % 2 == 0 else sides[::-1])]
 
 
 def body(model: str, i: int, max_tokens: int) -> dict[str, Any]:
+    """A short streamed chat, different for each ``i``: no prompt cache answers a later one."""
+    question = f"Question {i}: name one city in a country you like."
+    messages = [{"role": "user", "content": question}]
     return {
         "model": model,
-        "messages": question(i),
+        "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
@@ -61,19 +47,13 @@ def speclane_config(
 ) -> str:
     """The router's configuration file. on-demand: ``models_dir`` serves every folder in it
     under its name; the lanes start on the first (``LOADED``)."""
+    if mode == "on-demand" and models_dir is None:
+        raise ValueError("on-demand mode needs a models_dir")
     q = json.dumps  # a JSON string is a valid TOML basic string
     model = models_dir / LOADED if mode == "on-demand" and models_dir else model_dir
-    lines = [
-        f"policies_dir = {q(str(policies_dir))}",
-        'log_level = "info"',
-        "shutdown_grace = 2",
-        "[lanes]",
-        f"model = {q(str(model))}",
-        f"layout = {q(layout)}",
-    ]
+    lines = [f"policies_dir = {q(str(policies_dir))}", 'log_level = "info"', "shutdown_grace = 2"]
+    lines += ["[lanes]", f"model = {q(str(model))}", f"layout = {q(layout)}"]
     if mode == "on-demand":
-        if models_dir is None:
-            raise ValueError("on-demand mode needs a models_dir")
         lines.append(f"models_dir = {q(str(models_dir))}")
     return "\n".join(lines) + "\n"
 

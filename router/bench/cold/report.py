@@ -7,128 +7,105 @@ from collections.abc import Sequence
 from typing import Any
 
 from router.bench.cold.plan import MLX_LM, SPECLANE
+from router.bench.common import stats
 from router.bench.common.stats import fmt, percentile, ratio
 
-
-def median(values: Sequence[float | None]) -> float | None:
-    return percentile([v for v in values if v is not None], 50)
+COLD_LABEL = {
+    "on-demand": "cold request, load included (s): speclane an unloaded model's first request; "
+    "mlx_lm.server process start to first token",
+    "startup": "cold start to first token (s): process start, load, first request",
+}
+LOADED_AT_START = "speclane start-up to first token on the model loaded at start (s)"
+OVERHEAD = "router overhead on a warm request, X-Speclane-Overhead-Ms (ms)"
 
 
 def spread(values: Sequence[float | None]) -> dict[str, float | None]:
     real = [v for v in values if v is not None]
-    return {
-        "median": median(real),
-        "min": min(real, default=None),
-        "max": max(real, default=None),
-        "n": len(real),
-    }
+    low, high = min(real, default=None), max(real, default=None)
+    return {"median": percentile(real, 50), "min": low, "max": high, "n": len(real)}
 
 
 def speclane_cold(record: dict[str, Any]) -> float | None:
     """The cold figure of one speclane round: an unloaded model's first request where the
     router loads models on demand, else start-up to the first token."""
-    if record.get("mode") == "on-demand":
-        value = record.get("on_demand_first_token_s")
-    else:
-        value = record.get("startup_first_token_s")
+    on_demand = record.get("mode") == "on-demand"
+    value = record.get("on_demand_first_token_s" if on_demand else "startup_first_token_s")
     return value if isinstance(value, int | float) else None
 
 
 def summary(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ours = [r for r in rounds if r["side"] == SPECLANE]
     theirs = [r for r in rounds if r["side"] == MLX_LM]
-    cold = spread([speclane_cold(r) for r in ours])
-    mlx_cold = spread([r.get("first_token_s") for r in theirs])
-    warm = spread([v for r in ours for v in r.get("warm_ttft_s", [])])
-    mlx_warm = spread([v for r in theirs for v in r.get("warm_ttft_s", [])])
-    difference = (
-        None
-        if warm["median"] is None or mlx_warm["median"] is None
-        else (warm["median"] - mlx_warm["median"]) * 1000
-    )
+
+    def each(side: list[dict[str, Any]], key: str) -> dict[str, float | None]:
+        return spread([r.get(key) for r in side])
+
+    def every(side: list[dict[str, Any]], key: str) -> dict[str, float | None]:
+        return spread([v for r in side for v in r.get(key, [])])
+
+    cold, mlx_cold = spread([speclane_cold(r) for r in ours]), each(theirs, "first_token_s")
+    warm, mlx_warm = every(ours, "warm_ttft_s"), every(theirs, "warm_ttft_s")
+    ours_s, theirs_s = warm["median"], mlx_warm["median"]
+    difference = None if ours_s is None or theirs_s is None else (ours_s - theirs_s) * 1000
     return {
         "speclane_cold_s": cold,
-        "speclane_startup_first_token_s": spread([r.get("startup_first_token_s") for r in ours]),
-        "speclane_startup_s": spread([r.get("startup_s") for r in ours]),
-        "speclane_on_demand_first_token_s": spread(
-            [r.get("on_demand_first_token_s") for r in ours]
-        ),
+        "speclane_startup_first_token_s": each(ours, "startup_first_token_s"),
+        "speclane_startup_s": each(ours, "startup_s"),
+        "speclane_on_demand_first_token_s": each(ours, "on_demand_first_token_s"),
         "mlx_lm_server_cold_s": mlx_cold,
         "cold_ratio": ratio(cold["median"], mlx_cold["median"]),
         "speclane_warm_ttft_s": warm,
         "mlx_lm_server_warm_ttft_s": mlx_warm,
         "warm_ttft_difference_ms": difference,
-        "router_overhead_ms": spread([v for r in ours for v in r.get("overhead_ms", [])]),
+        "router_overhead_ms": every(ours, "overhead_ms"),
         "errors": [f"round {r['round']} {r['side']}: {e}" for r in rounds for e in r["errors"]],
     }
 
 
 def _cell(s: dict[str, Any], scale: float = 1.0, digits: int = 2) -> str:
+    """The median, and the range when there are several values."""
     if s["median"] is None:
         return "-"
-    pattern = f"{{:.{digits}f}}"
-    middle = fmt(s["median"] * scale, pattern)
-    if s["n"] < 2:
-        return middle
-    return f"{middle} ({fmt(s['min'] * scale, pattern)}-{fmt(s['max'] * scale, pattern)})"
+    middle, low, high = (fmt(s[k] * scale, f"{{:.{digits}f}}") for k in ("median", "min", "max"))
+    return middle if s["n"] < 2 else f"{middle} ({low}-{high})"
 
 
 def table(report: dict[str, Any]) -> str:
+    """The medians and ranges, speclane beside mlx_lm.server."""
     s = report["summary"]
-    cold_label = (
-        "cold request, load included (s): speclane an unloaded model's first request; "
-        "mlx_lm.server process start to first token"
-        if report["mode"] == "on-demand"
-        else "cold start to first token (s): process start, load, first request"
-    )
-    lines = [
-        f"| measure (median, min-max over {report['rounds']} rounds) | speclane | "
-        "mlx_lm.server | speclane / mlx_lm.server |",
-        "|---|---:|---:|---:|",
-        f"| {cold_label} | {_cell(s['speclane_cold_s'])} | "
-        f"{_cell(s['mlx_lm_server_cold_s'])} | {fmt(s['cold_ratio'])} |",
-    ]
+    ours, theirs = s["speclane_warm_ttft_s"], s["mlx_lm_server_warm_ttft_s"]
+    cold = [_cell(s["speclane_cold_s"]), _cell(s["mlx_lm_server_cold_s"]), fmt(s["cold_ratio"])]
+    warm_ratio = fmt(ratio(ours["median"], theirs["median"]))
+    rows = [[COLD_LABEL[report["mode"]], *cold]]
     if report["mode"] == "on-demand":
-        lines.append(
-            "| speclane start-up to first token on the model loaded at start (s) | "
-            f"{_cell(s['speclane_startup_first_token_s'])} | | |"
-        )
-    warm_ratio = ratio(
-        s["speclane_warm_ttft_s"]["median"], s["mlx_lm_server_warm_ttft_s"]["median"]
-    )
-    lines += [
-        f"| speclane start-up until it listens (s) | {_cell(s['speclane_startup_s'])} | | |",
-        f"| warm request TTFT (ms) | {_cell(s['speclane_warm_ttft_s'], 1000, 1)} | "
-        f"{_cell(s['mlx_lm_server_warm_ttft_s'], 1000, 1)} | "
-        f"{fmt(warm_ratio)} |",
-        f"| router overhead on a warm request, X-Speclane-Overhead-Ms (ms) | "
-        f"{_cell(s['router_overhead_ms'], 1, 3)} | | |",
+        rows.append([LOADED_AT_START, _cell(s["speclane_startup_first_token_s"]), "", ""])
+    rows += [
+        ["speclane start-up until it listens (s)", _cell(s["speclane_startup_s"]), "", ""],
+        ["warm request TTFT (ms)", _cell(ours, 1000, 1), _cell(theirs, 1000, 1), warm_ratio],
+        [OVERHEAD, _cell(s["router_overhead_ms"], 1, 3), "", ""],
     ]
-    return "\n".join(lines)
+    measure = f"measure (median, min-max over {report['rounds']} rounds)"
+    header = [measure, SPECLANE, MLX_LM, "speclane / mlx_lm.server"]
+    return "\n".join(stats.table(header, rows, "lrrr"))
 
 
 def per_round(report: dict[str, Any]) -> str:
-    lines = [
-        "| round | side | cold s | start-up to first token s | listening s | warm TTFT ms |",
-        "|---:|---|---:|---:|---:|---|",
-    ]
+    rows = []
     for r in report["rounds_detail"]:
         ours = r["side"] == SPECLANE
         cold = speclane_cold(r) if ours else r.get("first_token_s")
+        first = r.get("startup_first_token_s") if ours else r.get("first_token_s")
         warm = ", ".join(fmt(v * 1000, "{:.0f}") for v in r.get("warm_ttft_s", []))
-        lines.append(
-            f"| {r['round']} | {r['side']} | {fmt(cold)} | "
-            f"{fmt(r.get('startup_first_token_s') if ours else r.get('first_token_s'))} | "
-            f"{fmt(r.get('startup_s'))} | {warm or '-'} |"
+        rows.append(
+            [r["round"], r["side"], fmt(cold), fmt(first), fmt(r.get("startup_s")), warm or "-"]
         )
-    return "\n".join(lines)
+    header = ["round", "side", "cold s", "start-up to first token s", "listening s", "warm TTFT ms"]
+    return "\n".join(stats.table(header, rows, "rlrrrl"))
 
 
 def markdown(report: dict[str, Any]) -> str:
-    env = report["environment"]
+    env, hw, s = report["environment"], report["environment"]["hardware"], report["summary"]
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
-    hw = env["hardware"]
-    s = report["summary"]
     lines = [
         "# Cold start: speclane against mlx_lm.server",
         "",

@@ -1,2 +1,2 @@
 """The draft-source benchmark (run by ``examples/spec_families.py``): ``plan`` (variants and
-request bodies) -> ``report`` (decided, summaries, table, goals)."""
+request bodies) -> ``report`` (settled, summaries, tables, goals)."""

@@ -43,9 +43,8 @@ def test_variants_rewrite_a_copy_of_the_body() -> None:
 
 def test_scenario_bodies() -> None:
     body = {"messages": []}
-    assert plan.scenario_body(body, "forced") == body
-    assert plan.scenario_body(body, "plain") == {"messages": [], "num_draft_tokens": 0}
-    assert plan.scenario_body(body, "suffix") == {"messages": [], "draft_source": "suffix"}
+    assert plan.apply_variant(body, "forced") == body
+    assert plan.apply_variant(body, "suffix") == {"messages": [], "draft_source": "suffix"}
 
 
 def test_constrained_requests_are_the_constrained_family_with_a_fresh_subject() -> None:

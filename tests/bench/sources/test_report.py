@@ -31,23 +31,15 @@ def row(
 @pytest.mark.parametrize(
     ("r", "expected"),
     [
-        (row("draft_model", state="off", judging=False, samples=0), True),
         (row("draft_model"), True),
+        (row("draft_model", state="off", judging=False, samples=0), False),
         (row("draft_model", judging=False), False),
         (row("draft_model", samples=2), False),
         (row("draft_model", baseline=None), False),
     ],
 )
-def test_a_row_has_decided_when_off_or_fully_judged(r: dict[str, Any], expected: bool) -> None:
-    assert sources.row_decided(r) is expected
-
-
-def test_decided_looks_at_the_source_the_router_drafts_with() -> None:
-    rows = [row("draft_model", state="off"), row("prompt_lookup", judging=False)]
-    assert sources.decided(rows, "draft_model")
-    assert not sources.decided(rows, "prompt_lookup")
-    assert not sources.decided(rows, None)  # not known yet: every row must have decided
-    assert not sources.decided([], "draft_model")  # nothing seen yet is not a decision
+def test_a_source_settles_once_it_stayed_on_fully_judged(r: dict[str, Any], expected: bool) -> None:
+    assert sources.settled([r], "draft_model", "speculative") is expected
 
 
 def test_settled_once_the_source_in_use_decided_to_stay_on_or_every_source_is_off() -> None:
