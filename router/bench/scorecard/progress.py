@@ -5,7 +5,6 @@ runs; elsewhere (a log, CI) one line is printed per finished cell."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 import time
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ class Progress:
         self.done, self.done_seconds = 0, 0.0
         self.cell: Cell | None = None
         self.finished = self.expected = 0  # requests of the cell in flight
+        self.ticker: asyncio.Task[None] | None = None
 
     def time_left(self, now: float) -> float | None:
         """The estimates left, scaled by how far off they were so far; without estimates, the
@@ -72,12 +72,18 @@ class Progress:
             print(f"{text} | {self.line()}", file=self.out, flush=True)
         self.draw()
 
-    async def ticking(self) -> None:
-        """Redraw every second until cancelled, then end the line."""
-        with contextlib.suppress(asyncio.CancelledError):
-            while self.tty:
-                self.draw()
-                await asyncio.sleep(1.0)
+    def start_ticking(self) -> None:
+        if self.tty:
+            self.ticker = asyncio.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.draw()
+
+    def close(self) -> None:
+        if self.ticker:
+            self.ticker.cancel()
         self.draw("\n")
 
     def draw(self, end: str = "") -> None:

@@ -148,10 +148,8 @@ def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
         for a in ev.acceptance_by_family
     ]
     acceptance.append(("**all**", "", "", f"**{_num(ev.acceptance, '{:.2f}')}**", ""))
-    errors = Counter(
-        (r.cell.scenario, m.error) for r in result.runs for m in r.measurements
-        if not m.ok and not m.cancelled
-    )  # fmt: skip
+    failed = [(r.cell.scenario, m) for r in result.runs for m in r.measurements]
+    errors = Counter((s, m.error) for s, m in failed if not m.ok and not m.cancelled)
     lines = [
         "# Speculative decoding readiness scorecard",
         "",

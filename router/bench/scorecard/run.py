@@ -210,14 +210,14 @@ async def run_scorecard(
             plan.cell_estimates, len(plan.cells), None if opts.progress else io.StringIO()
         )
         result = Result(opts.spec, plan, opts.thresholds, env, warmups, budget=opts.budget)
-        started, ticker = target.now(), asyncio.create_task(progress.ticking())
+        started = target.now()
         measuring.set()
+        progress.start_ticking()
         try:
             result.runs, stopped = await run_cells(session, target, plan, stop, progress)
         finally:
             measuring.clear()
-            ticker.cancel()
-            await ticker
+            progress.close()
         result.duration = target.now() - started
         env.setdefault("load_average", {})["end"] = environment.load_average()
     result.complete = not stopped and len(result.runs) == len(plan.cells)
