@@ -241,7 +241,6 @@ GATES = {  # Thresholds field -> what its flag sets
 
 
 def scorecard_parser() -> argparse.ArgumentParser:
-
     d, q = plan.DEFAULT_SPEC, plan.QUICK_SPEC
     p = argparse.ArgumentParser(
         prog="speclane bench",
@@ -303,7 +302,6 @@ def scorecard_parser() -> argparse.ArgumentParser:
 
 
 def scorecard_options(args: argparse.Namespace) -> Options:
-
     given = {k: getattr(args, k) for k in MATRIX if getattr(args, k) is not None}
     spec = replace(plan.QUICK_SPEC if args.quick else plan.DEFAULT_SPEC, **given)
     budget = plan.QUICK_BUDGET if args.quick else plan.DEFAULT_BUDGET
@@ -333,7 +331,6 @@ def scorecard_options(args: argparse.Namespace) -> Options:
 
 
 def scorecard(argv: list[str]) -> int:
-
     p = scorecard_parser()
     args = p.parse_args(argv)
     if args.render:
@@ -355,7 +352,6 @@ def scorecard(argv: list[str]) -> int:
 
 
 async def measure(opts: Options) -> int:
-
     stop, measuring = asyncio.Event(), asyncio.Event()
     task = asyncio.current_task()
     assert task is not None
@@ -387,7 +383,6 @@ async def measure(opts: Options) -> int:
 
 
 def render(path: Path, with_plot: bool) -> int:
-
     try:
         result = report.from_json(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -150,7 +150,9 @@ def evaluate(
     gates = _gates(f, t)
     parts = _score_parts(f, crossover, t)
     passed = {g.key: g.passed for g in gates}
-    verdict = _verdict(passed, stop_at, crossover, f.target)
+    # Where it stops paying; when the crossover does not say, a failed throughput gate does.
+    stop = stop_at if stop_at is not None else (f.target if passed["throughput"] is False else None)
+    verdict = _verdict(passed, stop, max(levels(runs), default=None))
     if not complete:  # "NOT READY: x" -> "NOT READY (partial run): x"
         head, colon, tail = verdict[0].partition(":")
         verdict = (f"{head} (partial run){colon}{tail}", verdict[1])
@@ -255,12 +257,8 @@ def _level(runs: Sequence[CellRun], c: int, t: Thresholds) -> Level:
     )
 
 
-def _verdict(
-    passed: dict[str, bool | None],
-    stop_at: int | None,
-    crossover: tuple[Level, ...],
-    target: int | None,
-) -> tuple[str, str]:
+def _verdict(passed: dict[str, bool | None], stop: int | None, top: int | None) -> tuple[str, str]:
+    """``stop``: the level at which speculation stops paying; ``top``: the highest measured."""
     if passed["active"] is None or passed["interactive"] is None:
         return "INCONCLUSIVE", "Not enough was measured to judge speculation; run the whole matrix."
     if not passed["active"]:
@@ -281,7 +279,6 @@ def _verdict(
             "(`[lanes.speculative] enabled = false`, or leave it to the router's "
             "auto-disable, which measures the same thing per workload).",
         )
-    stop = stop_at if stop_at is not None else (target if passed["throughput"] is False else None)
     if stop is not None and stop > 1:
         return (
             f"READY FOR INTERACTIVE USE: below concurrency {stop}",
@@ -294,7 +291,6 @@ def _verdict(
             "NOT READY: speculation does not pay even alone",
             "Keep speculation off (`[lanes.speculative] enabled = false`).",
         )
-    top = max((lv.concurrency for lv in crossover), default=None)
     return (
         "READY: enable speculation",
         f"Speculation pays at every level measured (up to c={top}); the router's "
