@@ -146,10 +146,11 @@ class Speeds:
     long_ttft_factor: float = 1.0  # TTFT of the long prompt / TTFT of a short one
 
     def of(self, scenario: str) -> LaneSpeed:
-        known = list(self.by_scenario.values())
-        if scenario in self.by_scenario or not known:
-            return self.by_scenario.get(scenario, LaneSpeed(1.0, 10.0))
-        # The slowest lane known: over-estimating is the safe side of a budget.
+        if scenario in self.by_scenario:
+            return self.by_scenario[scenario]
+        # The slowest lane known (speeds_from knows one at least): over-estimating is the safe
+        # side of a budget.
+        known = self.by_scenario.values()
         return LaneSpeed(max(s.ttft for s in known), min(s.decode_tps for s in known))
 
 
