@@ -137,19 +137,25 @@ def _table(columns: str, rows: Iterable[Sequence[object]]) -> list[str]:
 
 
 def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
-    floor = ev.thresholds
+    t = ev.thresholds
     partial = f"_This run is partial: {result.stopped or 'stopped early'}. Figures cover the "
     partial += "cells measured; gates with nothing to judge say so._"
-    passed = {True: "✅ passed", False: "❌ failed", None: "⚪ not measured"}
+    gate_marks = {True: "✅ passed", False: "❌ failed", None: "⚪ not measured"}
     pays = {True: "yes", False: "**no**", None: "n/a"}
-    marks = {True: "passed", False: "**failed**", None: "n/a"}
+    floor_marks = {True: "passed", False: "**failed**", None: "n/a"}
     acceptance: list[tuple[object, ...]] = [
-        (_family(a.family), a.drafted, a.accepted, _num(a.acceptance, "{:.2f}"), marks[a.passed])
+        (
+            _family(a.family),
+            a.drafted,
+            a.accepted,
+            _num(a.acceptance, "{:.2f}"),
+            floor_marks[a.passed],
+        )
         for a in ev.acceptance_by_family
     ]
     acceptance.append(("**all**", "", "", f"**{_num(ev.acceptance, '{:.2f}')}**", ""))
-    failed = [(r.cell.scenario, m) for r in result.runs for m in r.measurements]
-    errors = Counter((s, m.error) for s, m in failed if not m.ok and not m.cancelled)
+    requests = [(r.cell.scenario, m) for r in result.runs for m in r.measurements]
+    errors = Counter((s, m.error) for s, m in requests if not m.ok and not m.cancelled)
     lines = [
         "# Speculative decoding readiness scorecard",
         "",
@@ -164,7 +170,7 @@ def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
             "## Gates",
             _table(
                 "llll|Gate|Rule|Figure|Result",
-                [(g.title, _cell(g.rule), _cell(g.figure), passed[g.passed]) for g in ev.gates],
+                [(g.title, _cell(g.rule), _cell(g.figure), gate_marks[g.passed]) for g in ev.gates],
             ),
         ),
         *section(
@@ -172,7 +178,7 @@ def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
             "Aggregate tokens per second of the speculative lane with speculation on, against "
             "the better of the two ways of serving the same prompts without it (spec-off, "
             f"batching), at each concurrency. It pays when it is at least "
-            f"{1 + floor.crossover_margin:.2f}x the alternative.",
+            f"{1 + t.crossover_margin:.2f}x the alternative.",
             _table(
                 "rrlrrl|Concurrency|spec-on tok/s|Best alternative|Its tok/s|Ratio|Pays",
                 [
@@ -196,7 +202,7 @@ def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
         *section(
             "## Acceptance by prompt family",
             _table(
-                f"lrrrl|Family|Drafted|Accepted|Acceptance|Floor {floor.acceptance_floor:.2f}",
+                f"lrrrl|Family|Drafted|Accepted|Acceptance|Floor {t.acceptance_floor:.2f}",
                 acceptance,
             ),
         ),
@@ -232,26 +238,20 @@ def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+SOFTWARE = ("speclane", "mlx", "mlx-lm")
+
+
 def _environment(result: Result) -> list[tuple[str, str]]:
-    env, runs, hw = result.environment, result.runs, result.environment.get("hardware") or {}
+    env, runs = result.environment, result.runs
+    hw, versions = env.get("hardware") or {}, env.get("versions") or {}
     draft, tokens = env.get("draft_model") or "unknown", env.get("num_draft_tokens")
-    requests = sum(len(r.measurements) for r in runs)
     status = "complete" if result.complete else "partial"
     run = f"{status}, {clock(result.duration)}, {len(runs)}/{len(result.plan.cells)} cells, "
-    versions = env.get("versions") or {}
-    machine = ", ".join(
-        str(part)
-        for part in (
-            hw.get("machine"),
-            hw.get("cpu"),
-            f"{hw.get('cpus')} CPUs",
-            f"{hw.get('memory_gib')} GiB",
-            f"MLX device {hw.get('mlx_device')}",
-        )
-        if part
-    )
+    run += f"{sum(len(r.measurements) for r in runs)} requests"
+    machine = [hw.get("machine"), hw.get("cpu"), f"{hw.get('cpus')} CPUs"]
+    machine += [f"{hw.get('memory_gib')} GiB", f"MLX device {hw.get('mlx_device')}"]
     if "openblas_preloaded" in hw:
-        machine += ", OpenBLAS " + ("preloaded" if hw["openblas_preloaded"] else "not found")
+        machine.append("OpenBLAS " + ("preloaded" if hw["openblas_preloaded"] else "not found"))
     start, end = ((env.get("load_average") or {}).get(k) for k in ("start", "end"))
     load = f"1-minute load average {start[0]} at the start" if start else "unknown"
     load += f", {end[0]} at the end" if start and end else ""
@@ -265,18 +265,15 @@ def _environment(result: Result) -> list[tuple[str, str]]:
         ("Model", env.get("model") or "unknown"),
         ("Draft", draft + (f" ({tokens} draft tokens per round)" if tokens else "")),
         ("Date (UTC)", env.get("date") or "?"),
-        ("Run", f"{run}{requests} requests"),
+        ("Run", run),
         ("Router", env.get("router") or "?"),
         ("speclane / mlx / mlx-lm", " / ".join(str(versions.get(k)) for k in SOFTWARE)),
-        ("Hardware", machine or "?"),
+        ("Hardware", ", ".join(str(part) for part in machine if part) or "?"),
         ("Machine load", load),
         ("Router says", "; ".join(said)),
         ("Note", env.get("note")),
     ]
     return [(name, _cell(value)) for name, value in rows if value]
-
-
-SOFTWARE = ("speclane", "mlx", "mlx-lm")
 
 
 def _pair_rule(result: Result, ev: Evaluation) -> list[str]:

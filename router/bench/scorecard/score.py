@@ -98,30 +98,10 @@ class Figures:
     off: Summary | None
     ours: Summary | None
     batching: Summary | None
-
-    @property
-    def active(self) -> float | None:
-        return self.spec.speculated / self.spec.ok if self.spec and self.spec.ok else None
-
-    @property
-    def acceptance(self) -> float | None:
-        return self.spec.acceptance if self.spec else None
-
-    @property
-    def speedup(self) -> float | None:
-        return _compare(self.on, self.off, "decode_tps_avg")
-
-    @property
-    def ttft(self) -> float | None:
-        return _compare(self.on, self.off, "ttft_avg_ms")
-
-    @property
-    def throughput(self) -> float | None:
-        return _compare(self.ours, self.batching, "agg_tps")
-
-
-def _compare(a: Summary | None, b: Summary | None, figure: str) -> float | None:
-    return ratio(getattr(a, figure, None), getattr(b, figure, None))
+    active: float | None  # the share of successful spec-on requests that ran with a draft
+    speedup: float | None  # decode tok/s, on / off
+    ttft: float | None  # on / off
+    throughput: float | None  # aggregate tok/s, ours / batching
 
 
 def figures(runs: Sequence[CellRun], t: Thresholds) -> Figures:
@@ -129,16 +109,32 @@ def figures(runs: Sequence[CellRun], t: Thresholds) -> Figures:
     low = measured[0] if measured else 1
     target = t.target_concurrency or (measured[-1] if measured else None)
     mine = "auto" if any(r.cell.scenario == "auto" for r in runs) else "spec-on"
+    spec = pooled(runs, "spec-on")
     everything = summarize((m for r in runs for m in r.measurements), sum(r.seconds for r in runs))
+    on, off = shared_pair(runs, "spec-on", "spec-off", low)
+    ours, batching = shared_pair(runs, mine, "batching", target) if target else (None, None)
+    active = spec.speculated / spec.ok if spec and spec.ok else None
+    speedup, ttft = _compare(on, off, "decode_tps_avg"), _compare(on, off, "ttft_avg_ms")
+    throughput = _compare(ours, batching, "agg_tps")
     return Figures(
-        pooled(runs, "spec-on"),
+        spec,
         everything,
         low,
         target,
         mine,
-        *shared_pair(runs, "spec-on", "spec-off", low),
-        *(shared_pair(runs, mine, "batching", target) if target is not None else (None, None)),
+        on,
+        off,
+        ours,
+        batching,
+        active,
+        speedup,
+        ttft,
+        throughput,
     )
+
+
+def _compare(a: Summary | None, b: Summary | None, figure: str) -> float | None:
+    return ratio(getattr(a, figure, None), getattr(b, figure, None))
 
 
 def evaluate(
@@ -158,7 +154,8 @@ def evaluate(
         verdict = (f"{head} (partial run){colon}{tail}", verdict[1])
     score = round(sum(p.points for p in parts))
     by_family = _acceptance_by_family(runs, t)
-    return Evaluation(score, *verdict, stop_at, gates, parts, crossover, by_family, f.acceptance, t)
+    acceptance = f.spec.acceptance if f.spec else None
+    return Evaluation(score, *verdict, stop_at, gates, parts, crossover, by_family, acceptance, t)
 
 
 def _gates(f: Figures, t: Thresholds) -> tuple[Gate, ...]:
@@ -210,6 +207,7 @@ def _gates(f: Figures, t: Thresholds) -> tuple[Gate, ...]:
 def _score_parts(f: Figures, crossover: tuple[Level, ...], t: Thresholds) -> tuple[ScorePart, ...]:
     """Each part: ``weight`` x a share in [0, 1] of its figure; 0 when not measured."""
     tol, floor = t.ttft_tolerance, 1 - t.throughput_tolerance
+    acceptance = f.spec.acceptance if f.spec else None
     judged = [lv for lv in crossover if lv.pays is not None]
     paying = sum(1 for lv in judged if lv.pays)
     table: list[tuple[str, str, int, str, float | None, str, Callable[[float], float]]] = [
@@ -218,7 +216,7 @@ def _score_parts(f: Figures, crossover: tuple[Level, ...], t: Thresholds) -> tup
         ("errors", "Reliability", 10, "10 x (1 - error rate / 10 %), at least 0",
          f.everything.error_rate, "{:.1%} errors", lambda v: 1 - v / 0.10),
         ("acceptance", "Acceptance", 20,
-         f"20 x acceptance / {t.acceptance_floor:.2f}, at most 20", f.acceptance, "{:.2f}",
+         f"20 x acceptance / {t.acceptance_floor:.2f}, at most 20", acceptance, "{:.2f}",
          lambda v: v / t.acceptance_floor),
         ("speedup", f"Decode speed-up (c={f.low})", 25,
          f"25 x (speed-up - 1) / {t.full_speedup - 1:.2f}, between 0 and 25", f.speedup,
