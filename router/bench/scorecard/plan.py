@@ -8,9 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from router.bench.common import BENCH_CLIENT
-from router.bench.scorecard.prompts import FAMILIES, prompt_for
-from router.config.names import CLIENT_HEADER, LANE_HEADER
+from router.bench.scorecard.prompts import FAMILIES
 
 if TYPE_CHECKING:
     from router.bench.scorecard.records import Measurement
@@ -99,30 +97,6 @@ QUICK_SPEC = MatrixSpec(
     max_tokens=MIN_MAX_TOKENS,
     long_prompt_chars=1500,
 )
-
-
-def request_headers(scenario: Scenario, api_key: str | None = None) -> dict[str, str]:
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    if scenario.lane_header:  # a forced scenario, with the bench's own policy
-        headers[LANE_HEADER] = scenario.lane_header
-        headers[CLIENT_HEADER] = BENCH_CLIENT
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    return headers
-
-
-def request_body(model: str, m: Measurement, spec: MatrixSpec) -> dict[str, Any]:
-    """A streamed, greedy (temperature 0) chat request: comparable across scenarios."""
-    prompt = prompt_for(m.family, m.prompt_index, spec.long_prompt_chars)
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": spec.max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        **SCENARIOS[m.scenario].body_extra,
-    }
 
 
 # How much longer c concurrent requests take on the batching lane than one: c ** exponent.

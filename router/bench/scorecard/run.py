@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from router.bench.common import environment, procs
+from router.bench.common import BENCH_CLIENT, environment, procs
 from router.bench.common.stream import Reply, stream
 from router.bench.scorecard import report
 from router.bench.scorecard.plan import (
@@ -26,15 +26,14 @@ from router.bench.scorecard.plan import (
     MatrixSpec,
     Plan,
     fit,
-    request_body,
-    request_headers,
     speeds_from,
 )
 from router.bench.scorecard.progress import Progress, clock
+from router.bench.scorecard.prompts import prompt_for
 from router.bench.scorecard.records import CellRun, Measurement
 from router.bench.scorecard.report import Result
 from router.bench.scorecard.score import Thresholds
-from router.config.names import DECISION_HEADER, LANE_HEADER
+from router.config.names import CLIENT_HEADER, DECISION_HEADER, LANE_HEADER
 
 WARMUP_MAX_TOKENS = 12  # enough to time decoding; little time spent before measuring
 Log = Callable[[str], None]
@@ -76,12 +75,28 @@ class Target:
 async def send(
     session: aiohttp.ClientSession, target: Target, m: Measurement, spec: MatrixSpec
 ) -> Measurement:
-    """Stream one request and fill ``m`` in; never raises except on cancellation."""
+    """Stream one greedy (temperature 0) chat request, comparable across scenarios, and fill
+    ``m`` in; never raises except on cancellation."""
     url, opts, reply = f"{target.base_url}/chat/completions", target.opts, Reply()
-    headers = request_headers(SCENARIOS[m.scenario], opts.api_key)
+    scenario = SCENARIOS[m.scenario]
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if scenario.lane_header:  # a forced scenario, with the bench's own policy
+        headers |= {LANE_HEADER: scenario.lane_header, CLIENT_HEADER: BENCH_CLIENT}
+    if opts.api_key:
+        headers["Authorization"] = f"Bearer {opts.api_key}"
+    prompt = prompt_for(m.family, m.prompt_index, spec.long_prompt_chars)
+    body = {
+        "model": target.model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": spec.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **scenario.body_extra,
+    }
     limit = aiohttp.ClientTimeout(total=opts.request_timeout)
     try:
-        await stream(session, url, request_body(target.model, m, spec), headers, reply, limit=limit)
+        await stream(session, url, body, headers, reply, limit=limit)
     except asyncio.CancelledError:
         m.cancelled = True
         raise
