@@ -136,26 +136,47 @@ def _table(columns: str, rows: Iterable[Sequence[object]]) -> list[str]:
     return table(header.split("|"), rows, align)
 
 
+GATE_MARKS = {True: "✅ passed", False: "❌ failed", None: "⚪ not measured"}
+PAYS = {True: "yes", False: "**no**", None: "n/a"}
+FLOOR_MARKS = {True: "passed", False: "**failed**", None: "n/a"}
+
+
 def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
-    t = ev.thresholds
+    t, stop = ev.thresholds, ev.stop_at_concurrency
     partial = f"_This run is partial: {result.stopped or 'stopped early'}. Figures cover the "
     partial += "cells measured; gates with nothing to judge say so._"
-    gate_marks = {True: "✅ passed", False: "❌ failed", None: "⚪ not measured"}
-    pays = {True: "yes", False: "**no**", None: "n/a"}
-    floor_marks = {True: "passed", False: "**failed**", None: "n/a"}
-    acceptance: list[tuple[object, ...]] = [
+    gates = [(g.title, _cell(g.rule), _cell(g.figure), GATE_MARKS[g.passed]) for g in ev.gates]
+    levels = [
+        (
+            lv.concurrency,
+            _num(lv.spec_tps),
+            lv.alternative or "n/a",
+            _num(lv.alternative_tps),
+            _num(lv.ratio, "{:.2f}x"),
+            PAYS[lv.pays],
+        )
+        for lv in ev.levels
+    ]
+    paying = f"Speculation stops paying at **concurrency {stop}**." if stop is not None else ""
+    if stop is None and ev.levels:
+        paying = "Speculation pays at every concurrency measured."
+    families: list[tuple[object, ...]] = [
         (
             _family(a.family),
             a.drafted,
             a.accepted,
             _num(a.acceptance, "{:.2f}"),
-            floor_marks[a.passed],
+            FLOOR_MARKS[a.passed],
         )
         for a in ev.acceptance_by_family
     ]
-    acceptance.append(("**all**", "", "", f"**{_num(ev.acceptance, '{:.2f}')}**", ""))
+    families.append(("**all**", "", "", f"**{_num(ev.acceptance, '{:.2f}')}**", ""))
+    parts = [
+        (p.title, f"{p.points:.1f} / {p.weight}", p.figure, _cell(p.rule)) for p in ev.score_parts
+    ]
     requests = [(r.cell.scenario, m) for r in result.runs for m in r.measurements]
     errors = Counter((s, m.error) for s, m in requests if not m.ok and not m.cancelled)
+    errors_table = [(s, _cell(e or "unknown"), n) for (s, e), n in errors.most_common(10)]
     lines = [
         "# Speculative decoding readiness scorecard",
         "",
@@ -166,13 +187,7 @@ def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
             "" if result.complete else partial,
         ),
         *section("## Environment", _table("ll||", _environment(result))),
-        *section(
-            "## Gates",
-            _table(
-                "llll|Gate|Rule|Figure|Result",
-                [(g.title, _cell(g.rule), _cell(g.figure), gate_marks[g.passed]) for g in ev.gates],
-            ),
-        ),
+        *section("## Gates", _table("llll|Gate|Rule|Figure|Result", gates)),
         *section(
             "## Where speculation stops paying",
             "Aggregate tokens per second of the speculative lane with speculation on, against "
@@ -180,56 +195,28 @@ def render(result: Result, ev: Evaluation, charts: Sequence[str] = ()) -> str:
             f"batching), at each concurrency. It pays when it is at least "
             f"{1 + t.crossover_margin:.2f}x the alternative.",
             _table(
-                "rrlrrl|Concurrency|spec-on tok/s|Best alternative|Its tok/s|Ratio|Pays",
-                [
-                    (
-                        lv.concurrency,
-                        _num(lv.spec_tps),
-                        lv.alternative or "n/a",
-                        _num(lv.alternative_tps),
-                        _num(lv.ratio, "{:.2f}x"),
-                        pays[lv.pays],
-                    )
-                    for lv in ev.levels
-                ],
+                "rrlrrl|Concurrency|spec-on tok/s|Best alternative|Its tok/s|Ratio|Pays", levels
             ),
-            f"Speculation stops paying at **concurrency {ev.stop_at_concurrency}**."
-            if ev.stop_at_concurrency is not None
-            else "Speculation pays at every concurrency measured."
-            if ev.levels
-            else "",
+            paying,
         ),
         *section(
             "## Acceptance by prompt family",
             _table(
-                f"lrrrl|Family|Drafted|Accepted|Acceptance|Floor {t.acceptance_floor:.2f}",
-                acceptance,
+                f"lrrrl|Family|Drafted|Accepted|Acceptance|Floor {t.acceptance_floor:.2f}", families
             ),
         ),
         *section(
             f"## Readiness score: {ev.score}/100",
             "The sum of these components, rounded (the verdict comes from the gates, not from "
             "the score):",
-            _table(
-                "lrll|Component|Points|Figure|Rule",
-                [
-                    (p.title, f"{p.points:.1f} / {p.weight}", p.figure, _cell(p.rule))
-                    for p in ev.score_parts
-                ],
-            ),
+            _table("lrll|Component|Points|Figure|Rule", parts),
         ),
         *_pair_rule(result, ev),
         *section("## Results by scenario"),
         *(line for name in result.plan.scenarios for line in _scenario(result, name)),
         *(section("## Charts", [f"![{CHARTS.get(c, c)}]({c})" for c in charts]) if charts else []),
         *(
-            section(
-                "## Errors",
-                _table(
-                    "llr|Scenario|Error|Requests",
-                    [(s, _cell(e or "unknown"), n) for (s, e), n in errors.most_common(10)],
-                ),
-            )
+            section("## Errors", _table("llr|Scenario|Error|Requests", errors_table))
             if errors
             else []
         ),
