@@ -208,8 +208,6 @@ def _score_parts(f: Figures, crossover: tuple[Level, ...], t: Thresholds) -> tup
     """Each part: ``weight`` x a share in [0, 1] of its figure; 0 when not measured."""
     tol, floor = t.ttft_tolerance, 1 - t.throughput_tolerance
     acceptance = f.spec.acceptance if f.spec else None
-    judged = [lv for lv in crossover if lv.pays is not None]
-    paying = sum(1 for lv in judged if lv.pays)
     table: list[tuple[str, str, int, str, float | None, str, Callable[[float], float]]] = [
         ("active", "Speculation active", 10,
          "10 x share of spec-on requests that ran with a draft", f.active, "{:.0%}", lambda v: v),
@@ -227,15 +225,20 @@ def _score_parts(f: Figures, crossover: tuple[Level, ...], t: Thresholds) -> tup
         ("throughput", f"Throughput (c={f.target})", 15,
          f"15 from {floor:.2f}x batching's aggregate tok/s up, falling linearly to 0 at 0.50x",
          f.throughput, "{:.2f}x", lambda v: (v - 0.5) / (floor - 0.5)),
-        ("range", "Concurrency range", 10,
-         "10 x share of measured levels at which speculation pays",
-         paying / len(judged) if judged else None, f"{paying}/{len(judged)} levels", lambda v: v),
     ]  # fmt: skip
-    return tuple(
+    parts = [
         ScorePart(key, title, weight, rule, fmt(value, pattern, "n/a"), points)
         for key, title, weight, rule, value, pattern, share in table
         for points in [0.0 if value is None else weight * max(0.0, min(1.0, share(value)))]
+    ]
+    judged = [lv for lv in crossover if lv.pays is not None]
+    paying = sum(1 for lv in judged if lv.pays)
+    figure, points = (
+        (f"{paying}/{len(judged)} levels", 10 * paying / len(judged)) if judged else ("n/a", 0.0)
     )
+    rule = "10 x share of measured levels at which speculation pays"
+    parts.append(ScorePart("range", "Concurrency range", 10, rule, figure, points))
+    return tuple(parts)
 
 
 def _level(runs: Sequence[CellRun], c: int, t: Thresholds) -> Level:
