@@ -63,6 +63,7 @@ class Options:
 
 @dataclass(frozen=True)
 class Target:
+    session: aiohttp.ClientSession
     base_url: str  # the router's OpenAI base URL, ending in /v1
     model: str
     opts: Options
@@ -72,9 +73,7 @@ class Target:
         return time.perf_counter() - self.origin
 
 
-async def send(
-    session: aiohttp.ClientSession, target: Target, m: Measurement, spec: MatrixSpec
-) -> Measurement:
+async def send(target: Target, m: Measurement, spec: MatrixSpec) -> Measurement:
     """Stream one greedy (temperature 0) chat request, comparable across scenarios, and fill
     ``m`` in; never raises except on cancellation."""
     url, opts, reply = f"{target.base_url}/chat/completions", target.opts, Reply()
@@ -96,7 +95,7 @@ async def send(
     }
     limit = aiohttp.ClientTimeout(total=opts.request_timeout)
     try:
-        await stream(session, url, body, headers, reply, limit=limit)
+        await stream(target.session, url, body, headers, reply, limit=limit)
     except asyncio.CancelledError:
         m.cancelled = True
         raise
@@ -130,11 +129,7 @@ def _ints(data: dict[str, Any], *keys: str) -> list[int | None]:
 
 
 async def run_cells(
-    session: aiohttp.ClientSession,
-    target: Target,
-    plan: Plan,
-    stop: asyncio.Event,
-    progress: Progress,
+    target: Target, plan: Plan, stop: asyncio.Event, progress: Progress
 ) -> tuple[list[CellRun], bool]:
     """Every cell in order until done or ``stop`` is set: (runs, stopped early). A cell cut
     short keeps what it measured."""
@@ -152,7 +147,7 @@ async def run_cells(
                     c.scenario, c.family, c.concurrency, stream, seq, stream * spec.runs + seq
                 )
                 run.measurements.append(m)
-                await send(session, target, m, spec)
+                await send(target, m, spec)
                 progress.request_done()
 
         async def all_loops(run: CellRun = run) -> None:
@@ -206,8 +201,8 @@ async def run_scorecard(
         if not (model := opts.model_name or env.get("model")):
             raise BenchError(f"no model is served at {base_url} (GET /v1/models is empty)")
         env["model"] = model
-        target = Target(base_url, model, opts)
-        warmups = await warm_up(session, target, log)
+        target = Target(session, base_url, model, opts)
+        warmups = await warm_up(target, log)
         plan = fit(opts.spec, speeds_from(warmups), opts.budget, opts.fixed)
         estimate = f", about {clock(plan.estimate)}" if plan.estimate is not None else ""
         log(
@@ -229,7 +224,7 @@ async def run_scorecard(
         measuring.set()
         progress.start_ticking()
         try:
-            result.runs, stopped = await run_cells(session, target, plan, stop, progress)
+            result.runs, stopped = await run_cells(target, plan, stop, progress)
         finally:
             measuring.clear()
             progress.close()
@@ -283,7 +278,7 @@ async def _environment(
     return env
 
 
-async def warm_up(session: aiohttp.ClientSession, target: Target, log: Log) -> list[Measurement]:
+async def warm_up(target: Target, log: Log) -> list[Measurement]:
     """One short chat request per forced scenario (the lanes load their first batches, and
     the planner learns each lane's speed), plus one long prompt on the batching lane (how
     much longer prefill takes)."""
@@ -301,7 +296,7 @@ async def warm_up(session: aiohttp.ClientSession, target: Target, log: Log) -> l
     for r in range(opts.warmup):
         for i, (scenario, family) in enumerate(plan):
             m = Measurement(scenario, family, 1, stream=0, seq=r, prompt_index=i + r)
-            warmups.append(await send(session, target, m, spec))
+            warmups.append(await send(target, m, spec))
     if warmups and not any(m.ok for m in warmups):
         hint = ""
         if any(m.status == 403 for m in warmups):
