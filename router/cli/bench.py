@@ -13,6 +13,7 @@ import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from router.bench.lanes import run as lanes_run
 from router.bench.overhead import report as overhead_report
 from router.bench.overhead import run as overhead_run
 from router.bench.scorecard import plan, plot, report
-from router.bench.scorecard.run import BenchError, Options, Phase, run_scorecard
+from router.bench.scorecard.run import BenchError, Options, run_scorecard
 from router.bench.scorecard.score import Thresholds
 
 INTERRUPTED = 130
@@ -240,7 +241,6 @@ GATES = {  # Thresholds field -> what its flag sets
 
 
 def scorecard_parser() -> argparse.ArgumentParser:
-
     d, q = plan.DEFAULT_SPEC, plan.QUICK_SPEC
     p = argparse.ArgumentParser(
         prog="speclane bench",
@@ -302,11 +302,8 @@ def scorecard_parser() -> argparse.ArgumentParser:
 
 
 def scorecard_options(args: argparse.Namespace) -> Options:
-
     given = {k: getattr(args, k) for k in MATRIX if getattr(args, k) is not None}
-    spec = plan.MatrixSpec(
-        **{**(plan.QUICK_SPEC if args.quick else plan.DEFAULT_SPEC).__dict__, **given}
-    )
+    spec = replace(plan.QUICK_SPEC if args.quick else plan.DEFAULT_SPEC, **given)
     budget = plan.QUICK_BUDGET if args.quick else plan.DEFAULT_BUDGET
     return Options(
         spec=spec,
@@ -334,7 +331,6 @@ def scorecard_options(args: argparse.Namespace) -> Options:
 
 
 def scorecard(argv: list[str]) -> int:
-
     p = scorecard_parser()
     args = p.parse_args(argv)
     if args.render:
@@ -356,14 +352,13 @@ def scorecard(argv: list[str]) -> int:
 
 
 async def measure(opts: Options) -> int:
-
-    stop, phase = asyncio.Event(), Phase()
+    stop, measuring = asyncio.Event(), asyncio.Event()
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
 
     def interrupt() -> None:
-        if phase.measuring and not stop.is_set():
+        if measuring.is_set() and not stop.is_set():
             log("\nstopping: writing what was measured (Ctrl-C again to quit at once)")
             stop.set()
         else:
@@ -371,7 +366,7 @@ async def measure(opts: Options) -> int:
 
     loop.add_signal_handler(signal.SIGINT, interrupt)
     try:
-        outcome = await run_scorecard(opts, stop, log=log, phase=phase)
+        result, paths = await run_scorecard(opts, stop, log=log, measuring=measuring)
     except BenchError as e:
         print(f"speclane bench: {e}", file=sys.stderr)
         return 1
@@ -380,15 +375,14 @@ async def measure(opts: Options) -> int:
         return INTERRUPTED
     finally:
         loop.remove_signal_handler(signal.SIGINT)
-    ev = outcome.result.evaluation()
+    ev = result.evaluation()
     print(f"\n{ev.verdict}  (readiness score {ev.score}/100)\n{ev.recommendation}")
-    for name, path in outcome.paths.items():
+    for name, path in paths.items():
         print(f"  {name}: {path}")
     return INTERRUPTED if stop.is_set() else 0
 
 
 def render(path: Path, with_plot: bool) -> int:
-
     try:
         result = report.from_json(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -397,7 +391,7 @@ def render(path: Path, with_plot: bool) -> int:
     charts = [name for name in report.CHARTS if (path.parent / name).exists()]
     if with_plot:
         try:
-            charts = plot.write_charts(result, result.evaluation(), path.parent)
+            charts = plot.write_charts(result, path.parent)
         except plot.PlotUnavailable as e:
             print(f"speclane bench: {e}", file=sys.stderr)
             return 2

@@ -39,38 +39,28 @@ def pair_rule_from_bench(entry: Mapping[str, Any], *, when: str | None = None) -
 
 
 def rules_to_toml(rules: Iterable[PairRule]) -> str:
+    """The rules as TOML tables; a field that is not set is left out."""
+    # A JSON string is a valid TOML basic string for everything json.dumps emits.
     blocks = []
     for rule in rules:
-        lines = [f"[[{SETTINGS_KEY}.pairs]]"]
-        lines += [
-            f"{k} = {_string(v)}"
-            for k, v in (("target", rule.target), ("draft", rule.draft), ("action", rule.action))
-        ]
-        if rule.measured_acceptance is not None:
-            lines.append(f"measured_acceptance = {_number(rule.measured_acceptance)}")
-        if rule.acceptance_by_family:
-            inner = ", ".join(
-                f"{_key(k)} = {_number(v)}" for k, v in sorted(rule.acceptance_by_family.items())
-            )
-            lines.append(f"acceptance_by_family = {{ {inner} }}")
-        if rule.passed_floor is not None:
-            lines.append(f"passed_floor = {'true' if rule.passed_floor else 'false'}")
-        if rule.note:
-            lines.append(f"note = {_string(rule.note)}")
-        blocks.append("\n".join(lines))
+        families = sorted(rule.acceptance_by_family.items())
+        inner = ", ".join(
+            f"{k if _BARE_KEY.match(k) else json.dumps(k)} = {_number(v)}" for k, v in families
+        )
+        values = {
+            "target": json.dumps(rule.target),
+            "draft": json.dumps(rule.draft),
+            "action": json.dumps(rule.action),
+            "measured_acceptance": _number(rule.measured_acceptance),
+            "acceptance_by_family": f"{{ {inner} }}" if families else None,
+            "passed_floor": None if rule.passed_floor is None else str(rule.passed_floor).lower(),
+            "note": json.dumps(rule.note) if rule.note else None,
+        }
+        lines = [f"{key} = {value}" for key, value in values.items() if value is not None]
+        blocks.append("\n".join([f"[[{SETTINGS_KEY}.pairs]]", *lines]))
     return "\n\n".join(blocks) + ("\n" if blocks else "")
 
 
-def _string(text: str) -> str:
-    # A JSON string is a valid TOML basic string for everything json.dumps emits (ASCII
-    # escapes \" \\ \n \t \uXXXX).
-    return json.dumps(text)
-
-
-def _key(text: str) -> str:
-    return text if _BARE_KEY.match(text) else _string(text)
-
-
-def _number(value: float) -> str:
-    text = f"{value:.3f}".rstrip("0")
-    return text + "0" if text.endswith(".") else text
+def _number(value: float | None) -> str | None:
+    text = None if value is None else f"{value:.3f}".rstrip("0")
+    return text + "0" if text and text.endswith(".") else text

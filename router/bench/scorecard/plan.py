@@ -1,20 +1,14 @@
-"""What the scorecard measures, and fitting it into a time budget (pure).
-
-The matrix is every scenario (``SCENARIOS``: four ways of sending the same request) x prompt
-family x concurrency level. ``fit`` shrinks it, step by step (``STEPS``), until the estimate
-from the warm-up's speeds fits the budget: a slow CPU so still gets the figures that matter
-most (every family at concurrency 1, where the speculative lane is meant to be used, and one
-level under load), and the scorecard lists every cut."""
+"""What the scorecard measures, and fitting it into a time budget (pure): scenario x prompt
+family x concurrency, cut step by step (``STEPS``) until the estimate from the warm-up's
+speeds fits, so that a slow CPU still gets the figures that matter most."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from router.bench.common import BENCH_CLIENT
-from router.bench.scorecard.prompts import FAMILIES, prompt_for
-from router.config.names import CLIENT_HEADER, LANE_HEADER
+from router.bench.scorecard.prompts import FAMILIES
 
 if TYPE_CHECKING:
     from router.bench.scorecard.records import Measurement
@@ -28,31 +22,26 @@ MIN_MAX_TOKENS = 24
 
 @dataclass(frozen=True)
 class Scenario:
-    name: str
     title: str
     lane_header: str | None
     body_extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def how(self) -> str:
-        parts = [
-            f"`X-Speclane-Lane: {self.lane_header}`"
-            if self.lane_header
-            else "no lane header (the router decides)"
-        ]
-        parts += [f'`"{k}": {v}`' for k, v in self.body_extra.items()]
-        return " + ".join(parts)
+        lane = self.lane_header
+        parts = [f"`X-Speclane-Lane: {lane}`" if lane else "no lane header (the router decides)"]
+        return " + ".join(parts + [f'`"{k}": {v}`' for k, v in self.body_extra.items()])
 
 
 # spec-off is plain decoding of the same model on the same lane: the baseline speculation
 # must beat; auto sends no lane header and reads the router's choice from the response.
 SCENARIOS: dict[str, Scenario] = {
-    "spec-on": Scenario("spec-on", "Speculative lane, speculation on", "speculative"),
+    "spec-on": Scenario("Speculative lane, speculation on", "speculative"),
     "spec-off": Scenario(
-        "spec-off", "Speculative lane, speculation off", "speculative", {"num_draft_tokens": 0}
+        "Speculative lane, speculation off", "speculative", {"num_draft_tokens": 0}
     ),
-    "batching": Scenario("batching", "Batching lane", "batching"),
-    "auto": Scenario("auto", "Router's automatic routing", None),
+    "batching": Scenario("Batching lane", "batching"),
+    "auto": Scenario("Router's automatic routing", None),
 }
 
 
@@ -69,8 +58,8 @@ class Cell:
 
 @dataclass(frozen=True)
 class MatrixSpec:
-    """The matrix asked for: every scenario x family x concurrency level, ``runs`` requests
-    per concurrent client loop (a cell at concurrency c sends c x runs requests)."""
+    """The matrix asked for; ``runs`` requests per concurrent client loop (a cell at
+    concurrency c sends c x runs requests)."""
 
     scenarios: tuple[str, ...] = SCENARIO_NAMES
     families: tuple[str, ...] = FAMILY_NAMES
@@ -88,6 +77,8 @@ class MatrixSpec:
             raise ValueError("scenarios, families and concurrency must not be empty")
         if min(self.concurrency) < 1 or self.runs < 1 or self.max_tokens < 2:
             raise ValueError("concurrency and runs must be >= 1, max_tokens >= 2")
+        object.__setattr__(self, "scenarios", tuple(self.scenarios))  # lists from JSON
+        object.__setattr__(self, "families", tuple(self.families))
         object.__setattr__(self, "concurrency", tuple(sorted(set(self.concurrency))))
 
     def cells(self) -> tuple[Cell, ...]:
@@ -96,9 +87,6 @@ class MatrixSpec:
         return tuple(
             Cell(s, f, c) for c in self.concurrency for f in self.families for s in self.scenarios
         )
-
-    def with_(self, **changes: Any) -> MatrixSpec:
-        return replace(self, **changes)
 
 
 DEFAULT_SPEC = MatrixSpec()
@@ -111,42 +99,9 @@ QUICK_SPEC = MatrixSpec(
 )
 
 
-def request_headers(scenario: Scenario, api_key: str | None = None) -> dict[str, str]:
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    if scenario.lane_header:  # a forced scenario, with the bench's own policy
-        headers[LANE_HEADER] = scenario.lane_header
-        headers[CLIENT_HEADER] = BENCH_CLIENT
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    return headers
-
-
-def request_body(
-    model: str,
-    scenario: Scenario,
-    family: str,
-    prompt_index: int,
-    max_tokens: int,
-    long_prompt_chars: int,
-) -> dict[str, Any]:
-    """A streamed, greedy (temperature 0) chat request: comparable across scenarios."""
-    return {
-        "model": model,
-        "messages": [
-            {"role": "user", "content": prompt_for(family, prompt_index, long_prompt_chars)}
-        ],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        **scenario.body_extra,
-    }
-
-
 # How much longer c concurrent requests take on the batching lane than one: c ** exponent.
-# 1.0 would be no batching gain at all; planning assumes a modest gain so that a slow CPU
-# is not promised a run it cannot finish (the estimate of time left corrects itself from
-# the cells already measured).
+# 1.0 would be no batching gain at all; a modest gain keeps a slow CPU from being promised a
+# run it cannot finish (the time left corrects itself from the cells already measured).
 BATCH_EXPONENT = 0.8
 SERIAL_SCENARIOS = ("spec-on", "spec-off")  # the speculative lane decodes one at a time
 DEFAULT_BUDGET = 480.0  # seconds of measurement; plus start-up and warm-up: under 10 minutes
@@ -167,10 +122,9 @@ class Speeds:
     def of(self, scenario: str) -> LaneSpeed:
         if scenario in self.by_scenario:
             return self.by_scenario[scenario]
-        known = list(self.by_scenario.values())
-        if not known:
-            return LaneSpeed(1.0, 10.0)
-        # The slowest lane known: over-estimating is the safe side of a budget.
+        # The slowest lane known (speeds_from knows one at least): over-estimating is the safe
+        # side of a budget.
+        known = self.by_scenario.values()
         return LaneSpeed(max(s.ttft for s in known), min(s.decode_tps for s in known))
 
 
@@ -179,16 +133,12 @@ def speeds_from(warmups: Sequence[Measurement]) -> Speeds | None:
     by: dict[str, LaneSpeed] = {}
     long_ttft: dict[str, float] = {}
     for m in warmups:
-        if not m.ok or m.ttft is None:
-            continue
-        if m.family == "long":
+        if m.ok and m.ttft is not None and m.family == "long":
             long_ttft[m.scenario] = m.ttft
-        elif (tps := m.decode_tps) is not None:
+        elif m.ok and m.ttft is not None and (tps := m.decode_tps) is not None:
             by[m.scenario] = LaneSpeed(m.ttft, tps)
-    if not by:
-        return None
     factors = [t / by[s].ttft for s, t in long_ttft.items() if s in by and by[s].ttft > 0]
-    return Speeds(by, max(1.0, max(factors, default=1.0)))
+    return Speeds(by, max([1.0, *factors])) if by else None
 
 
 @dataclass(frozen=True)
@@ -199,23 +149,17 @@ class Plan:
     estimate: float | None = None  # seconds, None when no speeds were known
     cell_estimates: tuple[float, ...] = ()  # each cell's seconds (the progress line's ETA)
 
-    @classmethod
-    def full(cls, spec: MatrixSpec) -> Plan:
-        return cls(spec, spec.cells())
-
     @property
     def concurrency(self) -> tuple[int, ...]:
         return tuple(sorted({c.concurrency for c in self.cells}))
 
     @property
     def families(self) -> tuple[str, ...]:
-        present = {c.family for c in self.cells}
-        return tuple(f for f in self.spec.families if f in present)
+        return tuple(f for f in self.spec.families if any(c.family == f for c in self.cells))
 
     @property
     def scenarios(self) -> tuple[str, ...]:
-        present = {c.scenario for c in self.cells}
-        return tuple(s for s in self.spec.scenarios if s in present)
+        return tuple(s for s in self.spec.scenarios if any(c.scenario == s for c in self.cells))
 
 
 def request_seconds(speeds: Speeds, scenario: str, family: str, max_tokens: int) -> float:
@@ -234,15 +178,15 @@ def cell_seconds(cell: Cell, spec: MatrixSpec, speeds: Speeds) -> float:
 
 
 def _fewer_runs(plan: Plan) -> Plan | None:
-    runs = plan.spec.runs
-    return _cut(plan, f"runs {runs} → 1", spec=plan.spec.with_(runs=1)) if runs > 1 else None
+    spec = plan.spec
+    return _cut(plan, "runs", spec.runs, 1, spec=replace(spec, runs=1)) if spec.runs > 1 else None
 
 
 def _fewer_tokens(plan: Plan) -> Plan | None:
     n = plan.spec.max_tokens
     if (m := max(MIN_MAX_TOKENS, n // 2)) >= n:
         return None
-    return _cut(plan, f"max_tokens {n} → {m}", spec=plan.spec.with_(max_tokens=m))
+    return _cut(plan, "max_tokens", n, m, spec=replace(plan.spec, max_tokens=m))
 
 
 def _drop_top_level(plan: Plan, keep: int) -> Plan | None:
@@ -251,7 +195,7 @@ def _drop_top_level(plan: Plan, keep: int) -> Plan | None:
         return None
     kept = levels[:keep] if keep == 1 else levels[:-1]
     cells = tuple(c for c in plan.cells if c.concurrency in kept)
-    return _cut(plan, f"concurrency {_csv(levels)} → {_csv(kept)}", cells=cells)
+    return _cut(plan, "concurrency", levels, kept, cells=cells)
 
 
 def _one_family_under_load(plan: Plan) -> Plan | None:
@@ -260,15 +204,14 @@ def _one_family_under_load(plan: Plan) -> Plan | None:
     if len(loaded := [f for f in plan.families if f in busy]) <= 1:
         return None
     cells = tuple(c for c in plan.cells if c.family != loaded[-1] or c.concurrency == low)
-    note = f"families above c={low}: {_csv(loaded)} → {_csv(loaded[:-1])}"
-    return _cut(plan, note, cells=cells)
+    return _cut(plan, f"families above c={low}:", loaded, loaded[:-1], cells=cells)
 
 
 def _one_family(plan: Plan) -> Plan | None:
     if len(families := plan.families) <= 1:
         return None
     cells = tuple(c for c in plan.cells if c.family in families[:-1])
-    return _cut(plan, f"families {_csv(families)} → {_csv(families[:-1])}", cells=cells)
+    return _cut(plan, "families", families, families[:-1], cells=cells)
 
 
 # The order of the cuts: what matters least first; every family at the lowest level last.
@@ -289,11 +232,11 @@ def fit(
     fixed: frozenset[str] = frozenset(),
 ) -> Plan:
     """The largest plan whose estimate fits ``budget`` seconds, cut in the order of ``STEPS``
-    (each only while still over budget, never on a dimension in ``fixed``); the smallest one
-    when none fits. ``budget`` None or 0, or no speeds: the whole matrix."""
+    (never on a dimension in ``fixed``); the smallest one when none fits. ``budget`` None or
+    0, or no speeds: the whole matrix."""
     if speeds is None:
-        return Plan.full(spec)
-    plan = _estimated(Plan.full(spec), speeds)
+        return Plan(spec, spec.cells())
+    plan = _estimated(Plan(spec, spec.cells()), speeds)
     if not budget:
         return plan
     for dimension, step in STEPS:
@@ -309,16 +252,15 @@ def _estimated(plan: Plan, speeds: Speeds) -> Plan:
     return replace(plan, estimate=sum(each), cell_estimates=each)
 
 
-def _cut(plan: Plan, note: str, **changes: Any) -> Plan:
-    """``plan`` with ``changes``; successive cuts of one dimension read as one note:
+def _cut(plan: Plan, label: str, before: object, after: object, **changes: Any) -> Plan:
+    """``plan`` with ``changes``, noted; successive cuts of one dimension read as one note:
     'max_tokens 64 → 32 → 24'."""
-    notes, head = plan.reductions, note.split(":" if ":" in note else " ", 1)[0]
-    if notes and notes[-1].split(":" if ":" in notes[-1] else " ", 1)[0] == head:
-        notes = (*notes[:-1], f"{notes[-1]} → {note.rsplit('→ ', 1)[1]}")
+    old, new = (
+        ",".join(map(str, v)) if isinstance(v, tuple | list) else str(v) for v in (before, after)
+    )
+    notes, last = plan.reductions, "".join(plan.reductions[-1:])
+    if last.startswith(f"{label} ") and last.endswith(f"→ {old}"):
+        notes = (*notes[:-1], f"{last} → {new}")
     else:
-        notes = (*notes, note)
+        notes = (*notes, f"{label} {old} → {new}")
     return replace(plan, reductions=notes, **changes)
-
-
-def _csv(values: Iterable[object]) -> str:
-    return ",".join(str(v) for v in values)

@@ -9,7 +9,6 @@ from typing import Any
 
 from router.bench.scorecard.records import levels, pooled
 from router.bench.scorecard.report import Result
-from router.bench.scorecard.score import Evaluation
 
 MISSING = (
     "--plot needs matplotlib, which is not installed: "
@@ -40,44 +39,36 @@ def available() -> bool:
     return True
 
 
-def write_charts(result: Result, ev: Evaluation, out_dir: Path) -> list[str]:
-    """Write the charts; returns their file names. Raises PlotUnavailable without
-    matplotlib."""
-    plt = _pyplot()
-    title = f"{result.model or 'model'} / draft {result.draft or '?'}"
+def write_charts(result: Result, out_dir: Path) -> list[str]:
+    """Write the charts that have something to show; their file names. Raises
+    PlotUnavailable without matplotlib."""
+    plt, env = _pyplot(), result.environment
+    title = f"{env.get('model') or 'model'} / draft {env.get('draft_model') or '?'}"
     names = []
     for name, draw in (
         ("ttft_by_concurrency.png", _ttft),
         ("tps_by_concurrency.png", _tps),
         ("acceptance_by_family.png", _acceptance),
     ):
-        fig = draw(plt, result, ev, title)
-        if fig is None:
-            continue
-        fig.savefig(out_dir / name, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        names.append(name)
+        if (fig := draw(plt, result, title)) is not None:
+            fig.savefig(out_dir / name, dpi=110, bbox_inches="tight")
+            plt.close(fig)
+            names.append(name)
     return names
 
 
-def _series(result: Result, scenario: str, figure: str) -> list[tuple[int, float]]:
-    """(concurrency, figure) of a scenario, every family pooled, where it was measured."""
-    pooled_ = ((c, pooled(result.runs, scenario, concurrency=c)) for c in levels(result.runs))
-    return [
-        (c, value)
-        for c, s in pooled_
-        if s is not None and s.ok and (value := getattr(s, figure)) is not None
-    ]
-
-
-def _lines(ax: Any, result: Result, figures: dict[str, str]) -> bool:
+def _lines(ax: Any, result: Result, figures: dict[str, str], ylabel: str, title: str) -> bool:
     """One line per scenario and figure (``figures``: field -> label suffix, the first solid,
-    the others dashed in the same colour); whether anything was drawn."""
-    drawn = False
+    the others dashed in the same colour), every family pooled; whether anything was drawn."""
+    drawn, ticks = False, levels(result.runs)
     for scenario in result.plan.scenarios:
         color = None
         for i, (figure, suffix) in enumerate(figures.items()):
-            if points := _series(result, scenario, figure):
+            summaries = [(c, pooled(result.runs, scenario, c)) for c in ticks]
+            points = [
+                (c, v) for c, s in summaries if s and s.ok and (v := getattr(s, figure)) is not None
+            ]
+            if points:
                 style = (
                     {"marker": "o"} if i == 0 else {"linestyle": "--", "marker": ".", "alpha": 0.7}
                 )
@@ -85,32 +76,41 @@ def _lines(ax: Any, result: Result, figures: dict[str, str]) -> bool:
                     *zip(*points, strict=True), color=color, label=f"{scenario}{suffix}", **style
                 )
                 color, drawn = line.get_color(), True
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(t) for t in ticks])
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8)
     return drawn
 
 
-def _ttft(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
+def _ttft(plt: Any, result: Result, title: str) -> Any:
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    if not _lines(ax, result, {"ttft_avg_ms": " avg", "ttft_p95_ms": " p95"}):
-        plt.close(fig)
-        return None
-    _axes(ax, "TTFT (ms)", f"Time to first token by concurrency\n{title}", result)
-    return fig
+    figures = {"ttft_avg_ms": " avg", "ttft_p95_ms": " p95"}
+    if _lines(ax, result, figures, "TTFT (ms)", f"Time to first token by concurrency\n{title}"):
+        return fig
+    plt.close(fig)
+    return None
 
 
-def _tps(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
+def _tps(plt: Any, result: Result, title: str) -> Any:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    drawn = _lines(left, result, {"decode_tps_avg": ""})
-    if not _lines(right, result, {"agg_tps": ""}) and not drawn:
-        plt.close(fig)
-        return None
-    _axes(left, "decode tok/s per request", "Decode speed per request", result)
-    _axes(right, "aggregate tok/s", "Aggregate throughput", result)
-    fig.suptitle(f"Tokens per second by concurrency - {title}")
-    return fig
+    per_request = ("decode tok/s per request", "Decode speed per request")
+    drawn = _lines(left, result, {"decode_tps_avg": ""}, *per_request)
+    if _lines(right, result, {"agg_tps": ""}, "aggregate tok/s", "Aggregate throughput") or drawn:
+        fig.suptitle(f"Tokens per second by concurrency - {title}")
+        return fig
+    plt.close(fig)
+    return None
 
 
-def _acceptance(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
-    rows = [a for a in ev.acceptance if a.acceptance is not None]
+def _acceptance(plt: Any, result: Result, title: str) -> Any:
+    ev = result.evaluation()
+    rows = [a for a in ev.acceptance_by_family if a.acceptance is not None]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -131,15 +131,3 @@ def _acceptance(plt: Any, result: Result, ev: Evaluation, title: str) -> Any:
     ax.set_title(f"Draft acceptance by prompt family (spec-on)\n{title}")
     ax.legend(loc="upper right", fontsize=8)
     return fig
-
-
-def _axes(ax: Any, ylabel: str, title: str, result: Result) -> None:
-    ax.set_xscale("log", base=2)
-    ticks = levels(result.runs)
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([str(t) for t in ticks])
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)

@@ -1,6 +1,6 @@
 """The progress line: cells done, the cell in flight, elapsed time and the time left. On a
-terminal one line is redrawn in place, every second so that the clock moves while a slow
-cell runs; elsewhere (a log, CI) one line is printed per finished cell."""
+terminal one line is redrawn in place every second, so that the clock moves while a slow cell
+runs; elsewhere (a log, CI) one line is printed per finished cell."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from router.bench.scorecard.plan import Cell
-from router.bench.scorecard.records import CellRun, Measurement
+from router.bench.scorecard.records import CellRun
 
 BAR_WIDTH = 24
 
@@ -23,92 +23,70 @@ def clock(seconds: float | None) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-def eta(remaining_estimate: float, done_estimate: float, done_actual: float) -> float:
-    """Seconds left: the remaining estimate, scaled by how far off the estimate was so far."""
-    if done_estimate <= 0 or done_actual <= 0:
-        return remaining_estimate
-    return remaining_estimate * done_actual / done_estimate
-
-
-def render(
-    done: int, total: int, cell: Cell | None, requests: str, elapsed: float, left: float | None
-) -> str:
-    filled = BAR_WIDTH * done // total if total else BAR_WIDTH
-    bar = "#" * filled + "." * (BAR_WIDTH - filled)
-    what = f" {cell.label} {requests}" if cell else ""
-    return f"[{bar}] {done}/{total} cells{what} | {clock(elapsed)} elapsed, ~{clock(left)} left"
-
-
 class Progress:
-    def __init__(
-        self,
-        estimates: Sequence[float] | None,
-        total: int,
-        out: TextIO | None = None,
-        enabled: bool = True,
-    ) -> None:
-        self.estimates, self.total, self.out = list(estimates or ()), total, out or sys.stderr
-        self.enabled, self.tty = enabled, enabled and self.out.isatty()
-        self.started = self.cell_t0 = time.monotonic()
+    def __init__(self, estimates: Sequence[float], total: int, out: TextIO | None = None) -> None:
+        self.estimates, self.total, self.out = estimates, total, out or sys.stderr
+        self.tty = self.out.isatty()
+        self.started = self.cell_started = time.monotonic()
         self.done, self.done_seconds = 0, 0.0
         self.cell: Cell | None = None
         self.finished = self.expected = 0  # requests of the cell in flight
-        self._ticker: asyncio.Task[None] | None = None
+        self.ticker: asyncio.Task[None] | None = None
 
     def time_left(self, now: float) -> float | None:
-        """The estimates left, scaled by how far off they were so far; without estimates,
-        the average cell so far."""
-        if self.estimates:
-            done, left = self.estimates[: self.done], self.estimates[self.done :]
-            left_s = eta(sum(left), sum(done), self.done_seconds)
+        """The estimates left, scaled by how far off they were so far; without estimates, the
+        average cell so far."""
+        done_estimate = sum(self.estimates[: self.done])
+        if self.estimates and done_estimate > 0 and self.done_seconds > 0:
+            left = sum(self.estimates[self.done :]) * self.done_seconds / done_estimate
+        elif self.estimates:
+            left = sum(self.estimates[self.done :])
         elif self.done:
-            left_s = self.done_seconds / self.done * (self.total - self.done)
+            left = self.done_seconds / self.done * (self.total - self.done)
         else:
             return None
-        return max(0.0, left_s - (now - self.cell_t0 if self.cell else 0.0))
+        return max(0.0, left - (now - self.cell_started if self.cell else 0.0))
 
     def line(self) -> str:
         now = time.monotonic()
-        requests = f"({self.finished}/{self.expected} requests)" if self.cell else ""
-        elapsed = now - self.started
-        return render(self.done, self.total, self.cell, requests, elapsed, self.time_left(now))
+        filled = BAR_WIDTH * self.done // self.total if self.total else BAR_WIDTH
+        bar = "#" * filled + "." * (BAR_WIDTH - filled)
+        what = f" {self.cell.label} ({self.finished}/{self.expected} requests)" if self.cell else ""
+        elapsed, left = clock(now - self.started), clock(self.time_left(now))
+        return f"[{bar}] {self.done}/{self.total} cells{what} | {elapsed} elapsed, ~{left} left"
 
-    def cell_started(self, index: int, cell: Cell, expected_requests: int) -> None:
-        self.cell, self.cell_t0 = cell, time.monotonic()
+    def start_cell(self, cell: Cell, expected_requests: int) -> None:
+        self.cell, self.cell_started = cell, time.monotonic()
         self.finished, self.expected = 0, expected_requests
-        self._draw()
+        self.draw()
 
-    def request_done(self, m: Measurement) -> None:
+    def request_done(self) -> None:
         self.finished += 1
-        self._draw()
+        self.draw()
 
-    def cell_done(self, index: int, run: CellRun) -> None:
-        self.done, self.cell = index + 1, None
+    def cell_done(self, run: CellRun) -> None:
+        self.done, self.cell = self.done + 1, None
         self.done_seconds += run.seconds
-        if self.enabled and not self.tty:
-            print(
-                f"  {run.cell.label}: {len(run.measurements)} requests in "
-                f"{run.seconds:.1f}s | {self.line()}",
-                file=self.out,
-                flush=True,
-            )
-        self._draw()
+        if not self.tty:
+            text = f"  {run.cell.label}: {len(run.measurements)} requests in {run.seconds:.1f}s"
+            print(f"{text} | {self.line()}", file=self.out, flush=True)
+        self.draw()
 
     def start_ticking(self) -> None:
-        if self.tty and self._ticker is None:
-            self._ticker = asyncio.create_task(self._tick())
+        if self.tty:
+            self.ticker = asyncio.create_task(self._tick())
 
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            self._draw()
+            self.draw()
 
     def close(self) -> None:
-        if self._ticker:
-            self._ticker.cancel()
-        self._draw("\n")
+        if self.ticker:
+            self.ticker.cancel()
+        self.draw("\n")
 
-    def _draw(self, end: str = "") -> None:
+    def draw(self, end: str = "") -> None:
         if self.tty:
             self.out.write("\r\033[K" + self.line() + end)
             self.out.flush()

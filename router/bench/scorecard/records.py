@@ -1,18 +1,29 @@
 """The raw records of a scorecard run, one per request and one per cell, and their figures
-per cell or pooled over cells (pure). ``scorecard.json`` stores the records as they are, so
-every figure can be recomputed from it. Times are ``perf_counter`` seconds: a cell's span and
-a request's ``started`` from the start of the run, a request's other times from its own
-start. Requests stopped by the user count neither as results nor as errors."""
+(pure). ``scorecard.json`` stores the records as they are, so every figure can be recomputed.
+Times are ``perf_counter`` seconds: a cell's span and a request's ``started`` from the start of
+the run, a request's other times from its own start. Requests stopped by the user count
+neither as results nor as errors."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from router.bench.common.stats import mean, percentile
 from router.bench.scorecard.plan import Cell
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
+
+
+def load(cls: type[T], data: dict[str, Any]) -> T:
+    """A dataclass from its JSON, ignoring keys that are not its fields (computed figures)."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
 
 
 @dataclass
@@ -53,16 +64,8 @@ class Measurement:
         span = (self.last_token or 0.0) - self.ttft
         return (tokens - 1) / span if span > 0 else None
 
-    @property
-    def speculated(self) -> bool:
-        return bool(self.num_draft_tokens)
-
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "decode_tps": self.decode_tps}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Measurement:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass
@@ -81,20 +84,19 @@ class CellRun:
     def seconds(self) -> float:
         return max(0.0, self.finished - self.started)
 
+    def summary(self) -> Summary:
+        return summarize(self.measurements, self.seconds)
+
     def to_json(self) -> dict[str, Any]:
-        fields = {k: v for k, v in asdict(self).items() if k not in ("cell", "measurements")}
-        return {
-            **asdict(self.cell),
-            **fields,
-            "measurements": [m.to_json() for m in self.measurements],
-        }
+        data = asdict(self)
+        measured = [m.to_json() for m in self.measurements]
+        return {**data.pop("cell"), **data, "measurements": measured}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CellRun:
-        fields = {k: data[k] for k in ("runs", "max_tokens", "started", "finished", "complete")}
-        measurements = [Measurement.from_json(m) for m in data["measurements"]]
-        cell = Cell(data["scenario"], data["family"], data["concurrency"])
-        return cls(cell, **fields, measurements=measurements)
+        spans = {k: data[k] for k in ("runs", "max_tokens", "started", "finished", "complete")}
+        measured = [load(Measurement, m) for m in data["measurements"]]
+        return cls(load(Cell, data), **spans, measurements=measured)
 
 
 @dataclass(frozen=True)
@@ -125,9 +127,6 @@ class Summary:
     def error_rate(self) -> float | None:
         return self.errors / self.requests if self.requests else None
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def summarize(measurements: Iterable[Measurement], seconds: float) -> Summary:
     done = [m for m in measurements if not m.cancelled]
@@ -149,20 +148,15 @@ def summarize(measurements: Iterable[Measurement], seconds: float) -> Summary:
         drafted=drafted,
         accepted=accepted,
         acceptance=accepted / drafted if drafted else None,
-        speculated=sum(1 for m in ok if m.speculated),
+        speculated=sum(1 for m in ok if m.num_draft_tokens),
         lanes=dict(Counter(m.lane or "unknown" for m in ok)),
         rules=dict(Counter(rule_of(m.decision) for m in ok)),
     )
 
 
-def cell_summary(run: CellRun) -> Summary:
-    return summarize(run.measurements, run.seconds)
-
-
 def pooled(
     runs: Sequence[CellRun],
     scenario: str,
-    *,
     concurrency: int | None = None,
     families: Iterable[str] | None = None,
 ) -> Summary | None:
@@ -181,10 +175,11 @@ def pooled(
     return summarize((m for r in chosen for m in r.measurements), sum(r.seconds for r in chosen))
 
 
-def common_families(
-    runs: Sequence[CellRun], scenarios: Iterable[str], concurrency: int
-) -> tuple[str, ...]:
-    """The families measured with a result for every one of ``scenarios`` at a level."""
+def shared_pair(
+    runs: Sequence[CellRun], a: str, b: str, concurrency: int
+) -> tuple[Summary | None, Summary | None]:
+    """Scenarios ``a`` and ``b`` at a level, each pooled over the families both measured with
+    a result, so that a comparison compares the same prompts."""
     measured = [
         {
             r.cell.family
@@ -193,24 +188,11 @@ def common_families(
             and r.cell.concurrency == concurrency
             and any(m.ok for m in r.measurements)
         }
-        for s in scenarios
+        for s in (a, b)
     ]
-    common = set.intersection(*measured) if measured else set()
-    return tuple(f for f in dict.fromkeys(r.cell.family for r in runs) if f in common)
-
-
-def shared_pair(
-    runs: Sequence[CellRun], a: str, b: str, concurrency: int
-) -> tuple[Summary | None, Summary | None]:
-    """Scenarios ``a`` and ``b`` at a level, each pooled over the families both measured,
-    so that a comparison compares the same prompts."""
-    families = common_families(runs, (a, b), concurrency)
-    if not families:
+    if not (families := measured[0] & measured[1]):
         return None, None
-    return (
-        pooled(runs, a, concurrency=concurrency, families=families),
-        pooled(runs, b, concurrency=concurrency, families=families),
-    )
+    return pooled(runs, a, concurrency, families), pooled(runs, b, concurrency, families)
 
 
 def rule_of(decision: str | None) -> str:

@@ -1,15 +1,11 @@
-"""Gates, readiness score, crossover and verdict of a scorecard run (pure).
-
-Every comparison is computed once (``Figures``: spec-on against spec-off at the lowest level,
-``auto`` against batching at the target level, on the prompt families both sides measured)
-and judged twice: pass or fail by the gates, points by the score. The rule strings built here
-are what the scorecard prints."""
+"""Gates, readiness score, crossover and verdict of a scorecard run (pure). Every comparison
+is computed once (``Figures``) and judged twice: pass or fail by the gates, points by the
+score. The rule strings built here are what the scorecard prints."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from router.bench.common.stats import fmt, ratio
 from router.bench.scorecard.records import CellRun, Summary, levels, pooled, shared_pair, summarize
@@ -52,14 +48,11 @@ class Level:
     """Does spec-on beat the better of spec-off and batching at one level?"""
 
     concurrency: int
-    spec_tps: float | None
-    alternative: str | None
-    alternative_tps: float | None
-    pays: bool | None
-
-    @property
-    def ratio(self) -> float | None:
-        return ratio(self.spec_tps, self.alternative_tps)
+    spec_tps: float | None = None
+    alternative: str | None = None
+    alternative_tps: float | None = None
+    pays: bool | None = None
+    ratio: float | None = None  # spec_tps / alternative_tps
 
 
 @dataclass(frozen=True)
@@ -73,72 +66,42 @@ class FamilyAcceptance:
 
 @dataclass(frozen=True)
 class Evaluation:
+    """The judgement of a run; its fields (``dataclasses.asdict``) are its JSON."""
+
     score: int
     verdict: str
     recommendation: str
-    stop_at: int | None  # the lowest concurrency at which speculation stops paying
+    stop_at_concurrency: int | None  # the lowest concurrency at which speculation stops paying
     gates: tuple[Gate, ...]
-    parts: tuple[ScorePart, ...]
+    score_parts: tuple[ScorePart, ...]
     levels: tuple[Level, ...]
-    acceptance: tuple[FamilyAcceptance, ...]
-    pooled_acceptance: float | None
-    thresholds: Thresholds = field(default_factory=Thresholds)
+    acceptance_by_family: tuple[FamilyAcceptance, ...]
+    acceptance: float | None  # over every spec-on request
+    thresholds: Thresholds
 
     def gate(self, key: str) -> Gate:
         return next(g for g in self.gates if g.key == key)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "score": self.score,
-            "verdict": self.verdict,
-            "recommendation": self.recommendation,
-            "stop_at_concurrency": self.stop_at,
-            "gates": [asdict(g) for g in self.gates],
-            "score_parts": [asdict(p) for p in self.parts],
-            "levels": [{**asdict(lv), "ratio": lv.ratio} for lv in self.levels],
-            "acceptance_by_family": [asdict(a) for a in self.acceptance],
-            "acceptance": self.pooled_acceptance,
-            "thresholds": asdict(self.thresholds),
-        }
-
 
 @dataclass(frozen=True)
 class Figures:
-    """What the gates and the score both judge."""
+    """What the gates and the score both judge: spec-on against spec-off at the lowest level
+    (the interactive one), ``mine`` (auto when measured, else spec-on) against batching at the
+    target level, each pair on the prompt families both sides measured."""
 
     spec: Summary | None  # every spec-on request
     everything: Summary
-    low: int  # the interactive level: the lowest measured
-    target: int | None  # the throughput level
-    mine: str  # what the throughput level judges: auto when measured, else spec-on
-    on: Summary | None  # spec-on and spec-off at ``low`` on shared prompts
+    low: int
+    target: int | None
+    mine: str
+    on: Summary | None
     off: Summary | None
-    ours: Summary | None  # ``mine`` and batching at ``target`` on shared prompts
+    ours: Summary | None
     batching: Summary | None
-
-    @property
-    def active(self) -> float | None:
-        return self.spec.speculated / self.spec.ok if self.spec and self.spec.ok else None
-
-    @property
-    def acceptance(self) -> float | None:
-        return self.spec.acceptance if self.spec else None
-
-    @property
-    def speedup(self) -> float | None:
-        return _compare(self.on, self.off, "decode_tps_avg")
-
-    @property
-    def ttft(self) -> float | None:
-        return _compare(self.on, self.off, "ttft_avg_ms")
-
-    @property
-    def throughput(self) -> float | None:
-        return _compare(self.ours, self.batching, "agg_tps")
-
-
-def _compare(a: Summary | None, b: Summary | None, figure: str) -> float | None:
-    return ratio(getattr(a, figure, None), getattr(b, figure, None))
+    active: float | None  # the share of successful spec-on requests that ran with a draft
+    speedup: float | None  # decode tok/s, on / off
+    ttft: float | None  # on / off
+    throughput: float | None  # aggregate tok/s, ours / batching
 
 
 def figures(runs: Sequence[CellRun], t: Thresholds) -> Figures:
@@ -146,16 +109,32 @@ def figures(runs: Sequence[CellRun], t: Thresholds) -> Figures:
     low = measured[0] if measured else 1
     target = t.target_concurrency or (measured[-1] if measured else None)
     mine = "auto" if any(r.cell.scenario == "auto" for r in runs) else "spec-on"
+    spec = pooled(runs, "spec-on")
     everything = summarize((m for r in runs for m in r.measurements), sum(r.seconds for r in runs))
+    on, off = shared_pair(runs, "spec-on", "spec-off", low)
+    ours, batching = shared_pair(runs, mine, "batching", target) if target else (None, None)
+    active = spec.speculated / spec.ok if spec and spec.ok else None
+    speedup, ttft = _compare(on, off, "decode_tps_avg"), _compare(on, off, "ttft_avg_ms")
+    throughput = _compare(ours, batching, "agg_tps")
     return Figures(
-        pooled(runs, "spec-on"),
+        spec,
         everything,
         low,
         target,
         mine,
-        *shared_pair(runs, "spec-on", "spec-off", low),
-        *(shared_pair(runs, mine, "batching", target) if target is not None else (None, None)),
+        on,
+        off,
+        ours,
+        batching,
+        active,
+        speedup,
+        ttft,
+        throughput,
     )
+
+
+def _compare(a: Summary | None, b: Summary | None, figure: str) -> float | None:
+    return ratio(getattr(a, figure, None), getattr(b, figure, None))
 
 
 def evaluate(
@@ -166,17 +145,17 @@ def evaluate(
     stop_at = next((lv.concurrency for lv in crossover if lv.pays is False), None)
     gates = _gates(f, t)
     parts = _score_parts(f, crossover, t)
-    return Evaluation(
-        round(sum(p.points for p in parts)),
-        *_verdict({g.key: g.passed for g in gates}, stop_at, crossover, f.target, complete),
-        stop_at,
-        gates,
-        parts,
-        crossover,
-        _acceptance_by_family(runs, t),
-        f.acceptance,
-        t,
-    )
+    passed = {g.key: g.passed for g in gates}
+    # Where it stops paying; when the crossover does not say, a failed throughput gate does.
+    stop = stop_at if stop_at is not None else (f.target if passed["throughput"] is False else None)
+    verdict = _verdict(passed, stop, max(levels(runs), default=None))
+    if not complete:  # "NOT READY: x" -> "NOT READY (partial run): x"
+        head, colon, tail = verdict[0].partition(":")
+        verdict = (f"{head} (partial run){colon}{tail}", verdict[1])
+    score = round(sum(p.points for p in parts))
+    by_family = _acceptance_by_family(runs, t)
+    acceptance = f.spec.acceptance if f.spec else None
+    return Evaluation(score, *verdict, stop_at, gates, parts, crossover, by_family, acceptance, t)
 
 
 def _gates(f: Figures, t: Thresholds) -> tuple[Gate, ...]:
@@ -228,13 +207,14 @@ def _gates(f: Figures, t: Thresholds) -> tuple[Gate, ...]:
 def _score_parts(f: Figures, crossover: tuple[Level, ...], t: Thresholds) -> tuple[ScorePart, ...]:
     """Each part: ``weight`` x a share in [0, 1] of its figure; 0 when not measured."""
     tol, floor = t.ttft_tolerance, 1 - t.throughput_tolerance
+    acceptance = f.spec.acceptance if f.spec else None
     table: list[tuple[str, str, int, str, float | None, str, Callable[[float], float]]] = [
         ("active", "Speculation active", 10,
          "10 x share of spec-on requests that ran with a draft", f.active, "{:.0%}", lambda v: v),
         ("errors", "Reliability", 10, "10 x (1 - error rate / 10 %), at least 0",
          f.everything.error_rate, "{:.1%} errors", lambda v: 1 - v / 0.10),
         ("acceptance", "Acceptance", 20,
-         f"20 x acceptance / {t.acceptance_floor:.2f}, at most 20", f.acceptance, "{:.2f}",
+         f"20 x acceptance / {t.acceptance_floor:.2f}, at most 20", acceptance, "{:.2f}",
          lambda v: v / t.acceptance_floor),
         ("speedup", f"Decode speed-up (c={f.low})", 25,
          f"25 x (speed-up - 1) / {t.full_speedup - 1:.2f}, between 0 and 25", f.speedup,
@@ -253,16 +233,11 @@ def _score_parts(f: Figures, crossover: tuple[Level, ...], t: Thresholds) -> tup
     ]
     judged = [lv for lv in crossover if lv.pays is not None]
     paying = sum(1 for lv in judged if lv.pays)
-    parts.append(
-        ScorePart(
-            "range",
-            "Concurrency range",
-            10,
-            "10 x share of measured levels at which speculation pays",
-            f"{paying}/{len(judged)} levels" if judged else "n/a",
-            10 * paying / len(judged) if judged else 0.0,
-        )
+    figure, points = (
+        (f"{paying}/{len(judged)} levels", 10 * paying / len(judged)) if judged else ("n/a", 0.0)
     )
+    rule = "10 x share of measured levels at which speculation pays"
+    parts.append(ScorePart("range", "Concurrency range", 10, rule, figure, points))
     return tuple(parts)
 
 
@@ -273,62 +248,52 @@ def _level(runs: Sequence[CellRun], c: int, t: Thresholds) -> Level:
         on, other = shared_pair(runs, "spec-on", alt, c)
         if on and other and on.agg_tps is not None and other.agg_tps is not None:
             pays = on.agg_tps >= (1 + t.crossover_margin) * other.agg_tps
-            candidates.append(Level(c, on.agg_tps, alt, other.agg_tps, pays))
+            rate = ratio(on.agg_tps, other.agg_tps)
+            candidates.append(Level(c, on.agg_tps, alt, other.agg_tps, pays, rate))
     # Hardest: one that does not pay first, then the lowest ratio (the first of equals).
     return min(
         candidates,
         key=lambda lv: (lv.pays is not False, lv.ratio if lv.ratio is not None else float("inf")),
-        default=Level(c, None, None, None, None),
+        default=Level(c),
     )
 
 
-def _verdict(
-    passed: dict[str, bool | None],
-    stop_at: int | None,
-    crossover: tuple[Level, ...],
-    target: int | None,
-    complete: bool,
-) -> tuple[str, str]:
-    partial = "" if complete else " (partial run)"
+def _verdict(passed: dict[str, bool | None], stop: int | None, top: int | None) -> tuple[str, str]:
+    """``stop``: the level at which speculation stops paying; ``top``: the highest measured."""
     if passed["active"] is None or passed["interactive"] is None:
-        return (
-            f"INCONCLUSIVE{partial}",
-            "Not enough was measured to judge speculation; run the whole matrix.",
-        )
+        return "INCONCLUSIVE", "Not enough was measured to judge speculation; run the whole matrix."
     if not passed["active"]:
         return (
-            f"NOT READY{partial}: speculation is not running",
+            "NOT READY: speculation is not running",
             "Spec-on requests came back without draft statistics: check that the "
             "speculative lane has a draft model and that nothing switched it off.",
         )
     if not passed["errors"]:
         return (
-            f"NOT READY{partial}: requests failed",
+            "NOT READY: requests failed",
             "Fix the failing requests first (see the errors column), then run again.",
         )
     if not passed["interactive"] or not passed["acceptance"]:
         return (
-            f"NOT READY{partial}: keep speculation off for this model pair here",
+            "NOT READY: keep speculation off for this model pair here",
             "Speculation does not pay for these clients on this machine: turn it off "
             "(`[lanes.speculative] enabled = false`, or leave it to the router's "
             "auto-disable, which measures the same thing per workload).",
         )
-    stop = stop_at if stop_at is not None else (target if passed["throughput"] is False else None)
     if stop is not None and stop > 1:
         return (
-            f"READY FOR INTERACTIVE USE{partial}: below concurrency {stop}",
+            f"READY FOR INTERACTIVE USE: below concurrency {stop}",
             f"Enable speculation for interactive clients and stop using it from "
             f"{stop} concurrent requests: `[routing] spec_busy_at = {stop - 1}`, "
             f"`spec_free_at = {max(0, stop - 2)}`.",
         )
     if stop is not None:
         return (
-            f"NOT READY{partial}: speculation does not pay even alone",
+            "NOT READY: speculation does not pay even alone",
             "Keep speculation off (`[lanes.speculative] enabled = false`).",
         )
-    top = max((lv.concurrency for lv in crossover), default=None)
     return (
-        f"READY{partial}: enable speculation",
+        "READY: enable speculation",
         f"Speculation pays at every level measured (up to c={top}); the router's "
         "defaults keep it for one request at a time and move the rest to batching.",
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import pytest
 
@@ -18,7 +19,7 @@ from router.bench.scorecard.plan import (
     fit,
     speeds_from,
 )
-from router.bench.scorecard.progress import Progress, clock, eta, render
+from router.bench.scorecard.progress import Progress, clock
 from tests.bench.scorecard.build import req, uniform
 
 # 1 s to the first token, 10 tok/s after it, on every lane; long prompts 3x slower to start.
@@ -82,7 +83,7 @@ def test_fixed_dimensions_are_never_reduced() -> None:
 
 
 def test_families_above_the_lowest_level_go_before_the_levels() -> None:
-    plan = fit(SPEC.with_(concurrency=(1, 2), runs=1, max_tokens=MIN_MAX_TOKENS), SPEEDS, 120)
+    plan = fit(replace(SPEC, concurrency=(1, 2), runs=1, max_tokens=MIN_MAX_TOKENS), SPEEDS, 120)
     assert plan.concurrency == (1, 2)
     loaded = {c.family for c in plan.cells if c.concurrency == 2}
     assert {c.family for c in plan.cells if c.concurrency == 1} == set(SPEC.families)
@@ -106,18 +107,14 @@ def test_speeds_from_the_warm_up() -> None:
     assert speeds_from([req(ok=False, error="x")]) is None
 
 
-def test_eta_scales_by_how_far_off_the_estimate_was() -> None:
-    assert eta(100.0, 50.0, 75.0) == pytest.approx(150.0)
-    assert eta(100.0, 0.0, 0.0) == 100.0
-
-
 def test_progress_line_and_time_left() -> None:
     cells = SPEC.cells()[:4]
     out = io.StringIO()
     p = Progress([10.0, 10.0, 20.0, 40.0], len(cells), out=out)
     p.started -= 30  # 30 s ago
-    p.cell_started(0, cells[0], 2)
-    p.cell_done(0, uniform("spec-on", "chat", 1, ttft=0.1, tps=10, agg=11 / 20))  # took 20 s
+    assert p.time_left(p.started) == pytest.approx(80.0)  # nothing done: the estimate
+    p.start_cell(cells[0], 2)
+    p.cell_done(uniform("spec-on", "chat", 1, ttft=0.1, tps=10, agg=11 / 20))  # took 20 s
     # 70 s of estimate left, the first cell took 2x its estimate
     assert p.time_left(p.started + 30) == pytest.approx(140.0)
     line = p.line()
@@ -126,20 +123,26 @@ def test_progress_line_and_time_left() -> None:
 
 
 def test_progress_without_estimates_uses_the_average_cell() -> None:
-    p = Progress(None, 4, out=io.StringIO())
+    p = Progress((), 4, out=io.StringIO())
     assert p.time_left(p.started) is None
-    p.cell_done(0, uniform("spec-on", "chat", 1, ttft=0.1, tps=10, agg=11 / 10))
+    p.cell_done(uniform("spec-on", "chat", 1, ttft=0.1, tps=10, agg=11 / 10))
     assert p.time_left(p.started) == pytest.approx(30.0)
 
 
-def test_render_and_clock() -> None:
+def test_line_and_clock() -> None:
     assert clock(59.6) == "1:00" and clock(3725) == "1:02:05" and clock(None) == "?"
-    line = render(3, 12, Cell("auto", "code", 4), "(1/4 requests)", 61, 300)
+    p = Progress([], 12, out=io.StringIO())
+    p.started -= 61
+    p.done, p.done_seconds = 3, 100.0
+    p.start_cell(Cell("auto", "code", 4), 4)
+    p.request_done()
+    line = p.line()
     assert line.startswith("[" + "#" * 6 + "." * 18 + "] 3/12 cells auto · code · c=4")
-    assert line.endswith("1:01 elapsed, ~5:00 left")
+    assert "(1/4 requests) | 1:01 elapsed, ~5:00 left" in line
 
 
 def test_plan_properties() -> None:
-    plan = Plan.full(SPEC.with_(families=("code", "chat")))
+    spec = replace(SPEC, families=("code", "chat"))
+    plan = Plan(spec, spec.cells())
     assert plan.families == ("code", "chat")
     assert plan.concurrency == (1, 2, 4, 8)

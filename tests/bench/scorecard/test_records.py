@@ -8,9 +8,10 @@ from router.bench.common.stats import percentile
 from router.bench.scorecard.records import (
     CellRun,
     Measurement,
-    common_families,
+    load,
     pooled,
     rule_of,
+    shared_pair,
     summarize,
 )
 from tests.bench.scorecard.build import cell, req, uniform
@@ -105,14 +106,17 @@ def test_pooled_sums_tokens_and_time_over_cells() -> None:
     assert only_code is not None and only_code.requests == 6
 
 
-def test_common_families_need_a_result_on_both_sides() -> None:
+def test_a_shared_pair_pools_the_families_with_a_result_on_both_sides() -> None:
     runs = [
         uniform("spec-on", "chat", 1, ttft=0.1, tps=10, agg=10),
-        uniform("spec-on", "code", 1, ttft=0.1, tps=10, agg=10),
+        uniform("spec-on", "code", 1, ttft=0.1, tps=20, agg=10),
         uniform("spec-off", "code", 1, ttft=0.1, tps=10, agg=10),
         cell("spec-off", "chat", 1, [req(ok=False, error="x")], 1.0),
     ]
-    assert common_families(runs, ("spec-on", "spec-off"), 1) == ("code",)
+    on, off = shared_pair(runs, "spec-on", "spec-off", 1)
+    assert on is not None and off is not None
+    assert (on.requests, on.decode_tps_avg, off.requests) == (1, pytest.approx(20.0), 1)
+    assert shared_pair(runs, "spec-on", "batching", 1) == (None, None)
 
 
 def test_records_survive_json() -> None:
@@ -120,4 +124,4 @@ def test_records_survive_json() -> None:
     again = CellRun.from_json(run.to_json())
     assert again == run
     m = run.measurements[0]
-    assert Measurement.from_json(m.to_json()).decode_tps == pytest.approx(5.0)
+    assert load(Measurement, m.to_json()).decode_tps == pytest.approx(5.0)

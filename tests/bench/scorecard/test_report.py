@@ -34,7 +34,7 @@ def result(complete: bool = True) -> Result:
     )
     return Result(
         spec,
-        Plan.full(spec),
+        Plan(spec, spec.cells()),
         Thresholds(),
         dict(ENV),
         [req("spec-on")],
@@ -106,7 +106,7 @@ def test_json_holds_raw_measurements_environment_and_pair(tmp_path: Path) -> Non
 
 def test_json_reads_back_into_the_same_evaluation() -> None:
     r = result()
-    again = from_json(json.loads(json.dumps(to_json(r))))
+    again = from_json(json.loads(json.dumps(to_json(r, r.evaluation()))))
     assert again.runs == r.runs and again.plan.cells == r.plan.cells
     assert again.evaluation() == r.evaluation()
     with pytest.raises(ValueError, match="not a speclane scorecard"):
@@ -116,7 +116,7 @@ def test_json_reads_back_into_the_same_evaluation() -> None:
 def test_charts_are_written_and_linked(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     r = result()
-    names = plot.write_charts(r, r.evaluation(), tmp_path)
+    names = plot.write_charts(r, tmp_path)
     assert names == list(report.CHARTS)
     for name in names:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -140,7 +140,7 @@ def test_missing_matplotlib_is_a_clear_message(
     assert plot.available() is False
     r = result()
     with pytest.raises(plot.PlotUnavailable, match=r"pip install 'speclane\[plot\]'"):
-        plot.write_charts(r, r.evaluation(), tmp_path)
+        plot.write_charts(r, tmp_path)
 
 
 def test_markdown_records_the_pair_as_a_gating_rule() -> None:
@@ -154,4 +154,4 @@ def test_markdown_records_the_pair_as_a_gating_rule() -> None:
     gating = GatingSettings(**tomllib.loads(block)["gating"])
     (rule,) = gating.pairs
     assert (rule.target, rule.draft) == ("target-x", "draft-y")
-    assert rule.measured_acceptance == pytest.approx(r.evaluation().pooled_acceptance, abs=1e-3)
+    assert rule.measured_acceptance == pytest.approx(r.evaluation().acceptance, abs=1e-3)

@@ -16,6 +16,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,8 @@ import pytest
 
 from router.bench.common.procs import write_policies
 from router.bench.scorecard.plan import QUICK_SPEC
-from router.bench.scorecard.records import CellRun, Measurement, cell_summary
-from router.bench.scorecard.run import Options, Phase, run_scorecard
+from router.bench.scorecard.records import CellRun, Measurement
+from router.bench.scorecard.run import Options, run_scorecard
 from router.bench.scorecard.score import evaluate
 from tests.bench.scorecard.lanes import ToldLane, started, told
 from tests.conftest import RunningRouter, lanes_router
@@ -58,7 +59,7 @@ async def router(spec: ToldLane, batch: ToldLane, tmp_path: Path) -> AsyncIterat
 
 
 def options(r: RunningRouter, tmp_path: Path, **kw: Any) -> Options:
-    kw.setdefault("spec", QUICK_SPEC.with_(concurrency=(1, 2, 4)))
+    kw.setdefault("spec", replace(QUICK_SPEC, concurrency=(1, 2, 4)))
     return Options(url=r.base_url, out_dir=tmp_path / "out", budget=0, progress=False, **kw)
 
 
@@ -73,7 +74,7 @@ def cells(data: dict[str, Any], scenario: str, c: int | None = None) -> list[dic
 def told_interval(m: Measurement) -> float:
     """The stream interval the lane that answered ``m`` was told."""
     if m.lane == "speculative":
-        return SPEC_INTERVAL if m.speculated else PLAIN_INTERVAL
+        return SPEC_INTERVAL if m.num_draft_tokens else PLAIN_INTERVAL
     return BATCH_INTERVAL
 
 
@@ -101,8 +102,8 @@ async def test_figures_match_what_the_lanes_were_told(tmp_path: Path) -> None:
     time is asserted, so a loaded machine cannot fail it."""
     spec, batch = fast_spec(), batching()
     async with router(spec, batch, tmp_path) as r:
-        outcome = await run_scorecard(options(r, tmp_path), log=lambda _: None)
-    data = json.loads(outcome.paths["json"].read_text())
+        _, paths = await run_scorecard(options(r, tmp_path), log=lambda _: None)
+    data = json.loads(paths["json"].read_text())
     assert data["complete"] is True
     assert len(data["cells"]) == 4 * 2 * 3
     for x in data["cells"]:
@@ -119,14 +120,14 @@ async def test_figures_match_what_the_lanes_were_told(tmp_path: Path) -> None:
     runs = [retimed(CellRun.from_json(x)) for x in data["cells"]]
     by = {(run.cell.scenario, run.cell.family, run.cell.concurrency): run for run in runs}
     for family in TOLD:
-        s = cell_summary(by["spec-on", family, 1])
+        s = by["spec-on", family, 1].summary()
         assert s.ttft_avg_ms == pytest.approx(TTFT * 1000)
         assert s.decode_tps_avg == pytest.approx(1 / SPEC_INTERVAL)
-        assert cell_summary(by["spec-off", family, 1]).decode_tps_avg == pytest.approx(
+        assert by["spec-off", family, 1].summary().decode_tps_avg == pytest.approx(
             1 / PLAIN_INTERVAL
         )
         for c in (1, 2, 4):
-            b = cell_summary(by["batching", family, c])
+            b = by["batching", family, c].summary()
             assert b.decode_tps_avg == pytest.approx(1 / BATCH_INTERVAL)
             assert b.ttft_p95_ms == pytest.approx(TTFT * 1000)  # all at once: no queueing
             assert b.agg_tps == pytest.approx(c * TOKENS / (TTFT + (TOKENS - 1) * BATCH_INTERVAL))
@@ -134,7 +135,7 @@ async def test_figures_match_what_the_lanes_were_told(tmp_path: Path) -> None:
     # the speculative lane decodes one request at a time: at c=4 the last waits for three
     one = TTFT + (TOKENS - 1) * SPEC_INTERVAL
     for family in TOLD:
-        s = cell_summary(by["spec-on", family, 4])
+        s = by["spec-on", family, 4].summary()
         assert s.ttft_p95_ms >= 1000 * (TTFT + 2.5 * one)  # type: ignore[operator]
         assert s.agg_tps == pytest.approx(TOKENS / one)
 
@@ -142,14 +143,14 @@ async def test_figures_match_what_the_lanes_were_told(tmp_path: Path) -> None:
     gates = {g.key: g.passed for g in ev.gates}
     assert gates["active"] is gates["errors"] is gates["acceptance"] is gates["interactive"]
     assert gates["active"] is True
-    assert ev.pooled_acceptance == pytest.approx(17 / 24)
-    assert {a.family: a.acceptance for a in ev.acceptance} == {
+    assert ev.acceptance == pytest.approx(17 / 24)
+    assert {a.family: a.acceptance for a in ev.acceptance_by_family} == {
         "chat": 0.5,
         "list": pytest.approx(11 / 12),
     }
     # told: spec 1 request at a time at ~86 tok/s; batching 33 tok/s per request, in parallel
     assert [lv.pays for lv in ev.levels] == [True, True, False]
-    assert ev.stop_at == 4
+    assert ev.stop_at_concurrency == 4
     assert ev.verdict.startswith("READY FOR INTERACTIVE USE")
     assert "spec_busy_at = 3" in ev.recommendation
     assert data["pairs"][0]["acceptance_by_family"]["list"] == pytest.approx(11 / 12)
@@ -166,7 +167,7 @@ async def test_figures_match_what_the_lanes_were_told(tmp_path: Path) -> None:
     for x in cells(data, "auto"):
         assert sum(x["summary"]["lanes"].values()) == x["concurrency"]
 
-    text = outcome.paths["markdown"].read_text()  # what was measured, as written
+    text = paths["markdown"].read_text()  # what was measured, as written
     written = data["evaluation"]
     assert f"**Verdict: {written['verdict']}**" in text
     assert f"Readiness score: **{written['score']}/100**" in text
@@ -178,44 +179,45 @@ async def test_speculation_slower_than_plain_decoding_is_not_ready(tmp_path: Pat
     )
     batch = batching()
     async with router(spec, batch, tmp_path) as r:
-        outcome = await run_scorecard(
-            options(r, tmp_path, spec=QUICK_SPEC.with_(families=("chat",), concurrency=(1,))),
+        result, _ = await run_scorecard(
+            options(r, tmp_path, spec=replace(QUICK_SPEC, families=("chat",), concurrency=(1,))),
             log=lambda _: None,
         )
-    ev = outcome.result.evaluation()
+    ev = result.evaluation()
     assert ev.gate("interactive").passed is False
     assert ev.gate("acceptance").passed is False  # 3/12 < 0.45
-    assert ev.stop_at == 1
+    assert ev.stop_at_concurrency == 1
     assert ev.verdict.startswith("NOT READY") and "keep speculation off" in ev.verdict
-    speedup = next(p for p in ev.parts if p.key == "speedup")
+    speedup = next(p for p in ev.score_parts if p.key == "speedup")
     assert speedup.points == 0
 
 
 async def test_a_stop_keeps_what_was_measured(tmp_path: Path) -> None:
     spec, batch = fast_spec(), batching()
     stop = asyncio.Event()
-    phase = Phase()
+    measuring = asyncio.Event()
     async with router(spec, batch, tmp_path) as r:
 
         async def stop_soon() -> None:
             await spec.answered(2 + 3)  # the warm-up's two, then three measured
-            assert phase.measuring
+            assert measuring.is_set()
             stop.set()
 
         stopper = asyncio.create_task(stop_soon())
-        outcome = await run_scorecard(options(r, tmp_path), stop, log=lambda _: None, phase=phase)
+        result, paths = await run_scorecard(
+            options(r, tmp_path), stop, log=lambda _: None, measuring=measuring
+        )
         await stopper
-    result = outcome.result
     assert not result.complete
     assert result.stopped and result.stopped.startswith("stopped by the user")
     assert 0 < len(result.runs) < len(result.plan.cells)
-    data = json.loads(outcome.paths["json"].read_text())
+    data = json.loads(paths["json"].read_text())
     assert data["complete"] is False
     assert len(data["cells"]) == len(result.runs)
     measured = [m for x in data["cells"] for m in x["measurements"] if m["ok"]]
     assert len(measured) >= 3
     assert all(not m["error"] for x in data["cells"] for m in x["measurements"])
-    text = outcome.paths["markdown"].read_text()
+    text = paths["markdown"].read_text()
     assert "_This run is partial: stopped by the user" in text
 
 
@@ -268,6 +270,6 @@ async def test_lane_overrides_refused_by_policy_fail_clearly(tmp_path: Path) -> 
 
         with pytest.raises(BenchError, match="allow_lane_override = true"):
             await run_scorecard(
-                options(r, tmp_path, spec=QUICK_SPEC.with_(scenarios=("spec-on", "batching"))),
+                options(r, tmp_path, spec=replace(QUICK_SPEC, scenarios=("spec-on", "batching"))),
                 log=lambda _: None,
             )

@@ -60,10 +60,10 @@ def test_spec_pays_alone_but_not_under_load() -> None:
         (4, "batching", False),
     ]
     assert ev.levels[1].ratio == pytest.approx(18 / 30)
-    assert ev.stop_at == 4
+    assert ev.stop_at_concurrency == 4
     assert ev.verdict.startswith("READY FOR INTERACTIVE USE")
     assert "spec_busy_at = 3" in ev.recommendation and "spec_free_at = 2" in ev.recommendation
-    points = {p.key: p.points for p in ev.parts}
+    points = {p.key: p.points for p in ev.score_parts}
     assert points["active"] == pytest.approx(10)
     assert points["errors"] == pytest.approx(10)
     assert points["acceptance"] == pytest.approx(20)  # 0.5 >= floor 0.45: full
@@ -78,15 +78,15 @@ def test_spec_slower_than_plain_decoding_is_not_ready() -> None:
     ev = evaluate(matrix(spec_tps=8.0, spec_agg=(7.0, 7.0)))
     assert ev.gate("interactive").passed is False
     assert "0.80x" in ev.gate("interactive").figure
-    assert ev.stop_at == 1
+    assert ev.stop_at_concurrency == 1
     assert ev.verdict.startswith("NOT READY") and "keep speculation off" in ev.verdict
-    assert {p.key: p.points for p in ev.parts}["speedup"] == 0
+    assert {p.key: p.points for p in ev.score_parts}["speedup"] == 0
 
 
 def test_everything_passes() -> None:
     ev = evaluate(matrix(spec_agg=(18.0, 40.0), batch_agg=(8.5, 30.0), auto_agg=(17.0, 31.0)))
     assert all(g.passed for g in ev.gates)
-    assert ev.stop_at is None
+    assert ev.stop_at_concurrency is None
     assert ev.verdict == "READY: enable speculation"
     assert ev.score == 100
 
@@ -105,7 +105,7 @@ def test_errors_fail_the_reliability_gate() -> None:
     assert ev.gate("errors").passed is False
     assert "1 of 21 requests failed" in ev.gate("errors").figure
     assert ev.verdict.endswith("requests failed")
-    errors_points = {p.key: p.points for p in ev.parts}["errors"]
+    errors_points = {p.key: p.points for p in ev.score_parts}["errors"]
     assert errors_points == pytest.approx(10 * (1 - (1 / 21) / 0.10))
 
 
@@ -132,7 +132,7 @@ def test_interactive_ttft_threshold(ttft: float, passed: bool) -> None:
 def test_acceptance_floor(accepted: int, passed: bool) -> None:
     ev = evaluate(matrix(drafted=100, accepted=accepted))
     assert ev.gate("acceptance").passed is passed
-    assert ev.pooled_acceptance == pytest.approx(accepted / 100)
+    assert ev.acceptance == pytest.approx(accepted / 100)
 
 
 def test_acceptance_by_family_and_pooled() -> None:
@@ -141,9 +141,11 @@ def test_acceptance_by_family_and_pooled() -> None:
         uniform("spec-on", "list", 1, ttft=0.1, tps=10, agg=9, n=2, drafted=10, accepted=9),
     ]
     ev = evaluate(runs, Thresholds(acceptance_floor=0.5))
-    by = {a.family: (a.drafted, a.accepted, a.acceptance, a.passed) for a in ev.acceptance}
+    by = {
+        a.family: (a.drafted, a.accepted, a.acceptance, a.passed) for a in ev.acceptance_by_family
+    }
     assert by == {"chat": (20, 6, 0.3, False), "list": (20, 18, 0.9, True)}
-    assert ev.pooled_acceptance == pytest.approx(24 / 40)
+    assert ev.acceptance == pytest.approx(24 / 40)
     assert ev.gate("acceptance").passed is True
 
 
