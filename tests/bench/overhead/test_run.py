@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 from pathlib import Path
 
@@ -12,9 +14,14 @@ from router.bench.overhead import cpu, report, run
 from router.cli import bench as cli
 
 
+def options(**given: object) -> argparse.Namespace:
+    defaults = {"concurrency": [1], "tokens": [7], "seconds": 0.3, "warmup": 0.1}
+    return argparse.Namespace(**{**defaults, "rounds": 1, "nginx": "off", **given})
+
+
 async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -> None:
     result = await run.run(
-        [1, 64], seconds=0.4, warmup=0.1, nginx="off", tokens=(7, 40), rounds=2, cpus="shared"
+        options(concurrency=[1, 64], seconds=0.4, tokens=[7, 40], rounds=2, cpus="shared")
     )
     rows = result["rows"]
     assert {(r["target"], r["concurrency"], r["tokens"]) for r in rows} == {
@@ -41,9 +48,8 @@ async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -
         ("added", 40),
         ("relayed", 40),
     ]
-    table = report.render_table(result)
-    assert "| speclane | shared | 64 | 40 |" in table
-    assert "target < 1 ms" in report.render_targets(targets)
+    printed = report.render(result)
+    assert "| speclane | shared | 64 | 40 |" in printed and "target < 1 ms" in printed
     assert all(a["proxy_cpu_us_per_stream"] for a in result["added"]) or not cpu.supported()
 
 
@@ -70,7 +76,7 @@ async def test_own_core_layout_pins_the_proxy_apart_and_gives_this_process_its_c
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(run, "_arrange", recording)
         mp.setattr(run, "measure", watching)
-        result = await run.run([1], seconds=0.3, warmup=0.1, nginx="off", tokens=(7,), cpus="both")
+        result = await run.run(options(cpus="both"))
     # Each target of a layout is measured with the same placement, direct included.
     shared = {"loadgen": everything, "direct": everything, "speclane": everything}
     pinned = {"loadgen": rest, "direct": rest, "speclane": proxy_cores}
@@ -108,70 +114,26 @@ def overhead_seconds(result: dict[str, object]) -> float:
 
 
 def test_targets_are_judged_from_the_added_rows() -> None:
-    result = {
-        "added": [
-            {
-                "target": "speclane",
-                "concurrency": 1,
-                "tokens": 7,
-                "added_ttft_p50_ms": 0.9,
-                "chunks_vs_direct": 0.5,
-            },
-            {
-                "target": "speclane",
-                "concurrency": 64,
-                "tokens": 7,
-                "added_ttft_p50_ms": 9.0,
-                "chunks_vs_direct": 0.79,
-            },
-            {
-                "target": "speclane",
-                "concurrency": 64,
-                "tokens": 256,
-                "added_ttft_p50_ms": 9.0,
-                "chunks_vs_direct": 0.81,
-            },
-            {
-                "target": "nginx",
-                "concurrency": 64,
-                "tokens": 7,
-                "added_ttft_p50_ms": 1.0,
-                "chunks_vs_direct": 0.9,
-            },
-        ]
-    }
-    assert [t["met"] for t in report.judge_targets(result)] == [True, False, True]
+    def added(target: str, concurrency: int, tokens: int, ttft: float, chunks: float) -> dict:
+        figures = {"added_ttft_p50_ms": ttft, "chunks_vs_direct": chunks}
+        return {"target": target, "concurrency": concurrency, "tokens": tokens, **figures}
+
+    rows = [
+        added("speclane", 1, 7, 0.9, 0.5),
+        added("speclane", 64, 7, 9.0, 0.79),
+        added("speclane", 64, 256, 9.0, 0.81),
+        added("nginx", 64, 7, 1.0, 0.9),
+    ]
+    assert [t["met"] for t in report.judge_targets({"added": rows})] == [True, False, True]
 
 
 def test_main_prints_the_table_and_saves_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "o.json"
-    assert (
-        cli.main(
-            [
-                "overhead",
-                "--concurrency",
-                "1",
-                "--tokens",
-                "7",
-                "--seconds",
-                "0.3",
-                "--rounds",
-                "1",
-                "--warmup",
-                "0.1",
-                "--nginx",
-                "off",
-                "--cpus",
-                "shared",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    flags = "--concurrency 1 --tokens 7 --seconds 0.3 --rounds 1 --warmup 0.1 --nginx off"
+    assert cli.main(["overhead", *flags.split(), "--cpus", "shared", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "| direct | shared | 1 | 7 |" in printed
     assert "added TTFT p50 at concurrency 1, 7-token streams" in printed
-    assert out.exists()
+    assert json.loads(out.read_text())["tokens"] == [7]
