@@ -23,7 +23,7 @@ async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -
     result = await run.run(
         options(concurrency=[1, 64], seconds=0.4, tokens=[7, 40], rounds=2, cpus="shared")
     )
-    rows = result["rows"]
+    rows, seconds = result["rows"], result["seconds_per_level"] * result["rounds"]  # pooled
     assert {(r["target"], r["concurrency"], r["tokens"]) for r in rows} == {
         (t, c, n) for t in ("direct", "speclane") for c in (1, 64) for n in (7, 40)
     }
@@ -36,18 +36,12 @@ async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -
             assert all(v > 0 for v in r["cpu_us_per_stream"].values())
         # role chunk + tokens + finish chunk + [DONE], every one relayed
         per_stream = r["tokens"] + 3
-        assert r["chunks_per_s"] == pytest.approx(
-            r["requests"] * per_stream / overhead_seconds(result), rel=0.5
-        )
+        assert r["chunks_per_s"] == pytest.approx(r["requests"] * per_stream / seconds, rel=0.5)
     plain = {(r["tokens"], r["plain_requests_per_s"] is not None) for r in rows}
     assert plain == {(7, True), (40, False)}
     targets = result["targets"]
-    assert [(t["target"].split()[0], t["tokens"]) for t in targets] == [
-        ("added", 7),
-        ("relayed", 7),
-        ("added", 40),
-        ("relayed", 40),
-    ]
+    judged = [(t["target"].split()[0], t["tokens"]) for t in targets]
+    assert judged == [("added", 7), ("relayed", 7), ("added", 40), ("relayed", 40)]
     printed = report.render(result)
     assert "| speclane | shared | 64 | 40 |" in printed and "target < 1 ms" in printed
     assert all(a["proxy_cpu_us_per_stream"] for a in result["added"]) or not cpu.supported()
@@ -106,11 +100,6 @@ def _cores_of(sid: int) -> set[int]:
     }
     assert len(found) == 1, found
     return set(next(iter(found)))
-
-
-def overhead_seconds(result: dict[str, object]) -> float:
-    """Measured seconds per row: the rounds are pooled."""
-    return float(result["seconds_per_level"]) * int(result["rounds"])  # type: ignore[arg-type]
 
 
 def test_targets_are_judged_from_the_added_rows() -> None:
