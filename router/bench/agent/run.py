@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,7 @@ async def conversation(
     system = workload.system_prompt(args.system_tokens, f"{workload.AGENT} Follow these rules.")
     messages = {t.name: [{"role": "system", "content": system}] for t in targets}
     rows: dict[str, list[Any]] = {t.name: [] for t in targets}
-    for turn, t in ((turn, t) for turn in range(args.turns) for t in targets):
+    for turn, t in itertools.product(range(args.turns), targets):
         history = messages[t.name]
         question = workload.QUESTIONS[turn % len(workload.QUESTIONS)]
         history.append({"role": "user", "content": question})
@@ -140,7 +141,7 @@ async def measure(targets: list[Target], args: argparse.Namespace) -> dict[str, 
             await t.chat(session, max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
         turns = await conversation(session, targets, args)
         rounds: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
-        for _, t in ((r, t) for r in range(args.rounds) for t in targets):
+        for _, t in itertools.product(range(args.rounds), targets):
             rounds[t.name].append(await concurrent(session, t, args))
         out: dict[str, Any] = {}
         for t in targets:

@@ -14,15 +14,15 @@ from router.bench.overhead import cpu, report, run
 from router.cli import bench as cli
 
 
-def options(**given: object) -> argparse.Namespace:
-    defaults = {"concurrency": [1], "tokens": [7], "seconds": 0.3, "warmup": 0.1}
-    return argparse.Namespace(**{**defaults, "rounds": 1, "nginx": "off", **given})
-
-
-async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -> None:
-    result = await run.run(
-        options(concurrency=[1, 64], seconds=0.4, tokens=[7, 40], rounds=2, cpus="shared")
-    )
+def test_a_short_run_measures_both_stream_lengths_and_judges_the_targets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, flags = tmp_path / "o.json", "--concurrency 1,64 --tokens 7,40 --seconds 0.4 --rounds 2"
+    argv = [*flags.split(), "--warmup", "0.1", "--nginx", "off", "--cpus", "shared"]
+    assert cli.main(["overhead", *argv, "--out", str(out)]) == 0
+    printed, result = capsys.readouterr().out, json.loads(out.read_text())
+    assert "| speclane | shared | 64 | 40 |" in printed and "target < 1 ms" in printed
+    assert "added TTFT p50 at concurrency 1, 7-token streams" in printed
     rows, seconds = result["rows"], result["seconds_per_level"] * result["rounds"]  # pooled
     assert {(r["target"], r["concurrency"], r["tokens"]) for r in rows} == {
         (t, c, n) for t in ("direct", "speclane") for c in (1, 64) for n in (7, 40)
@@ -42,8 +42,6 @@ async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -
     targets = result["targets"]
     judged = [(t["target"].split()[0], t["tokens"]) for t in targets]
     assert judged == [("added", 7), ("relayed", 7), ("added", 40), ("relayed", 40)]
-    printed = report.render(result)
-    assert "| speclane | shared | 64 | 40 |" in printed and "target < 1 ms" in printed
     assert all(a["proxy_cpu_us_per_stream"] for a in result["added"]) or not cpu.supported()
 
 
@@ -70,7 +68,8 @@ async def test_own_core_layout_pins_the_proxy_apart_and_gives_this_process_its_c
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(run, "_arrange", recording)
         mp.setattr(run, "measure", watching)
-        result = await run.run(options(cpus="both"))
+        cell = {"concurrency": [1], "tokens": [7], "seconds": 0.3, "warmup": 0.1, "rounds": 1}
+        result = await run.run(argparse.Namespace(**cell, nginx="off", cpus="both"))
     # Each target of a layout is measured with the same placement, direct included.
     shared = {"loadgen": everything, "direct": everything, "speclane": everything}
     pinned = {"loadgen": rest, "direct": rest, "speclane": proxy_cores}
@@ -114,15 +113,3 @@ def test_targets_are_judged_from_the_added_rows() -> None:
         added("nginx", 64, 7, 1.0, 0.9),
     ]
     assert [t["met"] for t in report.judge_targets({"added": rows})] == [True, False, True]
-
-
-def test_main_prints_the_table_and_saves_json(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "o.json"
-    flags = "--concurrency 1 --tokens 7 --seconds 0.3 --rounds 1 --warmup 0.1 --nginx off"
-    assert cli.main(["overhead", *flags.split(), "--cpus", "shared", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "| direct | shared | 1 | 7 |" in printed
-    assert "added TTFT p50 at concurrency 1, 7-token streams" in printed
-    assert json.loads(out.read_text())["tokens"] == [7]
