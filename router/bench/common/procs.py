@@ -168,8 +168,7 @@ async def speclane_router(
         'log_level = "warning"\n[lanes]\nenabled = false\n[[backends]]\nname = "bench"\n'
         f'kind = "openai"\nbase_url = "{upstream_base}"\n'
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
-    async with _router(config, {}, env, prefix, deadline) as served:
+    async with _router(config, {}, prefix, deadline) as served:
         yield served
 
 
@@ -179,7 +178,7 @@ async def own_router(lanes: LaneOptions, log_path: Path) -> AsyncIterator[str]:
     the results it explains, truncated per run as they are rewritten."""
     with log_path.open("wb") as log:
         config = lanes_config(lanes)
-        async with _router(config, POLICIES, router_env(), (), START_DEADLINE, log) as served:
+        async with _router(config, POLICIES, (), START_DEADLINE, log) as served:
             yield served.url
 
 
@@ -187,20 +186,20 @@ async def own_router(lanes: LaneOptions, log_path: Path) -> AsyncIterator[str]:
 async def _router(
     config: str,
     policies: dict[str, str],
-    env: dict[str, str],
     prefix: Sequence[str],
     deadline: float,
     log: IO[bytes] | None = None,
 ) -> AsyncIterator[Served]:
-    """``speclane serve`` on ``config`` and these policy files, from a temporary directory."""
+    """``speclane serve`` on ``config`` and these policy files, from a temporary directory,
+    without this environment's settings overrides."""
     with tempfile.TemporaryDirectory(prefix="speclane-bench-") as tmp:
         policies_dir = write_policies(Path(tmp) / "policies", policies)
         config_path = Path(tmp) / "speclane.toml"
         config_path.write_text(f"policies_dir = {json.dumps(str(policies_dir))}\n{config}")
         argv = [*prefix, sys.executable, "-m", "router", "serve", "--config", str(config_path)]
-        ready = r"speclane listening on (http://\S+)"
-        stderr = log or asyncio.subprocess.DEVNULL
-        proc, m = await spawn_until_line([*argv, "--port", "0"], ready, deadline, env, stderr)
+        ready, stderr = r"speclane listening on (http://\S+)", log or asyncio.subprocess.DEVNULL
+        argv += ["--port", "0"]
+        proc, m = await spawn_until_line(argv, ready, deadline, router_env(), stderr)
         drainer = asyncio.create_task(drain(proc.stdout, log))
         try:
             yield Served(m.group(1), proc.pid)
