@@ -1,8 +1,5 @@
-"""What a benchmark was measured on: versions, hardware, the lanes' models, machine load.
-
-Versions are those installed where the bench runs (a router it starts uses the same
-environment; an attached one may not); the model, the draft and the draft length come from
-the lanes themselves (``/admin/lanes`` and each worker's ``/health``)."""
+"""What a benchmark was measured on: versions (where the bench runs: an attached router's may
+differ), hardware, machine load, and the lanes' models as the lanes report them."""
 
 from __future__ import annotations
 

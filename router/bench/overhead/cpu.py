@@ -1,9 +1,7 @@
-"""CPU time of the processes a benchmark measures, and pinning them to cores (Linux).
-
-On a small shared machine throughput ratios mostly say how the cores were shared; CPU
-seconds per request say what each process costs, and pinning the proxies to a core of their
-own says whether they keep up when not starved. Without ``/proc`` and ``sched_setaffinity``
-(macOS) the figures are left out, never guessed."""
+"""CPU time of the benchmarked processes and their pinning to cores (Linux): on a small shared
+machine CPU seconds per request say what each process costs whatever the sharing, and a core
+of the proxy's own says whether it keeps up when not starved. Without ``/proc`` and
+``sched_setaffinity`` (macOS) the figures are left out, never guessed."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""``speclane bench overhead``: what the router adds, direct vs through speclane (vs nginx).
-
-A synthetic upstream answers instantly, so what is measured is the proxy: closed loops of
-streaming requests, then non-streaming ones, in rounds that visit the targets in turn, under
-two core layouts. Compare proxies measured in the same run, never figures from elsewhere."""
+"""``speclane bench overhead``: what the router adds, direct vs through speclane (vs nginx),
+against a synthetic upstream that answers instantly, so that what is measured is the proxy.
+Compare proxies measured in the same run, never figures from elsewhere."""
 
 from __future__ import annotations
 
