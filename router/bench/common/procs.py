@@ -1,9 +1,7 @@
-"""Start and stop the processes a benchmark measures: the synthetic upstream, speclane (in
-front of it, or with its two MLX lanes), nginx, ``mlx_lm.server``. Each leads a session of its
-own, so that CPU accounting, pinning and a group kill take its workers too. ``own_router``
-keeps speclane's defaults except what the bench must control, including its policies
-(``POLICIES``): the forced scenarios' client has the auto-disable off, so that "speculation
-on" stays on."""
+"""Start and stop the processes a benchmark measures (the synthetic upstream, speclane in front
+of it or with its lanes, nginx, ``mlx_lm.server``), each leading a session of its own so that
+CPU accounting, pinning and a group kill take its workers too. The bench's policies keep
+"speculation on" on: the forced scenarios' client has the auto-disable off."""
 
 from __future__ import annotations
 
