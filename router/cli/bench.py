@@ -1,9 +1,7 @@
 """``speclane bench [overhead | agent | lanes | cold] ...``: every benchmark's flags, parsed
-here; the benchmarks themselves (``router/bench/``) take typed options and return their results.
-
-``speclane bench`` (the scorecard): Ctrl-C while measuring stops after the requests in flight
-are cut short and still writes what was measured; a second Ctrl-C (or one before measuring
-starts) exits at once."""
+here; the benchmarks (``router/bench/``) take the parsed namespace and return their results.
+``speclane bench`` (the scorecard): a first Ctrl-C while measuring cuts the requests in flight
+short and still writes what was measured; a second one (or one before measuring) exits."""
 
 from __future__ import annotations
 
@@ -12,10 +10,10 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from router.bench.agent import report as agent_report
 from router.bench.agent import run as agent_run
@@ -75,157 +73,116 @@ def flags(p: Any, *specs: tuple[Any, ...]) -> None:
         p.add_argument(flag, default=default, help=text, **kw)
 
 
+class Bench(NamedTuple):
+    description: str
+    flags: tuple[tuple[Any, ...], ...]  # flags() rows
+    run: Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]]
+    render: Callable[[dict[str, Any]], str]  # what to print of the results
+    check: Callable[[argparse.Namespace], str | None] = lambda args: None  # a usage error
+    markdown: Callable[[dict[str, Any]], str] | None = None  # a Markdown beside the JSON
+
+
 def main(argv: list[str]) -> int:
-    bench = argv[0] if argv[:1] and argv[0] in BENCHES else None
-    if bench is None:
+    if not argv or argv[0] not in BENCHES:
         return scorecard(argv)
-    return BENCHES[bench](argv[1:])
-
-
-# --- speclane bench overhead -------------------------------------------------------------
-
-
-def overhead(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="speclane bench overhead",
-        description="Measure the latency and throughput speclane adds.",
-    )
-    flags(
-        p,
-        ("--concurrency", (1, 16, 64), "comma-separated", {"type": csv(int)}),
-        ("--tokens", overhead_run.DEFAULT_TOKENS, "comma-separated stream lengths in tokens",
-         {"type": csv(int)}),
-        ("--seconds", 3.0, "measured seconds per target, level and round"),
-        ("--rounds", 3, "interleaved rounds pooled per level"),
-        ("--warmup", 0.5, "warm-up seconds before each measurement"),
-        ("--nginx", "auto", "also measure nginx as a plain reverse proxy (auto: when "
-         "installed)", {"choices": ("auto", "on", "off")}),
-        ("--cpus", "both", "core layout: every process shares every core, the proxies get a "
-         "core of their own (Linux, 2+ cores), or both in turn (default both; own-core is "
-         "skipped where it cannot be done)", {"choices": ("shared", "own-core", "both")}),
-        ("--out", Path("bench-results/overhead.json"), "where to write the JSON results"),
-    )  # fmt: skip
-    args = p.parse_args(argv)
-    layouts = overhead_run.layouts_for(args.cpus)
-    if not layouts:
-        p.error("--cpus own-core needs Linux and at least two cores")
-    print(
-        f"speclane bench overhead: levels {list(args.concurrency)}, streams of "
-        f"{list(args.tokens)} tokens, {args.rounds} x {args.seconds:g}s each, core layouts "
-        f"{list(layouts)}",
-        flush=True,
-    )
-    result = asyncio.run(
-        overhead_run.run(
-            list(args.concurrency),
-            args.seconds,
-            args.warmup,
-            args.nginx,
-            args.tokens,
-            max(1, args.rounds),
-            args.cpus,
-        )
-    )
-    targets = overhead_report.render_targets(result["targets"])
-    print(f"{overhead_report.render_table(result)}\n\n{targets}")
-    save(args.out, result)
-    return 0
-
-
-# --- speclane bench agent, speclane bench lanes ------------------------------------------
-
-
-def agent(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="speclane bench agent",
-        description="An agent conversation against speclane's batching lane and mlx_lm.server.",
-    )
-    flags(
-        p,
-        ("--model", None, "mlx-lm model directory (default: the prepared default)"),
-        ("--system-tokens", 1000, "approximate size of the system prompt"),
-        ("--turns", 3, None),
-        ("--max-tokens", 24, "per turn"),
-        ("--concurrency", 4, None),
-        ("--concurrent-tokens", 24, None),
-        ("--rounds", 2, "concurrency rounds per target, alternating"),
-        ("--long-tokens", 800, "approximate size of the long prompt of the starvation test"),
-        ("--out", Path("bench-results/agent.json"), None),
-    )
-    args = p.parse_args(argv)
-    results = asyncio.run(agent_run.run(args))
-    print(f"\n{agent_report.render(results)}")
+    name, bench = argv[0], BENCHES[argv[0]]
+    p = argparse.ArgumentParser(prog=f"speclane bench {name}", description=bench.description)
+    flags(p, *bench.flags)
+    args = p.parse_args(argv[1:])
+    if problem := bench.check(args):
+        p.error(problem)
+    # Comma-separated lists as lists, as the results record them.
+    vars(args).update({k: list(v) for k, v in vars(args).items() if isinstance(v, tuple)})
+    results = asyncio.run(bench.run(args))
+    print(f"\n{bench.render(results)}")
     save(args.out, results)
+    if bench.markdown is not None:
+        args.out.with_suffix(".md").write_text(bench.markdown(results), encoding="utf-8")
+        print(f"saved {args.out.with_suffix('.md')}")
     return 0
 
 
-def lanes(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="speclane bench lanes",
-        description="The shared and separate lane layouts against mlx_lm.server --draft-model.",
-    )
-    T = lanes_report.TARGETS
-    flags(
-        p,
-        ("--model", None, "mlx-lm model directory (default: the prepared default)"),
-        ("--draft-model", None, "draft directory (default: the prepared default's)"),
-        ("--system-tokens", 600, None),
-        ("--turns", 3, None),
-        ("--max-tokens", 16, "per turn"),
-        ("--concurrency", 4, None),
-        ("--concurrent-tokens", 24, None),
-        ("--interactive-tokens", 24, None),
-        ("--targets", T, "comma-separated, run in this order", {"type": csv(str, T)}),
-        ("--out", Path("examples/results/lanes-layout.json"), None),
-    )
-    args = p.parse_args(argv)
-    args.targets = list(args.targets)
-    results = asyncio.run(lanes_run.run(args))
-    print(f"\n{lanes_report.render(results)}")
-    save(args.out, results)
-    return 0
+def _layouts(args: argparse.Namespace) -> str | None:
+    if not overhead_run.layouts_for(args.cpus):
+        return "--cpus own-core needs Linux and at least two cores"
+    return None
 
 
-def cold(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="speclane bench cold",
-        description="Time to first token of a cold request (load included): speclane against "
-        "mlx_lm.server started fresh on the same model, rounds interleaved.",
-    )
-    flags(
-        p,
-        ("--model", None, "mlx-lm model directory (default: the prepared default)"),
-        (
-            "--mode",
-            "auto",
-            "on-demand: an unloaded model of [lanes] models_dir; startup: speclane serve's "
-            "start to first token; auto: on-demand",
-            {"choices": ("auto", *cold_plan.MODES)},
-        ),
-        ("--rounds", 3, "rounds of both sides"),
-        ("--warm", 3, "warm requests per side and round"),
-        ("--max-tokens", 8, "per request"),
-        ("--layout", "auto", None, {"choices": ("auto", "shared", "separate")}),
-        ("--out", Path("examples/results/cold-start.json"), None),
-    )
-    args = p.parse_args(argv)
+def _counts(args: argparse.Namespace) -> str | None:
     if args.rounds < 1 or args.warm < 0 or args.max_tokens < 1:
-        p.error("--rounds and --max-tokens must be at least 1, --warm at least 0")
-    results = asyncio.run(cold_run.run(args))
-    print(f"\n{cold_report.table(results)}")
-    save(args.out, results)
-    md = args.out.with_suffix(".md")
-    md.write_text(cold_report.markdown(results), encoding="utf-8")
-    print(f"saved {md}")
-    return 0
+        return "--rounds and --max-tokens must be at least 1, --warm at least 0"
+    return None
 
 
-BENCHES: dict[str, Callable[[list[str]], int]] = {
-    "overhead": overhead,
-    "agent": agent,
-    "lanes": lanes,
-    "cold": cold,
-}
+MODEL = ("--model", None, "mlx-lm model directory (default: the prepared default)")
+LANES = lanes_report.TARGETS
+BENCHES = {
+    "overhead": Bench(
+        "Measure the latency and throughput speclane adds.",
+        (
+            ("--concurrency", (1, 16, 64), "comma-separated", {"type": csv(int)}),
+            ("--tokens", overhead_run.DEFAULT_TOKENS, "comma-separated stream lengths in tokens",
+             {"type": csv(int)}),
+            ("--seconds", 3.0, "measured seconds per target, level and round"),
+            ("--rounds", 3, "interleaved rounds pooled per level"),
+            ("--warmup", 0.5, "warm-up seconds before each measurement"),
+            ("--nginx", "auto", "also measure nginx as a plain reverse proxy (auto: when "
+             "installed)", {"choices": ("auto", "on", "off")}),
+            ("--cpus", "both", "core layout: every process shares every core, the proxies get "
+             "a core of their own (Linux, 2+ cores), or both in turn (default both; own-core "
+             "is skipped where it cannot be done)", {"choices": ("shared", "own-core", "both")}),
+            ("--out", Path("bench-results/overhead.json"), "where to write the JSON results"),
+        ),
+        overhead_run.run, overhead_report.render, _layouts,
+    ),
+    "agent": Bench(
+        "An agent conversation against speclane's batching lane and mlx_lm.server.",
+        (
+            MODEL,
+            ("--system-tokens", 1000, "approximate size of the system prompt"),
+            ("--turns", 3, None),
+            ("--max-tokens", 24, "per turn"),
+            ("--concurrency", 4, None),
+            ("--concurrent-tokens", 24, None),
+            ("--rounds", 2, "concurrency rounds per target, alternating"),
+            ("--long-tokens", 800, "approximate size of the long prompt of the starvation test"),
+            ("--out", Path("bench-results/agent.json"), None),
+        ),
+        agent_run.run, agent_report.render,
+    ),
+    "lanes": Bench(
+        "The shared and separate lane layouts against mlx_lm.server --draft-model.",
+        (
+            MODEL,
+            ("--draft-model", None, "draft directory (default: the prepared default's)"),
+            ("--system-tokens", 600, None),
+            ("--turns", 3, None),
+            ("--max-tokens", 16, "per turn"),
+            ("--concurrency", 4, None),
+            ("--concurrent-tokens", 24, None),
+            ("--interactive-tokens", 24, None),
+            ("--targets", LANES, "comma-separated, run in this order", {"type": csv(str, LANES)}),
+            ("--out", Path("examples/results/lanes-layout.json"), None),
+        ),
+        lanes_run.run, lanes_report.render,
+    ),
+    "cold": Bench(
+        "Time to first token of a cold request (load included): speclane against "
+        "mlx_lm.server started fresh on the same model, rounds interleaved.",
+        (
+            MODEL,
+            ("--mode", "auto", "on-demand: an unloaded model of [lanes] models_dir; startup: "
+             "speclane serve's start to first token; auto: on-demand",
+             {"choices": ("auto", *cold_plan.MODES)}),
+            ("--rounds", 3, "rounds of both sides"),
+            ("--warm", 3, "warm requests per side and round"),
+            ("--max-tokens", 8, "per request"),
+            ("--layout", "auto", None, {"choices": ("auto", "shared", "separate")}),
+            ("--out", Path("examples/results/cold-start.json"), None),
+        ),
+        cold_run.run, cold_report.table, _counts, cold_report.markdown,
+    ),
+}  # fmt: skip
 
 
 # --- speclane bench: the readiness scorecard ---------------------------------------------

@@ -17,7 +17,11 @@ from tests.conftest import fake_upstreams, router_settings, run_router
 REPO = Path(__file__).resolve().parents[2]
 
 # Subcommands whose main dispatches on a first word before building another parser.
-NESTED = {"bench": [[], ["overhead"]], "models": [[]], "policy": [[]]}
+NESTED = {
+    "bench": [[], ["overhead"], ["agent"], ["lanes"], ["cold"]],
+    "models": [[]],
+    "policy": [[]],
+}
 
 
 class _Parsed(Exception):

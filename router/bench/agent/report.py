@@ -1,9 +1,6 @@
-"""What an agent benchmark run says: the starvation gap, speclane's ratios to
-``mlx_lm.server`` against the goals, and the tables printed at the end (pure).
-
-The goals: turn 2+ TTFT at most 1.0x ``mlx_lm.server``'s, aggregate throughput at least
-1.0x, and the short stream's largest gap under 2 s.
-"""
+"""What an agent benchmark run says (pure): the starvation gap, speclane's ratios to
+``mlx_lm.server`` against the goals (turn 2+ TTFT at most 1.0x, aggregate throughput at least
+1.0x, the short stream's largest gap under 2 s), the tables printed at the end."""
 
 from __future__ import annotations
 

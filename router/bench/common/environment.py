@@ -1,9 +1,5 @@
-"""What a benchmark was measured on: versions, hardware, the lanes' models, machine load.
-
-Versions are those installed where the bench runs (a router it starts uses the same
-environment; an attached one may not). The model, the draft and the draft length come from
-the lanes themselves (``/admin/lanes`` and each worker's ``/health``).
-"""
+"""What a benchmark was measured on: versions (where the bench runs: an attached router's may
+differ), hardware, machine load, and the lanes' models as the lanes report them."""
 
 from __future__ import annotations
 
@@ -30,12 +26,15 @@ def versions() -> dict[str, str | None]:
 
 
 def hardware() -> dict[str, Any]:
+    memory = None
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        memory = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu": _cpu_model(),
         "cpus": os.cpu_count(),
-        "memory_gib": _memory_gib(),
+        "memory_gib": memory,
         "mlx_device": _mlx_device(),
     }
     if platform.system() == "Linux":
@@ -66,7 +65,7 @@ async def lanes_info(
 ) -> list[dict[str, Any]]:
     """The router's lanes as its admin endpoint and the workers' health report them; empty
     when the admin endpoint is closed to us (another machine, an admin key)."""
-    data = await _get_json(session, f"{root_url}/admin/lanes", _auth(api_key))
+    data = await _get_json(session, f"{root_url}/admin/lanes", api_key)
     lanes = []
     for backend in (b for b in (data or {}).get("backends", []) if b.get("lane")):
         entry = {
@@ -77,7 +76,7 @@ async def lanes_info(
             "speculation": backend.get("speculation"),
         }
         url = str(backend.get("url") or "")
-        if url and (health := await _get_json(session, url.removesuffix("/v1") + "/health", {})):
+        if url and (health := await _get_json(session, url.removesuffix("/v1") + "/health")):
             keys = ("mode", "model", "draft_model", "num_draft_tokens", "capacity", "pid")
             entry.update({k: health.get(k) for k in keys})
         lanes.append(entry)
@@ -87,42 +86,28 @@ async def lanes_info(
 async def served_models(
     session: aiohttp.ClientSession, base_url: str, api_key: str | None = None
 ) -> list[str]:
-    data = await _get_json(session, f"{base_url}/models", _auth(api_key))
+    data = await _get_json(session, f"{base_url}/models", api_key)
     return [str(m["id"]) for m in (data or {}).get("data", []) if "id" in m]
 
 
-def _auth(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 async def _get_json(
-    session: aiohttp.ClientSession, url: str, headers: dict[str, str]
+    session: aiohttp.ClientSession, url: str, api_key: str | None = None
 ) -> dict[str, Any] | None:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        async with session.get(
-            url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
-        ) as resp:
-            if resp.status != 200:
-                return None
-            data = await resp.json(content_type=None)
+        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(10)) as resp:
+            data = await resp.json(content_type=None) if resp.status == 200 else None
             return data if isinstance(data, dict) else None
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return None
 
 
 def _cpu_model() -> str | None:
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or None
-
-
-def _memory_gib() -> float | None:
-    with contextlib.suppress(ValueError, OSError, AttributeError):
-        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    return None
 
 
 def _mlx_device() -> str | None:
@@ -131,5 +116,5 @@ def _mlx_device() -> str | None:
 
         device = mx.default_device()
         return str(getattr(device.type, "name", device))  # "cpu" / "gpu"
-    except Exception:  # no mlx, or no usable device: the scorecard just says so
+    except Exception:  # no mlx, or no usable device: the record just says so
         return None

@@ -1,9 +1,10 @@
 """The benchmarks' streaming client: POST an OpenAI chat completion with ``stream: true``,
-record when each content piece arrives, and hand each JSON chunk to the caller as it
-arrives (framing: ``router/sse.py``)."""
+record when each content piece arrives, hand each JSON chunk to the caller (framing:
+``router/sse.py``)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,8 +18,8 @@ from router import sse
 
 @dataclass
 class Reply:
-    """What came back, filled in while the stream runs (a caller that is cancelled, or
-    watches it from another task, sees what has arrived so far). Times: ``perf_counter``."""
+    """What came back, filled in as it arrives (a cancelled or watching caller sees what has
+    come so far). Times: ``perf_counter``."""
 
     status: int | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -52,15 +53,6 @@ class Reply:
         return (self.completion_tokens - 1) / span if span > 0 else None
 
 
-def pieces(chunk: Mapping[str, Any]) -> list[str]:
-    """The non-empty content deltas of a chunk, one per choice."""
-    return [
-        text
-        for choice in chunk.get("choices") or ()
-        if (text := (choice.get("delta") or {}).get("content"))
-    ]
-
-
 async def stream(
     session: aiohttp.ClientSession,
     url: str,
@@ -70,9 +62,8 @@ async def stream(
     on_chunk: Callable[[dict[str, Any]], bool] = lambda chunk: False,
     limit: aiohttp.ClientTimeout | None = None,
 ) -> Reply:
-    """Fill ``reply`` in; ``on_chunk`` returning True stops reading (leaving closes the
-    connection, so the server cancels); ``limit``: the request's timeout. Never raises
-    except on cancellation."""
+    """Fill ``reply`` in; ``on_chunk`` returning True stops reading (and closes the connection,
+    so the server cancels); ``limit``: the request's timeout. Raises only on cancellation."""
     reply.sent = time.perf_counter()
     try:
         async with session.post(
@@ -95,9 +86,10 @@ async def stream(
                     break
                 if isinstance(chunk.get("usage"), dict):
                     reply.usage = chunk["usage"]
-                for piece in pieces(chunk):
-                    reply.token_times.append(time.perf_counter())
-                    reply.text += piece
+                for choice in chunk.get("choices") or ():
+                    if piece := (choice.get("delta") or {}).get("content"):
+                        reply.token_times.append(time.perf_counter())
+                        reply.text += piece
                 if on_chunk(chunk):
                     break
     except (aiohttp.ClientError, TimeoutError, ValueError) as e:
@@ -121,11 +113,9 @@ async def chat(
 
 def error_message(body: bytes) -> str:
     """The ``error.message`` of an OpenAI error body, else the body's text (cut short)."""
-    try:
+    with contextlib.suppress(orjson.JSONDecodeError):
         data = orjson.loads(body)
         error = data.get("error") if isinstance(data, dict) else None
         if isinstance(error, dict) and error.get("message"):
             return str(error["message"])[:300]
-    except orjson.JSONDecodeError:
-        pass
     return body.decode(errors="replace").strip()[:300] or "(empty body)"

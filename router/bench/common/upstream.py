@@ -17,21 +17,33 @@ from aiohttp import web
 
 from router import sse
 
-CONTENT_CHUNKS = 7
+CONTENT_CHUNKS = 7  # when a request asks for none, or for more than MAX_CHUNKS
+MAX_CHUNKS = 4096
+MESSAGES = [{"role": "user", "content": "hi"}]
+PLAIN_BODY = json.dumps({"model": "bench-model", "messages": MESSAGES}).encode()
+
+
+def _answer(kind: str, **fields: object) -> bytes:
+    head = {"id": "chatcmpl-bench", "object": kind, "created": 0, "model": "bench-model"}
+    return orjson.dumps({**head, **fields})
 
 
 def _event(delta: dict, finish: str | None = None) -> bytes:
-    chunk = {
-        "id": "chatcmpl-bench",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": "bench-model",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    return sse.frame(orjson.dumps(chunk))
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return sse.frame(_answer("chat.completion.chunk", choices=[choice]))
 
 
-MAX_CHUNKS = 4096
+REPLY = _answer(
+    "chat.completion",
+    choices=[
+        {
+            "index": 0,
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "tok " * CONTENT_CHUNKS},
+        }
+    ],
+    usage={"prompt_tokens": 5, "completion_tokens": CONTENT_CHUNKS, "total_tokens": 12},
+)
 
 
 @functools.lru_cache(maxsize=16)
@@ -44,46 +56,16 @@ def stream_events(content_chunks: int) -> tuple[bytes, ...]:
     )
 
 
-BODY = orjson.dumps(
-    {
-        "id": "chatcmpl-bench",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "bench-model",
-        "choices": [
-            {
-                "index": 0,
-                "finish_reason": "stop",
-                "message": {"role": "assistant", "content": "tok " * CONTENT_CHUNKS},
-            }
-        ],
-        "usage": {"prompt_tokens": 5, "completion_tokens": CONTENT_CHUNKS, "total_tokens": 12},
-    }
-)
-MODELS = orjson.dumps({"object": "list", "data": [{"id": "bench-model", "object": "model"}]})
-
-
 def stream_body(tokens: int) -> bytes:
     """A streaming request; this upstream answers it with ``tokens`` content chunks."""
-    return json.dumps(
-        {
-            "model": "bench-model",
-            "stream": True,
-            "max_tokens": tokens,
-            "messages": [{"role": "user", "content": "hi"}],
-        }
-    ).encode()
-
-
-PLAIN_BODY = json.dumps(
-    {"model": "bench-model", "messages": [{"role": "user", "content": "hi"}]}
-).encode()
+    body = {"model": "bench-model", "stream": True, "max_tokens": tokens, "messages": MESSAGES}
+    return json.dumps(body).encode()
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
     body = await request.json(loads=orjson.loads)
     if not body.get("stream"):
-        return web.Response(body=BODY, content_type="application/json")
+        return web.Response(body=REPLY, content_type="application/json")
     chunks = body.get("max_tokens")
     if not isinstance(chunks, int) or not 0 <= chunks <= MAX_CHUNKS:
         chunks = CONTENT_CHUNKS
@@ -96,29 +78,21 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    return web.Response(body=MODELS, content_type="application/json")
-
-
-def make_app() -> web.Application:
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/v1/models", models)
-    return app
+    return web.json_response({"object": "list", "data": [{"id": "bench-model", "object": "model"}]})
 
 
 async def serve(port: int) -> None:
-    runner = web.AppRunner(make_app(), access_log=None)
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     print(f"UPSTREAM_READY {runner.addresses[0][1]}", flush=True)
     await asyncio.Event().wait()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--port", type=int, default=0)
-    asyncio.run(serve(p.parse_args().port))
-
-
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=0)
+    asyncio.run(serve(parser.parse_args().port))

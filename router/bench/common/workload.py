@@ -34,22 +34,14 @@ _TOOLS = {
 
 def tools(*names: str) -> list[dict[str, Any]]:
     """OpenAI function tools, each with string arguments."""
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": name,
-                "description": _TOOLS[name][0],
-                "parameters": {
-                    "type": "object",
-                    "properties": {a: {"type": "string", "description": f"the {a}"} for a in args},
-                    "required": list(args),
-                },
-            },
-        }
-        for name in names
-        for args in (_TOOLS[name][1],)
-    ]
+    out = []
+    for name in names:
+        description, args = _TOOLS[name]
+        properties = {a: {"type": "string", "description": f"the {a}"} for a in args}
+        parameters = {"type": "object", "properties": properties, "required": list(args)}
+        function = {"name": name, "description": description, "parameters": parameters}
+        out.append({"type": "function", "function": function})
+    return out
 
 
 def system_prompt(approx_tokens: int, head: str, rules: tuple[str, ...] = RULES) -> str:

@@ -1,16 +1,12 @@
-"""CPU time of the processes a benchmark measures, and pinning them to cores (Linux).
-
-On a small shared machine throughput ratios mostly say how the cores were shared; CPU
-seconds per request say what each process costs, and pinning the proxies to a core of their
-own says whether they keep up when not starved. Without ``/proc`` and ``sched_setaffinity``
-(macOS) the figures are left out, never guessed."""
+"""CPU time of the benchmarked processes and their pinning to cores (Linux): on a small shared
+machine CPU seconds per request say what each process costs whatever the sharing, and a core
+of the proxy's own says whether it keeps up when not starved. Without ``/proc`` and
+``sched_setaffinity`` (macOS) the figures are left out, never guessed."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -21,20 +17,16 @@ def supported() -> bool:
     return (PROC / "self" / "stat").exists() and hasattr(os, "sched_setaffinity")
 
 
-def _stat_fields(path: Path) -> list[str] | None:
-    try:
-        text = path.read_text()
-    except OSError:  # the process ended between listing and reading
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its end.
-    return text.rsplit(")", 1)[1].split()
-
-
-def _session_members(sid: int) -> Iterator[tuple[int, list[str]]]:
+def _session_members(sid: int) -> dict[int, list[str]]:
+    """pid -> its /proc stat fields after the command name (which may hold spaces)."""
+    members = {}
     for entry in PROC.iterdir():
-        if entry.name.isdigit() and (fields := _stat_fields(entry / "stat")) is not None:
-            if int(fields[3]) == sid:  # fields[3]: session id
-                yield int(entry.name), fields
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            if entry.name.isdigit():
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[3]) == sid:  # fields[3]: the session id
+                    members[int(entry.name)] = fields
+    return members
 
 
 def session_cpu_seconds(sid: int) -> float | None:
@@ -42,34 +34,24 @@ def session_cpu_seconds(sid: int) -> float | None:
     process leads its own session, so this includes its workers (nginx's, for one)."""
     if not supported():
         return None
-    ticks = sum(int(f[11]) + int(f[12]) for _, f in _session_members(sid))
-    return ticks / _TICKS
-
-
-def own_cpu_seconds() -> float:
-    """CPU seconds of this process, every thread included (the load generator)."""
-    return time.process_time()
-
-
-def _pin_process(pid: int, cpus: set[int]) -> None:
-    # Affinity is per thread: pin each one (threads started later inherit it).
-    for task in (PROC / str(pid) / "task").iterdir():
-        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
-            os.sched_setaffinity(int(task.name), cpus)
+    return sum(int(f[11]) + int(f[12]) for f in _session_members(sid).values()) / _TICKS
 
 
 def session_pids(sid: int) -> list[int]:
-    return [pid for pid, _ in _session_members(sid)]
+    return list(_session_members(sid))
+
+
+def pin(pids: list[int], cpus: set[int]) -> None:
+    """Pin every thread of these processes (affinity is per thread; later ones inherit it)."""
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError):
+            for task in (PROC / str(pid) / "task").iterdir():
+                with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+                    os.sched_setaffinity(int(task.name), cpus)
 
 
 def pin_session(sid: int, cpus: set[int]) -> None:
-    for pid in session_pids(sid):
-        with contextlib.suppress(FileNotFoundError):
-            _pin_process(pid, cpus)
-
-
-def pin_self(cpus: set[int]) -> None:
-    _pin_process(os.getpid(), cpus)
+    pin(session_pids(sid), cpus)
 
 
 def allowed_cpus() -> set[int]:
@@ -79,7 +61,5 @@ def allowed_cpus() -> set[int]:
 def split(cpus: set[int]) -> tuple[set[int], set[int]] | None:
     """(proxy cores, upstream and load generator cores): the proxy gets the last core to
     itself, everything else shares the rest. None with fewer than two cores."""
-    if len(cpus) < 2:
-        return None
     ordered = sorted(cpus)
-    return {ordered[-1]}, set(ordered[:-1])
+    return ({ordered[-1]}, set(ordered[:-1])) if len(ordered) >= 2 else None

@@ -1,5 +1,5 @@
 """What the overhead benchmark's rows say: what each proxy adds over direct, speclane's
-figures against its two targets, and the tables printed at the end (pure)."""
+figures against its two targets, the tables printed at the end (pure)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,11 @@ THROUGHPUT_TARGET = 0.8  # relayed chunks/s at 64 streams, as a share of direct
 LATENCIES = ("ttft_p50_ms", "ttft_p99_ms", "total_p50_ms", "total_p99_ms")
 
 
-def _cell(row: dict[str, Any]) -> tuple[object, ...]:
-    return row.get("cpus", LAYOUTS[0]), row["concurrency"], row.get("tokens")
-
-
 def added_over_direct(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    direct = {_cell(r): r for r in rows if r["target"] == "direct"}
+    def cell(row: dict[str, Any]) -> tuple[object, ...]:
+        return row.get("cpus", LAYOUTS[0]), row["concurrency"], row.get("tokens")
+
+    direct = {cell(r): r for r in rows if r["target"] == "direct"}
     return [
         {
             "target": r["target"],
@@ -33,7 +32,7 @@ def added_over_direct(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "proxy_cpu_us_per_stream": r.get("cpu_us_per_stream", {}).get("proxy"),
         }
         for r in rows
-        if r["target"] != "direct" and (d := direct.get(_cell(r))) is not None
+        if r["target"] != "direct" and (d := direct.get(cell(r))) is not None
     ]
 
 
@@ -41,7 +40,9 @@ def _diff(a: object, b: object) -> float | None:
     return a - b if isinstance(a, int | float) and isinstance(b, int | float) else None
 
 
-def render_table(result: dict[str, Any]) -> str:
+def render(result: dict[str, Any]) -> str:
+    """The measured rows, what each proxy adds, then speclane against its targets."""
+
     def where(r: dict[str, Any]) -> list[object]:
         return [r["target"], r.get("cpus", "-"), r["concurrency"], r.get("tokens", "-")]
 
@@ -65,7 +66,7 @@ def render_table(result: dict[str, Any]) -> str:
           fmt(a["plain_vs_direct"]), fmt(a.get("proxy_cpu_us_per_stream"), "{:.0f}")]
          for a in result["added"]],
     )  # fmt: skip
-    return "\n".join([*rows, "", *added])
+    return "\n".join([*rows, "", *added, "", *map(_target_line, result["targets"])])
 
 
 # speclane's two targets: (concurrency, figure of the added row, what it is, goal, met)
@@ -95,13 +96,10 @@ def judge_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def render_targets(entries: list[dict[str, Any]]) -> str:
-    lines = []
-    for e in entries:
-        v, unit = e["value"], " ms" if "TTFT" in str(e["target"]) else "x"
-        shown = f"{v:.2f}{unit}" if isinstance(v, int | float) else "-"
-        lines.append(
-            f"[{e.get('cpus', LAYOUTS[0])} cores] {e['target']}, {e['tokens']}-token "
-            f"streams: {shown} (target {e['goal']}): {'met' if e['met'] else 'NOT met'}"
-        )
-    return "\n".join(lines)
+def _target_line(e: dict[str, Any]) -> str:
+    v, unit = e["value"], " ms" if "TTFT" in str(e["target"]) else "x"
+    shown = f"{v:.2f}{unit}" if isinstance(v, int | float) else "-"
+    return (
+        f"[{e.get('cpus', LAYOUTS[0])} cores] {e['target']}, {e['tokens']}-token streams: "
+        f"{shown} (target {e['goal']}): {'met' if e['met'] else 'NOT met'}"
+    )

@@ -1,19 +1,17 @@
-"""``speclane bench overhead``: what the router adds, direct vs through speclane (vs nginx).
-
-A synthetic upstream answers instantly, so what is measured is the proxy: closed loops of
-streaming requests per concurrency and stream length, then non-streaming ones, in rounds
-that visit the targets in turn, under two core layouts (shared cores, or a core of the
-proxies' own). Compare proxies measured in the same run, never figures from elsewhere
-(``docs/benchmarks.md``)."""
+"""``speclane bench overhead``: what the router adds, direct vs through speclane (vs nginx),
+against a synthetic upstream that answers instantly, so that what is measured is the proxy.
+Compare proxies measured in the same run, never figures from elsewhere."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import platform
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,11 +25,14 @@ from router.bench.overhead import cpu
 from router.bench.overhead.report import LAYOUTS, added_over_direct, judge_targets
 
 DEFAULT_TOKENS = (7, 256)
+JSON = {"Content-Type": "application/json"}
 Meters = dict[str, Callable[[], float | None]]  # role -> CPU seconds so far
 
 
 @dataclass
 class Level:
+    """One cell (target, core layout, concurrency, stream length), its rounds pooled."""
+
     target: str
     concurrency: int
     tokens: int = DEFAULT_TOKENS[0]
@@ -65,13 +66,9 @@ class Level:
         }
 
 
-def _read(meters: Meters) -> dict[str, float]:
-    return {role: v for role, read in meters.items() if (v := read()) is not None}
-
-
 async def _stream_once(session: aiohttp.ClientSession, url: str, body: bytes, level: Level) -> None:
     start, first, chunks = time.perf_counter(), None, 0
-    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+    async with session.post(url, data=body, headers=JSON) as resp:
         if resp.status != 200:
             level.errors += 1
             await resp.read()
@@ -86,9 +83,7 @@ async def _stream_once(session: aiohttp.ClientSession, url: str, body: bytes, le
 
 
 async def _plain_once(session: aiohttp.ClientSession, url: str, level: Level) -> None:
-    async with session.post(
-        url, data=PLAIN_BODY, headers={"Content-Type": "application/json"}
-    ) as resp:
+    async with session.post(url, data=PLAIN_BODY, headers=JSON) as resp:
         await resp.read()
         if resp.status == 200:
             level.plain_requests += 1
@@ -97,16 +92,14 @@ async def _plain_once(session: aiohttp.ClientSession, url: str, level: Level) ->
 
 
 async def _closed_loop(
-    concurrency: int, seconds: float, once: Callable[[], asyncio.Future[None] | object]
+    concurrency: int, seconds: float, once: Callable[[], Awaitable[None]]
 ) -> float:
     deadline = time.perf_counter() + seconds
 
     async def worker() -> None:
         while time.perf_counter() < deadline:
-            try:
-                await once()  # type: ignore[misc]
-            except (aiohttp.ClientError, TimeoutError):
-                pass
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                await once()
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -114,30 +107,26 @@ async def _closed_loop(
 
 
 async def measure(
-    level: Level,
-    base_url: str,
-    seconds: float,
-    warmup: float,
-    plain: bool = True,
-    meters: Meters | None = None,
+    level: Level, targets: dict[str, procs.Served], args: argparse.Namespace, plain: bool
 ) -> Level:
-    """One round of a cell, pooled into ``level``: a warm-up, streams for ``seconds``, then
+    """One round of a cell, pooled into ``level``: a warm-up, streams for ``--seconds``, then
     (``plain``) non-streaming requests for half as long."""
-    url, body, c = f"{base_url}/chat/completions", stream_body(level.tokens), level.concurrency
+    url, c = f"{targets[level.target].url}/chat/completions", level.concurrency
+    body, meters = stream_body(level.tokens), _meters(targets, level.target)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
         warm = Level(level.target, c, level.tokens)
-        await _closed_loop(c, warmup, lambda: _stream_once(session, url, body, warm))
-        before = _read(meters or {})
+        await _closed_loop(c, args.warmup, lambda: _stream_once(session, url, body, warm))
+        before = {role: read() for role, read in meters.items()}
         level.seconds += await _closed_loop(
-            c, seconds, lambda: _stream_once(session, url, body, level)
+            c, args.seconds, lambda: _stream_once(session, url, body, level)
         )
-        after = _read(meters or {})
-        for role in before.keys() & after.keys():
-            level.cpu_seconds[role] = level.cpu_seconds.get(role, 0.0) + after[role] - before[role]
+        for role, read in meters.items():
+            if (now := read()) is not None and (then := before[role]) is not None:
+                level.cpu_seconds[role] = level.cpu_seconds.get(role, 0.0) + now - then
         if plain:
             level.plain_seconds += await _closed_loop(
-                c, seconds / 2, lambda: _plain_once(session, url, level)
+                c, args.seconds / 2, lambda: _plain_once(session, url, level)
             )
     return level
 
@@ -154,14 +143,11 @@ async def _targets(with_nginx: bool) -> AsyncIterator[dict[str, procs.Served]]:
 
 
 def _meters(targets: dict[str, procs.Served], name: str) -> Meters:
-    meters: Meters = {
-        "upstream": lambda: cpu.session_cpu_seconds(targets["direct"].sid),
-        "loadgen": cpu.own_cpu_seconds,
-    }
+    upstream, proxy = targets["direct"].sid, targets[name].sid
+    meters: Meters = {"upstream": lambda: cpu.session_cpu_seconds(upstream)}
     if name != "direct":
-        sid = targets[name].sid
-        meters["proxy"] = lambda: cpu.session_cpu_seconds(sid)
-    return meters
+        meters["proxy"] = lambda: cpu.session_cpu_seconds(proxy)
+    return meters | {"loadgen": time.process_time}  # this process, every thread
 
 
 def _arrange(layout: str, targets: dict[str, procs.Served], everything: set[int]) -> None:
@@ -172,98 +158,61 @@ def _arrange(layout: str, targets: dict[str, procs.Served], everything: set[int]
     proxy_cpus, rest = halves or (everything, everything)
     for name, served in targets.items():
         cpu.pin_session(served.sid, rest if name == "direct" else proxy_cpus)
-    cpu.pin_self(rest)
+    cpu.pin([os.getpid()], rest)
 
 
 def layouts_for(choice: str) -> tuple[str, ...]:
-    """The layouts ``--cpus`` asks for that this machine can do (own-core needs Linux and
-    two cores)."""
+    """The layouts ``--cpus`` asks for that this machine can do (own-core: Linux, 2+ cores)."""
     wanted = LAYOUTS if choice == "both" else (choice,)
     can_split = cpu.supported() and cpu.split(cpu.allowed_cpus()) is not None
     return tuple(w for w in wanted if w == "shared" or can_split)
 
 
-async def run(
-    concurrencies: list[int],
-    seconds: float,
-    warmup: float,
-    nginx: str,
-    tokens: tuple[int, ...] = DEFAULT_TOKENS,
-    rounds: int = 1,
-    cpus: str = "both",
-) -> dict[str, Any]:
-    """Each (stream length, concurrency) cell is measured in ``rounds`` rounds that visit
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Each (stream length, concurrency) cell is measured in ``--rounds`` rounds that visit
     the targets in turn, starting with a different one each round, and the rounds are
-    pooled: on a shared machine a burst of someone else's work then lands on every target
+    pooled: a burst of someone else's work on a shared machine then lands on every target
     alike instead of on whichever was being measured."""
-    with_nginx = nginx == "on" or (nginx == "auto" and procs.nginx_binary() is not None)
-    layouts = layouts_for(cpus)
+    with_nginx = args.nginx == "on" or (args.nginx == "auto" and procs.nginx_binary() is not None)
+    layouts, rounds, everything = layouts_for(args.cpus), max(1, args.rounds), cpu.allowed_cpus()
     if not layouts:
         raise ValueError("the own-core layout needs Linux and at least two cores")
+    print(
+        f"speclane bench overhead: levels {list(args.concurrency)}, streams of "
+        f"{list(args.tokens)} tokens, {rounds} x {args.seconds:g}s each, core layouts "
+        f"{list(layouts)}",
+        flush=True,
+    )
     rows: list[dict[str, object]] = []
-    everything = cpu.allowed_cpus()
     async with _targets(with_nginx) as targets:
         names = list(targets)
         try:
             for layout in layouts:
                 _arrange(layout, targets, everything)
-                rows += await _measure_layout(
-                    layout, targets, names, concurrencies, seconds, warmup, tokens, rounds
-                )
+                for (n, length), c in itertools.product(enumerate(args.tokens), args.concurrency):
+                    pooled = {name: Level(name, c, length, layout) for name in names}
+                    for r in range(rounds):
+                        for name in names[r % len(names) :] + names[: r % len(names)]:
+                            # Non-streaming requests/s does not depend on the stream length.
+                            await measure(pooled[name], targets, args, plain=n == 0)
+                    rows += [level.summary() for level in pooled.values()]
+                    streams = ", ".join(f"{k} {v.requests}" for k, v in pooled.items())
+                    print(f"  {layout} c={c} {length} tokens: streams {streams}", flush=True)
         finally:
             if cpu.supported() and everything:
-                cpu.pin_self(everything)  # a caller in this process keeps its cores
+                cpu.pin([os.getpid()], everything)  # a caller in this process keeps its cores
+    machine = {"platform": platform.platform(), "python": platform.python_version()}
     result: dict[str, Any] = {
         "benchmark": "overhead",
         "speclane": __version__,
         "date": environment.now_iso(),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count() or 0,
-        },
-        "seconds_per_level": seconds,
+        "machine": {**machine, "cpus": os.cpu_count() or 0},
+        "seconds_per_level": args.seconds,
         "rounds": rounds,
         "nginx": with_nginx,
-        "tokens": list(tokens),
+        "tokens": list(args.tokens),
         "layouts": list(layouts),
         "rows": rows,
         "added": added_over_direct(rows),
     }
-    result["targets"] = judge_targets(result)
-    return result
-
-
-async def _measure_layout(
-    layout: str,
-    targets: dict[str, procs.Served],
-    names: list[str],
-    concurrencies: list[int],
-    seconds: float,
-    warmup: float,
-    tokens: tuple[int, ...],
-    rounds: int,
-) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
-    for n, length in enumerate(tokens):
-        for c in concurrencies:
-            pooled = {name: Level(name, c, length, layout) for name in names}
-            for r in range(rounds):
-                for name in names[r % len(names) :] + names[: r % len(names)]:
-                    # Non-streaming requests/s does not depend on the stream length.
-                    await measure(
-                        pooled[name],
-                        targets[name].url,
-                        seconds,
-                        warmup,
-                        plain=n == 0,
-                        meters=_meters(targets, name),
-                    )
-            for name in names:
-                rows.append(pooled[name].summary())
-                print(
-                    f"  measured {name:<8} {layout:<8} c={c:<3} {length:>4} tokens: "
-                    f"{pooled[name].requests} streams",
-                    flush=True,
-                )
-    return rows
+    return result | {"targets": judge_targets(result)}

@@ -20,23 +20,12 @@ def test_largest_gap_counts_waits_overlapping_the_window_whole() -> None:
 
 def test_ratios_and_goals() -> None:
     def result(ttfts: list[float], tps: float, gap: float | None) -> dict[str, object]:
+        turn = {"decode_tok_s": 1.0, "prompt_tokens": 1, "cached_tokens": 0}
+        starvation = {"largest_gap_s": gap, "long_prompt_tokens": 1}
         return {
-            "turns": [
-                {
-                    "turn": i + 1,
-                    "ttft_s": t,
-                    "decode_tok_s": 1.0,
-                    "prompt_tokens": 1,
-                    "cached_tokens": 0,
-                }
-                for i, t in enumerate(ttfts)
-            ],
+            "turns": [{"turn": i + 1, "ttft_s": t, **turn} for i, t in enumerate(ttfts)],
             "throughput": {"aggregate_tok_s": tps, "concurrency": 4},
-            "starvation": {
-                "largest_gap_s": gap,
-                "long_prompt_tokens": 1,
-                "short_tokens_during_prefill": 3,
-            },
+            "starvation": {**starvation, "short_tokens_during_prefill": 3},
         }
 
     results = {

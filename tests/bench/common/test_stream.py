@@ -7,7 +7,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from router.bench.common.stream import Reply, error_message, pieces, stream
+from router.bench.common.stream import Reply, error_message, stream
 from tests.fakes.upstream import Behaviour, FakeUpstream
 
 BODY = {
@@ -18,24 +18,20 @@ BODY = {
 }
 
 
-async def ask(fake: FakeUpstream, stop_after: int | None = None) -> tuple[Reply, list[str]]:
-    seen: list[str] = []
+async def ask(fake: FakeUpstream, stop_after: int | None = None) -> Reply:
+    reply = Reply()
 
-    def on_chunk(chunk: dict[str, Any]) -> bool:
-        seen.extend(pieces(chunk))
-        return stop_after is not None and len(seen) >= stop_after
+    def enough(chunk: dict[str, Any]) -> bool:
+        return stop_after is not None and len(reply.token_times) >= stop_after
 
     async with aiohttp.ClientSession() as session:
-        reply = await stream(
-            session, f"{fake.base_url}/chat/completions", BODY, {"X-Test": "1"}, Reply(), on_chunk
-        )
-    return reply, seen
+        url = f"{fake.base_url}/chat/completions"
+        return await stream(session, url, BODY, {"X-Test": "1"}, reply, enough)
 
 
 async def test_a_whole_stream_hands_every_piece_and_the_usage(fake: FakeUpstream) -> None:
     fake.then(Behaviour(chunks=4, usage_extra={"speclane_spec": {"drafted": 3}}))
-    reply, seen = await ask(fake)
-    assert seen == ["w0 ", "w1 ", "w2 ", "w3 "]
+    reply = await ask(fake)
     assert reply.done and reply.error is None and reply.status == 200
     assert reply.usage["completion_tokens"] == 4 and reply.usage["speclane_spec"] == {"drafted": 3}
     assert reply.text == "w0 w1 w2 w3 " and len(reply.token_times) == 4
@@ -45,26 +41,25 @@ async def test_a_whole_stream_hands_every_piece_and_the_usage(fake: FakeUpstream
 
 async def test_a_stream_without_done_is_not_done(fake: FakeUpstream) -> None:
     fake.then(Behaviour(chunks=2, no_done=True))
-    reply, seen = await ask(fake)
-    assert seen == ["w0 ", "w1 "] and not reply.done and reply.error is None
+    reply = await ask(fake)
+    assert reply.text == "w0 w1 " and not reply.done and reply.error is None
 
 
 async def test_errors_are_told_not_raised(fake: FakeUpstream) -> None:
     fake.then(Behaviour(status=503, error_message="busy"), Behaviour(die_after=1))
-    reply, _ = await ask(fake)
+    reply = await ask(fake)
     assert reply.status == 503 and reply.error == "HTTP 503: busy"
-    reply, seen = await ask(fake)
-    assert seen == ["w0 "] and not reply.done and reply.error is not None
+    reply = await ask(fake)
+    assert reply.text == "w0 " and not reply.done and reply.error is not None
     error_event = b'data: {"error": {"message": "lane died"}}\n\n'
     fake.then(Behaviour(raw_body=b'data: {"choices": []}\n\n' + error_event))
-    reply, _ = await ask(fake)
-    assert reply.error == "stream error: lane died"
+    assert (await ask(fake)).error == "stream error: lane died"
 
 
 async def test_the_caller_can_stop_reading(fake: FakeUpstream) -> None:
     fake.then(Behaviour(chunks=50))
-    reply, seen = await ask(fake, stop_after=3)
-    assert seen == ["w0 ", "w1 ", "w2 "] and not reply.done and reply.error is None
+    reply = await ask(fake, stop_after=3)
+    assert reply.text == "w0 w1 w2 " and not reply.done and reply.error is None
 
 
 def test_error_messages() -> None:

@@ -34,13 +34,8 @@ child.stdin.close(); child.wait()
 
 @pytest.fixture
 def session() -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], start_new_session=True, **pipes)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         yield proc
@@ -59,14 +54,9 @@ def test_session_cpu_counts_the_leader_its_threads_and_its_children(
 
 
 def test_session_cpu_of_a_session_with_no_live_process_is_zero() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        start_new_session=True,
-        check=True,
-    )
-    assert cpu.session_cpu_seconds(int(proc.stdout)) == 0.0
+    argv = [sys.executable, "-c", "import os; print(os.getpid())"]
+    done = subprocess.run(argv, capture_output=True, text=True, start_new_session=True, check=True)
+    assert cpu.session_cpu_seconds(int(done.stdout)) == 0.0
 
 
 @pytest.mark.skipif(len(cpu.allowed_cpus()) < 2, reason="needs two cores")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 from pathlib import Path
 
@@ -12,11 +14,16 @@ from router.bench.overhead import cpu, report, run
 from router.cli import bench as cli
 
 
-async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -> None:
-    result = await run.run(
-        [1, 64], seconds=0.4, warmup=0.1, nginx="off", tokens=(7, 40), rounds=2, cpus="shared"
-    )
-    rows = result["rows"]
+def test_a_short_run_measures_both_stream_lengths_and_judges_the_targets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, flags = tmp_path / "o.json", "--concurrency 1,64 --tokens 7,40 --seconds 0.4 --rounds 2"
+    argv = [*flags.split(), "--warmup", "0.1", "--nginx", "off", "--cpus", "shared"]
+    assert cli.main(["overhead", *argv, "--out", str(out)]) == 0
+    printed, result = capsys.readouterr().out, json.loads(out.read_text())
+    assert "| speclane | shared | 64 | 40 |" in printed and "target < 1 ms" in printed
+    assert "added TTFT p50 at concurrency 1, 7-token streams" in printed
+    rows, seconds = result["rows"], result["seconds_per_level"] * result["rounds"]  # pooled
     assert {(r["target"], r["concurrency"], r["tokens"]) for r in rows} == {
         (t, c, n) for t in ("direct", "speclane") for c in (1, 64) for n in (7, 40)
     }
@@ -29,21 +36,12 @@ async def test_short_run_measures_both_stream_lengths_and_judges_the_targets() -
             assert all(v > 0 for v in r["cpu_us_per_stream"].values())
         # role chunk + tokens + finish chunk + [DONE], every one relayed
         per_stream = r["tokens"] + 3
-        assert r["chunks_per_s"] == pytest.approx(
-            r["requests"] * per_stream / overhead_seconds(result), rel=0.5
-        )
+        assert r["chunks_per_s"] == pytest.approx(r["requests"] * per_stream / seconds, rel=0.5)
     plain = {(r["tokens"], r["plain_requests_per_s"] is not None) for r in rows}
     assert plain == {(7, True), (40, False)}
     targets = result["targets"]
-    assert [(t["target"].split()[0], t["tokens"]) for t in targets] == [
-        ("added", 7),
-        ("relayed", 7),
-        ("added", 40),
-        ("relayed", 40),
-    ]
-    table = report.render_table(result)
-    assert "| speclane | shared | 64 | 40 |" in table
-    assert "target < 1 ms" in report.render_targets(targets)
+    judged = [(t["target"].split()[0], t["tokens"]) for t in targets]
+    assert judged == [("added", 7), ("relayed", 7), ("added", 40), ("relayed", 40)]
     assert all(a["proxy_cpu_us_per_stream"] for a in result["added"]) or not cpu.supported()
 
 
@@ -70,7 +68,8 @@ async def test_own_core_layout_pins_the_proxy_apart_and_gives_this_process_its_c
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(run, "_arrange", recording)
         mp.setattr(run, "measure", watching)
-        result = await run.run([1], seconds=0.3, warmup=0.1, nginx="off", tokens=(7,), cpus="both")
+        cell = {"concurrency": [1], "tokens": [7], "seconds": 0.3, "warmup": 0.1, "rounds": 1}
+        result = await run.run(argparse.Namespace(**cell, nginx="off", cpus="both"))
     # Each target of a layout is measured with the same placement, direct included.
     shared = {"loadgen": everything, "direct": everything, "speclane": everything}
     pinned = {"loadgen": rest, "direct": rest, "speclane": proxy_cores}
@@ -102,76 +101,15 @@ def _cores_of(sid: int) -> set[int]:
     return set(next(iter(found)))
 
 
-def overhead_seconds(result: dict[str, object]) -> float:
-    """Measured seconds per row: the rounds are pooled."""
-    return float(result["seconds_per_level"]) * int(result["rounds"])  # type: ignore[arg-type]
-
-
 def test_targets_are_judged_from_the_added_rows() -> None:
-    result = {
-        "added": [
-            {
-                "target": "speclane",
-                "concurrency": 1,
-                "tokens": 7,
-                "added_ttft_p50_ms": 0.9,
-                "chunks_vs_direct": 0.5,
-            },
-            {
-                "target": "speclane",
-                "concurrency": 64,
-                "tokens": 7,
-                "added_ttft_p50_ms": 9.0,
-                "chunks_vs_direct": 0.79,
-            },
-            {
-                "target": "speclane",
-                "concurrency": 64,
-                "tokens": 256,
-                "added_ttft_p50_ms": 9.0,
-                "chunks_vs_direct": 0.81,
-            },
-            {
-                "target": "nginx",
-                "concurrency": 64,
-                "tokens": 7,
-                "added_ttft_p50_ms": 1.0,
-                "chunks_vs_direct": 0.9,
-            },
-        ]
-    }
-    assert [t["met"] for t in report.judge_targets(result)] == [True, False, True]
+    def added(target: str, concurrency: int, tokens: int, ttft: float, chunks: float) -> dict:
+        figures = {"added_ttft_p50_ms": ttft, "chunks_vs_direct": chunks}
+        return {"target": target, "concurrency": concurrency, "tokens": tokens, **figures}
 
-
-def test_main_prints_the_table_and_saves_json(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "o.json"
-    assert (
-        cli.main(
-            [
-                "overhead",
-                "--concurrency",
-                "1",
-                "--tokens",
-                "7",
-                "--seconds",
-                "0.3",
-                "--rounds",
-                "1",
-                "--warmup",
-                "0.1",
-                "--nginx",
-                "off",
-                "--cpus",
-                "shared",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    printed = capsys.readouterr().out
-    assert "| direct | shared | 1 | 7 |" in printed
-    assert "added TTFT p50 at concurrency 1, 7-token streams" in printed
-    assert out.exists()
+    rows = [
+        added("speclane", 1, 7, 0.9, 0.5),
+        added("speclane", 64, 7, 9.0, 0.79),
+        added("speclane", 64, 256, 9.0, 0.81),
+        added("nginx", 64, 7, 1.0, 0.9),
+    ]
+    assert [t["met"] for t in report.judge_targets({"added": rows})] == [True, False, True]
