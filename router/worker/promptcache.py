@@ -10,8 +10,10 @@ resending a long system prompt and the conversation so far prefills only the new
 Entries are partitioned (the request's ``partition``, which the router derives from the
 client's policy): a lookup only ever sees entries stored under its own partition, so neither
 ``cached_tokens`` nor the time to the first token tells one client what another has sent.
-(Partitions still share the byte bound: one client's traffic can evict another's entries,
-which says how much it sends, never what.)
+Partitions share the byte bound fairly: each has its own ``LRUPromptCache`` and, when
+their total is over ``max_bytes``, the partition holding the most bytes gives up its least
+recently used entries first. A client that floods the cache evicts its own entries, not
+another client's system prompt (which is smaller); alone, a partition has the whole bound.
 
 One instance per worker process: in shared mode (``router.worker.shared``) both lanes fetch
 from and store into the same cache (one byte budget), so a prefix cached through one lane is
@@ -75,16 +77,16 @@ class PromptCache:
             raise ValueError("max_bytes must be >= 0")
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._lru: Any = None
-        if max_bytes:
-            from mlx_lm.models.cache import LRUPromptCache
-
-            self._lru = LRUPromptCache(max_size=MAX_ENTRIES, max_bytes=max_bytes)
+        self._parts: dict[str, Any] = {}  # partition -> its LRUPromptCache
         self.counters = Counters()  # every lane's lookups
 
     @property
     def enabled(self) -> bool:
-        return self._lru is not None
+        return self.max_bytes > 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(lru.nbytes) for lru in self._parts.values())
 
     def fetch(
         self,
@@ -99,10 +101,10 @@ class PromptCache:
         (target lookups only)."""
         tokens = list(prompt)
         cache, rest = None, tokens
-        if self._lru is not None:
+        if (lru := self._parts.get(partition)) is not None:
             key = entry_key(model, partition)
             with self._lock:  # the entry comes out as a copy: this thread's own to change
-                cache, rest = self._lru.fetch_nearest_cache(key, tokens)
+                cache, rest = lru.fetch_nearest_cache(key, tokens)
             rest = list(rest)
             if cache is not None and not rest:
                 # An exact match: generation needs the last prompt token as its input, so
@@ -124,20 +126,41 @@ class PromptCache:
     ) -> None:
         """Keep ``cache``, the KV state of exactly ``tokens`` for ``model``, for requests of
         ``partition``."""
-        if self._lru is None or not cache or not tokens:
+        if not self.max_bytes or not cache or not tokens:
             return
         _evaluate(cache)
         with self._lock:
-            self._lru.insert_cache(entry_key(model, partition), list(tokens), cache)
+            lru = self._parts.get(partition)
+            if lru is None:
+                from mlx_lm.models.cache import LRUPromptCache
+
+                lru = self._parts[partition] = LRUPromptCache(MAX_ENTRIES, self.max_bytes)
+            lru.insert_cache(entry_key(model, partition), list(tokens), cache)
+            self._fair_share()
+
+    def _fair_share(self) -> None:
+        """Bring the total under ``max_bytes``, taking from the largest partition first
+        (its least recently used entries), down to the next largest one's size."""
+        while (excess := self.nbytes - self.max_bytes) > 0:
+            sizes = sorted((int(lru.nbytes), name) for name, lru in self._parts.items())
+            largest, name = sizes[-1]
+            runner_up = sizes[-2][0] if len(sizes) > 1 else 0
+            target = max(largest - excess, runner_up)
+            if target >= largest:  # a tie at the top: this one gives up an entry at least
+                target = largest - 1
+            self._parts[name].trim_to(n_bytes=target)
+            if not len(self._parts[name]):
+                del self._parts[name]
 
     def stats(self, counters: Counters | None = None) -> dict[str, int]:
         """The cache's figures; with ``counters``, the lookups are that lane's."""
-        lru = self._lru
         counted = counters or self.counters
+        parts = list(self._parts.values())  # one C call: no lock held by the event loop
         return {
             "max_bytes": self.max_bytes,
-            "bytes": int(lru.nbytes) if lru is not None else 0,
-            "entries": len(lru) if lru is not None else 0,
+            "bytes": sum(int(lru.nbytes) for lru in parts),
+            "entries": sum(len(lru) for lru in parts),
+            "partitions": len(parts),
             "lookups": counted.lookups,
             "hits": counted.hits,
             "reused_tokens": counted.reused_tokens,

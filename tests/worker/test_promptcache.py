@@ -76,3 +76,35 @@ def test_an_entry_stored_on_one_thread_is_used_on_another() -> None:
     assert hit.cache is not None and hit.cached_tokens == len(PROMPT)
     keys = hit.cache[0].state[0]
     assert keys.sum().item() == keys.size  # the zeros plus one, evaluated here
+
+
+def test_the_partition_holding_most_gives_up_its_entries_first() -> None:
+    one = sum(c.nbytes for c in kv(64))
+    cache = PromptCache(4 * one)  # room for four entries in all
+    cache.store([1, *PROMPT], kv(64), "quiet")  # a client's system prompt
+    for i in range(6):  # another client floods the cache
+        cache.store([100 + i, *PROMPT], kv(64), "loud")
+    assert cache.fetch([1, *PROMPT, 9], "quiet").cached_tokens == len(PROMPT) + 1
+    stats = cache.stats()
+    assert stats["bytes"] <= 4 * one and (stats["entries"], stats["partitions"]) == (4, 2)
+    # the flood kept its newest entries, lost its oldest
+    assert cache.fetch([105, *PROMPT, 9], "loud").cached_tokens == len(PROMPT) + 1
+    assert cache.fetch([100, *PROMPT, 9], "loud").cached_tokens == 0
+
+
+def test_one_partition_alone_has_the_whole_bound() -> None:
+    one = sum(c.nbytes for c in kv(64))
+    cache = PromptCache(3 * one)
+    for i in range(5):
+        cache.store([100 + i, *PROMPT], kv(64), "only")
+    assert (cache.stats()["entries"], cache.stats()["bytes"]) == (3, 3 * one)
+
+
+def test_equal_partitions_over_the_bound_share_it() -> None:
+    one = sum(c.nbytes for c in kv(64))
+    cache = PromptCache(3 * one)
+    for i in range(2):
+        cache.store([100 + i, *PROMPT], kv(64), "a")
+        cache.store([200 + i, *PROMPT], kv(64), "b")
+    stats = cache.stats()
+    assert stats["bytes"] <= 3 * one and stats["entries"] == 3 and stats["partitions"] == 2
