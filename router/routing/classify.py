@@ -580,7 +580,10 @@ def _missing(serving: Sequence[BackendView], lane: LaneName) -> str:
 
 
 def _lane(views: Sequence[BackendView], lane: LaneName) -> BackendView | None:
-    return next((v for v in views if v.lane == lane), None)
+    for view in views:  # a loop, not next(genexpr): asked several times per request
+        if view.lane == lane:
+            return view
+    return None
 
 
 def _lane_candidate(view: BackendView, advice: SpecAdvice, predicted: bool) -> Candidate:
