@@ -166,7 +166,7 @@ def batch_class() -> type:
                     [
                         self._processed(e, inputs, logits[e])
                         if (grammar := masked[e]) is None
-                        else _masked(grammar, logits[e])
+                        else grammar_masked(grammar, logits[e])
                         for e in range(size)
                     ]
                 )
@@ -261,7 +261,7 @@ def batch_class() -> type:
     return DraftingBatch
 
 
-def _masked(grammar: Draft, logits: Any) -> Any:
+def grammar_masked(grammar: Draft, logits: Any) -> Any:
     """A row's ``(width, vocab)`` logits under its grammar's masks: position ``j`` masked by
     row ``j`` (what the grammar allows after the pending token and ``j`` draft tokens);
     the padding after its draft is left as it is (never sampled from)."""
