@@ -219,3 +219,47 @@ def test_a_constraint_failing_mid_answer_still_ends_with_constraint_failed(
         assert ended.error.param == "response_format"
         assert text.startswith('{"s": "')
         assert free_text == expected_free and isinstance(free_ended, Finished)
+
+
+def test_sampled_constrained_rows_drafting_together_follow_their_grammars(
+    engine: BatchingEngine,
+) -> None:
+    import orjson
+
+    # Strings bounded, so that every sampled answer ends well within max_tokens.
+    short = {"type": "string", "maxLength": 16}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": short, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"],
+            },
+        },
+    }
+    person = {
+        "type": "object",
+        "properties": {"name": short, "age": {"type": "integer", "maximum": 999}},
+        "required": ["name", "age"],
+    }
+    schema = {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": person}}
+    }
+    sampled = {"temperature": 0.9, "seed": 7, "max_tokens": 96}
+    answers = batch(
+        engine,
+        [
+            body(WEATHER, {"tools": [tool], "tool_choice": "required"}, **sampled),
+            body(WEATHER, schema, **sampled),
+        ],
+    )
+    (call, call_end), (document, document_end) = answers
+    assert call.startswith("<tool_call>\n") and call.endswith("\n</tool_call>"), call
+    parsed = orjson.loads(call.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+    assert parsed["name"] == "get_weather"
+    assert parsed["arguments"]["unit"] in ("celsius", "fahrenheit")
+    written = orjson.loads(document)
+    assert set(written) == {"name", "age"} and isinstance(written["age"], int)
+    assert spec_of(call_end)["forced"] > 0 and spec_of(document_end)["forced"] > 0
