@@ -29,6 +29,11 @@ source against plain decoding, and constrained answers (a required tool call, a
 (`refactor-with-prediction` drafting from its prediction, `edit` from prompt lookup) as
 BATCH_CONCURRENCY requests at once on the batching lane, drafting against plain decoding
 (`num_draft_tokens: 0`), interleaved; aggregate tok/s = the batch's tokens / its wall time.
+`--scenarios batch-constrained` does the same with constrained answers (`tool-call`,
+`json-schema`: the grammar's forced tokens, chained with the source the router names,
+against plain constrained decoding): every round BATCH_CONCURRENCY questions never asked
+before, their prompts cached by a one-token request each, the forced variant first, then
+the same questions plainly. Per request, decode tok/s = (tokens - 1) / (last token - first).
 """
 
 from __future__ import annotations
@@ -81,7 +86,8 @@ SCENARIO_CLIENT = "scenarios"
 ASKED = {name: itertools.count() for name in plan.CONSTRAINED}
 # Drafting on the batching lane: (family, the source it drafts with), BATCH_CONCURRENCY at once.
 BATCH_SCENARIOS = {
-    "batch-copy": (("refactor-with-prediction", "prediction"), ("edit", "prompt_lookup"))
+    "batch-copy": (("refactor-with-prediction", "prediction"), ("edit", "prompt_lookup")),
+    "batch-constrained": (("tool-call", "forced"), ("json-schema", "forced")),
 }
 BATCH_CONCURRENCY = 4
 REPEAT_PROMPT = (
@@ -306,41 +312,78 @@ async def scenarios(
 
 
 async def batch_one(
-    session: aiohttp.ClientSession, url: str, family: str, max_tokens: int, variant: str
+    session: aiohttp.ClientSession,
+    url: str,
+    family: str,
+    max_tokens: int,
+    variant: str,
+    subject: int = 0,
 ) -> dict[str, Any]:
-    """One streamed request of an edit family on the batching lane, as the scenario client
-    (no plain baseline samples: each variant is what its body names)."""
+    """One streamed request on the batching lane, as the scenario client (no plain baseline
+    samples: each variant is what its body names): an edit family's body, or a constrained
+    family's question about its ``subject``-th subject."""
     headers = {"X-Speclane-Client": f"family-{SCENARIO_CLIENT}", "X-Speclane-Lane": "batching"}
-    body = plan.apply_variant(request(max_tokens, **edit_body(family)), variant)
+    if family in plan.CONSTRAINED:
+        prompt, extra = plan.constrained_request(family, subject)
+        endpoint = "chat/completions"
+        fields = {"messages": [{"role": "user", "content": prompt}], **extra}
+    else:
+        endpoint, fields = "completions", edit_body(family)
+    body = plan.apply_variant(request(max_tokens, **fields), variant)
     usage: dict[str, Any] = {}
-    async with session.post(f"{url}/completions", json=body, headers=headers) as resp:
+    first = last = None
+    async with session.post(f"{url}/{endpoint}", json=body, headers=headers) as resp:
         lane = resp.headers.get("X-Speclane-Lane")
         async for event in events(resp):
+            choice = (event.get("choices") or [{}])[0]
+            delta = choice.get("delta") or {}
+            if choice.get("text") or delta.get("content") or delta.get("tool_calls"):
+                last = time.perf_counter()
+                first = first or last
             usage = event.get("usage") or usage
+    tokens = usage.get("completion_tokens", 0)
+    decode = None
+    if first and last and last > first and tokens > 1:
+        decode = round((tokens - 1) / (last - first), 2)
     return {
         "lane": lane,
-        "tokens": usage.get("completion_tokens", 0),
+        "tokens": tokens,
+        "decode_tps": decode,
         "spec": usage.get("speclane_spec"),
     }
 
 
-async def batch_copy(
-    session: aiohttp.ClientSession, url: str, rounds: int, max_tokens: int
+async def batch_scenarios(
+    session: aiohttp.ClientSession,
+    url: str,
+    names: list[str],
+    rounds: int,
+    max_tokens: dict[str, int],
 ) -> dict[str, Any]:
-    """Each copy-heavy family, BATCH_CONCURRENCY requests at once on the batching lane:
-    drafting against plain, interleaved round by round."""
+    """Each family of the ``names`` batch scenarios, BATCH_CONCURRENCY requests at once on
+    the batching lane: drafting against plain, interleaved round by round. ``max_tokens``:
+    per kind (``edit``, ``constrained``)."""
     out: dict[str, Any] = {}
-    for family, source in BATCH_SCENARIOS["batch-copy"]:
-        await batch_one(session, url, family, 4, plan.PLAIN)  # warm-up: the prompt is cached
-        runs: dict[str, list[dict[str, Any]]] = {plan.PLAIN: [], source: []}
-        for _ in range(rounds):
-            for variant in runs:
+    for family, source in (pair for name in names for pair in BATCH_SCENARIOS[name]):
+        constrained = family in plan.CONSTRAINED
+        tokens_each = max_tokens["constrained" if constrained else "edit"]
+        if not constrained:
+            await batch_one(session, url, family, 4, plan.PLAIN)  # warm-up: the prompt cached
+        # Constrained: the forced variant first, so no earlier answer to the same questions
+        # is in the suffix index when it runs.
+        variants = (source, plan.PLAIN) if constrained else (plan.PLAIN, source)
+        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+        for round_ in range(rounds):
+            subjects = [round_ * BATCH_CONCURRENCY + j for j in range(BATCH_CONCURRENCY)]
+            if not constrained:
+                subjects = [0] * BATCH_CONCURRENCY
+            else:  # fresh questions: each prompt cached alike for both variants
+                for subject in subjects:
+                    await batch_one(session, url, family, 1, plan.PLAIN, subject)
+            for variant in variants:
                 start = time.perf_counter()
                 answers = await asyncio.gather(
-                    *(
-                        batch_one(session, url, family, max_tokens, variant)
-                        for _ in range(BATCH_CONCURRENCY)
-                    )
+                    *(batch_one(session, url, family, tokens_each, variant, s) for s in subjects)
                 )
                 seconds = time.perf_counter() - start
                 tokens = sum(a["tokens"] for a in answers)
@@ -350,8 +393,11 @@ async def batch_copy(
                         "tokens": tokens,
                         "seconds": round(seconds, 3),
                         "aggregate_tps": round(tokens / seconds, 2),
+                        "decode_tps": [a["decode_tps"] for a in answers],
                         "drafted": sum(s.get("drafted", 0) for s in specs),
                         "accepted": sum(s.get("accepted", 0) for s in specs),
+                        "forced": sum(s.get("forced", 0) for s in specs),
+                        "sources": sorted({str(s.get("source")) for s in specs}),
                         "lanes": sorted({str(a["lane"]) for a in answers}),
                     }
                 )
@@ -359,6 +405,9 @@ async def batch_copy(
             v: {
                 "aggregate_tps": round(
                     sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs), 2
+                ),
+                "decode_tps_median": _median(
+                    [d for r in rs for d in r["decode_tps"] if d is not None]
                 ),
                 "runs": rs,
             }
@@ -368,23 +417,53 @@ async def batch_copy(
         out[family] = {
             "source": source,
             "concurrency": BATCH_CONCURRENCY,
+            "max_tokens": tokens_each,
             "ratio": round(summary[source]["aggregate_tps"] / plain_tps, 2) if plain_tps else None,
             **summary,
         }
-        print(f"  batch-copy {family}: {out[family]['ratio']}x", flush=True)
+        print(f"  batching lane, {family}: {out[family]['ratio']}x", flush=True)
     return out
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    middle = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return round(middle, 2)
 
 
 def batch_table(results: dict[str, Any]) -> str:
     rows = []
     for family, r in results.items():
-        drafting = r[r["source"]]
+        drafting, plain = r[r["source"]], r["plain"]
         accepted = sum(x["accepted"] for x in drafting["runs"])
         drafted = sum(x["drafted"] for x in drafting["runs"])
-        figures = [drafting["aggregate_tps"], f"{r['ratio']}x", f"{accepted}/{drafted}"]
-        rows.append([f"{family} ({r['source']})", r["plain"]["aggregate_tps"], *figures])
-    header = ["family (source)", "plain tok/s", "drafting tok/s", "ratio", "accepted/drafted"]
-    return "\n".join(stats.table(header, rows, "lrrrr"))
+        forced = sum(x.get("forced", 0) for x in drafting["runs"])
+        figures = [drafting["aggregate_tps"], f"{r['ratio']}x"]
+        decode = [plain.get("decode_tps_median"), drafting.get("decode_tps_median")]
+        rows.append(
+            [
+                f"{family} ({r['source']})",
+                plain["aggregate_tps"],
+                *figures,
+                *decode,
+                f"{accepted}/{drafted}",
+                forced,
+            ]
+        )
+    header = [
+        "family (source)",
+        "plain tok/s",
+        "drafting tok/s",
+        "ratio",
+        "plain decode tok/s (median request)",
+        "drafting decode tok/s (median request)",
+        "accepted/drafted",
+        "forced",
+    ]
+    return "\n".join(stats.table(header, rows, "lrrrrrrr"))
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -393,8 +472,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     async with router(args.url) as url, aiohttp.ClientSession(timeout=timeout) as session:
         batch = [s for s in args.scenarios if s in BATCH_SCENARIOS]
         if batch:
-            results["batch_scenarios"] = await batch_copy(
-                session, url, args.requests, args.edit_max_tokens
+            most = {"edit": args.edit_max_tokens, "constrained": args.scenario_max_tokens}
+            results["batch_scenarios"] = await batch_scenarios(
+                session, url, batch, args.requests, most
             )
         named = [s for s in args.scenarios if s not in BATCH_SCENARIOS]
         if named:

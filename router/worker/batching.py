@@ -28,24 +28,29 @@ Drafting: a sequence may draft from its ``prediction``, prompt lookup or ``suffi
 (``router.worker.draftlength`` picks the source and the length per batch size); each decoding
 step verifies every sequence's draft in the batch's one forward pass
 (``router.worker.batchverify``). Every finished request's prompt and answer go into the
-lane's own ``suffix`` index, in its client partition.
+lane's own ``suffix`` index, in its client partition. A constrained sequence (tool calls,
+``json_schema``) drafts its grammar's forced tokens chained with its source's proposals
+(``router.worker.forced``, as on the speculative lane), every position verified under the
+grammar's mask; ``usage.speclane_spec.forced`` counts the forced tokens kept.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from router.errors import RouterError
-from router.worker.batchverify import drafting_generator, last_verified, set_drafter
+from router.worker.batchverify import RowDraft, drafting_generator, last_verified, set_drafter
 from router.worker.draftlength import (
     BATCH_DRAFT_TABLE,
     PLAIN,
     BatchDraftSettings,
     BatchPlan,
     batch_plan,
+    forced_draft_length,
     sequence_draft_length,
 )
 from router.worker.drafts import PredictionDraft, PromptLookup
@@ -57,6 +62,7 @@ from router.worker.engine import (
     processors_for,
     sampler_for,
 )
+from router.worker.forced import ConstraintDraft, Draft
 from router.worker.jobs import Event, Failed, Finished, Job, JobQueue, aborted
 from router.worker.promptcache import Counters, PromptCache
 from router.worker.stats import SpecStats, usage
@@ -81,8 +87,11 @@ class _Sequence:
     plan: BatchPlan = PLAIN
     propose: Callable[[list[int], int], list[int]] | None = None  # (history, k) -> draft
     prediction: PredictionDraft | None = None
+    constraint: ConstraintDraft | None = None  # a constrained sequence drafting forced tokens
+    draft: Draft | None = None  # its last draft under the grammar
     drafted: int = 0
     accepted: int = 0
+    forced: int = 0  # accepted draft tokens its grammar forced
     steps: int = 0  # decoding steps in which it verified a draft
     output: list[int] = field(default_factory=list)  # the tokens generated so far
 
@@ -177,7 +186,7 @@ class BatchingEngine(Engine):
             return
         generator.prefill_step_size = self._chunk(live, others_waiting)
         # No proposer in the batch: mlx-lm's own step, with its pipelining intact.
-        proposing = any(seq.propose is not None for seq in live.values())
+        proposing = any(seq.plan.drafts for seq in live.values())
         set_drafter(generator, self._propose if proposing else None)
         try:
             with generator.stats() as step:
@@ -196,6 +205,9 @@ class BatchingEngine(Engine):
                 drafting.steps += 1
                 drafting.drafted += verified.drafted
                 drafting.accepted += verified.accepted
+                drafting.forced += verified.forced
+                if drafting.constraint is not None and drafting.draft is not None:
+                    drafting.constraint.verified(drafting.draft, verified.accepted)
         for prompt_response in prompt_responses:
             self._on_prefill(live, prompt_response)
         self._measure(step.prompt_tokens, step.prompt_time)
@@ -276,7 +288,14 @@ class BatchingEngine(Engine):
     def _plan(self, seq: _Sequence) -> None:
         """The sequence's draft source and proposer (none: plain decoding)."""
         job = seq.job
-        seq.plan = batch_plan(job.request, self.drafts, bool(processors_for(job.request)))
+        request = job.request
+        others = processors_for(dataclasses.replace(request, constraint=None))
+        constrained = request.constraint is not None
+        seq.plan = batch_plan(request, self.drafts, bool(others), constrained)
+        if seq.plan.forced:
+            seq.constraint = ConstraintDraft.for_constraint(
+                request.constraint, len(job.prompt_ids), job.constraint_failed
+            )
         source = seq.plan.source
         if source == "prediction":
             prediction = seq.prediction = PredictionDraft(
@@ -291,16 +310,26 @@ class BatchingEngine(Engine):
 
     def _propose(
         self, uids: list[int], histories: list[list[int]], room: list[int]
-    ) -> list[list[int]]:
+    ) -> list[RowDraft]:
         """Each decoding sequence's draft for this step (``batchverify.Drafter``): its length
-        from the table for ``len(uids)`` sequences."""
-        drafts: list[list[int]] = []
+        from the table for ``len(uids)`` sequences; a constrained one's forced runs chained
+        with its source's proposal, with the grammar's masks."""
+        size = len(uids)
+        drafts: list[RowDraft] = []
         for uid, history, left in zip(uids, histories, room, strict=True):
             seq = self._live.get(uid)
-            k = 0
-            if seq is not None and seq.propose is not None and not seq.job.cancelled.is_set():
-                k = sequence_draft_length(len(uids), seq.plan.k, left)
-            drafts.append(seq.propose(history, k) if k and seq is not None and seq.propose else [])
+            if seq is None or not seq.plan.drafts or seq.job.cancelled.is_set():
+                drafts.append([])
+                continue
+            k = sequence_draft_length(size, seq.plan.k, left) if seq.propose else 0
+            if seq.constraint is None:
+                drafts.append(seq.propose(history, k) if k and seq.propose else [])
+                continue
+            budget = max(k, forced_draft_length(size, seq.plan.forced, left))
+            seq.draft = None
+            if budget:
+                seq.draft = seq.constraint.draft(history, budget, seq.propose, k)
+            drafts.append(seq.draft or [])
         return drafts
 
     def _drop_cancelled(self, generator: Any, live: dict[int, _Sequence]) -> None:
@@ -350,14 +379,15 @@ class BatchingEngine(Engine):
         (whatever it drafted with: a plain first answer drafts its retry)."""
         self.suffix.insert(seq.job.partition, [*seq.job.prompt_ids, *seq.output])
         event = seq.progress.finish(reason)
-        if seq.plan.source is None or not isinstance(event, Finished):
+        if not seq.plan.drafts or not isinstance(event, Finished):
             return event
         tokens = seq.progress.counter.tokens
-        stats = SpecStats(seq.drafted, seq.accepted, seq.steps, seq.plan.k)
+        stats = SpecStats(seq.drafted, seq.accepted, seq.steps, max(seq.plan.k, seq.plan.forced))
         body = usage(len(seq.job.prompt_ids), tokens, stats, seq.progress.cached_tokens)
         spec = body["speclane_spec"]
         assert isinstance(spec, dict)
-        spec["source"] = seq.plan.source
+        spec["source"] = seq.plan.source or "forced"  # as the speculative lane names it
+        spec["forced"] = seq.forced  # accepted draft tokens the grammar forced
         if seq.prediction is not None:  # OpenAI's meaning: prediction tokens (not) in the output
             body["completion_tokens_details"] = {
                 "accepted_prediction_tokens": seq.prediction.matched,

@@ -30,8 +30,13 @@ Rows that accepted different lengths stay consistent, and a row's extracted cach
 
 Only plain ``BatchKVCache`` layers can be trimmed per row: a batch holding any other kind
 (rotating caches of sliding-window models, state-space layers) decodes plainly. A row with
-logits processors never drafts (``router.worker.draftlength``): its processors see one token
-per step, as in mlx-lm's step.
+logits processors drafts only under its decoding constraint: the drafter gives such a row a
+``router.worker.forced.Draft`` (the grammar's forced runs chained with its source's
+proposals, and the grammar's mask at every position, computed on the walk through the
+grammar and rolled back), whose masks stand in for the row's processors in that pass; its
+processors see the emitted tokens in their context afterwards, so a later plain step masks
+exactly as plain constrained decoding would. A row with other processors never drafts
+(``router.worker.draftlength``): its processors see one token per step, as in mlx-lm's step.
 """
 
 from __future__ import annotations
@@ -41,18 +46,37 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, cast
 
+from router.worker.forced import Draft
+
 # (uids, histories, room) -> drafts. A history is the row's tokens in the cache plus its
-# pending token; ``room`` is how many tokens the row may still emit.
-Drafter = Callable[[list[int], list[list[int]], list[int]], list[list[int]]]
+# pending token; ``room`` is how many tokens the row may still emit. A row's draft is its
+# tokens, or a ``Draft`` under its decoding constraint (tokens and the grammar's masks).
+RowDraft = list[int] | Draft
+Drafter = Callable[[list[int], list[list[int]], list[int]], list[RowDraft]]
 
 
 @dataclass(frozen=True)
 class Verified:
-    """One row's verify step: ``drafted`` draft tokens checked, ``accepted`` of them emitted."""
+    """One row's verify step: ``drafted`` draft tokens checked, ``accepted`` of them emitted,
+    ``forced`` of those forced by its grammar."""
 
     uid: int
     drafted: int
     accepted: int
+    forced: int = 0
+
+
+def fitted(draft: RowDraft, room: int, has_processors: bool) -> RowDraft:
+    """A row's draft as verified: at most ``room - 1`` tokens (the pending token is emitted
+    too); none for a row with processors unless its grammar's masks come with it."""
+    limit = max(0, room - 1)
+    if isinstance(draft, Draft):
+        return draft.cut(limit) if draft.tokens else []
+    return [] if has_processors else draft[:limit]
+
+
+def tokens_of(draft: RowDraft) -> list[int]:
+    return draft.tokens if isinstance(draft, Draft) else draft
 
 
 def accepted_prefix(draft: list[int], sampled: list[int]) -> int:
@@ -118,27 +142,34 @@ def batch_class() -> type:
             pending = cast("list[int]", self._next_tokens.tolist())  # (batch,) uint32
             room = [m - n for m, n in zip(self.max_tokens, self._num_tokens, strict=True)]
             histories = [[*t, y] for t, y in zip(self.tokens, pending, strict=True)]
-            drafts = self.drafter(list(self.uids), histories, room)
-            processors = self.logits_processors or [[] for _ in drafts]
-            drafts = [
-                [] if processors[i] else d[: max(0, room[i] - 1)] for i, d in enumerate(drafts)
-            ]
-            if not any(drafts):
+            proposed = self.drafter(list(self.uids), histories, room)
+            processors = self.logits_processors or [[] for _ in proposed]
+            fitting = [fitted(d, room[i], bool(processors[i])) for i, d in enumerate(proposed)]
+            if not any(tokens_of(d) for d in fitting):
                 return super().next()
-            return self._verify(pending, drafts)
+            return self._verify(pending, fitting)
 
-        def _verify(self, pending: list[int], drafts: list[list[int]]) -> list[Any]:
+        def _verify(self, pending: list[int], fitting: list[RowDraft]) -> list[Any]:
             import mlx.core as mx
 
             size = len(self.uids)
+            drafts = [tokens_of(d) for d in fitting]
             width = 1 + max(len(d) for d in drafts)
             rows = [
                 [y, *d] + [0] * (width - 1 - len(d)) for y, d in zip(pending, drafts, strict=True)
             ]
             inputs = mx.array(rows, dtype=mx.uint32)
             logits = self.model(inputs, cache=self.prompt_cache)  # (size, width, vocab)
-            if any(self.logits_processors or ()):
-                logits = mx.stack([self._processed(e, inputs, logits[e]) for e in range(size)])
+            masked = [d if isinstance(d, Draft) else None for d in fitting]
+            if any(self.logits_processors or ()) or any(m is not None for m in masked):
+                logits = mx.stack(
+                    [
+                        self._processed(e, inputs, logits[e])
+                        if (grammar := masked[e]) is None
+                        else grammar_masked(grammar, logits[e])
+                        for e in range(size)
+                    ]
+                )
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             given = self.samplers or [self.fallback_sampler] * size
             samplers = [self.fallback_sampler if s is None else s for s in given]
@@ -178,8 +209,12 @@ def batch_class() -> type:
                 )
                 next_tokens.append(got[n])
                 next_logprobs.append(logprobs[i, n])
+                if (grammar := masked[i]) is not None:
+                    # Its processors skipped this pass: their context takes what it emitted.
+                    self._token_context[i].update_and_fetch(mx.array(run, dtype=mx.int32))
                 if draft:
-                    verified.append(Verified(self.uids[i], len(draft), taken - 1))
+                    forced = grammar.forced_kept(taken - 1) if grammar is not None else 0
+                    verified.append(Verified(self.uids[i], len(draft), taken - 1, forced))
 
             self.verified = tuple(verified)
             trim_rows(self.prompt_cache, width, [len(run) for run in emitted])
@@ -224,6 +259,20 @@ def batch_class() -> type:
             return mx.concatenate([first, row[1:]])
 
     return DraftingBatch
+
+
+def grammar_masked(grammar: Draft, logits: Any) -> Any:
+    """A row's ``(width, vocab)`` logits under its grammar's masks: position ``j`` masked by
+    row ``j`` (what the grammar allows after the pending token and ``j`` draft tokens);
+    the padding after its draft is left as it is (never sampled from)."""
+    import mlx.core as mx
+    import numpy as np
+
+    width, vocab = logits.shape
+    rows = grammar.mask(vocab)
+    allowed = np.ones((width, vocab), dtype=bool)
+    allowed[: rows.shape[0]] = rows
+    return mx.where(mx.array(allowed), logits, -mx.inf)
 
 
 def drafting_generator(model: Any, drafter: Drafter, **options: Any) -> Any:

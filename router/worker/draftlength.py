@@ -10,7 +10,15 @@ speculative decoding): ``BATCH_DRAFT_TABLE``, then the source's own maximum, the
 
 The sources are the free ones (no draft model runs on this lane): the request's
 ``prediction``, prompt lookup and ``suffix``. A request with logits processors (penalties, a
-logit bias, a decoding constraint) does not draft here.
+logit bias) does not draft here.
+
+A constrained request (its decoding constraint its only processor) also drafts its grammar's
+forced tokens (``router.worker.forced``), chained with its source's proposals as on the
+speculative lane. Forced runs go up to ``FORCED_MAX_DRAFT`` (the speculative lane's cap) but
+follow the table too, at ``FORCED_TABLE_FACTOR`` times its length: a forced token is nearly
+always kept where a source's proposal often is not, so the same widening of the batch's pass
+buys more output; where the table says none (a large batch, where every position of the pass
+is paid for by every row) the pass stays one position wide, forced tokens or not.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from router.worker.drafts import LookupConfig, PredictionConfig
+from router.worker.forced import FORCED_MAX_DRAFT
 from router.worker.protocol import GenerationRequest
 from router.worker.suffix import SuffixConfig
 
@@ -25,6 +34,9 @@ from router.worker.suffix import SuffixConfig
 BATCH_DRAFT_TABLE: tuple[tuple[int, int], ...] = ((2, 8), (4, 6), (8, 2))
 
 BATCH_SOURCES = ("prediction", "prompt_lookup", "suffix")
+
+# A forced run's length per batch size, in the table's lengths (see the module's docstring).
+FORCED_TABLE_FACTOR = 2
 
 
 def batch_draft_length(
@@ -44,6 +56,14 @@ def sequence_draft_length(batch_size: int, source_max: int, room: int) -> int:
     return max(0, min(batch_draft_length(batch_size), source_max, room - 1))
 
 
+def forced_draft_length(batch_size: int, forced_max: int, room: int) -> int:
+    """How many forced tokens one constrained sequence may draft this step: the table's
+    length for the batch times ``FORCED_TABLE_FACTOR``, at most ``forced_max`` (its plan's:
+    ``FORCED_MAX_DRAFT``, lowered by the request's ``num_draft_tokens``) and ``room - 1``."""
+    scaled = FORCED_TABLE_FACTOR * batch_draft_length(batch_size)
+    return max(0, min(scaled, forced_max, room - 1))
+
+
 @dataclass(frozen=True)
 class BatchDraftSettings:
     """The batching lane's draft sources: their limits, and the lane's own source for
@@ -58,22 +78,36 @@ class BatchDraftSettings:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    source: str | None  # None: plain decoding
-    k: int = 0  # the most it drafts per step, before the table
+    source: str | None  # None: no source (forced tokens only, or plain decoding)
+    k: int = 0  # the most the source drafts per step, before the table
+    forced: int = 0  # a constrained request: the most forced tokens per step, before the table
+
+    @property
+    def drafts(self) -> bool:
+        return self.source is not None or self.forced > 0
 
 
 PLAIN = BatchPlan(None)
 
 
 def batch_plan(
-    request: GenerationRequest, settings: BatchDraftSettings, has_processors: bool
+    request: GenerationRequest,
+    settings: BatchDraftSettings,
+    has_processors: bool,
+    constrained: bool = False,
 ) -> BatchPlan:
     """Which source a request drafts with on the batching lane: its prediction, else its own
-    ``draft_source``, else the lane's; plain with logits processors, ``num_draft_tokens: 0``,
-    or a source this lane has not (``draft_model``)."""
+    ``draft_source``, else the lane's; plus the forced tokens of a ``constrained`` one (its
+    constraint not counted in ``has_processors``). Plain with other logits processors,
+    ``num_draft_tokens: 0``, or no source this lane has (``draft_model``) and no constraint."""
     asked = request.num_draft_tokens
     if has_processors or asked == 0:
         return PLAIN
+
+    def capped(k: int) -> int:
+        return k if asked is None else min(asked, k)
+
+    forced = capped(FORCED_MAX_DRAFT) if constrained else 0
     if request.prediction:
         source, k = "prediction", settings.prediction.max_draft
     else:
@@ -83,5 +117,5 @@ def batch_plan(
         elif source == "suffix":
             k = settings.suffix.max_draft
         else:
-            return PLAIN
-    return BatchPlan(source, k if asked is None else min(asked, k))
+            return BatchPlan(None, 0, forced)
+    return BatchPlan(source, capped(k), forced)

@@ -61,6 +61,14 @@ class Draft:
             return self.rows[:, :width]
         return np.pad(self.rows, ((0, 0), (0, width - have)))
 
+    def cut(self, n: int) -> Draft:
+        """The first ``n`` tokens and their rows (the batching lane cuts a draft to the
+        tokens a sequence may still emit)."""
+        if n >= len(self.tokens):
+            return self
+        n = max(0, n)
+        return Draft(self.tokens[:n], self.forced[:n], self.rows[: n + 1])
+
     def forced_kept(self, accepted: int) -> int:
         """How many of the first ``accepted`` draft tokens the grammar forced."""
         return sum(self.forced[:accepted])

@@ -1,11 +1,23 @@
-"""The batched verify step's pieces: the accepted prefix, and trimming the rows of a
-``BatchKVCache`` apart (on a real mlx-lm cache, no model)."""
+"""The batched verify step's pieces: the accepted prefix, a row's draft as verified (a
+constrained row's with its grammar's masks), and trimming the rows of a ``BatchKVCache``
+apart (on a real mlx-lm cache, no model)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from router.worker.batchverify import accepted_prefix, row_trims, trim_rows, trimmable
+import numpy as np
+
+from router.worker.batchverify import (
+    accepted_prefix,
+    fitted,
+    grammar_masked,
+    row_trims,
+    tokens_of,
+    trim_rows,
+    trimmable,
+)
+from router.worker.forced import Draft
 
 
 def test_the_accepted_prefix() -> None:
@@ -61,3 +73,35 @@ def test_the_batching_worker_reports_its_table_and_suffix_index() -> None:
     report = BatchingEngine(never, 4).report()  # what /health adds
     assert report["draft_table"] == [list(row) for row in BATCH_DRAFT_TABLE]
     assert report["suffix_index"] == {"entries": 0, "bytes": 0, "max_bytes": 64 << 20, "evicted": 0}
+
+
+def grammar_draft(tokens: list[int], vocab: int = 6) -> Draft:
+    """A draft whose row ``i`` allows ``i`` and the token drafted there only."""
+    rows = np.zeros((len(tokens) + 1, vocab), dtype=bool)
+    for i in range(len(tokens) + 1):
+        rows[i, i] = True
+    for i, token in enumerate(tokens):
+        rows[i, token] = True
+    return Draft(tokens, [True] * len(tokens), rows)
+
+
+def test_a_rows_draft_fits_its_room_and_drafts_under_processors_only_with_masks() -> None:
+    assert fitted([1, 2, 3], 3, False) == [1, 2]  # the pending token takes one of 3 left
+    assert fitted([1, 2, 3], 1, False) == []
+    assert fitted([1, 2, 3], 9, True) == []  # penalties or a bias: never drafts
+    draft = grammar_draft([3, 4, 5])
+    cut = fitted(draft, 3, True)  # a grammar: its masks stand in for its processors
+    assert isinstance(cut, Draft) and cut.tokens == [3, 4] and cut.forced == [True, True]
+    assert np.array_equal(cut.rows, draft.rows[:3])
+    assert fitted(draft, 9, True) is draft
+    assert fitted(grammar_draft([]), 9, True) == []  # nothing drafted: the processors mask
+    assert tokens_of(cut) == [3, 4] and tokens_of([7]) == [7]
+
+
+def test_a_constrained_rows_positions_are_masked_by_their_rows_and_padding_is_not() -> None:
+    import mlx.core as mx
+
+    logits = mx.zeros((4, 6))  # the pending token, a draft of 2, one position of padding
+    out = np.array(grammar_masked(grammar_draft([3, 4]), logits))
+    allowed = [set(np.flatnonzero(np.isfinite(row)).tolist()) for row in out]
+    assert allowed == [{0, 3}, {1, 4}, {2}, set(range(6))]

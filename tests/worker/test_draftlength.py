@@ -6,14 +6,17 @@ import pytest
 
 from router.worker.draftlength import (
     BATCH_DRAFT_TABLE,
+    FORCED_TABLE_FACTOR,
     PLAIN,
     BatchDraftSettings,
     BatchPlan,
     batch_draft_length,
     batch_plan,
+    forced_draft_length,
     sequence_draft_length,
 )
 from router.worker.drafts import LookupConfig
+from router.worker.forced import FORCED_MAX_DRAFT
 from router.worker.protocol import GenerationRequest, Message
 
 
@@ -55,7 +58,7 @@ SETTINGS = BatchDraftSettings(lookup=LookupConfig(max_draft=5))
         ({"draft_source": "suffix", "num_draft_tokens": 4}, False, BatchPlan("suffix", 4)),
         ({"draft_source": "draft_model"}, False, PLAIN),  # no draft model on this lane
         ({"draft_source": "prompt_lookup", "num_draft_tokens": 0}, False, PLAIN),
-        ({"prediction": "x"}, True, PLAIN),  # penalties, a bias or a constraint
+        ({"prediction": "x"}, True, PLAIN),  # penalties or a bias
     ],
 )
 def test_the_plan(fields: dict[str, object], processors: bool, plan: BatchPlan) -> None:
@@ -65,3 +68,39 @@ def test_the_plan(fields: dict[str, object], processors: bool, plan: BatchPlan) 
 def test_a_lane_source_applies_to_requests_naming_none() -> None:
     settings = BatchDraftSettings(draft_source="suffix")
     assert batch_plan(request(), settings, False) == BatchPlan("suffix", 16)
+
+
+@pytest.mark.parametrize(
+    ("size", "length"), [(1, 16), (2, 16), (3, 12), (4, 12), (5, 4), (8, 4), (9, 0), (32, 0)]
+)
+def test_forced_runs_follow_the_table_at_its_factor_up_to_the_speculative_lanes_cap(
+    size: int, length: int
+) -> None:
+    assert forced_draft_length(size, FORCED_MAX_DRAFT, 100) == length
+    assert length == min(FORCED_MAX_DRAFT, FORCED_TABLE_FACTOR * batch_draft_length(size))
+
+
+def test_a_forced_run_is_no_longer_than_its_plan_or_its_room() -> None:
+    assert forced_draft_length(1, 5, 100) == 5  # the request's num_draft_tokens
+    assert forced_draft_length(1, 16, 4) == 3  # the pending token takes one of 4 left
+    assert forced_draft_length(1, 16, 1) == 0
+    assert forced_draft_length(1, 0, 100) == 0  # not constrained
+
+
+@pytest.mark.parametrize(
+    ("fields", "processors", "plan"),
+    [
+        ({}, False, BatchPlan(None, 0, FORCED_MAX_DRAFT)),  # forced tokens only
+        ({"draft_source": "prompt_lookup"}, False, BatchPlan("prompt_lookup", 5, 16)),
+        ({"prediction": "x", "num_draft_tokens": 3}, False, BatchPlan("prediction", 3, 3)),
+        ({"draft_source": "draft_model"}, False, BatchPlan(None, 0, 16)),
+        ({"draft_source": "suffix", "num_draft_tokens": 0}, False, PLAIN),  # auto-disable's off
+        ({"draft_source": "suffix"}, True, PLAIN),  # a bias or penalties besides the grammar
+    ],
+)
+def test_a_constrained_request_drafts_forced_tokens(
+    fields: dict[str, object], processors: bool, plan: BatchPlan
+) -> None:
+    chosen = batch_plan(request(**fields), SETTINGS, processors, constrained=True)
+    assert chosen == plan
+    assert chosen.drafts == (plan != PLAIN)

@@ -231,3 +231,12 @@ def test_proposals_grow_while_kept_and_shrink_when_refused(tokenizer: Any) -> No
     before = grammar.free_k
     grammar.verified(forced_only, 0)  # no proposal in it: nothing to learn
     assert grammar.free_k == before
+
+
+def test_a_draft_cut_keeps_its_first_tokens_and_their_rows() -> None:
+    rows = np.eye(4, dtype=bool)
+    draft = Draft([5, 6, 7], [True, False, True], rows)
+    cut = draft.cut(2)
+    assert (cut.tokens, cut.forced) == ([5, 6], [True, False])
+    assert np.array_equal(cut.rows, rows[:3])
+    assert draft.cut(3) is draft and draft.cut(0).tokens == [] and len(draft.cut(0).rows) == 1
