@@ -1,6 +1,7 @@
-"""The thin HTTP side of the OpenAI Responses API: ``POST /v1/responses`` runs the OpenAI
-chat pipeline (``router.proxy.handlers.proxy``, ``api="responses"``) with the Responses
-translators; ``GET``/``DELETE /v1/responses/{id}`` read the client's own stored responses."""
+"""The thin HTTP side of the OpenAI Responses API: ``POST /v1/responses`` (and
+``/v1/responses/compact``) runs the OpenAI chat pipeline (``router.proxy.handlers.proxy``,
+``api="responses"``) with the Responses translators; ``GET``/``DELETE /v1/responses/{id}``
+read the client's own stored responses."""
 
 from __future__ import annotations
 
@@ -31,12 +32,24 @@ def _missing(resp_id: str, param: str | None = None) -> errors.RouterError:
 
 
 async def create(request: web.Request) -> web.StreamResponse:
+    return await _respond(request, compact=False)
+
+
+async def compact(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/responses/compact``: the conversation summarized into one compaction item
+    (``responses_compact``), answered whole."""
+    return await _respond(request, compact=True)
+
+
+async def _respond(request: web.Request, *, compact: bool) -> web.StreamResponse:
     arrival = time.monotonic()
     store = request.app[STORE]
 
     def translate(raw: bytes) -> Inbound:
         client = identify(request).client  # already identified (and allowed) by proxy()
         body = load_object(raw)
+        if compact:
+            body = {**body, "stream": False, "store": False}  # the endpoint answers whole
         previous = responses_in.previous_id(body)
         history: list[dict[str, object]] = []
         if previous is not None:
@@ -44,12 +57,14 @@ async def create(request: web.Request) -> web.StreamResponse:
             if entry is None:
                 raise _missing(previous, "previous_response_id")
             history = entry.messages
-        req = responses_in.to_openai(body, history)
+        req = responses_in.to_openai(body, history, compact=compact)
 
         def save(response: dict[str, object], messages: list[dict[str, object]]) -> None:
             store.put(client, str(response["id"]), response, messages)
 
-        egress = ResponsesEgress(req, int(time.time()), save if req.store else None)
+        egress = ResponsesEgress(
+            req, int(time.time()), save if req.store else None, compact_endpoint=compact
+        )
         return to_parsed("chat", req.openai), egress
 
     return await proxy(request, "chat", api="responses", translate=translate, arrival=arrival)
@@ -76,5 +91,6 @@ def setup_responses_routes(app: web.Application) -> None:
     settings = app[SETTINGS].responses
     app[STORE] = ResponseStore(settings.store_entries, settings.store_bytes)
     app.router.add_post("/v1/responses", create)
+    app.router.add_post("/v1/responses/compact", compact)
     app.router.add_get("/v1/responses/{response_id}", retrieve)
     app.router.add_delete("/v1/responses/{response_id}", delete)

@@ -5,7 +5,9 @@ of items) becomes messages: message items keep their role (``developer`` becomes
 adjacent system messages join into one, since many chat templates accept only one),
 ``function_call`` items become an assistant message's ``tool_calls`` (adjacent calls, and the
 assistant text just before them, join into one message), ``function_call_output`` items
-become ``tool`` messages, ``reasoning`` items are dropped (no backend here takes them back).
+become ``tool`` messages, ``compaction`` items the summary they carry (``responses_compact``,
+as is a final ``compaction_trigger``), ``reasoning`` items are dropped (no backend here takes
+them back).
 A ``previous_response_id`` puts that response's conversation (its input and output, not its
 instructions, as OpenAI does) before the new input. ``function`` tools map one to one; a
 ``namespace`` tool's functions are offered as ``<namespace>__<name>`` and the calls split
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.errors import bad_request
+from router.frontdoors import responses_compact
 from router.frontdoors.common import str_field
 
 MAX_INPUT_ITEMS = 4096
@@ -61,6 +64,8 @@ class ResponsesRequest:
     conversation: list[dict[str, Any]]
     echo: dict[str, Any]  # request fields a Response object repeats
     namespaces: dict[str, tuple[str, str]] = field(default_factory=dict)  # joined -> parts
+    # The answer is a summary, returned as one compaction item (``responses_compact``).
+    compaction: bool = False
 
 
 def previous_id(body: dict[str, Any]) -> str | None:
@@ -74,15 +79,23 @@ def previous_id(body: dict[str, Any]) -> str | None:
     return value
 
 
-def to_openai(body: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> ResponsesRequest:
-    """``history``: the chat messages of the previous response's conversation."""
+def to_openai(
+    body: dict[str, Any], history: Sequence[dict[str, Any]] = (), *, compact: bool = False
+) -> ResponsesRequest:
+    """``history``: the chat messages of the previous response's conversation. ``compact``
+    (``/v1/responses/compact``), or a final ``compaction_trigger`` input item: the answer
+    is the conversation's summary."""
     model = str_field(body, "model", required=True)
     assert model is not None
     for key, why in REFUSED_FIELDS.items():
         if body.get(key) not in (None, False, 0):
             raise bad_request(why, param=key, code="unsupported_parameter")
     instructions = str_field(body, "instructions")
-    conversation = [*history, *_input(body.get("input"))]
+    items = body.get("input")
+    if isinstance(items, list):
+        items, triggered = responses_compact.split_trigger(items)
+        compact = compact or triggered
+    conversation = [*history, *_input(items)]
     if len(conversation) > MAX_INPUT_ITEMS:
         raise bad_request(f"the conversation has more than {MAX_INPUT_ITEMS} items", param="input")
     messages = _join_systems(
@@ -90,10 +103,15 @@ def to_openai(body: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> R
     )
     if not messages:
         raise bad_request("'input' is required and must not be empty", param="input")
+    if compact:
+        messages.append({"role": "user", "content": responses_compact.PROMPT})
     out: dict[str, Any] = {"model": model, "messages": messages}
     tools, namespaces = _tools(body.get("tools"))
     if tools:
         out["tools"] = tools
+    # A compaction keeps the tools and tool_choice as sent: the prompt up to the new message
+    # is then the one the lanes' prompt cache holds (tool_choice "none" changes how some
+    # templates render the tools). PROMPT asks for text; a call in the answer is ignored.
     choice = _tool_choice(body.get("tool_choice"), namespaces)
     if choice is not None:
         out["tool_choice"] = choice
@@ -119,7 +137,7 @@ def to_openai(body: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> R
     if stream:
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
-    store = bool(_flag(body, "store", True))
+    store = bool(_flag(body, "store", True)) and not compact
     echo = {
         "instructions": instructions,
         "max_output_tokens": out.get("max_tokens"),
@@ -139,7 +157,7 @@ def to_openai(body: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> R
         "top_p": out.get("top_p"),
         "user": out.get("user"),
     }
-    return ResponsesRequest(out, model, stream, store, conversation, echo, namespaces)
+    return ResponsesRequest(out, model, stream, store, conversation, echo, namespaces, compact)
 
 
 def _flag(body: dict[str, Any], key: str, default: bool | None) -> bool | None:
@@ -193,6 +211,8 @@ def _input(value: Any) -> list[dict[str, Any]]:
             _append_call(messages, _function_call(item, at))
         elif kind == "function_call_output":
             messages.append(_function_output(item, at))
+        elif kind in responses_compact.ITEMS:
+            messages.append(responses_compact.summary_message(responses_compact.decode(item, at)))
         elif kind not in DROPPED_ITEMS:
             raise bad_request(
                 f"'{at}': input items of type '{kind}' are not supported",

@@ -22,6 +22,7 @@ import orjson
 
 from router import errors
 from router.errors import RouterError
+from router.frontdoors import responses_compact
 from router.frontdoors.common import first_choices, translate_events
 from router.frontdoors.responses_in import ResponsesRequest
 
@@ -146,6 +147,29 @@ def _assistant_message(text: str, calls: list[dict[str, Any]]) -> dict[str, Any]
     return message
 
 
+def compacted_object(
+    req: ResponsesRequest, resp_id: str, created_at: int, summary: str, usage_: dict[str, Any]
+) -> dict[str, Any]:
+    """What ``POST /v1/responses/compact`` answers: the conversation's user messages, then
+    one compaction item."""
+    users = [
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": m["content"]}],
+        }
+        for m in req.conversation
+        if m["role"] == "user" and isinstance(m["content"], str)
+    ]
+    return {
+        "id": resp_id,
+        "object": "response.compaction",
+        "created_at": created_at,
+        "output": [*users, responses_compact.item(summary)],
+        "usage": usage_,
+    }
+
+
 def response_body(
     answer: Any, req: ResponsesRequest, resp_id: str, created_at: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -161,6 +185,17 @@ def response_body(
     output: list[dict[str, Any]] = []
     text = message.get("content")
     text = text if isinstance(text, str) else ""
+    if req.compaction:  # the summary, as the one item a compaction answers
+        output.append(responses_compact.item(text))
+        body = response_object(
+            req,
+            resp_id,
+            created_at,
+            status=status,
+            output=output,
+            usage_=usage(answer.get("usage")),
+        )
+        return body, _assistant_message(text, [])
     if text:
         output.append(message_item(new_id("msg"), text, status))
     calls = []
@@ -198,8 +233,10 @@ class ResponsesEgress:
         created_at: int,
         save: Save | None = None,
         resp_id: str | None = None,
+        compact_endpoint: bool = False,
     ) -> None:
         self.req = req
+        self.compact_endpoint = compact_endpoint  # answer POST /v1/responses/compact's shape
         self.created_at = created_at
         self.save = save
         self.id = resp_id or new_id("resp")
@@ -220,6 +257,11 @@ class ResponsesEgress:
 
     def body(self, answer: Any) -> bytes:
         body, message = response_body(answer, self.req, self.id, self.created_at)
+        if self.compact_endpoint:
+            summary = message["content"] or ""
+            return orjson.dumps(
+                compacted_object(self.req, self.id, self.created_at, summary, body["usage"])
+            )
         if self.save is not None:
             self.save(body, [*self.req.conversation, message])
         return orjson.dumps(body)
@@ -236,6 +278,8 @@ class ResponsesEgress:
             return b""
         out = bytearray(self._start())
         incomplete = self._finish_reason == "length"
+        if self.req.compaction:
+            out += self._compaction_item()
         out += self._close_text("incomplete" if incomplete else "completed")
         for index in sorted(self._calls):
             out += self._close_call(self._calls[index])
@@ -289,6 +333,16 @@ class ResponsesEgress:
             "response.in_progress", {"response": shell}
         )
 
+    def _compaction_item(self) -> bytes:
+        """The summary written so far as the compaction's one output item."""
+        item = responses_compact.item(self._all_text)
+        index = self._next_index
+        self._next_index += 1
+        self._output[index] = item
+        return self._event(
+            "response.output_item.added", {"output_index": index, "item": item}
+        ) + self._event("response.output_item.done", {"output_index": index, "item": item})
+
     def _chunk(self, event: dict[str, Any]) -> bytes:
         out = bytearray()
         if isinstance(event.get("usage"), dict):
@@ -296,6 +350,12 @@ class ResponsesEgress:
         for choice in first_choices(event):
             delta: dict[str, Any] = choice["delta"] if isinstance(choice.get("delta"), dict) else {}
             text = delta.get("content")
+            if self.req.compaction:  # the summary is not streamed: it is the item, at the end
+                if isinstance(text, str):
+                    self._all_text += text
+                if choice.get("finish_reason") is not None:
+                    self._finish_reason = choice["finish_reason"]
+                continue
             if isinstance(text, str) and text:
                 out += self._delta(text)
             calls = delta.get("tool_calls")

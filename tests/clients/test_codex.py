@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
+from router.frontdoors import responses_compact
 from tests.clients.programs import require
 from tests.fakes.upstream import Behaviour, FakeUpstream, fake_upstream
 from tests.reliability.harness import RouterProcess, clean_env, config_text
@@ -250,3 +251,70 @@ async def test_codex_oss_with_a_model_speclane_does_not_serve(codex: Path, tmp_p
     assert code != 0
     assert "does not download models" in out + err and MODEL in out + err
     assert not fake.requests
+
+
+async def test_codex_compacts_its_context_through_speclane(codex: Path, tmp_path: Path) -> None:
+    """Past ``model_auto_compact_token_limit`` Codex compacts. With a custom provider it
+    does so locally, through the same ``/v1/responses`` speclane serves (no
+    ``/responses/compact``): a summarization turn, then the conversation goes on from the
+    summary."""
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    summary = "SUMMARY: the marker command ran and printed its marker."
+    async with (
+        fake_upstream(models=(MODEL,)) as fake,
+        speclane_in_front_of(fake, tmp_path) as router,
+    ):
+        # The scripted usage reports 912 tokens an answer: over the limit after the tool call,
+        # so Codex compacts before it asks again.
+        fake.then(shell_call(COMMAND), text(summary), text(FIRST_ANSWER))
+        flags = [*provider_flags(router.base_url), "-c", "model_auto_compact_token_limit=300"]
+        code, out, err = await run_codex(
+            codex, home, work, "exec", *flags, "Run the marker command."
+        )
+    assert code == 0, f"codex exec failed ({code}):\n{out}\n{err}"
+    assert "context compacted" in out + err and FIRST_ANSWER in out, out + err
+    assert all(r.path == "/v1/chat/completions" for r in fake.requests)
+    asks = [inputs_of(fake, i)[-1] for i in range(len(fake.requests))]
+    compacting = [i for i, m in enumerate(asks) if "COMPACTION" in str(m.get("content"))]
+    assert compacting, asks
+    after = fake.requests[compacting[0] + 1 :]
+    assert after, "nothing was asked after the compaction"
+    # The turn after it starts from the summary, not from the whole conversation.
+    carried = " ".join(str(m.get("content")) for m in inputs_of(fake, compacting[0] + 1))
+    assert summary in carried and MARKER not in carried
+
+
+async def test_codex_remote_compaction_through_speclane(codex: Path, tmp_path: Path) -> None:
+    """A provider named "OpenAI" makes Codex compact remotely: a ``compaction_trigger`` item
+    at the end of a ``/v1/responses`` input, expecting one compaction item back, sent back
+    in later requests in place of the conversation."""
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    summary = "SUMMARY: the marker command ran and printed its marker."
+    async with (
+        fake_upstream(models=(MODEL,)) as fake,
+        speclane_in_front_of(fake, tmp_path) as router,
+    ):
+        fake.then(shell_call(COMMAND), text(summary), text(FIRST_ANSWER))
+        provider = (
+            'model_providers.speclane={name="OpenAI", base_url="'
+            + router.base_url
+            + '", wire_api="responses", request_max_retries=0, stream_max_retries=0}'
+        )
+        flags = [*provider_flags(router.base_url), "-c", provider]
+        flags += ["-c", "model_auto_compact_token_limit=300"]
+        code, out, err = await run_codex(
+            codex, home, work, "exec", *flags, "Run the marker command."
+        )
+    assert code == 0, f"codex exec failed ({code}):\n{out}\n{err}"
+    assert "context compacted" in out + err and FIRST_ANSWER in out, out + err
+    assert "compact task" not in out + err  # no "Error running remote compact task"
+    asks = [str(inputs_of(fake, i)[-1]["content"]) for i in range(len(fake.requests))]
+    compacting = [i for i, ask in enumerate(asks) if ask == responses_compact.PROMPT]
+    assert len(compacting) == 1, asks
+    carried = inputs_of(fake, compacting[0] + 1)
+    assert any(m["content"] == responses_compact.PREAMBLE + summary for m in carried), carried
+    assert MARKER not in " ".join(str(m.get("content")) for m in carried)
