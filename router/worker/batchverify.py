@@ -140,7 +140,11 @@ def batch_class() -> type:
             if self.drafter is None or not self.uids or not trimmable(self.prompt_cache):
                 return super().next()
             pending = cast("list[int]", self._next_tokens.tolist())  # (batch,) uint32
-            room = [m - n for m, n in zip(self.max_tokens, self._num_tokens, strict=True)]
+            # No room, so no draft, for a row whose first token has not gone out: a verify
+            # pass is wider than a plain step, and the first token is what a client waits on.
+            room = [
+                m - n if n else 0 for m, n in zip(self.max_tokens, self._num_tokens, strict=True)
+            ]
             histories = [[*t, y] for t, y in zip(self.tokens, pending, strict=True)]
             proposed = self.drafter(list(self.uids), histories, room)
             processors = self.logits_processors or [[] for _ in proposed]

@@ -197,3 +197,24 @@ def test_suffix_drafts_from_its_own_partition_only(engine: BatchingEngine) -> No
     assert alice_text == first
     assert alice["source"] == "suffix"
     assert alice["accepted"] > bob["accepted"] and alice["accepted"] >= MAX_TOKENS // 2
+
+
+def test_a_rows_first_token_goes_out_on_a_plain_step(engine: BatchingEngine) -> None:
+    """Time to the first token is not spent verifying a draft: a sequence's first decoding
+    step drafts nothing (no room), the next ones draft."""
+    expected = plain(engine, EDIT)
+    drafter = engine._propose
+    rooms: list[int] = []
+
+    def spy(uids: list[int], histories: list[list[int]], room: list[int]) -> Any:
+        rooms.extend(room)
+        return drafter(uids, histories, room)
+
+    engine._propose = spy  # type: ignore[method-assign]
+    try:
+        ((text, spec),) = batch(engine, [request(EDIT, prediction=expected)])
+    finally:
+        del engine._propose
+    assert text == expected
+    assert rooms[0] == 0 and all(r > 0 for r in rooms[1:])
+    assert spec["accepted"] >= 8  # drafting from the second step on
