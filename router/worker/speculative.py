@@ -247,14 +247,17 @@ def decode(
         budget = max_tokens - produced
         draft: list[int] = []
         grammar: Draft | None = None
+        # The first token goes out on a plain step: a verify pass is wider (and a draft
+        # model would first prefill the whole prompt), and the first token is what a client
+        # waits on. Drafting starts with the second.
         if constraint is not None:
             # The forced runs and the source's proposals after them, one draft (the last
             # position of the budget is the target's own token).
             free = None if propose is None else _free(propose, prompt_len)
-            longest = min(budget - 1, max(forced_k, k))
+            longest = min(budget - 1, max(forced_k, k)) if produced else 0
             grammar = constraint.draft(history, longest, free, k)
             draft = grammar.tokens
-        elif propose is not None and k > 0 and budget > 1:
+        elif propose is not None and k > 0 and budget > 1 and produced:
             draft = propose(history, prompt_len, min(k, budget - 1))
         inputs = mx.array(history[-1:] + draft, mx.uint32)
         logits = model(inputs[None], cache=cache)[0]  # (1 + len(draft), vocab)

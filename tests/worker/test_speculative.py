@@ -79,10 +79,20 @@ def test_drafting_changes_the_passes_not_the_output(source: str) -> None:
 def test_rejected_drafts_are_trimmed_from_the_cache() -> None:
     # A prediction that is wrong everywhere: every pass is partly rejected, and the scripted
     # model raises if a rejected token were still in the cache at the next pass.
-    wrong = PredictionDraft(ids("zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz"), PredictionConfig(1, 2, 4))
+    # (Right for the first token, which goes out before any draft, wrong after it.)
+    wrong = PredictionDraft(ids("a" + "z" * 31), PredictionConfig(1, 2, 4))
     _model, steps, out, _ = run("q", "abcabcabc", prediction_proposer(wrong), k=4)
     assert out == [*ids("abcabcabc"), EOS]
-    assert steps[0].drafted == 4 and steps[0].accepted == 0
+    assert steps[1].drafted == 4 and steps[1].accepted == 0
+
+
+def test_the_first_token_goes_out_on_a_plain_pass() -> None:
+    # Time to the first token is not spent verifying a draft: drafting starts with the second.
+    propose = prediction_proposer(PredictionDraft(ids(ANSWER), PredictionConfig(2, 4, 8)))
+    model, steps, out, _ = run(PROMPT, ANSWER, propose, k=8)
+    assert out == [*ids(ANSWER), EOS]
+    assert (steps[0].drafted, steps[0].tokens, model.passes[1]) == (0, ids(ANSWER)[:1], 1)
+    assert steps[1].drafted == 8 and steps[1].accepted == 8
 
 
 def test_max_tokens_caps_the_draft_and_the_output() -> None:
