@@ -253,56 +253,26 @@ async def test_codex_oss_with_a_model_speclane_does_not_serve(codex: Path, tmp_p
     assert not fake.requests
 
 
-async def test_codex_compacts_its_context_through_speclane(codex: Path, tmp_path: Path) -> None:
-    """Past ``model_auto_compact_token_limit`` Codex compacts. With a custom provider it
-    does so locally, through the same ``/v1/responses`` speclane serves (no
-    ``/responses/compact``): a summarization turn, then the conversation goes on from the
-    summary."""
+SUMMARY = "SUMMARY: the marker command ran and printed its marker."
+
+
+async def compacting_run(
+    codex: Path, tmp_path: Path, provider_name: str
+) -> tuple[FakeUpstream, list[str], str]:
+    """One ``codex exec`` that compacts after its tool call: past
+    ``model_auto_compact_token_limit`` (the scripted usage reports 912 tokens an answer).
+    Returns the upstream, each request's last message and Codex's output."""
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    summary = "SUMMARY: the marker command ran and printed its marker."
     async with (
         fake_upstream(models=(MODEL,)) as fake,
         speclane_in_front_of(fake, tmp_path) as router,
     ):
-        # The scripted usage reports 912 tokens an answer: over the limit after the tool call,
-        # so Codex compacts before it asks again.
-        fake.then(shell_call(COMMAND), text(summary), text(FIRST_ANSWER))
-        flags = [*provider_flags(router.base_url), "-c", "model_auto_compact_token_limit=300"]
-        code, out, err = await run_codex(
-            codex, home, work, "exec", *flags, "Run the marker command."
-        )
-    assert code == 0, f"codex exec failed ({code}):\n{out}\n{err}"
-    assert "context compacted" in out + err and FIRST_ANSWER in out, out + err
-    assert all(r.path == "/v1/chat/completions" for r in fake.requests)
-    asks = [inputs_of(fake, i)[-1] for i in range(len(fake.requests))]
-    compacting = [i for i, m in enumerate(asks) if "COMPACTION" in str(m.get("content"))]
-    assert compacting, asks
-    after = fake.requests[compacting[0] + 1 :]
-    assert after, "nothing was asked after the compaction"
-    # The turn after it starts from the summary, not from the whole conversation.
-    carried = " ".join(str(m.get("content")) for m in inputs_of(fake, compacting[0] + 1))
-    assert summary in carried and MARKER not in carried
-
-
-async def test_codex_remote_compaction_through_speclane(codex: Path, tmp_path: Path) -> None:
-    """A provider named "OpenAI" makes Codex compact remotely: a ``compaction_trigger`` item
-    at the end of a ``/v1/responses`` input, expecting one compaction item back, sent back
-    in later requests in place of the conversation."""
-    home, work = tmp_path / "codex-home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    summary = "SUMMARY: the marker command ran and printed its marker."
-    async with (
-        fake_upstream(models=(MODEL,)) as fake,
-        speclane_in_front_of(fake, tmp_path) as router,
-    ):
-        fake.then(shell_call(COMMAND), text(summary), text(FIRST_ANSWER))
+        fake.then(shell_call(COMMAND), text(SUMMARY), text(FIRST_ANSWER))
         provider = (
-            'model_providers.speclane={name="OpenAI", base_url="'
-            + router.base_url
-            + '", wire_api="responses", request_max_retries=0, stream_max_retries=0}'
+            f'model_providers.speclane={{name="{provider_name}", base_url="{router.base_url}", '
+            'wire_api="responses", request_max_retries=0, stream_max_retries=0}'
         )
         flags = [*provider_flags(router.base_url), "-c", provider]
         flags += ["-c", "model_auto_compact_token_limit=300"]
@@ -311,10 +281,31 @@ async def test_codex_remote_compaction_through_speclane(codex: Path, tmp_path: P
         )
     assert code == 0, f"codex exec failed ({code}):\n{out}\n{err}"
     assert "context compacted" in out + err and FIRST_ANSWER in out, out + err
-    assert "compact task" not in out + err  # no "Error running remote compact task"
+    assert all(r.path == "/v1/chat/completions" for r in fake.requests)
     asks = [str(inputs_of(fake, i)[-1]["content"]) for i in range(len(fake.requests))]
+    return fake, asks, out + err
+
+
+async def test_codex_compacts_its_context_through_speclane(codex: Path, tmp_path: Path) -> None:
+    """With a custom provider Codex compacts locally, through the same ``/v1/responses``
+    (no ``/responses/compact``): a summarization turn of its own, then the conversation goes
+    on from the summary."""
+    fake, asks, _ = await compacting_run(codex, tmp_path, "speclane")
+    compacting = [i for i, ask in enumerate(asks) if "COMPACTION" in ask]
+    assert compacting and compacting[0] + 1 < len(asks), asks
+    # The turn after it starts from the summary, not from the whole conversation.
+    carried = " ".join(str(m.get("content")) for m in inputs_of(fake, compacting[0] + 1))
+    assert SUMMARY in carried and MARKER not in carried
+
+
+async def test_codex_remote_compaction_through_speclane(codex: Path, tmp_path: Path) -> None:
+    """A provider named "OpenAI" makes Codex compact remotely: a ``compaction_trigger`` item
+    at the end of a ``/v1/responses`` input, expecting one compaction item back, sent back
+    in later requests in place of the conversation."""
+    fake, asks, output = await compacting_run(codex, tmp_path, "OpenAI")
+    assert "compact task" not in output  # no "Error running remote compact task"
     compacting = [i for i, ask in enumerate(asks) if ask == responses_compact.PROMPT]
     assert len(compacting) == 1, asks
     carried = inputs_of(fake, compacting[0] + 1)
-    assert any(m["content"] == responses_compact.PREAMBLE + summary for m in carried), carried
+    assert any(m["content"] == responses_compact.PREAMBLE + SUMMARY for m in carried), carried
     assert MARKER not in " ".join(str(m.get("content")) for m in carried)
