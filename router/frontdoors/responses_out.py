@@ -159,7 +159,10 @@ def compacted_object(
             "content": [{"type": "input_text", "text": m["content"]}],
         }
         for m in req.conversation
-        if m["role"] == "user" and isinstance(m["content"], str)
+        if m["role"] == "user"
+        and isinstance(m["content"], str)
+        # an earlier compaction's summary is in the new one: not repeated beside it
+        and not m["content"].startswith(responses_compact.PREAMBLE)
     ]
     return {
         "id": resp_id,

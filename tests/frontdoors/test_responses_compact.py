@@ -130,3 +130,14 @@ async def test_a_forged_item_is_a_400_in_openai_shape(fake: FakeUpstream) -> Non
                 model=MODEL, input=[{"type": "compaction", "encrypted_content": "gAAAA"}]
             )
     assert e.value.code == "invalid_encrypted_content" and not fake.requests
+
+
+async def test_a_second_compaction_does_not_repeat_the_first_summary(fake: FakeUpstream) -> None:
+    earlier = responses_compact.item("first summary")
+    async with run_router(router_settings(fake)) as r:
+        compacted = await r.client().responses.compact(
+            model=MODEL, input=[earlier, {"role": "user", "content": "Go on."}]
+        )
+    texts = [o.model_dump(warnings=False).get("content") for o in compacted.output[:-1]]
+    assert [t[0]["text"] for t in texts] == ["Go on."]
+    assert fake.requests[0].body["messages"][0]["content"].endswith("first summary")
