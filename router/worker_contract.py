@@ -138,6 +138,14 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
         f"all clients together (default {DEFAULT_SUFFIX_BYTES}; 0: no index)",
     )
     p.add_argument(
+        "--draft-position-cost",
+        type=position_cost,
+        default=None,
+        help="prediction, prompt lookup, suffix: what one more verified position costs, "
+        "relative to a one-position pass, when choosing each step's draft length (default: "
+        "auto, measured from the lane's passes; 0: always the longest draft)",
+    )
+    p.add_argument(
         "--max-batch-size",
         type=int,
         default=DEFAULT_BATCH_SIZE,
@@ -177,6 +185,16 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
         help="port to listen on; 0 (the default) picks a free one, announced in the ready line",
     )
     p.add_argument("--parent-pid", type=int, help="exit when this process (the supervisor) is gone")
+
+
+def position_cost(text: str) -> float | None:
+    """``--draft-position-cost``: ``auto`` (None: measured) or a figure >= 0."""
+    if text == "auto":
+        return None
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(text)
+    return value
 
 
 def check_worker_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -12,7 +12,7 @@ import re
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -145,6 +145,9 @@ class LanesSettings(Frozen):
     suffix_max_draft: int = Field(default=16, ge=1, le=32)
     # The suffix source's index of earlier requests, all clients together (LRU); 0: none.
     suffix_bytes: int = Field(default=DEFAULT_SUFFIX_BYTES, ge=0)
+    # A free source's draft length per step: what one more verified position costs against
+    # a one-position pass; auto measures it from the lane's own passes.
+    draft_position_cost: Literal["auto"] | Annotated[float, Field(ge=0)] = "auto"
     max_batch_size: int = Field(default=8, ge=1, le=256)
     startup_timeout: float = Field(default=600.0, gt=0)
     health_interval: float = Field(default=2.0, gt=0)

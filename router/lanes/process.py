@@ -109,6 +109,8 @@ def speculative_args(settings: LanesSettings, draft_dir: Path | None) -> tuple[s
         str(settings.suffix_max_draft),
         "--suffix-bytes",
         str(settings.suffix_bytes),
+        "--draft-position-cost",
+        str(settings.draft_position_cost),
     )
 
 

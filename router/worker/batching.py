@@ -43,7 +43,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.errors import RouterError
-from router.worker.batchverify import RowDraft, drafting_generator, last_verified, set_drafter
+from router.worker.batchverify import (
+    RowDraft,
+    drafting_generator,
+    last_pass,
+    last_verified,
+    set_drafter,
+)
+from router.worker.draftcontrol import Pace, PassCost
 from router.worker.draftlength import (
     BATCH_DRAFT_TABLE,
     PLAIN,
@@ -88,6 +95,7 @@ class _Sequence:
     propose: Callable[[list[int], int], list[int]] | None = None  # (history, k) -> draft
     prediction: PredictionDraft | None = None
     constraint: ConstraintDraft | None = None  # a constrained sequence drafting forced tokens
+    pace: Pace | None = None  # a free source's draft length per step (unconstrained)
     draft: Draft | None = None  # its last draft under the grammar
     drafted: int = 0
     accepted: int = 0
@@ -129,6 +137,8 @@ class BatchingEngine(Engine):
         # Earlier requests' prompts and answers, per client partition (generation thread only;
         # the lane's own, also in shared mode, where the two lanes may run on two threads).
         self.suffix = SuffixIndex(self.drafts.suffix)
+        self.pass_cost = PassCost(self.drafts.draft_position_cost)
+        self._plain_before = False  # the last call was a plain step with no prefill
 
     @property
     def progress_tokens(self) -> int:
@@ -150,6 +160,7 @@ class BatchingEngine(Engine):
                 "max_bytes": self.suffix.config.max_bytes,
                 "evicted": self.suffix.evicted,
             },
+            **self.pass_cost.report(),
         }
 
     def _serve(self, models: Models) -> None:
@@ -200,8 +211,11 @@ class BatchingEngine(Engine):
             self._generator = self._new_generator(models)
             self.active = 0
             return
+        self._time_pass(generator, step.prompt_tokens, step.decode_time, len(responses))
         for verified in last_verified(generator):
             if (drafting := live.get(verified.uid)) is not None:
+                if drafting.pace is not None:
+                    drafting.pace.acceptance.verified(verified.drafted, verified.accepted)
                 drafting.steps += 1
                 drafting.drafted += verified.drafted
                 drafting.accepted += verified.accepted
@@ -215,6 +229,17 @@ class BatchingEngine(Engine):
         for response in responses:
             self._on_token(generator, live, response)
         self.active = len(live)
+
+    def _time_pass(self, generator: Any, prefilled: int, seconds: float, rows: int) -> None:
+        """What a pass cost: a verify pass is timed on its own; a plain step only when it
+        and the call before it did no prefill (mlx-lm overlaps a plain step with what
+        follows it, so then its time is one step's)."""
+        timed = last_pass(generator)
+        if timed is not None:
+            self.pass_cost.observe(*timed)
+        elif not prefilled and self._plain_before and rows:
+            self.pass_cost.observe(rows, 1, seconds)
+        self._plain_before = timed is None and not prefilled
 
     def _chunk(self, live: dict[int, _Sequence], others_waiting: bool = False) -> int:
         """Prompt tokens per sequence for the next call: about ``chunk_seconds`` of work
@@ -307,6 +332,8 @@ class BatchingEngine(Engine):
             seq.propose = PromptLookup(self.drafts.lookup).propose
         elif source == "suffix":
             seq.propose = SuffixDraft(self.suffix, job.partition).propose
+        if seq.propose is not None and seq.constraint is None:
+            seq.pace = Pace(self.pass_cost, source)
 
     def _propose(
         self, uids: list[int], histories: list[list[int]], room: list[int]
@@ -323,7 +350,7 @@ class BatchingEngine(Engine):
                 continue
             k = sequence_draft_length(size, seq.plan.k, left) if seq.propose else 0
             if seq.constraint is None:
-                drafts.append(seq.propose(history, k) if k and seq.propose else [])
+                drafts.append(self._free_draft(seq, history, k, size))
                 continue
             budget = max(k, forced_draft_length(size, seq.plan.forced, left))
             seq.draft = None
@@ -331,6 +358,21 @@ class BatchingEngine(Engine):
                 seq.draft = seq.constraint.draft(history, budget, seq.propose, k)
             drafts.append(seq.draft or [])
         return drafts
+
+    @staticmethod
+    def _free_draft(seq: _Sequence, history: list[int], most: int, rows: int) -> list[int]:
+        """An unconstrained sequence's draft: up to ``most`` tokens, as long as pays now
+        (``router.worker.draftcontrol``); none pays: the proposal is only checked."""
+        propose, pace = seq.propose, seq.pace
+        if not most or propose is None:
+            return []
+        if pace is None:
+            return propose(history, most)
+        pace.rows = rows
+        if length := pace.length(history, most):
+            return propose(history, length)
+        pace.acceptance.propose_unverified(len(history), propose(history, 1))
+        return []
 
     def _drop_cancelled(self, generator: Any, live: dict[int, _Sequence]) -> None:
         gone = [uid for uid, seq in live.items() if seq.job.cancelled.is_set()]

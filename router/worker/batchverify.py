@@ -41,6 +41,7 @@ exactly as plain constrained decoding would. A row with other processors never d
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -134,9 +135,11 @@ def batch_class() -> type:
     class DraftingBatch(GenerationBatch):
         drafter: Drafter | None = None
         verified: tuple[Verified, ...] = ()  # the last step's, per row that drafted
+        timed: tuple[int, int, float] | None = None  # its verify pass: rows, width, seconds
 
         def next(self) -> list[Any]:
             self.verified = ()
+            self.timed = None
             if self.drafter is None or not self.uids or not trimmable(self.prompt_cache):
                 return super().next()
             pending = cast("list[int]", self._next_tokens.tolist())  # (batch,) uint32
@@ -162,6 +165,7 @@ def batch_class() -> type:
             rows = [
                 [y, *d] + [0] * (width - 1 - len(d)) for y, d in zip(pending, drafts, strict=True)
             ]
+            started = time.perf_counter()
             inputs = mx.array(rows, dtype=mx.uint32)
             logits = self.model(inputs, cache=self.prompt_cache)  # (size, width, vocab)
             masked = [d if isinstance(d, Draft) else None for d in fitting]
@@ -183,6 +187,7 @@ def batch_class() -> type:
             else:
                 sampled = mx.stack([s(logprobs[e]) for e, s in enumerate(samplers)])
             rows_sampled = cast("list[list[int]]", sampled.tolist())  # (size, width) uint32
+            self.timed = (size, width, time.perf_counter() - started)
 
             emitted: list[list[int]] = []
             finish: list[str | None] = []
@@ -299,3 +304,9 @@ def set_drafter(generator: Any, drafter: Drafter | None) -> None:
 def last_verified(generator: Any) -> list[Verified]:
     """The rows that verified a draft in the generator's last step."""
     return list(getattr(generator._generation_batch, "verified", ()))
+
+
+def last_pass(generator: Any) -> tuple[int, int, float] | None:
+    """The generator's last step's verify pass (rows, width, seconds; timed to its result,
+    so it does not overlap another step), or None after a plain step."""
+    return getattr(generator._generation_batch, "timed", None)

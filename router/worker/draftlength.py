@@ -74,6 +74,8 @@ class BatchDraftSettings:
     lookup: LookupConfig = field(default_factory=LookupConfig)
     prediction: PredictionConfig = field(default_factory=PredictionConfig)
     suffix: SuffixConfig = field(default_factory=SuffixConfig)
+    # A free source's draft length per step: None measures what a position costs.
+    draft_position_cost: float | None = None
 
 
 @dataclass(frozen=True)

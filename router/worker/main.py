@@ -169,6 +169,7 @@ def spec_settings(args: argparse.Namespace) -> SpecSettings:
         prediction=PredictionConfig(max_draft=args.prediction_max_draft),
         prompt_cache_bytes=args.prompt_cache_bytes,
         suffix=SuffixConfig(max_draft=args.suffix_max_draft, max_bytes=args.suffix_bytes),
+        draft_position_cost=args.draft_position_cost,
     )
 
 

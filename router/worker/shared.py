@@ -96,7 +96,10 @@ def batch_drafts(settings: SpecSettings) -> BatchDraftSettings:
     """The batching lane's draft limits, the speculative lane's (the router names each
     request's source, so the lane has none of its own)."""
     return BatchDraftSettings(
-        lookup=settings.lookup, prediction=settings.prediction, suffix=settings.suffix
+        lookup=settings.lookup,
+        prediction=settings.prediction,
+        suffix=settings.suffix,
+        draft_position_cost=settings.draft_position_cost,
     )
 
 

@@ -42,10 +42,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from router.worker.draftcontrol import Pace, PassCost
 from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft, PromptLookup
 from router.worker.engine import Engine, Models, generation_failed, processors_for, sampler_for
 from router.worker.forced import FORCED_MAX_DRAFT, ConstraintDraft, Draft
@@ -61,6 +63,7 @@ log = logging.getLogger("speclane.worker")
 
 SOURCES = DRAFT_SOURCES
 PREFILL_STEP = 512
+FREE_SOURCES = ("prediction", "prompt_lookup", "suffix")  # no forward pass to propose
 
 Propose = Callable[[list[int], int, int], list[int]]  # (history, prompt_len, k) -> draft
 
@@ -73,6 +76,8 @@ class SpecSettings:
     prediction: PredictionConfig = field(default_factory=PredictionConfig)
     prompt_cache_bytes: int = 512 << 20  # 0: no prompt cache
     suffix: SuffixConfig = field(default_factory=SuffixConfig)
+    # A free source's draft length per step: None measures what a position costs.
+    draft_position_cost: float | None = None
 
     def __post_init__(self) -> None:
         if self.draft_source not in SOURCES:
@@ -220,6 +225,7 @@ def decode(
     stop_tokens: frozenset[int] = frozenset(),
     constraint: ConstraintDraft | None = None,
     forced_k: int = 0,
+    pace: Pace | None = None,
 ) -> Iterator[Step]:
     """Generate after ``history`` (the prompt), of which ``cache`` holds the first ``cached``.
 
@@ -230,7 +236,8 @@ def decode(
     worker's batch take its turn). ``constraint``: every position is masked by the grammar
     (instead of ``processors``), and each step's draft chains the grammar's forced runs with
     ``propose``'s tokens after them (``ConstraintDraft.draft``), at most ``max(forced_k, k)``
-    tokens in all.
+    tokens in all. ``pace``: a free source's draft length is chosen per step
+    (``router.worker.draftcontrol``), ``k`` its maximum, and the passes are timed for it.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
@@ -258,7 +265,14 @@ def decode(
             grammar = constraint.draft(history, longest, free, k)
             draft = grammar.tokens
         elif propose is not None and k > 0 and budget > 1 and produced:
-            draft = propose(history, prompt_len, min(k, budget - 1))
+            most = min(k, budget - 1)
+            if pace is None:
+                draft = propose(history, prompt_len, most)
+            elif length := pace.length(history, most):
+                draft = propose(history, prompt_len, length)
+            else:  # no draft pays now: the proposal is only checked against the output
+                pace.acceptance.propose_unverified(len(history), propose(history, prompt_len, 1))
+        started = time.perf_counter()
         inputs = mx.array(history[-1:] + draft, mx.uint32)
         logits = model(inputs[None], cache=cache)[0]  # (1 + len(draft), vocab)
         if grammar is not None:
@@ -272,6 +286,8 @@ def decode(
         n = 0
         while n < len(draft) and sampled[n] == draft[n]:
             n += 1
+        if pace is not None and grammar is None:
+            pace.passed(len(inputs), time.perf_counter() - started, len(draft), n)
         emitted = sampled[: n + 1]
         for i, token in enumerate(emitted):
             if token in stop_tokens:
@@ -379,6 +395,7 @@ class SpeculativeEngine(Engine):
         self.progress_tokens = 0  # grows with every prefill chunk and generated token
         # Earlier requests' prompts and answers, per client partition (generation thread only).
         self.suffix = SuffixIndex(settings.suffix)
+        self.pass_cost = PassCost(settings.draft_position_cost)
 
     @property
     def num_draft_tokens(self) -> int:
@@ -397,6 +414,7 @@ class SpeculativeEngine(Engine):
                 "max_bytes": index.config.max_bytes,
                 "evicted": index.evicted,
             },
+            **self.pass_cost.report(),
         }
 
     def plan(self, request: GenerationRequest) -> Plan:
@@ -531,6 +549,7 @@ class SpecRun:
             stop_tokens=self.progress.eos,
             constraint=constraint,
             forced_k=chosen.forced,
+            pace=Pace(engine.pass_cost, chosen.source) if chosen.source in FREE_SOURCES else None,
         )
 
     def advance(self) -> Event | None:

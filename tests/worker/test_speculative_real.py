@@ -43,7 +43,9 @@ def greedy(logprobs: Any) -> Any:
     return mx.argmax(logprobs, axis=-1)
 
 
-def generate(model: Any, tokenizer: Any, prompt: list[int], propose: Any = None, k: int = 0):
+def generate(
+    model: Any, tokenizer: Any, prompt: list[int], propose: Any = None, k: int = 0, **how: Any
+) -> tuple[list[int], int]:
     from mlx_lm.models.cache import make_prompt_cache
 
     history = list(prompt)
@@ -58,9 +60,45 @@ def generate(model: Any, tokenizer: Any, prompt: list[int], propose: Any = None,
             propose=propose,
             k=k,
             stop_tokens=frozenset(tokenizer.eos_token_ids),
+            **how,
         )
     )
     return [t for s in steps for t in s.tokens], sum(s.accepted for s in steps)
+
+
+def test_a_paced_source_stops_drafting_what_fails_and_keeps_drafting_a_copy(
+    loaded: tuple[Any, Any, Any],
+) -> None:
+    """With positions that cost (the figure fixed, as a CPU measures it), a source whose
+    drafts the target refuses soon drafts nothing; one that copies keeps drafting; the
+    output is plain decoding's either way."""
+    from router.worker.draftcontrol import Pace, PassCost
+
+    model, tokenizer, _ = loaded
+    never = len(tokenizer.get_vocab()) - 1  # a token greedy decoding does not pick here
+    drafted: list[int] = []
+
+    def wrong(history: list[int], prompt_len: int, k: int) -> list[int]:
+        drafted.append(k)
+        return [never] * k
+
+    for messages in PROMPTS:
+        prompt = prompt_ids(tokenizer, messages)
+        plain, _ = generate(model, tokenizer, prompt)
+        drafted.clear()
+        out, _ = generate(model, tokenizer, prompt, wrong, 8)
+        assert out == plain and sum(drafted) == 8 * len(drafted)  # unpaced: the longest
+        drafted.clear()
+        out, accepted = generate(model, tokenizer, prompt, wrong, 8, pace=Pace(PassCost(0.18)))
+        assert out == plain and accepted == 0
+        verified = [k for k in drafted if k > 1]  # k 1: a shadow proposal, not verified
+        assert sum(verified) <= 4, drafted
+
+    prompt = prompt_ids(tokenizer, PROMPTS[1])
+    plain, _ = generate(model, tokenizer, prompt)
+    lookup = lookup_proposer(LookupConfig())
+    out, accepted = generate(model, tokenizer, prompt, lookup, 8, pace=Pace(PassCost(0.18)))
+    assert out == plain and accepted >= len(plain) // 2
 
 
 def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
