@@ -387,16 +387,10 @@ class SpeculativeEngine(Engine):
     def report(self) -> dict[str, object]:
         """The prompt cache's and the suffix index's figures for /health (plain ints, read
         from the event loop)."""
-        index = self.suffix
         return {
             "progress_tokens": self.progress_tokens,
             "prompt_cache": self.prompt_cache.stats(self.cache_counters),
-            "suffix_index": {
-                "entries": len(index),
-                "bytes": index.bytes,
-                "max_bytes": index.config.max_bytes,
-                "evicted": index.evicted,
-            },
+            "suffix_index": self.suffix.report(),
         }
 
     def plan(self, request: GenerationRequest) -> Plan:
