@@ -285,7 +285,7 @@ def decode(
         forced = 0
         if grammar is not None and constraint is not None:
             forced = grammar.forced_kept(accepted)
-            constraint.verified(grammar, n)
+            constraint.verified(grammar, accepted)
         yield Step(emitted, accepted, len(draft), forced)
         if emitted[-1] in stop_tokens:
             return
