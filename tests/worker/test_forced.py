@@ -311,8 +311,9 @@ def test_a_failure_within_the_accepted_run_is_reported_once(tokenizer: Any) -> N
     assert len(failures) == 1
 
 
-def test_the_speculative_lane_goes_on_after_a_refused_draft_into_a_failure(
-    tokenizer: Any,
+@pytest.mark.parametrize("target", ["refuses", "keeps"])
+def test_the_speculative_lane_fails_only_when_the_target_keeps_the_run_to_it(
+    tokenizer: Any, target: str
 ) -> None:
     from router.worker.speculative import decode
     from tests.worker.scripted import ScriptedCache, ScriptedLM
@@ -320,8 +321,10 @@ def test_the_speculative_lane_goes_on_after_a_refused_draft_into_a_failure(
     constraint = compiled(tokenizer, response_format=OPTIONAL_FAILURE)
     eos = constraint.eos[0]
     history, proposal = into_the_failure(tokenizer)
-    answer = [*history[len(PROMPT) :], *tokenizer.encode('b"}', add_special_tokens=False)]
-    model = ScriptedLM([*PROMPT, *answer], eos, vocab=len(tokenizer._tokenizer))
+    so_far = history[len(PROMPT) :]
+    closing = tokenizer.encode('b"}', add_special_tokens=False)
+    script = [*so_far, *(closing if target == "refuses" else proposal)]
+    model = ScriptedLM([*PROMPT, *script], eos, vocab=len(tokenizer._tokenizer))
     failures: list[str] = []
     grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT), failures.append)
     offered: list[int] = []
@@ -348,5 +351,11 @@ def test_the_speculative_lane_goes_on_after_a_refused_draft_into_a_failure(
     )
     for _ in steps:
         pass
-    assert offered  # the source did propose the failing run, and the target refused it
-    assert out[len(PROMPT) :] == [*answer, eos] and failures == []
+    assert offered  # the source did propose the run into the failure
+    answer = out[len(PROMPT) :]
+    if target == "refuses":  # the answer goes on and closes the object another way
+        assert answer == [*so_far, *closing, eos] and failures == []
+    else:  # it reaches the failure: the end is all the grammar allows, and it is reported
+        kept = answer[len(so_far) : -1]
+        assert kept and kept == proposal[: len(kept)] and answer[-1] == eos
+        assert len(failures) == 1 and "items" in failures[0]
