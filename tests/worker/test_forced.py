@@ -276,8 +276,8 @@ def test_a_failure_only_in_a_rejected_draft_is_not_reported(tokenizer: Any) -> N
     draft = grammar.draft(history, 16, lambda context, k: proposal[:k], 8)
     grammar.verified(draft, len(draft.tokens) - 1)  # the target refused the last token
     assert failures == []
-    # The walk reached the failure (the mask once a second key opens, as plain decoding's
-    # would): the draft ends there, its last row allows only the end.
+    # The walk reached the failure (on the token that opens a second key, where plain
+    # decoding fails too): the draft ends there, its last row allows only the end.
     assert draft.failed and "items" in draft.failed
     assert 0 < len(draft.tokens) < len(proposal) and draft.tokens == proposal[: len(draft.tokens)]
     assert set(np.flatnonzero(draft.rows[-1])) == set(constraint.eos)
