@@ -143,7 +143,8 @@ class LanesSettings(Frozen):
     lookup_max_draft: int = Field(default=8, ge=1, le=32)
     prediction_max_draft: int = Field(default=16, ge=1, le=32)
     suffix_max_draft: int = Field(default=16, ge=1, le=32)
-    # The suffix source's index of earlier requests, all clients together (LRU); 0: none.
+    # The suffix source's index of earlier requests, all clients together (LRU, the largest
+    # client partition gives up entries first); 0: none.
     suffix_bytes: int = Field(default=DEFAULT_SUFFIX_BYTES, ge=0)
     # A free source's draft length per step: what one more verified position costs against
     # a one-position pass; auto measures it from the lane's own passes.

@@ -154,12 +154,7 @@ class BatchingEngine(Engine):
             "prefill_rate": round(self.prefill_rate or 0.0, 1),
             "prompt_cache": self.prompt_cache.stats(self.cache_counters),
             "draft_table": [list(row) for row in BATCH_DRAFT_TABLE],
-            "suffix_index": {
-                "entries": len(self.suffix),
-                "bytes": self.suffix.bytes,
-                "max_bytes": self.suffix.config.max_bytes,
-                "evicted": self.suffix.evicted,
-            },
+            "suffix_index": self.suffix.report(),
             **self.pass_cost.report(),
         }
 

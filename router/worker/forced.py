@@ -21,7 +21,16 @@ what costs is verifying positions the target refuses, so the source's proposals 
 and grow only while the target keeps them (``FREE_START``).
 
 ``ConstraintDraft`` holds the request's matcher, kept in step with the answer: it follows the
-emitted tokens, walks a draft forward to compute the per-position masks, and rolls back.
+emitted tokens, and walks each draft on a copy of it to compute the per-position masks.
+
+A draft may walk into a state where the grammar fails although every token was valid (a
+parser limit, such as the items per row of a wide ``anyOf``, trips on consuming the token
+that opens it). llguidance's matcher never leaves an error state, and the target may refuse
+the tokens that led there, so the walk runs on a copy (``deep_copy`` costs microseconds) and
+the draft ends at the failure, its last row allowing only the end of the answer. The failure
+is reported (``on_error``: the answer ends with ``constraint_failed``) from the accept step,
+``verified``, only when the target kept the tokens up to it; as plain constrained decoding
+reports it, once the answer has reached it.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from router.worker.constrain import first_line
 
 log = logging.getLogger("speclane.worker")
 
@@ -53,6 +64,9 @@ class Draft:
     tokens: list[int]
     forced: list[bool]
     rows: np.ndarray  # (1 + len(tokens), the grammar's vocabulary rounded up to 32) booleans
+    # The grammar's error in the state after all the tokens (its last row allows only the
+    # end), or "": reported only if the target keeps every token.
+    failed: str = ""
 
     def mask(self, width: int) -> np.ndarray:
         """The rows cut or padded (nothing allowed) to the logits' ``width``."""
@@ -67,7 +81,7 @@ class Draft:
         if n >= len(self.tokens):
             return self
         n = max(0, n)
-        return Draft(self.tokens[:n], self.forced[:n], self.rows[: n + 1])
+        return Draft(self.tokens[:n], self.forced[:n], self.rows[: n + 1])  # before a failure
 
     def forced_kept(self, accepted: int) -> int:
         """How many of the first ``accepted`` draft tokens the grammar forced."""
@@ -136,11 +150,12 @@ class ConstraintDraft:
         """Up to ``budget`` draft tokens after ``history`` and their mask rows: the forced run,
         then up to ``k`` (and ``free_k``) tokens from ``propose`` (given ``history`` and the
         forced run), then the run forced after those. A proposed token the grammar refuses
-        ends the draft there."""
+        ends the draft there, and so does a state where the grammar fails (``Draft.failed``:
+        ``verified`` reports it if the target keeps the tokens up to it)."""
         self._sync(history)
         if k > 0:
             self.free_k = min(self.free_k, k)
-        matcher = self._matcher
+        matcher = self._matcher.deep_copy()  # an error state there must not stay in ours
         width = self._width
         tokens: list[int] = []
         forced: list[bool] = []
@@ -148,7 +163,10 @@ class ConstraintDraft:
 
         def take(run: Sequence[int], is_forced: bool) -> None:
             for token in run:
-                rows.append(self._allowed(width))
+                row = self._allowed(matcher, width)
+                if matcher.is_error():  # its mask was the one that failed: the draft ends
+                    return
+                rows.append(row)
                 matcher.consume_token(token)
                 tokens.append(token)
                 forced.append(is_forced)
@@ -157,26 +175,26 @@ class ConstraintDraft:
         # proposal per draft: the source then sees only the answer and forced tokens, which
         # the target nearly always keeps, so its context only ever grows (after a refused
         # token it would re-index the whole context).
-        if not self._done():
+        if not _done(matcher):
             take([int(t) for t in matcher.compute_ff_tokens()[:budget]], True)
         room = budget - len(tokens)
-        if propose is not None and k > 0 and room > 0 and not self._done():
+        if propose is not None and k > 0 and room > 0 and not _done(matcher):
             proposed = propose([*history, *tokens], min(k, self.free_k, room))
             valid = matcher.validate_tokens(proposed) if proposed else 0
             take(proposed[:valid], False)
-            if valid and valid == len(proposed) and not self._done():
+            if valid and valid == len(proposed) and not _done(matcher):
                 take([int(t) for t in matcher.compute_ff_tokens()[: budget - len(tokens)]], True)
-        rows.append(self._allowed(width))
-        if tokens:
-            matcher.rollback(len(tokens))
-        return Draft(tokens, forced, np.stack(rows))
-
-    def _done(self) -> bool:
-        return bool(self._matcher.is_error() or self._matcher.is_stopped())
+        rows.append(self._allowed(matcher, width))
+        failed = first_line(matcher.get_error()) if matcher.is_error() else ""
+        if failed and not tokens:  # the answer itself has reached it
+            self._report(failed)
+        return Draft(tokens, forced, np.stack(rows), failed)
 
     def verified(self, draft: Draft, accepted: int) -> None:
-        """The target kept the first ``accepted`` tokens of ``draft``: lengthen or shorten
-        the source's next proposals."""
+        """The target kept the first ``accepted`` tokens of ``draft``: report the grammar's
+        failure if they reach it; lengthen or shorten the source's next proposals."""
+        if draft.failed and accepted >= len(draft.tokens):
+            self._report(draft.failed)
         free = [i for i, forced in enumerate(draft.forced) if not forced]
         if not free:
             return
@@ -190,29 +208,37 @@ class ConstraintDraft:
         and ``draft[:i]``. Rows after a draft token the grammar refuses repeat its row: the
         target's sample there cannot be that token, so nothing after it is ever kept."""
         self._sync(history)
-        valid = self._matcher.validate_tokens(list(draft)) if draft else 0
+        matcher = self._matcher.deep_copy()
+        valid = matcher.validate_tokens(list(draft)) if draft else 0
         rows = []
         for i in range(valid + 1):
-            rows.append(self._allowed(width))
+            rows.append(self._allowed(matcher, width))
+            if i == 0 and matcher.is_error():  # the answer itself has reached it
+                self._report(first_line(matcher.get_error()))
             if i < valid:
-                self._matcher.consume_token(draft[i])
-        if valid:
-            self._matcher.rollback(valid)
+                matcher.consume_token(draft[i])
         rows += [rows[-1]] * (len(draft) - valid)
         return np.stack(rows)
 
-    def _allowed(self, width: int) -> np.ndarray:
+    def _allowed(self, matcher: Any, width: int) -> np.ndarray:
+        """``matcher``'s mask; in an error state, as GrammarProcessor's: only the end."""
         allowed = np.zeros(width, dtype=bool)
-        if self._matcher.is_error():  # as GrammarProcessor: end the answer
-            message = str(self._matcher.get_error())
-            log.warning("constraint failed: %s", message)
-            if self._on_error is not None:
-                self._on_error(message)
-                self._on_error = None
+        if not matcher.is_error():
+            matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
+        if matcher.is_error():
             allowed[[t for t in self._eos if t < width]] = True
             return allowed
-        self._matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
         bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
         n_bits = min(width, bits.size)
         allowed[:n_bits] = bits[:n_bits]
         return allowed
+
+    def _report(self, message: str) -> None:
+        if self._on_error is not None:  # once: the answer ends with the first failure
+            log.warning("constraint failed: %s", message)
+            self._on_error(message)
+            self._on_error = None
+
+
+def _done(matcher: Any) -> bool:
+    return bool(matcher.is_error() or matcher.is_stopped())

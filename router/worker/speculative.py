@@ -301,7 +301,7 @@ def decode(
         forced = 0
         if grammar is not None and constraint is not None:
             forced = grammar.forced_kept(accepted)
-            constraint.verified(grammar, n)
+            constraint.verified(grammar, accepted)
         yield Step(emitted, accepted, len(draft), forced)
         if emitted[-1] in stop_tokens:
             return
@@ -404,16 +404,10 @@ class SpeculativeEngine(Engine):
     def report(self) -> dict[str, object]:
         """The prompt cache's and the suffix index's figures for /health (plain ints, read
         from the event loop)."""
-        index = self.suffix
         return {
             "progress_tokens": self.progress_tokens,
             "prompt_cache": self.prompt_cache.stats(self.cache_counters),
-            "suffix_index": {
-                "entries": len(index),
-                "bytes": index.bytes,
-                "max_bytes": index.config.max_bytes,
-                "evicted": index.evicted,
-            },
+            "suffix_index": self.suffix.report(),
             **self.pass_cost.report(),
         }
 

@@ -8,9 +8,11 @@ followed the sequence's latest n-gram in an earlier request are a good draft.
 - ``SuffixIndex``: n-gram tables over finished requests (prompt and output, one entry each),
   one table per **partition** (the client's prompt-cache partition): a lookup only ever sees
   its own partition's entries, so one client's text never drafts another's answer and the
-  acceptance rate says nothing about what another client sent. Bounded in bytes: entries are
-  evicted least recently used (inserted or drafted from) across all partitions, so one
-  client's traffic can evict another's entries (which says how much it sends, never what).
+  acceptance rate says nothing about what another client sent. Bounded in bytes, shared
+  fairly as the prompt cache's bound is (``router.worker.promptcache``): past the bound, the
+  partition holding the most bytes gives up its least recently used (inserted or drafted
+  from) entries first, so a client that floods the lane evicts its own entries, not another
+  client's smaller working set; alone, a partition has the whole bound.
 - ``SuffixDraft``: one request's proposer. Its own prompt and output so far are indexed too
   (as ``router.worker.drafts.PromptLookup`` does), and the longer match of the two wins (the
   current context on a tie: it is what is being copied right now). The draft is at most
@@ -77,11 +79,25 @@ def _ngrams(
                 yield _key(tokens, end, n), end
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
-    partition: str
     tokens: list[int]
     cost: int
+    used: int  # the index's clock when last inserted or drafted from (ties between partitions)
+
+
+class _Partition:
+    """One partition's entries in least recently used order, its n-gram table, its bytes."""
+
+    __slots__ = ("bytes", "entries", "table")
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[int, _Entry] = OrderedDict()  # LRU order, oldest first
+        self.table: dict[int, int] = {}  # key -> id << 32 | end
+        self.bytes = 0
+
+    def oldest_use(self) -> int:
+        return next(iter(self.entries.values())).used
 
 
 class SuffixIndex:
@@ -90,17 +106,34 @@ class SuffixIndex:
     def __init__(self, config: SuffixConfig) -> None:
         self.config = config
         self._sizes = config.sizes
-        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # LRU order, oldest first
-        self._tables: dict[str, dict[int, int]] = {}  # partition -> key -> id << 32 | end
+        self._parts: dict[str, _Partition] = {}
         self._next_id = 0
+        self._clock = 0
+        self._count = 0
         self.bytes = 0
         self.evicted = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._count
 
     def partitions(self) -> int:
-        return len(self._tables)
+        return len(self._parts)
+
+    def partition_bytes(self, partition: str) -> int:
+        part = self._parts.get(partition)
+        return part.bytes if part is not None else 0
+
+    def report(self) -> dict[str, int]:
+        """The figures a lane's /health carries (read from the event loop: plain ints)."""
+        parts = list(self._parts.values())  # one C call: the generation thread may insert
+        return {
+            "entries": self._count,
+            "bytes": self.bytes,
+            "max_bytes": self.config.max_bytes,
+            "evicted": self.evicted,
+            "partitions": len(parts),
+            "largest_partition_bytes": max((part.bytes for part in parts), default=0),
+        }
 
     def insert(self, partition: str, tokens: Sequence[int]) -> None:
         """Keep a finished request's prompt and output (their last ``max_entry_tokens``)."""
@@ -108,48 +141,70 @@ class SuffixIndex:
         cost = entry_cost(len(kept), len(self._sizes))
         if len(kept) < 2 or cost > self.config.max_bytes:
             return
-        while self._entries and self.bytes + cost > self.config.max_bytes:
-            self._evict()
+        while self.bytes + cost > self.config.max_bytes:
+            self._evict(self._fullest(partition, cost))
+        part = self._parts.get(partition)
+        if part is None:
+            part = self._parts[partition] = _Partition()
         entry_id = self._next_id
         self._next_id += 1
-        self._entries[entry_id] = _Entry(partition, kept, cost)
+        self._clock += 1
+        part.entries[entry_id] = _Entry(kept, cost, self._clock)
+        part.bytes += cost
         self.bytes += cost
-        table = self._tables.setdefault(partition, {})
+        self._count += 1
         for key, end in _ngrams(kept, self._sizes):
-            table[key] = entry_id << _END_BITS | end  # the latest occurrence wins
+            part.table[key] = entry_id << _END_BITS | end  # the latest occurrence wins
 
     def match(self, partition: str, tokens: Sequence[int], k: int) -> tuple[int, list[int]]:
         """(n, draft): the continuation of the longest n-gram ending ``tokens`` found in the
         partition, the most recent occurrence; (0, []) when none is."""
-        table = self._tables.get(partition)
-        if not table or k <= 0:
+        part = self._parts.get(partition)
+        if part is None or k <= 0:
             return 0, []
         size = len(tokens)
         for n in self._sizes:
             if size < n:
                 continue
-            packed = table.get(_key(tokens, size, n))
+            packed = part.table.get(_key(tokens, size, n))
             if packed is None:
                 continue
             entry_id, end = packed >> _END_BITS, packed & ((1 << _END_BITS) - 1)
-            entry = self._entries.get(entry_id)
+            entry = part.entries.get(entry_id)
             if entry is None or entry.tokens[end - n : end] != list(tokens[size - n :]):
                 continue  # a hash collision
-            self._entries.move_to_end(entry_id)
+            part.entries.move_to_end(entry_id)
+            self._clock += 1
+            entry.used = self._clock
             return n, entry.tokens[end : end + k]
         return 0, []
 
-    def _evict(self) -> None:
-        entry_id, entry = self._entries.popitem(last=False)
+    def _fullest(self, incoming: str, cost: int) -> str:
+        """The partition that gives up an entry: the one holding the most bytes, the incoming
+        entry counted in its own (so a flood evicts its own entries first); on a tie, the one
+        whose least recently used entry is the oldest. A scan of the partitions, not of the
+        entries: there are as many as the router's client partitions."""
+        return max(
+            self._parts,
+            key=lambda name: (
+                self._parts[name].bytes + (cost if name == incoming else 0),
+                -self._parts[name].oldest_use(),
+            ),
+        )
+
+    def _evict(self, partition: str) -> None:
+        part = self._parts[partition]
+        entry_id, entry = part.entries.popitem(last=False)
+        part.bytes -= entry.cost
         self.bytes -= entry.cost
+        self._count -= 1
         self.evicted += 1
-        table = self._tables[entry.partition]
         for key, _ in _ngrams(entry.tokens, self._sizes):
-            packed = table.get(key)
+            packed = part.table.get(key)
             if packed is not None and packed >> _END_BITS == entry_id:
-                del table[key]
-        if not table:
-            del self._tables[entry.partition]
+                del part.table[key]
+        if not part.entries:
+            del self._parts[partition]
 
 
 class SuffixDraft:

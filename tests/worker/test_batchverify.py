@@ -72,7 +72,14 @@ def test_the_batching_worker_reports_its_table_and_suffix_index() -> None:
 
     report = BatchingEngine(never, 4).report()  # what /health adds
     assert report["draft_table"] == [list(row) for row in BATCH_DRAFT_TABLE]
-    assert report["suffix_index"] == {"entries": 0, "bytes": 0, "max_bytes": 64 << 20, "evicted": 0}
+    assert report["suffix_index"] == {
+        "entries": 0,
+        "bytes": 0,
+        "max_bytes": 64 << 20,
+        "evicted": 0,
+        "partitions": 0,
+        "largest_partition_bytes": 0,
+    }
 
 
 def grammar_draft(tokens: list[int], vocab: int = 6) -> Draft:

@@ -240,3 +240,122 @@ def test_a_draft_cut_keeps_its_first_tokens_and_their_rows() -> None:
     assert (cut.tokens, cut.forced) == ([5, 6], [True, False])
     assert np.array_equal(cut.rows, rows[:3])
     assert draft.cut(3) is draft and draft.cut(0).tokens == [] and len(draft.cut(0).rows) == 1
+
+
+# "x" is optional, and past the parser's items per row once an answer opens it: a draft that
+# walks into "x" fails the grammar, an answer that closes the object after "s" does not.
+MANY_SHAPES = [{"type": "object", "properties": {f"k{i}": {"type": "string"}}} for i in range(2000)]
+OPTIONAL_FAILURE = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "x",
+        "schema": {
+            "type": "object",
+            "properties": {"s": {"type": "string"}, "x": {"anyOf": MANY_SHAPES}},
+            "required": ["s"],
+        },
+    },
+}
+
+
+def into_the_failure(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """(history, proposal): the answer so far, inside "s"'s value, and a proposal closing it
+    and opening "x" (every token valid, the last one fails the matcher)."""
+    text = tokenizer.encode('{"s": "a", "x": {"', add_special_tokens=False)
+    cut = tokenizer.encode('{"s": "a', add_special_tokens=False)
+    assert text[: len(cut)] == cut
+    return PROMPT + cut, text[len(cut) :]
+
+
+def test_a_failure_only_in_a_rejected_draft_is_not_reported(tokenizer: Any) -> None:
+    constraint = compiled(tokenizer, response_format=OPTIONAL_FAILURE)
+    width = len(tokenizer._tokenizer)
+    failures: list[str] = []
+    grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT), failures.append)
+    history, proposal = into_the_failure(tokenizer)
+    draft = grammar.draft(history, 16, lambda context, k: proposal[:k], 8)
+    grammar.verified(draft, len(draft.tokens) - 1)  # the target refused the last token
+    assert failures == []
+    # The walk reached the failure (on the token that opens a second key, where plain
+    # decoding fails too): the draft ends there, its last row allows only the end.
+    assert draft.failed and "items" in draft.failed
+    assert 0 < len(draft.tokens) < len(proposal) and draft.tokens == proposal[: len(draft.tokens)]
+    assert set(np.flatnonzero(draft.rows[-1])) == set(constraint.eos)
+    # The request's matcher is not left in the failed state: the answer goes on and closes.
+    closing = tokenizer.encode('b"}', add_special_tokens=False)
+    answer = history + closing
+    processor = constraint.processor()  # plain decoding's masks along the same answer
+    plain = [
+        np.isfinite(np.array(processor(mx.array(answer[:end]), mx.zeros((1, width)))[0]))
+        for end in range(len(PROMPT), len(answer) + 1)
+    ]
+    rows = grammar.masks(history, closing, width)
+    assert all(
+        np.array_equal(row, want) for row, want in zip(rows, plain[-len(rows) :], strict=True)
+    )
+    assert set(np.flatnonzero(rows[-1])) == set(constraint.eos)  # the object closed: the end
+    assert not grammar.draft(answer, 4).failed and failures == []
+
+
+def test_a_failure_within_the_accepted_run_is_reported_once(tokenizer: Any) -> None:
+    constraint = compiled(tokenizer, response_format=OPTIONAL_FAILURE)
+    failures: list[str] = []
+    grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT), failures.append)
+    history, proposal = into_the_failure(tokenizer)
+    draft = grammar.draft(history, 16, lambda context, k: proposal[:k], 8)
+    assert draft.failed and draft.cut(len(draft.tokens) - 1).failed == ""  # cut before it
+    grammar.verified(draft, len(draft.tokens))
+    assert len(failures) == 1 and "items" in failures[0]
+    # the answer's own state: the next draft from the accepted run does not say it again
+    grammar.draft(history + draft.tokens, 4)
+    assert len(failures) == 1
+
+
+@pytest.mark.parametrize("target", ["refuses", "keeps"])
+def test_the_speculative_lane_fails_only_when_the_target_keeps_the_run_to_it(
+    tokenizer: Any, target: str
+) -> None:
+    from router.worker.speculative import decode
+    from tests.worker.scripted import ScriptedCache, ScriptedLM
+
+    constraint = compiled(tokenizer, response_format=OPTIONAL_FAILURE)
+    eos = constraint.eos[0]
+    history, proposal = into_the_failure(tokenizer)
+    so_far = history[len(PROMPT) :]
+    closing = tokenizer.encode('b"}', add_special_tokens=False)
+    script = [*so_far, *(closing if target == "refuses" else proposal)]
+    model = ScriptedLM([*PROMPT, *script], eos, vocab=len(tokenizer._tokenizer))
+    failures: list[str] = []
+    grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT), failures.append)
+    offered: list[int] = []
+
+    def propose(context: list[int], prompt_len: int, k: int) -> list[int]:
+        if context != history:
+            return []
+        offered.append(len(context))
+        return proposal[:k]
+
+    out = list(PROMPT)
+    steps = decode(
+        model,
+        [ScriptedCache()],
+        out,
+        0,
+        max_tokens=32,
+        sampler=lambda logprobs: mx.argmax(logprobs, axis=-1),
+        propose=propose,
+        k=8,
+        stop_tokens=frozenset(constraint.eos),
+        constraint=grammar,
+        forced_k=16,
+    )
+    for _ in steps:
+        pass
+    assert offered  # the source did propose the run into the failure
+    answer = out[len(PROMPT) :]
+    if target == "refuses":  # the answer goes on and closes the object another way
+        assert answer == [*so_far, *closing, eos] and failures == []
+    else:  # it reaches the failure: the end is all the grammar allows, and it is reported
+        kept = answer[len(so_far) : -1]
+        assert kept and kept == proposal[: len(kept)] and answer[-1] == eos
+        assert len(failures) == 1 and "items" in failures[0]

@@ -89,6 +89,77 @@ def test_eviction_is_least_recently_used_and_forgets_the_entry() -> None:
     assert index.bytes <= 2 * cost
 
 
+def test_a_flooding_partition_evicts_its_own_entries() -> None:
+    cost = entry_cost(6, 3)
+    index = SuffixIndex(SuffixConfig(ngrams=(2, 3, 4), max_bytes=6 * cost))
+    index.insert("alice", ids("abcdef"))  # alice's small working set, the oldest entries
+    index.insert("alice", ids("ghijkl"))
+    for i in range(20):  # bob floods the lane
+        index.insert("bob", [1000 + i * 6 + j for j in range(6)])
+    assert index.match("alice", ids("ab"), 2)[1] == ids("cd")
+    assert index.match("alice", ids("gh"), 2)[1] == ids("ij")
+    assert index.partition_bytes("alice") == 2 * cost
+    assert index.partition_bytes("bob") == 4 * cost
+    assert index.evicted == 16 and index.bytes == 6 * cost
+    assert index.match("bob", [1114, 1115], 2)[1] == [1116, 1117]  # bob's latest stay
+    assert index.match("bob", [1000, 1001], 2) == (0, [])  # his oldest went
+
+
+def test_a_flood_pushes_others_down_to_its_own_size_at_most() -> None:
+    cost = entry_cost(6, 3)
+    index = SuffixIndex(SuffixConfig(ngrams=(2, 3, 4), max_bytes=4 * cost))
+    for i in range(4):
+        index.insert("alice", [i * 6 + j for j in range(6)])
+    for i in range(10):
+        index.insert("bob", [1000 + i * 6 + j for j in range(6)])
+    assert index.partition_bytes("alice") == index.partition_bytes("bob") == 2 * cost
+    assert index.match("alice", [18, 19], 2)[1] == [20, 21]  # alice keeps her latest
+    assert index.match("alice", [0, 1], 2) == (0, [])
+
+
+def test_a_tie_evicts_the_least_recently_used_entry_overall() -> None:
+    cost = entry_cost(6, 3)
+    index = SuffixIndex(SuffixConfig(ngrams=(2, 3, 4), max_bytes=3 * cost))
+    index.insert("alice", ids("abcdef"))
+    index.insert("bob", ids("ghijkl"))
+    index.insert("carol", ids("mnopqr"))
+    index.match("alice", ids("ab"), 2)  # alice's entry used: bob's is now the oldest
+    index.insert("dave", ids("stuvwx"))  # all tied at one entry
+    assert index.match("bob", ids("gh"), 2) == (0, [])
+    assert index.partitions() == 3 and index.partition_bytes("bob") == 0
+    for partition, prefix in (("alice", "ab"), ("carol", "mn"), ("dave", "st")):
+        assert index.match(partition, ids(prefix), 2)[0] == 2
+
+
+def test_within_a_partition_the_least_recently_used_goes_first() -> None:
+    cost = entry_cost(6, 3)
+    index = SuffixIndex(SuffixConfig(ngrams=(2, 3, 4), max_bytes=3 * cost))
+    index.insert("alice", ids("abcdef"))
+    index.insert("bob", ids("ghijkl"))  # the oldest overall, but bob holds less
+    index.insert("alice", ids("mnopqr"))
+    index.match("alice", ids("ab"), 2)  # alice's first entry is now her most recent
+    index.insert("alice", ids("stuvwx"))
+    assert index.match("alice", ids("mn"), 2) == (0, [])  # her least recently used went
+    assert index.match("alice", ids("ab"), 2)[0] == 2
+    assert index.match("bob", ids("gh"), 2)[0] == 2
+
+
+def test_the_report_counts_partitions() -> None:
+    cost = entry_cost(6, 3)
+    index = SuffixIndex(SuffixConfig(ngrams=(2, 3, 4), max_bytes=4 * cost))
+    index.insert("alice", ids("abcdef"))
+    index.insert("bob", ids("ghijkl"))
+    index.insert("bob", ids("mnopqr"))
+    assert index.report() == {
+        "entries": 3,
+        "bytes": 3 * cost,
+        "max_bytes": 4 * cost,
+        "evicted": 0,
+        "partitions": 2,
+        "largest_partition_bytes": 2 * cost,
+    }
+
+
 def test_a_too_large_entry_keeps_its_tail_and_nothing_is_kept_at_zero_bytes() -> None:
     index = SuffixIndex(SuffixConfig(ngrams=(2,), max_entry_tokens=4))
     index.insert("p", ids("abcdefgh"))
@@ -111,6 +182,8 @@ def test_the_byte_bound_holds_under_many_inserts() -> None:
             tokens = [rng.randrange(1000, 150_000) for _ in range(rng.randrange(2, 1024))]
             index.insert(f"client{i % 7}", tokens)
             assert index.bytes <= bound
+            parts = [index.partition_bytes(f"client{c}") for c in range(7)]
+            assert sum(parts) == index.bytes and index.report()["entries"] == len(index)
         used, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -77,7 +77,14 @@ def test_health_reports_each_lane(spec_worker: WorkerProcess, batch_worker: Work
     reported = health(spec_worker)
     assert set(reported.pop("prompt_cache")) >= {"max_bytes", "bytes", "entries", "lookups"}
     index = reported.pop("suffix_index")
-    assert set(index) == {"entries", "bytes", "max_bytes", "evicted"}
+    assert set(index) == {
+        "entries",
+        "bytes",
+        "max_bytes",
+        "evicted",
+        "partitions",
+        "largest_partition_bytes",
+    }
     assert index["max_bytes"] == 64 * 1024 * 1024
     assert isinstance(reported.pop("progress_tokens"), int)  # what the stall watch reads
     assert reported == {
