@@ -138,7 +138,6 @@ class BatchingEngine(Engine):
         # the lane's own, also in shared mode, where the two lanes may run on two threads).
         self.suffix = SuffixIndex(self.drafts.suffix)
         self.pass_cost = PassCost(self.drafts.draft_position_cost)
-        self._plain_before = False  # the last call was a plain step with no prefill
 
     @property
     def progress_tokens(self) -> int:
@@ -206,7 +205,8 @@ class BatchingEngine(Engine):
             self._generator = self._new_generator(models)
             self.active = 0
             return
-        self._time_pass(generator, step.prompt_tokens, step.decode_time, len(responses))
+        if (timed := last_pass(generator)) is not None:
+            self.pass_cost.observe(*timed)
         for verified in last_verified(generator):
             if (drafting := live.get(verified.uid)) is not None:
                 if drafting.pace is not None:
@@ -224,17 +224,6 @@ class BatchingEngine(Engine):
         for response in responses:
             self._on_token(generator, live, response)
         self.active = len(live)
-
-    def _time_pass(self, generator: Any, prefilled: int, seconds: float, rows: int) -> None:
-        """What a pass cost: a verify pass is timed on its own; a plain step only when it
-        and the call before it did no prefill (mlx-lm overlaps a plain step with what
-        follows it, so then its time is one step's)."""
-        timed = last_pass(generator)
-        if timed is not None:
-            self.pass_cost.observe(*timed)
-        elif not prefilled and self._plain_before and rows:
-            self.pass_cost.observe(rows, 1, seconds)
-        self._plain_before = timed is None and not prefilled
 
     def _chunk(self, live: dict[int, _Sequence], others_waiting: bool = False) -> int:
         """Prompt tokens per sequence for the next call: about ``chunk_seconds`` of work

@@ -135,7 +135,7 @@ def batch_class() -> type:
     class DraftingBatch(GenerationBatch):
         drafter: Drafter | None = None
         verified: tuple[Verified, ...] = ()  # the last step's, per row that drafted
-        timed: tuple[int, int, float] | None = None  # its verify pass: rows, width, seconds
+        timed: tuple[int, int, float] | None = None  # its pass: rows, width, seconds
 
         def next(self) -> list[Any]:
             self.verified = ()
@@ -153,8 +153,20 @@ def batch_class() -> type:
             processors = self.logits_processors or [[] for _ in proposed]
             fitting = [fitted(d, room[i], bool(processors[i])) for i, d in enumerate(proposed)]
             if not any(tokens_of(d) for d in fitting):
-                return super().next()
+                return self._plain()
             return self._verify(pending, fitting)
+
+        def _plain(self) -> list[Any]:
+            """mlx-lm's step, waited for: its time is then its own pass's (pipelined, it
+            would overlap what follows it), to weigh against a verify pass's."""
+            import mlx.core as mx
+
+            rows, started = len(self.uids), time.perf_counter()
+            responses = super().next()
+            if self._next_tokens is not None:
+                mx.eval(self._next_tokens)
+            self.timed = (rows, 1, time.perf_counter() - started)
+            return responses
 
         def _verify(self, pending: list[int], fitting: list[RowDraft]) -> list[Any]:
             import mlx.core as mx
@@ -307,6 +319,7 @@ def last_verified(generator: Any) -> list[Verified]:
 
 
 def last_pass(generator: Any) -> tuple[int, int, float] | None:
-    """The generator's last step's verify pass (rows, width, seconds; timed to its result,
-    so it does not overlap another step), or None after a plain step."""
+    """The generator's last step's pass while its sequences draft (rows, width, seconds;
+    timed to its result, so it does not overlap another step), or None (mlx-lm's own
+    pipelined step: no sequence drafts)."""
     return getattr(generator._generation_batch, "timed", None)

@@ -2,11 +2,13 @@
 
 Verifying ``d`` draft tokens widens a sequence's row of the batch's forward pass to ``1 + d``
 positions, and every row of the pass is as wide as the widest. One sequence alone leaves most
-of a forward pass's cost unused (it is paid to read the weights), so a long draft is nearly
-free; a full batch already uses the machine, so every extra position costs about as much as
-it can save. So the draft shrinks as the batch grows, down to none (vLLM's dynamic
-speculative decoding): ``BATCH_DRAFT_TABLE``, then the source's own maximum, the request's
-``num_draft_tokens`` and the tokens the sequence may still emit lower it further.
+of a forward pass's cost unused where the pass is bound by reading the weights (a GPU), so a
+long draft is nearly free there; a full batch already uses the machine, so every extra
+position costs about as much as it can save. So the draft shrinks as the batch grows, down
+to none (vLLM's dynamic speculative decoding): ``BATCH_DRAFT_TABLE``, then the source's own
+maximum, the request's ``num_draft_tokens`` and the tokens the sequence may still emit lower
+it further. Within that, each step drafts only as far as pays for the sequence's acceptance
+and the lane's measured cost of a position (``router.worker.draftcontrol``).
 
 The sources are the free ones (no draft model runs on this lane): the request's
 ``prediction``, prompt lookup and ``suffix``. A request with logits processors (penalties, a

@@ -1,8 +1,7 @@
-"""The batching engine's chunk sizing and pass timing (no model: the decisions only)."""
+"""The batching engine's chunk sizing (no model: the decisions only)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -79,23 +78,3 @@ def test_bad_settings_are_refused() -> None:
         engine(step=0)
     with pytest.raises(ValueError):
         engine(seconds=0)
-
-
-def test_pass_cost_takes_verify_passes_and_plain_steps_that_follow_plain_steps() -> None:
-    """A plain step's time is one step's only after a plain step without prefill (mlx-lm
-    overlaps a plain step with what follows it); a verify pass is timed on its own."""
-    e = engine()
-    batch = SimpleNamespace(timed=None)
-    generator = SimpleNamespace(_generation_batch=batch)
-    e._time_pass(generator, 64, 0.9, 2)  # prefilled in this call
-    e._time_pass(generator, 0, 0.5, 2)  # follows a call that prefilled
-    assert e.pass_cost.report() == {"draft_position_cost": {}}
-    e._time_pass(generator, 0, 0.1, 2)
-    batch.timed = (2, 5, 0.18)  # 4 more positions: 0.8 of a one-position pass
-    e._time_pass(generator, 0, 0.4, 2)
-    assert e.pass_cost.beta(2) == pytest.approx(0.2)
-    batch.timed = None
-    e._time_pass(generator, 0, 0.01, 2)  # right after a verify pass: not a step's time
-    batch.timed = (2, 5, 0.18)
-    e._time_pass(generator, 0, 0.4, 2)
-    assert e.pass_cost.beta(2) == pytest.approx(0.2)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from router.worker.batching import BatchingEngine
+from router.worker.draftcontrol import PassCost
 from router.worker.draftlength import BatchDraftSettings
 from router.worker.engine import Models
 from router.worker.jobs import Failed, Finished, Job, TextDelta
@@ -41,7 +42,9 @@ def engine(prepared_models: tuple[Path, Path]) -> Iterator[BatchingEngine]:
         model, tokenizer = load(str(prepared_models[0]))
         return Models(model, tokenizer)
 
-    engine = BatchingEngine(load_models, 4, drafts=BatchDraftSettings())
+    # Free positions: every step drafts the longest (as before per-step lengths), so these
+    # tests' counts do not depend on timings; the pacing test sets its own.
+    engine = BatchingEngine(load_models, 4, drafts=BatchDraftSettings(draft_position_cost=0.0))
     engine.start()
     yield engine
     engine.stop(30)
@@ -140,6 +143,25 @@ def test_sequences_accepting_different_lengths_in_one_batch_are_each_exact(
     assert perfect["accepted"] > wrong["accepted"]
     assert wrong["drafted"] > wrong["accepted"]
     assert none["drafted"] == 0 and none.get("source") is None
+
+
+def test_a_row_drafts_only_as_far_as_pays(engine: BatchingEngine) -> None:
+    """The same answer whatever a position costs: free (the longest drafts), dear (fewer
+    drafted), or measured from the lane's own passes (plain and verify, one row)."""
+    expected = plain(engine, EDIT)
+    fixed = engine.pass_cost
+    ((free_text, free),) = batch(engine, [request(EDIT, draft_source="prompt_lookup")])
+    try:
+        engine.pass_cost = PassCost(0.5)
+        ((dear_text, dear),) = batch(engine, [request(EDIT, draft_source="prompt_lookup")])
+        engine.pass_cost = measured = PassCost()
+        ((measured_text, _),) = batch(engine, [request(EDIT, draft_source="prompt_lookup")])
+    finally:
+        engine.pass_cost = fixed
+    assert free_text == dear_text == measured_text == expected
+    assert 0 < dear["drafted"] < free["drafted"]
+    report = measured.report()["draft_position_cost"]
+    assert isinstance(report, dict) and list(report) == ["1"]
 
 
 def test_a_sequence_cancelled_mid_verify_leaves_the_others_exact(engine: BatchingEngine) -> None:

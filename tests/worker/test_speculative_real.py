@@ -87,7 +87,7 @@ def test_a_paced_source_stops_drafting_what_fails_and_keeps_drafting_a_copy(
         plain, _ = generate(model, tokenizer, prompt)
         drafted.clear()
         out, _ = generate(model, tokenizer, prompt, wrong, 8)
-        assert out == plain and sum(drafted) == 8 * len(drafted)  # unpaced: the longest
+        assert out == plain and max(drafted) == 8  # unpaced: the longest the budget allows
         drafted.clear()
         out, accepted = generate(model, tokenizer, prompt, wrong, 8, pace=Pace(PassCost(0.18)))
         assert out == plain and accepted == 0
@@ -96,9 +96,10 @@ def test_a_paced_source_stops_drafting_what_fails_and_keeps_drafting_a_copy(
 
     prompt = prompt_ids(tokenizer, PROMPTS[1])
     plain, _ = generate(model, tokenizer, prompt)
+    _, unpaced = generate(model, tokenizer, prompt, lookup_proposer(LookupConfig()), 8)
     lookup = lookup_proposer(LookupConfig())
     out, accepted = generate(model, tokenizer, prompt, lookup, 8, pace=Pace(PassCost(0.18)))
-    assert out == plain and accepted >= len(plain) // 2
+    assert out == plain and 0 < 2 * unpaced // 3 <= accepted
 
 
 def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:

@@ -87,6 +87,7 @@ def test_health_reports_each_lane(spec_worker: WorkerProcess, batch_worker: Work
     }
     assert index["max_bytes"] == 64 * 1024 * 1024
     assert isinstance(reported.pop("progress_tokens"), int)  # what the stall watch reads
+    assert reported.pop("draft_position_cost") == {}  # measured: nothing decoded yet
     assert reported == {
         "status": "ok",
         "mode": "speculative",
@@ -102,6 +103,7 @@ def test_health_reports_each_lane(spec_worker: WorkerProcess, batch_worker: Work
     }
     batching = health(batch_worker)
     assert batching["draft_model"] is None
+    assert batching["draft_position_cost"] == {}
     assert (batching["speculative"], batching["num_draft_tokens"]) == (False, 0)
     assert (batching["capacity"], batching["pid"]) == (BATCH_SIZE, batch_worker.proc.pid)
     models = client(spec_worker).models.list()
