@@ -53,6 +53,9 @@ from router.worker.forced import Draft
 # pending token; ``room`` is how many tokens the row may still emit. A row's draft is its
 # tokens, or a ``Draft`` under its decoding constraint (tokens and the grammar's masks).
 RowDraft = list[int] | Draft
+
+# While a sequence of the batch drafts, one plain step in this many is timed on its own.
+PLAIN_TIMED_EVERY = 4
 Drafter = Callable[[list[int], list[list[int]], list[int]], list[RowDraft]]
 
 
@@ -136,6 +139,7 @@ def batch_class() -> type:
         drafter: Drafter | None = None
         verified: tuple[Verified, ...] = ()  # the last step's, per row that drafted
         timed: tuple[int, int, float] | None = None  # its pass: rows, width, seconds
+        plain_steps = 0  # plain steps taken while a sequence could draft
 
         def next(self) -> list[Any]:
             self.verified = ()
@@ -157,10 +161,15 @@ def batch_class() -> type:
             return self._verify(pending, fitting)
 
         def _plain(self) -> list[Any]:
-            """mlx-lm's step, waited for: its time is then its own pass's (pipelined, it
-            would overlap what follows it), to weigh against a verify pass's."""
+            """mlx-lm's step; one in ``PLAIN_TIMED_EVERY`` waited for, so that its time is
+            its own pass's (pipelined, it overlaps what follows it), to weigh against a
+            verify pass's; the others keep mlx-lm's pipelining."""
             import mlx.core as mx
 
+            self.plain_steps += 1
+            if self.plain_steps % PLAIN_TIMED_EVERY:
+                return super().next()
+            mx.eval(self._next_tokens)  # the step before it, still computing when pipelined
             rows, started = len(self.uids), time.perf_counter()
             responses = super().next()
             if self._next_tokens is not None:
