@@ -17,8 +17,9 @@ from Transformers via Speculative Decoding", section 3.3):
   ``[lanes] draft_position_cost``.
 
 A draft of ``k`` yields ``1 + alpha + ... + alpha^k`` tokens on average for a pass costing
-``1 + beta * k``; the length is the ``k`` (up to the source's and the lane's maximum) with
-the most tokens per unit of cost, 0 when no draft beats a plain step. Forced tokens (a
+``1 + beta * k``; when some ``k`` (up to the source's and the lane's maximum) yields more
+tokens per unit of cost than a plain step, the step drafts the maximum (``Pace.length``
+says why not the best ``k``), else nothing. Forced tokens (a
 grammar's) and a draft model's proposals are not chosen here: the first are nearly always
 kept, the second cost a draft pass of their own (auto-disable judges them).
 """
@@ -159,9 +160,12 @@ class Pace:
         self.rows = rows
 
     def length(self, history: list[int], most: int) -> int:
-        """This step's draft length, at most ``most``, after ``history``."""
+        """This step's draft length after ``history``: ``most`` when a draft pays, else 0.
+        Not the best length itself: acceptance comes in runs (a copied span is kept whole,
+        new text refused at once), which the per-token figure averages away, so a short
+        draft would forgo the long runs that make copying pay."""
         self.acceptance.check(history)
-        return best_length(self.acceptance.alpha, self.cost.beta(self.rows), most)
+        return most if best_length(self.acceptance.alpha, self.cost.beta(self.rows), most) else 0
 
     def passed(self, width: int, seconds: float, drafted: int, accepted: int) -> None:
         """A pass of ``width`` positions took ``seconds``; ``accepted`` of ``drafted`` kept."""
