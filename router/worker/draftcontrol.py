@@ -1,5 +1,5 @@
-"""How long a free source's draft should be at this step (pure): speculation that pays, per
-sequence and per step.
+"""Whether a free source drafts at this step (pure): speculation that pays, per sequence and
+per step.
 
 Verifying ``k`` draft tokens widens a forward pass from 1 to ``1 + k`` positions. Where the
 pass is bound by reading the weights (a GPU, one sequence) that is nearly free; on a CPU every
@@ -10,8 +10,8 @@ from Transformers via Speculative Decoding", section 3.3):
 - ``alpha``, the chance that the target keeps the next draft token, per sequence: a moving
   count of kept and rejected draft tokens (``Acceptance``). While a sequence does not draft,
   its source still proposes (free sources cost no forward pass) and the proposal's first
-  token is checked against the token the target then emits (``Acceptance.shadow``), so a
-  sequence that starts copying text starts drafting again.
+  token is checked against the token the target then emits (``propose_unverified``,
+  ``check``), so a sequence that starts copying text starts drafting again.
 - ``beta``, what one more position costs relative to a one-position pass, per lane and batch
   size: measured from the lane's own passes (``PassCost``), or fixed by the setting
   ``[lanes] draft_position_cost``.
@@ -19,9 +19,9 @@ from Transformers via Speculative Decoding", section 3.3):
 A draft of ``k`` yields ``1 + alpha + ... + alpha^k`` tokens on average for a pass costing
 ``1 + beta * k``; when some ``k`` (up to the source's and the lane's maximum) yields more
 tokens per unit of cost than a plain step, the step drafts the maximum (``Pace.length``
-says why not the best ``k``), else nothing. Forced tokens (a
-grammar's) and a draft model's proposals are not chosen here: the first are nearly always
-kept, the second cost a draft pass of their own (auto-disable judges them).
+says why not the best ``k``), else nothing. Forced tokens (a grammar's) and a draft model's
+proposals are not chosen here: the first are nearly always kept, the second cost a draft
+pass of their own (auto-disable judges them).
 """
 
 from __future__ import annotations
