@@ -345,8 +345,8 @@ class BatchingEngine(Engine):
 
     @staticmethod
     def _free_draft(seq: _Sequence, history: list[int], most: int, rows: int) -> list[int]:
-        """An unconstrained sequence's draft: up to ``most`` tokens, as long as pays now
-        (``router.worker.draftcontrol``); none pays: the proposal is only checked."""
+        """An unconstrained sequence's draft: ``most`` tokens when a draft pays now
+        (``router.worker.draftcontrol``), else none, the proposal only checked."""
         propose, pace = seq.propose, seq.pace
         if not most or propose is None:
             return []

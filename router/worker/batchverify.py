@@ -53,10 +53,10 @@ from router.worker.forced import Draft
 # pending token; ``room`` is how many tokens the row may still emit. A row's draft is its
 # tokens, or a ``Draft`` under its decoding constraint (tokens and the grammar's masks).
 RowDraft = list[int] | Draft
+Drafter = Callable[[list[int], list[list[int]], list[int]], list[RowDraft]]
 
 # While a sequence of the batch drafts, one plain step in this many is timed on its own.
 PLAIN_TIMED_EVERY = 4
-Drafter = Callable[[list[int], list[list[int]], list[int]], list[RowDraft]]
 
 
 @dataclass(frozen=True)
