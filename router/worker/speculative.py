@@ -236,8 +236,8 @@ def decode(
     worker's batch take its turn). ``constraint``: every position is masked by the grammar
     (instead of ``processors``), and each step's draft chains the grammar's forced runs with
     ``propose``'s tokens after them (``ConstraintDraft.draft``), at most ``max(forced_k, k)``
-    tokens in all. ``pace``: a free source's draft length is chosen per step
-    (``router.worker.draftcontrol``), ``k`` its maximum, and the passes are timed for it.
+    tokens in all. ``pace``: whether a free source drafts its ``k`` is decided per step
+    (``router.worker.draftcontrol``), and the passes are timed for it.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
