@@ -49,6 +49,7 @@ from router.worker.batchverify import (
     last_pass,
     last_verified,
     set_drafter,
+    time_next_plain,
 )
 from router.worker.draftcontrol import Pace, PassCost
 from router.worker.draftlength import (
@@ -193,6 +194,7 @@ class BatchingEngine(Engine):
         # No proposer in the batch: mlx-lm's own step, with its pipelining intact.
         proposing = any(seq.plan.drafts for seq in live.values())
         set_drafter(generator, self._propose if proposing else None)
+        time_next_plain(generator, proposing and self.pass_cost.needs_plain(len(live)))
         try:
             with generator.stats() as step:
                 prompt_responses, responses = generator.next()

@@ -140,6 +140,7 @@ def batch_class() -> type:
         verified: tuple[Verified, ...] = ()  # the last step's, per row that drafted
         timed: tuple[int, int, float] | None = None  # its pass: rows, width, seconds
         plain_steps = 0  # plain steps taken while a sequence could draft
+        time_plain = False  # time the next plain step whatever the count (none timed yet)
 
         def next(self) -> list[Any]:
             self.verified = ()
@@ -167,7 +168,7 @@ def batch_class() -> type:
             import mlx.core as mx
 
             self.plain_steps += 1
-            if self.plain_steps % PLAIN_TIMED_EVERY:
+            if self.plain_steps % PLAIN_TIMED_EVERY and not self.time_plain:
                 return super().next()
             mx.eval(self._next_tokens)  # the step before it, still computing when pipelined
             rows, started = len(self.uids), time.perf_counter()
@@ -325,6 +326,12 @@ def set_drafter(generator: Any, drafter: Drafter | None) -> None:
 def last_verified(generator: Any) -> list[Verified]:
     """The rows that verified a draft in the generator's last step."""
     return list(getattr(generator._generation_batch, "verified", ()))
+
+
+def time_next_plain(generator: Any, wanted: bool) -> None:
+    """Time the generator's next plain step (the lane has no plain figure for its batch size
+    yet), not only one in ``PLAIN_TIMED_EVERY``."""
+    generator._generation_batch.time_plain = wanted
 
 
 def last_pass(generator: Any) -> tuple[int, int, float] | None:

@@ -129,6 +129,13 @@ class PassCost:
         beta = max(0.0, (seconds / w.plain - 1.0) / (width - 1))
         w.beta = beta if w.beta is None else w.beta + COST_WEIGHT * (beta - w.beta)
 
+    def needs_plain(self, rows: int) -> bool:
+        """Measured, and no one-position pass of ``rows`` sequences timed yet."""
+        if self.fixed is not None:
+            return False
+        w = self._by_rows.get(rows)
+        return w is None or w.plain is None
+
     def beta(self, rows: int = 1) -> float:
         if self.fixed is not None:
             return self.fixed

@@ -145,21 +145,43 @@ def test_sequences_accepting_different_lengths_in_one_batch_are_each_exact(
     assert none["drafted"] == 0 and none.get("source") is None
 
 
-def test_a_row_drafts_only_as_far_as_pays(engine: BatchingEngine) -> None:
-    """The same answer whatever a position costs: free (the longest drafts), dear (fewer
-    drafted), or measured from the lane's own passes (plain and verify, one row)."""
+def test_a_row_stops_drafting_what_is_refused(engine: BatchingEngine) -> None:
+    """A source that proposes a token the target never writes: with free positions every
+    step drafts it; where positions cost (as a CPU measures them) the row stops after a
+    few drafts. The same answer either way."""
+    assert engine.models is not None
+    never = len(engine.models.tokenizer.get_vocab()) - 1
+    expected = plain(engine, QUESTION)
+    plan, fixed = engine._plan, engine.pass_cost
+
+    def wrong(seq: Any) -> None:
+        plan(seq)
+        seq.propose = lambda history, k: [never] * k
+
+    engine._plan = wrong  # type: ignore[method-assign]
+    try:
+        ((free_text, free),) = batch(engine, [request(QUESTION, draft_source="prompt_lookup")])
+        engine.pass_cost = PassCost(0.18)
+        ((dear_text, dear),) = batch(engine, [request(QUESTION, draft_source="prompt_lookup")])
+    finally:
+        del engine._plan
+        engine.pass_cost = fixed
+    assert free_text == dear_text == expected
+    assert free["accepted"] == dear["accepted"] == 0
+    assert 0 < dear["drafted"] <= 3 * 8 < free["drafted"]
+
+
+def test_the_lane_measures_its_passes(engine: BatchingEngine) -> None:
+    """Measured (the default): the first plain step at a batch size is timed, then the
+    verify passes: a figure for one row; the answer is plain decoding's."""
     expected = plain(engine, EDIT)
     fixed = engine.pass_cost
-    ((free_text, free),) = batch(engine, [request(EDIT, draft_source="prompt_lookup")])
     try:
-        engine.pass_cost = PassCost(0.5)
-        ((dear_text, dear),) = batch(engine, [request(EDIT, draft_source="prompt_lookup")])
         engine.pass_cost = measured = PassCost()
-        ((measured_text, _),) = batch(engine, [request(EDIT, draft_source="prompt_lookup")])
+        ((text, spec),) = batch(engine, [request(EDIT, draft_source="prompt_lookup")])
     finally:
         engine.pass_cost = fixed
-    assert free_text == dear_text == measured_text == expected
-    assert 0 < dear["drafted"] < free["drafted"]
+    assert text == expected and spec["drafted"] > 0
     report = measured.report()["draft_position_cost"]
     assert isinstance(report, dict) and list(report) == ["1"]
 

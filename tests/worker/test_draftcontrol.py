@@ -80,8 +80,9 @@ def test_pass_cost_is_measured_per_batch_size() -> None:
     cost = PassCost()
     assert cost.beta(1) == PRIOR_BETA
     cost.observe(1, 9, 0.3)  # nothing to compare a wide pass with yet
-    assert cost.beta(1) == PRIOR_BETA
+    assert cost.beta(1) == PRIOR_BETA and cost.needs_plain(1)
     cost.observe(1, 1, 0.1)
+    assert not cost.needs_plain(1) and cost.needs_plain(4)
     cost.observe(1, 9, 0.26)  # 8 more positions cost 1.6 one-position passes
     assert cost.beta(1) == pytest.approx(0.2)
     assert cost.beta(4) == PRIOR_BETA
@@ -93,6 +94,7 @@ def test_pass_cost_is_measured_per_batch_size() -> None:
 
 def test_pass_cost_fixed_by_the_setting() -> None:
     cost = PassCost(0.05)
+    assert not cost.needs_plain(1)
     cost.observe(1, 1, 0.1)
     cost.observe(1, 9, 1.0)
     assert cost.beta(1) == 0.05

@@ -92,7 +92,7 @@ def test_a_paced_source_stops_drafting_what_fails_and_keeps_drafting_a_copy(
         out, accepted = generate(model, tokenizer, prompt, wrong, 8, pace=Pace(PassCost(0.18)))
         assert out == plain and accepted == 0
         verified = [k for k in drafted if k > 1]  # k 1: a shadow proposal, not verified
-        assert len(verified) <= 2, drafted
+        assert len(verified) <= 3, drafted  # then the acceptance is below what pays
 
     prompt = prompt_ids(tokenizer, PROMPTS[1])
     plain, _ = generate(model, tokenizer, prompt)
