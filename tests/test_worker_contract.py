@@ -127,3 +127,18 @@ def test_draft_tokens_out_of_bounds_are_refused(value: int) -> None:
     args = p.parse_args(["--mode", "speculative", "--model", "m", "--num-draft-tokens", str(value)])
     with pytest.raises(SystemExit):
         check_worker_flags(p, args)
+
+
+@pytest.mark.parametrize(("value", "parsed"), [("auto", None), ("0", 0.0), ("0.15", 0.15)])
+def test_draft_position_cost_is_auto_or_a_figure(value: str, parsed: float | None) -> None:
+    args = _parser().parse_args(
+        ["--mode", "batching", "--model", "m", "--draft-position-cost", value]
+    )
+    assert args.draft_position_cost == parsed
+
+
+@pytest.mark.parametrize("value", ["-0.1", "nan", "cheap"])
+def test_a_bad_draft_position_cost_is_refused(value: str) -> None:
+    flags = ["--mode", "batching", "--model", "m", "--draft-position-cost", value]
+    with pytest.raises(SystemExit):
+        _parser().parse_args(flags)

@@ -479,6 +479,8 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
         "16",
         "--suffix-bytes",
         str(64 << 20),
+        "--draft-position-cost",
+        "auto",
         "--num-draft-tokens",
         "4",
         "--max-batch-size",
