@@ -41,13 +41,14 @@ DRAFT_TOKENS_FIELD = "num_draft_tokens"  # request field: 0 decodes without the 
 # ``prediction``, which always wins); the batching lane ignores it. The router writes it per
 # request family (``router.routing.speculate.lane_source``).
 DRAFT_SOURCE_FIELD = "draft_source"
-REQUEST_DRAFT_SOURCES = ("draft_model", "prompt_lookup", "suffix")
+# ``auto``: the lane chooses among every source it has, at every step (the default).
+REQUEST_DRAFT_SOURCES = ("auto", "draft_model", "prompt_lookup", "suffix")
 MAX_DRAFT_TOKENS = 16  # per verification round, for the flag and the request field
 DEFAULT_DRAFT_TOKENS = 3
 DEFAULT_BATCH_SIZE = 8
 # What drafts on the speculative lane for requests without a ``prediction`` (which always
 # drafts from its prediction).
-DRAFT_SOURCES = ("draft_model", "prompt_lookup", "suffix", "none")
+DRAFT_SOURCES = ("auto", "draft_model", "prompt_lookup", "suffix", "none")
 MAX_LOOKUP_NGRAM = 16
 MAX_DRAFT_PER_STEP = 32  # prompt_lookup and prediction drafts, per verification step
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30

@@ -84,15 +84,13 @@ def build_worker_command(
 
 
 def speculative_args(settings: LanesSettings, draft_dir: Path | None) -> tuple[str, ...]:
-    """The speculative lane's draft flags: its source for requests that name none (the
-    router names one per request family, ``router.routing.speculate.lane_source``). ``auto``
-    is the draft model when one runs, else prompt lookup (free to make, needs no model);
-    ``draft_model`` without a draft directory (none configured, or the gate refused the pair)
-    means no lane-wide drafting; ``prompt_lookup`` and ``suffix`` are always honoured."""
+    """The speculative lane's draft flags: its source for requests that name none. ``auto``
+    is the lane's own choice at every step among every source it has
+    (``router.worker.draftchoice``); ``draft_model`` without a draft directory (none
+    configured, or the gate refused the pair) means no lane-wide drafting; ``prompt_lookup``
+    and ``suffix`` are always honoured."""
     source = settings.draft_source
-    if source == "auto":
-        source = "draft_model" if draft_dir is not None else "prompt_lookup"
-    elif source == "draft_model" and draft_dir is None:
+    if source == "draft_model" and draft_dir is None:
         source = "none"
     return (
         "--draft-source",

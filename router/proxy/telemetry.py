@@ -218,18 +218,21 @@ class SpecTelemetry:
             m.spec_accepted_tokens.labels(*labels).inc(result.accepted)
             m.spec_rejected_tokens.labels(*labels).inc(result.rejected)
             m.spec_ignored_tokens.labels(*labels).inc(result.ignored)
-            source = result.draft_source or result.kind
-            m.spec_source_tokens.labels(backend.name, model, source, "drafted").inc(result.drafted)
-            m.spec_source_tokens.labels(backend.name, model, source, "accepted").inc(
-                result.accepted
+            by_source = result.by_source or (
+                (result.draft_source or result.kind, result.drafted, result.accepted),
             )
+            for name, drafted, accepted in by_source:
+                m.spec_source_tokens.labels(backend.name, model, name, "drafted").inc(drafted)
+                m.spec_source_tokens.labels(backend.name, model, name, "accepted").inc(accepted)
             self._per_request_seen.add(backend.name)
         else:
             reason = unavailable_reason(result) or "unknown"
             m.spec_telemetry_unavailable.labels(backend.name, reason).inc()
         if backend.speculative_requested and observable(backend.kind):
             window = self._observed.setdefault(backend.name, ObservedWindow())
-            window.add(isinstance(result, SpecRecord) and result.drafted > 0)
+            # A lane that chose plain decoding at every step ran its drafter: not "missing".
+            running = isinstance(result, SpecRecord) and result.drafted > 0
+            window.add(running or unavailable_reason(result) == "declined")
             self.set_observed(backend, window.observed, window.reason())
 
     def observe_cumulative(self, backend: Backend, deltas: list[CounterDelta]) -> None:

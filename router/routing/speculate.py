@@ -53,11 +53,6 @@ __all__ = [
     "speculation_pays",
 ]
 
-# The families whose answers copy given text: prompt lookup's case under ``auto``.
-COPYING_FAMILIES = frozenset({"code-block", "tools"})
-# Answers held to a grammar: its forced tokens are drafted whatever the source, so the source
-# only fills in between them and must cost next to nothing.
-CONSTRAINED_FAMILY = "constrained"
 # The draft sources, as the auto-disable state and the metrics name them: on the speculative
 # lane ``prediction`` (the request's own), ``draft_model``, ``prompt_lookup`` and ``suffix``
 # (the ones a body may ask for, ``LANE_ASKABLE``) or ``none``; an external backend's is its
@@ -87,31 +82,18 @@ def speculation_pays(model: str, workload: str, source: str) -> SpecAdvice:
 
 def lane_sources(family: str, configured: str, lane_has_draft: bool) -> tuple[str, ...]:
     """The draft sources the router may ask its speculative lane for (the body's
-    ``draft_source``), in order of preference; empty: ask nothing.
+    ``draft_source``); empty: ask nothing.
 
-    ``configured`` is ``[lanes] draft_source``. ``auto`` orders them per family, from what
-    was measured (examples/results/spec-sources.json): a ``prediction`` request drafts from
-    its prediction (nothing to ask); ``code-block`` and ``tools`` answers copy given text
-    (edits, tool arguments quoting files), where n-gram lookup in the prompt pays and costs
-    nearly nothing, so prompt lookup comes first; ``chat`` tries the draft model first when
-    the lane runs one. The second source is what ``choose_source`` falls back on once the
-    first has stopped paying for a workload (a list or a quoted answer in ``chat`` may copy
-    enough for prompt lookup). ``suffix`` (the client's earlier requests, then the request's
-    own context) comes right after prompt lookup for the copying families (agent loops
-    repeat tool call shapes and re-emit files across turns) and last for ``chat`` (a retried
-    prompt). A fixed value is that source alone for every family; ``draft_model`` without a
+    ``configured`` is ``[lanes] draft_source``. ``auto`` asks the lane to choose: the lane
+    picks the source, and the length, at every step from what it measures
+    (``router.worker.draftchoice``), so the family says nothing here any more; a
+    ``prediction`` request drafts from its prediction among the lane's sources (nothing to
+    ask). A fixed value is that source alone for every family; ``draft_model`` without a
     loaded draft model, and ``none``, ask nothing (no drafting)."""
     if family == "prediction":
         return ()
     if configured == "auto":
-        if family == CONSTRAINED_FAMILY:
-            free = ("suffix", "prompt_lookup")
-            return (*free, "draft_model") if lane_has_draft else free
-        if not lane_has_draft:
-            return ("prompt_lookup", "suffix")
-        if family in COPYING_FAMILIES:
-            return ("prompt_lookup", "suffix", "draft_model")
-        return ("draft_model", "prompt_lookup", "suffix")
+        return ("auto",)
     if configured == "draft_model":
         return ("draft_model",) if lane_has_draft else ()
     return (configured,) if configured in ("prompt_lookup", "suffix") else ()

@@ -206,8 +206,10 @@ def parse_vllm_mlx(body: Payload) -> SpecResult:
 
 
 SPECLANE_DRAFT_SOURCES = frozenset(
-    {"draft_model", "prompt_lookup", "suffix", "prediction", "forced"}
+    {"auto", "draft_model", "prompt_lookup", "suffix", "prediction", "forced"}
 )
+# The sources one response may break its drafts down by (a closed set: metric labels).
+SPECLANE_STEP_SOURCES = frozenset({"draft_model", "prompt_lookup", "suffix", "prediction"})
 
 
 def parse_speclane(body: Payload) -> SpecResult:
@@ -220,6 +222,8 @@ def parse_speclane(body: Payload) -> SpecResult:
         raise BadField("incomplete", "speclane_spec")
     if not count(spec, "num_draft_tokens") and not count(spec, "drafted"):
         return NotReported("speclane", "no_draft")
+    plain_steps = count(spec, "plain_steps")
+    by_source = _speclane_sources(spec)
     result = _result(
         "speclane",
         "draft",
@@ -228,10 +232,30 @@ def parse_speclane(body: Payload) -> SpecResult:
         rejected=count(spec, "rejected"),
         steps=count(spec, "steps"),
     )
+    if isinstance(result, NotReported) and plain_steps:
+        return NotReported("speclane", "declined")
     source = spec.get("source")
     if isinstance(result, SpecRecord) and source in SPECLANE_DRAFT_SOURCES:
-        result = dataclasses.replace(result, draft_source=source)
+        result = dataclasses.replace(result, draft_source=source, by_source=by_source)
     return result
+
+
+def _speclane_sources(spec: Payload) -> tuple[tuple[str, int, int], ...]:
+    """``speclane_spec.sources``: what each source drafted and had kept (known names only;
+    at most one entry per source)."""
+    sources = section(spec, "sources")
+    if sources is None:
+        return ()
+    out = []
+    for name in sorted(SPECLANE_STEP_SOURCES):
+        entry = section(sources, name)
+        if entry is None:
+            continue
+        drafted, accepted = count(entry, "drafted") or 0, count(entry, "accepted") or 0
+        if accepted > drafted:
+            raise BadField("inconsistent", f"sources.{name}")
+        out.append((name, drafted, accepted))
+    return tuple(out)
 
 
 def parse_openai(body: Payload) -> SpecResult:

@@ -20,8 +20,15 @@ SpecKind = Literal["draft", "mtp", "predicted_output"]
 # no_draft: the response shows that no draft ran (LM Studio ``stats: {}``, zero counts).
 # absent: the place the statistics would be is missing (option off upstream, or a chunk
 #         that does not carry them); it cannot tell "off" from "no draft".
-NotReportedReason = Literal["not_supported", "no_draft", "absent"]
-NOT_REPORTED_REASONS: tuple[NotReportedReason, ...] = ("not_supported", "no_draft", "absent")
+# declined: speclane's lane ran its per-step choice and no draft paid at any step (the
+# drafter is running; it rightly drafted nothing).
+NotReportedReason = Literal["not_supported", "no_draft", "absent", "declined"]
+NOT_REPORTED_REASONS: tuple[NotReportedReason, ...] = (
+    "not_supported",
+    "no_draft",
+    "absent",
+    "declined",
+)
 
 # not_object: a section that must be a JSON object is something else.
 # bad_type: a count is not an integer (or a non-finite number).
@@ -75,8 +82,10 @@ class SpecRecord:
     mean_accept_len: float | None
     per_position: tuple[int, ...] = ()
     reported: frozenset[str] = frozenset()
-    # speclane's lanes: draft_model, prompt_lookup, suffix, prediction
+    # speclane's lanes: draft_model, prompt_lookup, suffix, prediction, auto
     draft_source: str | None = None
+    # speclane's lanes under ``auto``: (source, drafted, accepted) per source that drafted
+    by_source: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def derived(self) -> frozenset[str]:

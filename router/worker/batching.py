@@ -51,8 +51,11 @@ from router.worker.batchverify import (
     set_drafter,
     time_next_plain,
 )
-from router.worker.draftcontrol import Pace, PassCost
+from router.worker.draftchoice import PLAIN as PLAIN_CHOICE
+from router.worker.draftchoice import Candidate, Choice, Chooser, Evidence
+from router.worker.draftcontrol import PassCost
 from router.worker.draftlength import (
+    AUTO_SOURCES,
     BATCH_DRAFT_TABLE,
     PLAIN,
     BatchDraftSettings,
@@ -96,7 +99,8 @@ class _Sequence:
     propose: Callable[[list[int], int], list[int]] | None = None  # (history, k) -> draft
     prediction: PredictionDraft | None = None
     constraint: ConstraintDraft | None = None  # a constrained sequence drafting forced tokens
-    pace: Pace | None = None  # a free source's draft length per step (unconstrained)
+    chooser: Chooser | None = None  # which source drafts at each step (unconstrained)
+    choice: Choice = PLAIN_CHOICE  # its draft of the step being verified
     draft: Draft | None = None  # its last draft under the grammar
     drafted: int = 0
     accepted: int = 0
@@ -139,6 +143,7 @@ class BatchingEngine(Engine):
         # the lane's own, also in shared mode, where the two lanes may run on two threads).
         self.suffix = SuffixIndex(self.drafts.suffix)
         self.pass_cost = PassCost(self.drafts.draft_position_cost)
+        self.evidence = Evidence()  # each source's acceptance per partition, request to request
 
     @property
     def progress_tokens(self) -> int:
@@ -156,6 +161,7 @@ class BatchingEngine(Engine):
             "draft_table": [list(row) for row in BATCH_DRAFT_TABLE],
             "suffix_index": self.suffix.report(),
             **self.pass_cost.report(),
+            **self.evidence.report(),
         }
 
     def _serve(self, models: Models) -> None:
@@ -211,8 +217,8 @@ class BatchingEngine(Engine):
             self.pass_cost.observe(*timed)
         for verified in last_verified(generator):
             if (drafting := live.get(verified.uid)) is not None:
-                if drafting.pace is not None:
-                    drafting.pace.acceptance.verified(verified.drafted, verified.accepted)
+                if drafting.chooser is not None:
+                    drafting.chooser.verified(drafting.choice, verified.accepted)
                 drafting.steps += 1
                 drafting.drafted += verified.drafted
                 drafting.accepted += verified.accepted
@@ -307,19 +313,42 @@ class BatchingEngine(Engine):
             seq.constraint = ConstraintDraft.for_constraint(
                 request.constraint, len(job.prompt_ids), job.constraint_failed
             )
+        candidates = [self._candidate(seq, name) for name in self._sources(seq)]
+        candidates = [c for c in candidates if c.most > 0]
+        if not candidates:
+            return
+        if seq.constraint is not None:  # fills the gaps between its grammar's forced runs
+            seq.propose = candidates[0].propose
+        else:
+            seq.propose = candidates[0].propose
+            seq.chooser = Chooser(candidates, self.pass_cost)
+
+    @staticmethod
+    def _sources(seq: _Sequence) -> tuple[str, ...]:
         source = seq.plan.source
-        if source == "prediction":
+        if source != "auto":
+            return (source,) if source is not None else ()
+        return ("prediction", *AUTO_SOURCES) if seq.job.request.prediction else AUTO_SOURCES
+
+    def _candidate(self, seq: _Sequence, name: str) -> Candidate:
+        job = seq.job
+        propose: Callable[[list[int], int], list[int]]
+        if name == "prediction":
             prediction = seq.prediction = PredictionDraft(
                 job.prediction_ids, self.drafts.prediction
             )
             prompt_len = len(job.prompt_ids)
-            seq.propose = lambda history, k: prediction.propose(history[prompt_len:], k)
-        elif source == "prompt_lookup":
-            seq.propose = PromptLookup(self.drafts.lookup).propose
-        elif source == "suffix":
-            seq.propose = SuffixDraft(self.suffix, job.partition).propose
-        if seq.propose is not None and seq.constraint is None:
-            seq.pace = Pace(self.pass_cost, source)
+            propose, most = (
+                lambda history, k: prediction.propose(history[prompt_len:], k),
+                self.drafts.prediction.max_draft,
+            )
+        elif name == "prompt_lookup":
+            propose, most = PromptLookup(self.drafts.lookup).propose, self.drafts.lookup.max_draft
+        else:
+            propose = SuffixDraft(self.suffix, job.partition).propose
+            most = self.drafts.suffix.max_draft
+        acceptance = self.evidence.acceptance(job.partition, name)
+        return Candidate(name, propose, min(most, seq.plan.k), acceptance)
 
     def _propose(
         self, uids: list[int], histories: list[list[int]], room: list[int]
@@ -347,18 +376,15 @@ class BatchingEngine(Engine):
 
     @staticmethod
     def _free_draft(seq: _Sequence, history: list[int], most: int, rows: int) -> list[int]:
-        """An unconstrained sequence's draft: ``most`` tokens when a draft pays now
-        (``router.worker.draftcontrol``), else none, the proposal only checked."""
-        propose, pace = seq.propose, seq.pace
-        if not most or propose is None:
+        """An unconstrained sequence's draft: at most ``most`` tokens from the source that
+        pays best now (``router.worker.draftchoice``), else none."""
+        chooser = seq.chooser
+        seq.choice = PLAIN_CHOICE
+        if not most or chooser is None:
             return []
-        if pace is None:
-            return propose(history, most)
-        pace.rows = rows
-        if length := pace.length(history, most):
-            return propose(history, length)
-        pace.acceptance.propose_unverified(len(history), propose(history, 1))
-        return []
+        chooser.rows = rows
+        seq.choice = chooser.choose(history, most)
+        return seq.choice.tokens
 
     def _drop_cancelled(self, generator: Any, live: dict[int, _Sequence]) -> None:
         gone = [uid for uid, seq in live.items() if seq.job.cancelled.is_set()]
@@ -406,6 +432,8 @@ class BatchingEngine(Engine):
         speculative lane reports them); its prompt and answer go into the ``suffix`` index
         (whatever it drafted with: a plain first answer drafts its retry)."""
         self.suffix.insert(seq.job.partition, [*seq.job.prompt_ids, *seq.output])
+        if seq.chooser is not None:
+            self.evidence.record(seq.job.partition, seq.chooser.acceptances())
         event = seq.progress.finish(reason)
         if not seq.plan.drafts or not isinstance(event, Finished):
             return event
@@ -416,6 +444,9 @@ class BatchingEngine(Engine):
         assert isinstance(spec, dict)
         spec["source"] = seq.plan.source or "forced"  # as the speculative lane names it
         spec["forced"] = seq.forced  # accepted draft tokens the grammar forced
+        if seq.chooser is not None:  # what each source drafted, and the steps none paid
+            spec["sources"] = seq.chooser.sources_report()
+            spec["plain_steps"] = seq.chooser.plain_steps
         if seq.prediction is not None:  # OpenAI's meaning: prediction tokens (not) in the output
             body["completion_tokens_details"] = {
                 "accepted_prediction_tokens": seq.prediction.matched,

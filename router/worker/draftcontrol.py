@@ -57,7 +57,7 @@ class Acceptance:
     def alpha(self) -> float:
         return self.kept / (self.kept + self.rejected)
 
-    def _observe(self, kept: int, rejected: int) -> None:
+    def observe(self, kept: float, rejected: float) -> None:
         self.kept = self.kept * ACCEPTANCE_DECAY + kept
         self.rejected = self.rejected * ACCEPTANCE_DECAY + rejected
 
@@ -65,7 +65,7 @@ class Acceptance:
         """A verified draft: ``accepted`` of ``drafted`` tokens kept (the first rejected one
         ends the run; the tokens after it say nothing)."""
         if drafted > 0:
-            self._observe(accepted, 1 if accepted < drafted else 0)
+            self.observe(accepted, 1 if accepted < drafted else 0)
 
     def propose_unverified(self, history_len: int, proposal: list[int]) -> None:
         """What the source proposed after ``history_len`` tokens while the step drafts
@@ -77,7 +77,7 @@ class Acceptance:
         """Score a pending shadow proposal once ``history`` holds the token it guessed."""
         if self._shadow is not None and len(history) > self._shadow_at:
             hit = history[self._shadow_at] == self._shadow
-            self._observe(1 if hit else 0, 0 if hit else 1)
+            self.observe(1 if hit else 0, 0 if hit else 1)
             self._shadow = None
 
 
@@ -118,16 +118,29 @@ class PassCost:
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """One pass of ``rows`` sequences, ``width`` positions each, took ``seconds``."""
-        if self.fixed is not None or seconds <= 0 or width < 1 or rows < 1:
+        if seconds <= 0 or width < 1 or rows < 1:
             return
         w = self._by_rows.setdefault(rows, _Widths())
-        if width == 1:
+        if width == 1:  # kept with a fixed beta too: a draft model's cost is relative to it
             w.plain = seconds if w.plain is None else w.plain + COST_WEIGHT * (seconds - w.plain)
             return
-        if w.plain is None:
-            return  # nothing to compare with yet
+        if self.fixed is not None or w.plain is None:
+            return  # fixed, or nothing to compare with yet
         beta = max(0.0, (seconds / w.plain - 1.0) / (width - 1))
         w.beta = beta if w.beta is None else w.beta + COST_WEIGHT * (beta - w.beta)
+
+    def plain(self, rows: int = 1) -> float | None:
+        """Seconds of a one-position pass of ``rows`` sequences, once measured."""
+        w = self._by_rows.get(rows)
+        return None if w is None else w.plain
+
+    def seed_plain(self, rows: int, seconds: float) -> None:
+        """A one-position pass timed outside decoding (a calibration), kept until decoding
+        measures its own; counted even with a fixed ``beta`` (the draft model's cost is
+        relative to it)."""
+        w = self._by_rows.setdefault(rows, _Widths())
+        if w.plain is None and seconds > 0:
+            w.plain = seconds
 
     def needs_plain(self, rows: int) -> bool:
         """Measured, and no one-position pass of ``rows`` sequences timed yet."""

@@ -36,6 +36,7 @@ from router.worker.suffix import SuffixConfig
 BATCH_DRAFT_TABLE: tuple[tuple[int, int], ...] = ((2, 8), (4, 6), (8, 2))
 
 BATCH_SOURCES = ("prediction", "prompt_lookup", "suffix")
+AUTO_SOURCES = ("prompt_lookup", "suffix")  # ``auto``'s sources here, after a prediction
 
 # A forced run's length per batch size, in the table's lengths (see the module's docstring).
 FORCED_TABLE_FACTOR = 2
@@ -112,10 +113,14 @@ def batch_plan(
         return k if asked is None else min(asked, k)
 
     forced = capped(FORCED_MAX_DRAFT) if constrained else 0
-    if request.prediction:
+    source = request.draft_source or settings.draft_source
+    if source == "auto":
+        k = max(settings.lookup.max_draft, settings.suffix.max_draft)
+        if request.prediction:
+            k = max(k, settings.prediction.max_draft)
+    elif request.prediction:
         source, k = "prediction", settings.prediction.max_draft
     else:
-        source = request.draft_source or settings.draft_source
         if source == "prompt_lookup":
             k = settings.lookup.max_draft
         elif source == "suffix":

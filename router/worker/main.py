@@ -202,6 +202,11 @@ def lane_source(
     """The draft source of requests without a prediction, and its k (None, 0: no drafting)."""
     if (mode or args.mode) != "speculative":
         return None, 0
+    if args.draft_source == "auto":  # chosen at every step among all the lane has
+        most = max(args.lookup_max_draft, args.suffix_max_draft)
+        if models.draft is not None and args.num_draft_tokens:
+            most = max(most, args.num_draft_tokens)
+        return "auto", most
     if args.draft_source == "draft_model" and models.draft is not None and args.num_draft_tokens:
         return "draft_model", args.num_draft_tokens
     if args.draft_source == "prompt_lookup":

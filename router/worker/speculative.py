@@ -47,7 +47,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from router.worker.draftcontrol import Pace, PassCost
+from router.worker.draftchoice import (
+    DRAFT_MODEL,
+    GAMMA_MAX_FEED,
+    PLAIN,
+    Candidate,
+    Chooser,
+    DraftCost,
+    Evidence,
+    best_rate,
+)
+from router.worker.draftcontrol import Acceptance, Pace, PassCost
 from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft, PromptLookup
 from router.worker.engine import Engine, Models, generation_failed, processors_for, sampler_for
 from router.worker.forced import FORCED_MAX_DRAFT, ConstraintDraft, Draft
@@ -66,11 +76,13 @@ PREFILL_STEP = 512
 FREE_SOURCES = ("prediction", "prompt_lookup", "suffix")  # no forward pass to propose
 
 Propose = Callable[[list[int], int, int], list[int]]  # (history, prompt_len, k) -> draft
+FreePropose = Callable[[list[int], int], list[int]]  # (history, k) -> draft
 
 
 @dataclass(frozen=True)
 class SpecSettings:
-    draft_source: str = "draft_model"  # the lane's source for requests without a prediction
+    # The lane's source for requests that name none: ``auto`` chooses at every step.
+    draft_source: str = "draft_model"
     num_draft_tokens: int = 3  # draft_model's k
     lookup: LookupConfig = field(default_factory=LookupConfig)
     prediction: PredictionConfig = field(default_factory=PredictionConfig)
@@ -120,9 +132,16 @@ def _source_plan(
     has_draft: bool,
     capped: Callable[[int], int],
 ) -> Plan:
+    source = request.draft_source or settings.draft_source
+    if source == "auto":
+        most = max(settings.lookup.max_draft, settings.suffix.max_draft)
+        if request.prediction:
+            most = max(most, settings.prediction.max_draft)
+        if has_draft and settings.num_draft_tokens:
+            most = max(most, settings.num_draft_tokens)
+        return Plan("auto", capped(most))
     if request.prediction:
         return Plan("prediction", capped(settings.prediction.max_draft))
-    source = request.draft_source or settings.draft_source
     if source == "draft_model" and has_draft and settings.num_draft_tokens:
         return Plan("draft_model", capped(settings.num_draft_tokens))
     if source == "prompt_lookup":
@@ -161,17 +180,27 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class DraftModel:
-    """A draft model proposing k greedy tokens; its cache follows the accepted history."""
+    """A draft model proposing k greedy tokens; its cache follows the accepted history.
+    ``timed``: called with (passes, seconds) after a proposal whose catch-up was short (a
+    step's cost, not a prompt's prefill)."""
 
-    def __init__(self, model: Any, cache: list[Any], cached: list[int]) -> None:
+    def __init__(
+        self,
+        model: Any,
+        cache: list[Any],
+        cached: list[int],
+        timed: Callable[[int, float], None] | None = None,
+    ) -> None:
         self.model = model
         self.cache = cache
         self.cached = cached  # the tokens in ``cache``
+        self.timed = timed
 
     def propose(self, history: list[int], prompt_len: int, k: int) -> list[int]:
         import mlx.core as mx
         from mlx_lm.models.cache import trim_prompt_cache
 
+        started = time.perf_counter()
         keep = min(common_prefix(self.cached, history), len(history) - 1)
         trim_prompt_cache(self.cache, len(self.cached) - keep)
         feed = history[keep:]
@@ -187,7 +216,26 @@ class DraftModel:
         tokens = cast("list[int]", mx.concatenate(drafts).tolist()) if drafts else []
         # The last draft was produced but never fed.
         self.cached = history + tokens[:-1] if tokens else history[:-1]
+        if self.timed is not None and tokens and len(feed) <= GAMMA_MAX_FEED:
+            self.timed(len(tokens) + (1 if len(feed) > 1 else 0), time.perf_counter() - started)
         return tokens
+
+
+def time_pass(model: Any, repeats: int = 3) -> float:
+    """The fastest of ``repeats`` one-position passes of ``model`` after a short prompt:
+    a calibration of what one decoding step costs."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    prefill(model, cache, [1, 2, 3, 4])
+    best = float("inf")
+    for i in range(repeats + 1):  # the first pass warms up
+        started = time.perf_counter()
+        mx.eval(model(mx.array([[5 + i]], mx.uint32), cache=cache))
+        if i:
+            best = min(best, time.perf_counter() - started)
+    return best
 
 
 def lookup_proposer(config: LookupConfig) -> Propose:
@@ -226,6 +274,7 @@ def decode(
     constraint: ConstraintDraft | None = None,
     forced_k: int = 0,
     pace: Pace | None = None,
+    chooser: Chooser | None = None,
 ) -> Iterator[Step]:
     """Generate after ``history`` (the prompt), of which ``cache`` holds the first ``cached``.
 
@@ -236,8 +285,9 @@ def decode(
     worker's batch take its turn). ``constraint``: every position is masked by the grammar
     (instead of ``processors``), and each step's draft chains the grammar's forced runs with
     ``propose``'s tokens after them (``ConstraintDraft.draft``), at most ``max(forced_k, k)``
-    tokens in all. ``pace``: whether a free source drafts its ``k`` is decided per step
-    (``router.worker.draftcontrol``), and the passes are timed for it.
+    tokens in all. ``chooser``: which source drafts at each step, and whether any does
+    (``router.worker.draftchoice``), its passes timed for it; without one, ``propose``
+    drafts ``k`` at every step, or paced by ``pace`` (one free source).
     """
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
@@ -249,10 +299,13 @@ def decode(
     for done in prefill_chunks(model, cache, pending):
         if done < len(pending):
             yield Step([], 0, 0)
+    if chooser is None and propose is not None and k > 0 and constraint is None:
+        chooser = single_chooser(propose, prompt_len, k, pace)
     produced = 0
     while produced < max_tokens:
         budget = max_tokens - produced
         draft: list[int] = []
+        choice = PLAIN
         grammar: Draft | None = None
         # The first token goes out on a plain step: a verify pass is wider (and a draft
         # model would first prefill the whole prompt), and the first token is what a client
@@ -264,14 +317,9 @@ def decode(
             longest = min(budget - 1, max(forced_k, k)) if produced else 0
             grammar = constraint.draft(history, longest, free, k)
             draft = grammar.tokens
-        elif propose is not None and k > 0 and budget > 1 and produced:
-            most = min(k, budget - 1)
-            if pace is None:
-                draft = propose(history, prompt_len, most)
-            elif length := pace.length(history, most):
-                draft = propose(history, prompt_len, length)
-            else:  # no draft pays now: the proposal is only checked against the output
-                pace.acceptance.propose_unverified(len(history), propose(history, prompt_len, 1))
+        elif chooser is not None and budget > 1 and produced:
+            choice = chooser.choose(history, budget - 1)
+            draft = choice.tokens
         started = time.perf_counter()
         inputs = mx.array(history[-1:] + draft, mx.uint32)
         logits = model(inputs[None], cache=cache)[0]  # (1 + len(draft), vocab)
@@ -286,8 +334,9 @@ def decode(
         n = 0
         while n < len(draft) and sampled[n] == draft[n]:
             n += 1
-        if pace is not None and grammar is None:
-            pace.passed(len(inputs), time.perf_counter() - started, len(draft), n)
+        if chooser is not None and grammar is None:
+            chooser.passed(len(inputs), time.perf_counter() - started)
+            chooser.verified(choice, n)
         emitted = sampled[: n + 1]
         for i, token in enumerate(emitted):
             if token in stop_tokens:
@@ -309,6 +358,18 @@ def decode(
 
 def _free(propose: Propose, prompt_len: int) -> Callable[[list[int], int], list[int]]:
     return lambda context, k: propose(context, prompt_len, k)
+
+
+def single_chooser(propose: Propose, prompt_len: int, k: int, pace: Pace | None) -> Chooser:
+    """One source drafting ``k`` at every step, or as ``pace`` says pays."""
+    source = Candidate(
+        "source",
+        _free(propose, prompt_len),
+        k,
+        pace.acceptance if pace is not None else Acceptance(),
+    )
+    cost = pace.cost if pace is not None else PassCost()
+    return Chooser([source], cost, paced=pace is not None)
 
 
 # --- the engine -----------------------------------------------------------------------------
@@ -349,7 +410,11 @@ class SpecProgress:
         return False
 
     def finish(
-        self, reason: str, cached_tokens: int, prediction: PredictionDraft | None
+        self,
+        reason: str,
+        cached_tokens: int,
+        prediction: PredictionDraft | None,
+        chooser: Chooser | None = None,
     ) -> Finished:
         self.detokenizer.finalize()
         if not self.scanner.stopped and (out := self.scanner.feed(self.detokenizer.last_segment)):
@@ -364,6 +429,9 @@ class SpecProgress:
         assert isinstance(spec, dict)
         spec["source"] = self.source
         spec["forced"] = self.forced  # accepted draft tokens the grammar forced
+        if chooser is not None:  # what each source drafted, and the steps none paid
+            spec["sources"] = chooser.sources_report()
+            spec["plain_steps"] = chooser.plain_steps
         if prediction is not None:  # OpenAI's meaning: prediction tokens (not) in the output
             body["completion_tokens_details"] = {
                 "accepted_prediction_tokens": prediction.matched,
@@ -396,6 +464,8 @@ class SpeculativeEngine(Engine):
         # Earlier requests' prompts and answers, per client partition (generation thread only).
         self.suffix = SuffixIndex(settings.suffix)
         self.pass_cost = PassCost(settings.draft_position_cost)
+        self.draft_cost = DraftCost()  # the draft model's pass time relative to the target's
+        self.evidence = Evidence()  # each source's acceptance per partition, request to request
 
     @property
     def num_draft_tokens(self) -> int:
@@ -409,7 +479,24 @@ class SpeculativeEngine(Engine):
             "prompt_cache": self.prompt_cache.stats(self.cache_counters),
             "suffix_index": self.suffix.report(),
             **self.pass_cost.report(),
+            **self.draft_cost.report(),
+            **self.evidence.report(),
         }
+
+    def calibrate(self, models: Models) -> None:
+        """Time one decoding pass of the target and of the draft model, once: what a draft
+        model's proposal costs is known before the first request could pay for it."""
+        if models.draft is None or self.draft_cost.gamma is not None:
+            return
+        target = time_pass(models.model)
+        self.pass_cost.seed_plain(1, target)
+        self.draft_cost.observe(1, time_pass(models.draft), target)
+        log.info("draft model pass: %.2fx the target's", self.draft_cost.gamma or 0.0)
+
+    def draft_pays(self, k: int) -> bool:
+        """The draft model can yield more than plain decoding here, were every token kept."""
+        gamma = self.draft_cost.gamma
+        return gamma is None or best_rate(1.0, self.pass_cost.beta(1), k, gamma) > 1.0
 
     def plan(self, request: GenerationRequest) -> Plan:
         has_draft = self.models is not None and self.models.draft is not None
@@ -496,33 +583,31 @@ class SpecRun:
         self.reason = "length"
         self.draft_model: DraftModel | None = None
         self.prediction: PredictionDraft | None = None
+        self.chooser: Chooser | None = None
         self.steps: Iterator[Step] = iter(())
         request = job.request
         if self.aborted:
             return
         if request.seed is not None:
             mx.random.seed(request.seed)
-        settings = engine.settings
         chosen = engine.plan(request)
         forced_only = "forced" if chosen.forced else None
         self.progress = SpecProgress(job, models.tokenizer, chosen.source or forced_only)
         self.progress.k = max(chosen.k, chosen.forced)
         self.history = list(job.prompt_ids)
         self.cache, self.cached = engine.fetch(TARGET, models.model, self.history, job.partition)
+        candidates = self._candidates(models, chosen)
+        # A constrained request fills the gaps between its grammar's forced runs from one
+        # source: the cheapest that copies (the client's earlier calls, then its context).
+        free = [c for c in candidates if c.name != DRAFT_MODEL]
+        filler = next((c for c in free if c.name == "suffix"), free[0] if free else None)
+        filler = filler or (candidates[0] if candidates else None)
         propose: Propose | None = None
-        if chosen.source == "prediction":
-            self.prediction = PredictionDraft(job.prediction_ids, settings.prediction)
-            propose = prediction_proposer(self.prediction)
-        elif chosen.source == "prompt_lookup":
-            propose = lookup_proposer(settings.lookup)
-        elif chosen.source == "suffix":
-            propose = suffix_proposer(SuffixDraft(engine.suffix, job.partition))
-        elif chosen.source == "draft_model":
-            draft_cache, draft_cached = engine.fetch(
-                DRAFT, models.draft, self.history, job.partition
-            )
-            self.draft_model = DraftModel(models.draft, draft_cache, self.history[:draft_cached])
-            propose = self.draft_model.propose
+        if filler is not None:
+            take = filler.propose
+            propose = lambda history, prompt_len, k: take(history, k)  # noqa: E731
+        paced = not (chosen.source == DRAFT_MODEL)  # a draft model named by hand drafts
+        self.chooser = Chooser(candidates, engine.pass_cost, engine.draft_cost, paced=paced)
         constraint: ConstraintDraft | None = None
         if chosen.forced:
             constraint = ConstraintDraft.for_constraint(
@@ -539,12 +624,56 @@ class SpecRun:
             if constraint is not None
             else processors_for(request, job.constraint_failed),
             propose=propose,
-            k=chosen.k,
+            k=filler.most if filler is not None else 0,
             stop_tokens=self.progress.eos,
             constraint=constraint,
             forced_k=chosen.forced,
-            pace=Pace(engine.pass_cost, chosen.source) if chosen.source in FREE_SOURCES else None,
+            chooser=self.chooser if constraint is None else None,
         )
+
+    def _candidates(self, models: Models, chosen: Plan) -> list[Candidate]:
+        """The sources this request may draft from: all the lane has under ``auto``, else
+        the one chosen; each with its partition's carried acceptance."""
+        engine, job = self.engine, self.job
+        settings = engine.settings
+        names: list[str]
+        if chosen.source == "auto":
+            names = ["prediction"] if job.request.prediction else []
+            names += ["prompt_lookup", "suffix"]
+            if models.draft is not None and settings.num_draft_tokens:
+                engine.calibrate(models)
+                if engine.draft_pays(min(chosen.k, settings.num_draft_tokens)):
+                    names.append(DRAFT_MODEL)
+        else:
+            names = [chosen.source] if chosen.source is not None else []
+        out = []
+        for name in names:
+            propose, most = self._proposer(models, name)
+            acceptance = engine.evidence.acceptance(job.partition, name)
+            out.append(Candidate(name, propose, min(most, chosen.k), acceptance))
+        return out
+
+    def _proposer(self, models: Models, name: str) -> tuple[FreePropose, int]:
+        engine, job = self.engine, self.job
+        settings = engine.settings
+        prompt_len = len(job.prompt_ids)
+        if name == "prediction":
+            prediction = self.prediction = PredictionDraft(job.prediction_ids, settings.prediction)
+            return lambda h, k: prediction.propose(h[prompt_len:], k), settings.prediction.max_draft
+        if name == "prompt_lookup":
+            return PromptLookup(settings.lookup).propose, settings.lookup.max_draft
+        if name == "suffix":
+            return SuffixDraft(engine.suffix, job.partition).propose, settings.suffix.max_draft
+        draft_cache, draft_cached = engine.fetch(DRAFT, models.draft, self.history, job.partition)
+        cost = engine.draft_cost
+
+        def timed(passes: int, seconds: float) -> None:
+            cost.observe(passes, seconds, engine.pass_cost.plain(1))
+
+        draft = self.draft_model = DraftModel(
+            models.draft, draft_cache, self.history[:draft_cached], timed
+        )
+        return lambda h, k: draft.propose(h, prompt_len, k), settings.num_draft_tokens
 
     def advance(self) -> Event | None:
         """Run one step; the job's answer once it has ended, else None."""
@@ -582,4 +711,6 @@ class SpecRun:
         if self.aborted:
             return aborted()
         self.engine.suffix.insert(self.job.partition, self.history)
-        return self.progress.finish(self.reason, self.cached, self.prediction)
+        if self.chooser is not None:
+            self.engine.evidence.record(self.job.partition, self.chooser.acceptances())
+        return self.progress.finish(self.reason, self.cached, self.prediction, self.chooser)

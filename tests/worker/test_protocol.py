@@ -348,12 +348,12 @@ def test_malformed_predictions_are_a_400_naming_the_parameter(prediction: Any) -
     assert rejected(chat(prediction=prediction)).param == "prediction"
 
 
-@pytest.mark.parametrize("source", [None, "draft_model", "prompt_lookup", "suffix"])
+@pytest.mark.parametrize("source", [None, "auto", "draft_model", "prompt_lookup", "suffix"])
 def test_a_request_may_name_its_draft_source(source: str | None) -> None:
     assert parse_request(chat(draft_source=source), "chat").draft_source == source
 
 
-@pytest.mark.parametrize("source", ["prediction", "none", "auto", "", 3, ["prompt_lookup"], {}])
+@pytest.mark.parametrize("source", ["prediction", "none", "Auto", "", 3, ["prompt_lookup"], {}])
 def test_an_unknown_draft_source_is_a_400_naming_it(source: Any) -> None:
     error = rejected(chat(draft_source=source))
     assert error.status == 400 and error.param == "draft_source"

@@ -263,3 +263,37 @@ def test_plan_drafts_forced_tokens_of_a_constrained_request(request_, processors
         request_, SpecSettings(draft_source="none"), False, processors, constrained=True
     )
     assert no_source.source is None and no_source.forced == expected.forced
+
+
+def test_auto_choice_drafts_from_the_source_that_copies_and_stays_lossless() -> None:
+    """A copying answer, two sources: lookup copies the prompt, the other proposes junk. The
+    chooser ends up drafting from lookup, and the output is plain decoding's."""
+    from router.worker.draftchoice import Candidate, Chooser
+    from router.worker.draftcontrol import PassCost
+
+    prompt = PROMPT * 2
+    model = ScriptedLM(ids(prompt + ANSWER), EOS)
+    history = ids(prompt)
+    lookup = lookup_proposer(LookupConfig(max_draft=8))
+    prompt_len = len(history)
+    junk = Candidate("suffix", lambda h, k: [ord("#")] * k, 8)
+    copy = Candidate("prompt_lookup", lambda h, k: lookup(h, prompt_len, k), 8)
+    chooser = Chooser([junk, copy], PassCost(0.1))
+    steps = list(
+        decode(
+            model,
+            [ScriptedCache()],
+            history,
+            0,
+            max_tokens=200,
+            sampler=greedy,
+            stop_tokens=frozenset({EOS}),
+            chooser=chooser,
+        )
+    )
+    out = [t for s in steps for t in s.tokens]
+    assert out == [*ids(ANSWER), EOS]
+    tallies = chooser.tallies
+    assert tallies["prompt_lookup"].accepted > len(ANSWER) // 2
+    assert tallies.get("suffix") is None or tallies["suffix"].accepted == 0
+    assert len(steps) < len(out) // 2  # far fewer passes than tokens

@@ -1,0 +1,297 @@
+"""Which draft source drafts at this step, and how far (pure): the lane's side of the
+speculation decision.
+
+The router decides the lane and whether a request may speculate at all; the lane decides, at
+every step of every sequence, which of the sources available to it drafts, or none. The
+candidates are the request's ``prediction``, prompt lookup over the whole context, the
+client's ``suffix`` index and the lane's draft model (the grammar's forced tokens are chained
+in by ``router.worker.forced`` on top of what this module picks). Each step:
+
+- every free source (no forward pass of its own) proposes; a proposal that is not drafted
+  is kept as a *shadow* and scored against the tokens the target then emits, so every free
+  source's acceptance stays current whichever one drafts (``Acceptance``, per sequence);
+- each source's yield is the expected tokens per unit of cost of its draft: ``1 + a + ... +
+  a^k`` tokens for a pass of ``1 + beta * k`` (``router.worker.draftcontrol``); a draft
+  model's proposal costs ``gamma * (k + 1)`` more, ``gamma`` its measured pass time relative
+  to the target's (``DraftCost``), so a draft as slow as the target never drafts, and a small
+  one drafts while its acceptance pays (SmartSpec, arXiv 2406.14066, per step; chosen here
+  between sources as well as lengths);
+- the source with the highest yield drafts its whole proposal, provided its yield beats a
+  plain step; else the step is plain. A draft model that could pay but has not been tried
+  for ``PROBE_EVERY`` steps drafts once (its acceptance is only learnt by drafting).
+
+What a client's earlier requests taught carries to its next one (``Evidence``): each
+source's acceptance per client partition, so a turn that copies starts from the last turn's
+figure instead of a prior.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from router.worker.draftcontrol import PREDICTION_PRIOR, PRIOR, Acceptance, PassCost
+
+Propose = Callable[[list[int], int], list[int]]  # (history, k) -> draft tokens
+
+DRAFT_MODEL = "draft_model"
+# Steps without drafting after which a draft model that could pay is tried once.
+PROBE_EVERY = 32
+# A draft model's pass time relative to the target's, moving average weight of a new figure.
+GAMMA_WEIGHT = 0.3
+# A proposal fed to the draft model longer than this was a catch-up prefill, not a step.
+GAMMA_MAX_FEED = 8
+# Carried evidence is weighed down to this many observations, so a new request can
+# still overrule what earlier ones taught within a few steps.
+CARRY_WEIGHT = 3.0
+EVIDENCE_PARTITIONS = 1024  # partitions remembered per lane (least recently used dropped)
+
+
+def yield_rate(alpha: float, k: int, beta: float, extra: float = 0.0) -> float:
+    """Expected tokens per unit of cost for a draft of ``k``: ``extra`` is what proposing it
+    costs, in one-position passes of the target."""
+    tokens = sum(alpha**i for i in range(k + 1))
+    return tokens / (1.0 + beta * k + extra)
+
+
+def best_rate(alpha: float, beta: float, most: int, extra_per_token: float = 0.0) -> float:
+    """The best ``yield_rate`` over draft lengths ``1..most`` (1.0: plain decoding)."""
+    best = 1.0
+    for k in range(1, most + 1):
+        extra = extra_per_token * (k + 1) if extra_per_token else 0.0
+        best = max(best, yield_rate(alpha, k, beta, extra))
+    return best
+
+
+class DraftCost:
+    """A draft model's pass time relative to a one-position pass of the target (``gamma``),
+    per lane: measured from its proposals, or fixed."""
+
+    def __init__(self, fixed: float | None = None) -> None:
+        self.gamma: float | None = fixed
+        self.fixed = fixed is not None
+
+    def observe(self, passes: int, seconds: float, plain_seconds: float | None) -> None:
+        """A proposal of ``passes`` draft passes took ``seconds``; the target's one-position
+        pass takes ``plain_seconds`` (None: not measured yet)."""
+        if self.fixed or passes < 1 or seconds <= 0 or not plain_seconds:
+            return
+        gamma = seconds / passes / plain_seconds
+        self.gamma = (
+            gamma if self.gamma is None else self.gamma + GAMMA_WEIGHT * (gamma - self.gamma)
+        )
+
+    def report(self) -> Mapping[str, object]:
+        return {"draft_model_cost": None if self.gamma is None else round(self.gamma, 4)}
+
+
+@dataclass
+class _Shadow:
+    at: int  # the history length the proposal was to follow
+    tokens: list[int]
+
+    def score(self, history: list[int]) -> tuple[int, int] | None:
+        """(kept, rejected) once ``history`` settles the proposal, else None."""
+        emitted = history[self.at : self.at + len(self.tokens)]
+        kept = 0
+        while kept < len(emitted) and emitted[kept] == self.tokens[kept]:
+            kept += 1
+        if kept < len(emitted):
+            return kept, 1
+        return (kept, 0) if kept == len(self.tokens) else None
+
+
+@dataclass
+class Candidate:
+    """One source of one sequence: how it proposes, its most per step, its acceptance."""
+
+    name: str
+    propose: Propose
+    most: int
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    shadow: _Shadow | None = None
+    idle: int = 0  # steps since it last drafted (a draft model's probe)
+
+    @property
+    def is_model(self) -> bool:
+        return self.name == DRAFT_MODEL
+
+
+@dataclass(frozen=True)
+class Choice:
+    source: str | None  # None: a plain step
+    tokens: list[int]
+
+
+PLAIN = Choice(None, [])
+
+
+@dataclass
+class Tally:
+    """What one source drafted for one sequence (the usage's ``sources``)."""
+
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+
+class Chooser:
+    """One sequence's draft at every step, from its ``candidates`` (in order of preference
+    on a tie). ``paced`` False: the first source with a proposal drafts its most, always (a
+    source a client named, or a test)."""
+
+    def __init__(
+        self,
+        candidates: Iterable[Candidate],
+        cost: PassCost,
+        draft_cost: DraftCost | None = None,
+        *,
+        paced: bool = True,
+        rows: int = 1,
+    ) -> None:
+        self.candidates = [c for c in candidates if c.most > 0]
+        self.cost = cost
+        self.draft_cost = draft_cost or DraftCost()
+        self.paced = paced
+        self.rows = rows
+        self.tallies: dict[str, Tally] = {}
+        self.plain_steps = 0  # steps that drafted nothing although a source proposed
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.candidates)
+
+    def _settle_shadows(self, history: list[int]) -> None:
+        for c in self.candidates:
+            if c.shadow is not None and (scored := c.shadow.score(history)) is not None:
+                c.acceptance.observe(*scored)
+                c.shadow = None
+
+    def _model_extra(self) -> float | None:
+        """A draft model's cost per proposed token in target passes; None: unknown yet."""
+        return self.draft_cost.gamma
+
+    def choose(self, history: list[int], room: int) -> Choice:
+        """This step's draft after ``history``: at most ``room`` tokens."""
+        if room <= 0 or not self.candidates:
+            return PLAIN
+        self._settle_shadows(history)
+        if not self.paced:
+            return self._first(history, room)
+        beta = self.cost.beta(self.rows)
+        best: Candidate | None = None
+        best_tokens: list[int] = []
+        best_yield = 1.0
+        proposals: list[tuple[Candidate, list[int]]] = []
+        model: Candidate | None = None
+        for c in self.candidates:
+            c.idle += 1
+            if c.is_model:
+                model = c
+                continue
+            tokens = c.propose(history, min(c.most, room))
+            if not tokens:
+                continue
+            proposals.append((c, tokens))
+            rate = best_rate(c.acceptance.alpha, beta, len(tokens))
+            if rate > best_yield * 1.0001:
+                best, best_tokens, best_yield = c, tokens, rate
+        if model is not None:
+            gamma = self._model_extra()
+            k = min(model.most, room)
+            could_pay = gamma is None or best_rate(1.0, beta, k, gamma) > 1.0
+            rate = 0.0 if gamma is None else best_rate(model.acceptance.alpha, beta, k, gamma)
+            probe = could_pay and best is None and model.idle > PROBE_EVERY
+            if could_pay and (rate > best_yield * 1.0001 or probe or gamma is None):
+                best, best_tokens = model, []
+        for c, tokens in proposals:
+            if c is not best and c.shadow is None:
+                c.shadow = _Shadow(len(history), tokens)
+        if best is None:
+            if proposals or model is not None:
+                self.plain_steps += 1
+            return PLAIN
+        best.idle = 0
+        best.shadow = None
+        if best.is_model:
+            best_tokens = best.propose(history, min(best.most, room))
+        return Choice(best.name, best_tokens) if best_tokens else PLAIN
+
+    def _first(self, history: list[int], room: int) -> Choice:
+        for c in self.candidates:
+            if tokens := c.propose(history, min(c.most, room)):
+                return Choice(c.name, tokens)
+        return PLAIN
+
+    def verified(self, choice: Choice, accepted: int) -> None:
+        """The target kept ``accepted`` of ``choice``'s tokens."""
+        if choice.source is None:
+            return
+        for c in self.candidates:
+            if c.name == choice.source:
+                c.acceptance.verified(len(choice.tokens), accepted)
+        tally = self.tallies.setdefault(choice.source, Tally())
+        tally.drafted += len(choice.tokens)
+        tally.accepted += accepted
+        tally.steps += 1
+
+    def passed(self, width: int, seconds: float) -> None:
+        """A pass of ``width`` positions (this sequence's rows) took ``seconds``."""
+        self.cost.observe(self.rows, width, seconds)
+
+    def drafted_model(self, passes: int, seconds: float) -> None:
+        """The draft model's proposal ran ``passes`` passes in ``seconds``."""
+        self.draft_cost.observe(passes, seconds, self.cost.plain(1))
+
+    def acceptances(self) -> dict[str, Acceptance]:
+        return {c.name: c.acceptance for c in self.candidates}
+
+    def sources_report(self) -> dict[str, dict[str, int]]:
+        return {
+            name: {"drafted": t.drafted, "accepted": t.accepted, "steps": t.steps}
+            for name, t in self.tallies.items()
+        }
+
+
+def prior(source: str) -> tuple[float, float]:
+    """A source's acceptance before any evidence: a ``prediction`` is its client's own
+    statement of the answer, so it starts trusted."""
+    return PREDICTION_PRIOR if source == "prediction" else PRIOR
+
+
+class Evidence:
+    """Each source's acceptance per client partition, carried from a request to the next
+    (bounded: least recently used partitions are dropped)."""
+
+    def __init__(self, partitions: int = EVIDENCE_PARTITIONS) -> None:
+        self.partitions = partitions
+        self._by: OrderedDict[str, dict[str, tuple[float, float]]] = OrderedDict()
+
+    def acceptance(self, partition: str, source: str) -> Acceptance:
+        """A new sequence's acceptance for ``source``: the partition's carried figure
+        (weighed down to ``CARRY_WEIGHT`` observations over the prior), else the prior."""
+        start = prior(source)
+        carried = self._by.get(partition, {}).get(source)
+        if carried is None:
+            return Acceptance(start)
+        self._by.move_to_end(partition)
+        kept, rejected = carried
+        total = kept + rejected
+        scale = min(1.0, CARRY_WEIGHT / total) if total > 0 else 0.0
+        # The prior stays in at a small weight: one bad request cannot rule a source out.
+        return Acceptance((kept * scale + start[0] * 0.25, rejected * scale + start[1] * 0.25))
+
+    def record(self, partition: str, acceptances: Mapping[str, Acceptance]) -> None:
+        """A sequence ended: its sources' acceptance become the partition's."""
+        if not acceptances:
+            return
+        entry = self._by.setdefault(partition, {})
+        self._by.move_to_end(partition)
+        for source, a in acceptances.items():
+            entry[source] = (a.kept, a.rejected)
+        while len(self._by) > self.partitions:
+            self._by.popitem(last=False)
+
+    def report(self) -> Mapping[str, object]:
+        return {"evidence_partitions": len(self._by)}

@@ -1,0 +1,181 @@
+"""router.worker.draftchoice: which source drafts at each step, from measured cost and
+acceptance; what a partition's earlier requests taught."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.worker.draftchoice import (
+    CARRY_WEIGHT,
+    DRAFT_MODEL,
+    PROBE_EVERY,
+    Candidate,
+    Chooser,
+    DraftCost,
+    Evidence,
+    best_rate,
+)
+from router.worker.draftcontrol import Acceptance, PassCost
+
+
+class Fixed:
+    """A proposer that always proposes ``tokens`` (counting its calls)."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self.calls = 0
+
+    def __call__(self, history: list[int], k: int) -> list[int]:
+        self.calls += 1
+        return self.tokens[:k]
+
+
+def model_chooser(alpha: tuple[float, float], gamma: float, beta: float = 0.1) -> Chooser:
+    draft = Candidate(DRAFT_MODEL, Fixed([7, 7, 7]), 3, Acceptance(alpha))
+    return Chooser([draft], PassCost(beta), DraftCost(gamma))
+
+
+@pytest.mark.parametrize(
+    ("gamma", "drafts"),
+    [
+        (0.05, True),  # a small draft for a large target (a Mac): it pays at 90 %
+        (0.25, True),
+        (1.0, False),  # the draft costs what the target costs: never, whatever it accepts
+        (2.0, False),
+    ],
+)
+def test_the_draft_model_is_chosen_where_it_is_cheap_and_dropped_where_it_is_not(
+    gamma: float, drafts: bool
+) -> None:
+    chooser = model_chooser((9.0, 1.0), gamma)
+    choice = chooser.choose([1, 2, 3], 8)
+    assert (choice.source == DRAFT_MODEL) is drafts
+    if not drafts:
+        assert chooser.candidates[0].propose.calls == 0  # type: ignore[attr-defined]
+
+
+def test_a_cheap_draft_model_that_is_refused_stops_drafting() -> None:
+    chooser = model_chooser((1.0, 1.0), 0.05)
+    draft = chooser.candidates[0]
+    for _ in range(4):
+        choice = chooser.choose([1, 2, 3], 8)
+        if choice.source is None:
+            break
+        chooser.verified(choice, 0)
+    assert chooser.choose([1, 2, 3], 8).source is None
+    assert draft.acceptance.alpha < 0.3
+
+
+def test_a_draft_model_that_could_pay_is_probed_after_a_while() -> None:
+    chooser = model_chooser((0.2, 5.0), 0.05)
+    sources = [chooser.choose([1, 2, 3], 8).source for _ in range(PROBE_EVERY + 2)]
+    assert sources[: PROBE_EVERY - 1] == [None] * (PROBE_EVERY - 1)
+    assert DRAFT_MODEL in sources[PROBE_EVERY - 1 :]
+
+
+def test_copying_wins_over_a_draft_model_that_costs_a_pass() -> None:
+    lookup = Candidate("prompt_lookup", Fixed([4, 5, 6, 7, 8, 9]), 8, Acceptance((9.0, 1.0)))
+    draft = Candidate(DRAFT_MODEL, Fixed([4, 5, 6]), 3, Acceptance((9.0, 1.0)))
+    chooser = Chooser([draft, lookup], PassCost(0.1), DraftCost(0.3))
+    choice = chooser.choose([1, 2, 3], 8)
+    assert (choice.source, choice.tokens) == ("prompt_lookup", [4, 5, 6, 7, 8, 9])
+    assert draft.propose.calls == 0  # type: ignore[attr-defined]
+
+
+def test_the_draft_model_drafts_chat_when_nothing_copies() -> None:
+    lookup = Candidate("prompt_lookup", Fixed([]), 8)  # no match in the context
+    draft = Candidate(DRAFT_MODEL, Fixed([4, 5, 6]), 3, Acceptance((9.0, 1.0)))
+    chooser = Chooser([lookup, draft], PassCost(0.1), DraftCost(0.1))
+    assert chooser.choose([1, 2, 3], 8).source == DRAFT_MODEL
+
+
+def test_an_unmeasured_draft_model_drafts_once_to_be_measured() -> None:
+    draft = Candidate(DRAFT_MODEL, Fixed([4, 5, 6]), 3, Acceptance((1.0, 9.0)))
+    chooser = Chooser([draft], PassCost(0.1), DraftCost())
+    assert chooser.choose([1, 2, 3], 8).source == DRAFT_MODEL
+
+
+def test_nothing_pays_a_plain_step_and_the_proposals_are_shadowed() -> None:
+    lookup = Candidate("prompt_lookup", Fixed([4, 5, 6]), 8, Acceptance((1.0, 9.0)))
+    chooser = Chooser([lookup], PassCost(0.2))
+    history = [1, 2, 3]
+    assert chooser.choose(history, 8).source is None
+    assert chooser.plain_steps == 1
+    # The target then emits exactly what lookup proposed: the shadow is scored as kept.
+    before = lookup.acceptance.alpha
+    history += [4, 5, 6]
+    chooser.choose(history, 8)
+    assert lookup.acceptance.alpha > before
+
+
+def test_a_shadow_counts_the_run_until_the_first_miss() -> None:
+    lookup = Candidate("prompt_lookup", Fixed([4, 5, 6, 7]), 8, Acceptance((0.0, 1.0)))
+    chooser = Chooser([lookup], PassCost(5.0))  # nothing ever pays: shadows only
+    chooser.choose([1], 8)
+    chooser.choose([1, 4, 5], 8)  # two kept so far, undecided
+    assert lookup.shadow is not None
+    chooser.choose([1, 4, 5, 9], 8)  # the third misses
+    assert (lookup.acceptance.kept, lookup.acceptance.rejected) == pytest.approx((2.0, 1.7))
+
+
+def test_the_source_that_copies_takes_over_from_one_that_stopped() -> None:
+    """Two free sources: the one whose shadows are kept overtakes the one being refused."""
+    a = Candidate("prompt_lookup", Fixed([9, 9, 9]), 8, Acceptance((3.0, 1.0)))
+    b = Candidate("suffix", Fixed([4, 5, 6]), 8, Acceptance((1.0, 1.0)))
+    chooser = Chooser([a, b], PassCost(0.05))
+    history = [1, 2, 3]
+    picked = []
+    for _ in range(6):
+        choice = chooser.choose(history, 8)
+        picked.append(choice.source)
+        emitted = [4, 5, 6]  # what the target writes each time: b's proposal
+        kept = 0
+        while kept < len(choice.tokens) and choice.tokens[kept] == emitted[kept]:
+            kept += 1
+        chooser.verified(choice, kept)
+        history = history + emitted
+        b.propose.tokens = [4, 5, 6]  # type: ignore[attr-defined]
+    assert picked[0] == "prompt_lookup"
+    assert picked[-1] == "suffix"
+    assert chooser.tallies["suffix"].accepted > 0
+
+
+def test_unpaced_the_first_source_with_a_proposal_always_drafts() -> None:
+    draft = Candidate(DRAFT_MODEL, Fixed([4, 5]), 3, Acceptance((0.0, 9.0)))
+    chooser = Chooser([draft], PassCost(0.5), DraftCost(3.0), paced=False)
+    assert chooser.choose([1], 8).tokens == [4, 5]
+
+
+def test_draft_cost_is_measured_relative_to_a_plain_pass() -> None:
+    cost = DraftCost()
+    cost.observe(4, 0.4, None)  # no plain pass measured yet: nothing to compare with
+    assert cost.gamma is None
+    cost.observe(4, 0.4, 0.1)
+    assert cost.gamma == pytest.approx(1.0)
+    cost.observe(4, 0.04, 0.1)
+    assert 0.1 < cost.gamma < 1.0
+
+
+def test_best_rate_of_a_free_draft_against_one_that_costs_passes() -> None:
+    assert best_rate(0.9, 0.1, 3) > 1.0
+    assert best_rate(0.9, 0.1, 3, 1.0) == 1.0  # as slow as the target: plain is better
+    assert best_rate(0.0, 0.1, 8) == 1.0
+
+
+def test_evidence_carries_a_partitions_acceptance_to_its_next_request() -> None:
+    evidence = Evidence()
+    fresh = evidence.acceptance("client-a", "prompt_lookup")
+    assert fresh.alpha == pytest.approx(0.5)
+    evidence.record("client-a", {"prompt_lookup": Acceptance((3.0, 0.1))})
+    carried = evidence.acceptance("client-a", "prompt_lookup")
+    assert carried.alpha > 0.8
+    assert carried.kept + carried.rejected <= CARRY_WEIGHT + 1.0  # a new request can overrule
+    assert evidence.acceptance("client-b", "prompt_lookup").alpha == pytest.approx(0.5)
+
+
+def test_evidence_is_bounded_in_partitions() -> None:
+    evidence = Evidence(partitions=2)
+    for p in ("a", "b", "c"):
+        evidence.record(p, {"suffix": Acceptance((3.0, 0.0))})
+    assert evidence.acceptance("a", "suffix").alpha == pytest.approx(0.5)  # dropped
+    assert evidence.acceptance("c", "suffix").alpha > 0.8
