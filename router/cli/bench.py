@@ -28,6 +28,9 @@ from router.bench.overhead import run as overhead_run
 from router.bench.scorecard import plan, plot, report
 from router.bench.scorecard.run import BenchError, Options, run_scorecard
 from router.bench.scorecard.score import Thresholds
+from router.bench.session import report as session_report
+from router.bench.session import run as session_run
+from router.bench.session.script import SESSIONS
 
 INTERRUPTED = 130
 
@@ -149,6 +152,22 @@ BENCHES = {
             ("--out", Path("bench-results/agent.json"), None),
         ),
         agent_run.run, agent_report.render,
+    ),
+    "session": Bench(
+        "Agents' editing sessions (whole file, search/replace, diff, a question, a retry; "
+        "chat) against mlx_lm.server, mlx_lm.server --draft-model and speclane, the last "
+        "with its own choice of draft and with each source fixed.",
+        (
+            MODEL,
+            ("--draft-model", None, "draft directory (default: the prepared default's)"),
+            ("--sessions", tuple(SESSIONS), "comma-separated", {"type": csv(str, tuple(SESSIONS))}),
+            ("--targets", session_run.TARGETS, "comma-separated",
+             {"type": csv(str, session_run.TARGETS)}),
+            ("--max-tokens", 300, "per turn"),
+            ("--num-draft-tokens", 3, "mlx_lm.server --draft-model's"),
+            ("--out", Path("bench-results/session.json"), None),
+        ),
+        session_run.run, session_report.render,
     ),
     "lanes": Bench(
         "The shared and separate lane layouts against mlx_lm.server --draft-model.",

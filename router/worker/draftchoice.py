@@ -55,13 +55,24 @@ def yield_rate(alpha: float, k: int, beta: float, extra: float = 0.0) -> float:
     return tokens / (1.0 + beta * k + extra)
 
 
-def best_rate(alpha: float, beta: float, most: int, extra_per_token: float = 0.0) -> float:
-    """The best ``yield_rate`` over draft lengths ``1..most`` (1.0: plain decoding)."""
-    best = 1.0
+def paying(alpha: float, beta: float, most: int, extra_per_token: float = 0.0) -> tuple[int, float]:
+    """(the longest draft in ``1..most`` that yields more than a plain step, or 0; the best
+    ``yield_rate`` over them, 1.0 for plain decoding). The longest rather than the best:
+    acceptance comes in runs (a copied span is kept whole, new text refused at once), which
+    the per-token figure averages away, so a short draft would forgo the long runs that make
+    copying pay; past the longest paying length a miss costs more than a run can win."""
+    longest, best = 0, 1.0
     for k in range(1, most + 1):
         extra = extra_per_token * (k + 1) if extra_per_token else 0.0
-        best = max(best, yield_rate(alpha, k, beta, extra))
-    return best
+        rate = yield_rate(alpha, k, beta, extra)
+        if rate > 1.0:
+            longest, best = k, max(best, rate)
+    return longest, best
+
+
+def best_rate(alpha: float, beta: float, most: int, extra_per_token: float = 0.0) -> float:
+    """The best ``yield_rate`` over draft lengths ``1..most`` (1.0: plain decoding)."""
+    return paying(alpha, beta, most, extra_per_token)[1]
 
 
 class DraftCost:
@@ -194,17 +205,20 @@ class Chooser:
             if not tokens:
                 continue
             proposals.append((c, tokens))
-            rate = best_rate(c.acceptance.alpha, beta, len(tokens))
-            if rate > best_yield * 1.0001:
-                best, best_tokens, best_yield = c, tokens, rate
+            length, rate = paying(c.acceptance.alpha, beta, len(tokens))
+            if length and rate > best_yield * 1.0001:
+                best, best_tokens, best_yield = c, tokens[:length], rate
         if model is not None:
             gamma = self._model_extra()
             k = min(model.most, room)
-            could_pay = gamma is None or best_rate(1.0, beta, k, gamma) > 1.0
-            rate = 0.0 if gamma is None else best_rate(model.acceptance.alpha, beta, k, gamma)
+            could_pay = gamma is None or paying(1.0, beta, k, gamma)[0] > 0
+            length, rate = (
+                (k, 0.0) if gamma is None else paying(model.acceptance.alpha, beta, k, gamma)
+            )
             probe = could_pay and best is None and model.idle > PROBE_EVERY
             if could_pay and (rate > best_yield * 1.0001 or probe or gamma is None):
                 best, best_tokens = model, []
+                k = length or k
         for c, tokens in proposals:
             if c is not best and c.shadow is None:
                 c.shadow = _Shadow(len(history), tokens)
@@ -215,7 +229,7 @@ class Chooser:
         best.idle = 0
         best.shadow = None
         if best.is_model:
-            best_tokens = best.propose(history, min(best.most, room))
+            best_tokens = best.propose(history, k)
         return Choice(best.name, best_tokens) if best_tokens else PLAIN
 
     def _first(self, history: list[int], room: int) -> Choice:

@@ -26,8 +26,10 @@ pass of their own (auto-disable judges them).
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # A sequence's acceptance before it has drafted: one kept and one rejected token; a
 # request's ``prediction`` is its client's own statement of the answer (an edit of a text
@@ -38,9 +40,9 @@ PREDICTION_PRIOR = (4.0, 1.0)
 # sequence that starts (or stops) copying is seen within a few tokens.
 ACCEPTANCE_DECAY = 0.7
 # Before a lane has measured a pass of each width: a mid-range guess, replaced by the
-# first measurements (each counts for ``COST_WEIGHT`` of the new figure).
+# median of the last ``COST_SAMPLES`` measurements.
 PRIOR_BETA = 0.1
-COST_WEIGHT = 0.3
+COST_SAMPLES = 15
 
 
 class Acceptance:
@@ -102,8 +104,19 @@ def best_length(alpha: float, beta: float, most: int) -> int:
 
 @dataclass
 class _Widths:
-    plain: float | None = None  # seconds of a one-position pass
-    beta: float | None = None
+    """The last ``COST_SAMPLES`` timings of one batch size; their medians are the figures
+    (a busy machine's outliers, a pass that waited on another process, move no median)."""
+
+    plains: deque[float] = field(default_factory=lambda: deque(maxlen=COST_SAMPLES))
+    betas: deque[float] = field(default_factory=lambda: deque(maxlen=COST_SAMPLES))
+
+    @property
+    def plain(self) -> float | None:
+        return statistics.median(self.plains) if self.plains else None
+
+    @property
+    def beta(self) -> float | None:
+        return statistics.median(self.betas) if self.betas else None
 
 
 class PassCost:
@@ -122,12 +135,12 @@ class PassCost:
             return
         w = self._by_rows.setdefault(rows, _Widths())
         if width == 1:  # kept with a fixed beta too: a draft model's cost is relative to it
-            w.plain = seconds if w.plain is None else w.plain + COST_WEIGHT * (seconds - w.plain)
+            w.plains.append(seconds)
             return
-        if self.fixed is not None or w.plain is None:
+        plain = w.plain
+        if self.fixed is not None or plain is None:
             return  # fixed, or nothing to compare with yet
-        beta = max(0.0, (seconds / w.plain - 1.0) / (width - 1))
-        w.beta = beta if w.beta is None else w.beta + COST_WEIGHT * (beta - w.beta)
+        w.betas.append(max(0.0, (seconds / plain - 1.0) / (width - 1)))
 
     def plain(self, rows: int = 1) -> float | None:
         """Seconds of a one-position pass of ``rows`` sequences, once measured."""
@@ -139,8 +152,8 @@ class PassCost:
         measures its own; counted even with a fixed ``beta`` (the draft model's cost is
         relative to it)."""
         w = self._by_rows.setdefault(rows, _Widths())
-        if w.plain is None and seconds > 0:
-            w.plain = seconds
+        if not w.plains and seconds > 0:
+            w.plains.append(seconds)
 
     def needs_plain(self, rows: int) -> bool:
         """Measured, and no one-position pass of ``rows`` sequences timed yet."""

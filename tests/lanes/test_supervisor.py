@@ -466,7 +466,7 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
         "--draft-model",
         str(tmp_path / "draft"),
         "--draft-source",
-        "draft_model",
+        "auto",  # the default: the lane chooses at every step
         "--lookup-ngram-min",
         "2",
         "--lookup-ngram-max",
@@ -503,8 +503,10 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
 @pytest.mark.parametrize(
     ("source", "with_draft", "passed"),
     [
-        ("auto", True, "draft_model"),
-        ("auto", False, "prompt_lookup"),  # the gate refused the draft: lookup, free to make
+        # auto: the lane chooses among the sources it has, with or without a draft model
+        ("auto", True, "auto"),
+        ("auto", False, "auto"),  # the gate refused the draft: the free sources only
+        ("draft_model", True, "draft_model"),
         ("draft_model", False, "none"),
         ("prompt_lookup", False, "prompt_lookup"),
         ("prompt_lookup", True, "prompt_lookup"),

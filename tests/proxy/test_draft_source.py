@@ -1,11 +1,13 @@
-"""What body the speculative lane receives: the draft source the router chose for the
-request's family, the client's own choice, plain decoding, and never for another backend."""
+"""What body the speculative lane receives: ``auto`` (the lane chooses the source at every
+step) or the configured source, the client's own choice, plain decoding, and never for
+another backend."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import aiohttp
+import pytest
 
 from router.appkeys import POOL, SPEC
 from router.speculation.keystate import SpecKey
@@ -56,20 +58,20 @@ def last_body(fake: FakeUpstream) -> dict[str, Any]:
     return fake.requests[-1].body
 
 
-async def test_the_lane_gets_the_source_chosen_for_the_family() -> None:
+async def test_under_auto_the_lane_is_asked_to_choose_for_every_family() -> None:
     async with fake_upstreams("spec", "batch") as (spec, batch), lanes_router(spec, batch) as r:
+        # chat, a file to copy back, tool calls, answers held to a grammar: the lane chooses
         assert await send(r, CHAT) == "speculative"
-        assert last_body(spec)["draft_source"] == "draft_model"  # chat, a draft model runs
+        assert last_body(spec)["draft_source"] == "auto"
         assert await send(r, EDIT) == "speculative"
-        assert last_body(spec)["draft_source"] == "prompt_lookup"  # a file to copy back
+        assert last_body(spec)["draft_source"] == "auto"
         assert await send(r, CHAT, tools=TOOLS) == "speculative"
-        assert last_body(spec)["draft_source"] == "prompt_lookup"
-        # answers held to a grammar: a free source between its forced tokens
+        assert last_body(spec)["draft_source"] == "auto"
         assert await send(r, CHAT, tools=TOOLS, tool_choice="required") == "speculative"
-        assert last_body(spec)["draft_source"] == "suffix"
+        assert last_body(spec)["draft_source"] == "auto"
         json_answer = {"type": "json_schema", "json_schema": {"name": "p", "schema": {}}}
         assert await send(r, CHAT, response_format=json_answer) == "speculative"
-        assert last_body(spec)["draft_source"] == "suffix"
+        assert last_body(spec)["draft_source"] == "auto"
         # the client's own choice is honoured and forwarded as sent
         assert await send(r, EDIT, extra_body={"draft_source": "draft_model"}) == "speculative"
         assert last_body(spec)["draft_source"] == "draft_model"
@@ -77,45 +79,57 @@ async def test_the_lane_gets_the_source_chosen_for_the_family() -> None:
         await send(r, CHAT, prediction={"type": "content", "content": "hello"})
         assert "draft_source" not in last_body(spec)
         keys = set(r.app[SPEC].auto.keys())
-    assert SpecKey("speculative", "fake-model", "default:none:chat", "draft_model") in keys
-    assert SpecKey("speculative", "fake-model", "default:none:code-block", "prompt_lookup") in keys
+    # one source under auto, each family judged under its own key
+    assert SpecKey("speculative", "fake-model", "default:none:chat", "auto") in keys
+    assert SpecKey("speculative", "fake-model", "default:none:code-block", "auto") in keys
+    assert SpecKey("speculative", "fake-model", "default:none:tools", "auto") in keys
+    assert SpecKey("speculative", "fake-model", "default:none:constrained", "auto") in keys
     assert SpecKey("speculative", "fake-model", "default:none:code-block", "draft_model") in keys
     assert SpecKey("speculative", "fake-model", "default:none:prediction", "prediction") in keys
-    assert SpecKey("speculative", "fake-model", "default:none:constrained", "suffix") in keys
     assert all("num_draft_tokens" not in s.body for s in spec.requests)
     assert not batch.requests
 
 
-async def test_a_lane_without_a_draft_model_gets_prompt_lookup_for_chat() -> None:
+async def test_a_lane_without_a_draft_model_is_still_asked_to_choose() -> None:
+    """The gate refused the pair: under auto the lane chooses among its free sources; a
+    fixed ``draft_model`` then asks for nothing."""
     async with fake_upstreams("spec", "batch") as (spec, batch), lanes_router(spec, batch) as r:
-        r.app[POOL]["speculative"].has_draft = False  # the gate refused the pair
+        r.app[POOL]["speculative"].has_draft = False
         assert await send(r, CHAT) == "speculative"
-        assert last_body(spec)["draft_source"] == "prompt_lookup"
+        assert last_body(spec)["draft_source"] == "auto"
+    async with (
+        fake_upstreams("spec", "batch") as (spec, batch),
+        lanes_router(spec, batch, lanes={"enabled": False, "draft_source": "draft_model"}) as r,
+    ):
+        r.app[POOL]["speculative"].has_draft = False
+        assert await send(r, CHAT) == "speculative"
+        assert "draft_source" not in last_body(spec)
 
 
-async def test_plain_decoding_asks_for_no_source() -> None:
+@pytest.mark.parametrize("configured", ["prompt_lookup", "auto"])
+async def test_plain_decoding_asks_for_no_source(configured: str) -> None:
     """Speculation off for the workload, and no batching lane to go to: the speculative lane
-    decodes plainly, with ``num_draft_tokens: 0`` and no ``draft_source``."""
+    decodes plainly, with ``num_draft_tokens: 0`` and no ``draft_source`` (under ``auto``
+    too: there is no other source to fall back on)."""
     stats = {
         "drafted": 9,
         "accepted": 1,
         "rejected": 8,
         "steps": 3,
         "num_draft_tokens": 3,
-        "source": "prompt_lookup",
+        "source": configured,
     }
     async with fake_upstreams("spec") as (spec,):
         spec.behaviour = Behaviour(usage_extra={"speclane_spec": stats})
-        # one source (under auto, code-block would fall back on the draft model)
         settings = router_settings(
-            backends=[], spec=LOW, lanes={"enabled": False, "draft_source": "prompt_lookup"}
+            backends=[], spec=LOW, lanes={"enabled": False, "draft_source": configured}
         )
         async with run_router(
             settings, setup=lambda app: add_fake_lane(app, "speculative", spec)
         ) as r:
             await send(r, EDIT)
-            assert last_body(spec)["draft_source"] == "prompt_lookup"
-            key = SpecKey("speculative", "fake-model", "default:none:code-block", "prompt_lookup")
+            assert last_body(spec)["draft_source"] == configured
+            key = SpecKey("speculative", "fake-model", "default:none:code-block", configured)
             assert not r.app[SPEC].auto.enabled(key)
             assert await send(r, EDIT) == "speculative"
     body = last_body(spec)
@@ -136,9 +150,10 @@ async def test_an_external_backend_never_gets_a_draft_source() -> None:
 
 
 async def test_the_batching_lane_gets_its_own_source_and_is_judged_apart() -> None:
-    """The batching lane drafts from the free sources: the router names one per family, and
-    auto-disable judges it under the batching lane's own key (metrics ``backend="batching"``);
-    once off there, the lane decodes plainly (``num_draft_tokens: 0``)."""
+    """The batching lane drafts from the free sources: the router names the configured one
+    (``auto`` by default: the lane chooses), and auto-disable judges it under the batching
+    lane's own key (metrics ``backend="batching"``); once off there, the lane decodes plainly
+    (``num_draft_tokens: 0``)."""
     stats = {
         "drafted": 9,
         "accepted": 1,

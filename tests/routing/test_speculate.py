@@ -1,5 +1,6 @@
-"""The speculative lane's draft source per request family (pure), and how classification
-carries it to the auto-disable oracle and the candidates."""
+"""The draft source the router asks its lanes for (pure): under ``auto`` the lane chooses at
+every step, a fixed setting is that source for every family; and how classification carries
+it to the auto-disable oracle and the candidates."""
 
 from __future__ import annotations
 
@@ -30,12 +31,12 @@ from router.speculation.families import FAMILIES
 @pytest.mark.parametrize(
     ("family", "configured", "has_draft", "expected"),
     [
-        # auto: copying families look up the prompt; chat gets the draft model while one runs
-        ("code-block", "auto", True, "prompt_lookup"),
-        ("tools", "auto", True, "prompt_lookup"),
-        ("chat", "auto", True, "draft_model"),
-        ("chat", "auto", False, "prompt_lookup"),
-        ("code-block", "auto", False, "prompt_lookup"),
+        # auto: the lane chooses, whatever the family and whether a draft model runs
+        ("code-block", "auto", True, "auto"),
+        ("tools", "auto", True, "auto"),
+        ("chat", "auto", True, "auto"),
+        ("chat", "auto", False, "auto"),
+        ("code-block", "auto", False, "auto"),
         ("prediction", "auto", True, None),  # the lane drafts from the prediction: ask nothing
         # a fixed value is that source for every family
         ("code-block", "draft_model", True, "draft_model"),
@@ -61,8 +62,9 @@ def test_lane_source_per_family(
         ("chat", "prompt_lookup", "auto", True, "prompt_lookup"),  # the client's own choice
         ("chat", "suffix", "auto", True, "suffix"),
         ("code-block", "draft_model", "auto", True, "draft_model"),
-        ("code-block", None, "auto", True, "prompt_lookup"),
-        ("chat", None, "auto", True, "draft_model"),
+        ("code-block", None, "auto", True, "auto"),
+        ("chat", None, "auto", True, "auto"),
+        ("chat", None, "prompt_lookup", True, "prompt_lookup"),
         ("chat", None, "none", True, "none"),
         ("chat", None, "draft_model", False, "none"),
     ],
@@ -76,14 +78,13 @@ def test_request_source_is_the_key_part(
 @pytest.mark.parametrize(
     ("family", "configured", "has_draft", "expected"),
     [
-        # auto: the preferred source first, the other one to fall back on
-        ("chat", "auto", True, ("draft_model", "prompt_lookup", "suffix")),
-        ("code-block", "auto", True, ("prompt_lookup", "suffix", "draft_model")),
-        ("tools", "auto", True, ("prompt_lookup", "suffix", "draft_model")),
-        ("chat", "auto", False, ("prompt_lookup", "suffix")),
-        # constrained: the free sources between the forced tokens, the draft model last
-        ("constrained", "auto", True, ("suffix", "prompt_lookup", "draft_model")),
-        ("constrained", "auto", False, ("suffix", "prompt_lookup")),
+        # auto: one source, the lane's own choice, for every family but prediction
+        ("chat", "auto", True, ("auto",)),
+        ("code-block", "auto", True, ("auto",)),
+        ("tools", "auto", True, ("auto",)),
+        ("chat", "auto", False, ("auto",)),
+        ("constrained", "auto", True, ("auto",)),
+        ("constrained", "auto", False, ("auto",)),
         ("constrained", "prompt_lookup", True, ("prompt_lookup",)),
         ("constrained", "draft_model", True, ("draft_model",)),
         ("tools", "suffix", True, ("suffix",)),
@@ -95,7 +96,7 @@ def test_request_source_is_the_key_part(
         ("chat", "none", True, ()),
     ],
 )
-def test_lane_sources_in_order_of_preference(
+def test_lane_sources_per_family_and_setting(
     family: str, configured: str, has_draft: bool, expected: tuple[str, ...]
 ) -> None:
     assert lane_sources(family, configured, has_draft) == expected
@@ -142,7 +143,8 @@ def test_every_family_and_setting_gives_a_known_source() -> None:
         for configured in ("auto", "draft_model", "prompt_lookup", "suffix", "none"):
             for has_draft in (True, False):
                 source = request_source(family, None, configured, has_draft)
-                assert source in ("prediction", "draft_model", "prompt_lookup", "suffix", "none")
+                known = ("prediction", "auto", "draft_model", "prompt_lookup", "suffix", "none")
+                assert source in known
 
 
 @pytest.mark.parametrize(
@@ -158,6 +160,7 @@ def test_every_family_and_setting_gives_a_known_source() -> None:
             "draft_model",
             "draft_model",
         ),
+        (Candidate("speculative", "speculative", True, "auto"), "auto", "auto"),
         (Candidate("speculative", "speculative", True, "prediction"), None, "prediction"),
         (Candidate("speculative", "speculative", False, "none"), None, "none"),
         (Candidate("llamacpp", "llamacpp", True), None, "draft_model"),  # external: its draft
@@ -189,9 +192,9 @@ def lanes(has_draft: bool, setting: str = "auto") -> tuple[BackendView, ...]:
 @pytest.mark.parametrize(
     ("family", "asked", "has_draft", "source"),
     [
-        ("chat", None, True, "draft_model"),
-        ("code-block", None, True, "prompt_lookup"),
-        ("chat", None, False, "prompt_lookup"),
+        ("chat", None, True, "auto"),
+        ("code-block", None, True, "auto"),
+        ("chat", None, False, "auto"),
         ("chat", "prompt_lookup", True, "prompt_lookup"),
         ("prediction", None, False, "prediction"),
     ],
@@ -229,38 +232,41 @@ def test_without_a_lane_the_oracle_is_asked_about_the_external_draft_model() -> 
     assert seen == ["draft_model"]
 
 
-def test_chat_falls_back_on_prompt_lookup_once_the_draft_model_is_off() -> None:
-    def oracle(model: str, workload: str, src: str) -> SpecAdvice:
-        return OFF if src == "draft_model" else ON
+def test_under_auto_a_workload_turned_off_goes_to_batching_and_is_probed() -> None:
+    """Under ``auto`` there is one source to judge, the lane's choice: a family off there goes
+    to batching (no other source to fall back on), another family stays (keyed apart), and a
+    due probe brings the family back to the speculative lane."""
+    asked: list[tuple[str, str]] = []
 
-    result = classify(
-        RequestFacts(RouteRequest("chat", "m", family="chat")),
-        Policy(client="c"),
-        DEFAULT_PRESETS,
-        lanes(True),
-        spec=oracle,
-    )
-    first = result.decision.candidates[0]
-    assert (first.backend, first.source) == ("speculative", "prompt_lookup")
-    assert result.decision.labels["spec_source"] == "prompt_lookup"
-    assert result.decision.labels["rule"] == "spec-lane-free"
-    # both off: spec-not-paying sends it to batching
-    result = classify(
-        RequestFacts(RouteRequest("chat", "m", family="chat")),
-        Policy(client="c"),
-        DEFAULT_PRESETS,
-        lanes(True),
-        spec=lambda m, w, s: OFF,
-    )
-    assert result.decision.candidates[0].backend == "batching"
-    assert result.decision.labels["rule"] == "spec-not-paying"
+    def oracle(model: str, workload: str, src: str) -> SpecAdvice:
+        asked.append((workload, src))
+        return OFF if workload == "c:none:chat" else ON
+
+    def route(family: str, spec: Any) -> Any:
+        request = RouteRequest("chat", "m", family=family)
+        return classify(
+            RequestFacts(request), Policy(client="c"), DEFAULT_PRESETS, lanes(True), spec=spec
+        ).decision
+
+    chat = route("chat", oracle)
+    assert chat.candidates[0].backend == "batching"
+    assert (chat.labels["rule"], chat.labels["spec_source"]) == ("spec-not-paying", "auto")
+    edit = route("code-block", oracle)
+    assert (edit.candidates[0].backend, edit.candidates[0].source) == ("speculative", "auto")
+    assert edit.labels["rule"] == "spec-lane-free"
+    assert asked == [("c:none:chat", "auto"), ("c:none:code-block", "auto")]
+    probed = route("chat", lambda m, w, s: PROBE)
+    first = probed.candidates[0]
+    assert (first.backend, first.source, first.speculative) == ("speculative", "auto", True)
+    assert probed.labels["rule"] == "spec-probe"
 
 
 @pytest.mark.parametrize(
     ("family", "asked", "configured", "sources"),
     [
-        ("chat", None, "auto", ("prompt_lookup", "suffix")),  # no draft model on the lane
-        ("code-block", None, "auto", ("prompt_lookup", "suffix")),
+        # auto: the lane chooses among its free sources (no draft model runs there)
+        ("chat", None, "auto", ("auto",)),
+        ("code-block", None, "auto", ("auto",)),
         ("prediction", None, "auto", ("prediction",)),
         ("chat", "suffix", "auto", ("suffix",)),
         ("chat", "draft_model", "auto", ("none",)),
@@ -280,7 +286,7 @@ def test_the_batching_lane_is_judged_apart_from_the_speculative_lane() -> None:
 
     def batch_oracle(model: str, workload: str, src: str) -> SpecAdvice:
         batch_asked.append(src)
-        return OFF if src == "prompt_lookup" else ON
+        return OFF
 
     result = classify(
         RequestFacts(RouteRequest("chat", "m", family="code-block")),
@@ -291,20 +297,23 @@ def test_the_batching_lane_is_judged_apart_from_the_speculative_lane() -> None:
         batch_spec=batch_oracle,
     )
     by_backend = {c.backend: c for c in result.decision.candidates}
-    assert by_backend["speculative"].source == "prompt_lookup"  # on there
-    # off on the batching lane for this workload: it falls back on suffix there
-    assert batch_asked == ["prompt_lookup", "suffix"]
-    assert by_backend["batching"] == Candidate("batching", "batching", True, "suffix")
-    # every source off on the batching lane: it decodes plainly there
+    # on for the speculative lane; off for the same workload and source on the batching
+    # lane, which decodes plainly there
+    assert by_backend["speculative"] == Candidate("speculative", "speculative", True, "auto")
+    assert batch_asked == ["auto"]
+    assert by_backend["batching"] == Candidate("batching", "batching", False, "auto")
+    # and the other way round: off on the speculative lane, the batching lane still drafts
     result = classify(
         RequestFacts(RouteRequest("chat", "m", family="code-block")),
         Policy(client="c"),
         DEFAULT_PRESETS,
         lanes(True),
-        batch_spec=lambda m, w, s: OFF,
+        spec=lambda m, w, s: OFF,
+        batch_spec=lambda m, w, s: ON,
     )
-    batching = next(c for c in result.decision.candidates if c.backend == "batching")
-    assert not batching.speculative and batching.source == "prompt_lookup"
+    first = result.decision.candidates[0]
+    assert first == Candidate("batching", "batching", True, "auto")
+    assert result.decision.labels["rule"] == "spec-not-paying"
 
 
 def test_a_batching_candidate_that_drafts_speculates_and_settles_plain_when_off() -> None:

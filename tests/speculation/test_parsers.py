@@ -297,6 +297,41 @@ def test_generic_openai_with_plain_usage_is_absent() -> None:
 # --- speclane's worker -------------------------------------------------------------------------
 
 
+def test_speclane_lane_that_chose_plain_decoding_declined() -> None:
+    """The lane's drafter ran under ``auto`` and no draft paid at any step: not ``no_draft``."""
+    body = p.speclane_chat()
+    body["usage"]["speclane_spec"] = {
+        "drafted": 0,
+        "accepted": 0,
+        "rejected": 0,
+        "steps": 0,
+        "num_draft_tokens": 8,
+        "source": "auto",
+        "plain_steps": 5,
+        "sources": {},
+    }
+    assert parse_response("speclane", body) == NotReported("speclane", "declined")
+
+
+def test_speclane_drafts_broken_down_by_source() -> None:
+    body = p.speclane_chat(drafted=13, accepted=8, steps=3)
+    spec = body["usage"]["speclane_spec"]
+    spec["source"] = "auto"
+    spec["sources"] = {
+        "prompt_lookup": {"drafted": 10, "accepted": 8, "steps": 2},
+        "suffix": {"drafted": 3, "accepted": 0, "steps": 1},
+    }
+    r = parse_response("speclane", body)
+    assert isinstance(r, SpecRecord)
+    assert (r.draft_source, r.drafted, r.accepted) == ("auto", 13, 8)
+    assert r.by_source == (("prompt_lookup", 10, 8), ("suffix", 3, 0))
+    # a source keeping more than it drafted contradicts itself
+    spec["sources"]["suffix"]["accepted"] = 4
+    assert parse_response("speclane", body) == Malformed(
+        "speclane", "inconsistent", "sources.suffix"
+    )
+
+
 def test_speclane_worker() -> None:
     r = record(parse_response("speclane", p.speclane_chat(drafted=90, accepted=60, steps=30)))
     assert (r.drafted, r.accepted, r.rejected, r.steps) == (90, 60, 30, 30)

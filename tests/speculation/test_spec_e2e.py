@@ -44,7 +44,11 @@ FAST_SPEC = {
 CYCLE_SPEC = {**FAST_SPEC, "probe_initial": 0.5}
 
 
-def speclane_stats(drafted: int, accepted: int, source: str | None = None) -> Behaviour:
+def speclane_stats(
+    drafted: int, accepted: int, source: str | None = None, chosen: str | None = None
+) -> Behaviour:
+    """A lane's answer; ``chosen``: the one source it drafted with under ``auto``, reported
+    in its per-source breakdown."""
     spec: dict[str, Any] = {
         "drafted": drafted,
         "accepted": accepted,
@@ -54,6 +58,8 @@ def speclane_stats(drafted: int, accepted: int, source: str | None = None) -> Be
     }
     if source is not None:
         spec["source"] = source
+    if chosen is not None:
+        spec["sources"] = {chosen: {"drafted": drafted, "accepted": accepted, "steps": 3}}
     return Behaviour(usage_extra={"speclane_spec": spec})
 
 
@@ -198,73 +204,64 @@ async def test_speculative_lane_turns_off_probes_and_recovers() -> None:
     assert batch.requests and all("num_draft_tokens" not in r.body for r in spec.requests)
 
 
-async def test_one_client_two_families_two_sources_judged_apart() -> None:
-    """Edits draft with prompt lookup and pay; chat drafts with the draft model and does not,
-    then with its second and third sources, prompt lookup and suffix, which do not either:
-    speculation ends on for the first and off for the second, each row showing its source."""
+async def test_one_client_two_families_judged_apart_under_auto() -> None:
+    """Under ``auto`` both families ask the lane to choose and are keyed by ``auto``: edits
+    pay (the lane drafted with prompt lookup), chat does not (it drafted with the draft
+    model): speculation ends on for the first and off for the second, which goes to
+    batching; the per-source token counts name the sources the lane chose."""
     code = (
         "Fix this:\n```python\n"
         + "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(6))
         + "```\n"
     )
     edit = [{"role": "user", "content": code}]
-    chat_key = SpecKey("speculative", "fake-model", "default:none:chat", "draft_model")
-    edit_key = SpecKey("speculative", "fake-model", "default:none:code-block", "prompt_lookup")
+    chat_key = SpecKey("speculative", "fake-model", "default:none:chat", "auto")
+    edit_key = SpecKey("speculative", "fake-model", "default:none:code-block", "auto")
     async with (
         fake_upstreams("spec", "batch") as (spec, batch),
         lanes_router(spec, batch, spec=CYCLE_SPEC) as r,
     ):
         client = r.client()
         for i in range(3):
-            spec.behaviour = speclane_stats(9, 8, "prompt_lookup")
+            spec.behaviour = speclane_stats(9, 8, "auto", "prompt_lookup")
             await client.chat.completions.create(model="fake-model", messages=edit)
-            assert spec.requests[-1].body["draft_source"] == "prompt_lookup"
-            if i == 0:  # one window's worth: the draft model is judged off for chat
-                spec.behaviour = speclane_stats(9, 1, "draft_model")
+            assert spec.requests[-1].body["draft_source"] == "auto"
+            if i == 0:  # one window's worth: chat is judged off
+                spec.behaviour = speclane_stats(9, 1, "auto", "draft_model")
                 await client.chat.completions.create(model="fake-model", messages=CHAT)
-                assert spec.requests[-1].body["draft_source"] == "draft_model"
+                assert spec.requests[-1].body["draft_source"] == "auto"
         auto = r.app[SPEC].auto
         assert auto.enabled(edit_key) and not auto.enabled(chat_key)
-        # chat falls back on its second source, prompt lookup, which does not pay either
-        spec.behaviour = speclane_stats(9, 1, "prompt_lookup")
-        assert (await chat_headers(r))["x-speclane-backend"] == "speculative"
-        assert spec.requests[-1].body["draft_source"] == "prompt_lookup"
-        assert not auto.enabled(chat_key._replace(source="prompt_lookup"))
-        # then on its third, suffix (earlier requests), which does not pay either
-        spec.behaviour = speclane_stats(9, 1, "suffix")
-        assert (await chat_headers(r))["x-speclane-backend"] == "speculative"
-        assert spec.requests[-1].body["draft_source"] == "suffix"
-        assert not auto.enabled(chat_key._replace(source="suffix"))
-        # all of chat's sources off: it goes to batching; the edits keep their source
-        spec.behaviour = speclane_stats(9, 8, "prompt_lookup")
+        # chat is off with the lane's one choice: no other source to try, it goes to batching
+        spec.behaviour = speclane_stats(9, 8, "auto", "prompt_lookup")
+        seen = len(spec.requests)
         assert (await chat_headers(r))["x-speclane-backend"] == "batching"
+        assert len(spec.requests) == seen
+        # the edits keep drafting on the speculative lane
         served = await client.chat.completions.with_raw_response.create(
             model="fake-model", messages=edit
         )
         assert served.headers["x-speclane-backend"] == "speculative"
-        assert spec.requests[-1].body["draft_source"] == "prompt_lookup"
+        assert spec.requests[-1].body["draft_source"] == "auto"
         text = await metrics_text(r)
         snapshot = await admin(r, "spec")
-    rows = {(w["family"], w["source"]): w for w in snapshot["workloads"]}
-    assert rows[("code-block", "prompt_lookup")]["state"] == "on"
-    assert rows[("chat", "draft_model")]["state"] == "off"
-    assert rows[("chat", "draft_model")]["reason"] == "low_acceptance"
-    assert rows[("chat", "prompt_lookup")]["state"] == "off"
-    assert rows[("chat", "suffix")]["state"] == "off"
-    assert len(rows) == 4
+    rows = {
+        (w["family"], w["source"]): w
+        for w in snapshot["workloads"]
+        if w["backend"] == "speculative"
+    }
+    assert rows[("code-block", "auto")]["state"] == "on"
+    assert rows[("chat", "auto")]["state"] == "off"
+    assert rows[("chat", "auto")]["reason"] == "low_acceptance"
+    assert len(rows) == 2
     assert (
         metric_value(
-            text,
-            "speclane_spec_enabled",
-            workload="default:none:code-block",
-            source="prompt_lookup",
+            text, "speclane_spec_enabled", workload="default:none:code-block", source="auto"
         )
         == 1
     )
     assert (
-        metric_value(
-            text, "speclane_spec_enabled", workload="default:none:chat", source="draft_model"
-        )
+        metric_value(text, "speclane_spec_enabled", workload="default:none:chat", source="auto")
         == 0
     )
     assert (
@@ -272,16 +269,17 @@ async def test_one_client_two_families_two_sources_judged_apart() -> None:
             text,
             "speclane_spec_draft_tokens_total",
             workload="default:none:code-block",
-            source="prompt_lookup",
+            source="auto",
         )
         == 36
     )
-    assert (
-        metric_value(
-            text, "speclane_spec_source_tokens_total", source="prompt_lookup", outcome="accepted"
-        )
-        == 4 * 8 + 1
-    )  # the edits, and chat's one try
+    for source, accepted in (("prompt_lookup", 4 * 8), ("draft_model", 1)):
+        assert (
+            metric_value(
+                text, "speclane_spec_source_tokens_total", source=source, outcome="accepted"
+            )
+            == accepted
+        )  # the edits' and chat's one try, by the source the lane chose
 
 
 @pytest.mark.parametrize(
@@ -324,7 +322,7 @@ async def test_probes_back_off_while_acceptance_stays_at_zero() -> None:
         lanes_router(spec, batch, spec=FAST_SPEC) as r,
     ):
         spec.behaviour = speclane_stats(9, 0)
-        key = SpecKey("speculative", "fake-model", "default:none:chat")
+        key = SpecKey("speculative", "fake-model", "default:none:chat", "auto")
         await chat(r)
         gaps, last = [], None
         for _ in range(4):

@@ -171,12 +171,14 @@ async def speclane_router(
 
 
 @contextlib.asynccontextmanager
-async def own_router(lanes: LaneOptions, log_path: Path) -> AsyncIterator[str]:
+async def own_router(
+    lanes: LaneOptions, log_path: Path, policies: dict[str, str] = POLICIES
+) -> AsyncIterator[str]:
     """speclane with both lanes; yields its base URL. Its log (with its workers') sits next to
     the results it explains, truncated per run as they are rewritten."""
     with log_path.open("wb") as log:
         config = lanes_config(lanes)
-        async with _router(config, POLICIES, (), START_DEADLINE, log) as served:
+        async with _router(config, policies, (), START_DEADLINE, log) as served:
             yield served.url
 
 
