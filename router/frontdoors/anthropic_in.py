@@ -2,8 +2,8 @@
 
 What maps where: ``system`` (a string or text blocks) is the first, system message; a
 ``system`` entry inside ``messages`` (Claude Code's mid-conversation system messages) stays a
-system message in its place (the lanes fold it into the prompt, see
-``router.worker.protocol.fold_system_messages``); text blocks join into one string (the
+system message in its place (the lanes, and the proxy for a backend set to fold, fold it
+into the prompt: ``router.system_messages``); text blocks join into one string (the
 lanes take text only); ``image`` blocks become OpenAI image
 parts (the MLX lanes refuse those with a 400; a vision backend takes them); an assistant's
 ``tool_use`` blocks become its ``tool_calls``; a user's ``tool_result`` blocks become ``tool``

@@ -141,13 +141,14 @@ def decide(
 
 
 def body_for(parsed: ParsedRequest) -> BodyFor:
-    """Only speclane's own lanes get a body changed for them: ``num_draft_tokens: 0`` to decode
-    plainly, or the ``draft_source`` chosen for the request's family (on each lane its own,
-    judged apart)."""
+    """The body each backend gets. The lanes: ``num_draft_tokens: 0`` to decode plainly, or
+    the ``draft_source`` chosen for the request's family (on each lane its own, judged
+    apart). An external backend: as validated, with late system messages folded when it is
+    set to (``system_messages = "fold"``, the default of every kind but ``openai``)."""
 
     def build(backend: Backend, cand: Candidate) -> bytes:
         if backend.lane is None:
-            return parsed.body()
+            return parsed.body(fold_system=backend.fold_system)
         return parsed.body(plain=not cand.speculative, draft_source=asked_source(cand))
 
     return build
