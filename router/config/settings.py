@@ -260,6 +260,8 @@ class ResponsesSettings(Frozen):
 
     store_entries: int = Field(1024, ge=0)  # 0: nothing is stored
     store_bytes: int = Field(64 * 1024 * 1024, ge=0)
+    # Background responses (background: true) one client may have running at once.
+    max_background: int = Field(16, ge=1)
 
 
 class Settings(BaseSettings):

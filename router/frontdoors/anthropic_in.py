@@ -23,7 +23,7 @@ import orjson
 
 from router.errors import bad_request
 from router.frontdoors import anthropic_context
-from router.frontdoors.common import str_field
+from router.frontdoors.common import counted, str_field
 from router.request_rules import typed
 
 MAX_STOP_SEQUENCES = 16
@@ -92,13 +92,10 @@ def to_openai(body: dict[str, Any], *, for_count: bool = False) -> MessagesReque
     )
 
 
-COUNTED_FIELDS = ("model", "messages", "tools", "tool_choice", "parallel_tool_calls")
-
-
 def count_body(req: MessagesRequest) -> dict[str, Any]:
     """A lane's /tokenize body for count_tokens: what the lane renders into the prompt (the
     system, the messages, the tools and how they may be called), nothing it generates."""
-    return {k: req.openai[k] for k in COUNTED_FIELDS if k in req.openai}
+    return counted(req.openai)
 
 
 def _system(system: Any, at: str = "system") -> list[dict[str, Any]]:
