@@ -36,6 +36,8 @@ class Backend:
     speculative_requested: bool = False
     drain_on_abort: bool = False
     max_concurrency: int | None = None
+    # Late system messages folded before forwarding (``system_messages = "fold"``).
+    fold_system: bool = False
     # For one request: an async "is it still working?" asked when its silence deadline
     # passes (lanes: the worker's progress counter), so a long prefill is not a 504.
     still_working: Callable[[Backend], Callable[[], Awaitable[bool]]] | None = None
@@ -77,6 +79,7 @@ class Backend:
             speculative_requested=spec.speculative,
             drain_on_abort=spec.drain_on_abort,
             max_concurrency=spec.max_concurrency,
+            fold_system=spec.system_messages == "fold",
         )
 
     @property

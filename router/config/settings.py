@@ -67,6 +67,19 @@ class BackendSpec(Frozen):
     speculative: bool = False  # the user configured speculation on this backend
     drain_on_abort: bool = False  # let generation finish upstream when the client leaves
     max_concurrency: int | None = Field(default=None, ge=1)
+    # fold: system and developer messages after the first become notes in place, as the
+    # lanes do (router.system_messages), since the chat templates these servers render
+    # (Qwen's among them) refuse a system message that is not first; as_is: forwarded as
+    # sent. Default: as_is for kind openai (a hosted API takes them), fold for the others.
+    system_messages: Literal["fold", "as_is"] = "fold"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _system_messages_by_kind(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("system_messages") is None:
+            kind = data.get("kind", "openai")
+            return {**data, "system_messages": "as_is" if kind == "openai" else "fold"}
+        return data
 
     @field_validator("base_url")
     @classmethod
@@ -247,6 +260,8 @@ class ResponsesSettings(Frozen):
 
     store_entries: int = Field(1024, ge=0)  # 0: nothing is stored
     store_bytes: int = Field(64 * 1024 * 1024, ge=0)
+    # Background responses (background: true) one client may have running at once.
+    max_background: int = Field(16, ge=1)
 
 
 class Settings(BaseSettings):

@@ -2,8 +2,8 @@
 
 What maps where: ``system`` (a string or text blocks) is the first, system message; a
 ``system`` entry inside ``messages`` (Claude Code's mid-conversation system messages) stays a
-system message in its place (the lanes fold it into the prompt, see
-``router.worker.protocol.fold_system_messages``); text blocks join into one string (the
+system message in its place (the lanes, and the proxy for a backend set to fold, fold it
+into the prompt: ``router.system_messages``); text blocks join into one string (the
 lanes take text only); ``image`` blocks become OpenAI image
 parts (the MLX lanes refuse those with a 400; a vision backend takes them); an assistant's
 ``tool_use`` blocks become its ``tool_calls``; a user's ``tool_result`` blocks become ``tool``
@@ -23,7 +23,7 @@ import orjson
 
 from router.errors import bad_request
 from router.frontdoors import anthropic_context
-from router.frontdoors.common import str_field
+from router.frontdoors.common import counted, str_field
 from router.request_rules import typed
 
 MAX_STOP_SEQUENCES = 16
@@ -92,13 +92,10 @@ def to_openai(body: dict[str, Any], *, for_count: bool = False) -> MessagesReque
     )
 
 
-COUNTED_FIELDS = ("model", "messages", "tools", "tool_choice", "parallel_tool_calls")
-
-
 def count_body(req: MessagesRequest) -> dict[str, Any]:
     """A lane's /tokenize body for count_tokens: what the lane renders into the prompt (the
     system, the messages, the tools and how they may be called), nothing it generates."""
-    return {k: req.openai[k] for k in COUNTED_FIELDS if k in req.openai}
+    return counted(req.openai)
 
 
 def _system(system: Any, at: str = "system") -> list[dict[str, Any]]:

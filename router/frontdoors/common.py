@@ -13,6 +13,15 @@ from router.errors import RouterError, bad_request
 from router.proxy.request import ParsedRequest, parse_request
 from router.routing.types import Endpoint
 
+# What a lane renders into the prompt (the messages, the tools and how they may be called),
+# nothing it generates: the body of a token count (``router.frontdoors.tokencount``).
+COUNTED_FIELDS = ("model", "messages", "tools", "tool_choice", "parallel_tool_calls")
+
+
+def counted(openai: dict[str, Any]) -> dict[str, Any]:
+    """A lane's /tokenize body for an OpenAI chat request."""
+    return {k: openai[k] for k in COUNTED_FIELDS if k in openai}
+
 
 def to_parsed(endpoint: Endpoint, openai: dict[str, Any]) -> ParsedRequest:
     """The translated request, checked and described exactly as an OpenAI client's would be."""

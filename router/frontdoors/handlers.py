@@ -13,29 +13,26 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
 from router import errors
-from router.appkeys import LIMITER, METRICS, MODELS, POOL, SESSION, SETTINGS
-from router.backends.base import Backend
+from router.appkeys import METRICS, MODELS, POOL, SETTINGS
 from router.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
 from router.frontdoors.common import to_parsed
 from router.frontdoors.ollama_out import Kind, OllamaEgress, now_iso
 from router.frontdoors.responses_http import setup_responses_routes
+from router.frontdoors.tokencount import count_on_lane
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of
 from router.proxy.connections import read_body
 from router.proxy.handlers import Inbound, identify, proxy, request_key
-from router.proxy.ondemand import holding, model_loaded
+from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
 
-TOKENIZE_PATH = "/tokenize"  # under a lane worker's /v1 (router.worker.server)
-TOKENIZE_TIMEOUT = 30.0
 STARTED = web.AppKey("frontdoors_started", str)  # what Ollama calls a model's modified_at
 
 
@@ -58,14 +55,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    """The prompt's tokens under the lanes' own tokenizer and chat template.
-
-    A request like a generation request: its body is read under the same limit
-    (``max_body_bytes``) and deadline, and it holds one of its client's concurrency slots
-    (waiting in the client's queue, 429 past ``queue_timeout``) while the lane counts. On the
-    lane a count never goes ahead of preparing a generation request
-    (``router.worker.tokenizing``).
-    """
+    """The prompt's tokens under the lanes' own tokenizer and chat template, admitted like a
+    generation request (``router.frontdoors.tokencount``); its body is read under the same
+    limit (``max_body_bytes``) and deadline."""
     app = request.app
     outcome = Outcome(endpoint="count_tokens", arrival=time.monotonic(), api="anthropic")
     client, model = "unidentified", None
@@ -75,30 +67,14 @@ async def count_tokens(request: web.Request) -> web.Response:
         raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
         req = anthropic_in.to_openai(load_object(raw), for_count=True)
         model = req.model
-        if not policy.allows_model(req.model):
-            raise RouterError(
-                403,
-                f"client '{policy.client}' may not use model '{req.model}'",
-                type="permission_error",
-                param="model",
-                code="model_not_allowed",
-            )
-        async with holding(app.get(MODELS), app[POOL], req.model, policy) as held:
-            model = held.model if held is not None else req.model  # a model of ours loads first
-            lane = _tokenizing_lane(app[POOL], model)
-            outcome.model = model
-            try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
-                body = orjson.dumps(anthropic_in.count_body(req))
-            except orjson.JSONEncodeError as e:
-                raise errors.bad_request(
-                    f"request body cannot be forwarded: {e}", code="invalid_json"
-                ) from e
-            async with app[LIMITER].slot(
-                policy.client, policy.max_concurrency, policy.queue_timeout
-            ):
-                outcome.tried, outcome.attempts = lane, 1
-                count = await _count(app[SESSION], lane, body)
-        outcome.backend, outcome.status = lane, 200
+        count = await count_on_lane(
+            app,
+            policy,
+            req.model,
+            lambda served: anthropic_in.count_body(req),
+            outcome,
+            permission_type="permission_error",
+        )
         return web.json_response({"input_tokens": count})
     except RouterError as e:
         outcome.status, outcome.error = e.status, e
@@ -109,54 +85,8 @@ async def count_tokens(request: web.Request) -> web.Response:
     finally:  # booked like every proxied request: metrics and the access log
         outcome.finished_at = time.monotonic()
         observe.record(app[METRICS], outcome)
+        model = outcome.model or model  # the model that served (one of ours may be aliased)
         app[ACCESS].add(record_of(outcome, client=client, model=model, decision=None))
-
-
-async def _count(session: aiohttp.ClientSession, lane: Backend, body: bytes) -> int:
-    timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT, connect=lane.connect_timeout)
-    try:
-        async with session.post(
-            lane.base_url + TOKENIZE_PATH,
-            data=body,
-            headers={"Content-Type": "application/json"},
-            timeout=timeout,
-        ) as resp:
-            answer = await resp.read()
-            status = resp.status
-    except TimeoutError as e:
-        raise errors.upstream_timeout(
-            f"lane '{lane.name}' did not count the tokens in {TOKENIZE_TIMEOUT:g}s"
-        ) from e
-    except aiohttp.ClientError as e:
-        raise errors.upstream_failed(f"could not reach lane '{lane.name}': {e}") from e
-    if status >= 400:
-        raise errors.from_upstream_body(status, answer)
-    try:
-        count = orjson.loads(answer)["count"]
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        count = None
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise errors.upstream_failed(
-            f"lane '{lane.name}' answered the count with a malformed body", code="upstream_bad_json"
-        )
-    return count
-
-
-def _tokenizing_lane(pool: Any, model: str) -> Backend:
-    lanes = [b for b in pool if b.lane is not None and b.ready]
-    if not lanes:
-        raise errors.unavailable(
-            "count_tokens is answered by the MLX lanes, and none is ready", code="no_lane_ready"
-        )
-    serving = [b for b in lanes if model in b.models]
-    if not serving:
-        raise errors.not_found(
-            f"the lanes do not serve model '{model}' (they serve "
-            f"{', '.join(sorted(lanes[0].models))})",
-            param="model",
-            code="model_not_found",
-        )
-    return serving[0]
 
 
 # --- Ollama -----------------------------------------------------------------------------------

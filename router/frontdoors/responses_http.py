@@ -1,37 +1,52 @@
 """The thin HTTP side of the OpenAI Responses API: ``POST /v1/responses`` (and
 ``/v1/responses/compact``) runs the OpenAI chat pipeline (``router.proxy.handlers.proxy``,
 ``api="responses"``) with the Responses translators; ``GET``/``DELETE /v1/responses/{id}``
-read the client's own stored responses."""
+read the client's own stored responses. A response runs registered under its client and id
+(``responses_running``), so that its client may cancel it; ``background: true`` runs it as
+a task of its own (``responses_background``); the other endpoints are in
+``responses_ops``."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from aiohttp import web
 
-from router import errors
 from router.appkeys import SETTINGS
-from router.frontdoors import responses_in
+from router.errors import RouterError
+from router.frontdoors import responses_background, responses_in, responses_items, responses_ops
 from router.frontdoors.common import to_parsed
 from router.frontdoors.responses_out import ResponsesEgress
+from router.frontdoors.responses_running import (
+    RUNNING,
+    STORE,
+    Running,
+    RunningResponses,
+    missing,
+)
 from router.frontdoors.responses_store import ResponseStore
+from router.proxy.connections import read_body
 from router.proxy.handlers import Inbound, identify, proxy
+from router.proxy.relay import Stop
 from router.proxy.request import load_object
 
-STORE = web.AppKey("responses_store", ResponseStore)
-
-
-def _missing(resp_id: str, param: str | None = None) -> errors.RouterError:
-    # The same answer for an id that never existed, one evicted, and another client's.
-    return errors.not_found(
-        f"Response with id '{resp_id[:256]}' not found (responses are "
-        "kept in memory, per client, and the oldest are evicted)",
-        param=param,
-        code="response_not_found",
-    )
+_missing = missing
 
 
 async def create(request: web.Request) -> web.StreamResponse:
+    # A background response is answered at once: its body is read here (identified
+    # first); aiohttp keeps the bytes for proxy()'s own read otherwise.
+    try:
+        policy = identify(request)
+        raw = await read_body(request, request.app[SETTINGS].client_limits.body_timeout)
+        body = load_object(raw)
+    except RouterError as e:
+        if e.status in (401, 403, 400):  # proxy() books and answers the same refusal
+            return await _respond(request, compact=False)
+        raise
+    if body.get("background") not in (None, False):
+        return await responses_background.start(request, body, policy.client)
     return await _respond(request, compact=False)
 
 
@@ -44,6 +59,9 @@ async def compact(request: web.Request) -> web.StreamResponse:
 async def _respond(request: web.Request, *, compact: bool) -> web.StreamResponse:
     arrival = time.monotonic()
     store = request.app[STORE]
+    running = request.app[RUNNING]
+    made: list[tuple[str, ResponsesEgress]] = []  # (client, egress) once translated
+    stop = Stop(asyncio.current_task(), lambda: made[0][1].cancelled() if made else b"")
 
     def translate(raw: bytes) -> Inbound:
         client = identify(request).client  # already identified (and allowed) by proxy()
@@ -58,16 +76,26 @@ async def _respond(request: web.Request, *, compact: bool) -> web.StreamResponse
                 raise _missing(previous, "previous_response_id")
             history = entry.messages
         req = responses_in.to_openai(body, history, compact=compact)
+        items = responses_items.input_items(body.get("input"))
 
         def save(response: dict[str, object], messages: list[dict[str, object]]) -> None:
-            store.put(client, str(response["id"]), response, messages)
+            store.put(client, str(response["id"]), response, messages, items)
 
         egress = ResponsesEgress(
             req, int(time.time()), save if req.store else None, compact_endpoint=compact
         )
-        return to_parsed("chat", req.openai), egress
+        parsed = to_parsed("chat", req.openai)
+        made.append((client, egress))
+        running.add(client, egress.id, Running(stop, egress))
+        return parsed, egress
 
-    return await proxy(request, "chat", api="responses", translate=translate, arrival=arrival)
+    try:
+        return await proxy(
+            request, "chat", api="responses", translate=translate, arrival=arrival, stop=stop
+        )
+    finally:
+        if made:
+            running.end(made[0][0], made[0][1].id)
 
 
 async def retrieve(request: web.Request) -> web.Response:
@@ -87,10 +115,19 @@ async def delete(request: web.Request) -> web.Response:
     return web.json_response({"id": resp_id, "object": "response", "deleted": True})
 
 
+async def _shutdown(app: web.Application) -> None:
+    await app[RUNNING].shutdown()
+
+
 def setup_responses_routes(app: web.Application) -> None:
     settings = app[SETTINGS].responses
     app[STORE] = ResponseStore(settings.store_entries, settings.store_bytes)
+    app[RUNNING] = RunningResponses()
+    app.on_shutdown.append(_shutdown)
     app.router.add_post("/v1/responses", create)
     app.router.add_post("/v1/responses/compact", compact)
+    app.router.add_post("/v1/responses/input_tokens", responses_ops.input_tokens)
     app.router.add_get("/v1/responses/{response_id}", retrieve)
     app.router.add_delete("/v1/responses/{response_id}", delete)
+    app.router.add_get("/v1/responses/{response_id}/input_items", responses_ops.input_items)
+    app.router.add_post("/v1/responses/{response_id}/cancel", responses_ops.cancel)

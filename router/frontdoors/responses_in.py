@@ -42,7 +42,7 @@ DROPPED_ITEMS = frozenset({"reasoning"})
 # Fields that would change the answer and that no backend here provides: a 400, never a
 # silent difference.
 REFUSED_FIELDS = {
-    "background": "background responses are not supported",
+    "background": "'background' is taken by POST /v1/responses only",
     "conversation": "the Conversations API is not supported; use previous_response_id",
     "prompt": "prompt templates are not supported",
     "max_tool_calls": "'max_tool_calls' is not supported",

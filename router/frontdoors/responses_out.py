@@ -9,7 +9,9 @@ sequence, each event with its ``sequence_number``: ``response.created``,
 per function call ``response.output_item.added``, ``response.function_call_arguments.delta``...,
 ``response.function_call_arguments.done``, ``response.output_item.done``; then
 ``response.completed`` (or ``response.incomplete`` when the token limit cut the answer). A
-failure ends the stream with ``response.failed``.
+failure ends the stream with ``response.failed``; a stream its client cancelled
+(``POST /v1/responses/{id}/cancel``) with ``response.cancelled``, its response's status
+``cancelled`` and its output what was written before.
 """
 
 from __future__ import annotations
@@ -255,11 +257,13 @@ class ResponsesEgress:
         self._next_index = 0
         self._finish_reason: Any = None
         self._usage: Any = None
+        self.final: dict[str, Any] | None = None  # the response object as it ended
 
     # --- Egress ------------------------------------------------------------------------
 
     def body(self, answer: Any) -> bytes:
         body, message = response_body(answer, self.req, self.id, self.created_at)
+        self.final = body
         if self.compact_endpoint:
             summary = message["content"] or ""
             return orjson.dumps(
@@ -289,7 +293,7 @@ class ResponsesEgress:
         self._calls.clear()
         self._ended = True
         status = "incomplete" if incomplete else "completed"
-        body = self._response(status, usage(self._usage))
+        body = self.final = self._response(status, usage(self._usage))
         if self.save is not None:
             self.save(
                 body,
@@ -303,9 +307,42 @@ class ResponsesEgress:
             return b""
         out = bytearray(self._start())
         self._ended = True
-        failed = self._response("failed", usage(self._usage), error_object(err))
+        failed = self.final = self._response("failed", usage(self._usage), error_object(err))
         out += self._event("response.failed", {"response": failed})
         return bytes(out)
+
+    def cancelled(self) -> bytes:
+        """The end of a stream its client cancelled: the text so far closed, a call not
+        finished dropped, then ``response.cancelled`` (kept in the store as it is)."""
+        if self._ended:
+            return b""
+        out = bytearray(self._start())
+        out += self._close_text("incomplete")
+        self._calls.clear()
+        self._ended = True
+        body = self.final = self._response("cancelled", usage(self._usage))
+        if self.save is not None:
+            self.save(
+                body,
+                [*self.req.conversation, _assistant_message(self._all_text, self._finished_calls)],
+            )
+        out += self._event("response.cancelled", {"response": body})
+        return bytes(out)
+
+    def ended_whole(self, status: str, err: RouterError | None = None) -> dict[str, Any]:
+        """A whole (background) response that ends without an answer: ``cancelled`` or
+        ``failed`` (with ``err``); kept in the store, with the conversation as it was. A
+        response that already ended stays as it ended."""
+        if self.final is not None:
+            return self.final
+        body = self.final = self._response(status, None, error_object(err) if err else None)
+        if self.save is not None:
+            self.save(body, list(self.req.conversation))
+        return body
+
+    def shell(self, status: str) -> dict[str, Any]:
+        """The response before its answer (``queued``, ``in_progress``)."""
+        return self._response(status)
 
     # --- the stream's state --------------------------------------------------------------
 

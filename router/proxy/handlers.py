@@ -39,7 +39,7 @@ from router.proxy.middleware import expect_handler
 from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.partition import wire_token
-from router.proxy.relay import BodyFor, Egress
+from router.proxy.relay import BodyFor, Egress, Stop
 from router.proxy.request import ParsedRequest, parse_request
 from router.proxy.telemetry import SpecClaim
 from router.routing.affinity import fingerprints
@@ -141,13 +141,14 @@ def decide(
 
 
 def body_for(parsed: ParsedRequest) -> BodyFor:
-    """Only speclane's own lanes get a body changed for them: ``num_draft_tokens: 0`` to decode
-    plainly, or the ``draft_source`` chosen for the request's family (on each lane its own,
-    judged apart)."""
+    """The body each backend gets. The lanes: ``num_draft_tokens: 0`` to decode plainly, or
+    the ``draft_source`` chosen for the request's family (on each lane its own, judged
+    apart). An external backend: as validated, with late system messages folded when it is
+    set to (``system_messages = "fold"``, the default of every kind but ``openai``)."""
 
     def build(backend: Backend, cand: Candidate) -> bytes:
         if backend.lane is None:
-            return parsed.body()
+            return parsed.body(fold_system=backend.fold_system)
         return parsed.body(plain=not cand.speculative, draft_source=asked_source(cand))
 
     return build
@@ -162,11 +163,13 @@ async def proxy(
     key: str | None = None,
     api_key_header: bool = False,
     arrival: float | None = None,
+    stop: Stop | None = None,
 ) -> web.StreamResponse:
     """The whole pipeline, for every front door: identify, admit, classify, relay.
 
     ``translate`` turns another API's request body into the OpenAI request (and its answer
-    back); without it the body is an OpenAI request to ``endpoint``.
+    back); without it the body is an OpenAI request to ``endpoint``. ``stop``: how its
+    client may stop it from elsewhere (``router.proxy.relay.Stop``).
     """
     arrival = time.monotonic() if arrival is None else arrival
     outcome = Outcome(endpoint=endpoint, arrival=arrival, api=api)
@@ -236,6 +239,7 @@ async def proxy(
                 headers=headers,
                 egress=egress,
                 begun=early.response if early is not None else None,
+                stop=stop,
             )
     except RouterError as e:
         outcome.status, outcome.error = e.status, e

@@ -25,6 +25,10 @@ Rules (why they are what they are):
   ``[DONE]``, and that close cancels the handler: what is left to read then is read in the
   background (bounded) so the connection can be reused, and the request stays a 200 with
   its statistics counted, never a 499.
+- A request its client stops from elsewhere (``Stop``: the Responses API's cancel) has its
+  upstream closed at once, which frees the lane's slot; a stream begun ends with its door's
+  ending for a stopped answer, and the request is booked as one its client left (499), never
+  as a backend failure.
 - On shutdown (``shutdown(grace)``, run from the app's on_shutdown) new requests get 503;
   those in flight have ``grace`` seconds, then each stream still running ends with an error
   event and each request not yet answered gets a 503. Left to itself, aiohttp would cut them
@@ -152,11 +156,37 @@ class Opened:
 
 @dataclass(slots=True, eq=False)
 class _Live:
-    """One request inside ``forward``, as the shutdown sees it."""
+    """One request inside ``forward``, as the shutdown (and a ``Stop``) sees it."""
 
     task: asyncio.Task[Any] | None
     response: Response | None = None  # set once a stream has begun
     aborted: bool = False
+
+
+class Stop:
+    """A request that its client may stop from elsewhere (the Responses API's cancel).
+
+    ``request()``: a stream already begun has its upstream closed (the relay then writes
+    ``ending()``, the door's last events for a stopped answer); anything before that has its
+    handler ``task`` cancelled. Either way the upstream request is closed, which is what
+    stops the generation and frees the backend's slot.
+    """
+
+    def __init__(self, task: asyncio.Task[Any] | None, ending: Callable[[], bytes]) -> None:
+        self.task = task
+        self.ending = ending
+        self.requested = False
+        self._live: _Live | None = None
+
+    def request(self) -> None:
+        if self.requested:
+            return
+        self.requested = True
+        live = self._live
+        if live is not None and live.response is not None:
+            live.response.close()
+        elif self.task is not None and not self.task.done():
+            self.task.cancel()
 
 
 def shutting_down(message: str = "speclane is shutting down") -> RouterError:
@@ -188,13 +218,17 @@ class Relay:
         headers: dict[str, str],
         egress: Egress | None = None,
         begun: web.StreamResponse | None = None,
+        stop: Stop | None = None,
     ) -> web.StreamResponse:
         """``begun``: a stream's response whose headers already went out (while its model
-        loaded, ``router.proxy.early``): the answer's events are written into it."""
+        loaded, ``router.proxy.early``): the answer's events are written into it. ``stop``:
+        how the client may stop it from elsewhere."""
         outcome.stream = parsed.route.stream
         if self._closing:
             raise shutting_down()
         live = _Live(asyncio.current_task())
+        if stop is not None:
+            stop._live = live
         self._live.add(live)
         try:
             opened = await self._open_with_retries(parsed, decision, path, outcome, body_for)
@@ -204,7 +238,7 @@ class Relay:
             try:
                 if parsed.route.stream:
                     return await self._relay_stream(
-                        request, opened, outcome, headers, live, egress, begun
+                        request, opened, outcome, headers, live, egress, begun, stop
                     )
                 return await self._relay_body(opened, outcome, headers, egress)
             finally:
@@ -442,6 +476,7 @@ class Relay:
         live: _Live,
         egress: Egress | None,
         begun: web.StreamResponse | None = None,
+        stop: Stop | None = None,
     ) -> web.StreamResponse:
         backend, resp = opened.backend, opened.response
         outcome.status = resp.status
@@ -513,6 +548,11 @@ class Relay:
                     ),
                 )
         except Exception as e:  # the one exit of a stream that failed after its first byte
+            if stop is not None and stop.requested and not outcome.completed:
+                # Its client stopped it (closing the upstream is what raised): not a failure.
+                outcome.client_left()
+                await self._finish(out, stop.ending(), outcome)
+                return out
             # Headers (200) and events are out: whatever went wrong, the client gets an
             # ending in its API's shape, and the request is booked with the error.
             reason, err = self._stream_failure(e, backend, live)

@@ -20,6 +20,7 @@ from router.errors import bad_request
 from router.request_rules import integer, number, typed
 from router.routing.types import Endpoint, RouteRequest
 from router.speculation.families import classify_family
+from router.system_messages import fold_json, needs_fold
 from router.worker_contract import DRAFT_SOURCE_FIELD, DRAFT_TOKENS_FIELD, REQUEST_DRAFT_SOURCES
 
 MAX_N = 128
@@ -40,6 +41,7 @@ class ParsedRequest:
     keep_alive: float | None = None
     load_seconds: float = 0.0
     _encoded: bytes | None = None
+    _folded: bytes | None = None
 
     def set_field(self, key: str, value: Any) -> None:
         self.data[key] = value
@@ -47,17 +49,26 @@ class ParsedRequest:
         if (twin := TOKEN_TWINS.get(key)) is not None and twin in self.data:
             self.data[twin] = value
         self.changed = True
-        self._encoded = None
+        self._encoded = self._folded = None
 
-    def body(self, *, plain: bool = False, draft_source: str | None = None) -> bytes:
+    def body(
+        self, *, plain: bool = False, draft_source: str | None = None, fold_system: bool = False
+    ) -> bytes:
         """The bytes to forward: ``data`` re-encoded (encoded once, reused by retries), so the
         upstream sees exactly what was validated. ``plain``: for the speculative lane decoding
         without its draft (a workload where speculation is off, or the baseline it is compared
         against), through the worker's ``num_draft_tokens`` request field. ``draft_source``:
         for the speculative lane drafting, the source the router chose for the request's
-        family; never over the client's own ``draft_source``, which is forwarded as sent."""
+        family; never over the client's own ``draft_source``, which is forwarded as sent.
+        ``fold_system``: for an external backend set to fold late system messages
+        (``router.system_messages``); a chat request without any is forwarded as it is."""
         if self._encoded is None:
             self._encoded = orjson.dumps(self.data)
+        if fold_system and self.endpoint == "chat" and needs_fold(self.data["messages"]):
+            if self._folded is None:
+                folded = fold_json(self.data["messages"])
+                self._folded = orjson.dumps({**self.data, "messages": folded})
+            return self._folded
         if plain:
             return self._with_field(DRAFT_TOKENS_FIELD, 0)
         if draft_source is not None and DRAFT_SOURCE_FIELD not in self.data:

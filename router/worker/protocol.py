@@ -6,13 +6,10 @@ greedy by default, as in mlx_lm.server; without ``max_tokens`` an answer runs un
 end of the context, as OpenAI and vLLM do (the server resolves the budget, ``token_budget``).
 
 System messages may come anywhere (OpenAI ``system`` and ``developer``, Anthropic's
-mid-conversation system messages), but many chat templates accept one system message, first.
-``fold_system_messages`` renders them one way for every template: the leading ones become one
-system message; a later one becomes a delimited note (``SYSTEM_NOTE``) at the end of the user
-message before it; after another turn, at the start of the user message after it; else a
-user message of its own. A message's rendering depends only on it and its neighbours, and a
-later turn only appends (the model's answer first), so a conversation renders the same on
-every turn and its prompt cache keeps hitting.
+mid-conversation system messages), but many chat templates accept one system message, first:
+``fold_system_messages`` folds them with the rule the proxy also applies for external
+backends (``router.system_messages``), so a conversation renders the same on every turn and
+its prompt cache keeps hitting.
 
 Tools (``tools``, ``tool_choice``, ``parallel_tool_calls``), assistant ``tool_calls`` and
 ``tool`` messages, and ``response_format`` are kept here as plain values; JSON schemas are kept
@@ -31,6 +28,7 @@ import orjson
 
 from router.errors import bad_request
 from router.request_rules import integer, number, typed
+from router.system_messages import fold
 from router.worker_contract import (
     DRAFT_SOURCE_FIELD,
     DRAFT_TOKENS_FIELD,
@@ -41,8 +39,6 @@ from router.worker_contract import (
 # Without a known context length (a model config without max_position_embeddings), an answer
 # that names no limit stops here.
 UNKNOWN_CONTEXT_MAX_TOKENS = 4096
-SYSTEM_ROLES = frozenset({"system", "developer"})
-SYSTEM_NOTE = "<system>\n{}\n</system>"
 DEFAULT_TEMPERATURE = 0.0
 MAX_STOP_STRINGS = 16
 MAX_TOOLS = 128  # OpenAI's own limit
@@ -236,44 +232,22 @@ def _messages(body: Mapping[str, Any]) -> tuple[Message, ...]:
 
 
 def fold_system_messages(messages: list[Message]) -> tuple[Message, ...]:
-    """System and developer messages anywhere -> one leading system message and user notes.
-
-    See the module docstring; ``developer`` is OpenAI's newer name for ``system``.
-    """
-    lead = 0
-    while lead < len(messages) and messages[lead].role in SYSTEM_ROLES:
-        lead += 1
-    out: list[Message] = []
-    if lead:
-        texts = [m.content for m in messages[:lead] if m.content]
-        out.append(Message("system", "\n\n".join(texts)))
-    i = lead
-    while i < len(messages):
-        if messages[i].role not in SYSTEM_ROLES:
-            out.append(messages[i])
-            i += 1
-            continue
-        end = i  # a run of later system messages makes one block of notes
-        while end < len(messages) and messages[end].role in SYSTEM_ROLES:
-            end += 1
-        notes = "\n\n".join(SYSTEM_NOTE.format(m.content) for m in messages[i:end] if m.content)
-        after = messages[end] if end < len(messages) else None
-        i = end
-        if not notes:
-            continue
-        if out and out[-1].role == "user":
-            out[-1] = _joined(out[-1], out[-1].content, notes)
-        elif after is not None and after.role == "user":
-            # Between an assistant turn and a user turn: one user turn, so templates that
-            # require turns to alternate still accept it.
-            out.append(_joined(after, notes, after.content))
-            i += 1
-        else:
-            out.append(Message("user", notes))
-    return tuple(out)
+    """System and developer messages anywhere -> one leading system message and user notes
+    (``router.system_messages.fold``)."""
+    return tuple(
+        fold(
+            messages,
+            role=lambda m: m.role,
+            text=lambda m: m.content,
+            system=lambda text: Message("system", text),
+            user=lambda text: Message("user", text),
+            extend=_extended,
+        )
+    )
 
 
-def _joined(user: Message, first: str, second: str) -> Message:
+def _extended(user: Message, notes: str, at_end: bool) -> Message:
+    first, second = (user.content, notes) if at_end else (notes, user.content)
     return Message(
         "user", f"{first}\n\n{second}" if first and second else first or second, name=user.name
     )

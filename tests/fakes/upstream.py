@@ -3,7 +3,9 @@
 It streams like the real backends (role chunk, content chunks, a finish chunk, the usage
 chunk when asked, ``data: [DONE]``), and can be told to misbehave per request: error
 statuses, stalls before or after headers, dying mid-stream, malformed bodies, a wrong
-content type, a missing [DONE]. Backend-specific statistics are merged into the final
+content type, a missing [DONE]. With ``system_first`` it refuses a chat request whose
+system message is not first, as mlx_lm.server does for a Qwen chat template (404, "System
+message must be at the beginning."). Backend-specific statistics are merged into the final
 chunk / body through ``final_extra`` / ``body_extra`` exactly where the real server puts
 them. It records every request and notices when the caller goes away.
 """
@@ -21,6 +23,9 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+
+# What a Qwen chat template raises, and mlx_lm.server answers (404), for a late system message.
+SYSTEM_FIRST_MESSAGE = "System message must be at the beginning."
 
 
 @dataclass(frozen=True)
@@ -58,8 +63,10 @@ class FakeUpstream:
         models: tuple[str, ...] = ("fake-model",),
         behaviour: Behaviour | None = None,
         name: str = "fake",
+        system_first: bool = False,
     ) -> None:
         self.models = models
+        self.system_first = system_first
         self.behaviour = behaviour or Behaviour()
         self.name = name
         self.script: deque[Behaviour] = deque()  # per-request behaviours, used first
@@ -132,6 +139,9 @@ class FakeUpstream:
         seen = Seen(request.path, body, dict(request.headers), time.monotonic())
         self.requests.append(seen)
         self.request_started.set()
+        if self.system_first and _late_system(body.get("messages")):
+            err = {"error": {"message": SYSTEM_FIRST_MESSAGE, "type": "invalid_request_error"}}
+            return web.json_response(err, status=404)
         self.active += 1
         b = self._next_behaviour()
         try:
@@ -262,6 +272,18 @@ class FakeUpstream:
         )
 
 
+def _late_system(messages: Any) -> bool:
+    """A system message anywhere but first (the Qwen templates' guard, ``loop.first``);
+    ``developer`` is refused anywhere, as a role those templates do not know."""
+    if not isinstance(messages, list):
+        return False
+    return any(
+        isinstance(m, dict)
+        and (m.get("role") == "developer" or (m.get("role") == "system" and i > 0))
+        for i, m in enumerate(messages)
+    )
+
+
 @asynccontextmanager
 async def fake_upstream(**kwargs: Any) -> AsyncIterator[FakeUpstream]:
     fake = FakeUpstream(**kwargs)
@@ -272,4 +294,4 @@ async def fake_upstream(**kwargs: Any) -> AsyncIterator[FakeUpstream]:
         await fake.stop()
 
 
-__all__ = ["Behaviour", "FakeUpstream", "fake_upstream", "replace"]
+__all__ = ["SYSTEM_FIRST_MESSAGE", "Behaviour", "FakeUpstream", "fake_upstream", "replace"]

@@ -192,7 +192,7 @@ async def test_refusals_in_openais_shape(fake: FakeUpstream) -> None:
                 ],
             )
         with pytest.raises(openai.BadRequestError) as background:
-            await client.responses.create(model=MODEL, input="x", background=True)
+            await client.responses.create(model=MODEL, input="x", background=True, stream=True)
         with pytest.raises(openai.NotFoundError):
             await client.responses.create(model="no-such-model", input="x")
     assert hosted.value.body["param"] == "tools[0]"  # type: ignore[index]

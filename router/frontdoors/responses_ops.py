@@ -1,0 +1,123 @@
+"""The Responses API's endpoints beside creating one: ``GET /v1/responses/{id}/input_items``,
+``POST /v1/responses/{id}/cancel`` and ``POST /v1/responses/input_tokens``.
+
+Each identifies its client as every request does, and sees only that client's responses
+(another client's id is not found, as one that never existed). Cancelling a running
+response (a stream, or a background response) closes its upstream request at once, which
+frees the lane's slot, and answers the response, ``cancelled``; cancelling one that already
+ended is a 400, as OpenAI answers. ``input_tokens`` is counted like Anthropic's
+``count_tokens``: by a lane, under its chat template, tools included, admitted like a
+generation request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from aiohttp import web
+
+from router import errors
+from router.appkeys import METRICS, POOL, SETTINGS
+from router.errors import RouterError
+from router.frontdoors import responses_in, responses_items
+from router.frontdoors.common import counted
+from router.frontdoors.responses_running import CANCEL_WAIT, RUNNING, STORE, missing
+from router.frontdoors.tokencount import count_on_lane, tokenizing_lane
+from router.proxy import observe
+from router.proxy.accesslog import ACCESS, record_of
+from router.proxy.connections import read_body
+from router.proxy.handlers import identify
+from router.proxy.outcome import Outcome
+from router.proxy.request import load_object
+
+# Fields of a create request that do not change what the prompt holds: dropped before the
+# request is translated for a count.
+NOT_COUNTED = ("stream", "background", "store")
+
+
+async def input_items(request: web.Request) -> web.Response:
+    client = identify(request).client
+    resp_id = request.match_info["response_id"]
+    query = responses_items.page_query(request.query)
+    entry = request.app[STORE].get(client, resp_id)
+    if entry is None:
+        raise missing(resp_id)
+    return web.json_response(responses_items.page(entry.items, query))
+
+
+async def cancel(request: web.Request) -> web.Response:
+    client = identify(request).client
+    resp_id = request.match_info["response_id"]
+    running = request.app[RUNNING].get(client, resp_id)
+    if running is not None:
+        running.stop.request()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(running.done.wait()), CANCEL_WAIT)
+        final = running.egress.final or running.egress.ended_whole("cancelled")
+        return web.json_response(final)
+    entry = request.app[STORE].get(client, resp_id)
+    if entry is None:
+        raise missing(resp_id)
+    status = entry.response.get("status")
+    if status == "cancelled":  # cancelling twice answers the same
+        return web.json_response(entry.response)
+    raise errors.bad_request(
+        f"Cannot cancel a response whose status is '{status}': only a response still "
+        "running (a stream, or a background response) can be cancelled",
+        code="response_not_cancellable",
+    )
+
+
+async def input_tokens(request: web.Request) -> web.Response:
+    app = request.app
+    outcome = Outcome(endpoint="input_tokens", arrival=time.monotonic(), api="responses")
+    client, model = "unidentified", None
+    try:
+        policy = identify(request)
+        client = policy.client
+        raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
+        body = {k: v for k, v in load_object(raw).items() if k not in NOT_COUNTED}
+        model = body.get("model")
+        if model is None:  # optional here, as in OpenAI's API: the lanes' model
+            model = _lanes_model(app)
+            body["model"] = model
+        previous = responses_in.previous_id(body)
+        history: list[dict[str, Any]] = []
+        if previous is not None:
+            entry = app[STORE].get(client, previous)
+            if entry is None:
+                raise missing(previous, "previous_response_id")
+            history = entry.messages
+        req = responses_in.to_openai(body, history)
+        count = await count_on_lane(
+            app, policy, req.model, lambda served: counted(req.openai), outcome
+        )
+        return web.json_response({"object": "response.input_tokens", "input_tokens": count})
+    except RouterError as e:
+        outcome.status, outcome.error = e.status, e
+        raise
+    except asyncio.CancelledError:
+        outcome.client_left()
+        raise
+    finally:  # booked like every proxied request: metrics and the access log
+        outcome.finished_at = time.monotonic()
+        observe.record(app[METRICS], outcome)
+        model = outcome.model or model
+        app[ACCESS].add(
+            record_of(
+                outcome,
+                client=client,
+                model=model if isinstance(model, str) else None,
+                decision=None,
+            )
+        )
+
+
+def _lanes_model(app: web.Application) -> str:
+    models = sorted(tokenizing_lane(app[POOL], None).models)
+    if not models:
+        raise errors.bad_request("'model' is required", param="model")
+    return models[0]

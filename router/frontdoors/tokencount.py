@@ -1,0 +1,112 @@
+"""A prompt's tokens counted by a lane, under its own tokenizer and chat template, tools
+included: Anthropic's ``count_tokens`` and the Responses API's ``input_tokens``.
+
+A count is admitted like a generation request: the model may be one of ours that loads first
+(``holding``), and the count holds one of its client's concurrency slots (waiting in the
+client's queue, 429 past ``queue_timeout``) while the lane counts. On the lane a count never
+goes ahead of preparing a generation request (``router.worker.tokenizing``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from router import errors
+from router.appkeys import LIMITER, MODELS, POOL, SESSION
+from router.backends.base import Backend
+from router.config.policies import Policy
+from router.errors import RouterError
+from router.proxy.ondemand import holding
+from router.proxy.outcome import Outcome
+
+TOKENIZE_PATH = "/tokenize"  # under a lane worker's /v1 (router.worker.server)
+TOKENIZE_TIMEOUT = 30.0
+
+
+async def count_on_lane(
+    app: web.Application,
+    policy: Policy,
+    model: str,
+    body_for: Callable[[str], dict[str, Any]],
+    outcome: Outcome,
+    *,
+    permission_type: str = "invalid_request_error",
+) -> int:
+    """The tokens of ``body_for(model)`` (the /tokenize body, given the model that serves),
+    counted by a lane serving ``model``; ``outcome`` is filled for the books."""
+    if not policy.allows_model(model):
+        raise RouterError(
+            403,
+            f"client '{policy.client}' may not use model '{model}'",
+            type=permission_type,
+            param="model",
+            code="model_not_allowed",
+        )
+    async with holding(app.get(MODELS), app[POOL], model, policy) as held:
+        served = held.model if held is not None else model  # a model of ours loads first
+        lane = tokenizing_lane(app[POOL], served)
+        outcome.model = served
+        try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
+            body = orjson.dumps(body_for(served))
+        except orjson.JSONEncodeError as e:
+            raise errors.bad_request(
+                f"request body cannot be forwarded: {e}", code="invalid_json"
+            ) from e
+        async with app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout):
+            outcome.tried, outcome.attempts = lane, 1
+            count = await _count(app[SESSION], lane, body)
+    outcome.backend, outcome.status = lane, 200
+    return count
+
+
+async def _count(session: aiohttp.ClientSession, lane: Backend, body: bytes) -> int:
+    timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT, connect=lane.connect_timeout)
+    try:
+        async with session.post(
+            lane.base_url + TOKENIZE_PATH,
+            data=body,
+            headers={"Content-Type": "application/json"},
+            timeout=timeout,
+        ) as resp:
+            answer = await resp.read()
+            status = resp.status
+    except TimeoutError as e:
+        raise errors.upstream_timeout(
+            f"lane '{lane.name}' did not count the tokens in {TOKENIZE_TIMEOUT:g}s"
+        ) from e
+    except aiohttp.ClientError as e:
+        raise errors.upstream_failed(f"could not reach lane '{lane.name}': {e}") from e
+    if status >= 400:
+        raise errors.from_upstream_body(status, answer)
+    try:
+        count = orjson.loads(answer)["count"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        count = None
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise errors.upstream_failed(
+            f"lane '{lane.name}' answered the count with a malformed body", code="upstream_bad_json"
+        )
+    return count
+
+
+def tokenizing_lane(pool: Any, model: str | None) -> Backend:
+    """A ready lane serving ``model`` (None: any ready lane)."""
+    lanes = [b for b in pool if b.lane is not None and b.ready]
+    if not lanes:
+        raise errors.unavailable(
+            "token counts are answered by the MLX lanes, and none is ready", code="no_lane_ready"
+        )
+    serving = [b for b in lanes if model is None or model in b.models]
+    if not serving:
+        raise errors.not_found(
+            f"the lanes do not serve model '{model}' (they serve "
+            f"{', '.join(sorted(lanes[0].models))})",
+            param="model",
+            code="model_not_found",
+        )
+    return serving[0]
