@@ -31,7 +31,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from router.worker.draftcontrol import PREDICTION_PRIOR, PRIOR, Acceptance, PassCost
+from router.worker.draftcontrol import (
+    PREDICTION_PRIOR,
+    PRIOR,
+    Acceptance,
+    PassCost,
+    expected_tokens,
+)
 
 Propose = Callable[[list[int], int], list[int]]  # (history, k) -> draft tokens
 
@@ -51,8 +57,7 @@ EVIDENCE_PARTITIONS = 1024  # partitions remembered per lane (least recently use
 def yield_rate(alpha: float, k: int, beta: float, extra: float = 0.0) -> float:
     """Expected tokens per unit of cost for a draft of ``k``: ``extra`` is what proposing it
     costs, in one-position passes of the target."""
-    tokens = sum(alpha**i for i in range(k + 1))
-    return tokens / (1.0 + beta * k + extra)
+    return expected_tokens(alpha, k) / (1.0 + beta * k + extra)
 
 
 def paying(alpha: float, beta: float, most: int, extra_per_token: float = 0.0) -> tuple[int, float]:

@@ -57,7 +57,7 @@ from router.worker.draftchoice import (
     Evidence,
     best_rate,
 )
-from router.worker.draftcontrol import Acceptance, Pace, PassCost
+from router.worker.draftcontrol import PassCost
 from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft, PromptLookup
 from router.worker.engine import Engine, Models, generation_failed, processors_for, sampler_for
 from router.worker.forced import FORCED_MAX_DRAFT, ConstraintDraft, Draft
@@ -73,7 +73,6 @@ log = logging.getLogger("speclane.worker")
 
 SOURCES = DRAFT_SOURCES
 PREFILL_STEP = 512
-FREE_SOURCES = ("prediction", "prompt_lookup", "suffix")  # no forward pass to propose
 
 Propose = Callable[[list[int], int, int], list[int]]  # (history, prompt_len, k) -> draft
 FreePropose = Callable[[list[int], int], list[int]]  # (history, k) -> draft
@@ -273,7 +272,6 @@ def decode(
     stop_tokens: frozenset[int] = frozenset(),
     constraint: ConstraintDraft | None = None,
     forced_k: int = 0,
-    pace: Pace | None = None,
     chooser: Chooser | None = None,
 ) -> Iterator[Step]:
     """Generate after ``history`` (the prompt), of which ``cache`` holds the first ``cached``.
@@ -287,7 +285,7 @@ def decode(
     ``propose``'s tokens after them (``ConstraintDraft.draft``), at most ``max(forced_k, k)``
     tokens in all. ``chooser``: which source drafts at each step, and whether any does
     (``router.worker.draftchoice``), its passes timed for it; without one, ``propose``
-    drafts ``k`` at every step, or paced by ``pace`` (one free source).
+    drafts ``k`` at every step.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
@@ -300,7 +298,7 @@ def decode(
         if done < len(pending):
             yield Step([], 0, 0)
     if chooser is None and propose is not None and k > 0 and constraint is None:
-        chooser = single_chooser(propose, prompt_len, k, pace)
+        chooser = single_chooser(propose, prompt_len, k)
     produced = 0
     while produced < max_tokens:
         budget = max_tokens - produced
@@ -360,16 +358,9 @@ def _free(propose: Propose, prompt_len: int) -> Callable[[list[int], int], list[
     return lambda context, k: propose(context, prompt_len, k)
 
 
-def single_chooser(propose: Propose, prompt_len: int, k: int, pace: Pace | None) -> Chooser:
-    """One source drafting ``k`` at every step, or as ``pace`` says pays."""
-    source = Candidate(
-        "source",
-        _free(propose, prompt_len),
-        k,
-        pace.acceptance if pace is not None else Acceptance(),
-    )
-    cost = pace.cost if pace is not None else PassCost()
-    return Chooser([source], cost, paced=pace is not None)
+def single_chooser(propose: Propose, prompt_len: int, k: int) -> Chooser:
+    """One source drafting ``k`` at every step."""
+    return Chooser([Candidate("source", _free(propose, prompt_len), k)], PassCost(), paced=False)
 
 
 # --- the engine -----------------------------------------------------------------------------

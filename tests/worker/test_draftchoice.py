@@ -179,3 +179,21 @@ def test_evidence_is_bounded_in_partitions() -> None:
         evidence.record(p, {"suffix": Acceptance((3.0, 0.0))})
     assert evidence.acceptance("a", "suffix").alpha == pytest.approx(0.5)  # dropped
     assert evidence.acceptance("c", "suffix").alpha > 0.8
+
+
+def test_a_prediction_starts_trusted() -> None:
+    cost = PassCost(0.5)  # dear positions: an untried source does not draft at first
+    evidence = Evidence()
+    trusted = Candidate("prediction", Fixed([1] * 16), 16, evidence.acceptance("p", "prediction"))
+    untried = Candidate("prompt_lookup", Fixed([1] * 16), 16, evidence.acceptance("p", "x"))
+    assert Chooser([trusted], cost).choose([0], 16).source == "prediction"
+    assert Chooser([untried], cost).choose([0], 16).source is None
+
+
+def test_a_step_drafts_the_longest_length_that_still_pays() -> None:
+    lookup = Candidate("prompt_lookup", Fixed(list(range(8))), 8, Acceptance((2.0, 3.0)))
+    chooser = Chooser([lookup], PassCost(0.18))  # alpha 0.4: a short draft pays, 8 not
+    choice = chooser.choose([9], 8)
+    assert 0 < len(choice.tokens) < 8
+    lookup.acceptance = Acceptance((19.0, 1.0))  # copying: the whole proposal
+    assert len(chooser.choose([9], 8).tokens) == 8

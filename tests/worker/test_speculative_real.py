@@ -72,7 +72,12 @@ def test_a_paced_source_stops_drafting_what_fails_and_keeps_drafting_a_copy(
     """With positions that cost (the figure fixed, as a CPU measures it), a source whose
     drafts the target refuses soon drafts nothing; one that copies keeps drafting; the
     output is plain decoding's either way."""
-    from router.worker.draftcontrol import Pace, PassCost
+    from router.worker.draftchoice import Candidate, Chooser
+    from router.worker.draftcontrol import PassCost
+
+    def paced(propose: Any, prompt: list[int]) -> Chooser:
+        source = Candidate("source", lambda h, k: propose(h, len(prompt), k), 8)
+        return Chooser([source], PassCost(0.18))
 
     model, tokenizer, _ = loaded
     never = len(tokenizer.get_vocab()) - 1  # a token greedy decoding does not pick here
@@ -88,17 +93,17 @@ def test_a_paced_source_stops_drafting_what_fails_and_keeps_drafting_a_copy(
         drafted.clear()
         out, _ = generate(model, tokenizer, prompt, wrong, 8)
         assert out == plain and max(drafted) == 8  # unpaced: the longest the budget allows
-        drafted.clear()
-        out, accepted = generate(model, tokenizer, prompt, wrong, 8, pace=Pace(PassCost(0.18)))
+        chooser = paced(wrong, prompt)
+        out, accepted = generate(model, tokenizer, prompt, chooser=chooser)
         assert out == plain and accepted == 0
-        verified = [k for k in drafted if k > 1]  # k 1: a shadow proposal, not verified
-        assert len(verified) <= 3, drafted  # then the acceptance is below what pays
+        # Then the acceptance is below what pays: the rest are shadow proposals.
+        assert chooser.tallies["source"].steps <= 3, chooser.tallies
 
     prompt = prompt_ids(tokenizer, PROMPTS[1])
     plain, _ = generate(model, tokenizer, prompt)
     _, unpaced = generate(model, tokenizer, prompt, lookup_proposer(LookupConfig()), 8)
-    lookup = lookup_proposer(LookupConfig())
-    out, accepted = generate(model, tokenizer, prompt, lookup, 8, pace=Pace(PassCost(0.18)))
+    chooser = paced(lookup_proposer(LookupConfig()), prompt)
+    out, accepted = generate(model, tokenizer, prompt, chooser=chooser)
     assert out == plain and 0 < 2 * unpaced // 3 <= accepted
 
 
