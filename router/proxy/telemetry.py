@@ -197,9 +197,9 @@ class SpecTelemetry:
             if claim.ticket is not None and not claim.baseline:
                 self.auto.cancel(claim.ticket, now)  # a probe that did not speculate
                 claim.ticket = None
-            self.auto.record_baseline(
-                model, workload, observation, now, claim.ticket if claim.baseline else None
-            )
+            ticket = claim.ticket if claim.baseline else None
+            lane = backend.lane or backend.name
+            self.auto.record_baseline(model, workload, observation, now, ticket, lane)
         elif claim.ticket is not None:
             self.auto.cancel(claim.ticket, now)
 

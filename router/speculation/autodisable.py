@@ -169,15 +169,17 @@ class AutoDisable:
         observation: Observation,
         now: float,
         ticket: int | None = None,
+        lane: str | None = None,
     ) -> None:
-        """A request of (model, workload) decoded *without* speculation, on any lane or
-        backend: its speed is the baseline speculation has to beat."""
+        """A request of (model, workload) decoded *without* speculation on ``lane`` (a lane
+        or a backend's name): its speed is the baseline speculation on that lane has to
+        beat."""
         if ticket is not None:
             self._release_baseline(ticket)
         tps = _speed(observation, self._settings)
         if tps is None:
             return
-        self._baselines.add(model, workload, tps)
+        self._baselines.add(model, workload, tps, lane)
 
     def cancel(self, ticket: int, now: float) -> None:
         """A probe or baseline sample produced nothing usable (error, client gone, routed
@@ -374,7 +376,7 @@ class AutoDisable:
     # --- baselines ----------------------------------------------------------------------
 
     def _baseline(self, key: SpecKey, s: SpecSettings) -> tuple[float | None, str | None]:
-        return self._baselines.median(key.model, key.workload, s.min_speed_samples)
+        return self._baselines.median(key.model, key.workload, s.min_speed_samples, key.backend)
 
     def _baseline_due(self, key: SpecKey, st: KeyState, now: float) -> bool:
         s = st.settings

@@ -112,21 +112,26 @@ ALL_WORKLOADS = "*"  # the model-wide baseline, used when a workload has none of
 
 
 class BaselineSpeeds:
-    """Decode speeds without speculation, per (model, workload) and per model.
+    """Decode speeds without speculation, per lane (or backend), model and workload, and per
+    lane and model.
 
     Decode speed without speculation hardly depends on the content, so when a workload has
-    too few samples of its own the model-wide window stands in. At most ``max_slots``
-    windows are kept, the least recently fed forgotten first.
+    too few samples of its own the model-wide window of the same lane stands in; lanes are
+    never mixed (one lane's plain speed says nothing of another's, which may decode several
+    sequences at once or run on other hardware). At most ``max_slots`` windows are kept, the
+    least recently fed forgotten first.
     """
 
     def __init__(self, size: int, max_slots: int) -> None:
         self.size = size
         self.max_slots = max_slots
-        self._windows: OrderedDict[tuple[str, str], SpeedWindow] = OrderedDict()
+        self._windows: OrderedDict[tuple[str | None, str, str], SpeedWindow] = OrderedDict()
 
-    def add(self, model: str, workload: str, tokens_per_second: float) -> None:
+    def add(
+        self, model: str, workload: str, tokens_per_second: float, lane: str | None = None
+    ) -> None:
         for scope in dict.fromkeys((workload, ALL_WORKLOADS)):
-            slot = (model, scope)
+            slot = (lane, model, scope)
             window = self._windows.get(slot)
             if window is None:
                 window = self._windows[slot] = SpeedWindow(self.size)
@@ -136,12 +141,15 @@ class BaselineSpeeds:
             self._windows.popitem(last=False)
 
     def median(
-        self, model: str, workload: str, min_samples: int
+        self, model: str, workload: str, min_samples: int, lane: str | None = None
     ) -> tuple[float | None, str | None]:
-        """(median, "workload" | "model") from the most specific window that has enough."""
-        for scope, name in ((workload, "workload"), (ALL_WORKLOADS, "model")):
-            window = self._windows.get((model, scope))
-            median = None if window is None else window.median(min_samples)
-            if median is not None:
-                return median, name
+        """(median, "workload" | "model") from the most specific window of ``lane`` that
+        has enough (samples recorded without a lane stand in for every lane)."""
+        lanes = (lane, None) if lane is not None else (None,)
+        for each in lanes:
+            for scope, name in ((workload, "workload"), (ALL_WORKLOADS, "model")):
+                window = self._windows.get((each, model, scope))
+                median = None if window is None else window.median(min_samples)
+                if median is not None:
+                    return median, name
         return None, None

@@ -84,3 +84,15 @@ def test_baseline_slots_are_bounded() -> None:
     for i in range(10):
         b.add(f"m{i}", "w", 1.0)
     assert len(b._windows) <= 3
+
+
+def test_baselines_are_kept_per_lane_and_never_mixed() -> None:
+    """The batching lane's plain speed is no baseline for the speculative lane's drafts."""
+    b = BaselineSpeeds(size=8, max_slots=10)
+    for _ in range(3):
+        b.add("m", "w", 9.0, lane="batching")
+    assert b.median("m", "w", 3, lane="speculative") == (None, None)
+    assert b.median("m", "w", 3, lane="batching") == (9.0, "workload")
+    for _ in range(3):
+        b.add("m", "other", 12.0, lane="speculative")
+    assert b.median("m", "w", 3, lane="speculative") == (12.0, "model")
