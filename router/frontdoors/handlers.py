@@ -118,7 +118,7 @@ async def _count(session: aiohttp.ClientSession, lane: Backend, body: bytes) -> 
         async with session.post(
             lane.base_url + TOKENIZE_PATH,
             data=body,
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **lane.auth_headers()},
             timeout=timeout,
         ) as resp:
             answer = await resp.read()

@@ -6,6 +6,7 @@ model: tests/lanes/test_models_e2e.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -22,6 +23,7 @@ from router.lanes import group
 from router.lanes.layout import PROCESS_BYTES
 from router.lanes.models import ModelManager
 from router.lanes.process import WorkerCommand
+from router.worker_contract import WORKER_SECRET_ENV, new_worker_secret
 from tests.conftest import RunningRouter, metric_value, router_settings, run_router, wait_until
 
 FAKE_WORKER = Path(__file__).parents[1] / "fakes" / "fake_worker.py"
@@ -36,7 +38,9 @@ def fake_command(
     if "broken" in model_dir.name:
         flags += ["--exit-early", "7"]
     argv = (sys.executable, str(FAKE_WORKER), *flags)
-    return WorkerCommand(lane=lane, argv=argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    secret = new_worker_secret()  # as the real command: the fake answers only with it
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", WORKER_SECRET_ENV: secret}
+    return WorkerCommand(lane=lane, argv=argv, env=env, secret=secret)
 
 
 @pytest.fixture(autouse=True)
@@ -418,9 +422,7 @@ def die_once_command(
     marker = model_dir / "die-once"
     if marker.exists():
         marker.unlink()
-        return WorkerCommand(
-            lane=command.lane, argv=(*command.argv, "--die-after", "0.3"), env=command.env
-        )
+        return dataclasses.replace(command, argv=(*command.argv, "--die-after", "0.3"))
     return command
 
 
@@ -451,7 +453,7 @@ def slow_batching_command(
 ) -> WorkerCommand:
     command = fake_command(lane, settings, model_dir, draft, model_name, **kw)
     if lane == "batching" and model_dir.name == "gamma":
-        return WorkerCommand(lane=lane, argv=(*command.argv, "--slow-start", "60"), env=command.env)
+        return dataclasses.replace(command, argv=(*command.argv, "--slow-start", "60"))
     return command
 
 
