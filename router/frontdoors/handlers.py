@@ -83,7 +83,11 @@ async def count_tokens(request: web.Request) -> web.Response:
                 param="model",
                 code="model_not_allowed",
             )
-        async with holding(app.get(MODELS), app[POOL], req.model, policy) as held:
+        # Admission before any wait for a model's load (as every request: proxy()).
+        async with (
+            app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout),
+            holding(app.get(MODELS), app[POOL], req.model, policy) as held,
+        ):
             model = held.model if held is not None else req.model  # a model of ours loads first
             lane = _tokenizing_lane(app[POOL], model)
             outcome.model = model
@@ -93,11 +97,8 @@ async def count_tokens(request: web.Request) -> web.Response:
                 raise errors.bad_request(
                     f"request body cannot be forwarded: {e}", code="invalid_json"
                 ) from e
-            async with app[LIMITER].slot(
-                policy.client, policy.max_concurrency, policy.queue_timeout
-            ):
-                outcome.tried, outcome.attempts = lane, 1
-                count = await _count(app[SESSION], lane, body)
+            outcome.tried, outcome.attempts = lane, 1
+            count = await _count(app[SESSION], lane, body)
         outcome.backend, outcome.status = lane, 200
         return web.json_response({"input_tokens": count})
     except RouterError as e:
@@ -197,7 +198,10 @@ async def _ollama_load(request: web.Request, body: dict[str, Any], arrival: floa
     if manager is None or name is None:
         _served(request, req.model)  # 404 when nothing serves it
     elif not (unloading and manager.state(name) != "loaded"):
-        async with model_loaded(manager, request.app[POOL], parsed, policy):
+        async with (
+            request.app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout),
+            model_loaded(manager, request.app[POOL], parsed, policy),
+        ):
             pass
     answer = {
         "model": req.model,

@@ -1,7 +1,8 @@
 """The thin HTTP side of the OpenAI Responses API: ``POST /v1/responses`` (and
 ``/v1/responses/compact``) runs the OpenAI chat pipeline (``router.proxy.handlers.proxy``,
 ``api="responses"``) with the Responses translators; ``GET``/``DELETE /v1/responses/{id}``
-read the client's own stored responses."""
+read the caller's own stored responses (``router.proxy.handlers.owner``: its client, apart by
+whether a key proved it)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from router.frontdoors import responses_in
 from router.frontdoors.common import to_parsed
 from router.frontdoors.responses_out import ResponsesEgress
 from router.frontdoors.responses_store import ResponseStore
-from router.proxy.handlers import Inbound, identify, proxy
+from router.proxy.handlers import Inbound, owner, proxy
 from router.proxy.request import load_object
 
 STORE = web.AppKey("responses_store", ResponseStore)
@@ -46,7 +47,7 @@ async def _respond(request: web.Request, *, compact: bool) -> web.StreamResponse
     store = request.app[STORE]
 
     def translate(raw: bytes) -> Inbound:
-        client = identify(request).client  # already identified (and allowed) by proxy()
+        _, client = owner(request)  # already identified (and allowed) by proxy()
         body = load_object(raw)
         if compact:
             body = {**body, "stream": False, "store": False}  # the endpoint answers whole
@@ -71,16 +72,16 @@ async def _respond(request: web.Request, *, compact: bool) -> web.StreamResponse
 
 
 async def retrieve(request: web.Request) -> web.Response:
-    client = identify(request).client
+    _, client = owner(request)
     resp_id = request.match_info["response_id"]
     entry = request.app[STORE].get(client, resp_id)
     if entry is None:
         raise _missing(resp_id)
-    return web.json_response(entry.response)
+    return web.Response(body=entry.response_json, content_type="application/json")
 
 
 async def delete(request: web.Request) -> web.Response:
-    client = identify(request).client
+    _, client = owner(request)
     resp_id = request.match_info["response_id"]
     if not request.app[STORE].delete(client, resp_id):
         raise _missing(resp_id)

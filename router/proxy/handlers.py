@@ -25,7 +25,7 @@ from router.appkeys import (
 )
 from router.backends.base import Backend
 from router.config.names import API_KEY_HEADER, AUTHORIZATION, CLIENT_HEADER
-from router.config.policies import Policy, Unauthorized
+from router.config.policies import Identity, Policy, PolicySet, Unauthorized
 from router.errors import RouterError
 from router.metrics import CONTENT_TYPE
 from router.proxy import observe
@@ -76,6 +76,11 @@ def caller(request: web.Request, key: str | None = None) -> tuple[Policy, str]:
     """The client's policy, from its key (``Authorization: Bearer`` unless a front door found
     it elsewhere, e.g. Anthropic's ``x-api-key``), ``X-Speclane-Client`` and User-Agent; and
     its prompt-cache partition (``PolicySet.cache_partition``)."""
+    identity, policies = _identity(request, key)
+    return identity.policy, policies.cache_partition(identity)
+
+
+def _identity(request: web.Request, key: str | None) -> tuple[Identity, PolicySet]:
     headers = request.headers
     if key is None:
         key = request_key(request)
@@ -85,7 +90,17 @@ def caller(request: web.Request, key: str | None = None) -> tuple[Policy, str]:
         policies.authorize(identity)
     except Unauthorized as refused:
         raise errors.unauthorized(refused.message, refused.code, refused.client) from None
-    return identity.policy, policies.cache_partition(identity)
+    return identity, policies
+
+
+def owner(request: web.Request, key: str | None = None) -> tuple[Policy, str]:
+    """The client's policy and whose stored items (the Responses store) the request may
+    reach: its client's, apart by the strength of what identified it. A key proves who
+    calls; a client label or user agent proves nothing, so a caller with only a label never
+    reaches what a key holder of the same policy stored (nor the other way round)."""
+    identity, _ = _identity(request, key)
+    proof = "key" if identity.via == "api_key" else "label"
+    return identity.policy, f"{proof}:{identity.policy.client}"
 
 
 def request_key(request: web.Request, *, use_api_key_header: bool = False) -> str | None:
@@ -203,9 +218,12 @@ async def proxy(
                 egress.stream_content_type if egress is not None else None,
                 egress.error if egress is not None else None,
             )
+        # Admission first: a request waits for its model's load only inside one of its
+        # client's slots, so a client's requests hold at most its max_concurrency places in
+        # the load queue (``lanes.load_queue``), never everyone's.
         async with (
-            model_loaded(manager, app[POOL], parsed, policy, early.tick if early else None),
             limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited,
+            model_loaded(manager, app[POOL], parsed, policy, early.tick if early else None),
         ):
             model = parsed.route.model
             # Fingerprints serve only to send a conversation back to the lane holding its

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -197,17 +198,23 @@ async def test_concurrent_first_requests_share_one_load(router: RunningRouter) -
 
 
 async def test_a_broken_model_answers_a_clear_error_and_the_others_keep_serving(
-    router: RunningRouter,
+    router: RunningRouter, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with pytest.raises(openai.APIStatusError) as caught:
         await chat(router, "broken")
     assert caught.value.status_code == 503
     body: Any = caught.value.body
     assert body["code"] == "model_load_failed"
-    assert "model 'broken' could not be loaded" in body["message"]
-    assert "exit" in body["message"] or "7" in body["message"]  # the worker's own reason
+    message = body["message"]
+    assert "model 'broken' could not be loaded" in message
+    # the client gets an id; the worker's stderr and the server's paths stay in the log
+    found = re.search(r"error id (load_[0-9a-f]{12})", message)
+    assert found is not None, message
+    assert str(tmp_path) not in message and "exit" not in message and "fake" not in message
+    detail = entry(router, "broken")["last_error"]
+    assert found[1] in detail and "exit" in detail  # /admin/lanes: the worker's own reason
+    assert any(found[1] in r.getMessage() and "exit" in r.getMessage() for r in caplog.records)
     assert entry(router, "broken")["state"] == "failed"
-    assert entry(router, "broken")["last_error"]
     assert (await chat(router, "alpha")).choices[0].message.content == "ok"
     assert (await chat(router, "beta")).choices[0].message.content == "ok"
     assert metric(router, "speclane_model_loads_total", model="broken", outcome="failed") == 1
