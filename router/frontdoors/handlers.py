@@ -29,7 +29,7 @@ from router.frontdoors.responses_http import setup_responses_routes
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of
 from router.proxy.connections import read_body
-from router.proxy.handlers import Inbound, identify, proxy, request_key
+from router.proxy.handlers import Inbound, identify, listed, proxy, request_key
 from router.proxy.ondemand import holding, model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
@@ -224,9 +224,14 @@ def _ollama_parsed(req: ollama_in.OllamaRequest, kind: Kind, arrival: float) -> 
 
 
 def _models(request: web.Request) -> list[ollama_info.ServedModel]:
+    """What the Ollama door lists, shows and pulls: the models the caller's policy lets it
+    use (and, for a model of ours not loaded, load): ``router.proxy.handlers.listed``."""
+    policy = identify(request)
     seen: dict[str, ollama_info.ServedModel] = {}
     for b in request.app[POOL]:
         for m in sorted(b.models):
+            if not listed(policy, m, True):
+                continue
             fmt = "mlx" if b.lane is not None else b.kind
             if m not in seen or (b.ready and not seen[m].ready):
                 seen[m] = ollama_info.ServedModel(m, fmt, b.ready)
@@ -234,6 +239,9 @@ def _models(request: web.Request) -> list[ollama_info.ServedModel]:
     for entry in manager.models() if manager is not None else []:
         name, known = entry["name"], seen.get(entry["name"])
         loaded = entry["state"] == "loaded"
+        if not listed(policy, name, loaded):
+            seen.pop(name, None)
+            continue
         seen[name] = ollama_info.ServedModel(
             name,
             "mlx",

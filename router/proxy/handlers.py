@@ -27,10 +27,10 @@ from router.backends.base import Backend
 from router.config.names import API_KEY_HEADER, AUTHORIZATION, CLIENT_HEADER
 from router.config.policies import Identity, Policy, PolicySet, Unauthorized
 from router.errors import RouterError
-from router.metrics import CONTENT_TYPE
+from router.metrics import CLIENT_LABEL, CONTENT_TYPE
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of
-from router.proxy.admin_auth import is_loopback, require_admin
+from router.proxy.admin_auth import is_loopback, proves_admin, require_admin
 from router.proxy.connections import read_body
 from router.proxy.credentials import presented_key
 from router.proxy.early import EarlyStream, early_stream
@@ -296,17 +296,37 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    identify(request)  # a router that requires keys does not list its models to strangers
+    # A router that requires keys does not list its models to strangers, and a client sees
+    # only what its policy lets it use.
+    policy = identify(request)
     served = request.app[POOL].models()
     manager = request.app.get(MODELS)
-    return web.json_response({"object": "list", "data": model_list(served, manager)})
+    return web.json_response({"object": "list", "data": model_list(served, manager, policy)})
 
 
-def model_list(served: list[tuple[str, str]], manager: ModelManager | None) -> list[dict[str, Any]]:
+def listed(policy: Policy | None, model: str, loaded: bool) -> bool:
+    """Does a listing show ``model`` to this client: one its policy lets it use, and, when it
+    is a model of ours not loaded now, one it may load."""
+    if policy is None:
+        return True
+    return policy.allows_model(model) and (loaded or policy.allows_load(model))
+
+
+def model_list(
+    served: list[tuple[str, str]], manager: ModelManager | None, policy: Policy | None = None
+) -> list[dict[str, Any]]:
     """Every model a backend serves now, and every model of ours (loaded or not) with its
-    state and size under ``speclane``, sorted by id."""
-    data = {m: {"id": m, "object": "model", "created": 0, "owned_by": owner} for m, owner in served}
+    state and size under ``speclane``, sorted by id; with ``policy``, only those ``listed``
+    for that client."""
+    data = {
+        m: {"id": m, "object": "model", "created": 0, "owned_by": owner}
+        for m, owner in served
+        if listed(policy, m, True)
+    }
     for entry in manager.models() if manager is not None else []:
+        if not listed(policy, entry["name"], entry["state"] == "loaded"):
+            data.pop(entry["name"], None)
+            continue
         row = data.setdefault(
             entry["name"],
             {"id": entry["name"], "object": "model", "created": 0, "owned_by": "speclane"},
@@ -341,7 +361,11 @@ async def metrics(request: web.Request) -> web.Response:
         raise RouterError(403, "metrics are served to loopback clients only", code="forbidden")
     if exposure == "admin":
         require_admin(request)
-    body = request.app[METRICS].render()
+    # A closed router (its default policy requires a key) names its clients only to whoever
+    # proves to be its operator; anyone else reads every figure with the clients summed.
+    closed = request.app[POLICIES].current.default.require_api_key
+    without = CLIENT_LABEL if closed and not proves_admin(request) else None
+    body = request.app[METRICS].render(without=without)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
