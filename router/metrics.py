@@ -412,7 +412,13 @@ class _WithoutLabel:
             merged: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
             for sample in family.samples:
                 kept = tuple((k, v) for k, v in sample.labels.items() if k != self.label)
-                merged[(sample.name, kept)] = merged.get((sample.name, kept), 0.0) + sample.value
+                key, value = (sample.name, kept), sample.value
+                if key not in merged:
+                    merged[key] = value
+                elif sample.name.endswith("_created"):  # a time: the earliest, not a sum
+                    merged[key] = min(merged[key], value)
+                else:
+                    merged[key] += value
             out = Metric(family.name, family.documentation, family.type, family.unit)
             out.samples = [
                 Sample(name, dict(kept), value) for (name, kept), value in merged.items()

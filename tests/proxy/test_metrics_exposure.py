@@ -50,6 +50,9 @@ async def test_a_closed_router_names_its_clients_only_to_its_operator(
         decisions = metric_value(hidden, "speclane_decisions_total", lane="fake")
         assert decisions == 3  # the figures are all there, the clients summed
         assert metric_value(hidden, "speclane_queue_wait_seconds_count") == 3
+        created = metric_value(admin, "speclane_decisions_total_created")
+        if created is not None:  # a time: the earliest of the summed series, never a sum
+            assert 0 < (metric_value(hidden, "speclane_decisions_total_created") or 0) <= created
     for shown in (admin, token):
         assert metric_value(shown, "speclane_decisions_total", client="secretproject") == 2
         assert metric_value(shown, "speclane_decisions_total", client="default") == 1
