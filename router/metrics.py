@@ -8,6 +8,7 @@ reasons from a closed vocabulary; nothing here is labelled with free text.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
@@ -21,12 +22,15 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 TOKS_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+CLIENT_LABEL = "client"  # names a policy: what an unauthenticated closed router leaves out
 
 
 class _CachedLabels(MetricWrapperBase):
@@ -261,26 +265,26 @@ class Metrics:
         self.decisions = Counter(
             "speclane_decisions_total",
             "Routing decisions by client, lane and reason.",
-            ["client", "lane", "reason"],
+            [CLIENT_LABEL, "lane", "reason"],
             registry=r,
         )
         self.queue_depth = Gauge(
             "speclane_queue_depth",
             "Requests waiting for a client's concurrency slot.",
-            ["client"],
+            [CLIENT_LABEL],
             registry=r,
         )
         self.queue_wait = Histogram(
             "speclane_queue_wait_seconds",
             "Time requests waited for a concurrency slot.",
-            ["client"],
+            [CLIENT_LABEL],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.rejections = Counter(
             "speclane_rejections_total",
             "Requests refused before routing (429 queue timeout, 401, 403), by client.",
-            ["client", "status"],
+            [CLIENT_LABEL, "status"],
             registry=r,
         )
         self.policy_reloads = Counter(
@@ -385,5 +389,38 @@ class Metrics:
             registry=r,
         )
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, *, without: str | None = None) -> bytes:
+        """The exposition; ``without``: a label left out of every series, the series that
+        differed only by it summed (counters, gauges and histogram buckets alike add up)."""
+        if without is None:
+            return generate_latest(self.registry)
+        return generate_latest(_WithoutLabel(self.registry, without))
+
+
+class _WithoutLabel:
+    """A registry's families with one label summed away (``Metrics.render(without=...)``)."""
+
+    def __init__(self, registry: CollectorRegistry, label: str) -> None:
+        self.registry = registry
+        self.label = label
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            if not any(self.label in sample.labels for sample in family.samples):
+                yield family
+                continue
+            merged: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+            for sample in family.samples:
+                kept = tuple((k, v) for k, v in sample.labels.items() if k != self.label)
+                key, value = (sample.name, kept), sample.value
+                if key not in merged:
+                    merged[key] = value
+                elif sample.name.endswith("_created"):  # a time: the earliest, not a sum
+                    merged[key] = min(merged[key], value)
+                else:
+                    merged[key] += value
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            out.samples = [
+                Sample(name, dict(kept), value) for (name, kept), value in merged.items()
+            ]
+            yield out

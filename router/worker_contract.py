@@ -12,6 +12,10 @@ Used by the worker (``router.worker.main``), the supervisor (``router.lanes.proc
 - the bounds of a request's ``num_draft_tokens`` field, and the values of its
   ``draft_source`` field;
 - the request header that names a request's prompt-cache partition;
+- the worker secret: the supervisor draws one per worker command and hands it to the worker
+  in the environment (``WORKER_SECRET_ENV``, never on the command line, which ``ps`` shows to
+  every user); every request to the worker carries it in ``WORKER_SECRET_HEADER``, so only
+  the router reaches a lane, not any program on the machine;
 - the shared mode (``--mode shared``): one process serves both lanes, each under its own path
   prefix (``lane_prefix``: ``/lanes/speculative``, ``/lanes/batching``), below which it answers
   exactly what a one-lane worker answers at ``/`` (``/health``, ``/v1/...``).
@@ -22,7 +26,9 @@ Imports nothing of speclane's, so the fakes can use it without MLX.
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -65,6 +71,28 @@ WORKER_BODY_HEADROOM = 2
 # without the header a request is in the partition of requests without one.
 CACHE_PARTITION_HEADER = "X-Speclane-Cache-Partition"
 CACHE_PARTITION_PATTERN = r"[A-Za-z0-9_-]{1,64}"
+# The worker secret (see the module docstring): the environment variable the supervisor sets
+# (the worker reads it and removes it from its own environment, so nothing it starts inherits
+# it) and the request header every caller of the worker sends it in. A worker started without
+# the variable (by hand, by a test) answers anyone and says so in its log.
+WORKER_SECRET_ENV = "SPECLANE_WORKER_SECRET"
+WORKER_SECRET_HEADER = "X-Speclane-Worker-Secret"
+WORKER_SECRET_BYTES = 32  # of randomness, drawn by ``new_worker_secret``
+
+
+def new_worker_secret() -> str:
+    """A fresh worker secret (URL-safe text, fit for a header value)."""
+    return secrets.token_urlsafe(WORKER_SECRET_BYTES)
+
+
+def secret_matches(presented: str | None, secret: str) -> bool:
+    """Constant time: a caller cannot learn the secret one character at a time."""
+    if presented is None:
+        return False
+    try:
+        return hmac.compare_digest(presented.encode("utf-8"), secret.encode("utf-8"))
+    except UnicodeEncodeError:  # undecodable header bytes: nobody's secret
+        return False
 
 
 def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> None:

@@ -18,6 +18,7 @@ from router.backends.cooldown import Cooldown
 from router.config.names import LaneName
 from router.config.settings import BackendSpec, CooldownSettings
 from router.routing.types import BackendView
+from router.worker_contract import WORKER_SECRET_HEADER
 
 SPECLANE_KIND = "speclane"  # the parser/quirks kind of speclane's own lane workers
 
@@ -29,7 +30,10 @@ class Backend:
     base_url: str  # OpenAI base, ends with /v1
     cooldown: Cooldown
     lane: LaneName | None = None
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    # A lane: the secret its worker answers to (router.worker_contract), sent on every request
+    # to it; never shown (the admin views list fields by name, none of them this).
+    worker_secret: str | None = field(default=None, repr=False)
     configured_models: frozenset[str] = frozenset()
     connect_timeout: float = 5.0
     read_timeout: float = 120.0
@@ -91,7 +95,10 @@ class Backend:
         return self.configured_models or self.discovered_models
 
     def auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = {WORKER_SECRET_HEADER: self.worker_secret} if self.worker_secret else {}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
 
     # --- writers -------------------------------------------------------------------------
 

@@ -15,8 +15,18 @@ def backend_state(backend: Backend, supervised: dict[str, str]) -> str:
     return "ready" if backend.ready else "not_ready"
 
 
+# What a lane worker's /health says of itself, shown here: the worker answers only the
+# router (its secret), so a tool that wants these reads them from the router.
+WORKER_FACTS = ("mode", "model", "draft_model", "num_draft_tokens", "capacity", "pid")
+
+
 def backend_status(backend: Backend, supervised: dict[str, str]) -> dict[str, Any]:
     models = sorted(backend.models)
+    worker = (
+        {k: backend.reported.get(k) for k in WORKER_FACTS}
+        if backend.lane is not None and backend.reported
+        else None
+    )
     return {
         "name": backend.name,
         "kind": backend.kind,
@@ -30,6 +40,7 @@ def backend_status(backend: Backend, supervised: dict[str, str]) -> dict[str, An
         "cooled_down": backend.view().cooled_down,
         "last_error": backend.last_error,
         "last_failure": backend.last_failure,
+        "worker": worker,
         "speculation": speculation_status(
             kind=backend.kind,
             lane=backend.lane,

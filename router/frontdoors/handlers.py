@@ -17,7 +17,7 @@ import orjson
 from aiohttp import web
 
 from router import errors
-from router.appkeys import METRICS, MODELS, POOL, SETTINGS
+from router.appkeys import LIMITER, METRICS, MODELS, POOL, SETTINGS
 from router.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
@@ -28,7 +28,7 @@ from router.frontdoors.tokencount import count_on_lane
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of
 from router.proxy.connections import read_body
-from router.proxy.handlers import Inbound, identify, proxy, request_key
+from router.proxy.handlers import Inbound, identify, listed, proxy, request_key
 from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
@@ -127,7 +127,10 @@ async def _ollama_load(request: web.Request, body: dict[str, Any], arrival: floa
     if manager is None or name is None:
         _served(request, req.model)  # 404 when nothing serves it
     elif not (unloading and manager.state(name) != "loaded"):
-        async with model_loaded(manager, request.app[POOL], parsed, policy):
+        async with (
+            request.app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout),
+            model_loaded(manager, request.app[POOL], parsed, policy),
+        ):
             pass
     answer = {
         "model": req.model,
@@ -150,9 +153,14 @@ def _ollama_parsed(req: ollama_in.OllamaRequest, kind: Kind, arrival: float) -> 
 
 
 def _models(request: web.Request) -> list[ollama_info.ServedModel]:
+    """What the Ollama door lists, shows and pulls: the models the caller's policy lets it
+    use (and, for a model of ours not loaded, load): ``router.proxy.handlers.listed``."""
+    policy = identify(request)
     seen: dict[str, ollama_info.ServedModel] = {}
     for b in request.app[POOL]:
         for m in sorted(b.models):
+            if not listed(policy, m, True):
+                continue
             fmt = "mlx" if b.lane is not None else b.kind
             if m not in seen or (b.ready and not seen[m].ready):
                 seen[m] = ollama_info.ServedModel(m, fmt, b.ready)
@@ -160,6 +168,9 @@ def _models(request: web.Request) -> list[ollama_info.ServedModel]:
     for entry in manager.models() if manager is not None else []:
         name, known = entry["name"], seen.get(entry["name"])
         loaded = entry["state"] == "loaded"
+        if not listed(policy, name, loaded):
+            seen.pop(name, None)
+            continue
         seen[name] = ollama_info.ServedModel(
             name,
             "mlx",

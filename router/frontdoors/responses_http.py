@@ -1,7 +1,8 @@
 """The thin HTTP side of the OpenAI Responses API: ``POST /v1/responses`` (and
 ``/v1/responses/compact``) runs the OpenAI chat pipeline (``router.proxy.handlers.proxy``,
 ``api="responses"``) with the Responses translators; ``GET``/``DELETE /v1/responses/{id}``
-read the client's own stored responses. A response runs registered under its client and id
+read the caller's own stored responses (``router.proxy.handlers.owner``: its client, apart by
+whether a key proved it). A response runs registered under its client and id
 (``responses_running``), so that its client may cancel it; ``background: true`` runs it as
 a task of its own (``responses_background``); the other endpoints are in
 ``responses_ops``."""
@@ -27,7 +28,7 @@ from router.frontdoors.responses_running import (
 )
 from router.frontdoors.responses_store import ResponseStore
 from router.proxy.connections import read_body
-from router.proxy.handlers import Inbound, identify, proxy
+from router.proxy.handlers import Inbound, owner, proxy
 from router.proxy.relay import Stop
 from router.proxy.request import load_object
 
@@ -38,7 +39,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     # A background response is answered at once: its body is read here (identified
     # first); aiohttp keeps the bytes for proxy()'s own read otherwise.
     try:
-        policy = identify(request)
+        _, who = owner(request)
         raw = await read_body(request, request.app[SETTINGS].client_limits.body_timeout)
         body = load_object(raw)
     except RouterError as e:
@@ -46,7 +47,7 @@ async def create(request: web.Request) -> web.StreamResponse:
             return await _respond(request, compact=False)
         raise
     if body.get("background") not in (None, False):
-        return await responses_background.start(request, body, policy.client)
+        return await responses_background.start(request, body, who)
     return await _respond(request, compact=False)
 
 
@@ -64,7 +65,7 @@ async def _respond(request: web.Request, *, compact: bool) -> web.StreamResponse
     stop = Stop(asyncio.current_task(), lambda: made[0][1].cancelled() if made else b"")
 
     def translate(raw: bytes) -> Inbound:
-        client = identify(request).client  # already identified (and allowed) by proxy()
+        _, client = owner(request)  # already identified (and allowed) by proxy()
         body = load_object(raw)
         if compact:
             body = {**body, "stream": False, "store": False}  # the endpoint answers whole
@@ -99,7 +100,7 @@ async def _respond(request: web.Request, *, compact: bool) -> web.StreamResponse
 
 
 async def retrieve(request: web.Request) -> web.Response:
-    client = identify(request).client
+    _, client = owner(request)
     resp_id = request.match_info["response_id"]
     entry = request.app[STORE].get(client, resp_id)
     if entry is None:
@@ -108,7 +109,7 @@ async def retrieve(request: web.Request) -> web.Response:
 
 
 async def delete(request: web.Request) -> web.Response:
-    client = identify(request).client
+    _, client = owner(request)
     resp_id = request.match_info["response_id"]
     if not request.app[STORE].delete(client, resp_id):
         raise _missing(resp_id)

@@ -29,7 +29,7 @@ from router.frontdoors.tokencount import count_on_lane, tokenizing_lane
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of
 from router.proxy.connections import read_body
-from router.proxy.handlers import identify
+from router.proxy.handlers import owner
 from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
 
@@ -39,7 +39,7 @@ NOT_COUNTED = ("stream", "background", "store")
 
 
 async def input_items(request: web.Request) -> web.Response:
-    client = identify(request).client
+    _, client = owner(request)
     resp_id = request.match_info["response_id"]
     query = responses_items.page_query(request.query)
     entry = request.app[STORE].get(client, resp_id)
@@ -49,7 +49,7 @@ async def input_items(request: web.Request) -> web.Response:
 
 
 async def cancel(request: web.Request) -> web.Response:
-    client = identify(request).client
+    _, client = owner(request)
     resp_id = request.match_info["response_id"]
     running = request.app[RUNNING].get(client, resp_id)
     if running is not None:
@@ -76,7 +76,7 @@ async def input_tokens(request: web.Request) -> web.Response:
     outcome = Outcome(endpoint="input_tokens", arrival=time.monotonic(), api="responses")
     client, model = "unidentified", None
     try:
-        policy = identify(request)
+        policy, who = owner(request)
         client = policy.client
         raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
         body = {k: v for k, v in load_object(raw).items() if k not in NOT_COUNTED}
@@ -87,7 +87,7 @@ async def input_tokens(request: web.Request) -> web.Response:
         previous = responses_in.previous_id(body)
         history: list[dict[str, Any]] = []
         if previous is not None:
-            entry = app[STORE].get(client, previous)
+            entry = app[STORE].get(who, previous)
             if entry is None:
                 raise missing(previous, "previous_response_id")
             history = entry.messages

@@ -1,10 +1,11 @@
 """A prompt's tokens counted by a lane, under its own tokenizer and chat template, tools
 included: Anthropic's ``count_tokens`` and the Responses API's ``input_tokens``.
 
-A count is admitted like a generation request: the model may be one of ours that loads first
-(``holding``), and the count holds one of its client's concurrency slots (waiting in the
-client's queue, 429 past ``queue_timeout``) while the lane counts. On the lane a count never
-goes ahead of preparing a generation request (``router.worker.tokenizing``).
+A count is admitted like a generation request: it takes one of its client's concurrency
+slots first (waiting in the client's queue, 429 past ``queue_timeout``), then the model may
+be one of ours that loads (``holding``) while the slot is held, and the lane counts. On the
+lane a count never goes ahead of preparing a generation request
+(``router.worker.tokenizing``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ async def count_on_lane(
             param="model",
             code="model_not_allowed",
         )
-    async with holding(app.get(MODELS), app[POOL], model, policy) as held:
+    # Admission before any wait for a model's load (as every request: proxy()).
+    async with (
+        app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout),
+        holding(app.get(MODELS), app[POOL], model, policy) as held,
+    ):
         served = held.model if held is not None else model  # a model of ours loads first
         lane = tokenizing_lane(app[POOL], served)
         outcome.model = served
@@ -57,9 +62,8 @@ async def count_on_lane(
             raise errors.bad_request(
                 f"request body cannot be forwarded: {e}", code="invalid_json"
             ) from e
-        async with app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout):
-            outcome.tried, outcome.attempts = lane, 1
-            count = await _count(app[SESSION], lane, body)
+        outcome.tried, outcome.attempts = lane, 1
+        count = await _count(app[SESSION], lane, body)
     outcome.backend, outcome.status = lane, 200
     return count
 
@@ -70,7 +74,7 @@ async def _count(session: aiohttp.ClientSession, lane: Backend, body: bytes) -> 
         async with session.post(
             lane.base_url + TOKENIZE_PATH,
             data=body,
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **lane.auth_headers()},
             timeout=timeout,
         ) as resp:
             answer = await resp.read()

@@ -88,7 +88,7 @@ def lane_backend(
         read_timeout=settings.lanes.read_timeout,
         speculative_requested=lane == "speculative",
         source_setting=settings.lanes.draft_source,
-        still_working=lambda b: for_lane(b.base_url, b.reported),
+        still_working=lambda b: for_lane(b.base_url, b.reported, b.auth_headers()),
         cache_domain=cache_domain,
     )
 
@@ -261,8 +261,8 @@ async def _start_workers(
 
         return on_change
 
-    def command(lane: str, lane_draft: Path | None) -> WorkerCommand:
-        return build_worker_command(
+    def command(lane: str, lane_draft: Path | None, lane_backends: list[Backend]) -> WorkerCommand:
+        made = build_worker_command(
             lane,
             settings.lanes,
             model_dir,
@@ -270,12 +270,15 @@ async def _start_workers(
             models.name,
             max_body_bytes=settings.max_body_bytes,
         )
+        for backend in lane_backends:  # what the router sends reaches the worker
+            backend.worker_secret = made.secret
+        return made
 
     suffix = "" if default else f"@{models.name}"  # as backend_name: its own metric series
     if shared:
         supervisors = [
             LaneSupervisor.from_settings(
-                command(SHARED_MODE, draft),
+                command(SHARED_MODE, draft, backends),
                 settings.lanes,
                 metrics=metrics,
                 on_change=follow(backends),
@@ -285,7 +288,7 @@ async def _start_workers(
     else:
         supervisors = [
             LaneSupervisor.from_settings(
-                command(b.lane or "", draft if b.lane == "speculative" else None),
+                command(b.lane or "", draft if b.lane == "speculative" else None, [b]),
                 settings.lanes,
                 metrics=metrics,
                 on_change=follow([b]),

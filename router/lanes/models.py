@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from router.lanes.group import (
     stop_lanes,
 )
 from router.lanes.layout import LayoutChoice, default_limit, gib
+from router.lanes.loadqueue import LoadQueue
 from router.lanes.memory import machine_memory, weights_bytes
 from router.lanes.modelprep import models_dir
 from router.lanes.residency import (
@@ -85,6 +87,24 @@ class ModelUnavailable(RouterError):
             code=code,
             headers={"Retry-After": RETRY_AFTER},
         )
+
+
+class NeverFits(LaneStartupError):
+    """The model is larger than the memory limit alone: said to the client as it is."""
+
+
+def new_error_id() -> str:
+    return "load_" + secrets.token_hex(6)
+
+
+def load_failed(name: str, error_id: str) -> ModelUnavailable:
+    """What the client is told of a failed load: the model and an id to find the detail in
+    the router's log (a worker's stderr, the server's file paths), never the detail itself."""
+    return ModelUnavailable(
+        "model_load_failed",
+        f"model '{name}' could not be loaded (error id {error_id}: the router's log and "
+        "/admin/lanes have the detail)",
+    )
 
 
 def catalog_for(settings: Settings, startup: LaneModels | None) -> Catalog:
@@ -141,11 +161,6 @@ class Slot:
 
 
 @dataclass
-class _Waiters:
-    count: int = 0
-
-
-@dataclass
 class ModelManager:
     settings: Settings
     pool: BackendPool
@@ -155,7 +170,7 @@ class ModelManager:
     clock: Callable[[], float] = time.monotonic
     _slots: dict[str, Slot] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
-    _waiters: _Waiters = field(default_factory=_Waiters)
+    _queue: LoadQueue = field(default_factory=lambda: LoadQueue(0))
     _ttl_check: Periodic | None = None
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     # Reads the catalog again (the models directory); None: the catalog never changes.
@@ -308,10 +323,11 @@ class ModelManager:
                 if not slot.model.is_pinned:
                     self._unload_soon(slot, "keep_alive")
 
-    async def ensure(self, name: str) -> float:
+    async def ensure(self, name: str, client: str = "") -> float:
         """Load ``name`` unless it is loaded; the seconds this caller waited. Raises
         ModelUnavailable (the load failed, no memory could be freed in time, too many
-        waiting, or ``load_timeout`` passed)."""
+        waiting, or ``load_timeout`` passed). ``client``: whose request waits; the places
+        of ``lanes.load_queue`` are shared fairly between clients (``router.lanes.loadqueue``)."""
         slot = self._slots[name]
         if slot.state == "loaded" and self._given_up(slot):
             log.warning("model %s: every lane was given up; loading it again", name)
@@ -319,35 +335,48 @@ class ModelManager:
         if slot.state == "loaded":
             return 0.0
         lanes = self.settings.lanes
-        if self._waiters.count >= lanes.load_queue:
-            raise ModelUnavailable(
-                "model_load_queue_full",
-                f"model '{name}' is not loaded and {self._waiters.count} requests already wait "
-                f"for models to load (lanes.load_queue); try again shortly",
-            )
+        self._queue.limit = lanes.load_queue  # (settings are fixed; tests may lower it)
+        place = self._queue.enter(client)
+        if place is None:
+            raise self._queue_full(name)
         if slot.load is None or slot.load.done():
             slot.load = asyncio.create_task(self._load(slot), name=f"load-{name}")
             slot.load.add_done_callback(_retrieved)
+        load = slot.load
         began = self.clock()
-        self._waiters.count += 1
         try:
-            await asyncio.wait_for(asyncio.shield(slot.load), lanes.load_timeout)
-        except ModelUnavailable as e:
-            # One load, many waiters: each gets its own error (the proxy adds its headers).
-            raise ModelUnavailable(str(e.code), e.message) from None
-        except TimeoutError:
-            if slot.state == "loading" and not slot.reserved:  # still waiting for memory
-                raise ModelUnavailable(
-                    "model_memory_busy", self._busy_message(slot, self.room_for(slot))
-                ) from None
-            raise ModelUnavailable(
-                "model_load_timeout",
-                f"model '{name}' did not load within lanes.load_timeout "
-                f"({lanes.load_timeout:g} s); it is {slot.state}",
-            ) from None
+            # Neither end of the wait cancels the load: other requests share it.
+            done, _ = await asyncio.wait(
+                {load, place}, timeout=lanes.load_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
-            self._waiters.count -= 1
-        return self.clock() - began
+            self._queue.leave(client, place)
+        if load in done:
+            try:
+                load.result()
+            except ModelUnavailable as e:
+                # One load, many waiters: each gets its own error (the proxy adds its headers).
+                raise ModelUnavailable(str(e.code), e.message) from None
+            return self.clock() - began
+        if place in done:  # another client's request took this place
+            raise self._queue_full(name)
+        if slot.state == "loading" and not slot.reserved:  # still waiting for memory
+            raise ModelUnavailable(
+                "model_memory_busy", self._busy_message(slot, self.room_for(slot))
+            )
+        raise ModelUnavailable(
+            "model_load_timeout",
+            f"model '{name}' did not load within lanes.load_timeout "
+            f"({lanes.load_timeout:g} s); it is {slot.state}",
+        )
+
+    def _queue_full(self, name: str) -> ModelUnavailable:
+        return ModelUnavailable(
+            "model_load_queue_full",
+            f"model '{name}' is not loaded and {len(self._queue)} requests already wait "
+            "for models to load (lanes.load_queue, shared fairly between clients); try "
+            "again shortly",
+        )
 
     # --- loading and unloading --------------------------------------------------------
 
@@ -391,25 +420,31 @@ class ModelManager:
             self._set_state(slot, "unloaded")
             self.metrics.model_loads.labels(name, "memory_busy").inc()
             raise
-        except LaneStartupError as e:
+        except NeverFits as e:  # sizes and a setting's name: nothing of the server's
             slot.last_error = str(e)
             self._set_state(slot, "failed")
             self.metrics.model_loads.labels(name, "failed").inc()
-            log.warning("model %s: could not load: %s", name, e)
+            log.warning("model %s: cannot load: %s", name, e)
             raise ModelUnavailable(
                 "model_load_failed", f"model '{name}' could not be loaded: {e}"
             ) from None
+        except LaneStartupError as e:
+            error_id = new_error_id()
+            slot.last_error = f"{e} (error id {error_id})"
+            self._set_state(slot, "failed")
+            self.metrics.model_loads.labels(name, "failed").inc()
+            log.warning("model %s: could not load (error id %s): %s", name, error_id, e)
+            raise load_failed(name, error_id) from None
         except asyncio.CancelledError:
             self._set_state(slot, "unloaded")
             raise
         except Exception as e:  # any defect: the model is failed, the others keep serving
-            log.exception("model %s: load failed", name)
-            slot.last_error = f"{type(e).__name__}: {e}"
+            error_id = new_error_id()
+            log.exception("model %s: load failed (error id %s)", name, error_id)
+            slot.last_error = f"{type(e).__name__}: {e} (error id {error_id})"
             self._set_state(slot, "failed")
             self.metrics.model_loads.labels(name, "failed").inc()
-            raise ModelUnavailable(
-                "model_load_failed", f"model '{name}' could not be loaded: {slot.last_error}"
-            ) from None
+            raise load_failed(name, error_id) from None
 
     async def _make_room(self, slot: Slot, began: float) -> None:
         """Unload idle models until ``slot`` fits, waiting for one to become idle while
@@ -418,7 +453,7 @@ class ModelManager:
         while True:
             plan = self.room_for(slot)
             if plan.never_fits:
-                raise LaneStartupError(
+                raise NeverFits(
                     f"its lanes need about {gib(plan.need_bytes)} (layout "
                     f"{slot.choice.layout if slot.choice else '?'}) but only "
                     f"{gib(plan.limit_bytes)} may be used (lanes.memory_limit_bytes)"
@@ -432,7 +467,7 @@ class ModelManager:
                     await self._unload(self._slots[other], "memory")
                 continue  # plan again: a model may have got a request meanwhile
             remaining = deadline - self.clock()
-            if remaining <= 0:
+            if remaining <= 0 or plan.blocked_by_pinned:  # pinned: no wait can end well
                 raise ModelUnavailable("model_memory_busy", self._busy_message(slot, plan))
             changed = self._changed
             try:
@@ -464,6 +499,12 @@ class ModelManager:
             + ")"
             for h in plan.holders
         )
+        if plan.blocked_by_pinned:
+            return (
+                f"model '{slot.model.name}' needs about {gib(plan.need_bytes)} and does not "
+                f"fit in {gib(plan.limit_bytes)} beside the pinned models, which are never "
+                f"unloaded: {holders or 'none'}; it cannot load while they are pinned"
+            )
         return (
             f"model '{slot.model.name}' needs about {gib(plan.need_bytes)} but "
             f"{gib(plan.used_bytes)} of {gib(plan.limit_bytes)} is held by models that cannot "

@@ -25,6 +25,9 @@ from router.lanes.blas import preload_env
 from router.worker_contract import (
     DEFAULT_MAX_BODY_BYTES,
     SHARED_MODE,
+    WORKER_SECRET_ENV,
+    WORKER_SECRET_HEADER,
+    new_worker_secret,
     parse_ready_line,
     worker_argv,
 )
@@ -40,7 +43,14 @@ _PIPE_DRAIN_TIMEOUT = 1.0  # to collect the last stderr lines of an exited worke
 class WorkerCommand:
     lane: str  # a lane, or SHARED_MODE for the process serving both
     argv: tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # Holds the worker secret (WORKER_SECRET_ENV): never logged, never shown.
+    env: Mapping[str, str] = field(default_factory=dict, hash=False, repr=False)
+    # The worker secret every request to this worker carries (None: a worker that checks
+    # none, e.g. a test's); the same across its restarts.
+    secret: str | None = field(default=None, repr=False)
+
+    def auth_headers(self) -> dict[str, str]:
+        return worker_auth_headers(self.secret)
 
     @property
     def lanes(self) -> tuple[str, ...]:
@@ -80,7 +90,15 @@ def build_worker_command(
     env = preload_env()
     env.update(settings.env)
     env["PYTHONUNBUFFERED"] = "1"  # stderr lines must reach the ring buffer as they happen
-    return WorkerCommand(lane=lane, argv=tuple(argv), env=env)
+    # In the environment, not on the command line: /proc/<pid>/environ is readable by this
+    # user only, the command line by everyone.
+    secret = new_worker_secret()
+    env[WORKER_SECRET_ENV] = secret
+    return WorkerCommand(lane=lane, argv=tuple(argv), env=env, secret=secret)
+
+
+def worker_auth_headers(secret: str | None) -> dict[str, str]:
+    return {WORKER_SECRET_HEADER: secret} if secret else {}
 
 
 def speculative_args(settings: LanesSettings, draft_dir: Path | None) -> tuple[str, ...]:

@@ -50,19 +50,23 @@ def progress_moved(last: int | None, current: int | None, busy: bool) -> bool:
 
 
 def still_working_callback(
-    root_url: str, baseline: int | None = None, timeout: float = HEALTH_TIMEOUT
+    root_url: str,
+    baseline: int | None = None,
+    timeout: float = HEALTH_TIMEOUT,
+    headers: Mapping[str, str] | None = None,
 ) -> StillWorking:
     """The ``still_working()`` hook for one request to the lane worker at ``root_url``
     (``http://127.0.0.1:PORT``, without ``/v1``).
 
     ``baseline``: the counter when the request was sent, if known (e.g. from the
-    supervisor's last /health snapshot); otherwise the first look sets it.
+    supervisor's last /health snapshot); otherwise the first look sets it. ``headers``:
+    sent with each look (the worker secret).
     """
     last = baseline
 
     async def still_working() -> bool:
         nonlocal last
-        health = await read_health(root_url, timeout)
+        health = await read_health(root_url, timeout, headers)
         current = progress_of(health)
         busy = bool(health) and (_count(health, "active") + _count(health, "queued")) > 0
         moved = progress_moved(last, current, busy)
@@ -73,20 +77,26 @@ def still_working_callback(
     return still_working
 
 
-def for_lane(base_url: str, reported: Mapping[str, Any] | None) -> StillWorking:
+def for_lane(
+    base_url: str, reported: Mapping[str, Any] | None, headers: Mapping[str, str] | None = None
+) -> StillWorking:
     """The hook for a request to a lane backend: ``base_url`` is its OpenAI base (``/v1``),
     ``reported`` the supervisor's last /health snapshot of it (``Backend.reported``), whose
     counter is the baseline. The relay passes this to the upstream client for lane backends
     (``still_working=for_lane(backend.base_url, backend.reported) if backend.lane else
-    None``)."""
-    return still_working_callback(base_url.removesuffix("/v1"), progress_of(reported))
+    None``); ``headers``: the backend's (its worker secret)."""
+    return still_working_callback(
+        base_url.removesuffix("/v1"), progress_of(reported), headers=headers
+    )
 
 
-async def read_health(root_url: str, seconds: float = HEALTH_TIMEOUT) -> dict[str, Any] | None:
+async def read_health(
+    root_url: str, seconds: float = HEALTH_TIMEOUT, headers: Mapping[str, str] | None = None
+) -> dict[str, Any] | None:
     """GET /health (a fresh connection: this runs once per silence period at most)."""
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=seconds)) as s:
-            async with s.get(f"{root_url.rstrip('/')}/health") as resp:
+            async with s.get(f"{root_url.rstrip('/')}/health", headers=headers) as resp:
                 if resp.status != 200:
                     return None
                 body = await resp.json(content_type=None)

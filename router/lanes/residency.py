@@ -6,7 +6,9 @@ A model is evictable when it is loaded, not pinned and has no request in flight 
 loading or with a stream open is never unloaded). To make room, the least recently used
 evictable models go first, and only as many as needed; when even unloading all of them
 would not make room, nothing is unloaded and the caller waits (or answers 503 naming the
-models that hold the memory).
+models that hold the memory). When even the pinned models alone leave no room (they are never
+unloaded) no wait can end well: the plan says so (``blocked_by_pinned``) and the caller
+answers at once.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class RoomPlan:
     used_bytes: int  # held before any eviction
     need_bytes: int
     limit_bytes: int
+    # It does not fit beside the pinned models alone: waiting for others to idle is futile.
+    blocked_by_pinned: bool = False
 
 
 def make_room(need: int, limit: int, residents: Sequence[Resident]) -> RoomPlan:
@@ -61,6 +65,10 @@ def make_room(need: int, limit: int, residents: Sequence[Resident]) -> RoomPlan:
         if remaining + need <= limit:
             return plan(tuple(chosen), True)
     holders = tuple(sorted(r.name for r in residents if r.estimate_bytes > 0))
+    pinned = sum(r.estimate_bytes for r in residents if r.pinned)
+    if pinned + need > limit:
+        pinned_names = tuple(sorted(r.name for r in residents if r.pinned))
+        return RoomPlan((), False, False, pinned_names, used, need, limit, blocked_by_pinned=True)
     return plan((), False, holders)
 
 

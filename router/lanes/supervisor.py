@@ -376,7 +376,9 @@ class LaneSupervisor:
         assert self._session is not None
         try:
             async with self._session.get(
-                f"{root}/health", timeout=aiohttp.ClientTimeout(total=seconds)
+                f"{root}/health",
+                timeout=aiohttp.ClientTimeout(total=seconds),
+                headers=self.command.auth_headers(),
             ) as resp:
                 if resp.status != 200:
                     return None

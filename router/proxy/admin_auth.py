@@ -66,6 +66,22 @@ def require_admin(request: web.Request) -> bool:
     return True
 
 
+def proves_admin(request: web.Request) -> bool:
+    """Did the request carry the admin key or the local admin token? Never raises: for
+    endpoints that show more to an admin and less to anyone else (``/metrics``)."""
+    try:
+        presented = presented_key(request.headers.getall(AUTHORIZATION, []))
+    except RouterError:  # credentials that disagree prove nothing
+        return False
+    token = _encoded(presented)
+    if token is None:
+        return False
+    key = request.app[SETTINGS].admin_key
+    return _matches(token, request.app.get(LOCAL_TOKEN)) or (
+        key is not None and _matches(token, key.get_secret_value())
+    )
+
+
 def _encoded(presented: str | None) -> bytes | None:
     if presented is None:
         return None

@@ -25,12 +25,12 @@ from router.appkeys import (
 )
 from router.backends.base import Backend
 from router.config.names import API_KEY_HEADER, AUTHORIZATION, CLIENT_HEADER
-from router.config.policies import Policy, Unauthorized
+from router.config.policies import Identity, Policy, PolicySet, Unauthorized
 from router.errors import RouterError
-from router.metrics import CONTENT_TYPE
+from router.metrics import CLIENT_LABEL, CONTENT_TYPE
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of
-from router.proxy.admin_auth import is_loopback, require_admin
+from router.proxy.admin_auth import is_loopback, proves_admin, require_admin
 from router.proxy.connections import read_body
 from router.proxy.credentials import presented_key
 from router.proxy.early import EarlyStream, early_stream
@@ -76,6 +76,11 @@ def caller(request: web.Request, key: str | None = None) -> tuple[Policy, str]:
     """The client's policy, from its key (``Authorization: Bearer`` unless a front door found
     it elsewhere, e.g. Anthropic's ``x-api-key``), ``X-Speclane-Client`` and User-Agent; and
     its prompt-cache partition (``PolicySet.cache_partition``)."""
+    identity, policies = _identity(request, key)
+    return identity.policy, policies.cache_partition(identity)
+
+
+def _identity(request: web.Request, key: str | None) -> tuple[Identity, PolicySet]:
     headers = request.headers
     if key is None:
         key = request_key(request)
@@ -85,7 +90,17 @@ def caller(request: web.Request, key: str | None = None) -> tuple[Policy, str]:
         policies.authorize(identity)
     except Unauthorized as refused:
         raise errors.unauthorized(refused.message, refused.code, refused.client) from None
-    return identity.policy, policies.cache_partition(identity)
+    return identity, policies
+
+
+def owner(request: web.Request, key: str | None = None) -> tuple[Policy, str]:
+    """The client's policy and whose stored items (the Responses store) the request may
+    reach: its client's, apart by the strength of what identified it. A key proves who
+    calls; a client label or user agent proves nothing, so a caller with only a label never
+    reaches what a key holder of the same policy stored (nor the other way round)."""
+    identity, _ = _identity(request, key)
+    proof = "key" if identity.via == "api_key" else "label"
+    return identity.policy, f"{proof}:{identity.policy.client}"
 
 
 def request_key(request: web.Request, *, use_api_key_header: bool = False) -> str | None:
@@ -206,9 +221,12 @@ async def proxy(
                 egress.stream_content_type if egress is not None else None,
                 egress.error if egress is not None else None,
             )
+        # Admission first: a request waits for its model's load only inside one of its
+        # client's slots, so a client's requests hold at most its max_concurrency places in
+        # the load queue (``lanes.load_queue``), never everyone's.
         async with (
-            model_loaded(manager, app[POOL], parsed, policy, early.tick if early else None),
             limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited,
+            model_loaded(manager, app[POOL], parsed, policy, early.tick if early else None),
         ):
             model = parsed.route.model
             # Fingerprints serve only to send a conversation back to the lane holding its
@@ -282,17 +300,37 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    identify(request)  # a router that requires keys does not list its models to strangers
+    # A router that requires keys does not list its models to strangers, and a client sees
+    # only what its policy lets it use.
+    policy = identify(request)
     served = request.app[POOL].models()
     manager = request.app.get(MODELS)
-    return web.json_response({"object": "list", "data": model_list(served, manager)})
+    return web.json_response({"object": "list", "data": model_list(served, manager, policy)})
 
 
-def model_list(served: list[tuple[str, str]], manager: ModelManager | None) -> list[dict[str, Any]]:
+def listed(policy: Policy | None, model: str, loaded: bool) -> bool:
+    """Does a listing show ``model`` to this client: one its policy lets it use, and, when it
+    is a model of ours not loaded now, one it may load."""
+    if policy is None:
+        return True
+    return policy.allows_model(model) and (loaded or policy.allows_load(model))
+
+
+def model_list(
+    served: list[tuple[str, str]], manager: ModelManager | None, policy: Policy | None = None
+) -> list[dict[str, Any]]:
     """Every model a backend serves now, and every model of ours (loaded or not) with its
-    state and size under ``speclane``, sorted by id."""
-    data = {m: {"id": m, "object": "model", "created": 0, "owned_by": owner} for m, owner in served}
+    state and size under ``speclane``, sorted by id; with ``policy``, only those ``listed``
+    for that client."""
+    data = {
+        m: {"id": m, "object": "model", "created": 0, "owned_by": owner}
+        for m, owner in served
+        if listed(policy, m, True)
+    }
     for entry in manager.models() if manager is not None else []:
+        if not listed(policy, entry["name"], entry["state"] == "loaded"):
+            data.pop(entry["name"], None)
+            continue
         row = data.setdefault(
             entry["name"],
             {"id": entry["name"], "object": "model", "created": 0, "owned_by": "speclane"},
@@ -327,7 +365,11 @@ async def metrics(request: web.Request) -> web.Response:
         raise RouterError(403, "metrics are served to loopback clients only", code="forbidden")
     if exposure == "admin":
         require_admin(request)
-    body = request.app[METRICS].render()
+    # A closed router (its default policy requires a key) names its clients only to whoever
+    # proves to be its operator; anyone else reads every figure with the clients summed.
+    closed = request.app[POLICIES].current.default.require_api_key
+    without = CLIENT_LABEL if closed and not proves_admin(request) else None
+    body = request.app[METRICS].render(without=without)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 

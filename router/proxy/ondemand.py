@@ -76,7 +76,7 @@ async def holding(
         yield None
         return
     held = Held(name + suffix)
-    with manager.hold(name, keep_alive):
+    with manager.hold(name, lifetime(policy, name, keep_alive)):
         if not loaded:
             if not policy.allows_load(name):
                 raise RouterError(
@@ -88,8 +88,33 @@ async def holding(
                     code="model_load_forbidden",
                 )
             # a 503 (router.lanes.models.ModelUnavailable) when it cannot load in time
-            held.load_seconds = await _wait(manager.ensure(name), name, waiting)
+            load = manager.ensure(name, policy.client)
+            held.load_seconds = await _wait(load, name, waiting)
         yield held
+
+
+def lifetime(policy: Policy, name: str, keep_alive: float | None) -> float | None:
+    """The ``keep_alive`` a request may set on ``name``: changing a model's lifetime (an
+    unload with 0, a pin with < 0, any deadline) needs the right to load it, or another
+    client's model could be unloaded or held forever by a client that may not load it (403);
+    the policy's ``models.max_keep_alive`` bounds it (a longer one, or "forever", is lowered
+    to the bound)."""
+    if keep_alive is None:
+        return None
+    if not policy.allows_load(name):
+        raise RouterError(
+            403,
+            f"client '{policy.client}' may not change how long model '{name}' stays loaded "
+            "(keep_alive needs the right to load it: the policy's models.load does not match "
+            "it); leave keep_alive out",
+            type="permission_error",
+            param="keep_alive",
+            code="keep_alive_forbidden",
+        )
+    bound = policy.models.max_keep_alive
+    if bound is not None and (keep_alive < 0 or keep_alive > bound):
+        return bound
+    return keep_alive
 
 
 # Told, while a request waits for a model to load, the model and the seconds waited so far

@@ -31,6 +31,7 @@ from router.worker.speculative import SpecSettings, SpeculativeEngine
 from router.worker.suffix import SuffixConfig
 from router.worker_contract import (
     SHARED_MODE,
+    WORKER_SECRET_ENV,
     add_worker_flags,
     check_worker_flags,
     ready_line,
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: os._exit(0))
     args.first_ppid = os.getppid()  # whoever started us: a change means it is gone
+    secret = take_secret()
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid, args.first_ppid)
     if args.mode == "batching" and args.draft_model:
@@ -88,11 +90,25 @@ def main(argv: list[str] | None = None) -> int:
                 "turns": dict(engine.turns),
             },
             args.max_body_bytes,
+            secret,
         )
         hard_exit(asyncio.run(serve(args, engine, app, ready_out, lanes=list(lanes))))
     info = worker_info(args, models)
-    app = make_app(engine, info, args.max_body_bytes)
+    app = make_app(engine, info, args.max_body_bytes, secret)
     hard_exit(asyncio.run(serve(args, engine, app, ready_out)))
+
+
+def take_secret() -> str | None:
+    """The worker secret the supervisor put in our environment, removed from it so that
+    nothing this process starts inherits it; None (with a warning): started by hand."""
+    secret = os.environ.pop(WORKER_SECRET_ENV, None) or None
+    if secret is None:
+        log.warning(
+            "%s is not set: this worker answers any program on this machine "
+            "(the router's supervisor always sets it)",
+            WORKER_SECRET_ENV,
+        )
+    return secret
 
 
 def hard_exit(code: int) -> NoReturn:

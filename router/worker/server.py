@@ -9,6 +9,11 @@ tokenizer, and a generation request's preparation before any token count.
 
 A request's prompt-cache partition comes in the ``X-Speclane-Cache-Partition`` header
 (``router.worker_contract``); its job reuses cached KV state of that partition only.
+
+With a worker secret (``router.worker_contract.WORKER_SECRET_ENV``) every endpoint, ``/health``
+included, answers only requests carrying it (``WORKER_SECRET_HEADER``), compared in constant
+time; anything else is a 401 before routing, parsing or the body is read: the router's
+policies, queues and browser rules cannot be skipped by going to the lane's port.
 """
 
 from __future__ import annotations
@@ -49,7 +54,9 @@ from router.worker_contract import (
     DEFAULT_MAX_BODY_BYTES,
     DRAFT_SOURCE_FIELD,
     SHARED_MODE,
+    WORKER_SECRET_HEADER,
     lane_prefix,
+    secret_matches,
 )
 
 
@@ -70,9 +77,13 @@ _PARTITION = re.compile(CACHE_PARTITION_PATTERN)
 
 
 def make_app(
-    engine: Engine, info: WorkerInfo, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    engine: Engine,
+    info: WorkerInfo,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    secret: str | None = None,
 ) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[error_middleware])
+    """``secret``: the worker secret every request must carry (None: anyone is answered)."""
+    app = web.Application(client_max_size=max_body_bytes, middlewares=_middlewares(secret))
     app.cleanup_ctx.append(_tokenize_pool)
     _lane_routes(app, engine, info)
     return app
@@ -82,12 +93,13 @@ def make_shared_app(
     lanes: Mapping[str, tuple[Engine, WorkerInfo]],
     figures: Callable[[], dict[str, object]],
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    secret: str | None = None,
 ) -> web.Application:
     """Shared mode: each lane's endpoints under its prefix (``contract.lane_prefix``), as a
     one-lane worker serves them at ``/``; ``/health`` at the root reports the process and every
     lane (``figures``: the process's own entries). One tokenize thread serves all lanes: they
-    share one tokenizer."""
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[error_middleware])
+    share one tokenizer. ``secret``: as ``make_app`` (the root's check covers the lanes)."""
+    app = web.Application(client_max_size=max_body_bytes, middlewares=_middlewares(secret))
     app.cleanup_ctx.append(_tokenize_pool)
     tokenizer = TokenizerThread()
     app[TOKENIZE] = tokenizer
@@ -126,6 +138,28 @@ async def _tokenize_pool(app: web.Application) -> AsyncIterator[None]:
         app[TOKENIZE] = TokenizerThread()
     yield
     app[TOKENIZE].shutdown()
+
+
+def _middlewares(secret: str | None) -> list[Any]:
+    """The secret check first: a request without it gets nothing else of the worker."""
+    return [error_middleware] if secret is None else [_secret_check(secret), error_middleware]
+
+
+def _secret_check(secret: str) -> Any:
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if not secret_matches(request.headers.get(WORKER_SECRET_HEADER), secret):
+            return _error_response(
+                RouterError(
+                    401,
+                    "this lane worker answers only the router that started it",
+                    type="authentication_error",
+                    code="worker_secret_required",
+                )
+            )
+        return await handler(request)
+
+    return check
 
 
 @web.middleware

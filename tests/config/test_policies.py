@@ -414,3 +414,12 @@ def test_cache_partitions_follow_keys_and_groups_never_labels(tmp_path: Path) ->
 def test_a_cache_group_is_a_name(tmp_path: Path) -> None:
     found = problems(write(tmp_path, {"a.toml": 'cache_group = "no spaces"\n'}))
     assert len(found) == 1 and "cache_group" in found[0]
+
+
+def test_the_shipped_default_policy_names_its_caps() -> None:
+    """Issue #36 class 3: a request without max_tokens from the default policy no longer
+    runs to the end of the context; class 4: keep_alive has a bound."""
+    loaded = load_policies(REPO_POLICIES, environ={})
+    assert loaded.default.caps.max_tokens == 4096
+    assert loaded.default.models.max_keep_alive == 3600
+    assert all(p.caps.max_tokens for p in loaded), [p.client for p in loaded]

@@ -6,8 +6,10 @@
 
 It accepts the real worker's flags too (--mode, --model, --draft-model, ...), prints the
 ready line on stdout once listening, logs to stderr, answers GET /health, GET /v1/models
-and a trivial POST /v1/chat/completions. Standalone on purpose: it imports nothing from
-``router`` so it behaves like a foreign process.
+and a trivial POST /v1/chat/completions. Like the real worker it answers only requests that
+carry the worker secret when the supervisor set one (``WORKER_SECRET_ENV``), and counts the
+requests it refused (``refused`` in /health, asked with the secret). Standalone on purpose:
+it imports nothing from ``router`` but the contract, so it behaves like a foreign process.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ import time
 
 from aiohttp import web
 
-from router.worker_contract import add_worker_flags, ready_line
+from router.worker_contract import (
+    WORKER_SECRET_ENV,
+    WORKER_SECRET_HEADER,
+    add_worker_flags,
+    ready_line,
+    secret_matches,
+)
 
 PR_SET_PDEATHSIG = 1
 
@@ -64,6 +72,16 @@ class FakeWorker:
         self.args = args
         self.health_answers = 0
         self.active = 0
+        self.refused = 0
+        self.secret = os.environ.pop(WORKER_SECRET_ENV, None) or None
+
+    @web.middleware
+    async def check_secret(self, request: web.Request, handler: object) -> web.StreamResponse:
+        presented = request.headers.get(WORKER_SECRET_HEADER)
+        if self.secret is not None and not secret_matches(presented, self.secret):
+            self.refused += 1
+            return web.json_response({"error": {"message": "no secret"}}, status=401)
+        return await handler(request)  # type: ignore[operator]
 
     @property
     def stalled(self) -> bool:
@@ -84,6 +102,7 @@ class FakeWorker:
             "progress_tokens": self.health_answers if not self.stalled else 7,
             "capacity": 1 if self.args.mode == "speculative" else self.args.max_batch_size,
             "pid": os.getpid(),
+            "refused": self.refused,
         }
 
     async def handle_health(self, request: web.Request) -> web.Response:
@@ -186,7 +205,7 @@ async def serve(args: argparse.Namespace) -> None:
         sys.exit(args.exit_early)
 
     worker = FakeWorker(args)
-    app = web.Application()
+    app = web.Application(middlewares=[worker.check_secret])
     app.router.add_get("/health", worker.handle_health)
     app.router.add_get("/v1/models", worker.handle_models)
     app.router.add_post("/v1/chat/completions", worker.handle_chat)

@@ -369,7 +369,7 @@ def test_store_is_bounded_by_count_and_bytes_and_keyed_by_client() -> None:
     assert store.put("a", "r3", {"id": "r3"}, message)
     assert store.get("a", "r2") is None and len(store) == 2  # LRU evicted by count
     assert not store.put("a", "big", {"id": "big"}, [{"content": "x" * 3000}])
-    assert store.put("a", "r4", {"id": "r4"}, [{"content": "x" * 1850}])
+    assert store.put("a", "r4", {"id": "r4"}, [{"content": "x" * 1300}])
     assert len(store) == 1 and store.bytes <= 2000  # evicted by bytes
     assert store.delete("a", "r4") and store.bytes == 0 and not store.delete("a", "r4")
 

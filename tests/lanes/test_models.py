@@ -6,7 +6,9 @@ model: tests/lanes/test_models_e2e.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from router.lanes import group
 from router.lanes.layout import PROCESS_BYTES
 from router.lanes.models import ModelManager
 from router.lanes.process import WorkerCommand
+from router.worker_contract import WORKER_SECRET_ENV, new_worker_secret
 from tests.conftest import RunningRouter, metric_value, router_settings, run_router, wait_until
 
 FAKE_WORKER = Path(__file__).parents[1] / "fakes" / "fake_worker.py"
@@ -36,7 +39,9 @@ def fake_command(
     if "broken" in model_dir.name:
         flags += ["--exit-early", "7"]
     argv = (sys.executable, str(FAKE_WORKER), *flags)
-    return WorkerCommand(lane=lane, argv=argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    secret = new_worker_secret()  # as the real command: the fake answers only with it
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", WORKER_SECRET_ENV: secret}
+    return WorkerCommand(lane=lane, argv=argv, env=env, secret=secret)
 
 
 @pytest.fixture(autouse=True)
@@ -193,17 +198,23 @@ async def test_concurrent_first_requests_share_one_load(router: RunningRouter) -
 
 
 async def test_a_broken_model_answers_a_clear_error_and_the_others_keep_serving(
-    router: RunningRouter,
+    router: RunningRouter, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with pytest.raises(openai.APIStatusError) as caught:
         await chat(router, "broken")
     assert caught.value.status_code == 503
     body: Any = caught.value.body
     assert body["code"] == "model_load_failed"
-    assert "model 'broken' could not be loaded" in body["message"]
-    assert "exit" in body["message"] or "7" in body["message"]  # the worker's own reason
+    message = body["message"]
+    assert "model 'broken' could not be loaded" in message
+    # the client gets an id; the worker's stderr and the server's paths stay in the log
+    found = re.search(r"error id (load_[0-9a-f]{12})", message)
+    assert found is not None, message
+    assert str(tmp_path) not in message and "exit" not in message and "fake" not in message
+    detail = entry(router, "broken")["last_error"]
+    assert found[1] in detail and "exit" in detail  # /admin/lanes: the worker's own reason
+    assert any(found[1] in r.getMessage() and "exit" in r.getMessage() for r in caplog.records)
     assert entry(router, "broken")["state"] == "failed"
-    assert entry(router, "broken")["last_error"]
     assert (await chat(router, "alpha")).choices[0].message.content == "ok"
     assert (await chat(router, "beta")).choices[0].message.content == "ok"
     assert metric(router, "speclane_model_loads_total", model="broken", outcome="failed") == 1
@@ -418,9 +429,7 @@ def die_once_command(
     marker = model_dir / "die-once"
     if marker.exists():
         marker.unlink()
-        return WorkerCommand(
-            lane=command.lane, argv=(*command.argv, "--die-after", "0.3"), env=command.env
-        )
+        return dataclasses.replace(command, argv=(*command.argv, "--die-after", "0.3"))
     return command
 
 
@@ -451,7 +460,7 @@ def slow_batching_command(
 ) -> WorkerCommand:
     command = fake_command(lane, settings, model_dir, draft, model_name, **kw)
     if lane == "batching" and model_dir.name == "gamma":
-        return WorkerCommand(lane=lane, argv=(*command.argv, "--slow-start", "60"), env=command.env)
+        return dataclasses.replace(command, argv=(*command.argv, "--slow-start", "60"))
     return command
 
 

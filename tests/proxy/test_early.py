@@ -5,6 +5,7 @@ tests/lanes/test_models.py), one of them slow to start."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ def slow_command(
     if model_dir.name not in ("gamma", "broken"):
         return command
     slow = (*command.argv, "--slow-start", str(SLOW_START))
-    return WorkerCommand(lane=command.lane, argv=slow, env=command.env)
+    return dataclasses.replace(command, argv=slow)
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,7 @@ import pytest
 from router.worker import server as server_module
 from router.worker.protocol import GenerationRequest
 from router.worker.server import WorkerInfo, make_app, start_site
+from router.worker_contract import WORKER_SECRET_HEADER
 from tests.worker.scripted import ScriptedEngine
 
 MODEL = "scripted-model"
@@ -568,3 +569,39 @@ async def test_queued_counts_wait_behind_a_generation_requests_preparation() -> 
         await runner.cleanup()
     assert reply.choices[0].message.content == "ok"
     assert order == ["count0", "chat", "count1", "count2", "count3"]
+
+
+async def test_with_a_secret_every_endpoint_answers_only_requests_carrying_it() -> None:
+    """Issue #36 class 2: a program that found a lane's port gets a 401 in the OpenAI shape,
+    before any parsing; the router's requests carry the secret and are served."""
+    secret = "a-secret-0123456789abcdef"
+    engine = ScriptedEngine("Hello")
+    engine.start()
+    info = WorkerInfo(mode="batching", model_name=MODEL, draft_name=None, num_draft_tokens=0)
+    runner, port = await start_site(make_app(engine, info, secret=secret), "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{port}"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    try:
+        async with aiohttp.ClientSession() as s:
+            for headers in ({}, {WORKER_SECRET_HEADER: "wrong"}, {"Authorization": secret}):
+                for method, path in [
+                    ("GET", "/health"),
+                    ("GET", "/v1/models"),
+                    ("POST", "/v1/chat/completions"),
+                    ("POST", "/v1/completions"),
+                    ("POST", "/v1/tokenize"),
+                    ("GET", "/nowhere"),
+                ]:
+                    async with s.request(method, url + path, json=body, headers=headers) as r:
+                        assert r.status == 401, (path, headers)
+                        error = (await r.json())["error"]
+                        assert error["code"] == "worker_secret_required"
+            ok = {WORKER_SECRET_HEADER: secret}
+            async with s.post(f"{url}/v1/chat/completions", json=body, headers=ok) as r:
+                assert r.status == 200
+                assert (await r.json())["choices"][0]["message"]["content"] == "Hello"
+            async with s.get(f"{url}/health", headers=ok) as r:
+                assert r.status == 200
+    finally:
+        await asyncio.to_thread(engine.stop, 2.0)
+        await runner.cleanup()

@@ -75,10 +75,11 @@ async def lanes_info(
             "state": backend.get("state"),
             "speculation": backend.get("speculation"),
         }
-        url = str(backend.get("url") or "")
-        if url and (health := await _get_json(session, url.removesuffix("/v1") + "/health")):
-            keys = ("mode", "model", "draft_model", "num_draft_tokens", "capacity", "pid")
-            entry.update({k: health.get(k) for k in keys})
+        # The worker's own facts, as its /health reported them to the router (a worker
+        # answers only the router that started it).
+        worker = backend.get("worker")
+        if isinstance(worker, dict):
+            entry.update(worker)
         lanes.append(entry)
     return lanes
 

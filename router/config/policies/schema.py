@@ -91,8 +91,12 @@ class ModelRules(Frozen):
     aliases: dict[str, str] = Field(default_factory=dict)  # name the client sends -> real model
     # Which models the client may LOAD on demand (router.lanes.models), so one client cannot
     # evict another's models at will: patterns; unset: every model it may use; []: none
-    # (it uses only the models already loaded).
+    # (it uses only the models already loaded). Changing a model's lifetime (Ollama's
+    # keep_alive, an unload) needs the same right.
     load: tuple[str, ...] | None = None
+    # The longest a request's keep_alive may keep a model loaded once idle, in seconds; a
+    # longer one (or "forever", < 0) is lowered to it. None: no bound.
+    max_keep_alive: float | None = Field(default=None, ge=0)
 
     _listify = field_validator("allow", "load", mode="before")(_one_or_many)
 
