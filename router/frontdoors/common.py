@@ -11,12 +11,17 @@ import orjson
 from router import errors, sse
 from router.errors import RouterError, bad_request
 from router.proxy.request import ParsedRequest, parse_request
+from router.request_rules import too_deep
 from router.routing.types import Endpoint
 
 
 def to_parsed(endpoint: Endpoint, openai: dict[str, Any]) -> ParsedRequest:
     """The translated request, checked and described exactly as an OpenAI client's would be."""
-    return parse_request(endpoint, orjson.dumps(openai))
+    try:
+        raw = orjson.dumps(openai)
+    except orjson.JSONEncodeError as e:  # not with a body under the depth rule: a guard
+        raise bad_request(f"request body cannot be forwarded: {e}", code="invalid_json") from e
+    return parse_request(endpoint, raw)
 
 
 def first_choices(event: dict[str, Any]) -> list[dict[str, Any]]:
@@ -71,18 +76,16 @@ def whole_call(call: Any) -> tuple[str, dict[str, Any]]:
 
 def arguments_object(arguments: Any) -> dict[str, Any] | None:
     """An OpenAI tool call's ``arguments`` (a JSON string) as an object; None when it is not
-    a JSON object."""
-    if isinstance(arguments, dict):
-        return arguments
-    if not isinstance(arguments, str):
-        return None
-    if not arguments.strip():
-        return {}
-    try:
-        value = orjson.loads(arguments)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
+    a JSON object, or nests deeper than a request may (``request_rules.MAX_JSON_DEPTH``: the
+    doors that send arguments as an object could not encode it)."""
+    if isinstance(arguments, str):
+        if not arguments.strip():
+            return {}
+        try:
+            arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return None
+    return arguments if isinstance(arguments, dict) and not too_deep(arguments) else None
 
 
 def translate_events(

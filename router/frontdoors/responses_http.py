@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+import orjson
 from aiohttp import web
 
 from router import errors
@@ -16,6 +17,7 @@ from router.frontdoors.common import to_parsed
 from router.frontdoors.responses_out import ResponsesEgress
 from router.frontdoors.responses_store import ResponseStore
 from router.proxy.handlers import Inbound, identify, proxy
+from router.proxy.offload import off_loop
 from router.proxy.request import load_object
 
 STORE = web.AppKey("responses_store", ResponseStore)
@@ -43,29 +45,36 @@ async def compact(request: web.Request) -> web.StreamResponse:
 
 async def _respond(request: web.Request, *, compact: bool) -> web.StreamResponse:
     arrival = time.monotonic()
-    store = request.app[STORE]
+    app = request.app
+    store = app[STORE]
 
-    def translate(raw: bytes) -> Inbound:
+    async def translate(raw: bytes) -> Inbound:
         client = identify(request).client  # already identified (and allowed) by proxy()
-        body = load_object(raw)
+        body = await off_loop(app, len(raw), load_object, raw)
         if compact:
             body = {**body, "stream": False, "store": False}  # the endpoint answers whole
         previous = responses_in.previous_id(body)
         history: list[dict[str, object]] = []
+        size = len(raw)
         if previous is not None:
-            entry = store.get(client, previous)
+            entry = store.get(client, previous)  # the store is the loop's: read here
             if entry is None:
                 raise _missing(previous, "previous_response_id")
-            history = entry.messages
-        req = responses_in.to_openai(body, history, compact=compact)
+            history, size = entry.messages, size + entry.size
 
         def save(response: dict[str, object], messages: list[dict[str, object]]) -> None:
             store.put(client, str(response["id"]), response, messages)
 
-        egress = ResponsesEgress(
-            req, int(time.time()), save if req.store else None, compact_endpoint=compact
-        )
-        return to_parsed("chat", req.openai), egress
+        def work() -> Inbound:
+            # The new input joined to the stored conversation, translated and encoded: work
+            # over the whole conversation, however short the new body (off the loop).
+            req = responses_in.to_openai(body, history, compact=compact)
+            egress = ResponsesEgress(
+                req, int(time.time()), save if req.store else None, compact_endpoint=compact
+            )
+            return to_parsed("chat", req.openai), egress
+
+        return await off_loop(app, size, work)
 
     return await proxy(request, "chat", api="responses", translate=translate, arrival=arrival)
 
@@ -76,7 +85,9 @@ async def retrieve(request: web.Request) -> web.Response:
     entry = request.app[STORE].get(client, resp_id)
     if entry is None:
         raise _missing(resp_id)
-    return web.json_response(entry.response)
+    # A stored response repeats its request's instructions and tools: up to a whole body.
+    body = await off_loop(request.app, entry.size, orjson.dumps, entry.response)
+    return web.Response(body=body, content_type="application/json")
 
 
 async def delete(request: web.Request) -> web.Response:

@@ -329,20 +329,27 @@ def _function_output(item: dict[str, Any], at: str) -> dict[str, Any]:
 
 
 def _join_systems(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Adjacent system messages as one (many chat templates accept a single one)."""
+    """Adjacent system messages as one (many chat templates accept a single one). Each run
+    is joined once, at its end: linear in the conversation (joining message by message
+    copied the text so far at each step, quadratic over a long stored conversation)."""
     out: list[dict[str, Any]] = []
+    run: list[str] = []  # the texts of the system messages just before, not joined yet
+
+    def close_run() -> None:
+        if len(run) > 1:
+            out[-1] = {"role": "system", "content": "\n\n".join(run)}
+        run.clear()
+
     for m in messages:
-        prev = out[-1] if out else None
-        if (
-            m["role"] == "system"
-            and prev is not None
-            and prev["role"] == "system"
-            and isinstance(m["content"], str)
-            and isinstance(prev["content"], str)
-        ):
-            out[-1] = {"role": "system", "content": prev["content"] + "\n\n" + m["content"]}
-        else:
-            out.append(m)
+        text = m["content"] if m["role"] == "system" else None
+        if isinstance(text, str) and run:
+            run.append(text)
+            continue
+        close_run()
+        out.append(m)
+        if isinstance(text, str):
+            run.append(text)
+    close_run()
     return out
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from router.errors import bad_request
-from router.request_rules import integer, number, typed
+from router.request_rules import MAX_JSON_DEPTH, integer, nesting_error, number, too_deep, typed
 from router.routing.types import Endpoint, RouteRequest
 from router.speculation.families import classify_family
 from router.worker_contract import DRAFT_SOURCE_FIELD, DRAFT_TOKENS_FIELD, REQUEST_DRAFT_SOURCES
@@ -79,7 +79,10 @@ class ParsedRequest:
 
 
 def load_object(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 (every front door reads bodies this way)."""
+    """The request body as a JSON object, or a 400: every endpoint that takes a body decodes
+    it here, under the one depth rule (``request_rules.MAX_JSON_DEPTH``), so that nothing
+    after it (a translation, the re-encoding, an egress echoing a field) meets nesting it
+    cannot write back."""
     if not raw.strip():
         raise bad_request("request body is empty; expected a JSON object", code="invalid_json")
     try:
@@ -88,6 +91,9 @@ def load_object(raw: bytes) -> dict[str, Any]:
         raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from e
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
+    # Fewer brackets than the limit (in strings too: an over-count) cannot nest deeper.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and too_deep(data):
+        raise nesting_error()
     return data
 
 
