@@ -21,7 +21,7 @@ def to_parsed(endpoint: Endpoint, openai: dict[str, Any]) -> ParsedRequest:
         raw = orjson.dumps(openai)
     except orjson.JSONEncodeError as e:  # not with a body under the depth rule: a guard
         raise bad_request(f"request body cannot be forwarded: {e}", code="invalid_json") from e
-    return parse_request(endpoint, raw)
+    return parse_request(endpoint, raw, translated=True)
 
 
 def first_choices(event: dict[str, Any]) -> list[dict[str, Any]]:

@@ -78,11 +78,12 @@ class ParsedRequest:
         )
 
 
-def load_object(raw: bytes) -> dict[str, Any]:
+def load_object(raw: bytes, *, depth_rule: bool = True) -> dict[str, Any]:
     """The request body as a JSON object, or a 400: every endpoint that takes a body decodes
     it here, under the one depth rule (``request_rules.MAX_JSON_DEPTH``), so that nothing
     after it (a translation, the re-encoding, an egress echoing a field) meets nesting it
-    cannot write back."""
+    cannot write back. ``depth_rule=False``: a front door's translation of a body that
+    passed the rule (it nests a few levels deeper, as it must)."""
     if not raw.strip():
         raise bad_request("request body is empty; expected a JSON object", code="invalid_json")
     try:
@@ -92,13 +93,15 @@ def load_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
     # Fewer brackets than the limit (in strings too: an over-count) cannot nest deeper.
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and too_deep(data):
+    if depth_rule and raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and too_deep(data):
         raise nesting_error()
     return data
 
 
-def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
-    data = load_object(raw)
+def parse_request(endpoint: Endpoint, raw: bytes, *, translated: bool = False) -> ParsedRequest:
+    """``translated``: ``raw`` is a front door's translation of a client's body, which
+    passed the depth rule as it was read."""
+    data = load_object(raw, depth_rule=not translated)
     model = data.get("model")
     if not isinstance(model, str) or not model.strip():
         raise bad_request("'model' is required and must be a non-empty string", param="model")
