@@ -20,7 +20,9 @@ import orjson
 import pytest
 
 from router.errors import RouterError
-from router.frontdoors import anthropic_context, anthropic_in, ollama_in
+from router.frontdoors import anthropic_context, anthropic_in, ollama_in, responses_in
+from router.frontdoors.ollama_out import OllamaEgress
+from router.frontdoors.responses_out import ResponsesEgress
 from router.proxy.offload import CPU, INLINE_BYTES, CpuPool
 from tests.conftest import fake_upstreams, router_settings, run_router
 from tests.fakes.upstream import FakeUpstream
@@ -310,3 +312,61 @@ async def test_a_follow_up_on_a_long_conversation_leaves_the_loop_free() -> None
     assert long < 1.0 + 3 * baseline, (long, baseline)
     joined = fake.requests[-1].body["messages"][0]
     assert joined["role"] == "system" and joined["content"].count("\n\n") == 3999
+
+
+# --- answers streamed in small pieces ---------------------------------------------------------
+
+
+class Delta(str):
+    """A streamed piece that counts the characters copied when text is added to it
+    (``text += piece`` makes Python ask the piece, a subclass, first)."""
+
+    copied = 0
+
+    def __radd__(self, other: str) -> str:
+        Delta.copied += len(other) + len(self)
+        return str.__add__(other, self)
+
+
+def deltas(event: Any, count: int) -> list[dict[str, Any]]:
+    return [{"choices": [{"index": 0, "delta": event(Delta("0123456789"))}]} for _ in range(count)]
+
+
+@pytest.mark.parametrize("what", ["text", "arguments"])
+def test_a_responses_stream_in_small_pieces_costs_its_length(what: str) -> None:
+    """Each piece was added to the text so far (``self._text += text``): an answer of n
+    pieces copied n²/2 pieces, on the event loop."""
+    count = 2000
+
+    def piece(text: str) -> dict[str, Any]:
+        if what == "text":
+            return {"content": text}
+        return {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": text}}]}
+
+    saved: list[Any] = []
+    egress = ResponsesEgress(
+        responses_in.to_openai({"model": MODEL, "input": "hi", "stream": True}),
+        0,
+        lambda response, messages: saved.append(messages),
+    )
+    Delta.copied = 0
+    for event in deltas(piece, count):
+        egress._chunk(event)
+    egress.finish()
+    assert Delta.copied <= 4 * 10 * count, Delta.copied
+    answer = saved[0][-1]
+    got = answer["content"] if what == "text" else answer["tool_calls"][0]["function"]["arguments"]
+    assert got == "0123456789" * count
+
+
+def test_an_ollama_stream_of_call_pieces_costs_its_length() -> None:
+    count = 2000
+    egress = OllamaEgress("chat", MODEL, 0.0)
+    Delta.copied = 0
+
+    def piece(text: str) -> dict[str, Any]:
+        return {"tool_calls": [{"index": 0, "function": {"name": text, "arguments": text}}]}
+
+    for event in deltas(piece, count):
+        egress._chunk(event)
+    assert Delta.copied <= 4 * 10 * count, Delta.copied
