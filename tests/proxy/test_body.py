@@ -139,6 +139,8 @@ async def test_nesting_at_the_rule_is_forwarded_from_every_door(fake: FakeUpstre
         "/v1/responses": limit - 5,  # {tools [ {parameters {properties {a
         "/v1/messages": limit - 3,  # {tools [ {input_schema
         "/api/chat": limit - 1,  # {format
+        "/api/generate": limit - 1,  # {format
+        "/v1/responses/compact": limit - 3,  # {text {format {schema
     }
     async with run_router(router_settings(fake)) as r, aiohttp.ClientSession() as s:
         for path, levels in cases.items():
