@@ -21,6 +21,7 @@ What was applied is reported back as ``context_management.applied_edits``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import orjson
@@ -120,12 +121,24 @@ class _History:
 
     def __init__(self, body: dict[str, Any], messages: list[Any]) -> None:
         self.messages = messages
-        self.uses = _tool_uses(messages)
-        self.results = _results(messages)
-        self.chars = _chars([body.get("system"), messages, body.get("tools")])
+        self._body = body
         self._copied: set[int] | None = None  # messages whose blocks are copies
         self._sizes: dict[tuple[int, int, str], int] = {}  # a field's encoded length
         self._thinking_turns: int | None = None
+
+    # Read when an edit first needs them (Claude Code's usual clear_thinking needs none).
+    @cached_property
+    def uses(self) -> list[tuple[int, int, str, str]]:
+        return _tool_uses(self.messages)
+
+    @cached_property
+    def results(self) -> dict[str, tuple[int, int]]:
+        return _results(self.messages)
+
+    @cached_property
+    def chars(self) -> int:
+        body = self._body
+        return _chars([body.get("system"), self.messages, body.get("tools")])
 
     def thinking_turns(self) -> int:
         if self._thinking_turns is None:  # the edits never change thinking blocks
@@ -152,6 +165,7 @@ class _History:
 
     def replace(self, i: int, j: int, key: str, value: Any) -> None:
         """Block j of message i gets ``key: value``, in a copy of the block."""
+        total = self.chars  # measured before anything changes
         if self._copied is None:
             self.messages = [dict(m) if isinstance(m, dict) else m for m in self.messages]
             self._copied = set()
@@ -164,7 +178,7 @@ class _History:
         old = self._size(i, j, key, None) if key in block else -(len(key) + 4)
         block[key] = value
         self._sizes[(i, j, key)] = new = _chars(value)
-        self.chars += new - old
+        self.chars = total + new - old
 
     def _size(self, i: int, j: int, key: str, default: Any) -> int:
         found = self._sizes.get((i, j, key))

@@ -131,6 +131,22 @@ async def test_too_many_edits_is_a_400_in_anthropics_shape(fake: FakeUpstream) -
     assert not fake.requests
 
 
+def test_the_size_a_trigger_reads_follows_the_edits_before_it() -> None:
+    """The history is encoded once and its size then kept as edits change blocks: a later
+    edit's input_tokens trigger sees exactly the size a fresh encoding would give (blocks
+    without the field an edit sets included)."""
+    messages = tool_history(6, 400)
+    messages[2]["content"][0].pop("content")  # a result without content
+    messages[3]["content"][0].pop("input")  # a call without input
+    first = clear(keep={"type": "tool_uses", "value": 2}, clear_tool_inputs=True)
+    alone = anthropic_context.apply(anthropic_body(messages, [first]), messages)
+    size = len(orjson.dumps([None, alone.messages, None])) // anthropic_context.CHARS_PER_TOKEN
+    for trigger, applied in ((size, 2), (size + 1, 1)):
+        second = clear(trigger={"type": "input_tokens", "value": trigger})
+        edited = anthropic_context.apply(anthropic_body(messages, [first, second]), messages)
+        assert len(edited.applied) == applied, (trigger, edited.applied)
+
+
 def test_edits_keep_the_clients_body_as_sent() -> None:
     messages = tool_history(3, 10)
     sent = orjson.dumps(messages)
