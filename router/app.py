@@ -45,6 +45,7 @@ from router.proxy.handlers import setup_routes
 from router.proxy.hosts import HostRule
 from router.proxy.localtoken import new_token
 from router.proxy.middleware import browser_guard, error_middleware
+from router.proxy.offload import CPU, CpuPool, cpu_context
 from router.proxy.policy_watch import PolicyWatcher
 from router.proxy.relay import Relay
 from router.proxy.telemetry import SpecTelemetry
@@ -79,6 +80,7 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
     app[LIMITER] = ConcurrencyLimiter(metrics)
     app[ROUTING] = RoutingState(gate=gate_for(settings.routing))
     app[ACCESS] = AccessLog()
+    app[CPU] = CpuPool()
     app[HISTORY] = History(metrics)
     app[SPEC] = SpecTelemetry(settings, metrics, app[POOL], lambda: app[POLICIES].current)
     for backend in app[POOL]:
@@ -88,6 +90,7 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
     setup_admin_routes(app)
     setup_status_routes(app)
     app.on_shutdown.append(finish_in_flight)
+    app.cleanup_ctx.append(cpu_context)
     app.cleanup_ctx.append(client_session)
     app.cleanup_ctx.append(health_monitor)
     app.cleanup_ctx.append(cumulative_scraper)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, overload
 
+import orjson
+
 from router.errors import RouterError, bad_request
 
 Kind = type | tuple[type, ...]
@@ -85,3 +87,43 @@ def out_of_range(key: str, lo: float, hi: float | None) -> RouterError:
 
 def _text(bound: float) -> str:
     return str(bound) if isinstance(bound, int) else f"{bound:g}"
+
+
+# --- nesting ------------------------------------------------------------------------------
+
+# The one depth rule of request JSON, every door and endpoint: a body (and anything parsed
+# from one, such as a tool call's arguments) nests at most this many arrays and objects.
+# Real schemas and tool arguments stay far below it. What decides it: orjson reads 1,024
+# levels but writes only ORJSON_MAX_DEPTH, and speclane re-encodes every body it forwards
+# after its front door wraps it in a few more levels (a schema becomes
+# ``response_format.json_schema.schema``): so a body at the limit always encodes.
+MAX_JSON_DEPTH = 128
+ORJSON_MAX_DEPTH = 254  # orjson's own recursion limit when it encodes (tests pin it)
+_PADDING = ORJSON_MAX_DEPTH - MAX_JSON_DEPTH
+
+
+def too_deep(value: Any) -> bool:
+    """Whether ``value`` (parsed JSON) nests more than ``MAX_JSON_DEPTH`` arrays and objects.
+
+    orjson does the walk, in C (a Python walk costs several times the parse of a body made of
+    millions of tiny containers): ``value`` under ``ORJSON_MAX_DEPTH - MAX_JSON_DEPTH`` more
+    levels encodes exactly when it is at most ``MAX_JSON_DEPTH`` deep (what orjson parsed
+    always encodes otherwise: nothing but the depth can fail).
+    """
+    if not isinstance(value, dict | list):
+        return False
+    wrapped: Any = value
+    for _ in range(_PADDING):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except orjson.JSONEncodeError:
+        return True
+    return False
+
+
+def nesting_error(what: str = "request body") -> RouterError:
+    return bad_request(
+        f"the {what} nests arrays and objects more than {MAX_JSON_DEPTH} levels deep",
+        code="body_too_deep",
+    )

@@ -10,7 +10,14 @@ import pytest
 
 from router.errors import RouterError
 from router.proxy.request import parse_request as router_parse
-from router.request_rules import integer, number, typed
+from router.request_rules import (
+    MAX_JSON_DEPTH,
+    ORJSON_MAX_DEPTH,
+    integer,
+    number,
+    too_deep,
+    typed,
+)
 from router.worker.protocol import parse_request as worker_parse
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -80,3 +87,35 @@ def test_the_other_front_doors_word_a_type_fault_alike() -> None:
         "'options.num_ctx' must be of type integer",
         "options.num_ctx",
     )
+
+
+def nested(levels: int, kind: type = list) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value] if kind is list else {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("kind", [list, dict])
+def test_the_depth_rule_counts_arrays_and_objects(kind: type) -> None:
+    assert not too_deep(nested(MAX_JSON_DEPTH, kind))
+    assert too_deep(nested(MAX_JSON_DEPTH + 1, kind))
+    assert too_deep(nested(1000, kind))  # orjson reads up to 1,024
+    assert not too_deep("x") and not too_deep({}) and not too_deep([[], {"a": [1, 2]}])
+    wide = [nested(MAX_JSON_DEPTH - 1, kind) for _ in range(1000)]
+    assert not too_deep(wide) and too_deep([*wide, nested(MAX_JSON_DEPTH, kind)])
+
+
+def test_orjson_writes_the_depth_the_rule_relies_on() -> None:
+    """too_deep asks orjson, whose encoder stops at ORJSON_MAX_DEPTH levels: a new orjson
+    that moved it would turn the rule wrong, and fails here."""
+    orjson.dumps(nested(ORJSON_MAX_DEPTH))
+    with pytest.raises(orjson.JSONEncodeError):
+        orjson.dumps(nested(ORJSON_MAX_DEPTH + 1))
+    assert ORJSON_MAX_DEPTH - MAX_JSON_DEPTH >= 8  # room for what the doors wrap around
+
+
+def test_router_bodies_past_the_rule_are_a_400_before_any_field_check() -> None:
+    raw = orjson.dumps({"model": "m", "messages": "not a list", "x": nested(MAX_JSON_DEPTH)})
+    message, _ = fault(lambda: router_parse("chat", raw))
+    assert "more than 128 levels deep" in message

@@ -21,6 +21,7 @@ What was applied is reported back as ``context_management.applied_edits``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import orjson
@@ -34,6 +35,10 @@ CHARS_PER_TOKEN = 4
 DEFAULT_TRIGGER_TOKENS = 100_000
 DEFAULT_KEEP_TOOL_USES = 3
 PARAM = "context_management"
+# Edits one request may carry: Claude Code sends one of each kind. Each edit costs a pass over
+# the conversation's tool uses, so an unbounded list would cost its length times the
+# history (an 8 MiB body held the event loop for an hour before this bound).
+MAX_EDITS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +56,21 @@ def apply(body: dict[str, Any], messages: list[Any]) -> Edited:
         raise bad_request(
             "'context_management' must be an object with an 'edits' array", param=PARAM
         )
+    edits = config.get("edits", [])
+    if len(edits) > MAX_EDITS:
+        raise bad_request(
+            f"'{PARAM}.edits' holds {len(edits)} edits; at most {MAX_EDITS} are accepted",
+            param=f"{PARAM}.edits",
+        )
+    history = _History(body, messages)
     applied = []
-    for i, edit in enumerate(config.get("edits", [])):
+    for i, edit in enumerate(edits):
         at = f"{PARAM}.edits[{i}]"
         kind = edit.get("type") if isinstance(edit, dict) else None
         if kind == CLEAR_TOOL_USES:
-            messages, done = _clear_tool_uses(body, messages, edit, at)
+            done = _clear_tool_uses(history, edit, at)
         elif kind == CLEAR_THINKING:
-            done = _clear_thinking(messages, edit, at)
+            done = _clear_thinking(history, edit, at)
         else:
             raise bad_request(
                 f"'{at}.type' {kind!r} is not supported (speclane applies "
@@ -67,7 +79,7 @@ def apply(body: dict[str, Any], messages: list[Any]) -> Edited:
             )
         if done is not None:
             applied.append(done)
-    return Edited(messages, tuple(applied), True)
+    return Edited(history.messages, tuple(applied), True)
 
 
 def _threshold(
@@ -90,7 +102,89 @@ def _threshold(
 
 
 def estimate_tokens(value: Any) -> int:
-    return len(orjson.dumps(value)) // CHARS_PER_TOKEN
+    return _chars(value) // CHARS_PER_TOKEN
+
+
+def _chars(value: Any) -> int:
+    return len(orjson.dumps(value))
+
+
+class _History:
+    """The conversation the edits work on, read once: an edit then costs a pass over the
+    tool uses and what it changes, never a new encoding of the whole history.
+
+    ``messages`` is the client's list until an edit changes it, then a copy whose changed
+    messages and blocks are copies too (the client's body stays as sent). ``chars`` is the
+    length of ``[system, messages, tools]`` encoded, kept exact as blocks change (what the
+    ``input_tokens`` trigger reads).
+    """
+
+    def __init__(self, body: dict[str, Any], messages: list[Any]) -> None:
+        self.messages = messages
+        self._body = body
+        self._copied: set[int] | None = None  # messages whose blocks are copies
+        self._sizes: dict[tuple[int, int, str], int] = {}  # a field's encoded length
+        self._thinking_turns: int | None = None
+
+    # Read when an edit first needs them (Claude Code's usual clear_thinking needs none).
+    @cached_property
+    def uses(self) -> list[tuple[int, int, str, str]]:
+        return _tool_uses(self.messages)
+
+    @cached_property
+    def results(self) -> dict[str, tuple[int, int]]:
+        return _results(self.messages)
+
+    @cached_property
+    def chars(self) -> int:
+        body = self._body
+        return _chars([body.get("system"), self.messages, body.get("tools")])
+
+    def thinking_turns(self) -> int:
+        if self._thinking_turns is None:  # the edits never change thinking blocks
+            self._thinking_turns = sum(
+                1
+                for m in self.messages
+                if isinstance(m, dict)
+                and m.get("role") == "assistant"
+                and isinstance(m.get("content"), list)
+                and any(
+                    isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")
+                    for b in m["content"]
+                )
+            )
+        return self._thinking_turns
+
+    def block(self, i: int, j: int) -> dict[str, Any]:
+        found: dict[str, Any] = self.messages[i]["content"][j]
+        return found
+
+    def tokens(self, i: int, j: int, key: str, default: Any) -> int:
+        """The estimated tokens of block j's ``key`` (each field is encoded once at most)."""
+        return self._size(i, j, key, default) // CHARS_PER_TOKEN
+
+    def replace(self, i: int, j: int, key: str, value: Any) -> None:
+        """Block j of message i gets ``key: value``, in a copy of the block."""
+        total = self.chars  # measured before anything changes
+        if self._copied is None:
+            self.messages = [dict(m) if isinstance(m, dict) else m for m in self.messages]
+            self._copied = set()
+        if i not in self._copied:
+            content = self.messages[i]["content"]
+            self.messages[i]["content"] = [dict(b) if isinstance(b, dict) else b for b in content]
+            self._copied.add(i)
+        block = self.block(i, j)
+        # The encoding changes by the value's length; a key the block lacked adds ,"key":
+        old = self._size(i, j, key, None) if key in block else -(len(key) + 4)
+        block[key] = value
+        self._sizes[(i, j, key)] = new = _chars(value)
+        self.chars = total + new - old
+
+    def _size(self, i: int, j: int, key: str, default: Any) -> int:
+        found = self._sizes.get((i, j, key))
+        if found is None:
+            found = self._sizes[(i, j, key)] = _chars(self.block(i, j).get(key, default))
+        return found
 
 
 def _tool_uses(messages: list[Any]) -> list[tuple[int, int, str, str]]:
@@ -119,9 +213,7 @@ def _results(messages: list[Any]) -> dict[str, tuple[int, int]]:
     return found
 
 
-def _clear_tool_uses(
-    body: dict[str, Any], messages: list[Any], edit: dict[str, Any], at: str
-) -> tuple[list[Any], dict[str, Any] | None]:
+def _clear_tool_uses(history: _History, edit: dict[str, Any], at: str) -> dict[str, Any] | None:
     trigger = _threshold(
         edit.get("trigger"),
         ("input_tokens", "tool_uses"),
@@ -139,65 +231,47 @@ def _clear_tool_uses(
     if not isinstance(inputs, bool):
         inputs = set(_names(inputs, f"{at}.clear_tool_inputs"))
     assert trigger is not None and keep is not None
-    uses = _tool_uses(messages)
-    size = estimate_tokens([body.get("system"), messages, body.get("tools")])
+    uses = history.uses
+    size = history.chars // CHARS_PER_TOKEN
     if (size if trigger[0] == "input_tokens" else len(uses)) < trigger[1]:
-        return messages, None
-    results = _results(messages)
-    clearable = [u for u in uses[: max(0, len(uses) - keep[1])] if u[3] not in excluded]
-    edited = [dict(m) if isinstance(m, dict) else m for m in messages]
-    copied: set[int] = set()
-    cleared, saved = 0, 0
-    for i, j, call_id, name in clearable:
-        where = results.get(call_id)
-        if where is None:
+        return None
+    cleared_tokens = estimate_tokens(CLEARED_RESULT)
+    # What the edit would clear, and the tokens that saves, before anything changes: an
+    # edit that cannot clear enough is not applied (Anthropic), and leaves nothing behind.
+    plan: list[tuple[tuple[int, int], tuple[int, int] | None]] = []  # result, use's input
+    saved = 0
+    for i, j, call_id, name in uses[: max(0, len(uses) - keep[1])]:
+        where = history.results.get(call_id)
+        if name in excluded or where is None:
             continue
-        block = _block(edited, copied, *where)
-        if block.get("content") == CLEARED_RESULT:
+        if history.block(*where).get("content") == CLEARED_RESULT:
             continue
-        saved += estimate_tokens(block.get("content", "")) - estimate_tokens(CLEARED_RESULT)
-        block["content"] = CLEARED_RESULT
+        saved += history.tokens(*where, "content", "") - cleared_tokens
+        use = None
         if inputs is True or (isinstance(inputs, set) and name in inputs):
-            use = _block(edited, copied, i, j)
-            saved += estimate_tokens(use.get("input", {})) - estimate_tokens({})
-            use["input"] = {}
-        cleared += 1
-    if not cleared or (at_least is not None and saved < at_least[1]):
-        return messages, None  # Anthropic: an edit that cannot clear enough is not applied
-    return edited, {
+            saved += history.tokens(i, j, "input", {}) - estimate_tokens({})
+            use = (i, j)
+        plan.append((where, use))
+    if not plan or (at_least is not None and saved < at_least[1]):
+        return None
+    for result, use in plan:
+        history.replace(*result, "content", CLEARED_RESULT)
+        if use is not None:
+            history.replace(*use, "input", {})
+    return {
         "type": CLEAR_TOOL_USES,
-        "cleared_tool_uses": cleared,
+        "cleared_tool_uses": len(plan),
         "cleared_input_tokens": max(0, saved),
     }
 
 
-def _block(edited: list[Any], copied: set[int], i: int, j: int) -> dict[str, Any]:
-    """Block j of message i, copied before it is changed (the client's body stays as sent)."""
-    if i not in copied:
-        edited[i]["content"] = [dict(b) if isinstance(b, dict) else b for b in edited[i]["content"]]
-        copied.add(i)
-    block: dict[str, Any] = edited[i]["content"][j]
-    return block
-
-
-def _clear_thinking(messages: list[Any], edit: dict[str, Any], at: str) -> dict[str, Any] | None:
+def _clear_thinking(history: _History, edit: dict[str, Any], at: str) -> dict[str, Any] | None:
     keep = edit.get("keep")
-    turns = sum(
-        1
-        for m in messages
-        if isinstance(m, dict)
-        and m.get("role") == "assistant"
-        and isinstance(m.get("content"), list)
-        and any(
-            isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")
-            for b in m["content"]
-        )
-    )
     if keep == "all":
         return None
     threshold = _threshold(keep, ("thinking_turns",), ("thinking_turns", 1), f"{at}.keep")
     assert threshold is not None
-    cleared = max(0, turns - threshold[1])
+    cleared = max(0, history.thinking_turns() - threshold[1])
     if not cleared:
         return None
     return {"type": CLEAR_THINKING, "cleared_thinking_turns": cleared, "cleared_input_tokens": 0}

@@ -11,6 +11,7 @@ import orjson
 from router import errors, sse
 from router.errors import RouterError, bad_request
 from router.proxy.request import ParsedRequest, parse_request
+from router.request_rules import too_deep
 from router.routing.types import Endpoint
 
 # What a lane renders into the prompt (the messages, the tools and how they may be called),
@@ -25,7 +26,33 @@ def counted(openai: dict[str, Any]) -> dict[str, Any]:
 
 def to_parsed(endpoint: Endpoint, openai: dict[str, Any]) -> ParsedRequest:
     """The translated request, checked and described exactly as an OpenAI client's would be."""
-    return parse_request(endpoint, orjson.dumps(openai))
+    try:
+        raw = orjson.dumps(openai)
+    except orjson.JSONEncodeError as e:  # not with a body under the depth rule: a guard
+        raise bad_request(f"request body cannot be forwarded: {e}", code="invalid_json") from e
+    return parse_request(endpoint, raw, translated=True)
+
+
+class Pieces:
+    """Text that arrives in pieces (a stream's deltas), joined when read. ``text += piece``
+    copies the text so far at every piece: a long answer in small deltas cost the square of
+    its length on the event loop (a 1 MB answer in 10-byte deltas: a minute)."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+
+    def add(self, piece: str) -> None:
+        self._parts.append(piece)
+
+    def text(self) -> str:
+        if len(self._parts) > 1:
+            self._parts[:] = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
+
+    def __bool__(self) -> bool:
+        return any(self._parts)
 
 
 def first_choices(event: dict[str, Any]) -> list[dict[str, Any]]:
@@ -80,18 +107,16 @@ def whole_call(call: Any) -> tuple[str, dict[str, Any]]:
 
 def arguments_object(arguments: Any) -> dict[str, Any] | None:
     """An OpenAI tool call's ``arguments`` (a JSON string) as an object; None when it is not
-    a JSON object."""
-    if isinstance(arguments, dict):
-        return arguments
-    if not isinstance(arguments, str):
-        return None
-    if not arguments.strip():
-        return {}
-    try:
-        value = orjson.loads(arguments)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
+    a JSON object, or nests deeper than a request may (``request_rules.MAX_JSON_DEPTH``: the
+    doors that send arguments as an object could not encode it)."""
+    if isinstance(arguments, str):
+        if not arguments.strip():
+            return {}
+        try:
+            arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return None
+    return arguments if isinstance(arguments, dict) and not too_deep(arguments) else None
 
 
 def translate_events(

@@ -17,7 +17,7 @@ import orjson
 from aiohttp import web
 
 from router import errors
-from router.appkeys import LIMITER, METRICS, MODELS, POOL, SETTINGS
+from router.appkeys import LIMITER, METRICS, MODELS, POOL
 from router.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
@@ -27,8 +27,9 @@ from router.frontdoors.responses_http import setup_responses_routes
 from router.frontdoors.tokencount import count_on_lane
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of
-from router.proxy.connections import read_body
+from router.proxy.body import read_object, read_raw
 from router.proxy.handlers import Inbound, identify, listed, proxy, request_key
+from router.proxy.offload import off_loop
 from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
@@ -46,10 +47,13 @@ def anthropic_key(request: web.Request) -> str | None:
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
-    def translate(raw: bytes) -> Inbound:
+    def work(raw: bytes) -> Inbound:
         req = anthropic_in.to_openai(load_object(raw))
         egress = AnthropicEgress(req.model, req.stop_sequences, req.applied_edits)
         return to_parsed("chat", req.openai), egress
+
+    async def translate(raw: bytes) -> Inbound:
+        return await off_loop(request.app, len(raw), work, raw)
 
     return await proxy(request, "chat", api="anthropic", translate=translate, api_key_header=True)
 
@@ -64,8 +68,8 @@ async def count_tokens(request: web.Request) -> web.Response:
     try:
         policy = identify(request, anthropic_key(request))
         client = policy.client
-        raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
-        req = anthropic_in.to_openai(load_object(raw), for_count=True)
+        raw = await read_raw(request)
+        req = await off_loop(app, len(raw), _count_request, raw)
         model = req.model
         count = await count_on_lane(
             app,
@@ -82,11 +86,19 @@ async def count_tokens(request: web.Request) -> web.Response:
     except asyncio.CancelledError:
         outcome.client_left()
         raise
+    except Exception:  # the error middleware answers 500 internal_error: booked as such
+        err = errors.internal_error()
+        outcome.status, outcome.error = err.status, err
+        raise
     finally:  # booked like every proxied request: metrics and the access log
         outcome.finished_at = time.monotonic()
         observe.record(app[METRICS], outcome)
         model = outcome.model or model  # the model that served (one of ours may be aliased)
         app[ACCESS].add(record_of(outcome, client=client, model=model, decision=None))
+
+
+def _count_request(raw: bytes) -> anthropic_in.MessagesRequest:
+    return anthropic_in.to_openai(load_object(raw), for_count=True)
 
 
 # --- Ollama -----------------------------------------------------------------------------------
@@ -95,22 +107,28 @@ async def count_tokens(request: web.Request) -> web.Response:
 async def ollama_chat(request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
 
-    def translate(raw: bytes) -> Inbound:
+    def work(raw: bytes) -> Inbound:
         req = ollama_in.chat_to_openai(load_object(raw))
         return _ollama_parsed(req, "chat", arrival)
+
+    async def translate(raw: bytes) -> Inbound:
+        return await off_loop(request.app, len(raw), work, raw)
 
     return await proxy(request, "chat", api="ollama", translate=translate, arrival=arrival)
 
 
 async def ollama_generate(request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
-    # Read under the body deadline; aiohttp keeps the bytes for proxy()'s own read.
-    body = load_object(await read_body(request, request.app[SETTINGS].client_limits.body_timeout))
+    # The one body reader; aiohttp keeps the bytes for proxy()'s own read.
+    body = await read_object(request)
     if ollama_in.is_load_request(body):
         return await _ollama_load(request, body, arrival)
 
-    def translate(raw: bytes) -> Inbound:
+    def work() -> Inbound:
         return _ollama_parsed(ollama_in.generate_to_openai(body), "generate", arrival)
+
+    async def translate(raw: bytes) -> Inbound:
+        return await off_loop(request.app, len(raw), work)
 
     return await proxy(request, "chat", api="ollama", translate=translate, arrival=arrival)
 
@@ -209,7 +227,7 @@ async def ollama_ps(request: web.Request) -> web.Response:
 
 async def ollama_show(request: web.Request) -> web.Response:
     identify(request)
-    body = load_object(await read_body(request, request.app[SETTINGS].client_limits.body_timeout))
+    body = await read_object(request)
     name = body.get("model") or body.get("name")  # "name" is the older clients' field
     if not isinstance(name, str) or not name:
         raise errors.bad_request("'model' is required", param="model")
@@ -218,7 +236,7 @@ async def ollama_show(request: web.Request) -> web.Response:
 
 async def ollama_pull(request: web.Request) -> web.Response:
     identify(request)
-    body = load_object(await request.read())
+    body = await read_object(request)  # under the body rules, like every endpoint
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
         raise errors.bad_request("'model' is required", param="model")

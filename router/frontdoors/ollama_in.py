@@ -14,6 +14,7 @@ translation gives them ids and pairs each ``tool`` message with its call.
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,7 +186,7 @@ def _format(value: Any) -> dict[str, Any] | None:
 
 def _messages(raw: list[Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    pending: list[tuple[str, str]] = []  # (id, name) of tool calls not answered yet
+    pending = _Pending()
     calls = 0
     for i, message in enumerate(raw):
         where = f"messages[{i}]"
@@ -201,11 +202,12 @@ def _messages(raw: list[Any]) -> list[dict[str, Any]]:
             raise bad_request(f"'{where}.content' must be a string", param=where)
         images = _images(message.get("images"), f"{where}.images")
         if role == "tool":
+            answered = pending.answer(message.get("tool_name"))
             out.append(
                 {
                     "role": "tool",
                     "content": content,
-                    "tool_call_id": _answered(pending, message.get("tool_name"), calls),
+                    "tool_call_id": answered or f"call_{calls + 1}_unmatched",
                 }
             )
             continue
@@ -220,19 +222,43 @@ def _messages(raw: list[Any]) -> list[dict[str, Any]]:
             for call in tool_calls:
                 calls += 1
                 entry["tool_calls"].append(_tool_call(call, f"call_{calls}", where))
-                pending.append((f"call_{calls}", entry["tool_calls"][-1]["function"]["name"]))
+                pending.add(f"call_{calls}", entry["tool_calls"][-1]["function"]["name"])
         out.append(entry)
     return out
 
 
-def _answered(pending: list[tuple[str, str]], name: Any, calls: int) -> str:
-    """The id of the call a tool message answers: the oldest open call of that tool (or the
-    oldest open call when the message does not name its tool)."""
-    for j, (call_id, call_name) in enumerate(pending):
-        if name is None or call_name == name:
-            del pending[j]
-            return call_id
-    return f"call_{calls + 1}_unmatched"
+class _Pending:
+    """The tool calls not answered yet, oldest first. A tool message answers the oldest
+    open call of the tool it names (or the oldest open call when it names none), each in
+    constant time: a conversation of many calls left open costs no more than its length
+    (a scan of the open calls per tool message was quadratic)."""
+
+    def __init__(self) -> None:
+        self._all: deque[tuple[str, str]] = deque()
+        self._by_name: dict[str, deque[str]] = {}
+        self._answered: set[str] = set()  # answered by name, still in _all
+
+    def add(self, call_id: str, name: str) -> None:
+        self._all.append((call_id, name))
+        self._by_name.setdefault(name, deque()).append(call_id)
+
+    def answer(self, name: Any) -> str | None:
+        if name is None:
+            while self._all:
+                call_id, call_name = self._all.popleft()
+                if call_id in self._answered:
+                    self._answered.discard(call_id)
+                    continue
+                # The oldest open call is also the oldest open call of its own tool.
+                self._by_name[call_name].popleft()
+                return call_id
+            return None
+        ids = self._by_name.get(name) if isinstance(name, str) else None
+        if not ids:
+            return None
+        call_id = ids.popleft()
+        self._answered.add(call_id)
+        return call_id
 
 
 def _tool_call(call: Any, call_id: str, where: str) -> dict[str, Any]:

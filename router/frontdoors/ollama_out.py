@@ -24,6 +24,7 @@ import orjson
 from router import errors
 from router.errors import RouterError
 from router.frontdoors.common import (
+    Pieces,
     arguments_object,
     dict_of,
     first_choices,
@@ -85,7 +86,7 @@ class OllamaEgress:
         self._first_token: float | None = None
         self._finish_reason: Any = None
         self._usage: Any = None
-        self._calls: dict[int, dict[str, Any]] = {}  # OpenAI index -> call being assembled
+        self._calls: dict[int, dict[str, Pieces]] = {}  # OpenAI index -> call being assembled
         self._ended = False
 
     def _line(self, text: str, **extra: Any) -> bytes:
@@ -191,18 +192,22 @@ class OllamaEgress:
                 continue
             index = call.get("index", 0)
             slot = self._calls.setdefault(
-                index if isinstance(index, int) else 0, {"name": "", "arguments": ""}
+                index if isinstance(index, int) else 0,
+                {"name": Pieces(), "arguments": Pieces()},
             )
             function = dict_of(call, "function")
             if isinstance(function.get("name"), str):
-                slot["name"] += function["name"]
+                slot["name"].add(function["name"])
             if isinstance(function.get("arguments"), str):
-                slot["arguments"] += function["arguments"]
+                slot["arguments"].add(function["arguments"])
 
     def _flush_calls(self) -> bytes:
         if not self._calls:
             return b""
-        gathered = [{"function": self._calls[i]} for i in sorted(self._calls)]
+        gathered = [
+            {"function": {key: pieces.text() for key, pieces in self._calls[i].items()}}
+            for i in sorted(self._calls)
+        ]
         self._calls = {}
         if self._finish_reason == "length":
             # A call cut by the token limit (OpenAI-style backends stream it as far as it got)

@@ -25,7 +25,8 @@ from router.frontdoors import responses_in, responses_items
 from router.frontdoors.common import to_parsed
 from router.frontdoors.responses_out import ResponsesEgress
 from router.frontdoors.responses_running import RUNNING, STORE, Running, missing
-from router.proxy.handlers import Inbound, proxy
+from router.proxy.handlers import Inbound, Translate, proxy
+from router.proxy.offload import off_loop
 from router.proxy.relay import Stop
 
 log = logging.getLogger("speclane.responses")
@@ -62,12 +63,14 @@ async def start(request: web.Request, body: dict[str, Any], client: str) -> web.
     body = {k: v for k, v in body.items() if k not in ("background", "stream")}
     previous = responses_in.previous_id(body)
     history: list[dict[str, Any]] = []
+    size = request.content_length or 0
     if previous is not None:
         entry = store.get(client, previous)
         if entry is None:
             raise missing(previous, "previous_response_id")
-        history = entry.messages
-    req = responses_in.to_openai(body, history)  # every 400 now, before the answer
+        history, size = entry.messages, size + entry.size
+    # Every 400 now, before the answer; over a long stored conversation, off the loop.
+    req = await off_loop(request.app, size, responses_in.to_openai, body, history)
     req = dataclasses.replace(req, echo={**req.echo, "background": True})
     items = responses_items.input_items(body.get("input"))
 
@@ -82,7 +85,7 @@ async def start(request: web.Request, body: dict[str, Any], client: str) -> web.
     entry_ = Running(stop, egress, background=True)
     running.add(client, egress.id, entry_)
 
-    def translate(raw: bytes) -> Inbound:
+    async def translate(raw: bytes) -> Inbound:
         save(egress.shell("in_progress"), list(req.conversation))
         return parsed, egress
 
@@ -93,7 +96,7 @@ async def start(request: web.Request, body: dict[str, Any], client: str) -> web.
 
 
 async def _run(
-    request: web.Request, translate: Any, stop: Stop, entry: Running, client: str
+    request: web.Request, translate: Translate, stop: Stop, entry: Running, client: str
 ) -> None:
     """The response's whole life, its request already answered: ``request`` gives the
     pipeline its client's headers and the body aiohttp read."""

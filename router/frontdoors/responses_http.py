@@ -27,8 +27,9 @@ from router.frontdoors.responses_running import (
     missing,
 )
 from router.frontdoors.responses_store import ResponseStore
-from router.proxy.connections import read_body
+from router.proxy.body import read_object
 from router.proxy.handlers import Inbound, owner, proxy
+from router.proxy.offload import off_loop
 from router.proxy.relay import Stop
 from router.proxy.request import load_object
 
@@ -40,8 +41,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     # first); aiohttp keeps the bytes for proxy()'s own read otherwise.
     try:
         _, who = owner(request)
-        raw = await read_body(request, request.app[SETTINGS].client_limits.body_timeout)
-        body = load_object(raw)
+        body = await read_object(request)
     except RouterError as e:
         if e.status in (401, 403, 400):  # proxy() books and answers the same refusal
             return await _respond(request, compact=False)
@@ -64,28 +64,37 @@ async def _respond(request: web.Request, *, compact: bool) -> web.StreamResponse
     made: list[tuple[str, ResponsesEgress]] = []  # (client, egress) once translated
     stop = Stop(asyncio.current_task(), lambda: made[0][1].cancelled() if made else b"")
 
-    def translate(raw: bytes) -> Inbound:
+    async def translate(raw: bytes) -> Inbound:
+        app = request.app
         _, client = owner(request)  # already identified (and allowed) by proxy()
-        body = load_object(raw)
+        body = await off_loop(app, len(raw), load_object, raw)
         if compact:
             body = {**body, "stream": False, "store": False}  # the endpoint answers whole
         previous = responses_in.previous_id(body)
         history: list[dict[str, object]] = []
+        size = len(raw)
         if previous is not None:
-            entry = store.get(client, previous)
+            entry = store.get(client, previous)  # the store is the loop's: read here
             if entry is None:
                 raise _missing(previous, "previous_response_id")
-            history = entry.messages
-        req = responses_in.to_openai(body, history, compact=compact)
-        items = responses_items.input_items(body.get("input"))
+            history, size = entry.messages, size + entry.size
 
         def save(response: dict[str, object], messages: list[dict[str, object]]) -> None:
             store.put(client, str(response["id"]), response, messages, items)
 
-        egress = ResponsesEgress(
-            req, int(time.time()), save if req.store else None, compact_endpoint=compact
-        )
-        parsed = to_parsed("chat", req.openai)
+        def work() -> tuple[Inbound, list[dict[str, object]]]:
+            # The new input joined to the stored conversation, translated and encoded: work
+            # over the whole conversation, however short the new body (off the loop).
+            req = responses_in.to_openai(body, history, compact=compact)
+            egress = ResponsesEgress(
+                req, int(time.time()), save if req.store else None, compact_endpoint=compact
+            )
+            return (to_parsed("chat", req.openai), egress), responses_items.input_items(
+                body.get("input")
+            )
+
+        (parsed, egress), items = await off_loop(app, size, work)
+        assert isinstance(egress, ResponsesEgress)
         made.append((client, egress))
         running.add(client, egress.id, Running(stop, egress))
         return parsed, egress
@@ -105,7 +114,8 @@ async def retrieve(request: web.Request) -> web.Response:
     entry = request.app[STORE].get(client, resp_id)
     if entry is None:
         raise _missing(resp_id)
-    return web.json_response(entry.response)
+    # Kept as its JSON: answered as it is, nothing decoded or encoded again.
+    return web.Response(body=entry.response_json, content_type="application/json")
 
 
 async def delete(request: web.Request) -> web.Response:

@@ -152,7 +152,7 @@ def to_openai(
         "tools": [
             t
             for t in body.get("tools") or []
-            if isinstance(t, dict) and t.get("type") not in IGNORED_TOOLS
+            if isinstance(t, dict) and _kind(t.get("type")) not in IGNORED_TOOLS
         ],
         "top_p": out.get("top_p"),
         "user": out.get("user"),
@@ -204,7 +204,7 @@ def _input(value: Any) -> list[dict[str, Any]]:
         at = f"input[{i}]"
         if not isinstance(item, dict):
             raise bad_request(f"'{at}' must be an object", param=at)
-        kind = item.get("type", "message")
+        kind = _kind(item.get("type", "message"))
         if kind == "message":
             messages.append(_message(item, at))
         elif kind == "function_call":
@@ -220,6 +220,12 @@ def _input(value: Any) -> list[dict[str, Any]]:
                 code="unsupported_value",
             )
     return messages
+
+
+def _kind(value: Any) -> str | None:
+    """A ``type`` or ``role`` as a name to look up: any other JSON value (an array is not
+    even hashable) is no name."""
+    return value if isinstance(value, str) else None
 
 
 def _append_call(messages: list[dict[str, Any]], call: dict[str, Any]) -> None:
@@ -238,7 +244,7 @@ TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
 
 
 def _message(item: dict[str, Any], at: str) -> dict[str, Any]:
-    role = ROLES.get(item.get("role"))  # type: ignore[arg-type]
+    role = ROLES.get(_kind(item.get("role")) or "")
     if role is None:
         raise bad_request(f"'{at}.role' must be user, assistant, system or developer", param=at)
     content = item.get("content")
@@ -249,7 +255,7 @@ def _message(item: dict[str, Any], at: str) -> dict[str, Any]:
     parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         where = f"{at}.content[{j}]"
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = _kind(part.get("type")) if isinstance(part, dict) else None
         if kind in TEXT_PARTS:
             text = part.get("refusal" if kind == "refusal" else "text")
             if not isinstance(text, str):
@@ -313,7 +319,7 @@ def _function_output(item: dict[str, Any], at: str) -> dict[str, Any]:
             where = f"{at}.output[{j}]"
             if (
                 not isinstance(part, dict)
-                or part.get("type") not in TEXT_PARTS
+                or _kind(part.get("type")) not in TEXT_PARTS
                 or not isinstance(part.get("text"), str)
             ):
                 raise bad_request(
@@ -329,20 +335,27 @@ def _function_output(item: dict[str, Any], at: str) -> dict[str, Any]:
 
 
 def _join_systems(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Adjacent system messages as one (many chat templates accept a single one)."""
+    """Adjacent system messages as one (many chat templates accept a single one). Each run
+    is joined once, at its end: linear in the conversation (joining message by message
+    copied the text so far at each step, quadratic over a long stored conversation)."""
     out: list[dict[str, Any]] = []
+    run: list[str] = []  # the texts of the system messages just before, not joined yet
+
+    def close_run() -> None:
+        if len(run) > 1:
+            out[-1] = {"role": "system", "content": "\n\n".join(run)}
+        run.clear()
+
     for m in messages:
-        prev = out[-1] if out else None
-        if (
-            m["role"] == "system"
-            and prev is not None
-            and prev["role"] == "system"
-            and isinstance(m["content"], str)
-            and isinstance(prev["content"], str)
-        ):
-            out[-1] = {"role": "system", "content": prev["content"] + "\n\n" + m["content"]}
-        else:
-            out.append(m)
+        text = m["content"] if m["role"] == "system" else None
+        if isinstance(text, str) and run:
+            run.append(text)
+            continue
+        close_run()
+        out.append(m)
+        if isinstance(text, str):
+            run.append(text)
+    close_run()
     return out
 
 
@@ -358,7 +371,7 @@ def _tools(tools: Any) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]
     namespaces: dict[str, tuple[str, str]] = {}
     for i, tool in enumerate(tools):
         at = f"tools[{i}]"
-        kind = tool.get("type") if isinstance(tool, dict) else None
+        kind = _kind(tool.get("type")) if isinstance(tool, dict) else None
         if kind == "function":
             out.append(_function(tool, at, None))
         elif kind == "namespace":

@@ -25,7 +25,7 @@ import orjson
 from router import errors
 from router.errors import RouterError
 from router.frontdoors import responses_compact
-from router.frontdoors.common import first_choices, translate_events
+from router.frontdoors.common import Pieces, first_choices, translate_events
 from router.frontdoors.responses_in import ResponsesRequest
 
 STREAM_CONTENT_TYPE = "text/event-stream"
@@ -250,8 +250,8 @@ class ResponsesEgress:
         self._ended = False
         self._output: dict[int, dict[str, Any]] = {}  # finished items by output_index
         self._text_item: dict[str, Any] | None = None  # the open message item
-        self._text = ""
-        self._all_text = ""
+        self._text = Pieces()  # the open message item's text
+        self._all_text = Pieces()  # all the answer's text (what is stored)
         self._calls: dict[int, dict[str, Any]] = {}  # OpenAI tool call index -> open call
         self._finished_calls: list[dict[str, Any]] = []
         self._next_index = 0
@@ -297,7 +297,10 @@ class ResponsesEgress:
         if self.save is not None:
             self.save(
                 body,
-                [*self.req.conversation, _assistant_message(self._all_text, self._finished_calls)],
+                [
+                    *self.req.conversation,
+                    _assistant_message(self._all_text.text(), self._finished_calls),
+                ],
             )
         out += self._event(f"response.{status}", {"response": body})
         return bytes(out)
@@ -322,10 +325,8 @@ class ResponsesEgress:
         self._ended = True
         body = self.final = self._response("cancelled", usage(self._usage))
         if self.save is not None:
-            self.save(
-                body,
-                [*self.req.conversation, _assistant_message(self._all_text, self._finished_calls)],
-            )
+            answer = _assistant_message(self._all_text.text(), self._finished_calls)
+            self.save(body, [*self.req.conversation, answer])
         out += self._event("response.cancelled", {"response": body})
         return bytes(out)
 
@@ -375,7 +376,7 @@ class ResponsesEgress:
 
     def _compaction_item(self) -> bytes:
         """The summary written so far as the compaction's one output item."""
-        item = responses_compact.item(self._all_text)
+        item = responses_compact.item(self._all_text.text())
         index = self._next_index
         self._next_index += 1
         self._output[index] = item
@@ -392,7 +393,7 @@ class ResponsesEgress:
             text = delta.get("content")
             if self.req.compaction:  # the summary is not streamed: it is the item, at the end
                 if isinstance(text, str):
-                    self._all_text += text
+                    self._all_text.add(text)
                 if choice.get("finish_reason") is not None:
                     self._finish_reason = choice["finish_reason"]
                 continue
@@ -414,7 +415,7 @@ class ResponsesEgress:
             item = self._text_item = message_item(new_id("msg"), "", "in_progress")
             item["output_index"] = self._next_index
             self._next_index += 1
-            self._text = ""
+            self._text = Pieces()
             where = {
                 "item_id": item["id"],
                 "output_index": item["output_index"],
@@ -424,8 +425,8 @@ class ResponsesEgress:
                 "response.output_item.added",
                 {"output_index": item["output_index"], "item": _public(item)},
             ) + self._event("response.content_part.added", {**where, "part": _text_part("")})
-        self._text += text
-        self._all_text += text
+        self._text.add(text)
+        self._all_text.add(text)
         return out + self._event(
             "response.output_text.delta",
             {
@@ -443,11 +444,12 @@ class ResponsesEgress:
             return b""
         self._text_item = None
         where = {"item_id": item["id"], "output_index": item["output_index"], "content_index": 0}
-        done = message_item(item["id"], self._text, status)
+        text = self._text.text()
+        done = message_item(item["id"], text, status)
         self._output[item["output_index"]] = done
         return (
-            self._event("response.output_text.done", {**where, "text": self._text, "logprobs": []})
-            + self._event("response.content_part.done", {**where, "part": _text_part(self._text)})
+            self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
+            + self._event("response.content_part.done", {**where, "part": _text_part(text)})
             + self._event(
                 "response.output_item.done", {"output_index": item["output_index"], "item": done}
             )
@@ -471,7 +473,7 @@ class ResponsesEgress:
                 "output_index": self._next_index,
                 "call_id": call_id if isinstance(call_id, str) and call_id else new_id("call"),
                 "joined": name if isinstance(name, str) else "",
-                "arguments": "",
+                "arguments": Pieces(),
             }
             self._next_index += 1
             item = call_item(
@@ -487,7 +489,7 @@ class ResponsesEgress:
             )
         args = function.get("arguments")
         if isinstance(args, str) and args:
-            state["arguments"] += args
+            state["arguments"].add(args)
             out += self._event(
                 "response.function_call_arguments.delta",
                 {"item_id": state["id"], "output_index": state["output_index"], "delta": args},
@@ -495,6 +497,7 @@ class ResponsesEgress:
         return out
 
     def _close_call(self, state: dict[str, Any]) -> bytes:
+        state["arguments"] = state["arguments"].text()  # whole now: read as a string after
         item = call_item(
             state["id"],
             state["call_id"],

@@ -115,6 +115,9 @@ async def read_body(request: web.Request, deadline: float) -> bytes:
         raise body_timeout_error(deadline) from None
     except web.RequestPayloadError as e:  # broken chunked framing, undecodable gzip/deflate
         request.protocol.close()
+        # Nothing more can be read from it: marked ended, so that aiohttp does not read it
+        # again after the answer (to drain it) and log the same error as unhandled.
+        request.content.feed_eof()
         cause = e.__cause__ or e
         raise RouterError(
             400,

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -31,11 +31,12 @@ from router.metrics import CLIENT_LABEL, CONTENT_TYPE
 from router.proxy import observe
 from router.proxy.accesslog import ACCESS, record_of
 from router.proxy.admin_auth import is_loopback, proves_admin, require_admin
-from router.proxy.connections import read_body
+from router.proxy.body import read_raw
 from router.proxy.credentials import presented_key
 from router.proxy.early import EarlyStream, early_stream
 from router.proxy.headers import decision_headers
 from router.proxy.middleware import expect_handler
+from router.proxy.offload import off_loop
 from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.partition import wire_token
@@ -69,7 +70,9 @@ UPSTREAM_PATHS: dict[Endpoint, str] = {
 # A front door's request, already translated: the OpenAI request to route and forward, and
 # how to reshape the answer for its client (None: relayed as it comes).
 Inbound = tuple[ParsedRequest, Egress | None]
-Translate = Callable[[bytes], Inbound]
+# The door's translation of the body; it runs the work over a large body or a long stored
+# conversation off the event loop (``router.proxy.offload``).
+Translate = Callable[[bytes], Awaitable[Inbound]]
 
 
 def caller(request: web.Request, key: str | None = None) -> tuple[Policy, str]:
@@ -201,12 +204,12 @@ async def proxy(
             key = request_key(request, use_api_key_header=True)
         policy, partition = caller(request, key)
         client = policy.client
-        raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
+        raw = await read_raw(request)
         egress: Egress | None = None
         if translate is None:
-            parsed = parse_request(endpoint, raw)
+            parsed = await off_loop(app, len(raw), parse_request, endpoint, raw)
         else:
-            parsed, egress = translate(raw)
+            parsed, egress = await translate(raw)
             endpoint = outcome.endpoint = parsed.endpoint  # e.g. Ollama's raw generate
         model = parsed.route.model
         parsed.cache_partition = wire_token(partition)
@@ -272,11 +275,12 @@ async def proxy(
         outcome.client_left()  # not a disconnect once the stream's [DONE] reached the client
         raise
     except Exception:
-        if early is None or early.response is None:
-            raise  # the error middleware answers it
-        log.exception("internal error on a begun stream (%s)", endpoint)
         err = errors.internal_error()
-        outcome.status, outcome.error, outcome.stream = err.status, err, True
+        outcome.status, outcome.error = err.status, err  # booked as the client gets it
+        if early is None or early.response is None:
+            raise  # the error middleware answers it (500 internal_error, the traceback logged)
+        log.exception("internal error on a begun stream (%s)", endpoint)
+        outcome.stream = True
         return await early.fail(err)
     finally:
         outcome.finished_at = time.monotonic()

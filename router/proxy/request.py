@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from router.errors import bad_request
-from router.request_rules import integer, number, typed
+from router.request_rules import MAX_JSON_DEPTH, integer, nesting_error, number, too_deep, typed
 from router.routing.types import Endpoint, RouteRequest
 from router.speculation.families import classify_family
 from router.system_messages import fold_json, needs_fold
@@ -89,8 +89,12 @@ class ParsedRequest:
         )
 
 
-def load_object(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 (every front door reads bodies this way)."""
+def load_object(raw: bytes, *, depth_rule: bool = True) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400: every endpoint that takes a body decodes
+    it here, under the one depth rule (``request_rules.MAX_JSON_DEPTH``), so that nothing
+    after it (a translation, the re-encoding, an egress echoing a field) meets nesting it
+    cannot write back. ``depth_rule=False``: a front door's translation of a body that
+    passed the rule (it nests a few levels deeper, as it must)."""
     if not raw.strip():
         raise bad_request("request body is empty; expected a JSON object", code="invalid_json")
     try:
@@ -99,11 +103,16 @@ def load_object(raw: bytes) -> dict[str, Any]:
         raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from e
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
+    # Fewer brackets than the limit (in strings too: an over-count) cannot nest deeper.
+    if depth_rule and raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and too_deep(data):
+        raise nesting_error()
     return data
 
 
-def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
-    data = load_object(raw)
+def parse_request(endpoint: Endpoint, raw: bytes, *, translated: bool = False) -> ParsedRequest:
+    """``translated``: ``raw`` is a front door's translation of a client's body, which
+    passed the depth rule as it was read."""
+    data = load_object(raw, depth_rule=not translated)
     model = data.get("model")
     if not isinstance(model, str) or not model.strip():
         raise bad_request("'model' is required and must be a non-empty string", param="model")

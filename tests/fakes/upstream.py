@@ -64,9 +64,11 @@ class FakeUpstream:
         behaviour: Behaviour | None = None,
         name: str = "fake",
         system_first: bool = False,
+        max_body: int = 1024**2,  # aiohttp's default
     ) -> None:
         self.models = models
         self.system_first = system_first
+        self.max_body = max_body
         self.behaviour = behaviour or Behaviour()
         self.name = name
         self.script: deque[Behaviour] = deque()  # per-request behaviours, used first
@@ -95,7 +97,7 @@ class FakeUpstream:
         self.script.extend(behaviours)
 
     def make_app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=self.max_body)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)  # what mlx_lm.server offers
         app.router.add_post("/v1/chat/completions", self._generate)

@@ -216,11 +216,16 @@ class Doors:
     def post(
         self, path: str, body: bytes, headers: dict[str, str] | None = None
     ) -> tuple[int, dict[str, str], bytes]:
+        return self.send("POST", path, body, headers)
+
+    def send(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
         self.sent += 1
         for attempt in (1, 2):
             try:
                 self.conn.request(
-                    "POST",
+                    method,
                     path,
                     body=body,
                     headers={"Content-Type": "application/json", **(headers or {})},

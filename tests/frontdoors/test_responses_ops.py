@@ -186,7 +186,9 @@ async def test_background_response_runs_and_is_stored(fake: FakeUpstream) -> Non
         client = r.client()
         queued = await client.responses.create(model=MODEL, input=INPUT, background=True)
         store = r.app[STORE]
-        await wait_until(lambda: store.get("label:default", queued.id).response["status"] == "completed")  # type: ignore[union-attr]
+        await wait_until(
+            lambda: store.get("label:default", queued.id).response["status"] == "completed"
+        )  # type: ignore[union-attr]
         done = await client.responses.retrieve(queued.id)
         items = await client.responses.input_items.list(queued.id)
         follow = await client.responses.create(

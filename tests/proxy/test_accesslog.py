@@ -10,9 +10,11 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
 
 from router.observability.logfmt import JsonFormatter
 from router.proxy.accesslog import ACCESS, AccessRecord
+from router.proxy.handlers import Inbound, proxy
 from tests.conftest import router_settings, run_router
 from tests.fakes.upstream import Behaviour, FakeUpstream
 from tests.reliability.harness import RouterProcess, chat_body, config_text, eventually
@@ -162,3 +164,32 @@ def test_reported_tokens_read_once_and_again_when_the_answer_read_changes() -> N
     whole = Outcome(endpoint="chat", arrival=0.0, tail_events=[{"usage": {"completion_tokens": 1}}])
     whole.body_json = {"usage": {"completion_tokens": 3}}
     assert whole.reported_tokens() == 3  # a body, when there is one, says it
+
+
+async def test_a_defect_is_booked_as_the_500_the_client_got(
+    fake: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request that failed on a defect of speclane's (an exception of no known kind) was
+    booked with status 0 while its client got a 500."""
+
+    async def broken(request: web.Request) -> web.StreamResponse:
+        async def translate(raw: bytes) -> Inbound:
+            raise RuntimeError("a defect")
+
+        return await proxy(request, "chat", api="ollama", translate=translate)
+
+    caplog.set_level(logging.INFO)
+    async with (
+        run_router(
+            router_settings(fake), setup=lambda app: app.router.add_post("/api/x", broken)
+        ) as r,
+        aiohttp.ClientSession() as s,
+        s.post(f"{r.url}/api/x", json={"model": "fake-model"}) as resp,
+    ):
+        status, answer = resp.status, await resp.json()
+        [record] = r.app[ACCESS].recent
+    assert status == 500 and answer == {
+        "error": "[internal_error] internal error in speclane (see its log)"
+    }
+    assert record.status == 500 and record.error and record.error.startswith("internal_error:")
+    assert any("a defect" in str(rec.exc_info) for rec in caplog.records if rec.exc_info)
