@@ -16,8 +16,10 @@ in by ``router.worker.forced`` on top of what this module picks). Each step:
   to the target's (``DraftCost``), so a draft as slow as the target never drafts, and a small
   one drafts while its acceptance pays (SmartSpec, arXiv 2406.14066, per step; chosen here
   between sources as well as lengths);
-- the source with the highest yield drafts its whole proposal, provided its yield beats a
-  plain step; else the step is plain. A draft model that could pay but has not been tried
+- the source with the highest yield drafts, as far as the longest draft that still beats a
+  plain step; if none beats one, the step is plain. A free source's run that ends short of
+  the step's room is continued by the draft model where that pays on its own (copy while
+  the context matches, then predict). A draft model that could pay but has not been tried
   for ``PROBE_EVERY`` steps drafts once (its acceptance is only learnt by drafting).
 
 What a client's earlier requests taught carries to its next one (``Evidence``): each
@@ -138,6 +140,16 @@ class Candidate:
 class Choice:
     source: str | None  # None: a plain step
     tokens: list[int]
+    # A free source's run continued by the draft model: its tokens from ``chained`` on.
+    chained: int | None = None
+
+    def parts(self) -> list[tuple[str, int, int]]:
+        """(source, first, end) of each source's tokens in the draft."""
+        if self.source is None:
+            return []
+        if self.chained is None:
+            return [(self.source, 0, len(self.tokens))]
+        return [(self.source, 0, self.chained), (DRAFT_MODEL, self.chained, len(self.tokens))]
 
 
 PLAIN = Choice(None, [])
@@ -201,6 +213,7 @@ class Chooser:
         best_yield = 1.0
         proposals: list[tuple[Candidate, list[int]]] = []
         model: Candidate | None = None
+        model_pays = False
         for c in self.candidates:
             c.idle += 1
             if c.is_model:
@@ -221,6 +234,7 @@ class Chooser:
                 (k, 0.0) if gamma is None else paying(model.acceptance.alpha, beta, k, gamma)
             )
             probe = could_pay and best is None and model.idle > PROBE_EVERY
+            model_pays = gamma is not None and length > 0
             if could_pay and (rate > best_yield * 1.0001 or probe or gamma is None):
                 best, best_tokens = model, []
                 k = length or k
@@ -235,6 +249,13 @@ class Chooser:
         best.shadow = None
         if best.is_model:
             best_tokens = best.propose(history, k)
+        elif model is not None and model_pays and len(best_tokens) < room:
+            # Copying while the free source matches, then the draft model goes on from the
+            # end of the copied run (it pays on its own here).
+            more = model.propose(history + best_tokens, min(model.most, room - len(best_tokens)))
+            if more:
+                model.idle = 0
+                return Choice(best.name, best_tokens + more, chained=len(best_tokens))
         return Choice(best.name, best_tokens) if best_tokens else PLAIN
 
     def _first(self, history: list[int], room: int) -> Choice:
@@ -244,16 +265,19 @@ class Chooser:
         return PLAIN
 
     def verified(self, choice: Choice, accepted: int) -> None:
-        """The target kept ``accepted`` of ``choice``'s tokens."""
-        if choice.source is None:
-            return
-        for c in self.candidates:
-            if c.name == choice.source:
-                c.acceptance.verified(len(choice.tokens), accepted)
-        tally = self.tallies.setdefault(choice.source, Tally())
-        tally.drafted += len(choice.tokens)
-        tally.accepted += accepted
-        tally.steps += 1
+        """The target kept ``accepted`` of ``choice``'s tokens (a chained draft: each
+        source's part judged on its own, the draft model's only if the run reached it)."""
+        by_name = {c.name: c for c in self.candidates}
+        for name, first, end in choice.parts():
+            if accepted < first:
+                break  # refused before this part: it says nothing of this source
+            kept = min(accepted, end) - first
+            if (c := by_name.get(name)) is not None:
+                c.acceptance.verified(end - first, kept)
+            tally = self.tallies.setdefault(name, Tally())
+            tally.drafted += end - first
+            tally.accepted += kept
+            tally.steps += 1
 
     def passed(self, width: int, seconds: float) -> None:
         """A pass of ``width`` positions (this sequence's rows) took ``seconds``."""

@@ -77,7 +77,7 @@ def test_copying_wins_over_a_draft_model_that_costs_a_pass() -> None:
     lookup = Candidate("prompt_lookup", Fixed([4, 5, 6, 7, 8, 9]), 8, Acceptance((9.0, 1.0)))
     draft = Candidate(DRAFT_MODEL, Fixed([4, 5, 6]), 3, Acceptance((9.0, 1.0)))
     chooser = Chooser([draft, lookup], PassCost(0.1), DraftCost(0.3))
-    choice = chooser.choose([1, 2, 3], 8)
+    choice = chooser.choose([1, 2, 3], 6)  # the copied run fills the step: nothing to chain
     assert (choice.source, choice.tokens) == ("prompt_lookup", [4, 5, 6, 7, 8, 9])
     assert draft.propose.calls == 0  # type: ignore[attr-defined]
 
@@ -197,3 +197,29 @@ def test_a_step_drafts_the_longest_length_that_still_pays() -> None:
     assert 0 < len(choice.tokens) < 8
     lookup.acceptance = Acceptance((19.0, 1.0))  # copying: the whole proposal
     assert len(chooser.choose([9], 8).tokens) == 8
+
+
+def test_a_short_copied_run_is_continued_by_a_draft_model_that_pays() -> None:
+    lookup = Candidate("prompt_lookup", Fixed([4, 5]), 8, Acceptance((9.0, 1.0)))
+    model = Fixed([6, 7, 8])
+    draft = Candidate(DRAFT_MODEL, model, 3, Acceptance((3.0, 1.0)))
+    chooser = Chooser([lookup, draft], PassCost(0.05), DraftCost(0.05))
+    choice = chooser.choose([1, 2, 3], 8)
+    assert (choice.source, choice.tokens, choice.chained) == ("prompt_lookup", [4, 5, 6, 7, 8], 2)
+    chooser.verified(choice, 3)  # the copied run kept, the model's first token too
+    assert (chooser.tallies["prompt_lookup"].accepted, chooser.tallies["draft_model"].accepted) == (
+        2,
+        1,
+    )
+    before = draft.acceptance.alpha
+    chooser.verified(choice, 1)  # refused inside the copied run: the model was not tried
+    assert draft.acceptance.alpha == before
+
+
+def test_no_chain_where_the_draft_model_does_not_pay() -> None:
+    lookup = Candidate("prompt_lookup", Fixed([4, 5]), 8, Acceptance((9.0, 1.0)))
+    draft = Candidate(DRAFT_MODEL, Fixed([6, 7, 8]), 3, Acceptance((9.0, 1.0)))
+    chooser = Chooser([lookup, draft], PassCost(0.05), DraftCost(1.0))
+    choice = chooser.choose([1, 2, 3], 8)
+    assert (choice.tokens, choice.chained) == ([4, 5], None)
+    assert draft.propose.calls == 0  # type: ignore[attr-defined]
