@@ -23,6 +23,7 @@ from router.config.policies import Policy
 from router.errors import RouterError
 from router.proxy.early import FIRST_TICK, TICK
 from router.proxy.request import ParsedRequest
+from router.routing.modelname import resolve_name
 
 if TYPE_CHECKING:  # the manager is handed in (router.app): lanes/ sits beside proxy/
     from router.lanes.models import ModelManager
@@ -30,18 +31,12 @@ if TYPE_CHECKING:  # the manager is handed in (router.app): lanes/ sits beside p
 
 def target(manager: ModelManager, requested: str, policy: Policy) -> tuple[str, str] | None:
     """(the servable model's name, the ``@preset`` suffix or "") that ``requested`` names
-    for this policy, or None when it names none."""
-    aliases = policy.models.aliases
-    name = aliases.get(requested, requested)
-    canonical = manager.resolve(name)
-    if canonical is not None:
-        return canonical, ""
-    base, at, suffix = name.rpartition("@")
-    if at and base:
-        canonical = manager.resolve(aliases.get(base, base))
-        if canonical is not None:
-            return canonical, at + suffix
-    return None
+    for this policy (``router.routing.modelname``), or None when it names none."""
+    found = resolve_name(requested, policy.models.aliases, manager.resolve)
+    if found is None:
+        return None
+    model, suffix = found
+    return model, "" if suffix is None else "@" + suffix
 
 
 def served_elsewhere(pool: BackendPool, model: str) -> bool:

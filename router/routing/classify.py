@@ -86,6 +86,7 @@ from router.errors import RouterError, bad_request, not_found, unavailable
 from router.routing.affinity import RULE as AFFINITY_RULE
 from router.routing.affinity import one_cache, steer, thresholds_of
 from router.routing.load import LoadGate, available, candidate_for, gate_for, lane_load, lanes_load
+from router.routing.modelname import resolve_name
 from router.routing.speculate import (
     EXTERNAL_SOURCE,
     SPECULATION_PAYS,
@@ -275,17 +276,16 @@ def classify(
 def resolve_model(
     requested: str, policy: Policy, backends: Sequence[BackendView]
 ) -> tuple[str, str | None]:
-    """(model to use, preset suffix or None): aliases first, then ``model@preset``."""
-    aliases = policy.models.aliases
-    if requested in aliases:
-        return aliases[requested], None
+    """(model to use, preset suffix or None): aliases first, then ``model@preset``
+    (``router.routing.modelname``); a name nothing serves is routed as the client's alias
+    makes it (and found nowhere)."""
     served = {m for b in backends for m in b.models}
-    if requested in served:
-        return requested, None
-    base, at, suffix = requested.rpartition("@")
-    if at and base and (base in aliases or base in served):
-        return aliases.get(base, base), suffix.strip().lower()
-    return requested, None
+    aliases = policy.models.aliases
+    found = resolve_name(requested, aliases, lambda name: name if name in served else None)
+    if found is None:
+        return aliases.get(requested, requested), None
+    model, suffix = found
+    return model, None if suffix is None else suffix.strip().lower()
 
 
 def log_line(result: Classification) -> str:
