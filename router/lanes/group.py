@@ -26,6 +26,7 @@ from router.lanes.layout import LayoutChoice, Sizes, choose, refusal
 from router.lanes.memory import machine_memory, weights_bytes
 from router.lanes.modelprep import DEFAULT_MODEL_NAME, PrepareError, ensure_default_models
 from router.lanes.progress import for_lane
+from router.lanes.rankgroup import LauncherMissing, local_ranks
 from router.lanes.status import lane_health
 from router.lanes.supervisor import (
     LaneStatus,
@@ -66,7 +67,12 @@ def resolve_models(lanes: LanesSettings) -> LaneModels:
 
 
 def enabled_lanes(lanes: LanesSettings) -> list[LaneName]:
-    return [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]
+    """The lanes to start; a group of ranks (``lanes.group``) serves the speculative lane
+    alone (the batching lane does not run over a group yet)."""
+    enabled = [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]
+    if lanes.group is not None:
+        return [lane for lane in enabled if lane == "speculative"]
+    return enabled
 
 
 def lane_backend(
@@ -152,9 +158,10 @@ def layout_choice(
 ) -> LayoutChoice:
     """The layout (``layout``: the model's own, else ``lanes.layout``) and the numbers behind
     it, guard not applied."""
-    sizes = Sizes(
-        weights_bytes(models.model), weights_bytes(models.draft), lanes.prompt_cache_bytes
-    )
+    weights = weights_bytes(models.model)
+    if lanes.group is not None:  # this machine holds its ranks' shares of the weights
+        weights = weights * local_ranks(lanes.group) // lanes.group.ranks
+    sizes = Sizes(weights, weights_bytes(models.draft), lanes.prompt_cache_bytes)
     return choose(
         layout or lanes.layout,
         sizes,
@@ -183,6 +190,11 @@ async def start_lanes(settings: Settings, pool: BackendPool, metrics: Metrics) -
     LaneStartupError (serve refuses to start and says why)."""
     if not settings.lanes.enabled or not enabled_lanes(settings.lanes):
         return StartedLanes([], None)
+    if settings.lanes.group is not None and settings.lanes.batching.enabled:
+        log.warning(
+            "lanes.group: the group serves the speculative lane alone; the batching lane "
+            "does not start (requests go to the speculative lane)"
+        )
     try:
         models = resolve_models(settings.lanes)  # may convert with MLX: main thread (above)
     except PrepareError as e:
@@ -262,14 +274,18 @@ async def _start_workers(
         return on_change
 
     def command(lane: str, lane_draft: Path | None) -> WorkerCommand:
-        return build_worker_command(
-            lane,
-            settings.lanes,
-            model_dir,
-            lane_draft,
-            models.name,
-            max_body_bytes=settings.max_body_bytes,
-        )
+        try:
+            return build_worker_command(
+                lane,
+                settings.lanes,
+                model_dir,
+                lane_draft,
+                models.name,
+                max_body_bytes=settings.max_body_bytes,
+                group=settings.lanes.group if default else None,
+            )
+        except LauncherMissing as e:
+            raise LaneStartupError(f"lanes.group: {e}") from e
 
     suffix = "" if default else f"@{models.name}"  # as backend_name: its own metric series
     if shared:

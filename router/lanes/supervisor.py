@@ -33,7 +33,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from router.config.settings import LanesSettings
 from router.lanes.figures import WorkerFigures
-from router.lanes.memory import process_memory
+from router.lanes.memory import process_memory, tree_memory
 from router.lanes.process import WorkerCommand, WorkerProcess, build_worker_command
 from router.lanes.status import (
     LaneState,
@@ -453,7 +453,8 @@ class LaneSupervisor:
                 getattr(self._metrics, name).labels(label).set(value)
 
     def _observe_memory(self, pid: int) -> None:
-        self.memory = process_memory(pid)
+        # a group's launcher: its ranks on this machine are its children
+        self.memory = tree_memory(pid) if self.command.group is not None else process_memory(pid)
         if self.memory is not None and self._metrics is not None:
             label = "+".join(self._labels)
             for kind in ("rss", "pss"):

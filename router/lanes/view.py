@@ -26,9 +26,37 @@ def workers(supervisors: Iterable[LaneSupervisor]) -> list[dict[str, Any]]:
             "pid": s.status.pid,
             "restarts": s.status.restarts,
             **(s.memory or {}),
+            **_group(s),
         }
         for s in supervisors
     ]
+
+
+def _group(supervisor: LaneSupervisor) -> dict[str, Any]:
+    """A group of ranks (``lanes.group``): its ranks, their hosts and each host's memory, as
+    rank 0 last reported them."""
+    spec = supervisor.command.group
+    if spec is None:
+        return {}
+    health = supervisor.status.health or {}
+    reported = health.get("group") if isinstance(health.get("group"), dict) else {}
+    hosts = list(spec.rank_hosts)
+    memory = reported.get("rank_memory_bytes") if isinstance(reported, dict) else None
+    per_host: dict[str, int] = {}
+    if isinstance(memory, list) and len(memory) == len(hosts):
+        for host, value in zip(hosts, memory, strict=True):
+            if isinstance(value, int):
+                per_host[host] = per_host.get(host, 0) + value
+    return {
+        "group": {
+            "ranks": spec.ranks,
+            "hosts": hosts,
+            "backend": spec.backend,
+            "parallel": spec.parallel,
+            "rank_memory_bytes": memory if isinstance(memory, list) else None,
+            "host_memory_bytes": per_host or None,
+        }
+    }
 
 
 def every_lane(

@@ -70,3 +70,25 @@ def receive(channel: Channel) -> Message:
 def disagree(channel: Channel, differs: bool) -> bool:
     """Every rank: True on all of them when any one of them ``differs``."""
     return channel.all_sum([1 if differs else 0])[0] > 0
+
+
+def gather_memory(channel: Channel, rss_mib: int) -> list[int]:
+    """Every rank: each rank's ``rss_mib``, by rank."""
+    values = [0] * channel.size
+    values[channel.rank] = rss_mib
+    return channel.all_sum(values)
+
+
+def own_rss_mib() -> int:
+    """This process's resident memory in MiB (Linux: now; elsewhere: its peak)."""
+    import os
+    import resource
+    import sys
+
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") >> 20
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak >> 20 if sys.platform == "darwin" else peak >> 10)

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from router.worker.engine import Models
-from router.worker.group.channel import Channel, disagree, send
+from router.worker.group.channel import Channel, disagree, gather_memory, own_rss_mib, send
 from router.worker.group.protocol import Message, Op, checksum
 from router.worker.group.shard import cache_length
 from router.worker.promptcache import DRAFT, TARGET, PromptCache
@@ -47,7 +46,7 @@ class Leader:
         self._slots: dict[int, tuple[int, Any]] = {}  # id(cache) -> (slot, the cache itself)
         self._next = 0
         self.messages = 0
-        self.lock = threading.Lock()  # one thread sends (the generation thread); stop() waits
+        self.rank_memory_mib: list[int] = []  # every rank's resident memory, last gathered
 
     def send(self, message: Message) -> None:
         send(self.channel, message)
@@ -103,6 +102,10 @@ class Leader:
     def stop(self) -> None:
         self.send(Message(Op.STOP))
 
+    def gather_memory(self) -> None:
+        self.send(Message(Op.MEMORY))
+        self.rank_memory_mib = gather_memory(self.channel, own_rss_mib())
+
 
 class GroupModel:
     """The target as the lane sees it: each call is announced to the group, then run."""
@@ -155,6 +158,7 @@ class GroupSpecEngine(SpeculativeEngine):
             "backend": self.facts.backend,
             "parallel": self.facts.parallel,
             "messages": self.leader.messages,
+            "rank_memory_bytes": [mib << 20 for mib in self.leader.rank_memory_mib],
         }
         return report
 
@@ -183,11 +187,13 @@ class GroupSpecEngine(SpeculativeEngine):
             self.leader.store(self.prompt_cache, tokens, cache, partition)
 
     def _serve(self, models: Models) -> None:
+        self.leader.gather_memory()
         while (job := self._queue.get(block=True)) is not None:
             self._begin(models, job)
             while self.run is not None:
                 self.round()
             self.leader.end()  # every slot of the request is closed on every rank
+            self.leader.gather_memory()
         self.leader.stop()
         self.left = True
 

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from router.worker.group.channel import Channel, disagree, receive
+from router.worker.group.channel import Channel, disagree, gather_memory, own_rss_mib, receive
 from router.worker.group.protocol import Message, Op, ProtocolError, checksum
 
 log = logging.getLogger("speclane.worker.group")
@@ -61,6 +61,8 @@ class Mirror:
             return False
         if op is Op.END:
             self.slots.clear()
+        elif op is Op.MEMORY:
+            gather_memory(self.channel, own_rss_mib())
         elif op is Op.NEW:
             self._put(message.slot, Slot(self.shard.fresh()))
         elif op is Op.FETCH:

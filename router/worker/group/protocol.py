@@ -10,7 +10,9 @@ One message per operation rank 0 performs on the target's KV caches:
   draft's), then one pass of the target over ``tokens``;
 - ``STORE slot length checksum partition``: keep the cache's first ``length`` positions in the
   prompt cache; ``checksum`` of those tokens proves the ranks kept the same history;
-- ``END``: the request is over, forget every slot; ``STOP``: leave.
+- ``END``: the request is over, forget every slot; ``STOP``: leave;
+- ``MEMORY``: every rank adds its resident memory (MiB) at its own index of one ``all_sum``,
+  so rank 0 reports every host's memory.
 
 A frame is ``FRAME`` int32 values: ``HEADER`` fields, then the message's data (tokens, then
 the partition's UTF-8 bytes) inline when it fits (one collective per step of decoding), else
@@ -39,6 +41,7 @@ class Op(IntEnum):
     STORE = 4
     END = 5
     STOP = 6
+    MEMORY = 7
 
 
 class ProtocolError(Exception):
