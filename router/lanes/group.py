@@ -19,6 +19,7 @@ from pathlib import Path
 from router.backends.base import SPECLANE_KIND, Backend
 from router.backends.cooldown import Cooldown
 from router.backends.pool import BackendPool
+from router.config.group import GroupSpec
 from router.config.names import LANE_NAMES, LaneName
 from router.config.settings import LanesSettings, Settings
 from router.lanes.gating.decide import GateDecision, check_pair, decide
@@ -53,6 +54,7 @@ class LaneModels:
     model: str  # a local mlx-lm directory, or a Hugging Face repo id (on a Mac)
     draft: str | None
     name: str  # the id clients send in "model"
+    group: GroupSpec | None = None  # its lane spans a group of ranks (router.lanes.rankgroup)
 
 
 def resolve_models(lanes: LanesSettings) -> LaneModels:
@@ -60,17 +62,20 @@ def resolve_models(lanes: LanesSettings) -> LaneModels:
     if lanes.model is None:
         model_dir, draft_dir = ensure_default_models()
         draft = lanes.draft_model or str(draft_dir)
-        return LaneModels(str(model_dir), draft, lanes.model_name or DEFAULT_MODEL_NAME)
+        return LaneModels(
+            str(model_dir), draft, lanes.model_name or DEFAULT_MODEL_NAME, lanes.group
+        )
     local = Path(lanes.model).expanduser()
     name = lanes.model_name or (local.name if local.exists() else lanes.model)
-    return LaneModels(str(local) if local.exists() else lanes.model, lanes.draft_model, name)
+    path = str(local) if local.exists() else lanes.model
+    return LaneModels(path, lanes.draft_model, name, lanes.group)
 
 
-def enabled_lanes(lanes: LanesSettings) -> list[LaneName]:
-    """The lanes to start; a group of ranks (``lanes.group``) serves the speculative lane
-    alone (the batching lane does not run over a group yet)."""
+def enabled_lanes(lanes: LanesSettings, grouped: bool = False) -> list[LaneName]:
+    """The lanes to start; a model over a group of ranks (``grouped``) has the speculative
+    lane alone (the batching lane does not run over a group yet)."""
     enabled = [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]
-    if lanes.group is not None:
+    if grouped:
         return [lane for lane in enabled if lane == "speculative"]
     return enabled
 
@@ -159,14 +164,14 @@ def layout_choice(
     """The layout (``layout``: the model's own, else ``lanes.layout``) and the numbers behind
     it, guard not applied."""
     weights = weights_bytes(models.model)
-    if lanes.group is not None:  # this machine holds its ranks' shares of the weights
-        weights = weights * local_ranks(lanes.group) // lanes.group.ranks
+    if models.group is not None:  # this machine holds its ranks' shares of the weights
+        weights = weights * local_ranks(models.group) // models.group.ranks
     sizes = Sizes(weights, weights_bytes(models.draft), lanes.prompt_cache_bytes)
     return choose(
         layout or lanes.layout,
         sizes,
         machine_memory(lanes.machine_memory_bytes),
-        frozenset(enabled_lanes(lanes)),
+        frozenset(enabled_lanes(lanes, models.group is not None)),
         lanes.memory_limit_bytes,
     )
 
@@ -188,7 +193,8 @@ async def start_lanes(settings: Settings, pool: BackendPool, metrics: Metrics) -
     """Resolve the start-up model, choose the layout (or refuse: too big), gate the draft,
     register one backend per enabled lane in ``pool`` and start the workers; raises
     LaneStartupError (serve refuses to start and says why)."""
-    if not settings.lanes.enabled or not enabled_lanes(settings.lanes):
+    grouped = settings.lanes.group is not None
+    if not settings.lanes.enabled or not enabled_lanes(settings.lanes, grouped):
         return StartedLanes([], None)
     if settings.lanes.group is not None and settings.lanes.batching.enabled:
         log.warning(
@@ -251,7 +257,7 @@ async def _start_workers(
 ) -> list[LaneSupervisor]:
     shared = choice.layout == "shared"
     draft = None
-    for lane in enabled_lanes(settings.lanes):
+    for lane in enabled_lanes(settings.lanes, models.group is not None):
         name = backend_name(lane, models.name, default)
         backend = lane_backend(
             lane, settings, models.name, SHARED_MODE if shared else None, name=name
@@ -282,7 +288,7 @@ async def _start_workers(
                 lane_draft,
                 models.name,
                 max_body_bytes=settings.max_body_bytes,
-                group=settings.lanes.group if default else None,
+                group=models.group,
             )
         except LauncherMissing as e:
             raise LaneStartupError(f"lanes.group: {e}") from e
@@ -311,7 +317,7 @@ async def _start_workers(
         ]
     log.info(
         "starting lanes %s (%s) on %s (draft: %s)",
-        enabled_lanes(settings.lanes),
+        enabled_lanes(settings.lanes, models.group is not None),
         choice.layout,
         models.model,
         models.draft,
