@@ -75,6 +75,20 @@ def group_argv(
     return (*argv, "--", *command, *group_flags)
 
 
+def host_memory(hosts: Sequence[str], health: Mapping[str, object] | None) -> dict[str, int]:
+    """Each host's memory, summed over its ranks, from rank 0's ``/health`` ``group`` block
+    (every rank's resident bytes, by rank); empty until reported."""
+    group = (health or {}).get("group")
+    memory = group.get("rank_memory_bytes") if isinstance(group, dict) else None
+    if not isinstance(memory, list) or len(memory) != len(hosts):
+        return {}
+    out: dict[str, int] = {}
+    for host, value in zip(hosts, memory, strict=True):
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[host] = out.get(host, 0) + value
+    return out
+
+
 def local_ranks(spec: GroupSpec) -> int:
     return sum(1 for host in spec.rank_hosts if host in LOCAL_HOSTS)
 

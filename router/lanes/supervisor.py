@@ -35,6 +35,7 @@ from router.config.settings import LanesSettings
 from router.lanes.figures import WorkerFigures
 from router.lanes.memory import process_memory, tree_memory
 from router.lanes.process import WorkerCommand, WorkerProcess, build_worker_command
+from router.lanes.rankgroup import host_memory
 from router.lanes.status import (
     LaneState,
     LaneStatus,
@@ -459,6 +460,11 @@ class LaneSupervisor:
             label = "+".join(self._labels)
             for kind in ("rss", "pss"):
                 self._metrics.worker_memory.labels(label, kind).set(self.memory[f"{kind}_bytes"])
+        group = self.command.group
+        if group is not None and self._metrics is not None:
+            label = "+".join(self._labels)
+            for host, value in host_memory(group.rank_hosts, self._status.health).items():
+                self._metrics.group_host_memory.labels(label, host).set(value)
 
     async def _close_session(self) -> None:
         if self._session is not None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from router.lanes.layout import LayoutChoice
 from router.lanes.models import ModelManager
+from router.lanes.rankgroup import host_memory
 from router.lanes.supervisor import LaneSupervisor
 
 
@@ -39,14 +40,9 @@ def _group(supervisor: LaneSupervisor) -> dict[str, Any]:
     if spec is None:
         return {}
     health = supervisor.status.health or {}
-    reported = health.get("group") if isinstance(health.get("group"), dict) else {}
-    hosts = list(spec.rank_hosts)
+    reported = health.get("group")
     memory = reported.get("rank_memory_bytes") if isinstance(reported, dict) else None
-    per_host: dict[str, int] = {}
-    if isinstance(memory, list) and len(memory) == len(hosts):
-        for host, value in zip(hosts, memory, strict=True):
-            if isinstance(value, int):
-                per_host[host] = per_host.get(host, 0) + value
+    hosts = list(spec.rank_hosts)
     return {
         "group": {
             "ranks": spec.ranks,
@@ -54,7 +50,7 @@ def _group(supervisor: LaneSupervisor) -> dict[str, Any]:
             "backend": spec.backend,
             "parallel": spec.parallel,
             "rank_memory_bytes": memory if isinstance(memory, list) else None,
-            "host_memory_bytes": per_host or None,
+            "host_memory_bytes": host_memory(hosts, health) or None,
         }
     }
 

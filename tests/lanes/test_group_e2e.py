@@ -120,6 +120,8 @@ def test_admin_shows_the_ranks_hosts_and_memory_per_host(router: Router) -> None
     assert (group["backend"], group["parallel"]) == ("ring", "tensor")
     assert group["host_memory_bytes"]["127.0.0.1"] > 100 << 20
     assert worker["rss_bytes"] > group["host_memory_bytes"]["127.0.0.1"] // 2  # all local ranks
+    gauge = "speclane_group_host_memory_bytes"
+    assert metric_value(router.metrics(), gauge, lanes="speculative", host="127.0.0.1")
 
 
 def test_a_killed_rank_brings_the_group_down_and_back(router: Router) -> None:

@@ -12,7 +12,7 @@ from router.config.settings import LanesSettings, ModelEntry
 from router.lanes.catalog import from_entry
 from router.lanes.group import enabled_lanes
 from router.lanes.process import build_worker_command
-from router.lanes.rankgroup import PORT_PLACEHOLDER, free_port_range, with_free_ports
+from router.lanes.rankgroup import PORT_PLACEHOLDER, free_port_range, host_memory, with_free_ports
 
 LOCAL = GroupSpec(hosts=("127.0.0.1", "127.0.0.1", "127.0.0.1"))
 
@@ -64,3 +64,12 @@ def test_a_group_runs_the_speculative_lane_alone() -> None:
 def test_an_on_demand_model_carries_its_group() -> None:
     entry = ModelEntry(name="big", path="/big", group=GroupSpec(hosts=("10.0.0.1", "10.0.0.2")))
     assert from_entry(entry, 0).group == entry.group
+
+
+def test_memory_per_host_sums_its_ranks_from_rank_0s_report() -> None:
+    hosts = ("10.0.0.1", "10.0.0.1", "10.0.0.2")
+    health = {"group": {"rank_memory_bytes": [100, 50, 70]}}
+    assert host_memory(hosts, health) == {"10.0.0.1": 150, "10.0.0.2": 70}
+    for broken in (None, {}, {"group": {"rank_memory_bytes": [1, 2]}}, {"group": "x"}):
+        assert host_memory(hosts, broken) == {}  # type: ignore[arg-type]
+    assert host_memory(hosts, {"group": {"rank_memory_bytes": [1, True, "x"]}}) == {"10.0.0.1": 1}
