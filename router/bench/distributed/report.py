@@ -51,10 +51,30 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+NOTES = """
+What this measures: every rank runs on this one machine and they share its cores, so a step's
+cost is mostly the ranks waiting for one another in the collectives of each layer (the
+protocol's overhead and the CPU contention), not a link between machines. The targets run one
+after the other (`mlx_lm.server` first, then speclane), so a shared machine's load differs
+between them: `speclane:plain` (the same group, the same lane, no draft) against the drafting
+targets is the draft's own effect; against `mlx_lm.server` the difference in load weighs in
+too. Decode rates are after the first token (a plain step on every target); `drafted /
+accepted` are the lane's `usage.speclane_spec` counts.
+"""
+
+
 def markdown(results: dict[str, Any]) -> str:
+    env = results.get("environment") or {}
+    load = env.get("load_average")
+    after = [r.get("load_average") for r in results["runs"] if r.get("load_average")]
+    when = results.get("environment_at", "end")  # the first run recorded it at the end
+    lines = [f"load average at the {when} of the run: {load}"] if load else []
+    if after:
+        lines.append(f"load average after each stream: {after}")
     return (
         "# speclane bench distributed\n\n"
         + render(results)
-        + "\n\nRanks sharing one CPU measure the group protocol's overhead and the passes a "
-        "draft saves, not a link between machines.\n"
+        + ("\n\n" + "\n".join(lines) if lines else "")
+        + "\n"
+        + NOTES
     )

@@ -120,6 +120,7 @@ def measured(name: str, reply: Reply) -> dict[str, Any]:
         "decode_tok_s": (tokens - 1) / decode if decode and tokens > 1 else None,
         "total_s": (times[-1] - reply.sent) if times else None,
         "spec": spec,
+        "load_average": environment.load_average(),  # after the stream: a shared machine
         "text": reply.text,
     }
 
@@ -149,6 +150,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=None, sock_read=1800)
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
+    machine = environment.record()  # before anything starts: the load others put on it
     started = time.time()
     async with aiohttp.ClientSession(timeout=timeout) as session:
         if PLAIN in args.targets:
@@ -171,7 +173,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         log(runs[-1])
     return {
         "benchmark": "distributed",
-        "environment": environment.record(),
+        "environment": machine,
+        "environment_at": "start",
         "model": str(model),
         "hosts": hosts,
         "backend": "ring",
