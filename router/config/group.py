@@ -51,6 +51,11 @@ class GroupSpec(Frozen):
         ranks = self.rank_hosts
         if not 2 <= len(ranks) <= MAX_RANKS:
             raise ValueError(f"a group has 2 to {MAX_RANKS} ranks; {len(ranks)} given")
+        if self.backend == "jaccl" and self.hostfile is None:
+            raise ValueError(
+                "the jaccl backend needs a hostfile naming each host's RDMA devices "
+                "(written by mlx.distributed_config --backend jaccl)"
+            )
         if self.backend == "ring" and self.hostfile is None:
             for host in self.hosts:
                 try:

@@ -55,6 +55,7 @@ def test_a_hostfile_is_read_at_start_up(tmp_path: Path) -> None:
         ('hosts = ["127.0.0.1", "127.0.0.1"]\nport = 80\n', "lanes.group.port"),
         ('hosts = ["127.0.0.1", "a,b"]\n', "not a host name"),
         ('hostfile = "/nonexistent/hosts.json"\n', "does not exist"),
+        ('hosts = ["10.0.0.1", "10.0.0.2"]\nbackend = "jaccl"\n', "needs a hostfile"),
         ('hosts = ["127.0.0.1", "127.0.0.1"]\nrank = 2\n', "lanes.group.rank"),
     ],
 )
