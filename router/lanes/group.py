@@ -40,6 +40,8 @@ from router.lanes.supervisor import (
     stop_all,
 )
 from router.metrics import Metrics
+from router.worker.engine import LoadError
+from router.worker.group.shard import check_split
 from router.worker_contract import SHARED_MODE, lane_prefix
 
 log = logging.getLogger("speclane.lanes")
@@ -257,6 +259,8 @@ async def _start_workers(
 ) -> list[LaneSupervisor]:
     shared = choice.layout == "shared"
     draft = None
+    if models.group is not None:
+        check_group_split(models)
     for lane in enabled_lanes(settings.lanes, models.group is not None):
         name = backend_name(lane, models.name, default)
         backend = lane_backend(
@@ -327,6 +331,19 @@ async def _start_workers(
     except WorkerStartError as e:
         raise LaneStartupError(str(e)) from e
     return supervisors
+
+
+def check_group_split(models: LaneModels) -> None:
+    """Refuse before launching anything a tensor split the model's heads do not allow (the
+    ranks would each say so, among the launcher's lines)."""
+    group = models.group
+    local = Path(models.model)
+    if group is None or not (local / "config.json").is_file():
+        return  # a hub id: each rank downloads it and checks
+    try:
+        check_split(local, group.ranks, group.parallel)
+    except LoadError as e:
+        raise LaneStartupError(f"lanes.group: {e}") from e
 
 
 async def stop_lanes(supervisors: list[LaneSupervisor], settings: Settings) -> None:

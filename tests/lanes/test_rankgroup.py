@@ -73,3 +73,20 @@ def test_memory_per_host_sums_its_ranks_from_rank_0s_report() -> None:
     for broken in (None, {}, {"group": {"rank_memory_bytes": [1, 2]}}, {"group": "x"}):
         assert host_memory(hosts, broken) == {}  # type: ignore[arg-type]
     assert host_memory(hosts, {"group": {"rank_memory_bytes": [1, True, "x"]}}) == {"10.0.0.1": 1}
+
+
+def test_a_split_the_heads_do_not_allow_is_refused_before_launching(tmp_path: Path) -> None:
+    import json
+
+    import pytest
+
+    from router.lanes.group import LaneModels, LaneStartupError, check_group_split
+
+    config = {"num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    two = GroupSpec(hosts=("127.0.0.1", "127.0.0.1"))
+    with pytest.raises(LaneStartupError, match=r"lanes\.group: .*num_attention_heads = 9"):
+        check_group_split(LaneModels(str(tmp_path), None, "m", two))
+    check_group_split(LaneModels(str(tmp_path), None, "m", LOCAL))  # three ways: fine
+    pipeline = GroupSpec(hosts=("127.0.0.1", "127.0.0.1"), parallel="pipeline")
+    check_group_split(LaneModels(str(tmp_path), None, "m", pipeline))  # layers, not heads
