@@ -107,6 +107,30 @@ def test_the_anthropic_door(router: Router) -> None:
     assert answer["type"] == "message" and answer["usage"]["output_tokens"] == 6
 
 
+def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json", **LANE}
+    )
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+def test_the_ollama_and_responses_doors(router: Router) -> None:
+    root = router.base_url.removesuffix("/v1")
+    ask = [{"role": "user", "content": "hello"}]
+    ollama = post_json(
+        root + "/api/chat",
+        {"model": "tiny", "messages": ask, "stream": False, "options": {"num_predict": 5}},
+    )
+    assert ollama["done"] is True and ollama["eval_count"] == 5
+    responses = post_json(
+        router.base_url + "/responses",
+        {"model": "tiny", "input": "hello", "max_output_tokens": 5},
+    )
+    assert responses["status"] in ("completed", "incomplete")
+    assert responses["usage"]["output_tokens"] == 5
+
+
 def test_admin_shows_the_ranks_hosts_and_memory_per_host(router: Router) -> None:
     deadline = time.monotonic() + 30
     while True:
