@@ -181,3 +181,30 @@ def test_sigterm_leaves_no_rank(tmp_path: Path, tiny_model: Path) -> None:
     assert router.proc.returncode == 0
     _, alive = psutil.wait_procs(members, timeout=20)
     assert not alive, f"left behind: {[p.pid for p in alive]}"
+
+
+def test_a_model_loaded_on_demand_runs_over_its_own_group(tmp_path: Path, tiny_model: Path) -> None:
+    config = (
+        f'model = "{tiny_model}"\ndraft_source = "prompt_lookup"\n'
+        f'[[lanes.models]]\nname = "tiny-group"\npath = "{tiny_model}"\n'
+        '[lanes.models.group]\nhosts = ["127.0.0.1", "127.0.0.1"]\n'
+    )
+    router = start_router(tmp_path, config)
+    try:
+        done = router.client().chat.completions.create(
+            model="tiny-group", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert done.usage is not None and done.usage.completion_tokens == 4
+        rows = admin_lanes(router)["workers"]
+        grouped = [w for w in rows if w.get("group")]
+        assert len(grouped) == 1 and grouped[0]["lanes"] == ["speculative"]
+        assert grouped[0]["group"]["ranks"] == 2
+        members = [psutil.Process(grouped[0]["pid"])]
+        members += [
+            p for p in members[0].children(recursive=True) if "router.worker" in p.cmdline()
+        ]
+        assert len(members) == 3
+    finally:
+        stop_router(router)
+    _, alive = psutil.wait_procs(members, timeout=20)
+    assert not alive
