@@ -21,8 +21,10 @@ from typing import Any
 
 from router.worker.engine import Models
 from router.worker.group.channel import Channel, disagree, gather_memory, own_rss_mib, send
+from router.worker.group.mirror import IDLE_TICK
 from router.worker.group.protocol import Message, Op, checksum
 from router.worker.group.shard import cache_length
+from router.worker.jobs import Job
 from router.worker.promptcache import DRAFT, TARGET, PromptCache
 from router.worker.speculative import SpecSettings, SpeculativeEngine
 
@@ -101,6 +103,9 @@ class Leader:
 
     def stop(self) -> None:
         self.send(Message(Op.STOP))
+
+    def idle(self) -> None:
+        send(self.channel, Message(Op.IDLE))  # not counted: it says nothing happened
 
     def gather_memory(self) -> None:
         self.send(Message(Op.MEMORY))
@@ -186,9 +191,18 @@ class GroupSpecEngine(SpeculativeEngine):
         else:
             self.leader.store(self.prompt_cache, tokens, cache, partition)
 
+    def _next_job(self) -> Job | None:
+        """The next job (None: closed); meanwhile the other ranks sleep between ticks."""
+        while (job := self._queue.get(block=False)) is None:
+            if self._queue.closed:
+                return None
+            self.leader.idle()
+            self._queue.wait(IDLE_TICK)
+        return job
+
     def _serve(self, models: Models) -> None:
         self.leader.gather_memory()
-        while (job := self._queue.get(block=True)) is not None:
+        while (job := self._next_job()) is not None:
             self._begin(models, job)
             while self.run is not None:
                 self.round()

@@ -11,6 +11,8 @@ One message per operation rank 0 performs on the target's KV caches:
 - ``STORE slot length checksum partition``: keep the cache's first ``length`` positions in the
   prompt cache; ``checksum`` of those tokens proves the ranks kept the same history;
 - ``END``: the request is over, forget every slot; ``STOP``: leave;
+- ``IDLE``: rank 0 has nothing to do; the others sleep a little before they wait for the next
+  message (a rank waiting inside a collective spins a core);
 - ``MEMORY``: every rank adds its resident memory (MiB) at its own index of one ``all_sum``,
   so rank 0 reports every host's memory.
 
@@ -42,6 +44,7 @@ class Op(IntEnum):
     END = 5
     STOP = 6
     MEMORY = 7
+    IDLE = 8
 
 
 class ProtocolError(Exception):

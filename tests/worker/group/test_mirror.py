@@ -81,7 +81,7 @@ def run_group(
 ) -> tuple[FakeShard, FakePromptCache, list[BaseException], int | None]:
     group = ThreadGroup(2)
     shard, cache = FakeShard(), follower_cache or FakePromptCache()
-    mirror = Mirror(shard, cache, group.channel(1))
+    mirror = Mirror(shard, cache, group.channel(1), idle_sleep=0.0)
     errors: list[BaseException] = []
     outcome: list[int] = []
 
@@ -198,3 +198,17 @@ def test_the_leader_numbers_caches_and_announces_the_ones_it_made() -> None:
     _, cache, errors, outcome = run_group(work)
     assert not errors and outcome == 0
     assert stored == [(1, 2)] and list(cache.entries) == [("p", (1, 2))]
+
+
+def test_idle_ticks_let_the_follower_sleep_and_change_nothing() -> None:
+    def work(channel: Any) -> None:
+        send(channel, Message(Op.NEW, 0))
+        send(channel, Message(Op.FORWARD, 0, 0, (1, 2)))
+        for _ in range(3):
+            send(channel, Message(Op.IDLE))
+        send(channel, Message(Op.FORWARD, 0, 2, (3,)))
+        send(channel, Message(Op.STOP))
+
+    shard, _, errors, outcome = run_group(work)
+    assert not errors and outcome == 0
+    assert shard.passes == [(0, [1, 2]), (2, [3])]
