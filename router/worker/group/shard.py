@@ -73,9 +73,8 @@ class MlxShard:
 
 
 def cache_length(cache: list[Any]) -> int:
-    """Positions a KV cache holds (its first layer's offset)."""
-    for layer in cache:
-        offset = getattr(layer, "offset", None)
-        if isinstance(offset, int):
-            return offset
-    raise ValueError("a cache without positions cannot follow rank 0's")
+    """Positions a KV cache holds (the most any layer holds)."""
+    offsets = [o for layer in cache if isinstance(o := getattr(layer, "offset", None), int)]
+    if not offsets:
+        raise ValueError("a cache without positions cannot follow rank 0's")
+    return max(offsets)

@@ -34,6 +34,13 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_pipeline_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny ministral3: mlx-lm gives it ``pipeline()``."""
+    target, _ = ensure_default_models(quiet=True)
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-pipe", target, pipeline=True)
+
+
+@pytest.fixture(scope="session")
 def tiny_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Another random tiny model on the same vocabulary: a draft that is often wrong."""
     target, _ = ensure_default_models(quiet=True)
@@ -103,10 +110,10 @@ def with_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
-def start_group(ranks: int, *worker_args: str) -> Group:
+def start_group(ranks: int, *worker_args: str, parallel: str = "tensor") -> Group:
     stderr = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(
-        group_command(ranks, *worker_args),
+        group_command(ranks, *worker_args, parallel=parallel),
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,

@@ -111,6 +111,26 @@ def test_a_streamed_chat_equals_one_process(pair: tuple[Group, WorkerProcess]) -
     assert texts[0] == texts[1]
 
 
+def test_pipeline_parallel_answers_equal_one_process(tiny_pipeline_model: Path) -> None:
+    """Each rank holds half the layers (mlx-lm's pipeline()); the last all_gather gives every
+    rank the output, so rank 0 samples as alone."""
+    flags = ("--draft-source", "prompt_lookup")
+    single = start_worker(worker_command(tiny_pipeline_model, "speculative", *flags))
+    try:
+        expected = [completion(single.url, COPY, **b)[0] for b in ({"num_draft_tokens": 0}, {})]
+    finally:
+        single.stop()
+    group = start_group(2, "--model", str(tiny_pipeline_model), *flags, parallel="pipeline")
+    try:
+        assert health(group.url)["group"]["parallel"] == "pipeline"
+        plain, _ = completion(group.url, COPY, num_draft_tokens=0)
+        drafted, usage = completion(group.url, COPY)
+    finally:
+        group.stop()
+    assert [plain, drafted] == expected
+    assert usage["speclane_spec"]["drafted"] > 0
+
+
 def test_health_reports_the_group(pair: tuple[Group, WorkerProcess]) -> None:
     group, _ = pair
     reported = health(group.url)["group"]

@@ -30,16 +30,41 @@ def tiny_config(vocab_size: int) -> dict[str, object]:
     }
 
 
-def make_tiny_model(dst: Path, tokenizer_source: Path, seed: int = 0) -> Path:
-    """Write a random tiny llama into ``dst`` (float32, the tokenizer of ``tokenizer_source``)."""
+def tiny_pipeline_config(vocab_size: int) -> dict[str, object]:
+    """A tiny ministral3: a llama-like model with mlx-lm's ``pipeline()`` (layers split
+    between ranks)."""
+    config = tiny_config(vocab_size)
+    config.update(
+        model_type="ministral3",
+        architectures=["Mistral3ForCausalLM"],
+        num_hidden_layers=4,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "llama_4_scaling_beta": 0.1,
+            "original_max_position_embeddings": 2048,
+        },
+    )
+    del config["rope_theta"]
+    return config
+
+
+def make_tiny_model(
+    dst: Path, tokenizer_source: Path, seed: int = 0, pipeline: bool = False
+) -> Path:
+    """Write a random tiny llama (``pipeline``: a tiny ministral3) into ``dst`` (float32, the
+    tokenizer of ``tokenizer_source``)."""
+    import importlib
     import json
 
     import mlx.core as mx
-    from mlx_lm.models.llama import Model, ModelArgs
     from mlx_lm.utils import save_config, save_model
 
     source_config = json.loads((tokenizer_source / "config.json").read_text())
-    config = tiny_config(int(source_config["vocab_size"]))
+    vocab = int(source_config["vocab_size"])
+    config = tiny_pipeline_config(vocab) if pipeline else tiny_config(vocab)
+    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    Model, ModelArgs = arch.Model, arch.ModelArgs
     mx.random.seed(seed)
     model = Model(ModelArgs.from_dict(config))
     mx.eval(model.parameters())
