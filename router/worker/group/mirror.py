@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -59,8 +60,10 @@ class Mirror:
         prompt_cache: CacheMirror,
         channel: Channel,
         idle_sleep: float = IDLE_SLEEP,
+        alive: Callable[[], bool] = lambda: True,
     ) -> None:
         self.idle_sleep = idle_sleep
+        self.alive = alive  # False once this rank's launcher is gone (checked when idle)
         self.idles = 0
         self.shard = shard
         self.prompt_cache = prompt_cache
@@ -75,6 +78,8 @@ class Mirror:
             return False
         if op is Op.IDLE:
             self.idles += 1
+            if not self.alive():  # where no signal tells us (no PDEATHSIG off Linux)
+                raise ProtocolError("this rank's launcher is gone")
             time.sleep(self.idle_sleep)
         elif op is Op.END:
             self.slots.clear()

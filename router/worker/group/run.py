@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -59,7 +60,13 @@ def run_follower(
         )
         leave(1)
     log.info("rank %d of %d: shard loaded, following rank 0", group.rank(), group.size())
-    mirror = Mirror(MlxShard(model), PromptCache(args.prompt_cache_bytes), MxChannel(group))
+    launcher = args.first_ppid
+    mirror = Mirror(
+        MlxShard(model),
+        PromptCache(args.prompt_cache_bytes),
+        MxChannel(group),
+        alive=lambda: os.getppid() == launcher,
+    )
     try:
         code = follow(mirror)
     except Exception:

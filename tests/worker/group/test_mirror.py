@@ -212,3 +212,21 @@ def test_idle_ticks_let_the_follower_sleep_and_change_nothing() -> None:
     shard, _, errors, outcome = run_group(work)
     assert not errors and outcome == 0
     assert shard.passes == [(0, [1, 2]), (2, [3])]
+
+
+def test_a_follower_whose_launcher_is_gone_leaves_when_idle() -> None:
+    group = ThreadGroup(2)
+    mirror = Mirror(FakeShard(), FakePromptCache(), group.channel(1), 0.0, alive=lambda: False)
+    errors: list[BaseException] = []
+
+    def follower() -> None:
+        try:
+            follow(mirror)
+        except ProtocolError as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=follower, daemon=True)
+    thread.start()
+    send(group.channel(0), Message(Op.IDLE))
+    thread.join(10)
+    assert len(errors) == 1 and "launcher is gone" in str(errors[0])
