@@ -208,3 +208,13 @@ def test_a_model_loaded_on_demand_runs_over_its_own_group(tmp_path: Path, tiny_m
         stop_router(router)
     _, alive = psutil.wait_procs(members, timeout=20)
     assert not alive
+
+
+def test_a_router_killed_outright_leaves_no_rank(tmp_path: Path, tiny_model: Path) -> None:
+    router = start_router(tmp_path, group_config(tiny_model))
+    members = [launcher(router), *ranks(router)]
+    assert len(members) == 3
+    router.proc.kill()  # SIGKILL: nothing of the router's shutdown runs
+    router.proc.wait(10)
+    _, alive = psutil.wait_procs(members, timeout=30)
+    assert not alive, f"left behind: {[p.pid for p in alive]}"
