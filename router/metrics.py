@@ -202,6 +202,13 @@ class Metrics:
             ["lanes", "kind"],
             registry=r,
         )
+        self.group_host_memory = Gauge(
+            "speclane_group_host_memory_bytes",
+            "A lane over a group of ranks ([lanes.group]): the resident memory of its ranks on "
+            "one host, as rank 0 last gathered it; lanes: the lanes it serves.",
+            ["lanes", "host"],
+            registry=r,
+        )
         self.lanes_layout = Gauge(
             "speclane_lanes_layout",
             "1 for the lanes' layout in use (shared or separate).",

@@ -37,6 +37,9 @@ MODULE = "router.worker"  # python -m MODULE
 LANE_MODES = ("speculative", "batching")  # one lane per process
 SHARED_MODE = "shared"  # both lanes in one process, on one copy of the model
 MODES = (*LANE_MODES, SHARED_MODE)
+# A lane over a group of ranks (``[lanes.group]``, ``router.worker.group``): how the target
+# is split between them.
+GROUP_PARALLEL = ("tensor", "pipeline")
 # Shared mode's generation threads: one taking turns between the lanes, or one per lane;
 # auto: one per lane on a multi-core CPU with a one-thread BLAS (``shared.threads_for``).
 SHARED_THREADS = ("auto", "1", "2")
@@ -214,6 +217,14 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
         help="port to listen on; 0 (the default) picks a free one, announced in the ready line",
     )
     p.add_argument("--parent-pid", type=int, help="exit when this process (the supervisor) is gone")
+    p.add_argument(
+        "--group-parallel",
+        choices=GROUP_PARALLEL,
+        help="run as one rank of a group started by mlx.launch (speculative mode): rank 0 "
+        "serves, the others follow; the target split by tensor or pipeline parallelism",
+    )
+    p.add_argument("--group-backend", default="ring", help="the group's backend (reported)")
+    p.add_argument("--group-hosts", default="", help="the ranks' hosts, comma-separated (reported)")
 
 
 def position_cost(text: str) -> float | None:
@@ -246,6 +257,8 @@ def check_worker_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for flag in ("lookup_max_draft", "prediction_max_draft", "suffix_max_draft"):
         if not 1 <= getattr(args, flag) <= MAX_DRAFT_PER_STEP:
             p.error(f"--{flag.replace('_', '-')} must be between 1 and {MAX_DRAFT_PER_STEP}")
+    if args.group_parallel is not None and args.mode != "speculative":
+        p.error("--group-parallel runs the speculative lane only (--mode speculative)")
     if args.draft_source is None:
         args.draft_source = "draft_model" if args.draft_model else "none"
     if (

@@ -45,6 +45,7 @@ FLOORS: dict[str, int] = {
     "router.bench.lanes": 7,
     "router.bench.cold": 7,
     "router.bench.session": 7,
+    "router.bench.distributed": 7,
     "router.observability": 7,
     "router.app": 8,
     "router.server": 9,

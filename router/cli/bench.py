@@ -21,6 +21,8 @@ from router.bench.cold import plan as cold_plan
 from router.bench.cold import report as cold_report
 from router.bench.cold import run as cold_run
 from router.bench.common.procs import LaneOptions
+from router.bench.distributed import report as distributed_report
+from router.bench.distributed import run as distributed_run
 from router.bench.lanes import report as lanes_report
 from router.bench.lanes import run as lanes_run
 from router.bench.overhead import report as overhead_report
@@ -200,6 +202,21 @@ BENCHES = {
             ("--out", Path("examples/results/cold-start.json"), None),
         ),
         cold_run.run, cold_report.table, _counts, cold_report.markdown,
+    ),
+    "distributed": Bench(
+        "One copy-heavy stream on a group of ranks on 127.0.0.1 (mlx.launch --backend ring): "
+        "mlx_lm.server's plain distributed decoding against speclane's lane over the same "
+        "group, plain, with prompt lookup and with a prediction.",
+        (
+            MODEL,
+            ("--ranks", 3, "ranks, all on 127.0.0.1 (the model's heads must divide by it)"),
+            ("--max-tokens", 40, "per stream"),
+            ("--repeats", 1, "streams per target"),
+            ("--targets", distributed_run.TARGETS, "comma-separated",
+             {"type": csv(str, distributed_run.TARGETS)}),
+            ("--out", Path("examples/results/distributed.json"), None),
+        ),
+        distributed_run.run, distributed_report.render, markdown=distributed_report.markdown,
     ),
 }  # fmt: skip
 

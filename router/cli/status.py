@@ -189,6 +189,15 @@ def print_layout(layout: Any, workers: Sequence[dict[str, Any]], out: TextIO) ->
             f"rss {_gib(w.get('rss_bytes'))}, pss {_gib(w.get('pss_bytes'))}",
             file=out,
         )
+        group = w.get("group")
+        if isinstance(group, dict):  # a lane over a group of ranks: memory per host
+            hosts = group.get("host_memory_bytes") or {}
+            memory = ", ".join(f"{h} {_gib(v)}" for h, v in hosts.items()) or "not reported yet"
+            print(
+                f"    group: {_text(group.get('ranks'))} ranks ({_text(group.get('backend'))}, "
+                f"{_text(group.get('parallel'))}); memory per host: {memory}",
+                file=out,
+            )
 
 
 def print_models(models: Sequence[dict[str, Any]], out: TextIO) -> None:

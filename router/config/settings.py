@@ -31,6 +31,7 @@ from pydantic_settings import (
 
 from router.config.base import Frozen, format_validation_error
 from router.config.gating import GatingSettings
+from router.config.group import GroupSpec
 from router.config.names import LANE_NAMES
 from router.config.policydir import default_policies_dir, relative_to_config
 from router.config.presets import DEFAULT_PRESETS, PresetSpec
@@ -120,6 +121,8 @@ class ModelEntry(Frozen):
     pinned: bool | None = None
     ttl: float | None = Field(default=None, ge=0)  # idle seconds before unloading; None: lanes.ttl
     layout: Literal["auto", "shared", "separate"] | None = None  # None: lanes.layout
+    # Its lane spans a group of ranks (router.config.group); None: lanes.group
+    group: GroupSpec | None = None
 
     @field_validator("aliases")
     @classmethod
@@ -196,6 +199,9 @@ class LanesSettings(Frozen):
     machine_memory_bytes: int | None = Field(default=None, ge=0)
     speculative: LaneSpec = LaneSpec()
     batching: LaneSpec = LaneSpec()
+    # The start-up model's lane spans a group of ranks on MLX's distributed runtime
+    # (router.config.group, router.worker.group); None: one process on this machine.
+    group: GroupSpec | None = None
     # Models on demand (router.lanes.models): every mlx-lm directory in models_dir is
     # servable under its folder name (None: speclane's models directory, where
     # ``speclane models prepare`` puts the default model; "<name>-draft" is <name>'s draft).

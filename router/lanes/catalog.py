@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from router.config.group import GroupSpec
 from router.config.settings import ModelEntry
 from router.lanes.memory import WEIGHT_SUFFIXES
 
@@ -44,6 +45,7 @@ class CatalogModel:
     pinned: bool | None = None  # None: not said (the start-up model is pinned, others not)
     ttl: float | None = None  # None: [lanes] ttl
     layout: str | None = None  # None: [lanes] layout
+    group: GroupSpec | None = None  # its lane spans a group of ranks ([lanes.models] group)
     size_bytes: int = 0  # the weights files on disk (0: unknown, e.g. a hub id)
     origin: Origin = "dir"
 
@@ -106,6 +108,7 @@ def from_entry(entry: ModelEntry, size_bytes: int) -> CatalogModel:
         pinned=entry.pinned,
         ttl=entry.ttl,
         layout=entry.layout,
+        group=entry.group,
         size_bytes=size_bytes,
         origin="config",
     )
@@ -133,6 +136,7 @@ def build(
             pinned=True if said.pinned is None else said.pinned,
             ttl=said.ttl,
             layout=said.layout,
+            group=startup.group,
             size_bytes=startup.size_bytes,
             origin="startup",
         )
@@ -158,6 +162,7 @@ def _with_aliases(model: CatalogModel, aliases: tuple[str, ...]) -> CatalogModel
         model.pinned,
         model.ttl,
         model.layout,
+        model.group,
         model.size_bytes,
         model.origin,
     )

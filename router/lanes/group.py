@@ -19,6 +19,7 @@ from pathlib import Path
 from router.backends.base import SPECLANE_KIND, Backend
 from router.backends.cooldown import Cooldown
 from router.backends.pool import BackendPool
+from router.config.group import GroupSpec
 from router.config.names import LANE_NAMES, LaneName
 from router.config.settings import LanesSettings, Settings
 from router.lanes.gating.decide import GateDecision, check_pair, decide
@@ -26,6 +27,7 @@ from router.lanes.layout import LayoutChoice, Sizes, choose, refusal
 from router.lanes.memory import machine_memory, weights_bytes
 from router.lanes.modelprep import DEFAULT_MODEL_NAME, PrepareError, ensure_default_models
 from router.lanes.progress import for_lane
+from router.lanes.rankgroup import LauncherMissing, local_ranks
 from router.lanes.status import lane_health
 from router.lanes.supervisor import (
     LaneStatus,
@@ -38,6 +40,8 @@ from router.lanes.supervisor import (
     stop_all,
 )
 from router.metrics import Metrics
+from router.worker.engine import LoadError
+from router.worker.group.shard import check_split
 from router.worker_contract import SHARED_MODE, lane_prefix
 
 log = logging.getLogger("speclane.lanes")
@@ -52,6 +56,7 @@ class LaneModels:
     model: str  # a local mlx-lm directory, or a Hugging Face repo id (on a Mac)
     draft: str | None
     name: str  # the id clients send in "model"
+    group: GroupSpec | None = None  # its lane spans a group of ranks (router.lanes.rankgroup)
 
 
 def resolve_models(lanes: LanesSettings) -> LaneModels:
@@ -59,14 +64,22 @@ def resolve_models(lanes: LanesSettings) -> LaneModels:
     if lanes.model is None:
         model_dir, draft_dir = ensure_default_models()
         draft = lanes.draft_model or str(draft_dir)
-        return LaneModels(str(model_dir), draft, lanes.model_name or DEFAULT_MODEL_NAME)
+        return LaneModels(
+            str(model_dir), draft, lanes.model_name or DEFAULT_MODEL_NAME, lanes.group
+        )
     local = Path(lanes.model).expanduser()
     name = lanes.model_name or (local.name if local.exists() else lanes.model)
-    return LaneModels(str(local) if local.exists() else lanes.model, lanes.draft_model, name)
+    path = str(local) if local.exists() else lanes.model
+    return LaneModels(path, lanes.draft_model, name, lanes.group)
 
 
-def enabled_lanes(lanes: LanesSettings) -> list[LaneName]:
-    return [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]
+def enabled_lanes(lanes: LanesSettings, grouped: bool = False) -> list[LaneName]:
+    """The lanes to start; a model over a group of ranks (``grouped``) has the speculative
+    lane alone (the batching lane does not run over a group yet)."""
+    enabled = [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]
+    if grouped:
+        return [lane for lane in enabled if lane == "speculative"]
+    return enabled
 
 
 def lane_backend(
@@ -152,14 +165,15 @@ def layout_choice(
 ) -> LayoutChoice:
     """The layout (``layout``: the model's own, else ``lanes.layout``) and the numbers behind
     it, guard not applied."""
-    sizes = Sizes(
-        weights_bytes(models.model), weights_bytes(models.draft), lanes.prompt_cache_bytes
-    )
+    weights = weights_bytes(models.model)
+    if models.group is not None:  # this machine holds its ranks' shares of the weights
+        weights = weights * local_ranks(models.group) // models.group.ranks
+    sizes = Sizes(weights, weights_bytes(models.draft), lanes.prompt_cache_bytes)
     return choose(
         layout or lanes.layout,
         sizes,
         machine_memory(lanes.machine_memory_bytes),
-        frozenset(enabled_lanes(lanes)),
+        frozenset(enabled_lanes(lanes, models.group is not None)),
         lanes.memory_limit_bytes,
     )
 
@@ -181,8 +195,14 @@ async def start_lanes(settings: Settings, pool: BackendPool, metrics: Metrics) -
     """Resolve the start-up model, choose the layout (or refuse: too big), gate the draft,
     register one backend per enabled lane in ``pool`` and start the workers; raises
     LaneStartupError (serve refuses to start and says why)."""
-    if not settings.lanes.enabled or not enabled_lanes(settings.lanes):
+    grouped = settings.lanes.group is not None
+    if not settings.lanes.enabled or not enabled_lanes(settings.lanes, grouped):
         return StartedLanes([], None)
+    if settings.lanes.group is not None and settings.lanes.batching.enabled:
+        log.warning(
+            "lanes.group: the group serves the speculative lane alone; the batching lane "
+            "does not start (requests go to the speculative lane)"
+        )
     try:
         models = resolve_models(settings.lanes)  # may convert with MLX: main thread (above)
     except PrepareError as e:
@@ -239,7 +259,9 @@ async def _start_workers(
 ) -> list[LaneSupervisor]:
     shared = choice.layout == "shared"
     draft = None
-    for lane in enabled_lanes(settings.lanes):
+    if models.group is not None:
+        check_group_split(models)
+    for lane in enabled_lanes(settings.lanes, models.group is not None):
         name = backend_name(lane, models.name, default)
         backend = lane_backend(
             lane, settings, models.name, SHARED_MODE if shared else None, name=name
@@ -262,14 +284,18 @@ async def _start_workers(
         return on_change
 
     def command(lane: str, lane_draft: Path | None, lane_backends: list[Backend]) -> WorkerCommand:
-        made = build_worker_command(
-            lane,
-            settings.lanes,
-            model_dir,
-            lane_draft,
-            models.name,
-            max_body_bytes=settings.max_body_bytes,
-        )
+        try:
+            made = build_worker_command(
+                lane,
+                settings.lanes,
+                model_dir,
+                lane_draft,
+                models.name,
+                max_body_bytes=settings.max_body_bytes,
+                group=models.group,
+            )
+        except LauncherMissing as e:
+            raise LaneStartupError(f"lanes.group: {e}") from e
         for backend in lane_backends:  # what the router sends reaches the worker
             backend.worker_secret = made.secret
         return made
@@ -298,7 +324,7 @@ async def _start_workers(
         ]
     log.info(
         "starting lanes %s (%s) on %s (draft: %s)",
-        enabled_lanes(settings.lanes),
+        enabled_lanes(settings.lanes, models.group is not None),
         choice.layout,
         models.model,
         models.draft,
@@ -308,6 +334,19 @@ async def _start_workers(
     except WorkerStartError as e:
         raise LaneStartupError(str(e)) from e
     return supervisors
+
+
+def check_group_split(models: LaneModels) -> None:
+    """Refuse before launching anything a tensor split the model's heads do not allow (the
+    ranks would each say so, among the launcher's lines)."""
+    group = models.group
+    local = Path(models.model)
+    if group is None or not (local / "config.json").is_file():
+        return  # a hub id: each rank downloads it and checks
+    try:
+        check_split(local, group.ranks, group.parallel)
+    except LoadError as e:
+        raise LaneStartupError(f"lanes.group: {e}") from e
 
 
 async def stop_lanes(supervisors: list[LaneSupervisor], settings: Settings) -> None:

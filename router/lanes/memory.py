@@ -73,3 +73,28 @@ def process_memory(pid: int) -> dict[str, int] | None:
         if name in ("Rss", "Pss") and parts and parts[0].isdigit():
             values[f"{name.lower()}_bytes"] = int(parts[0]) * 1024
     return values if len(values) == 2 else None
+
+
+def tree_memory(pid: int) -> dict[str, int] | None:
+    """``process_memory`` of ``pid`` and every process below it, summed (a group's launcher
+    and its ranks on this machine)."""
+    total: dict[str, int] = {}
+    for member in _tree(pid):
+        for key, value in (process_memory(member) or {}).items():
+            total[key] = total.get(key, 0) + value
+    return total or None
+
+
+def _tree(pid: int) -> list[int]:
+    out: list[int] = []
+    todo = [pid]
+    while todo and len(out) < 1024:
+        current = todo.pop()
+        out.append(current)
+        try:
+            tasks = Path(f"/proc/{current}/task").iterdir()
+            for task in tasks:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return out

@@ -116,7 +116,11 @@ def catalog_for(settings: Settings, startup: LaneModels | None) -> Catalog:
     first = None
     if startup is not None:
         first = CatalogModel(
-            startup.name, startup.model, startup.draft, size_bytes=weights_bytes(startup.model)
+            startup.name,
+            startup.model,
+            startup.draft,
+            group=startup.group,
+            size_bytes=weights_bytes(startup.model),
         )
     folders = list_dir(Path(directory))
     if startup is not None:  # its own folder under another name is the same model
@@ -401,7 +405,7 @@ class ModelManager:
         try:
             if slot.unloading is not None:  # its own unload still ending: let it finish
                 await asyncio.gather(slot.unloading, return_exceptions=True)
-            models = LaneModels(slot.model.path, slot.model.draft, name)
+            models = LaneModels(slot.model.path, slot.model.draft, name, slot.model.group)
             choice = layout_choice(self.settings.lanes, models, slot.model.layout)
             slot.choice, slot.estimate_bytes = choice, choice.estimate_bytes
             await self._make_room(slot, began)

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from signal import Signals
 
+from router.config.group import GroupSpec
 from router.config.names import LANE_NAMES
 from router.config.settings import LanesSettings
 from router.lanes.blas import preload_env
+from router.lanes.rankgroup import group_argv, with_free_ports
 from router.worker_contract import (
     DEFAULT_MAX_BODY_BYTES,
     SHARED_MODE,
@@ -48,6 +50,10 @@ class WorkerCommand:
     # The worker secret every request to this worker carries (None: a worker that checks
     # none, e.g. a test's); the same across its restarts.
     secret: str | None = field(default=None, repr=False)
+    # A group's launcher (router.lanes.rankgroup): consecutive free ports its ring backend
+    # takes, chosen at every spawn (0: none).
+    ring_ports: int = 0
+    group: GroupSpec | None = field(default=None, hash=False)
 
     def auth_headers(self) -> dict[str, str]:
         return worker_auth_headers(self.secret)
@@ -66,9 +72,13 @@ def build_worker_command(
     model_name: str,
     python: str = sys.executable,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    group: GroupSpec | None = None,
 ) -> WorkerCommand:
     """``max_body_bytes``: the router's own limit (the worker accepts what the router does);
-    ``lane``: a lane, or SHARED_MODE for the one process serving both."""
+    ``lane``: a lane, or SHARED_MODE for the one process serving both; ``group``: the
+    speculative lane over a group of ranks, started by ``mlx.launch``."""
+    if group is not None and lane != "speculative":
+        raise ValueError("a group of ranks serves the speculative lane only")
     if lane not in (*LANE_NAMES, SHARED_MODE):
         raise ValueError(f"unknown lane {lane!r}; expected one of {LANE_NAMES} or {SHARED_MODE!r}")
     argv = worker_argv(
@@ -91,9 +101,15 @@ def build_worker_command(
     env.update(settings.env)
     env["PYTHONUNBUFFERED"] = "1"  # stderr lines must reach the ring buffer as they happen
     # In the environment, not on the command line: /proc/<pid>/environ is readable by this
-    # user only, the command line by everyone.
+    # user only, the command line by everyone. A group's launcher passes its environment to
+    # rank 0 (this machine, which answers HTTP); never as an --env flag (its command line).
     secret = new_worker_secret()
     env[WORKER_SECRET_ENV] = secret
+    if group is not None:
+        rank_env = {**settings.env, "PYTHONUNBUFFERED": "1"}
+        launch = group_argv(group, argv, rank_env, python)
+        ports = group.ranks if "--starting-port" in launch else 0
+        return WorkerCommand(lane, launch, env, secret, ring_ports=ports, group=group)
     return WorkerCommand(lane=lane, argv=tuple(argv), env=env, secret=secret)
 
 
@@ -175,9 +191,10 @@ class WorkerProcess:
     async def spawn(cls, command: WorkerCommand) -> WorkerProcess:
         """Start the process (raises OSError if it cannot be executed)."""
         loop = asyncio.get_running_loop()
+        argv = with_free_ports(command.argv, command.ring_ports)
         transport, protocol = await loop.subprocess_exec(
             lambda: _ExitAwareProtocol(_STREAM_LIMIT, loop),
-            *command.argv,
+            *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

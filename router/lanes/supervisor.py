@@ -33,8 +33,9 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from router.config.settings import LanesSettings
 from router.lanes.figures import WorkerFigures
-from router.lanes.memory import process_memory
+from router.lanes.memory import process_memory, tree_memory
 from router.lanes.process import WorkerCommand, WorkerProcess, build_worker_command
+from router.lanes.rankgroup import host_memory
 from router.lanes.status import (
     LaneState,
     LaneStatus,
@@ -455,11 +456,17 @@ class LaneSupervisor:
                 getattr(self._metrics, name).labels(label).set(value)
 
     def _observe_memory(self, pid: int) -> None:
-        self.memory = process_memory(pid)
+        # a group's launcher: its ranks on this machine are its children
+        self.memory = tree_memory(pid) if self.command.group is not None else process_memory(pid)
         if self.memory is not None and self._metrics is not None:
             label = "+".join(self._labels)
             for kind in ("rss", "pss"):
                 self._metrics.worker_memory.labels(label, kind).set(self.memory[f"{kind}_bytes"])
+        group = self.command.group
+        if group is not None and self._metrics is not None:
+            label = "+".join(self._labels)
+            for host, value in host_memory(group.rank_hosts, self._status.health).items():
+                self._metrics.group_host_memory.labels(label, host).set(value)
 
     async def _close_session(self) -> None:
         if self._session is not None:

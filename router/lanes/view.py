@@ -8,6 +8,7 @@ from typing import Any
 
 from router.lanes.layout import LayoutChoice
 from router.lanes.models import ModelManager
+from router.lanes.rankgroup import host_memory
 from router.lanes.supervisor import LaneSupervisor
 
 
@@ -26,9 +27,32 @@ def workers(supervisors: Iterable[LaneSupervisor]) -> list[dict[str, Any]]:
             "pid": s.status.pid,
             "restarts": s.status.restarts,
             **(s.memory or {}),
+            **_group(s),
         }
         for s in supervisors
     ]
+
+
+def _group(supervisor: LaneSupervisor) -> dict[str, Any]:
+    """A group of ranks (``lanes.group``): its ranks, their hosts and each host's memory, as
+    rank 0 last reported them."""
+    spec = supervisor.command.group
+    if spec is None:
+        return {}
+    health = supervisor.status.health or {}
+    reported = health.get("group")
+    memory = reported.get("rank_memory_bytes") if isinstance(reported, dict) else None
+    hosts = list(spec.rank_hosts)
+    return {
+        "group": {
+            "ranks": spec.ranks,
+            "hosts": hosts,
+            "backend": spec.backend,
+            "parallel": spec.parallel,
+            "rank_memory_bytes": memory if isinstance(memory, list) else None,
+            "host_memory_bytes": host_memory(hosts, health) or None,
+        }
+    }
 
 
 def every_lane(

@@ -100,12 +100,16 @@ class JobQueue:
                 self._cond.wait()
             return self._items.popleft() if self._items and not self.closed else None
 
-    def wait(self) -> bool:
-        """Block until a job is queued (True) or the queue is closed (False)."""
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until a job is queued (True) or the queue is closed (False); ``timeout``:
+        at most that many seconds (False if none came)."""
         with self._cond:
-            while not self._items and not self.closed:
-                self._cond.wait()
-            return not self.closed
+            if timeout is None:
+                while not self._items and not self.closed:
+                    self._cond.wait()
+            else:
+                self._cond.wait_for(lambda: bool(self._items) or self.closed, timeout)
+            return bool(self._items) and not self.closed
 
     def remove(self, job: Job) -> bool:
         with self._cond:

@@ -25,6 +25,8 @@ from aiohttp import web
 from router.worker.batching import BatchingEngine
 from router.worker.drafts import LookupConfig, PredictionConfig
 from router.worker.engine import Engine, LoadError, Models
+from router.worker.group.run import group_engine, run_follower
+from router.worker.group.run import rank as group_rank
 from router.worker.server import WorkerInfo, make_app, make_shared_app, start_site
 from router.worker.shared import SharedEngine, batch_drafts, threads_for
 from router.worker.speculative import SpecSettings, SpeculativeEngine
@@ -67,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: os._exit(0))
     args.first_ppid = os.getppid()  # whoever started us: a change means it is gone
     secret = take_secret()
+    if args.group_parallel is not None and group_rank() > 0:  # a follower of rank 0
+        run_follower(args, die_with_parent, hard_exit)
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid, args.first_ppid)
     if args.mode == "batching" and args.draft_model:
@@ -127,6 +131,8 @@ def hard_exit(code: int) -> NoReturn:
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
+    if args.group_parallel is not None:
+        return group_engine(args, spec_settings(args))
     load = loader(args)
     if args.mode == "speculative":
         return SpeculativeEngine(load, spec_settings(args))

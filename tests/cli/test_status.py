@@ -324,3 +324,25 @@ def test_the_layout_and_each_worker_process_follow_the_table() -> None:
     out = io.StringIO()
     print_layout(None, [], out)  # a router without lanes, or an older one
     assert out.getvalue() == ""
+
+
+def test_a_group_worker_shows_its_ranks_and_memory_per_host() -> None:
+    import io
+
+    from router.cli.status import print_layout
+
+    out = io.StringIO()
+    group = {"ranks": 3, "backend": "ring", "parallel": "tensor"}
+    workers = [
+        {"lanes": ["speculative"], "state": "ready", "pid": 7, "rss_bytes": 1 << 30,
+         "pss_bytes": 1 << 30,
+         "group": {**group, "host_memory_bytes": {"10.0.0.1": 1 << 30, "10.0.0.2": 1 << 31}}},
+        {"lanes": ["speculative"], "state": "starting", "group": group},
+    ]  # fmt: skip
+    print_layout(None, workers, out)
+    text = out.getvalue()
+    assert (
+        "group: 3 ranks (ring, tensor); memory per host: 10.0.0.1 1.00 GiB, 10.0.0.2 2.00 GiB"
+        in text
+    )
+    assert "memory per host: not reported yet" in text

@@ -45,3 +45,12 @@ def test_close_hands_back_what_never_ran() -> None:
     queue.put(a)
     assert queue.close() == [a]
     assert queue.get(block=True) is None
+
+
+def test_a_queue_wait_with_a_timeout_says_whether_a_job_came() -> None:
+    queue = JobQueue()
+    assert queue.wait(0.01) is False  # nothing came
+    threading.Timer(0.05, lambda: queue.put(object())).start()  # type: ignore[arg-type]
+    assert queue.wait(5.0) is True
+    queue.close()
+    assert queue.wait(0.01) is False and queue.wait() is False
