@@ -55,7 +55,8 @@ class Router:
             return resp.read().decode()
 
 
-def start_router(tmp: Path, extra_config: str = "") -> Router:
+def start_router(tmp: Path, extra_config: str = "", flags: tuple[str, ...] = ()) -> Router:
+    """``python -m router serve`` on a free port; ``flags`` follow (``--no-lanes``...)."""
     ensure_default_models(quiet=True)
     (tmp / "policies").mkdir(exist_ok=True)
     config = tmp / "speclane.toml"
@@ -65,7 +66,7 @@ def start_router(tmp: Path, extra_config: str = "") -> Router:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"],
+        [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
