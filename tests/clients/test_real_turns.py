@@ -201,11 +201,15 @@ def served(
 
 def check_turn(served: Served, start: int, ran: Ran) -> None:
     """Exit 0, an answer printed, and every request speclane saw served with a 200."""
-    assert ran.code == 0, str(ran)
-    assert ran.out.strip(), str(ran)
+    seen = "--- speclane\n" + "".join(served.router.output[start:][-30:])
+    assert ran.code == 0, f"{ran}\n{seen}"
+    assert ran.out.strip(), f"{ran}\n{seen}"
+    logged = served.router.wait_for_line(
+        lambda output: any(f"model={served.model}" in line for line in served.access_since(start)),
+        timeout=30,
+    )
     access = served.access_since(start)
-    chats = [line for line in access if f"model={served.model}" in line]
-    assert chats, f"no request reached speclane:\n{''.join(access)}\n{ran}"
+    assert logged, f"no request reached speclane:\n{''.join(access)}\n{ran}"
     refused = [line for line in access if "status=200" not in line]
     assert not refused, "".join(refused) + str(ran)
     assert REFUSAL not in ran.out + ran.err
@@ -226,6 +230,7 @@ async def test_claude_code_turn(served: Served, tmp_path: Path) -> None:
         "DISABLE_TELEMETRY": "1",
         "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "8192",
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(CAP),
+        "CLAUDE_CODE_TMPDIR": str(tmp_path),  # not the /tmp/claude-<uid> other runs share
     }
     argv = [str(claude), "-p", QUESTION, "--model", served.model]
     argv += ["--system-prompt", SYSTEM, "--tools", "", "--strict-mcp-config"]
