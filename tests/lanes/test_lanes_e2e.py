@@ -13,8 +13,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
@@ -34,6 +34,13 @@ class Router:
     proc: subprocess.Popen[str]
     base_url: str
     output: list[str]
+    grew: threading.Condition = field(default_factory=threading.Condition)  # a line came
+
+    def wait_for_line(self, found: Callable[[list[str]], bool], timeout: float) -> bool:
+        """Wait until ``found(output)`` holds (the router logs a request once it has ended:
+        after its client may have seen the end)."""
+        with self.grew:
+            return self.grew.wait_for(lambda: found(self.output), timeout)
 
     def client(self, **kw: object) -> openai.OpenAI:
         return openai.OpenAI(
@@ -55,7 +62,8 @@ class Router:
             return resp.read().decode()
 
 
-def start_router(tmp: Path, extra_config: str = "") -> Router:
+def start_router(tmp: Path, extra_config: str = "", flags: tuple[str, ...] = ()) -> Router:
+    """``python -m router serve`` on a free port; ``flags`` follow (``--no-lanes``...)."""
     ensure_default_models(quiet=True)
     (tmp / "policies").mkdir(exist_ok=True)
     config = tmp / "speclane.toml"
@@ -65,20 +73,23 @@ def start_router(tmp: Path, extra_config: str = "") -> Router:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0"],
+        [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
     )
     output: list[str] = []
+    grew = threading.Condition()
     ready = threading.Event()
     url: list[str] = []
 
     def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            output.append(line)
+            with grew:
+                output.append(line)
+                grew.notify_all()
             if m := re.search(r"listening on (http://\S+)", line):
                 url.append(m.group(1))
                 ready.set()
@@ -89,7 +100,7 @@ def start_router(tmp: Path, extra_config: str = "") -> Router:
     if not url:
         proc.kill()
         raise AssertionError("router did not start:\n" + "".join(output[-40:]))
-    return Router(proc, url[0], output)
+    return Router(proc, url[0], output, grew)
 
 
 def stop_router(router: Router) -> None:
