@@ -23,6 +23,10 @@ The state machine, per key:
   within ``probe_max`` of coming back starts its probing where the last off period began,
   times the back-off, so a workload that keeps relapsing is probed less and less.
 
+A key whose source is ``auto`` (the lane chooses the draft at every step, by measured cost
+and acceptance) is judged by speed alone: a low acceptance of cheap drafts is the lane's
+choice, not a failure.
+
 Hysteresis: acceptance strictly between ``off_threshold`` and ``on_threshold`` neither turns
 a key off nor makes a probe good, so it changes nothing.
 
@@ -50,6 +54,17 @@ TransitionReason = Literal["low_acceptance", "not_faster", "probe_recovered"]
 VerdictReason = Literal[
     "on", "auto_disable_off", "low_acceptance", "not_faster", "probe", "baseline_sample"
 ]
+
+
+# The lanes' own choice (``draft_source`` ``auto``): the lane drafts at each step only what
+# it measures to pay, so a low acceptance (cheap drafts that are kept less often) is its
+# decision, not a failure; such a key is judged by speed alone.
+LANE_CHOOSES = "auto"
+
+
+def judges_acceptance(key: SpecKey) -> bool:
+    """Whether acceptance turns ``key`` off (and back on): not where the lane chooses."""
+    return key.source != LANE_CHOOSES
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +259,8 @@ class AutoDisable:
         s = st.settings
         fig = st.acceptance.figures()
         rate = fig.acceptance
-        if fig.units >= s.min_sample and rate is not None and rate < s.off_threshold:
+        judged = judges_acceptance(key)
+        if judged and fig.units >= s.min_sample and rate is not None and rate < s.off_threshold:
             return [
                 self._turn_off(
                     key,
@@ -284,7 +300,9 @@ class AutoDisable:
         self, key: SpecKey, st: KeyState, entry: WindowEntry | None, tps: float | None
     ) -> ProbeOutcome:
         s = st.settings
-        acc_known = entry is not None and entry.drafted >= s.probe_min_drafted
+        acc_known = (
+            judges_acceptance(key) and entry is not None and entry.drafted >= s.probe_min_drafted
+        )
         acc_ok = (
             acc_known and entry is not None and (entry.accepted >= s.on_threshold * entry.drafted)
         )

@@ -401,3 +401,16 @@ def test_snapshot_is_json_ready() -> None:
         "off_speed_margin": 0.05,
         "on_speed_margin": 0.1,
     }
+
+
+def test_where_the_lane_chooses_low_acceptance_turns_nothing_off_but_slowness_does() -> None:
+    """Under ``auto`` the lane drafts only what it measures to pay: cheap drafts kept one
+    time in five are its choice. Only decoding no faster than plain turns the key off."""
+    key = SpecKey("speculative", "smollm2-135m", "code", "auto")
+    t = Traffic(AutoDisable(SETTINGS), key=key)
+    for _ in range(10):
+        t.send(0.2, tps=30.0, baseline_tps=20.0)
+    assert t.transitions == []
+    for _ in range(20):
+        t.send(0.9, tps=15.0, baseline_tps=20.0)  # kept well, and slower than plain
+    assert [tr.reason for tr in t.transitions] == ["not_faster"]
