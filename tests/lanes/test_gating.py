@@ -4,6 +4,7 @@ broken tokenizers/configs, and the strict/graceful/allow/deny decisions."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import struct
 from collections.abc import Callable
@@ -533,3 +534,18 @@ def test_rule_names_match_paths_repo_ids_and_patterns() -> None:
         matching_rule(GatingSettings(pairs=(by_repo,)), "mlx-community/Qwen2.5-7B-Instruct", D)
         == by_repo
     )
+
+
+async def test_a_chosen_draft_as_large_as_its_target_is_still_a_warning(
+    default_pair: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the shipped pair's ``draft_not_smaller`` is said at info (tests/test_server.py)."""
+    from router.config.settings import load_settings
+    from router.lanes.group import LaneModels, gate_speculation
+
+    target, _ = default_pair
+    caplog.set_level(logging.INFO, logger="speclane.lanes")
+    chosen = LaneModels(str(target), str(target), "chosen")  # the target as its own draft
+    assert (await gate_speculation(load_settings(None), chosen)).active
+    (record,) = [r for r in caplog.records if "draft_not_smaller" in r.getMessage()]
+    assert record.levelno == logging.WARNING
