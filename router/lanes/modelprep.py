@@ -386,6 +386,18 @@ def dequantized(weights: dict[str, Any], dtype: Any) -> dict[str, Any]:
     return out
 
 
+# transformers' GGUF converter is not its public API (``AutoTokenizer.from_pretrained`` with
+# ``gguf_file`` is, but imports torch): the module and the names ``build_tokenizer`` reads
+# from it. pyproject.toml bounds the transformers versions; tests/lanes/test_modelprep.py
+# fails when a release moves them.
+TRANSFORMERS_INTERNAL_NAMES: dict[str, tuple[str, ...]] = {
+    "transformers.integrations.gguf.gguf_tokenizer_mapping": (
+        "GGUF_TOKENIZER_MAPPING",
+        "convert_gguf_tokenizer",
+    ),
+}
+
+
 def build_tokenizer(meta: dict[str, Any]) -> Any:
     """A fast tokenizer from the GGUF metadata, through transformers' own GGUF converter.
 
