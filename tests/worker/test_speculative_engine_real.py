@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,11 +25,9 @@ QUESTION = "Write a short Python function that returns the sum of a list of numb
 
 
 @pytest.fixture(scope="module")
-def engine(prepared_models: tuple[Path, Path]) -> Iterator[SpeculativeEngine]:
-    from mlx_lm import load
-
+def engine(loaded_models: tuple[Any, Any, Any]) -> Iterator[SpeculativeEngine]:
     def load_models() -> Models:
-        model, tokenizer = load(str(prepared_models[0]))
+        model, tokenizer, _ = loaded_models  # the session's (evaluated: shareable)
         return Models(model, tokenizer)
 
     engine = SpeculativeEngine(load_models, SpecSettings(draft_source="none"))
