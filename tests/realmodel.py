@@ -24,7 +24,12 @@ import openai
 import psutil
 import pytest
 
+from router.lanes.blas import load_in_this_process
 from router.lanes.modelprep import ensure_default_models
+
+# MLX in this process (the engines, the model loaded here, the fast tier's tiny models) on
+# OpenBLAS, as in the workers: the wheel's own BLAS is several times slower on a CPU.
+load_in_this_process()
 
 
 @pytest.fixture(scope="session")
