@@ -216,7 +216,8 @@ class GrammarProcessor:
 
 
 class Compiler:
-    """Per-tokenizer state: the llguidance tokenizer is built once (about 1-2 s), lazily."""
+    """Per-tokenizer state: the llguidance tokenizer is built once, lazily (building it reads
+    the whole vocabulary: seconds, not per request)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -45,8 +45,8 @@ class Inspected:
 
     @property
     def vocab(self) -> dict[str, int]:
-        """The tokenizer's token -> id, built once (``get_vocab`` builds it anew each call:
-        about 0.1 s for a 49k vocabulary, and the checks read it several times)."""
+        """The tokenizer's token -> id, built once (``get_vocab`` builds the whole dict anew on
+        every call, and the checks read it several times)."""
         if self._vocab is None:
             self._vocab = self.tokenizer.get_vocab()
         return self._vocab
