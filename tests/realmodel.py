@@ -129,7 +129,7 @@ def stop_router(router: Router) -> None:
 
 
 @pytest.fixture(scope="session")
-def lanes_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
+def real_lanes_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
     """One router with both real lanes, default configuration and no policies, for every
     test that only sends it requests and reads what it answers and counts (counters are
     read as differences: other tests' requests add to them)."""

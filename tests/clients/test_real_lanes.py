@@ -25,8 +25,8 @@ pytestmark = [pytest.mark.clients, pytest.mark.realmodel, pytest.mark.timeout(90
 
 
 @pytest.fixture
-def router(lanes_router: Router) -> Router:
-    return lanes_router
+def router(real_lanes_router: Router) -> Router:
+    return real_lanes_router
 
 
 def test_claude_codes_prompt_reaches_the_lanes_and_is_measured_against_the_context(

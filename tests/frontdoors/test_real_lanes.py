@@ -21,8 +21,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture
-def router(lanes_router: Router) -> Router:
-    return lanes_router
+def router(real_lanes_router: Router) -> Router:
+    return real_lanes_router
 
 
 def root(router: Router) -> str:

@@ -32,8 +32,8 @@ FINAL = ("response.completed", "response.incomplete")
 
 
 @pytest.fixture
-def router(lanes_router: Router) -> Router:
-    return lanes_router
+def router(real_lanes_router: Router) -> Router:
+    return real_lanes_router
 
 
 def final_of(events: list[Any]) -> Any:

@@ -1,6 +1,6 @@
 """The router with its two real MLX lanes on the embedded default model (slow, serial).
 
-The session's router (``lanes_router``, tests/realmodel.py: ``python -m router serve``)
+The session's router (``real_lanes_router``, tests/realmodel.py: ``python -m router serve``)
 takes the requests, sent with the official openai client as a user's tool would send them.
 """
 
@@ -23,8 +23,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture
-def router(lanes_router: Router) -> Router:
-    return lanes_router
+def router(real_lanes_router: Router) -> Router:
+    return real_lanes_router
 
 
 def ask(router: Router, lane: str, stream: bool, **body: object) -> tuple[str, dict, dict]:

@@ -41,8 +41,8 @@ ASK = [
 
 
 @pytest.fixture
-def router(lanes_router: Router) -> Router:
-    return lanes_router
+def router(real_lanes_router: Router) -> Router:
+    return real_lanes_router
 
 
 @pytest.mark.parametrize("lane", ["speculative", "batching"])
