@@ -89,11 +89,12 @@ GUARD = _Guard()
 sys.addaudithook(GUARD.audit)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/clients is in the clients tier (the agent programs and the
     installer that fetches them)."""
     for item in items:
-        if CLIENTS_DIR in Path(str(item.fspath)).parents:
+        if CLIENTS_DIR in item.path.parents:
             item.add_marker(pytest.mark.clients)
 
 
