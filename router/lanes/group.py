@@ -145,7 +145,7 @@ async def gate_speculation(settings: Settings, models: LaneModels) -> GateDecisi
         if models.shipped and warning.startswith(SHIPPED_PAIR_EXPECTS):
             # Known of the shipped pair on a CPU (its draft is stored as large as the target,
             # router.lanes.modelprep): the lanes measure whether drafting pays, and stop.
-            log.info("speculative lane: %s (expected of the default draft here)", warning)
+            log.info("speculative lane, the shipped default pair (as expected here): %s", warning)
             continue
         log.warning("speculative lane: %s", warning)
     return gate
