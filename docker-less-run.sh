@@ -3,8 +3,10 @@
 #
 #   ./docker-less-run.sh                 # router + both MLX lanes on the embedded default model
 #   ./docker-less-run.sh --port 9000     # any `speclane serve` flag passes through
-#   ./docker-less-run.sh test            # ruff (lint, format), mypy, then the whole test suite (CI)
-#   ./docker-less-run.sh test -k relay   # pytest flags pass through
+#   ./docker-less-run.sh test            # ruff (lint, format), mypy, then every test tier (CI):
+#                                        # fast, realmodel, clients (docs/development.md)
+#   ./docker-less-run.sh test -k relay   # pytest flags pass through (to each tier; with -m,
+#                                        # one run of that selection)
 #   ./docker-less-run.sh bench overhead  # a benchmark (`speclane bench` flags pass through)
 #
 # Steps, each skipped when already done: system packages, a virtual environment in .venv,
@@ -98,6 +100,52 @@ setup_venv() {
   fi
 }
 
+# The test tiers (markers in pyproject.toml), one pytest run each so that a tier's time and
+# closing line are its own: "name|marker expression".
+TIERS=(
+  "fast|not realmodel and not clients"
+  "realmodel|realmodel and not clients"
+  "clients|clients"
+)
+
+closing_line() {  # pytest's last line ("12 passed, 3 deselected in 4.56s"), = signs dropped
+  grep -E '(passed|failed|error|skipped|deselected|no tests ran).* in [0-9.]+s' "$1" |
+    tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//'
+}
+
+run_tiers() {
+  local arg explicit=0
+  for arg in "$@"; do
+    case "$arg" in -m|-m*) explicit=1 ;; esac
+  done
+  if [ "$explicit" = 1 ]; then  # the caller chose the selection: one run, as asked
+    export SPECLANE_FUZZ="${SPECLANE_FUZZ:-full}"
+    say "running the tests ($*)"
+    exec "$VENV/bin/python" -m pytest "$@"
+  fi
+  # CI's run: every fuzzer and property test with all its cases (tests/fuzzing.py).
+  export SPECLANE_FUZZ="${SPECLANE_FUZZ:-full}"
+  local tier name expr log status failed=0 ran=0 summary=()
+  log="$(mktemp)"
+  for tier in "${TIERS[@]}"; do
+    name="${tier%%|*}"; expr="${tier#*|}"
+    say "running the $name tier (-m \"$expr\")"
+    set +e  # every tier runs; the first failure's status is the run's
+    "$VENV/bin/python" -m pytest -m "$expr" "$@" 2>&1 | tee "$log"
+    status="${PIPESTATUS[0]}"
+    set -e
+    # 5: no test selected (a -k that matches nothing in this tier) is not a failure.
+    [ "$status" = 5 ] || ran=1
+    if [ "$status" != 0 ] && [ "$status" != 5 ] && [ "$failed" = 0 ]; then failed="$status"; fi
+    summary+=("$(printf '%-10s %s' "$name" "$(closing_line "$log")")")
+  done
+  rm -f "$log"
+  say "tiers"
+  printf '  %s\n' "${summary[@]}" >&2
+  [ "$ran" = 1 ] || exit 5  # no tier selected anything
+  exit "$failed"
+}
+
 install_system_packages
 setup_venv
 say "preparing the default model (cached after the first run)"
@@ -111,8 +159,7 @@ case "$MODE" in
     "$VENV/bin/ruff" format --check router tests examples
     say "mypy (configured in pyproject.toml: router/)"
     "$VENV/bin/mypy"
-    say "running the tests"
-    exec "$VENV/bin/python" -m pytest "$@" ;;
+    run_tiers "$@" ;;
   bench)
     exec "$VENV/bin/speclane" bench "$@" ;;
 esac

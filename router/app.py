@@ -146,6 +146,8 @@ def initial_policies(settings: Settings) -> PolicySet:
         )
     else:
         log.info("policies: %s", directory.absolute())
+    for note in policies.notes:
+        log.info("policies: %s", note)
     for warning in policies.warnings:
         log.warning("policies: %s", warning)
     return policies

@@ -17,6 +17,10 @@ from router.app import make_app
 from router.config.settings import Settings, load_settings
 from tests.fakes.upstream import FakeUpstream
 
+# The tiers (fast by default, realmodel, clients) and the guard that keeps the fast one fast;
+# what the real-model tests share once per session (the models, a router with both lanes).
+pytest_plugins = ["tests.tiers", "tests.realmodel"]
+
 
 @dataclass
 class RunningRouter:

@@ -391,6 +391,58 @@ def test_every_file_named_exists() -> None:
     assert gone == []
 
 
+CODE_BLOCK = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+# A relative path in a code block (a command's argument, a comment): not after a slash, a
+# dot, ~, $ or a scheme, so /etc/..., ~/.cache/..., $HOME/... and URLs are left alone.
+PATH_IN_CODE = re.compile(
+    r"(?<![\w./~$:-])((?:[\w*.-]+/)+[\w*.-]+\.(?:py|md|toml|json5?|ya?ml|sh|txt|png|"
+    r"service|plist|html))\b"
+)
+# Files a page asks the reader to write (its example's name), not files of the repository.
+WRITTEN_BY_THE_READER = {"policies/ci-bot.toml"}
+# A folder tree (``router/`` then indented ``config/`` ...): an entry is a folder name with
+# its slash, or a file name, at the start of a line; the lines after it describe it.
+TREE_FOLDER = re.compile(r"^( *)([\w.-]+/)(?=[ :]|$)")
+TREE_FILE = re.compile(r"^( *)[\w-]+\.\w+(?= |$)")
+BARE_MODULE = re.compile(r"(?<![\w./-])([\w-]+\.py)\b")
+
+
+def tree_modules(block: str) -> list[tuple[str, str]]:
+    """(folder, module) for every ``name.py`` a folder tree names, in the folder whose
+    entry (or description) names it: ``config/ ... (watch.py)`` is router/config/**/watch.py."""
+    entries: list[tuple[int, str]] = []  # the open folders: (indent, name/)
+    named = []
+    for line in block.splitlines():
+        entry = TREE_FOLDER.match(line) or TREE_FILE.match(line)
+        if entry:
+            indent = len(entry.group(1))
+            while entries and entries[-1][0] >= indent:
+                entries.pop()  # a sibling or an entry further out closes the deeper ones
+            if entry.re is TREE_FOLDER:
+                entries.append((indent, entry.group(2)))
+        folder = "".join(name for _, name in entries)
+        named += [(folder, module) for module in BARE_MODULE.findall(line) if folder]
+    return named
+
+
+def test_every_file_named_in_a_code_block_exists() -> None:
+    """Code blocks too: a relative path (``python examples/openai_sdk.py``) names a file of
+    the repository, and a folder tree's ``name.py`` is in the folder it is listed under."""
+    gone = []
+    for page in documentation():
+        where = page.relative_to(ROOT)
+        for block in CODE_BLOCK.findall(page.read_text(encoding="utf-8")):
+            for name in PATH_IN_CODE.findall(block):
+                exists = any(any(base.glob(name)) for base in (ROOT, ROOT / "router"))
+                if not exists and name not in WRITTEN_BY_THE_READER:
+                    gone.append(f"{where}: {name}")
+            if TREE_FOLDER.match(block):
+                for folder, module in tree_modules(block):
+                    if not any((ROOT / folder).rglob(module)):
+                        gone.append(f"{where}: {module} under {folder}")
+    assert gone == []
+
+
 def test_the_readme_stays_short() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= README_MAX_LINES, "the README is the way in; reference goes to docs/"

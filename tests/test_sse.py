@@ -23,6 +23,7 @@ from router.sse import (
     looks_like_sse,
     split_events,
 )
+from tests.fuzzing import examples
 
 E = b'data: {"a": 1}\n\n'
 
@@ -117,7 +118,7 @@ def test_split_events_fast_path_returns_the_same_object() -> None:
     assert split_events(chunk)[0] is chunk  # no copy for the usual chunk
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(cuts=st.lists(st.integers(0, 200), max_size=8))
 def test_partial_chunks_rejoin_into_the_same_events(cuts: list[int]) -> None:
     """However the stream is cut into chunks, the whole events written are the stream."""
@@ -344,7 +345,7 @@ sse_pieces = st.sampled_from(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(pieces=st.lists(sse_pieces, max_size=60), want=st.integers(1, 8))
 def test_the_tail_window_reads_the_same_payloads_as_splitting_everything(
     pieces: list[bytes], want: int

@@ -93,6 +93,8 @@ def run_check(directory: Path | None, config: Path | None) -> int:
         for problem in e.problems:
             print(f"  {problem}", file=sys.stderr)
         return 1
+    for note in policies.notes:
+        print(f"note: {note}", file=sys.stderr)
     for warning in policies.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(render_table(policies, presets, directory))

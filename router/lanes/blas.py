@@ -2,13 +2,16 @@
 
 The ``mlx-cpu`` wheel bundles the reference BLAS; Debian's OpenBLAS is many times faster
 (docs/lanes.md). It must be preloaded before the worker process starts, so the
-supervisor puts it into the worker's environment.
+supervisor puts it into the worker's environment; a process already running can still load
+it before it imports MLX (``load_in_this_process``: the tests that run MLX in-process).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
+import sys
 from pathlib import Path
 
 _CANDIDATES = (
@@ -38,3 +41,16 @@ def preload_env(base: dict[str, str] | None = None) -> dict[str, str]:
     if path and path not in env.get("LD_PRELOAD", ""):
         env["LD_PRELOAD"] = f"{path} {env['LD_PRELOAD']}".strip() if env.get("LD_PRELOAD") else path
     return env
+
+
+def load_in_this_process() -> bool:
+    """What the preload does, for this process: load OpenBLAS with its symbols global
+    before ``mlx.core`` is imported, so that MLX's BLAS calls bind to it. False when there
+    is none, SPECLANE_NO_OPENBLAS=1, or MLX is already loaded (too late)."""
+    if os.environ.get("SPECLANE_NO_OPENBLAS") == "1" or "mlx.core" in sys.modules:
+        return False
+    path = openblas_path()
+    if path is None:
+        return False
+    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    return True

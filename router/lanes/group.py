@@ -46,6 +46,10 @@ from router.worker_contract import SHARED_MODE, lane_prefix
 
 log = logging.getLogger("speclane.lanes")
 
+# The gate's finding the shipped default pair gives on a CPU, said at info, not as a warning:
+# the newcomer did not choose it, and drafting that does not pay is measured and stopped.
+SHIPPED_PAIR_EXPECTS = "draft_not_smaller"
+
 
 class LaneStartupError(Exception):
     """A lane could not be brought up; serve refuses to start and shows why."""
@@ -57,6 +61,8 @@ class LaneModels:
     draft: str | None
     name: str  # the id clients send in "model"
     group: GroupSpec | None = None  # its lane spans a group of ranks (router.lanes.rankgroup)
+    # The embedded default target and draft (``speclane models prepare``), as shipped.
+    shipped: bool = False
 
 
 def resolve_models(lanes: LanesSettings) -> LaneModels:
@@ -64,8 +70,9 @@ def resolve_models(lanes: LanesSettings) -> LaneModels:
     if lanes.model is None:
         model_dir, draft_dir = ensure_default_models()
         draft = lanes.draft_model or str(draft_dir)
+        name = lanes.model_name or DEFAULT_MODEL_NAME
         return LaneModels(
-            str(model_dir), draft, lanes.model_name or DEFAULT_MODEL_NAME, lanes.group
+            str(model_dir), draft, name, lanes.group, shipped=lanes.draft_model is None
         )
     local = Path(lanes.model).expanduser()
     name = lanes.model_name or (local.name if local.exists() else lanes.model)
@@ -148,6 +155,11 @@ async def gate_speculation(settings: Settings, models: LaneModels) -> GateDecisi
             fallback,
         )
     for warning in gate.warnings:
+        if models.shipped and warning.startswith(SHIPPED_PAIR_EXPECTS):
+            # Known of the shipped pair on a CPU (its draft is stored as large as the target,
+            # router.lanes.modelprep): the lanes measure whether drafting pays, and stop.
+            log.info("speculative lane, the shipped default pair (as expected here): %s", warning)
+            continue
         log.warning("speculative lane: %s", warning)
     return gate
 

@@ -5,9 +5,9 @@ GGUF). It is converted into two mlx-lm model directories that share one tokenize
 
 - ``models/SmolLM2-135M-Instruct``: the target, dequantized to a float dtype. On a CPU device the
   dtype is float32, because MLX's CPU backend hands float32 matmuls to BLAS (OpenBLAS when
-  preloaded, see ``router.lanes.blas``) while quantized matmuls run its own slow loops (platform
-  notes: ~5 tok/s for the 4-bit model, ~10-12 tok/s for float32). On a GPU device (Metal,
-  CUDA) it is float16: native there, and half the memory traffic of float32.
+  preloaded, see ``router.lanes.blas``) while quantized matmuls run its own slower loops
+  (docs/lanes.md, "The default model"). On a GPU device (Metal, CUDA) it is float16: native
+  there, and half the memory traffic of float32.
 - ``models/SmolLM2-135M-Instruct-draft``: the default draft, a lossy twin of the target standing
   in for a smaller sibling model (SmolLM2 has none smaller): every block's linear layers
   re-quantized to 4 bits in groups of 64 (coarser than the GGUF's groups of 32); norms and the
@@ -384,6 +384,18 @@ def dequantized(weights: dict[str, Any], dtype: Any) -> dict[str, Any]:
             bits=_bits(weights, module),
         ).astype(dtype)
     return out
+
+
+# transformers' GGUF converter is not its public API (``AutoTokenizer.from_pretrained`` with
+# ``gguf_file`` is, but imports torch): the module and the names ``build_tokenizer`` reads
+# from it. pyproject.toml bounds the transformers versions; tests/lanes/test_modelprep.py
+# fails when a release moves them.
+TRANSFORMERS_INTERNAL_NAMES: dict[str, tuple[str, ...]] = {
+    "transformers.integrations.gguf.gguf_tokenizer_mapping": (
+        "GGUF_TOKENIZER_MAPPING",
+        "convert_gguf_tokenizer",
+    ),
+}
 
 
 def build_tokenizer(meta: dict[str, Any]) -> Any:

@@ -277,6 +277,8 @@ class PolicyWatcher:
             log.warning("%s", message)
             return self._finish(trigger, "held", message)
         self._current = fresh
+        for note in fresh.notes:  # said at start-up already
+            log.debug("%s", note)
         for warning in fresh.warnings:
             log.warning("%s", warning)
         log.info("policies reloaded (%s): %s", trigger, ", ".join(p.client for p in fresh.policies))

@@ -216,7 +216,8 @@ class GrammarProcessor:
 
 
 class Compiler:
-    """Per-tokenizer state: the llguidance tokenizer is built once (about 1-2 s), lazily."""
+    """Per-tokenizer state: the llguidance tokenizer is built once, lazily (building it reads
+    the whole vocabulary: seconds, not per request)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -229,12 +230,14 @@ class Compiler:
                 return hit[1]
             import llguidance
 
-            backend = getattr(getattr(tokenizer, "_tokenizer", None), "backend_tokenizer", None)
+            # mlx-lm's TokenizerWrapper hands attributes it lacks to the HF tokenizer it
+            # wraps: a fast one has its Rust tokenizer there, a slow one has none.
+            backend = getattr(tokenizer, "backend_tokenizer", None)
             if backend is None:
                 raise ValueError("this model's tokenizer is not a fast (Rust) tokenizer")
             built = llguidance.LLTokenizer(
                 backend.to_str(),
-                n_vocab=len(tokenizer._tokenizer),
+                n_vocab=len(tokenizer),
                 eos_token=list(tokenizer.eos_token_ids),
             )
             self._cache[id(tokenizer)] = (tokenizer, built)

@@ -39,13 +39,18 @@ def test_shipped_policies_print_the_table(
     ]
 
 
-def test_warnings_go_to_stderr(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_notes_and_warnings_go_to_stderr(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("SPECLANE_BATCH_API_KEY", raising=False)
     assert main(["check", str(REPO_POLICIES)]) == 0
     err = capsys.readouterr().err
-    assert "warning: " in err and "SPECLANE_BATCH_API_KEY is not set" in err
+    assert "note: " in err and "until $SPECLANE_BATCH_API_KEY is set" in err
+    assert "warning: " not in err  # the shipped files are right; the machine lacks the key
+    (tmp_path / "a.toml").write_text('require_api_key = true\n[match]\nclient_header = ["a"]\n')
+    assert main(["check", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "no usable key" in err
 
 
 def test_invalid_policies_exit_1_naming_file_and_key(

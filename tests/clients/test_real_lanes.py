@@ -10,7 +10,6 @@ the program shows.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,16 +19,14 @@ from tests.clients.programs import require
 from tests.clients.scripted import program_env
 from tests.clients.test_claude_code import claude_env
 from tests.clients.test_qwen_code import qwen_env
-from tests.lanes.test_lanes_e2e import Router, start_router, stop_router
+from tests.realmodel import Router
 
 pytestmark = [pytest.mark.clients, pytest.mark.realmodel, pytest.mark.timeout(900)]
 
 
-@pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
-    r = start_router(tmp_path_factory.mktemp("claude-lanes"))
-    yield r
-    stop_router(r)
+@pytest.fixture
+def router(real_lanes_router: Router) -> Router:
+    return real_lanes_router
 
 
 def test_claude_codes_prompt_reaches_the_lanes_and_is_measured_against_the_context(

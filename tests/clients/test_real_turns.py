@@ -40,7 +40,7 @@ from router.lanes.blas import preload_env
 from router.lanes.modelprep import DEFAULT_MODEL_NAME, ensure_default_models
 from tests.clients.programs import require
 from tests.clients.scripted import Ran, run_program
-from tests.lanes.test_lanes_e2e import Router, start_router, stop_router
+from tests.realmodel import Router, start_router, stop_router
 
 pytestmark = [pytest.mark.clients, pytest.mark.realmodel, pytest.mark.timeout(600)]
 

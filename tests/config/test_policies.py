@@ -83,9 +83,12 @@ def test_shipped_policies_are_valid() -> None:
     assert loaded.identify(None, "batch", None).client == DEFAULT_CLIENT
 
 
-def test_shipped_batch_policy_warns_without_its_key() -> None:
+def test_shipped_batch_policy_is_inactive_without_its_key_and_says_so_once() -> None:
+    """A note, not a warning: a newcomer did not cause it (the first screen stays clean)."""
     loaded = load_policies(REPO_POLICIES, environ={})
-    assert any("SPECLANE_BATCH_API_KEY is not set" in w for w in loaded.warnings)
+    assert loaded.warnings == ()
+    (note,) = loaded.notes
+    assert "batch.toml: inactive until $SPECLANE_BATCH_API_KEY is set" in note
 
 
 def test_precedence_key_then_header_then_user_agent_then_default(policies: PolicySet) -> None:
@@ -318,22 +321,25 @@ def test_keys_are_never_shown(policies: PolicySet, tmp_path: Path) -> None:
     assert mask_key(SECRET).startswith("key#") and len(mask_key(SECRET)) == 12
 
 
-def test_unset_key_variables_warn_and_unprotected_keys_warn(tmp_path: Path) -> None:
+def test_unset_key_variables_are_notes_and_unprotected_keys_warn(tmp_path: Path) -> None:
     write(
         tmp_path,
         {
             "a.toml": 'require_api_key = true\n[match]\napi_key_env = ["A_KEY"]\n',
             "b.toml": '[match]\nclient_header = ["b"]\napi_keys = ["b-key"]\n',
+            "c.toml": 'require_api_key = true\n[match]\nclient_header = ["c"]\n',
+            "d.toml": '[match]\napi_keys = ["d-key"]\napi_key_env = ["D_KEY", "E_KEY"]\n',
         },
     )
     loaded = load_policies(tmp_path, environ={"A_KEY": "  "})
-    assert [w.split(": ")[1] for w in loaded.warnings] == [
-        "match.api_key_env[0]",
-        "require_api_key",
-        "require_api_key",
+    assert [w.split(": ")[1] for w in loaded.warnings] == ["require_api_key", "require_api_key"]
+    assert "without its key" in loaded.warnings[0]  # b
+    assert "c.toml" in loaded.warnings[1] and "no usable key" in loaded.warnings[1]
+    assert [n.split(": ")[1] for n in loaded.notes] == [
+        "inactive until $A_KEY is set (match.api_key_env)",
+        "match.api_key_env",
     ]
-    assert "no usable key" in loaded.warnings[1]
-    assert "without its key" in loaded.warnings[2]
+    assert "$D_KEY, $E_KEY not set" in loaded.notes[1]
 
 
 @pytest.mark.parametrize(

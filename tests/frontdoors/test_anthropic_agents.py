@@ -13,6 +13,7 @@ from router.errors import RouterError
 from router.frontdoors import anthropic_context, anthropic_in
 from router.frontdoors.anthropic_out import AnthropicEgress, message_body
 from tests.frontdoors.test_translators import anthropic_events, chunk, sse
+from tests.fuzzing import examples
 
 CLAUDE_CODE_EDITS = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
 
@@ -271,7 +272,7 @@ EDIT = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(EDIT, max_size=3), st.integers(0, 6))
 def test_any_edit_list_is_applied_or_refused(edits: list[dict[str, Any]], rounds: int) -> None:
     body = request(conversation(rounds), context_management={"edits": edits})

@@ -38,9 +38,10 @@ from hypothesis import strategies as st
 from router.app import make_app
 from tests.conftest import add_fake_lane, router_settings
 from tests.fakes.loopback import LoopbackServer
+from tests.fuzzing import examples
 from tests.reliability.harness import LoopThread, sse_payloads
 
-FUZZ_CASES = int(os.environ.get("SPECLANE_FUZZ_CASES", "10000"))
+FUZZ_CASES = int(os.environ.get("SPECLANE_FUZZ_CASES", examples(10000)))
 MODEL = "fake-model"
 FUZZ = settings(
     max_examples=FUZZ_CASES,

@@ -11,6 +11,7 @@ from router.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in
 from router.frontdoors.anthropic_out import AnthropicEgress
 from router.frontdoors.ollama_out import OllamaEgress
+from tests.fuzzing import examples
 
 KEYS = st.sampled_from(
     [
@@ -90,7 +91,7 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(JSON)
 def test_any_request_is_translated_or_refused(body: object) -> None:
     for translate in (
@@ -104,7 +105,7 @@ def test_any_request_is_translated_or_refused(body: object) -> None:
             assert e.status == 400
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(JSON, max_size=5))
 def test_any_upstream_event_is_translated_or_skipped(events: list[object]) -> None:
     data = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events)

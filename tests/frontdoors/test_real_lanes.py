@@ -7,26 +7,22 @@ lanes' own tokenizer for count_tokens; the lanes' refusal of an image in Anthrop
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import anthropic
 import ollama
 import pytest
 
 from router.lanes.modelprep import DEFAULT_MODEL_NAME
 from tests.conftest import metric_value
-from tests.lanes.test_lanes_e2e import Router, start_router, stop_router
+from tests.realmodel import Router
 
 pytestmark = pytest.mark.realmodel
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
-    r = start_router(tmp_path_factory.mktemp("frontdoors"))
-    yield r
-    stop_router(r)
+@pytest.fixture
+def router(real_lanes_router: Router) -> Router:
+    return real_lanes_router
 
 
 def root(router: Router) -> str:
@@ -39,6 +35,8 @@ def claude(router: Router) -> anthropic.Anthropic:
 
 @pytest.mark.parametrize("lane", ["speculative", "batching"])
 def test_anthropic_text_round_trip(router: Router, lane: str) -> None:
+    answered = {"api": "anthropic", "backend": lane, "status": "200"}
+    before = metric_value(router.metrics(), "speclane_requests_total", **answered) or 0
     with claude(router) as client:
         raw = client.messages.with_raw_response.create(
             model=DEFAULT_MODEL_NAME,
@@ -68,12 +66,7 @@ def test_anthropic_text_round_trip(router: Router, lane: str) -> None:
         usage = answer.usage
         assert counted.input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0)
     metrics = router.metrics()
-    assert (
-        metric_value(
-            metrics, "speclane_requests_total", api="anthropic", backend=lane, status="200"
-        )
-        == 2
-    )
+    assert metric_value(metrics, "speclane_requests_total", **answered) == before + 2
     if lane == "speculative":  # the speculative telemetry reads the (OpenAI) answers as usual
         drafted = metric_value(metrics, "speclane_spec_draft_tokens_total", backend=lane)
         assert drafted is not None and drafted > 0

@@ -4,7 +4,6 @@ once through previous_response_id and once as the whole input, a JSON-schema ans
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -12,7 +11,7 @@ import pytest
 
 from router.lanes.modelprep import DEFAULT_MODEL_NAME
 from tests.conftest import metric_value
-from tests.lanes.test_lanes_e2e import Router, start_router, stop_router
+from tests.realmodel import Router
 
 pytestmark = pytest.mark.realmodel
 
@@ -32,11 +31,9 @@ WEATHER: Any = {
 FINAL = ("response.completed", "response.incomplete")
 
 
-@pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
-    r = start_router(tmp_path_factory.mktemp("responses"))
-    yield r
-    stop_router(r)
+@pytest.fixture
+def router(real_lanes_router: Router) -> Router:
+    return real_lanes_router
 
 
 def final_of(events: list[Any]) -> Any:
@@ -55,6 +52,8 @@ def test_text_streaming_and_not(router: Router, lane: str) -> None:
         "temperature": 0,
         "extra_headers": {"X-Speclane-Lane": lane},
     }
+    answered = {"api": "responses", "backend": lane, "status": "200"}
+    before = metric_value(router.metrics(), "speclane_requests_total", **answered) or 0
     client = router.client()
     raw = client.responses.with_raw_response.create(**kwargs)
     whole = raw.parse()
@@ -65,12 +64,7 @@ def test_text_streaming_and_not(router: Router, lane: str) -> None:
     assert whole.usage is not None and streamed.usage is not None
     assert whole.usage.output_tokens > 0
     assert streamed.usage.input_tokens == whole.usage.input_tokens > 0
-    assert (
-        metric_value(
-            router.metrics(), "speclane_requests_total", api="responses", backend=lane, status="200"
-        )
-        == 2
-    )
+    assert metric_value(router.metrics(), "speclane_requests_total", **answered) == before + 2
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])

@@ -16,6 +16,7 @@ from router.frontdoors import responses_in
 from router.frontdoors.responses_out import ResponsesEgress
 from router.frontdoors.responses_store import ResponseStore
 from router.sse import json_events as openai_events
+from tests.fuzzing import examples
 
 WEATHER = {
     "type": "function",
@@ -438,7 +439,7 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(JSON)
 def test_any_request_is_translated_or_refused(body: object) -> None:
     try:
@@ -447,7 +448,7 @@ def test_any_request_is_translated_or_refused(body: object) -> None:
         assert e.status == 400
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(JSON, max_size=5))
 def test_any_upstream_event_is_translated_or_skipped(events: list[object]) -> None:
     data = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events)

@@ -4,9 +4,10 @@ broken tokenizers/configs, and the strict/graceful/allow/deny decisions."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, get_args
 
@@ -14,6 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from router.config.gating import SETTINGS_KEY, GatingSettings, PairRule
+from router.lanes.gating import inspect as gating_inspect
 from router.lanes.gating.compare import render_sample
 from router.lanes.gating.decide import check_pair, decide, lane_mode, matching_rule, preset_mode
 from router.lanes.gating.findings import Finding, PairReport, ProblemCode, WarningCode
@@ -26,6 +28,29 @@ SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_t
 @pytest.fixture(scope="module")
 def default_pair() -> tuple[Path, Path]:
     return ensure_default_models(quiet=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def default_tokenizers_once(default_pair: tuple[Path, Path]) -> Iterator[None]:
+    """``check_pair`` loads both tokenizers on every call (about 1 s each); these tests read
+    the default pair's and never change them (a variant is a copy in a folder of its own),
+    so each is loaded once per module and the variants' are loaded as ``check_pair`` does."""
+    real = gating_inspect._load_tokenizer
+    defaults = {p.resolve() for p in default_pair}
+    loaded: dict[Path, Any] = {}
+
+    def once(m: Any, found: Any) -> Any:
+        where = m.path.resolve() if m.path is not None else None
+        if where not in defaults:
+            return real(m, found)
+        if where not in loaded:
+            loaded[where] = real(m, found)
+        return loaded[where]
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(gating_inspect, "_load_tokenizer", once)
+    yield
+    patch.undo()
 
 
 @pytest.fixture(scope="module")
@@ -533,3 +558,18 @@ def test_rule_names_match_paths_repo_ids_and_patterns() -> None:
         matching_rule(GatingSettings(pairs=(by_repo,)), "mlx-community/Qwen2.5-7B-Instruct", D)
         == by_repo
     )
+
+
+async def test_a_chosen_draft_as_large_as_its_target_is_still_a_warning(
+    default_pair: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the shipped pair's ``draft_not_smaller`` is said at info (tests/test_server.py)."""
+    from router.config.settings import load_settings
+    from router.lanes.group import LaneModels, gate_speculation
+
+    target, _ = default_pair
+    caplog.set_level(logging.INFO, logger="speclane.lanes")
+    chosen = LaneModels(str(target), str(target), "chosen")  # the target as its own draft
+    assert (await gate_speculation(load_settings(None), chosen)).active
+    (record,) = [r for r in caplog.records if "draft_not_smaller" in r.getMessage()]
+    assert record.levelno == logging.WARNING

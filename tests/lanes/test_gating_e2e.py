@@ -18,7 +18,8 @@ import pytest
 from router.cli.status import main as status_main
 from router.lanes.modelprep import ensure_default_models
 from tests.conftest import metric_value
-from tests.lanes.test_lanes_e2e import ask, start_router, stop_router
+from tests.lanes.test_lanes_e2e import ask
+from tests.realmodel import start_router, stop_router
 
 pytestmark = pytest.mark.realmodel
 
@@ -70,8 +71,8 @@ def test_graceful_mode_serves_without_speculation_and_says_why(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     draft = mismatched_draft(tmp_path)
-    # A fixed draft_model: without it no source drafts (auto would fall back to prompt lookup,
-    # routing.speculate.lane_source).
+    # Its own router, with a draft the gate refuses. A fixed draft_model: without it no source
+    # drafts (auto would fall back to prompt lookup, routing.speculate.lane_source).
     router = start_router(tmp_path, f'draft_model = "{draft}"\ndraft_source = "draft_model"\n')
     root = router.base_url.removesuffix("/v1")
     try:

@@ -1,122 +1,30 @@
 """The router with its two real MLX lanes on the embedded default model (slow, serial).
 
-One router process (``python -m router serve``) is started for the module; requests go
-through it with the official openai client, as a user's tool would send them.
+The session's router (``real_lanes_router``, tests/realmodel.py: ``python -m router serve``)
+takes the requests, sent with the official openai client as a user's tool would send them.
 """
 
 from __future__ import annotations
 
-import os
-import re
 import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import openai
 import psutil
 import pytest
 
-from router.lanes.modelprep import DEFAULT_MODEL_NAME, ensure_default_models
+from router.lanes.modelprep import DEFAULT_MODEL_NAME
 from tests.conftest import metric_value
+from tests.realmodel import Router, start_router, stop_router
 
 pytestmark = pytest.mark.realmodel
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@dataclass
-class Router:
-    proc: subprocess.Popen[str]
-    base_url: str
-    output: list[str]
-    grew: threading.Condition = field(default_factory=threading.Condition)  # a line came
-
-    def wait_for_line(self, found: Callable[[list[str]], bool], timeout: float) -> bool:
-        """Wait until ``found(output)`` holds (the router logs a request once it has ended:
-        after its client may have seen the end)."""
-        with self.grew:
-            return self.grew.wait_for(lambda: found(self.output), timeout)
-
-    def client(self, **kw: object) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=self.base_url, api_key="local", max_retries=0, timeout=120, **kw
-        )  # type: ignore[arg-type]
-
-    def workers(self) -> dict[str, psutil.Process]:
-        found = {}
-        for child in psutil.Process(self.proc.pid).children(recursive=True):
-            cmd = child.cmdline()
-            if "router.worker" in cmd:
-                found[cmd[cmd.index("--mode") + 1]] = child
-        return found
-
-    def metrics(self) -> str:
-        import urllib.request
-
-        with urllib.request.urlopen(self.base_url.removesuffix("/v1") + "/metrics") as resp:
-            return resp.read().decode()
-
-
-def start_router(tmp: Path, extra_config: str = "", flags: tuple[str, ...] = ()) -> Router:
-    """``python -m router serve`` on a free port; ``flags`` follow (``--no-lanes``...)."""
-    ensure_default_models(quiet=True)
-    (tmp / "policies").mkdir(exist_ok=True)
-    config = tmp / "speclane.toml"
-    config.write_text(
-        f'policies_dir = "{tmp}/policies"\nshutdown_grace = 5\n'
-        f"[lanes]\nhealth_interval = 0.5\nmax_batch_size = 4\n{extra_config}"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "router", "serve", "--config", str(config), "--port", "0", *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    output: list[str] = []
-    grew = threading.Condition()
-    ready = threading.Event()
-    url: list[str] = []
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            with grew:
-                output.append(line)
-                grew.notify_all()
-            if m := re.search(r"listening on (http://\S+)", line):
-                url.append(m.group(1))
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    ready.wait(300)
-    if not url:
-        proc.kill()
-        raise AssertionError("router did not start:\n" + "".join(output[-40:]))
-    return Router(proc, url[0], output, grew)
-
-
-def stop_router(router: Router) -> None:
-    if router.proc.poll() is None:
-        router.proc.send_signal(signal.SIGTERM)
-        try:
-            router.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            router.proc.kill()
-
-
-@pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
-    r = start_router(tmp_path_factory.mktemp("lanes"))
-    yield r
-    stop_router(r)
+@pytest.fixture
+def router(real_lanes_router: Router) -> Router:
+    return real_lanes_router
 
 
 def ask(router: Router, lane: str, stream: bool, **body: object) -> tuple[str, dict, dict]:
@@ -270,6 +178,8 @@ def test_metrics_show_the_speculative_lanes_draft_counters(router: Router) -> No
 
 
 def test_killed_worker_is_restarted_while_the_other_lane_answers(router: Router) -> None:
+    """On the session's router: it returns once the lane is back and answers, so the
+    router is whole again for the tests after it."""
     victim = router.workers()["speculative"]
     restarts_before = (
         metric_value(router.metrics(), "speclane_worker_restarts_total", lane="speculative") or 0
@@ -302,7 +212,7 @@ def test_killed_worker_is_restarted_while_the_other_lane_answers(router: Router)
 
 
 def test_sigterm_leaves_no_worker_process(tmp_path: Path) -> None:
-    router = start_router(tmp_path)
+    router = start_router(tmp_path)  # its own: the test stops it
     workers = list(router.workers().values())
     assert len(workers) == 2
     stop_router(router)
@@ -312,7 +222,7 @@ def test_sigterm_leaves_no_worker_process(tmp_path: Path) -> None:
 
 
 def test_sigkill_of_the_router_leaves_no_worker_process(tmp_path: Path) -> None:
-    router = start_router(tmp_path)
+    router = start_router(tmp_path)  # its own: the test kills it
     workers = list(router.workers().values())
     router.proc.kill()
     router.proc.wait(10)

@@ -7,13 +7,12 @@ streamed forced call on each lane, usage once per stream.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from router.lanes.modelprep import DEFAULT_MODEL_NAME
-from tests.lanes.test_lanes_e2e import Router, start_router, stop_router
+from tests.realmodel import Router
 
 pytestmark = pytest.mark.realmodel
 
@@ -41,11 +40,9 @@ ASK = [
 ]
 
 
-@pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
-    r = start_router(tmp_path_factory.mktemp("lanes-tools"))
-    yield r
-    stop_router(r)
+@pytest.fixture
+def router(real_lanes_router: Router) -> Router:
+    return real_lanes_router
 
 
 @pytest.mark.parametrize("lane", ["speculative", "batching"])

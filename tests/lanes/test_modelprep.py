@@ -264,3 +264,28 @@ def test_fetch_reports_progress(tmp_path: Path) -> None:
     shown: list[str] = []
     modelprep.fetch_gguf(tmp_path, log=lambda _m: None, progress=shown.append)
     assert shown, "no progress line"
+
+
+# --- transformers' GGUF converter (not its public API) -------------------------------------------
+
+
+def test_the_transformers_names_relied_on_exist_in_a_tested_version() -> None:
+    import importlib
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    (req,) = [Requirement(d) for d in deps if Requirement(d).name == "transformers"]
+    installed = version("transformers")
+    assert req.specifier.contains(installed), f"transformers {installed} is outside {req}"
+    assert any(s.operator == "<" for s in req.specifier)  # an upper bound: no silent release
+    missing = [
+        f"{module}.{name}"
+        for module, names in modelprep.TRANSFORMERS_INTERNAL_NAMES.items()
+        for name in names
+        if not hasattr(importlib.import_module(module), name)
+    ]
+    assert not missing, f"transformers {installed} no longer has {missing}"

@@ -26,7 +26,8 @@ import pytest
 
 from router.lanes.modelprep import DEFAULT_MODEL_NAME, ensure_default_models
 from tests.conftest import metric_value
-from tests.lanes.test_lanes_e2e import Router, ask, start_router, stop_router
+from tests.lanes.test_lanes_e2e import ask
+from tests.realmodel import Router, start_router, stop_router
 
 pytestmark = pytest.mark.realmodel
 
@@ -35,6 +36,7 @@ SMALL_MACHINE = "machine_memory_bytes = 8589934592\n"  # 8 GiB: auto picks share
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
+    """Its own router: one worker process serving both lanes (the layout on a small machine)."""
     r = start_router(tmp_path_factory.mktemp("shared"), SMALL_MACHINE)
     yield r
     stop_router(r)
@@ -152,8 +154,8 @@ def test_a_killed_worker_brings_both_lanes_back(router: Router) -> None:
         assert "Paris" in text and headers["x-speclane-lane"] == lane
 
 
-def test_sigterm_leaves_no_worker_process(tmp_path: Path) -> None:
-    router = start_router(tmp_path, 'layout = "shared"\n')
+def test_sigterm_leaves_no_worker_process(router: Router) -> None:
+    """The module's router, stopped: keep this the last test here that uses it."""
     workers = list(router.workers().values())
     assert len(workers) == 1
     stop_router(router)

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from router.lanes.modelprep import DEFAULT_MODEL_NAME
-from tests.lanes.test_lanes_e2e import Router, start_router, stop_router
+from tests.realmodel import Router, start_router, stop_router
 
 pytestmark = pytest.mark.realmodel
 
@@ -29,6 +29,8 @@ POLICIES = {
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
+    """Its own router: its policies give each client its own cache partition (the session's
+    router has none, and a policy there would change what every other test is)."""
     tmp = tmp_path_factory.mktemp("partitions")
     (tmp / "policies").mkdir()
     for name, text in POLICIES.items():

@@ -20,6 +20,7 @@ from router.proxy.upstream import (
     split_url,
 )
 from tests.conftest import serve_app, wait_until
+from tests.fuzzing import examples
 
 CHUNKED = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -76,7 +77,7 @@ def _chunked(chunks: list[bytes], upper: bool, ext: bool) -> bytes:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     chunks=st.lists(_DATA, min_size=1, max_size=30),
     upper=st.booleans(),

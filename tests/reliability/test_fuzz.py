@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fakes.upstream import Behaviour, FakeUpstream
+from tests.fuzzing import examples
 from tests.reliability.harness import (
     TALLY,
     LoopThread,
@@ -64,7 +65,7 @@ BASE = settings(
 
 
 def cases(count: int) -> settings:
-    return settings(BASE, max_examples=count)
+    return settings(BASE, max_examples=examples(count))
 
 
 class Target:
@@ -587,7 +588,7 @@ def test_fuzz_methods_and_paths(target: Target, method: str, path: str) -> None:
 # take valid requests and break them a few ways at a time with a fixed seed (the same cases
 # every run), and send them on several connections at once: thousands of cases in seconds.
 
-MUTATION_CASES = 4200
+MUTATION_CASES = examples(4200)
 MUTATION_CONCURRENCY = 12
 VALID_BODIES = [
     (ENDPOINTS[0], {**CHAT, "max_tokens": 16}),

@@ -32,11 +32,12 @@ import orjson
 import psutil
 
 from tests.conftest import router_settings, run_router
+from tests.fuzzing import examples
 from tests.reliability.harness import TALLY, assert_openai_error, chat_body
 from tests.reliability.hostile_upstream import HostileUpstream
 
 SEED = int(os.environ.get("SPECLANE_FUZZ_SEED", "15"))
-CASES = int(os.environ.get("SPECLANE_UPSTREAM_FUZZ_CASES", "5000"))
+CASES = int(os.environ.get("SPECLANE_UPSTREAM_FUZZ_CASES", examples(5000)))
 CLIENTS = 8
 WARMUP = 300
 

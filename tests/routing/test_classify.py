@@ -26,6 +26,7 @@ from router.routing.classify import (
 )
 from router.routing.load import LoadGate
 from router.routing.types import BackendView, RouteRequest
+from tests.fuzzing import examples
 
 PRESETS = {
     **DEFAULT_PRESETS,
@@ -727,7 +728,7 @@ def _classify(
     return classify(facts, policy, PRESETS, views, gate=gate, spec=lambda m, w, s: advice)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(requests, policies, backends(), gates, advices, preset_headers, st.data())
 def test_an_allowed_override_always_wins(
     request: RouteRequest,
@@ -755,7 +756,7 @@ def test_an_allowed_override_always_wins(
     assert result.decision.labels["rule"] == "override"
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     requests,
     policies,
@@ -788,7 +789,7 @@ def test_a_down_or_cooling_backend_is_never_a_candidate(
     assert result.decision.labels["rule"] in RULES
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(requests, policies, backends(), gates, advices, preset_headers, st.randoms())
 def test_the_decision_is_deterministic_and_ignores_snapshot_order(
     request: RouteRequest,
@@ -810,7 +811,7 @@ def test_the_decision_is_deterministic_and_ignores_snapshot_order(
     assert outcomes[0] == outcomes[1] == outcomes[2]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(requests, policies, backends(), advices, st.integers(0, 6))
 def test_a_busy_spec_lane_never_takes_a_request_without_an_override(
     request: RouteRequest,

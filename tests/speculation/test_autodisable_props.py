@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from router.config.speculation import SpecSettings
 from router.speculation.autodisable import AutoDisable, SpecKey, Transition
 from router.speculation.record import Observation, SpecRecord, build_record
+from tests.fuzzing import examples
 
 KEY = SpecKey("speculative", "m", "chat")
 EPS = 1e-9
@@ -54,7 +55,7 @@ operations = st.lists(st.tuples(delays, st.sampled_from(ACTIONS)), min_size=30, 
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(s=probe_settings(), ops=operations)
 def test_probes_never_closer_than_the_minimum_spacing_nor_two_at_once(
     s: SpecSettings, ops: list[tuple[float, str]]
@@ -124,7 +125,7 @@ def run(auto: AutoDisable, traffic: list[tuple[float, int, int]], now: float) ->
     return transitions
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(case=hysteresis_case())
 def test_acceptance_between_the_thresholds_never_turns_speculation_off(
     case: tuple[SpecSettings, list[tuple[float, int, int]]],
@@ -135,7 +136,7 @@ def test_acceptance_between_the_thresholds_never_turns_speculation_off(
     assert auto.enabled(KEY)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(case=hysteresis_case())
 def test_acceptance_between_the_thresholds_never_turns_it_back_on(
     case: tuple[SpecSettings, list[tuple[float, int, int]]],
@@ -148,7 +149,7 @@ def test_acceptance_between_the_thresholds_never_turns_it_back_on(
     assert not auto.enabled(KEY)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(s=probe_settings(), ops=operations)
 def test_transitions_alternate_and_snapshots_stay_json_ready(
     s: SpecSettings, ops: list[tuple[float, str]]

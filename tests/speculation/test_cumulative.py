@@ -14,6 +14,7 @@ from router.speculation.cumulative import (
     parse_vllm_mlx_status,
 )
 from router.speculation.record import Malformed, SpecRecord
+from tests.fuzzing import examples
 
 MODEL = "Qwen/Qwen3-8B"
 
@@ -261,7 +262,7 @@ def test_remembered_series_are_bounded_and_forgettable() -> None:
     assert not differ._last
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=300))
 def test_any_text_parses_without_raising(text: str) -> None:
     parse_prometheus_spec(text)
@@ -280,7 +281,7 @@ samples = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(samples, min_size=1, max_size=8))
 def test_differ_never_raises_and_never_emits_negative_counts(sequence: list) -> None:
     differ = CounterDiffer()

@@ -18,6 +18,7 @@ from router.speculation.record import (
     NotReported,
     SpecRecord,
 )
+from tests.fuzzing import examples
 from tests.speculation import payloads as p
 
 # Every field name a parser looks at, so random objects actually reach the parsing paths.
@@ -147,7 +148,7 @@ def check(result: object) -> None:
     }
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(kind=kinds, body=st.one_of(json_objects, json_values))
 def test_any_json_never_raises(kind: str, body: Any) -> None:
     check(parse_response(kind, body))
@@ -155,7 +156,7 @@ def test_any_json_never_raises(kind: str, body: Any) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(p.ALL_BODIES))
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=st.data())
 def test_nearly_valid_bodies_never_raise(kind: str, data: st.DataObject) -> None:
     body = data.draw(mutated_bodies(kind))
@@ -163,7 +164,7 @@ def test_nearly_valid_bodies_never_raise(kind: str, data: st.DataObject) -> None
     check(parse_response("openai", body))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(kind=kinds, events=st.lists(st.one_of(any_mutated_body, json_values), max_size=5))
 def test_streams_never_raise(kind: str, events: list) -> None:
     check(parse_stream_events(kind, events))
@@ -189,7 +190,7 @@ def every_event_parsed(kind: str, events: list) -> Any:
     return fallback
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(kind=kinds, events=st.lists(st.one_of(any_mutated_body, json_objects), max_size=5))
 def test_skipping_events_without_statistics_fields_changes_no_result(
     kind: str, events: list

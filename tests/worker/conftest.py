@@ -1,4 +1,8 @@
-"""Real worker processes on the prepared default model (for the ``realmodel`` tests)."""
+"""Real worker processes on the prepared default model (for the ``realmodel`` tests).
+
+``spec_worker`` and ``batch_worker`` are started once per session and shared by the tests
+that send them requests (``prepared_models``, ``loaded_models``: tests/realmodel.py). A test
+that needs a worker started otherwise starts its own (``start_worker``, ``worker_factory``)."""
 
 from __future__ import annotations
 
@@ -16,16 +20,10 @@ from typing import IO, Any
 import pytest
 
 from router.lanes.blas import preload_env
-from router.lanes.modelprep import ensure_default_models
 from router.worker_contract import READY_PREFIX
 
 READY_TIMEOUT = 180.0  # loading competes for 2 shared cores
 BATCH_SIZE = 4
-
-
-@pytest.fixture(scope="session")
-def prepared_models() -> tuple[Path, Path]:
-    return ensure_default_models(quiet=True)
 
 
 def worker_command(model: Path, mode: str, *extra: str) -> list[str]:
@@ -102,7 +100,7 @@ def worker_factory() -> Iterator[Any]:
         worker.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spec_worker(prepared_models: tuple[Path, Path]) -> Iterator[WorkerProcess]:
     model, draft = prepared_models
     worker = start_worker(worker_command(model, "speculative", "--draft-model", str(draft)))
@@ -110,7 +108,7 @@ def spec_worker(prepared_models: tuple[Path, Path]) -> Iterator[WorkerProcess]:
     worker.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def batch_worker(prepared_models: tuple[Path, Path]) -> Iterator[WorkerProcess]:
     model, _ = prepared_models
     worker = start_worker(worker_command(model, "batching", "--max-batch-size", str(BATCH_SIZE)))

@@ -35,6 +35,7 @@ def long_prompt(topic: str, lines: int = 40) -> str:
 
 @pytest.fixture(scope="module")
 def cached_worker(prepared_models: tuple[Path, Path]) -> Iterator[WorkerProcess]:
+    """Its own: prefill in steps of ``STEP`` tokens (a long prompt takes several)."""
     model, _ = prepared_models
     worker = start_worker(
         worker_command(model, "batching", "--max-batch-size", "4", "--prefill-step-size", str(STEP))
@@ -45,6 +46,7 @@ def cached_worker(prepared_models: tuple[Path, Path]) -> Iterator[WorkerProcess]
 
 @pytest.fixture(scope="module")
 def uncached_worker(prepared_models: tuple[Path, Path]) -> Iterator[WorkerProcess]:
+    """Its own: no prompt cache."""
     model, _ = prepared_models
     worker = start_worker(worker_command(model, "batching", "--prompt-cache-bytes", "0"))
     yield worker

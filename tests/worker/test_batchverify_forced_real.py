@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,11 +72,9 @@ MAX_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
-def engine(prepared_models: tuple[Path, Path]) -> Iterator[BatchingEngine]:
-    from mlx_lm import load
-
+def engine(loaded_models: tuple[Any, Any, Any]) -> Iterator[BatchingEngine]:
     def load_models() -> Models:
-        model, tokenizer = load(str(prepared_models[0]))
+        model, tokenizer, _ = loaded_models  # the session's (evaluated: shareable)
         return Models(model, tokenizer)
 
     engine = BatchingEngine(load_models, 4, drafts=BatchDraftSettings())

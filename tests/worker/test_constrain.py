@@ -62,7 +62,7 @@ def walk(constraint: Constraint, tokenizer: Any, seed: int, limit: int = 200) ->
     rng = np.random.default_rng(seed)
     prompt = [1, 2, 3]
     out: list[int] = []
-    width = len(tokenizer._tokenizer)
+    width = len(tokenizer)
     for _ in range(limit):
         logits = mx.array(rng.standard_normal((1, width)).astype(np.float32))
         token = int(mx.argmax(processor(mx.array(prompt + out), logits), axis=-1).item())
@@ -249,7 +249,7 @@ def test_a_constraint_failing_mid_answer_closes_it_and_says_so_once(tokenizer: A
     failures: list[str] = []
     processor = constraint.processor(failures.append)
     tokens = [1, 2, 3]  # a prompt
-    logits = mx.zeros((1, len(tokenizer._tokenizer)))
+    logits = mx.zeros((1, len(tokenizer)))
     processor(mx.array(tokens), logits)
     for token in tokenizer.encode('{"s": "a", "x": {"', add_special_tokens=False):
         tokens.append(token)

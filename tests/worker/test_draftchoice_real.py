@@ -5,18 +5,15 @@ draft model that costs little is."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from router.worker.draftchoice import DraftCost
 from router.worker.engine import Models
-from router.worker.jobs import Finished, Job, TextDelta
-from router.worker.protocol import GenerationRequest, Message
 from router.worker.speculative import SpecSettings, SpeculativeEngine
+from tests.worker.engine_run import answer_once
 
 pytestmark = pytest.mark.realmodel
 
@@ -27,13 +24,9 @@ CHAT = "Tell me a short story about a cat."
 
 
 @pytest.fixture(scope="module")
-def engine(prepared_models: tuple[Path, Path]) -> Iterator[SpeculativeEngine]:
-    from mlx_lm import load
-
+def engine(loaded_models: tuple[Any, Any, Any]) -> Iterator[SpeculativeEngine]:
     def load_models() -> Models:
-        model, tokenizer = load(str(prepared_models[0]))
-        draft, _ = load(str(prepared_models[1]))
-        return Models(model, tokenizer, draft)
+        return Models(*loaded_models)  # the session's (evaluated: shareable)
 
     engine = SpeculativeEngine(load_models, SpecSettings(draft_source="auto"))
     engine.start()
@@ -44,35 +37,7 @@ def engine(prepared_models: tuple[Path, Path]) -> Iterator[SpeculativeEngine]:
 def run(
     engine: SpeculativeEngine, text: str, partition: str, **fields: Any
 ) -> tuple[str, dict[str, Any]]:
-    assert engine.models is not None
-    tokenizer = engine.models.tokenizer
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-    )
-    prompt = list(tokenizer.encode(rendered, add_special_tokens=False))
-    request = GenerationRequest(
-        kind="chat",
-        messages=(Message("user", text),),
-        temperature=0.0,
-        max_tokens=MAX_TOKENS,
-        **fields,
-    )
-
-    async def answer() -> tuple[str, dict[str, Any]]:
-        job = Job(request, prompt, asyncio.get_running_loop(), partition=partition)
-        engine.submit(job)
-        out = []
-        while True:
-            event = await asyncio.wait_for(job.events.get(), 300)
-            if isinstance(event, TextDelta):
-                out.append(event.text)
-            else:
-                assert isinstance(event, Finished), event
-                spec = event.usage["speclane_spec"]
-                assert isinstance(spec, dict)
-                return "".join(out), spec
-
-    return asyncio.run(answer())
+    return answer_once(engine, text, partition, MAX_TOKENS, **fields)
 
 
 def test_auto_copies_from_a_free_source_and_never_from_a_draft_as_slow_as_the_target(

@@ -73,7 +73,7 @@ def walk(constraint: Constraint, width: int, seed: int) -> tuple[list[int], list
 
 def test_masks_follow_drafts_rollbacks_and_a_diverging_answer(tokenizer: Any) -> None:
     constraint = compiled(tokenizer, tools=TOOLS, tool_choice="required")
-    width = len(tokenizer._tokenizer)
+    width = len(tokenizer)
     walks = [walk(constraint, width, seed) for seed in range(6)]
     names = {tokenizer.decode(out).split('"name": "')[1][:8] for out, _ in walks}
     assert len(names) == 2, names  # both tools were called: the walks diverge
@@ -100,7 +100,7 @@ def test_forced_tokens_are_a_valid_start_and_name_a_named_tool(tokenizer: Any) -
 
 def test_a_refused_draft_token_repeats_its_row_and_leaves_the_state(tokenizer: Any) -> None:
     constraint = compiled(tokenizer, response_format={"type": "json_object"})
-    width = len(tokenizer._tokenizer)
+    width = len(tokenizer)
     draft = ConstraintDraft.for_constraint(constraint, len(PROMPT))
     before = draft.forced(PROMPT, 8)
     refused = tokenizer.encode("zz", add_special_tokens=False)[0]
@@ -124,7 +124,7 @@ def oracle(answer: list[int], prompt_len: int, calls: list[int]) -> Any:
 def test_one_draft_chains_forced_runs_and_proposals(tokenizer: Any) -> None:
     named = {"type": "function", "function": {"name": "get_weather"}}
     constraint = compiled(tokenizer, tools=TOOLS, tool_choice=named)
-    width = len(tokenizer._tokenizer)
+    width = len(tokenizer)
     text = (
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
         "\n</tool_call>"
@@ -153,7 +153,7 @@ def test_one_draft_chains_forced_runs_and_proposals(tokenizer: Any) -> None:
 
 def test_a_proposal_the_grammar_refuses_ends_the_draft(tokenizer: Any) -> None:
     constraint = compiled(tokenizer, tools=TOOLS, tool_choice="required")
-    width = len(tokenizer._tokenizer)
+    width = len(tokenizer)
     grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT))
     forced = grammar.forced(PROMPT, 64)
     start = PROMPT + forced  # the grammar now wants a tool's name
@@ -190,7 +190,7 @@ def test_one_proposal_per_draft(tokenizer: Any) -> None:
 def test_the_draft_stays_within_its_budget(tokenizer: Any, budget: int) -> None:
     named = {"type": "function", "function": {"name": "get_weather"}}
     constraint = compiled(tokenizer, tools=TOOLS, tool_choice=named)
-    width = len(tokenizer._tokenizer)
+    width = len(tokenizer)
     answer = tokenizer.encode(
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"',
         add_special_tokens=False,
@@ -269,7 +269,7 @@ def into_the_failure(tokenizer: Any) -> tuple[list[int], list[int]]:
 
 def test_a_failure_only_in_a_rejected_draft_is_not_reported(tokenizer: Any) -> None:
     constraint = compiled(tokenizer, response_format=OPTIONAL_FAILURE)
-    width = len(tokenizer._tokenizer)
+    width = len(tokenizer)
     failures: list[str] = []
     grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT), failures.append)
     history, proposal = into_the_failure(tokenizer)
@@ -324,7 +324,7 @@ def test_the_speculative_lane_fails_only_when_the_target_keeps_the_run_to_it(
     so_far = history[len(PROMPT) :]
     closing = tokenizer.encode('b"}', add_special_tokens=False)
     script = [*so_far, *(closing if target == "refuses" else proposal)]
-    model = ScriptedLM([*PROMPT, *script], eos, vocab=len(tokenizer._tokenizer))
+    model = ScriptedLM([*PROMPT, *script], eos, vocab=len(tokenizer))
     failures: list[str] = []
     grammar = ConstraintDraft.for_constraint(constraint, len(PROMPT), failures.append)
     offered: list[int] = []

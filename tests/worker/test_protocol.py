@@ -17,6 +17,7 @@ from router.worker.protocol import (
     parse_request,
     token_budget,
 )
+from tests.fuzzing import examples
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -274,7 +275,7 @@ _function = st.fixed_dictionaries(
 _call = st.fixed_dictionaries({}, optional={"id": _json, "function": _json | _function})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     tools=st.none() | st.lists(_tool, max_size=3) | _json,
     choice=st.none()

@@ -42,6 +42,7 @@ WEATHER = {
 
 @pytest.fixture(scope="module")
 def shared_worker(prepared_models: tuple[Path, Path]) -> Iterator[WorkerProcess]:
+    """Its own: both lanes in one process (shared mode), on two threads."""
     model, draft = prepared_models
     worker = start_worker(
         worker_command(

@@ -4,20 +4,15 @@ a constrained request's forced tokens (reported in ``usage``)."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from router.worker.constrain import COMPILER
 from router.worker.engine import Models
-from router.worker.jobs import Finished, Job, TextDelta
-from router.worker.protocol import GenerationRequest, Message
 from router.worker.speculative import SpecSettings, SpeculativeEngine
 from router.worker.suffix import SuffixIndex
+from tests.worker.engine_run import answer_once
 
 pytestmark = pytest.mark.realmodel
 
@@ -26,11 +21,9 @@ QUESTION = "Write a short Python function that returns the sum of a list of numb
 
 
 @pytest.fixture(scope="module")
-def engine(prepared_models: tuple[Path, Path]) -> Iterator[SpeculativeEngine]:
-    from mlx_lm import load
-
+def engine(loaded_models: tuple[Any, Any, Any]) -> Iterator[SpeculativeEngine]:
     def load_models() -> Models:
-        model, tokenizer = load(str(prepared_models[0]))
+        model, tokenizer, _ = loaded_models  # the session's (evaluated: shareable)
         return Models(model, tokenizer)
 
     engine = SpeculativeEngine(load_models, SpecSettings(draft_source="none"))
@@ -43,40 +36,7 @@ def run(
     engine: SpeculativeEngine, partition: str, source: str | None, **fields: Any
 ) -> tuple[str, dict[str, Any]]:
     """One greedy answer to QUESTION: its text and its ``speclane_spec`` usage."""
-    assert engine.models is not None
-    tokenizer = engine.models.tokenizer
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
-    )
-    prompt = list(tokenizer.encode(text, add_special_tokens=False))
-    request = GenerationRequest(
-        kind="chat",
-        messages=(Message("user", QUESTION),),
-        temperature=0.0,
-        max_tokens=MAX_TOKENS,
-        draft_source=source,
-        **fields,
-    )
-    if request.response_format != "text":
-        constraint = COMPILER.compile(request, tokenizer)
-        request = dataclasses.replace(request, constraint=constraint)
-
-    async def answer() -> tuple[str, dict[str, Any]]:
-        # The partition is what the X-Speclane-Cache-Partition header sets.
-        job = Job(request, prompt, asyncio.get_running_loop(), partition=partition)
-        engine.submit(job)
-        out = []
-        while True:
-            event = await asyncio.wait_for(job.events.get(), 300)
-            if isinstance(event, TextDelta):
-                out.append(event.text)
-            else:
-                assert isinstance(event, Finished), event
-                spec = event.usage["speclane_spec"]
-                assert isinstance(spec, dict)
-                return "".join(out), spec
-
-    return asyncio.run(answer())
+    return answer_once(engine, QUESTION, partition, MAX_TOKENS, draft_source=source, **fields)
 
 
 def test_suffix_drafts_a_repeat_from_the_earlier_answer_of_its_own_partition_only(

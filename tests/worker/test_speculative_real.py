@@ -3,7 +3,6 @@ decoding writes, token for token (in-process, short answers)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,13 +27,9 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def loaded(prepared_models: tuple[Path, Path]) -> tuple[Any, Any, Any]:
-    from mlx_lm import load
-
-    model, tokenizer = load(str(prepared_models[0]))
-    draft, _ = load(str(prepared_models[1]))
-    return model, tokenizer, draft
+@pytest.fixture
+def loaded(loaded_models: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+    return loaded_models  # the session's (model, tokenizer, draft)
 
 
 def greedy(logprobs: Any) -> Any:

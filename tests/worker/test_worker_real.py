@@ -64,6 +64,13 @@ async def wait_for(worker: WorkerProcess, predicate: Any, what: str) -> dict[str
     pytest.fail(f"timed out waiting for {what}; last /health: {state}")
 
 
+def measured_costs(reported: Any) -> bool:
+    """A lane's measured draft-position costs: batch size -> seconds (none before it decodes)."""
+    return isinstance(reported, dict) and all(
+        size.isdigit() and isinstance(cost, int | float) for size, cost in reported.items()
+    )
+
+
 def test_ready_lines_name_the_mode_and_model(
     spec_worker: WorkerProcess, batch_worker: WorkerProcess
 ) -> None:
@@ -87,7 +94,8 @@ def test_health_reports_each_lane(spec_worker: WorkerProcess, batch_worker: Work
     }
     assert index["max_bytes"] == 64 * 1024 * 1024
     assert isinstance(reported.pop("progress_tokens"), int)  # what the stall watch reads
-    assert reported.pop("draft_position_cost") == {}  # measured: nothing decoded yet
+    # Measured (auto): per batch size, once something decoded (the worker is the session's).
+    assert measured_costs(reported.pop("draft_position_cost"))
     assert reported == {
         "status": "ok",
         "mode": "speculative",
@@ -103,7 +111,7 @@ def test_health_reports_each_lane(spec_worker: WorkerProcess, batch_worker: Work
     }
     batching = health(batch_worker)
     assert batching["draft_model"] is None
-    assert batching["draft_position_cost"] == {}
+    assert measured_costs(batching["draft_position_cost"])
     assert (batching["speculative"], batching["num_draft_tokens"]) == (False, 0)
     assert (batching["capacity"], batching["pid"]) == (BATCH_SIZE, batch_worker.proc.pid)
     models = client(spec_worker).models.list()
@@ -301,6 +309,7 @@ async def test_a_client_disconnect_stops_its_generation(
 async def test_sigterm_aborts_generation_and_exits_zero(
     prepared_models: tuple[Path, Path], worker_factory: Any
 ) -> None:
+    # Its own worker: the test stops it.
     worker: WorkerProcess = worker_factory(worker_command(prepared_models[0], "batching"))
     async with aiohttp.ClientSession() as session:
         body = {**ENDLESS, "stream": True}
@@ -322,6 +331,7 @@ worker.wait()
 
 
 def test_the_worker_exits_when_its_parent_dies(prepared_models: tuple[Path, Path]) -> None:
+    # Its own worker, under a parent of its own that the test kills.
     command = worker_command(prepared_models[0], "batching")
     with tempfile.TemporaryFile("w+") as stderr:
         parent = spawn([sys.executable, "-c", PARENT, *command], stderr)

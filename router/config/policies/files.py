@@ -160,6 +160,7 @@ class _Builder:
         self.environ = environ
         self.problems: list[str] = []
         self.warnings: list[str] = []
+        self.notes: list[str] = []
         self.policies: list[Policy] = []
         self.sources: dict[str, str] = {}
         self.by_key: dict[str, str] = {}
@@ -180,12 +181,11 @@ class _Builder:
         for i, secret in enumerate(policy.match.api_keys):
             key = secret.get_secret_value()
             self._add_key(name, where, f"match.api_keys[{i}]", key, mask_key(key))
+        unset: list[str] = []
         for i, env in enumerate(policy.match.api_key_env):
             key = self.environ.get(env, "").strip()
             if not key:
-                self.warnings.append(
-                    f"{where}: match.api_key_env[{i}]: ${env} is not set; this key is ignored"
-                )
+                unset.append(f"${env}")
                 self.key_labels[name].append(f"${env} (unset)")
                 continue
             self._add_key(name, where, f"match.api_key_env[{i}]", key, f"${env}")
@@ -197,7 +197,7 @@ class _Builder:
                     f"used by client '{owner}' ({self.sources[owner]})"
                 )
         self.agents += [(re.compile(p), name) for p in policy.match.user_agent]
-        self._warn_unprotected(policy, where)
+        self._warn_unprotected(policy, where, unset)
 
     def _add_key(self, name: str, where: str, key_path: str, key: str, label: str) -> None:
         owner = self.by_key.setdefault(key_digest(key), name)
@@ -209,7 +209,10 @@ class _Builder:
             return
         self.key_labels[name].append(label)
 
-    def _warn_unprotected(self, policy: Policy, where: str) -> None:
+    def _warn_unprotected(self, policy: Policy, where: str, unset: list[str]) -> None:
+        """A key variable unset is a note (one per policy), not a warning: the files are
+        right and this machine has not set the variable yet, as with the shipped batch.toml
+        and SPECLANE_BATCH_API_KEY. A policy that requires a key and names none is a mistake."""
         has_keys = any(not label.endswith("(unset)") for label in self.key_labels[policy.client])
         recognisable = policy.match.client_header or policy.match.user_agent
         if has_keys and recognisable and not policy.require_api_key:
@@ -217,11 +220,20 @@ class _Builder:
                 f"{where}: require_api_key: false, so a client header or user "
                 "agent selects this policy without its key"
             )
-        if policy.require_api_key and not has_keys:
+        variables = ", ".join(unset)
+        if policy.require_api_key and not has_keys and unset:
+            self.notes.append(
+                f"{where}: inactive until {variables} is set (match.api_key_env): "
+                "require_api_key is true and no other key is given, so a request "
+                "identified as this client gets 401"
+            )
+        elif policy.require_api_key and not has_keys:
             self.warnings.append(
                 f"{where}: require_api_key: true but no usable key; every "
                 "request identified as this client gets 401"
             )
+        elif unset:
+            self.notes.append(f"{where}: match.api_key_env: {variables} not set; ignored")
 
     def build(self) -> PolicySet:
         default = next((p for p in self.policies if p.client == DEFAULT_CLIENT), None)
@@ -236,6 +248,7 @@ class _Builder:
             sources=dict(self.sources),
             key_labels={k: tuple(v) for k, v in self.key_labels.items()},
             warnings=tuple(self.warnings),
+            notes=tuple(self.notes),
             _by_key=dict(self.by_key),
             _by_header=dict(self.by_header),
             _by_agent=tuple(self.agents),

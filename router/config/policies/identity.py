@@ -90,7 +90,11 @@ class PolicySet:
     default: Policy
     sources: Mapping[str, str] = field(default_factory=dict)  # client -> file ("(implied)")
     key_labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # client -> masked
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # contradictions in the files: worth a warning
+    # Facts of this machine, not mistakes in the files: a key variable unset, so the policy
+    # cannot be selected by that key (the shipped batch.toml until SPECLANE_BATCH_API_KEY is
+    # set). Said once at start-up, not as a warning.
+    notes: tuple[str, ...] = ()
     _by_key: Mapping[str, str] = field(default_factory=dict, repr=False)  # digest -> client
     _by_header: Mapping[str, str] = field(default_factory=dict, repr=False)
     _by_agent: tuple[tuple[re.Pattern[str], str], ...] = field(default=(), repr=False)

@@ -41,6 +41,15 @@ class Inspected:
     config: dict[str, Any] = field(default_factory=dict)
     weight_bytes: int | None = None
     tokenizer: Any = None
+    _vocab: dict[str, int] | None = field(default=None, repr=False)
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        """The tokenizer's token -> id, built once (``get_vocab`` builds the whole dict anew on
+        every call, and the checks read it several times)."""
+        if self._vocab is None:
+            self._vocab = self.tokenizer.get_vocab()
+        return self._vocab
 
 
 class Findings:
@@ -66,7 +75,7 @@ def compare_pair(t: Inspected, d: Inspected, found: Findings) -> None:
 
 
 def _compare_vocabularies(t: Inspected, d: Inspected, found: Findings) -> None:
-    tv, dv = t.tokenizer.get_vocab(), d.tokenizer.get_vocab()
+    tv, dv = t.vocab, d.vocab
     if len(tv) != len(dv):
         found.problem(
             "vocab_size_mismatch",
@@ -107,7 +116,7 @@ def _compare_special_tokens(t: Inspected, d: Inspected, found: Findings) -> None
                 f"{role} token: target {_token(t.tokenizer, role)} ({ti}), draft "
                 f"{_token(d.tokenizer, role)} ({di})"
             )
-    tv, dv = t.tokenizer.get_vocab(), d.tokenizer.get_vocab()
+    tv, dv = t.vocab, d.vocab
     for token in sorted(_template_tokens(t.tokenizer) | _template_tokens(d.tokenizer)):
         if tv.get(token) != dv.get(token):
             wrong.append(f"{token}: target {tv.get(token)}, draft {dv.get(token)}")

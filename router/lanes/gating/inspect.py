@@ -104,7 +104,7 @@ def _facts(m: Inspected) -> ModelFacts:
         path=str(m.path or m.name),
         model_type=m.config.get("model_type"),
         weight_bytes=m.weight_bytes,
-        tokenizer_size=len(m.tokenizer.get_vocab()) if m.tokenizer is not None else None,
+        tokenizer_size=len(m.vocab) if m.tokenizer is not None else None,
         config_vocab_size=vocab if isinstance(vocab, int) else None,
     )
 
