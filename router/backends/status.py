@@ -17,7 +17,19 @@ def backend_state(backend: Backend, supervised: dict[str, str]) -> str:
 
 # What a lane worker's /health says of itself, shown here: the worker answers only the
 # router (its secret), so a tool that wants these reads them from the router.
-WORKER_FACTS = ("mode", "model", "draft_model", "num_draft_tokens", "capacity", "pid")
+WORKER_FACTS = (
+    "mode",
+    "model",
+    "draft_model",
+    "num_draft_tokens",
+    "capacity",
+    "pid",
+    # what the lane's per-step draft choice measures (router.worker.draftchoice)
+    "draft_source",
+    "draft_position_cost",
+    "draft_model_cost",
+    "evidence_partitions",
+)
 
 
 def backend_status(backend: Backend, supervised: dict[str, str]) -> dict[str, Any]:
