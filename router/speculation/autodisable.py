@@ -25,7 +25,8 @@ The state machine, per key:
 
 A key whose source is ``auto`` (the lane chooses the draft at every step, by measured cost
 and acceptance) is judged by speed alone: a low acceptance of cheap drafts is the lane's
-choice, not a failure.
+choice, not a failure; and it asks for no baseline sample (the lane decodes plainly where no
+draft pays), so its speed is judged against the lane's plain traffic when there is some.
 
 Hysteresis: acceptance strictly between ``off_threshold`` and ``on_threshold`` neither turns
 a key off nor makes a probe good, so it changes nothing.
@@ -399,6 +400,11 @@ class AutoDisable:
     def _baseline_due(self, key: SpecKey, st: KeyState, now: float) -> bool:
         s = st.settings
         if s.baseline_spacing <= 0 or st.baseline_ticket is not None:
+            return False
+        if not judges_acceptance(key):
+            # The lane already decodes plainly wherever no draft pays; a whole request sent
+            # plain to measure it would cost the client a turn. Plain traffic of the lane
+            # (num_draft_tokens: 0, penalties) still gives the speed check its baseline.
             return False
         if len(st.speed) < s.min_speed_samples or self._baseline(key, s)[0] is not None:
             return False

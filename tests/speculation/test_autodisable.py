@@ -408,9 +408,19 @@ def test_where_the_lane_chooses_low_acceptance_turns_nothing_off_but_slowness_do
     time in five are its choice. Only decoding no faster than plain turns the key off."""
     key = SpecKey("speculative", "smollm2-135m", "code", "auto")
     t = Traffic(AutoDisable(SETTINGS), key=key)
+    for i in range(5):  # the lane's plain traffic (penalties, num_draft_tokens: 0)
+        t.auto.record_baseline(key.model, key.workload, obs(20.0), float(i), lane=key.backend)
     for _ in range(10):
-        t.send(0.2, tps=30.0, baseline_tps=20.0)
+        t.send(0.2, tps=30.0)
     assert t.transitions == []
     for _ in range(20):
-        t.send(0.9, tps=15.0, baseline_tps=20.0)  # kept well, and slower than plain
+        t.send(0.9, tps=15.0)  # kept well, and slower than plain
     assert [tr.reason for tr in t.transitions] == ["not_faster"]
+
+
+def test_where_the_lane_chooses_no_request_is_spent_on_a_baseline_sample() -> None:
+    key = SpecKey("speculative", "smollm2-135m", "code", "auto")
+    t = Traffic(AutoDisable(SETTINGS), key=key)
+    verdicts = [t.send(0.5, tps=30.0, step=60.0) for _ in range(40)]
+    assert all(v.use_speculation for v in verdicts)
+    assert "baseline_sample" not in {v.reason for v in verdicts}
