@@ -420,7 +420,7 @@ class SpecProgress:
         assert isinstance(spec, dict)
         spec["source"] = self.source
         spec["forced"] = self.forced  # accepted draft tokens the grammar forced
-        if chooser is not None:  # what each source drafted, and the steps none paid
+        if chooser is not None and chooser.candidates:  # what each source drafted, steps none paid
             spec["sources"] = chooser.sources_report()
             spec["plain_steps"] = chooser.plain_steps
         if prediction is not None:  # OpenAI's meaning: prediction tokens (not) in the output

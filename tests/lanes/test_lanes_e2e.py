@@ -60,14 +60,18 @@ def test_speculative_lane_answers_and_reports_drafts(router: Router, stream: boo
     assert "Paris" in text
     assert headers["x-speclane-lane"] == "speculative"
     spec = usage["speclane_spec"]
-    assert spec["drafted"] > 0 and 0 <= spec["accepted"] <= spec["drafted"]
+    # The lane chooses at every step; the default draft (the target's size) is never one.
+    assert spec["source"] == "auto" and "draft_model" not in spec["sources"]
+    assert 0 <= spec["accepted"] <= spec["drafted"]
     assert spec["rejected"] == spec["drafted"] - spec["accepted"]
+    assert spec["drafted"] == sum(s["drafted"] for s in spec["sources"].values())
     details = usage["completion_tokens_details"]
     assert details["accepted_prediction_tokens"] == spec["accepted"]
 
 
-def test_the_router_chooses_the_draft_source_per_family(router: Router) -> None:
-    """chat drafts with the draft model; a request quoting a file looks up its prompt."""
+def test_the_lane_chooses_the_draft_at_every_step(router: Router) -> None:
+    """Both families ask the lane to choose; a request quoting a file drafts by copying it
+    (prompt lookup or the client's suffix index), counted per chosen source."""
     code = "```python\n" + "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(5))
     edit = [{"role": "user", "content": f"Repeat this code exactly:\n{code}```"}]
     client = router.client()
@@ -76,31 +80,40 @@ def test_the_router_chooses_the_draft_source_per_family(router: Router) -> None:
         done = client.chat.completions.create(
             model=DEFAULT_MODEL_NAME,
             messages=messages,
-            max_tokens=12,  # type: ignore[arg-type]
+            max_tokens=24,  # type: ignore[arg-type]
             temperature=0,
             extra_headers={"X-Speclane-Lane": "speculative"},
         )
         answers[family] = done.usage.model_extra["speclane_spec"]  # type: ignore[union-attr]
-    assert answers["chat"]["source"] == "draft_model"
-    assert answers["code-block"]["source"] == "prompt_lookup"
+    assert answers["chat"]["source"] == answers["code-block"]["source"] == "auto"
+    copied = answers["code-block"]["sources"]
+    assert sum(s["accepted"] for s in copied.values()) > 0 and "draft_model" not in copied
     text = router.metrics()
-    assert (
-        metric_value(
-            text, "speclane_spec_draft_tokens_total", backend="speculative", source="prompt_lookup"
+    assert any(
+        (
+            metric_value(
+                text,
+                "speclane_spec_source_tokens_total",
+                backend="speculative",
+                source=source,
+                outcome="accepted",
+            )
+            or 0
         )
-        or 0
-    ) > 0
+        > 0
+        for source in ("prompt_lookup", "suffix")
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_batching_lane_answers_drafting_from_a_free_source(router: Router, stream: bool) -> None:
-    """The batching lane drafts too (no draft model there): under ``auto`` the router asks it
-    for prompt lookup on a chat request."""
+    """The batching lane drafts too (no draft model there): under ``auto`` it chooses among
+    its free sources at every step."""
     text, usage, headers = ask(router, "batching", stream)
     assert "Paris" in text
     assert headers["x-speclane-lane"] == "batching"
     spec = usage["speclane_spec"]
-    assert spec["source"] == "prompt_lookup" and 0 <= spec["accepted"] <= spec["drafted"]
+    assert spec["source"] == "auto" and 0 <= spec["accepted"] <= spec["drafted"]
 
 
 def test_the_batching_lanes_prompt_cache_reaches_usage_and_metrics(router: Router) -> None:

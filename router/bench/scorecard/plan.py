@@ -36,7 +36,10 @@ class Scenario:
 # spec-off is plain decoding of the same model on the same lane: the baseline speculation
 # must beat; auto sends no lane header and reads the router's choice from the response.
 SCENARIOS: dict[str, Scenario] = {
-    "spec-on": Scenario("Speculative lane, speculation on", "speculative"),
+    # The pair is what is judged: its draft model drafts (named, whatever the lane's choice).
+    "spec-on": Scenario(
+        "Speculative lane, speculation on", "speculative", {"draft_source": "draft_model"}
+    ),
     "spec-off": Scenario(
         "Speculative lane, speculation off", "speculative", {"num_draft_tokens": 0}
     ),

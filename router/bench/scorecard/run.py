@@ -34,6 +34,7 @@ from router.bench.scorecard.records import CellRun, Measurement
 from router.bench.scorecard.report import Result
 from router.bench.scorecard.score import Thresholds
 from router.config.names import CLIENT_HEADER, DECISION_HEADER, LANE_HEADER
+from router.worker_contract import DEFAULT_DRAFT_TOKENS
 
 WARMUP_MAX_TOKENS = 12  # enough to time decoding; little time spent before measuring
 Log = Callable[[str], None]
@@ -258,7 +259,8 @@ async def _environment(
         "date": environment.now_iso(),
         "model": model or (served[0] if served else None),
         "draft_model": spec_lane.get("draft_model") or opts.lanes.draft_model,
-        "num_draft_tokens": spec_lane.get("num_draft_tokens") or opts.lanes.num_draft_tokens,
+        # the draft model's k (the lane's own figure under auto is its longest free draft)
+        "num_draft_tokens": opts.lanes.num_draft_tokens or DEFAULT_DRAFT_TOKENS,
         "router": router,
         "served_models": served,
         "lanes": lanes,
