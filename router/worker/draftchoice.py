@@ -68,6 +68,9 @@ def paying(alpha: float, beta: float, most: int, extra_per_token: float = 0.0) -
     acceptance comes in runs (a copied span is kept whole, new text refused at once), which
     the per-token figure averages away, so a short draft would forgo the long runs that make
     copying pay; past the longest paying length a miss costs more than a run can win."""
+    if beta <= 0 and not extra_per_token and most > 0:
+        # Free positions (``draft_position_cost = 0``): a draft costs nothing, the longest.
+        return most, max(yield_rate(alpha, most, 0.0), 1.001)
     longest, best = 0, 1.0
     for k in range(1, most + 1):
         extra = extra_per_token * (k + 1) if extra_per_token else 0.0

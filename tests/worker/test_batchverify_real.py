@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from router.worker.batching import BatchingEngine
+from router.worker.draftchoice import Evidence
 from router.worker.draftcontrol import PassCost
 from router.worker.draftlength import BatchDraftSettings
 from router.worker.engine import Models
@@ -154,11 +155,14 @@ def test_a_row_stops_drafting_what_is_refused(engine: BatchingEngine) -> None:
     def wrong(seq: Any) -> None:
         plan(seq)
         seq.propose = lambda history, k: [never] * k
+        for source in seq.chooser.candidates:  # what each step's choice drafts from
+            source.propose = seq.propose
 
     engine._plan = wrong  # type: ignore[method-assign]
     try:
         ((free_text, free),) = batch(engine, [request(QUESTION, draft_source="prompt_lookup")])
         engine.pass_cost = PassCost(0.18)
+        engine.evidence = Evidence()  # not what the refused run taught: stop within this one
         ((dear_text, dear),) = batch(engine, [request(QUESTION, draft_source="prompt_lookup")])
     finally:
         del engine._plan

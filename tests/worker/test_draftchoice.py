@@ -223,3 +223,9 @@ def test_no_chain_where_the_draft_model_does_not_pay() -> None:
     choice = chooser.choose([1, 2, 3], 8)
     assert (choice.tokens, choice.chained) == ([4, 5], None)
     assert draft.propose.calls == 0  # type: ignore[attr-defined]
+
+
+def test_free_positions_draft_the_longest_whatever_the_acceptance() -> None:
+    """``draft_position_cost = 0``: a draft costs nothing, so even a refused source drafts."""
+    lookup = Candidate("prompt_lookup", Fixed(list(range(8))), 8, Acceptance((0.0, 9.0)))
+    assert len(Chooser([lookup], PassCost(0.0)).choose([9], 8).tokens) == 8
