@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from router.lanes.modelprep import DEFAULT_DRAFT_NAME, DEFAULT_MODEL_NAME
-from router.worker_contract import lane_prefix
+from router.worker_contract import CACHE_PARTITION_HEADER, lane_prefix
 from tests.worker.conftest import BATCH_SIZE, WorkerProcess, start_worker, worker_command
 
 pytestmark = pytest.mark.realmodel
@@ -272,6 +272,8 @@ def test_the_speculative_lane_drafts_by_prompt_lookup_on_request(
         temperature=0,
         messages=[{"role": "user", "content": f"Repeat this code exactly:\n{code}"}],
         extra_body={"draft_source": "prompt_lookup"},
+        # a partition of its own: nothing another test's requests taught is carried here
+        extra_headers={CACHE_PARTITION_HEADER: "5eed" * 6},
     )
     spec = reply.usage.model_extra["speclane_spec"]  # type: ignore[union-attr]
     assert spec["source"] == "prompt_lookup" and spec["drafted"] > 0
