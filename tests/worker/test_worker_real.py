@@ -96,6 +96,10 @@ def test_health_reports_each_lane(spec_worker: WorkerProcess, batch_worker: Work
     assert isinstance(reported.pop("progress_tokens"), int)  # what the stall watch reads
     # Measured (auto): per batch size, once something decoded (the worker is the session's).
     assert measured_costs(reported.pop("draft_position_cost"))
+    # The draft model's cost: timed once a request could use it (None before).
+    cost = reported.pop("draft_model_cost")
+    assert cost is None or cost > 0
+    assert isinstance(reported.pop("evidence_partitions"), int)
     assert reported == {
         "status": "ok",
         "mode": "speculative",
