@@ -35,7 +35,6 @@ from router.worker.suffix import SuffixConfig
 # (largest batch size, draft tokens per sequence per step); larger batches draft nothing.
 BATCH_DRAFT_TABLE: tuple[tuple[int, int], ...] = ((2, 8), (4, 6), (8, 2))
 
-BATCH_SOURCES = ("prediction", "prompt_lookup", "suffix")
 AUTO_SOURCES = ("prompt_lookup", "suffix")  # ``auto``'s sources here, after a prediction
 
 # A forced run's length per batch size, in the table's lengths (see the module's docstring).
