@@ -45,7 +45,10 @@ from tests.realmodel import Router, start_router, stop_router
 pytestmark = [pytest.mark.clients, pytest.mark.realmodel, pytest.mark.timeout(600)]
 
 QUESTION = "Is the sky blue? Answer yes or no."
-SYSTEM = "Be brief."
+# "Be brief." let the 135M model loop to the cap on about half of Claude Code's first
+# requests, as the working directory's name and the date in its prompt varied (so CI failed
+# where a local run passed); this pair ended in three tokens on 60 of 60 such variants.
+SYSTEM = "Answer in one word."
 CAP = 256  # tokens an answer may take (the default policy's [caps] max_tokens)
 TURN_LIMIT = 240.0  # seconds a program may take for its one turn
 START_TIMEOUT = 180.0  # mlx_lm.server loading on 2 busy shared cores
