@@ -52,7 +52,7 @@ from router.worker.batchverify import (
     time_next_plain,
 )
 from router.worker.draftchoice import PLAIN as PLAIN_CHOICE
-from router.worker.draftchoice import Candidate, Choice, Chooser, Evidence
+from router.worker.draftchoice import Candidate, Choice, Chooser, Evidence, Grade
 from router.worker.draftcontrol import PassCost
 from router.worker.draftlength import (
     AUTO_SOURCES,
@@ -333,6 +333,7 @@ class BatchingEngine(Engine):
     def _candidate(self, seq: _Sequence, name: str) -> Candidate:
         job = seq.job
         propose: Callable[[list[int], int], list[int]]
+        grade: Grade | None = None
         if name == "prediction":
             prediction = seq.prediction = PredictionDraft(
                 job.prediction_ids, self.drafts.prediction
@@ -343,12 +344,13 @@ class BatchingEngine(Engine):
                 self.drafts.prediction.max_draft,
             )
         elif name == "prompt_lookup":
-            propose, most = PromptLookup(self.drafts.lookup).propose, self.drafts.lookup.max_draft
+            lookup = PromptLookup(self.drafts.lookup)
+            propose, most, grade = lookup.propose, self.drafts.lookup.max_draft, lookup.grade
         else:
-            propose = SuffixDraft(self.suffix, job.partition).propose
-            most = self.drafts.suffix.max_draft
+            suffix = SuffixDraft(self.suffix, job.partition)
+            propose, most, grade = suffix.propose, self.drafts.suffix.max_draft, suffix.grade
         acceptance = self.evidence.acceptance(job.partition, name)
-        return Candidate(name, propose, min(most, seq.plan.k), acceptance)
+        return Candidate(name, propose, min(most, seq.plan.k), acceptance, grade=grade)
 
     def _propose(
         self, uids: list[int], histories: list[list[int]], room: list[int]

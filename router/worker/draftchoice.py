@@ -10,14 +10,17 @@ in by ``router.worker.forced`` on top of what this module picks). Each step:
 - every free source (no forward pass of its own) proposes; a proposal that is not drafted
   is kept as a *shadow* and scored against the tokens the target then emits, so every free
   source's acceptance stays current whichever one drafts (``Acceptance``, per sequence);
-- each source's yield is the expected tokens per unit of cost of its draft: ``1 + a + ... +
-  a^k`` tokens for a pass of ``1 + beta * k`` (``router.worker.draftcontrol``); a draft
+- each source's yield is the expected tokens per unit of cost of its draft: the target's
+  token plus each draft position's measured chance to be reached and kept
+  (``Acceptance.expected``: acceptance comes in runs, so it is kept per position, and for a
+  copying source per class of match length, ``grade_class``) for a pass of ``1 + beta * k``
+  (``router.worker.draftcontrol``); a draft
   model's proposal costs ``gamma * (k + 1)`` more, ``gamma`` its measured pass time relative
   to the target's (``DraftCost``), so a draft as slow as the target never drafts, and a small
   one drafts while its acceptance pays (SmartSpec, arXiv 2406.14066, per step; chosen here
   between sources as well as lengths);
-- the source with the highest yield drafts, as far as the longest draft that still beats a
-  plain step; if none beats one, the step is plain. A free source's run that ends short of
+- the source with the highest yield drafts, as far as the length that yields most; if none
+  beats a plain step, the step is plain. A free source's run that ends short of
   the step's room is continued by the draft model where that pays on its own (copy while
   the context matches, then predict). A draft model that could pay but has not been tried
   for ``PROBE_EVERY`` steps drafts once (its acceptance is only learnt by drafting).
@@ -38,10 +41,14 @@ from router.worker.draftcontrol import (
     PRIOR,
     Acceptance,
     PassCost,
-    expected_tokens,
 )
 
+CERTAIN = Acceptance((1.0, 0.0))  # every draft token kept: whether a draft can pay at all
+
 Propose = Callable[[list[int], int], list[int]]  # (history, k) -> draft tokens
+# How strong the last proposal's evidence was: the length of the context match it copies
+# (a source that matches nothing has no grade).
+Grade = Callable[[], int]
 
 DRAFT_MODEL = "draft_model"
 # Steps without drafting after which a draft model that could pay is tried once.
@@ -54,35 +61,47 @@ GAMMA_MAX_FEED = 8
 # still overrule what earlier ones taught within a few steps.
 CARRY_WEIGHT = 3.0
 EVIDENCE_PARTITIONS = 1024  # partitions remembered per lane (least recently used dropped)
+# A grade's own acceptance starts from the source's, weighed as this many observations.
+GRADE_START_WEIGHT = 2.0
+# A longer draft is taken only if it yields this much more than the shorter one.
+RATE_MARGIN = 1.0001
 
 
-def yield_rate(alpha: float, k: int, beta: float, extra: float = 0.0) -> float:
+def grade_class(match: int) -> int:
+    """The class of a match length whose acceptance is kept apart: 2-3, 4-7, 8-15, 16 and
+    more tokens (a copied span's continuation is likelier the longer the span already
+    matched: SuffixDecoding, arXiv 2411.04975, drafts by match length for this reason)."""
+    return min(max(match, 1), 16).bit_length()
+
+
+def yield_rate(acceptance: Acceptance, k: int, beta: float, extra: float = 0.0) -> float:
     """Expected tokens per unit of cost for a draft of ``k``: ``extra`` is what proposing it
     costs, in one-position passes of the target."""
-    return expected_tokens(alpha, k) / (1.0 + beta * k + extra)
+    return acceptance.expected(k) / (1.0 + beta * k + extra)
 
 
-def paying(alpha: float, beta: float, most: int, extra_per_token: float = 0.0) -> tuple[int, float]:
-    """(the longest draft in ``1..most`` that yields more than a plain step, or 0; the best
-    ``yield_rate`` over them, 1.0 for plain decoding). The longest rather than the best:
-    acceptance comes in runs (a copied span is kept whole, new text refused at once), which
-    the per-token figure averages away, so a short draft would forgo the long runs that make
-    copying pay; past the longest paying length a miss costs more than a run can win."""
+def paying(
+    acceptance: Acceptance, beta: float, most: int, extra_per_token: float = 0.0
+) -> tuple[int, float]:
+    """(the draft length in ``1..most`` that yields the most per unit of cost, 0 when none
+    beats a plain step; its ``yield_rate``, 1.0 for plain decoding)."""
     if beta <= 0 and not extra_per_token and most > 0:
         # Free positions (``draft_position_cost = 0``): a draft costs nothing, the longest.
-        return most, max(yield_rate(alpha, most, 0.0), 1.001)
-    longest, best = 0, 1.0
+        return most, max(yield_rate(acceptance, most, 0.0), 1.001)
+    length, best = 0, 1.0
     for k in range(1, most + 1):
         extra = extra_per_token * (k + 1) if extra_per_token else 0.0
-        rate = yield_rate(alpha, k, beta, extra)
-        if rate > 1.0:
-            longest, best = k, max(best, rate)
-    return longest, best
+        rate = yield_rate(acceptance, k, beta, extra)
+        if rate > best * RATE_MARGIN:
+            length, best = k, rate
+    return length, best
 
 
-def best_rate(alpha: float, beta: float, most: int, extra_per_token: float = 0.0) -> float:
+def best_rate(
+    acceptance: Acceptance, beta: float, most: int, extra_per_token: float = 0.0
+) -> float:
     """The best ``yield_rate`` over draft lengths ``1..most`` (1.0: plain decoding)."""
-    return paying(alpha, beta, most, extra_per_token)[1]
+    return paying(acceptance, beta, most, extra_per_token)[1]
 
 
 class DraftCost:
@@ -111,6 +130,7 @@ class DraftCost:
 class _Shadow:
     at: int  # the history length the proposal was to follow
     tokens: list[int]
+    grade: int | None = None
 
     def score(self, history: list[int]) -> tuple[int, int] | None:
         """(kept, rejected) once ``history`` settles the proposal, else None."""
@@ -133,10 +153,34 @@ class Candidate:
     acceptance: Acceptance = field(default_factory=Acceptance)
     shadow: _Shadow | None = None
     idle: int = 0  # steps since it last drafted (a draft model's probe)
+    grade: Grade | None = None  # the last proposal's match length (a copying source)
+    # Acceptance per match-length class: a two-token match and a sixteen-token one copy
+    # with very different odds, which one figure per source averages away.
+    graded: dict[int, Acceptance] = field(default_factory=dict)
 
     @property
     def is_model(self) -> bool:
         return self.name == DRAFT_MODEL
+
+    def last_grade(self) -> int | None:
+        return None if self.grade is None else grade_class(self.grade())
+
+    def acceptance_for(self, grade: int | None) -> Acceptance:
+        """The acceptance that judges a proposal of ``grade``: its class's own, started
+        from the source's figure when the class is new."""
+        if grade is None:
+            return self.acceptance
+        found = self.graded.get(grade)
+        if found is None:
+            alpha = self.acceptance.alpha
+            start = (alpha * GRADE_START_WEIGHT, (1.0 - alpha) * GRADE_START_WEIGHT)
+            found = self.graded[grade] = Acceptance(start)
+        return found
+
+    def observe(self, grade: int | None, kept: float, rejected: float) -> None:
+        self.acceptance.observe(kept, rejected)
+        if grade is not None:
+            self.acceptance_for(grade).observe(kept, rejected)
 
 
 @dataclass(frozen=True)
@@ -145,6 +189,7 @@ class Choice:
     tokens: list[int]
     # A free source's run continued by the draft model: its tokens from ``chained`` on.
     chained: int | None = None
+    grade: int | None = None  # the drafting source's match-length class
 
     def parts(self) -> list[tuple[str, int, int]]:
         """(source, first, end) of each source's tokens in the draft."""
@@ -196,7 +241,7 @@ class Chooser:
     def _settle_shadows(self, history: list[int]) -> None:
         for c in self.candidates:
             if c.shadow is not None and (scored := c.shadow.score(history)) is not None:
-                c.acceptance.observe(*scored)
+                c.observe(c.shadow.grade, *scored)
                 c.shadow = None
 
     def _model_extra(self) -> float | None:
@@ -214,7 +259,8 @@ class Chooser:
         best: Candidate | None = None
         best_tokens: list[int] = []
         best_yield = 1.0
-        proposals: list[tuple[Candidate, list[int]]] = []
+        best_grade: int | None = None
+        proposals: list[tuple[Candidate, list[int], int | None]] = []
         model: Candidate | None = None
         model_pays = False
         for c in self.candidates:
@@ -225,25 +271,24 @@ class Chooser:
             tokens = c.propose(history, min(c.most, room))
             if not tokens:
                 continue
-            proposals.append((c, tokens))
-            length, rate = paying(c.acceptance.alpha, beta, len(tokens))
+            grade = c.last_grade()
+            proposals.append((c, tokens, grade))
+            length, rate = paying(c.acceptance_for(grade), beta, len(tokens))
             if length and rate > best_yield * 1.0001:
-                best, best_tokens, best_yield = c, tokens[:length], rate
+                best, best_tokens, best_yield, best_grade = c, tokens[:length], rate, grade
         if model is not None:
             gamma = self._model_extra()
             k = min(model.most, room)
-            could_pay = gamma is None or paying(1.0, beta, k, gamma)[0] > 0
-            length, rate = (
-                (k, 0.0) if gamma is None else paying(model.acceptance.alpha, beta, k, gamma)
-            )
+            could_pay = gamma is None or paying(CERTAIN, beta, k, gamma)[0] > 0
+            length, rate = (k, 0.0) if gamma is None else paying(model.acceptance, beta, k, gamma)
             probe = could_pay and best is None and model.idle > PROBE_EVERY
             model_pays = gamma is not None and length > 0
             if could_pay and (rate > best_yield * 1.0001 or probe or gamma is None):
                 best, best_tokens = model, []
                 k = length or k
-        for c, tokens in proposals:
+        for c, tokens, grade in proposals:
             if c is not best and c.shadow is None:
-                c.shadow = _Shadow(len(history), tokens)
+                c.shadow = _Shadow(len(history), tokens, grade)
         if best is None:
             if proposals or model is not None:
                 self.plain_steps += 1
@@ -258,8 +303,8 @@ class Chooser:
             more = model.propose(history + best_tokens, min(model.most, room - len(best_tokens)))
             if more:
                 model.idle = 0
-                return Choice(best.name, best_tokens + more, chained=len(best_tokens))
-        return Choice(best.name, best_tokens) if best_tokens else PLAIN
+                return Choice(best.name, best_tokens + more, len(best_tokens), best_grade)
+        return Choice(best.name, best_tokens, grade=best_grade) if best_tokens else PLAIN
 
     def _first(self, history: list[int], room: int) -> Choice:
         for c in self.candidates:
@@ -276,7 +321,8 @@ class Chooser:
                 break  # refused before this part: it says nothing of this source
             kept = min(accepted, end) - first
             if (c := by_name.get(name)) is not None:
-                c.acceptance.verified(end - first, kept)
+                grade = choice.grade if name == choice.source else None
+                c.observe(grade, kept, 1 if kept < end - first else 0)
             tally = self.tallies.setdefault(name, Tally())
             tally.drafted += end - first
             tally.accepted += kept

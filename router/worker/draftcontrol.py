@@ -32,15 +32,24 @@ ACCEPTANCE_DECAY = 0.7
 # median of the last ``COST_SAMPLES`` measurements.
 PRIOR_BETA = 0.1
 COST_SAMPLES = 15
+# The per-position counts fade slower than the overall figure (each position sees fewer
+# drafts), are kept for this many positions, and weigh the overall figure as one draft.
+RUN_DECAY = 0.9
+MAX_POSITIONS = 32
+POSITION_PRIOR_WEIGHT = 1.0
 
 
 class Acceptance:
-    """One sequence's moving chance that the target keeps its next draft token."""
+    """One sequence's moving chance that the target keeps its next draft token, overall
+    (``alpha``) and by position in the draft (``expected``)."""
 
-    __slots__ = ("kept", "rejected")
+    __slots__ = ("_reached", "_refused", "kept", "rejected")
 
     def __init__(self, prior: tuple[float, float] = PRIOR) -> None:
         self.kept, self.rejected = prior
+        # Per draft position: the (decayed) drafts that reached it, and those refused there.
+        self._reached: list[float] = []
+        self._refused: list[float] = []
 
     @property
     def alpha(self) -> float:
@@ -49,12 +58,43 @@ class Acceptance:
     def observe(self, kept: float, rejected: float) -> None:
         self.kept = self.kept * ACCEPTANCE_DECAY + kept
         self.rejected = self.rejected * ACCEPTANCE_DECAY + rejected
+        reached = int(kept) + (1 if rejected else 0)
+        if len(self._reached) < reached:
+            grow = min(reached, MAX_POSITIONS) - len(self._reached)
+            self._reached += [0.0] * grow
+            self._refused += [0.0] * grow
+        for i in range(len(self._reached)):
+            self._reached[i] *= RUN_DECAY
+            self._refused[i] *= RUN_DECAY
+            if i < reached:
+                self._reached[i] += 1.0
+        if rejected and int(kept) < len(self._refused):
+            self._refused[int(kept)] += 1.0
 
     def verified(self, drafted: int, accepted: int) -> None:
         """A verified draft: ``accepted`` of ``drafted`` tokens kept (the first rejected one
         ends the run; the tokens after it say nothing)."""
         if drafted > 0:
             self.observe(accepted, 1 if accepted < drafted else 0)
+
+    def expected(self, k: int) -> float:
+        """Tokens one step emits on average with a draft of ``k``: the target's own token
+        plus each draft token while every one before it was kept. Acceptance comes in runs
+        (a copied span is kept whole, new text refused at once), so the chance of passing
+        each position is measured per position, each drawn towards the overall figure
+        while few drafts reached it."""
+        overall = 1.0 - self.alpha
+        survive, total = 1.0, 1.0
+        for i in range(k):
+            if i < len(self._reached):
+                refused = (self._refused[i] + overall * POSITION_PRIOR_WEIGHT) / (
+                    self._reached[i] + POSITION_PRIOR_WEIGHT
+                )
+            else:
+                refused = overall
+            survive *= 1.0 - refused
+            total += survive
+        return total
 
 
 def expected_tokens(alpha: float, k: int) -> float:

@@ -20,6 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# How far back a prompt-lookup match is measured: past this a match is as good as certain.
+MATCH_REACH = 32
+
 
 @dataclass(frozen=True)
 class LookupConfig:
@@ -42,6 +45,7 @@ class PromptLookup:
         self._reset()
 
     def _reset(self) -> None:
+        self.matched = 0  # the last proposal's match length (0: none)
         self._tokens: list[int] = []
         # n -> n-gram -> end (exclusive) of its latest indexed occurrence. Only n-grams ending
         # before the last token are indexed, so a lookup never finds the suffix itself.
@@ -62,6 +66,10 @@ class PromptLookup:
                 if end >= n:
                     table[tuple(self._tokens[end - n : end])] = end
 
+    def grade(self) -> int:
+        """The last proposal's match length (``draftchoice.Grade``)."""
+        return self.matched
+
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` draft tokens to follow ``tokens`` (the prompt and the output so far)."""
         self._sync(tokens)
@@ -69,13 +77,23 @@ class PromptLookup:
         size = len(self._tokens)
         if k <= 0:
             return []
+        self.matched = 0
         for n in range(self.config.ngram_max, self.config.ngram_min - 1, -1):
             if size < n:
                 continue
             end = self._index[n].get(tuple(self._tokens[size - n :]))
             if end is not None:
+                self.matched = self._extend(end, n)
                 return self._tokens[end : end + k]
         return []
+
+    def _extend(self, end: int, n: int) -> int:
+        """How far the match of the last ``n`` tokens at ``end`` reaches back (at most
+        ``MATCH_REACH``): the grade of the proposal (``draftchoice.grade_class``)."""
+        tokens, size = self._tokens, len(self._tokens)
+        while n < MATCH_REACH and end - n > 0 and tokens[end - n - 1] == tokens[size - n - 1]:
+            n += 1
+        return n
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from router.worker.draftchoice import (
+    CERTAIN,
     DRAFT_MODEL,
     GAMMA_MAX_FEED,
     PLAIN,
@@ -55,6 +56,7 @@ from router.worker.draftchoice import (
     Chooser,
     DraftCost,
     Evidence,
+    Grade,
     best_rate,
 )
 from router.worker.draftcontrol import PassCost
@@ -487,7 +489,7 @@ class SpeculativeEngine(Engine):
     def draft_pays(self, k: int) -> bool:
         """The draft model can yield more than plain decoding here, were every token kept."""
         gamma = self.draft_cost.gamma
-        return gamma is None or best_rate(1.0, self.pass_cost.beta(1), k, gamma) > 1.0
+        return gamma is None or best_rate(CERTAIN, self.pass_cost.beta(1), k, gamma) > 1.0
 
     def plan(self, request: GenerationRequest) -> Plan:
         has_draft = self.models is not None and self.models.draft is not None
@@ -639,22 +641,25 @@ class SpecRun:
             names = [chosen.source] if chosen.source is not None else []
         out = []
         for name in names:
-            propose, most = self._proposer(models, name)
+            propose, most, grade = self._proposer(models, name)
             acceptance = engine.evidence.acceptance(job.partition, name)
-            out.append(Candidate(name, propose, min(most, chosen.k), acceptance))
+            out.append(Candidate(name, propose, min(most, chosen.k), acceptance, grade=grade))
         return out
 
-    def _proposer(self, models: Models, name: str) -> tuple[FreePropose, int]:
+    def _proposer(self, models: Models, name: str) -> tuple[FreePropose, int, Grade | None]:
         engine, job = self.engine, self.job
         settings = engine.settings
         prompt_len = len(job.prompt_ids)
         if name == "prediction":
             prediction = self.prediction = PredictionDraft(job.prediction_ids, settings.prediction)
-            return lambda h, k: prediction.propose(h[prompt_len:], k), settings.prediction.max_draft
+            propose = lambda h, k: prediction.propose(h[prompt_len:], k)  # noqa: E731
+            return propose, settings.prediction.max_draft, None
         if name == "prompt_lookup":
-            return PromptLookup(settings.lookup).propose, settings.lookup.max_draft
+            lookup = PromptLookup(settings.lookup)
+            return lookup.propose, settings.lookup.max_draft, lookup.grade
         if name == "suffix":
-            return SuffixDraft(engine.suffix, job.partition).propose, settings.suffix.max_draft
+            suffix = SuffixDraft(engine.suffix, job.partition)
+            return suffix.propose, settings.suffix.max_draft, suffix.grade
         draft_cache, draft_cached = engine.fetch(DRAFT, models.draft, self.history, job.partition)
         cost = engine.draft_cost
 
@@ -664,7 +669,7 @@ class SpecRun:
         draft = self.draft_model = DraftModel(
             models.draft, draft_cache, self.history[:draft_cached], timed
         )
-        return lambda h, k: draft.propose(h, prompt_len, k), settings.num_draft_tokens
+        return lambda h, k: draft.propose(h, prompt_len, k), settings.num_draft_tokens, None
 
     def advance(self) -> Event | None:
         """Run one step; the job's answer once it has ended, else None."""

@@ -217,6 +217,7 @@ class SuffixDraft:
         self._tokens: list[int] = []
         self._own: dict[int, int] = {}  # key -> end of its latest occurrence in _tokens
         self.from_index = 0  # proposals taken from earlier requests (for tests and stats)
+        self.matched = 0  # the last proposal's match length (0: none)
 
     def _sync(self, tokens: Sequence[int]) -> None:
         known = len(self._tokens)
@@ -237,6 +238,10 @@ class SuffixDraft:
                 return n, self._tokens[end : end + k]
         return 0, []
 
+    def grade(self) -> int:
+        """The last proposal's match length (``draftchoice.Grade``)."""
+        return self.matched
+
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` draft tokens to follow ``tokens`` (the prompt and the output so far)."""
         k = min(k, self.index.config.max_draft)
@@ -247,7 +252,9 @@ class SuffixDraft:
         n, earlier = self.index.match(self.partition, self._tokens, k)
         if n > own_n and earlier:
             self.from_index += 1
+            self.matched = n
             return earlier[: self._length(n)]
+        self.matched = own_n if own else 0
         return own[: self._length(own_n)]
 
     def _length(self, match: int) -> int:

@@ -157,9 +157,10 @@ def test_draft_cost_is_measured_relative_to_a_plain_pass() -> None:
 
 
 def test_best_rate_of_a_free_draft_against_one_that_costs_passes() -> None:
-    assert best_rate(0.9, 0.1, 3) > 1.0
-    assert best_rate(0.9, 0.1, 3, 1.0) == 1.0  # as slow as the target: plain is better
-    assert best_rate(0.0, 0.1, 8) == 1.0
+    assert best_rate(Acceptance((9.0, 1.0)), 0.1, 3) > 1.0
+    # as slow as the target: plain is better
+    assert best_rate(Acceptance((9.0, 1.0)), 0.1, 3, 1.0) == 1.0
+    assert best_rate(Acceptance((0.0, 1.0)), 0.1, 8) == 1.0
 
 
 def test_evidence_carries_a_partitions_acceptance_to_its_next_request() -> None:
@@ -190,13 +191,68 @@ def test_a_prediction_starts_trusted() -> None:
     assert Chooser([untried], cost).choose([0], 16).source is None
 
 
-def test_a_step_drafts_the_longest_length_that_still_pays() -> None:
+def test_a_step_drafts_the_length_that_yields_most() -> None:
     lookup = Candidate("prompt_lookup", Fixed(list(range(8))), 8, Acceptance((2.0, 3.0)))
     chooser = Chooser([lookup], PassCost(0.18))  # alpha 0.4: a short draft pays, 8 not
     choice = chooser.choose([9], 8)
     assert 0 < len(choice.tokens) < 8
     lookup.acceptance = Acceptance((19.0, 1.0))  # copying: the whole proposal
     assert len(chooser.choose([9], 8).tokens) == 8
+
+
+def test_runs_kept_whole_draft_far_at_an_acceptance_that_would_draft_short() -> None:
+    """Copying is all or nothing: a draft refused at its first token or kept to its end.
+    Per position that is a high first hurdle and certainty after it, which drafts the whole
+    proposal, where one figure per token (alpha 0.8) would stop after a few."""
+    runs = Acceptance()
+    for _ in range(8):
+        runs.verified(8, 0)
+        runs.verified(8, 0)
+        runs.verified(8, 8)
+    assert (
+        len(
+            Chooser([Candidate("p", Fixed(list(range(8))), 8, runs)], PassCost(0.15))
+            .choose([9], 8)
+            .tokens
+        )
+        == 8
+    )
+    geometric = Acceptance((runs.kept, runs.rejected))  # the same alpha, no positions
+    short = Chooser([Candidate("p", Fixed(list(range(8))), 8, geometric)], PassCost(0.15))
+    assert len(short.choose([9], 8).tokens) < 8
+
+
+class Graded:
+    """A copying proposer whose proposals carry a match length (``matched``)."""
+
+    def __init__(self) -> None:
+        self.matched = 0
+        self.tokens = [5, 6, 7, 8]
+
+    def __call__(self, history: list[int], k: int) -> list[int]:
+        return self.tokens[:k]
+
+
+def test_acceptance_is_kept_per_match_length_class() -> None:
+    """Short matches refused, long ones kept: a short match's proposal stops drafting, a
+    long match's still drafts (SuffixDecoding's insight), where one figure would average
+    the two."""
+    proposer = Graded()
+    lookup = Candidate("prompt_lookup", proposer, 4, grade=lambda: proposer.matched)
+    chooser = Chooser([lookup], PassCost(0.2))
+    for _ in range(6):
+        for matched, kept in ((2, 0), (12, 4)):
+            proposer.matched = matched
+            choice = chooser.choose([1], 4)
+            if choice.source is not None:
+                chooser.verified(choice, kept)
+            else:  # a shadow, settled by the next step's history
+                chooser.choose([1, *([9] if kept == 0 else proposer.tokens)], 0)
+    proposer.matched = 2
+    assert chooser.choose([1], 4).source is None
+    proposer.matched = 12
+    assert chooser.choose([1], 4).tokens == [5, 6, 7, 8]
+    assert set(lookup.graded) == {2, 4}  # classes 2-3 and 8-15
 
 
 def test_a_short_copied_run_is_continued_by_a_draft_model_that_pays() -> None:

@@ -70,3 +70,16 @@ def test_pass_cost_is_the_median_of_recent_timings() -> None:
     for seconds in (0.15, 0.15, 3.0):
         cost.observe(1, 6, seconds)
     assert cost.beta(1) == pytest.approx(0.1)
+
+
+def test_expected_tokens_per_position_follow_where_drafts_are_refused() -> None:
+    """Refused at the third token every time: two kept for sure, the third never."""
+    a = Acceptance()
+    for _ in range(20):
+        a.verified(6, 2)
+    assert a.expected(2) == pytest.approx(3.0, abs=0.15)
+    assert a.expected(2) < a.expected(6) < a.expected(2) + 0.2
+
+
+def test_expected_tokens_without_positions_are_geometric() -> None:
+    assert Acceptance((1.0, 1.0)).expected(3) == pytest.approx(expected_tokens(0.5, 3))

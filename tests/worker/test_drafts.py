@@ -36,6 +36,21 @@ def test_prompt_lookup_proposes_what_followed_the_suffix(
     assert text(PromptLookup(config).propose(ids(sequence), k)) == expected
 
 
+@pytest.mark.parametrize(
+    ("sequence", "matched"),
+    [
+        ("abcdXYZabc", 3),  # "abc" matched, nothing before it agrees
+        ("zabcdXYZzabc", 4),  # the match reaches back past the 3-gram
+        ("qwertyuiop-qwertyuiop", 10),
+        ("abcdefgh", 0),  # no proposal
+    ],
+)
+def test_prompt_lookup_reports_how_far_its_match_reaches(sequence: str, matched: int) -> None:
+    lookup = PromptLookup(LookupConfig(2, 3, 8))
+    lookup.propose(ids(sequence), 4)
+    assert lookup.matched == matched
+
+
 def test_prompt_lookup_indexes_incrementally_and_restarts_on_a_new_sequence() -> None:
     lookup = PromptLookup(LookupConfig(2, 2, 4))
     grown = "the cat sat. the "
