@@ -251,16 +251,22 @@ async def nginx_proxy(upstream_base: str) -> AsyncIterator[Served]:
 
 @contextlib.asynccontextmanager
 async def mlx_lm_server(
-    model_dir: Path, log_path: Path, extra: Sequence[str] = ()
+    model_dir: Path,
+    log_path: Path,
+    extra: Sequence[str] = (),
+    *,
+    launch: Sequence[str] = (),
+    start_seconds: float = 600.0,
 ) -> AsyncIterator[Served]:
-    """``python -m mlx_lm.server --model DIR [extra]`` on a free port, with the lanes' BLAS."""
+    """``[launch] python -m mlx_lm.server --model DIR [extra]`` on a free port, with the
+    lanes' BLAS (``launch``: e.g. ``mlx.launch ... --``, for a distributed group)."""
     from router.lanes.blas import preload_env
 
     port, env = free_port(), {**os.environ, **preload_env()}
-    argv = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), *extra]
+    argv = [*launch, sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), *extra]
     with log_path.open("wb") as log:
         argv += ["--host", "127.0.0.1", "--port", str(port)]
-        async with _http_server(argv, port, 600.0, log, env) as served:
+        async with _http_server(argv, port, start_seconds, log, env) as served:
             yield served
 
 

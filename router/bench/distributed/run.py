@@ -69,32 +69,12 @@ def group_config(model: Path, hosts: list[str]) -> str:
 @contextlib.asynccontextmanager
 async def mlx_lm_group(model: Path, hosts: list[str], log_path: Path) -> AsyncIterator[str]:
     """``mlx.launch --backend ring --hosts ... -- python -m mlx_lm.server`` (rank 0 answers)."""
-    from router.lanes.blas import preload_env
     from router.lanes.rankgroup import free_port_range, launcher
 
-    port = procs.free_port()
-    argv = [
-        *launcher(sys.executable),
-        "--backend",
-        "ring",
-        "--hosts",
-        ",".join(hosts),
-        "--starting-port",
-        str(free_port_range(len(hosts))),
-        "--",
-        sys.executable,
-        "-m",
-        "mlx_lm.server",
-        "--model",
-        str(model),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    with log_path.open("wb") as log:
-        async with procs._http_server(argv, port, 1800.0, log, preload_env()) as served:
-            yield served.url
+    launch = [*launcher(sys.executable), "--backend", "ring", "--hosts", ",".join(hosts)]
+    launch += ["--starting-port", str(free_port_range(len(hosts))), "--"]
+    async with procs.mlx_lm_server(model, log_path, launch=launch, start_seconds=1800.0) as served:
+        yield served.url
 
 
 @contextlib.asynccontextmanager
