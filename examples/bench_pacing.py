@@ -30,7 +30,7 @@ from router.worker.draftcontrol import PassCost
 from router.worker.draftlength import BatchDraftSettings
 from router.worker.engine import Models
 from router.worker.jobs import Failed, Finished, Job, TextDelta
-from router.worker.protocol import GenerationRequest, Message
+from router.worker.request.protocol import GenerationRequest, Message
 
 WAYS: dict[str, tuple[float | None, dict[str, Any]]] = {
     "plain": (None, {"num_draft_tokens": 0}),

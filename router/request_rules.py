@@ -1,5 +1,5 @@
 """The rules of OpenAI request fields that both programs check, the router
-(``router.proxy.request``) and the lane worker (``router.worker.protocol``): a field's JSON
+(``router.proxy.request``) and the lane worker (``router.worker.request.protocol``): a field's JSON
 type and its range, each fault worded once.
 
 ``bool`` is an ``int`` subclass in Python, but ``true`` is not a number in JSON: it is

@@ -11,7 +11,7 @@ depends only on it and its neighbours, and a later turn only appends (the model'
 first), so a conversation renders the same on every turn and every prompt cache (the
 lanes', mlx_lm.server's, llama.cpp's) keeps hitting.
 
-Pure and generic: the lanes fold their validated messages (``router.worker.protocol``), the
+Pure and generic: the lanes fold their validated messages (``router.worker.request.protocol``), the
 proxy folds the JSON messages it forwards to a backend set to ``system_messages = "fold"``
 (``fold_json``).
 """

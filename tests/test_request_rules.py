@@ -1,5 +1,5 @@
 """router.request_rules: one wording per fault of an OpenAI request field, the same from
-the router (router.proxy.request) and from the lane worker (router.worker.protocol)."""
+the router (router.proxy.request) and from the lane worker (router.worker.request.protocol)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from router.request_rules import (
     too_deep,
     typed,
 )
-from router.worker.protocol import parse_request as worker_parse
+from router.worker.request.protocol import parse_request as worker_parse
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -37,7 +37,7 @@ import numpy as np
 import orjson
 
 from router.errors import bad_request
-from router.worker.protocol import GenerationRequest, Tool
+from router.worker.request.protocol import GenerationRequest, Tool
 
 log = logging.getLogger("speclane.worker")
 

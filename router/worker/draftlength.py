@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from router.worker.drafts import LookupConfig, PredictionConfig
 from router.worker.forced import FORCED_MAX_DRAFT
-from router.worker.protocol import GenerationRequest
+from router.worker.request.protocol import GenerationRequest
 from router.worker.suffix import SuffixConfig
 
 # (largest batch size, draft tokens per sequence per step); larger batches draft nothing.

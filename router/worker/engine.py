@@ -23,7 +23,7 @@ from typing import Any
 
 from router.errors import RouterError
 from router.worker.jobs import Event, Failed, Finished, Job, JobQueue, TextDelta, aborted
-from router.worker.protocol import GenerationRequest
+from router.worker.request.protocol import GenerationRequest
 from router.worker.stats import SpecCounter, usage
 from router.worker.stops import StopScanner
 

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from router.errors import RouterError
-from router.worker.protocol import GenerationRequest
+from router.worker.request.protocol import GenerationRequest
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from router.errors import RouterError, bad_request, not_found, render, sse_error
 from router.worker.constrain import COMPILER
 from router.worker.engine import Engine
 from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
-from router.worker.protocol import GenerationRequest, Kind, parse_request, token_budget
+from router.worker.request.protocol import GenerationRequest, Kind, parse_request, token_budget
 from router.worker.shapes import Answer
 from router.worker.tokenizing import COUNT, GENERATION, TokenizerThread
 from router.worker.tools import (

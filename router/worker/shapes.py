@@ -6,7 +6,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from router.worker.protocol import Kind
+from router.worker.request.protocol import Kind
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ from router.worker.engine import Engine, Models, generation_failed, processors_f
 from router.worker.forced import FORCED_MAX_DRAFT, ConstraintDraft, Draft
 from router.worker.jobs import Event, Finished, Job, JobQueue, TextDelta, aborted
 from router.worker.promptcache import DRAFT, TARGET, Counters, PromptCache
-from router.worker.protocol import GenerationRequest
+from router.worker.request.protocol import GenerationRequest
 from router.worker.stats import SpecStats, usage
 from router.worker.stops import StopScanner
 from router.worker.suffix import SuffixConfig, SuffixDraft, SuffixIndex

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.worker.constrain import CALL_END, CALL_START
-from router.worker.protocol import GenerationRequest, Message, Tool
+from router.worker.request.protocol import GenerationRequest, Message, Tool
 
 log = logging.getLogger("speclane.worker")
 

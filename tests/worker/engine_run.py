@@ -9,7 +9,7 @@ from typing import Any
 from router.worker.constrain import COMPILER
 from router.worker.engine import Engine
 from router.worker.jobs import Finished, Job, TextDelta
-from router.worker.protocol import GenerationRequest, Message
+from router.worker.request.protocol import GenerationRequest, Message
 
 
 def answer_once(

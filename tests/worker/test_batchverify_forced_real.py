@@ -17,7 +17,7 @@ from router.worker.draftlength import BatchDraftSettings
 from router.worker.engine import Models
 from router.worker.forced import Draft
 from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
-from router.worker.protocol import parse_request
+from router.worker.request.protocol import parse_request
 from router.worker.server import prepare
 from tests.worker.test_constrain import MANY_SHAPES
 

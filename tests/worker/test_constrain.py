@@ -16,7 +16,7 @@ import pytest
 
 from router.errors import RouterError
 from router.worker.constrain import COMPILER, Constraint, closed, grammar_parts
-from router.worker.protocol import parse_request
+from router.worker.request.protocol import parse_request
 from router.worker.tools import ToolStream, fallback_syntax
 
 WEATHER_PARAMS = {

@@ -17,7 +17,7 @@ from router.worker.draftlength import (
 )
 from router.worker.drafts import LookupConfig
 from router.worker.forced import FORCED_MAX_DRAFT
-from router.worker.protocol import GenerationRequest, Message
+from router.worker.request.protocol import GenerationRequest, Message
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from router.worker.jobs import Job, JobQueue
-from router.worker.protocol import GenerationRequest
+from router.worker.request.protocol import GenerationRequest
 
 
 def job() -> Job:

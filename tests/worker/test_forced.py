@@ -13,7 +13,7 @@ import pytest
 
 from router.worker.constrain import COMPILER, Constraint
 from router.worker.forced import FREE_START, ConstraintDraft, Draft
-from router.worker.protocol import parse_request
+from router.worker.request.protocol import parse_request
 
 WEATHER = {
     "type": "object",

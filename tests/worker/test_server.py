@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from router.worker import server as server_module
-from router.worker.protocol import GenerationRequest
+from router.worker.request.protocol import GenerationRequest
 from router.worker.server import WorkerInfo, make_app, start_site
 from router.worker_contract import WORKER_SECRET_HEADER
 from tests.worker.scripted import ScriptedEngine

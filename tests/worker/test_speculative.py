@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft
-from router.worker.protocol import GenerationRequest
+from router.worker.request.protocol import GenerationRequest
 from router.worker.speculative import (
     Plan,
     SpecSettings,

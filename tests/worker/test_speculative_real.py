@@ -190,7 +190,7 @@ def test_forced_tokens_write_what_plain_constrained_decoding_writes(
 
     from router.worker.constrain import COMPILER
     from router.worker.forced import ConstraintDraft
-    from router.worker.protocol import parse_request
+    from router.worker.request.protocol import parse_request
 
     model, tokenizer, draft_model = loaded
     messages = [{"role": "user", "content": "What is the weather in Paris? Tom is 31 years old."}]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from router.worker.protocol import Tool, parse_request
+from router.worker.request.protocol import Tool, parse_request
 from router.worker.tools import (
     ParsedCall,
     ToolStream,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from router.worker.protocol import Tool
+from router.worker.request.protocol import Tool
 from router.worker.tools import (
     ArgumentsScanner,
     CallDelta,

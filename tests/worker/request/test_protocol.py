@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from router.errors import RouterError
-from router.worker.protocol import (
+from router.worker.request.protocol import (
     DEFAULT_TEMPERATURE,
     MAX_DRAFT_TOKENS,
     UNKNOWN_CONTEXT_MAX_TOKENS,
