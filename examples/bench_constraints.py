@@ -2,7 +2,7 @@
 
 For llguidance, xgrammar and outlines-core: the one-time tokenizer preparation, the per-request
 grammar compile of a tool-call JSON schema, and the per-token cost of computing the mask,
-applying it to a logits row (``mx.where``, the way ``router.worker.constrain`` does) and
+applying it to a logits row (``mx.where``, the way ``router.worker.decoding.constrain`` does) and
 advancing the matcher. Tokens are picked greedily from fixed random logits under the mask, so
 each library walks a valid document of its own grammar. Whitespace between JSON tokens is
 fixed (llguidance ``whitespace_flexible: False``, xgrammar ``any_whitespace=False``, outlines'

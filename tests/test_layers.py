@@ -33,6 +33,7 @@ FLOORS: dict[str, int] = {
     # (grammars, tool calls, stops); the draft sources and their choice; the engines that
     # run them; the distributed lane and the HTTP side on top; main.py wiring them.
     "router.worker.request": 3,
+    "router.worker.decoding": 4,
     "router.worker": 8,
     "router.backends": 9,
     "router.lanes": 10,

@@ -60,7 +60,7 @@ def _has_prediction(value: Any) -> bool:
 
 
 def _constrained(data: Mapping[str, Any], tools: bool) -> bool:
-    """What the lanes decode under a grammar (``router.worker.constrain``): a JSON
+    """What the lanes decode under a grammar (``router.worker.decoding.constrain``): a JSON
     ``response_format``, or ``tools`` the answer must call (``tool_choice`` ``"required"``
     or a named function)."""
     response_format = data.get("response_format")  # a JSON body's objects are dicts

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.errors import RouterError
+from router.worker.decoding.stops import StopScanner
 from router.worker.jobs import Event, Failed, Finished, Job, JobQueue, TextDelta, aborted
 from router.worker.request.protocol import GenerationRequest
 from router.worker.stats import SpecCounter, usage
-from router.worker.stops import StopScanner
 
 log = logging.getLogger("speclane.worker")
 

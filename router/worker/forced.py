@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from router.worker.constrain import first_line
+from router.worker.decoding.constrain import first_line
 
 log = logging.getLogger("speclane.worker")
 
@@ -112,7 +112,7 @@ class ConstraintDraft:
     def for_constraint(
         cls, constraint: Any, prompt_len: int, on_error: Callable[[str], None] | None = None
     ) -> ConstraintDraft:
-        """From a compiled ``router.worker.constrain.Constraint``."""
+        """From a compiled ``router.worker.decoding.constrain.Constraint``."""
         import llguidance
 
         matcher = llguidance.LLMatcher(constraint.lltokenizer, constraint.grammar)

@@ -32,13 +32,8 @@ from aiohttp import web
 
 from router import sse
 from router.errors import RouterError, bad_request, not_found, render, sse_error_event
-from router.worker.constrain import COMPILER
-from router.worker.engine import Engine
-from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
-from router.worker.request.protocol import GenerationRequest, Kind, parse_request, token_budget
-from router.worker.shapes import Answer
-from router.worker.tokenizing import COUNT, GENERATION, TokenizerThread
-from router.worker.tools import (
+from router.worker.decoding.constrain import COMPILER
+from router.worker.decoding.tools import (
     CallDelta,
     ParsedCall,
     Piece,
@@ -48,6 +43,11 @@ from router.worker.tools import (
     fallback_syntax,
     syntax_for,
 )
+from router.worker.engine import Engine
+from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
+from router.worker.request.protocol import GenerationRequest, Kind, parse_request, token_budget
+from router.worker.shapes import Answer
+from router.worker.tokenizing import COUNT, GENERATION, TokenizerThread
 from router.worker_contract import (
     CACHE_PARTITION_HEADER,
     CACHE_PARTITION_PATTERN,

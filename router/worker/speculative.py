@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from router.worker.decoding.stops import StopScanner
 from router.worker.draftchoice import (
     CERTAIN,
     DRAFT_MODEL,
@@ -67,7 +68,6 @@ from router.worker.jobs import Event, Finished, Job, JobQueue, TextDelta, aborte
 from router.worker.promptcache import DRAFT, TARGET, Counters, PromptCache
 from router.worker.request.protocol import GenerationRequest
 from router.worker.stats import SpecStats, usage
-from router.worker.stops import StopScanner
 from router.worker.suffix import SuffixConfig, SuffixDraft, SuffixIndex
 from router.worker_contract import DRAFT_SOURCES
 

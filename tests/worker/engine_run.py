@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from router.worker.constrain import COMPILER
+from router.worker.decoding.constrain import COMPILER
 from router.worker.engine import Engine
 from router.worker.jobs import Finished, Job, TextDelta
 from router.worker.request.protocol import GenerationRequest, Message

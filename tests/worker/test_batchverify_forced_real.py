@@ -19,7 +19,7 @@ from router.worker.forced import Draft
 from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
 from router.worker.request.protocol import parse_request
 from router.worker.server import prepare
-from tests.worker.test_constrain import MANY_SHAPES
+from tests.worker.decoding.test_constrain import MANY_SHAPES
 
 pytestmark = pytest.mark.realmodel
 

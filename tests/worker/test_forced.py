@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from router.worker.constrain import COMPILER, Constraint
+from router.worker.decoding.constrain import COMPILER, Constraint
 from router.worker.forced import FREE_START, ConstraintDraft, Draft
 from router.worker.request.protocol import parse_request
 

@@ -484,7 +484,7 @@ async def test_a_constraint_failing_mid_answer_is_an_error_never_a_stop(
 ) -> None:
     """The scripted tokenizer has no grammar support: the request is given a constraint
     after preparing, and the engine reports its failure as GrammarProcessor would."""
-    from router.worker.constrain import Constraint
+    from router.worker.decoding.constrain import Constraint
 
     engine = ScriptedEngine('{"a": 1}')
     engine.constraint_fails_at = 2

@@ -188,7 +188,7 @@ def test_forced_tokens_write_what_plain_constrained_decoding_writes(
 ) -> None:
     from mlx_lm.models.cache import make_prompt_cache
 
-    from router.worker.constrain import COMPILER
+    from router.worker.decoding.constrain import COMPILER
     from router.worker.forced import ConstraintDraft
     from router.worker.request.protocol import parse_request
 

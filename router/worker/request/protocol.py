@@ -13,8 +13,9 @@ its prompt cache keeps hitting.
 
 Tools (``tools``, ``tool_choice``, ``parallel_tool_calls``), assistant ``tool_calls`` and
 ``tool`` messages, and ``response_format`` are kept here as plain values; JSON schemas are kept
-as canonical JSON text so that the request stays an immutable value (``router.worker.tools``
-renders them into the prompt, ``router.worker.constrain`` compiles them).
+as canonical JSON text so that the request stays an immutable value
+(``router.worker.decoding.tools`` renders them into the prompt,
+``router.worker.decoding.constrain`` compiles them).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
     response_format: ResponseFormat = "text"
     response_schema: str | None = None  # json_schema's schema, canonical JSON text
-    # A compiled decoding constraint (router.worker.constrain.Constraint), attached by the
+    # A compiled decoding constraint (router.worker.decoding.constrain.Constraint), attached by the
     # server after tokenizing; processors_for turns it into a logits processor per job.
     constraint: Any = None
     # OpenAI Predicted Outputs: the expected text of the answer. The speculative lane drafts

@@ -5,7 +5,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.worker.stops import StopScanner
+from router.worker.decoding.stops import StopScanner
 
 
 def run(pieces: list[str], stops: tuple[str, ...]) -> tuple[str, bool]:

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.worker.constrain import CALL_END, CALL_START
+from router.worker.decoding.constrain import CALL_END, CALL_START
 from router.worker.request.protocol import GenerationRequest, Message, Tool
 
 log = logging.getLogger("speclane.worker")

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from router.errors import RouterError
-from router.worker.constrain import COMPILER, Constraint, closed, grammar_parts
+from router.worker.decoding.constrain import COMPILER, Constraint, closed, grammar_parts
+from router.worker.decoding.tools import ToolStream, fallback_syntax
 from router.worker.request.protocol import parse_request
-from router.worker.tools import ToolStream, fallback_syntax
 
 WEATHER_PARAMS = {
     "type": "object",
@@ -132,7 +132,7 @@ def test_json_object_answers_are_objects(tokenizer: Any) -> None:
 # 2,000 object shapes, each with one optional key.
 MANY_SHAPES = [{"type": "object", "properties": {f"k{i}": {"type": "string"}}} for i in range(2000)]
 # Fields the constraint library rejects, and the parameter a 400 names (also sent to a real
-# lane by tests/worker/test_tools_real.py).
+# lane by tests/worker/decoding/test_tools_real.py).
 REJECTED: list[tuple[dict[str, Any], str]] = [
     (
         {

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from router.worker.request.protocol import Tool, parse_request
-from router.worker.tools import (
+from router.worker.decoding.tools import (
     ParsedCall,
     ToolStream,
     fallback_messages,
     fallback_syntax,
     format_call,
 )
+from router.worker.request.protocol import Tool, parse_request
 
 WEATHER = Tool("get_weather", "Weather in a city", '{"type":"object"}')
 TIME = Tool("get_time", None, '{"type":"object"}')
@@ -197,8 +197,8 @@ def native_tokenizer(prepared_models: tuple[Any, Any]) -> Any:
 
 
 def test_a_template_with_tools_gets_them_natively(native_tokenizer: Any) -> None:
+    from router.worker.decoding.tools import syntax_for
     from router.worker.server import encode
-    from router.worker.tools import syntax_for
 
     request = _request()
     syntax = syntax_for(native_tokenizer, request)
@@ -216,8 +216,8 @@ def test_a_template_with_tools_gets_them_natively(native_tokenizer: Any) -> None
 def test_the_default_template_gets_the_fallback(prepared_models: tuple[Any, Any]) -> None:
     from mlx_lm.tokenizer_utils import load
 
+    from router.worker.decoding.tools import syntax_for
     from router.worker.server import encode
-    from router.worker.tools import syntax_for
 
     tokenizer = load(prepared_models[0])
     request = _request()
@@ -246,7 +246,7 @@ def test_a_forced_call_uses_the_convention_the_grammar_writes(
 ) -> None:
     from mlx_lm.tokenizer_utils import load
 
-    from router.worker.tools import syntax_for
+    from router.worker.decoding.tools import syntax_for
 
     tokenizer = load(
         prepared_models[0], tokenizer_config_extra={"chat_template": PYTHONIC_TEMPLATE}

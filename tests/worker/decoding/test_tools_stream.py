@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from router.worker.request.protocol import Tool
-from router.worker.tools import (
+from router.worker.decoding.tools import (
     ArgumentsScanner,
     CallDelta,
     ParsedCall,
@@ -18,6 +17,7 @@ from router.worker.tools import (
     ToolSyntax,
     fallback_syntax,
 )
+from router.worker.request.protocol import Tool
 
 WRITE = Tool("write", "Write a file", '{"type":"object"}')
 READ = Tool("read", None, '{"type":"object"}')

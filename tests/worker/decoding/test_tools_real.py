@@ -15,7 +15,7 @@ import pytest
 
 from router.lanes.modelprep import DEFAULT_MODEL_NAME
 from tests.worker.conftest import WorkerProcess
-from tests.worker.test_constrain import REJECTED
+from tests.worker.decoding.test_constrain import REJECTED
 
 pytestmark = pytest.mark.realmodel
 
@@ -209,7 +209,7 @@ def test_a_schema_failing_mid_answer_ends_with_an_error_never_a_stop(
     string at once and reach the key where the matcher fails."""
     from mlx_lm.tokenizer_utils import load
 
-    from tests.worker.test_constrain import LATE_FAILURE
+    from tests.worker.decoding.test_constrain import LATE_FAILURE
 
     worker: WorkerProcess = request.getfixturevalue(
         "batch_worker" if lane == "batching" else "spec_worker"
