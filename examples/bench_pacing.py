@@ -1,4 +1,4 @@
-"""Draft length per step (``router.worker.draftcontrol``) against the two ways it replaces:
+"""Draft length per step (``router.worker.drafting.draftcontrol``) against the two ways it replaces:
 plain decoding, and always drafting the longest (``draft_position_cost = 0``), on the
 batching lane's engine in-process, one sequence at a time, agent-shaped prompts (the agent
 benchmark's long system prompt and its questions, whose answers copy little of it).
@@ -26,8 +26,8 @@ from typing import Any
 from router.bench.common import environment, workload
 from router.lanes.modelprep import ensure_default_models
 from router.worker.batching import BatchingEngine
-from router.worker.draftcontrol import PassCost
-from router.worker.draftlength import BatchDraftSettings
+from router.worker.drafting.draftcontrol import PassCost
+from router.worker.drafting.draftlength import BatchDraftSettings
 from router.worker.engine import Models
 from router.worker.jobs import Failed, Finished, Job, TextDelta
 from router.worker.request.protocol import GenerationRequest, Message

@@ -34,6 +34,7 @@ FLOORS: dict[str, int] = {
     # run them; the distributed lane and the HTTP side on top; main.py wiring them.
     "router.worker.request": 3,
     "router.worker.decoding": 4,
+    "router.worker.drafting": 5,
     "router.worker": 8,
     "router.backends": 9,
     "router.lanes": 10,

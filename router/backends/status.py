@@ -24,7 +24,7 @@ WORKER_FACTS = (
     "num_draft_tokens",
     "capacity",
     "pid",
-    # what the lane's per-step draft choice measures (router.worker.draftchoice)
+    # what the lane's per-step draft choice measures (router.worker.drafting.draftchoice)
     "draft_source",
     "draft_position_cost",
     "draft_model_cost",

@@ -120,7 +120,7 @@ def worker_auth_headers(secret: str | None) -> dict[str, str]:
 def speculative_args(settings: LanesSettings, draft_dir: Path | None) -> tuple[str, ...]:
     """The speculative lane's draft flags: its source for requests that name none. ``auto``
     is the lane's own choice at every step among every source it has
-    (``router.worker.draftchoice``); ``draft_model`` without a draft directory (none
+    (``router.worker.drafting.draftchoice``); ``draft_model`` without a draft directory (none
     configured, or the gate refused the pair) means no lane-wide drafting; ``prompt_lookup``
     and ``suffix`` are always honoured."""
     source = settings.draft_source

@@ -86,7 +86,7 @@ def lane_sources(family: str, configured: str, lane_has_draft: bool) -> tuple[st
 
     ``configured`` is ``[lanes] draft_source``. ``auto`` asks the lane to choose: the lane
     picks the source, and the length, at every step from what it measures
-    (``router.worker.draftchoice``), so the family says nothing here any more; a
+    (``router.worker.drafting.draftchoice``), so the family says nothing here any more; a
     ``prediction`` request drafts from its prediction among the lane's sources (nothing to
     ask). A fixed value is that source alone for every family; ``draft_model`` without a
     loaded draft model, and ``none``, ask nothing (no drafting)."""

@@ -25,12 +25,12 @@ the lane works: the router reads it from /health to tell a lane that is busy
 prefilling a long prompt from one that hangs.
 
 Drafting: a sequence may draft from its ``prediction``, prompt lookup or ``suffix``
-(``router.worker.draftlength`` picks the source and the length per batch size); each decoding
-step verifies every sequence's draft in the batch's one forward pass
-(``router.worker.batchverify``). Every finished request's prompt and answer go into the
+(``router.worker.drafting.draftlength`` picks the source and the length per batch size); each
+decoding step verifies every sequence's draft in the batch's one forward pass
+(``router.worker.drafting.batchverify``). Every finished request's prompt and answer go into the
 lane's own ``suffix`` index, in its client partition. A constrained sequence (tool calls,
 ``json_schema``) drafts its grammar's forced tokens chained with its source's proposals
-(``router.worker.forced``, as on the speculative lane), every position verified under the
+(``router.worker.drafting.forced``, as on the speculative lane), every position verified under the
 grammar's mask; ``usage.speclane_spec.forced`` counts the forced tokens kept.
 """
 
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.errors import RouterError
-from router.worker.batchverify import (
+from router.worker.drafting.batchverify import (
     RowDraft,
     drafting_generator,
     last_pass,
@@ -51,10 +51,10 @@ from router.worker.batchverify import (
     set_drafter,
     time_next_plain,
 )
-from router.worker.draftchoice import PLAIN as PLAIN_CHOICE
-from router.worker.draftchoice import Candidate, Choice, Chooser, Evidence, Grade
-from router.worker.draftcontrol import PassCost
-from router.worker.draftlength import (
+from router.worker.drafting.draftchoice import PLAIN as PLAIN_CHOICE
+from router.worker.drafting.draftchoice import Candidate, Choice, Chooser, Evidence, Grade
+from router.worker.drafting.draftcontrol import PassCost
+from router.worker.drafting.draftlength import (
     AUTO_SOURCES,
     BATCH_DRAFT_TABLE,
     PLAIN,
@@ -64,7 +64,9 @@ from router.worker.draftlength import (
     forced_draft_length,
     sequence_draft_length,
 )
-from router.worker.drafts import PredictionDraft, PromptLookup
+from router.worker.drafting.drafts import PredictionDraft, PromptLookup
+from router.worker.drafting.forced import ConstraintDraft, Draft
+from router.worker.drafting.suffix import SuffixDraft, SuffixIndex
 from router.worker.engine import (
     Engine,
     Models,
@@ -73,11 +75,9 @@ from router.worker.engine import (
     processors_for,
     sampler_for,
 )
-from router.worker.forced import ConstraintDraft, Draft
 from router.worker.jobs import Event, Failed, Finished, Job, JobQueue, aborted
 from router.worker.promptcache import Counters, PromptCache
 from router.worker.stats import SpecStats, usage
-from router.worker.suffix import SuffixDraft, SuffixIndex
 from router.worker_contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
 
 log = logging.getLogger("speclane.worker")
@@ -379,7 +379,7 @@ class BatchingEngine(Engine):
     @staticmethod
     def _free_draft(seq: _Sequence, history: list[int], most: int, rows: int) -> list[int]:
         """An unconstrained sequence's draft: at most ``most`` tokens from the source that
-        pays best now (``router.worker.draftchoice``), else none."""
+        pays best now (``router.worker.drafting.draftchoice``), else none."""
         chooser = seq.chooser
         seq.choice = PLAIN_CHOICE
         if not most or chooser is None:

@@ -23,14 +23,14 @@ from typing import NoReturn, TextIO
 from aiohttp import web
 
 from router.worker.batching import BatchingEngine
-from router.worker.drafts import LookupConfig, PredictionConfig
+from router.worker.drafting.drafts import LookupConfig, PredictionConfig
+from router.worker.drafting.suffix import SuffixConfig
 from router.worker.engine import Engine, LoadError, Models
 from router.worker.group.run import group_engine, run_follower
 from router.worker.group.run import rank as group_rank
 from router.worker.server import WorkerInfo, make_app, make_shared_app, start_site
 from router.worker.shared import SharedEngine, batch_drafts, threads_for
 from router.worker.speculative import SpecSettings, SpeculativeEngine
-from router.worker.suffix import SuffixConfig
 from router.worker_contract import (
     SHARED_MODE,
     WORKER_SECRET_ENV,

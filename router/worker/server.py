@@ -350,7 +350,7 @@ def prepare(tokenizer: Any, generation: GenerationRequest) -> Prepared:
     ids = encode(tokenizer, generation, syntax)
     constraint = COMPILER.compile(generation, tokenizer)
     if constraint is not None:
-        # Both lanes draft under it (router.worker.forced): every position is verified
+        # Both lanes draft under it (router.worker.drafting.forced): every position is verified
         # under the grammar's mask, and the grammar rolls back what was rejected.
         generation = dataclasses.replace(generation, constraint=constraint)
     return Prepared(generation, ids, syntax if generation.calls_tools else None)

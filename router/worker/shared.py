@@ -51,7 +51,7 @@ from collections.abc import Callable
 from typing import Any
 
 from router.worker.batching import BatchingEngine
-from router.worker.draftlength import BatchDraftSettings
+from router.worker.drafting.draftlength import BatchDraftSettings
 from router.worker.engine import Engine, LoadError, Models
 from router.worker.jobs import JobQueue, wait_any
 from router.worker.promptcache import PromptCache

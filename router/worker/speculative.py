@@ -9,12 +9,12 @@ sample given exactly the emitted prefix, so greedy output is token for token tha
 decoding, and with sampling each token is drawn from the target's distribution (a draft token
 is only a guess the target's sample must reproduce).
 
-Draft sources (``router.worker.drafts`` for the pure ones):
+Draft sources (``router.worker.drafting.drafts`` for the pure ones):
 - ``draft_model``: a small model decodes k tokens greedily on its own KV cache, kept in step.
 - ``prompt_lookup``: n-gram lookup in the prompt and the output so far.
 - ``prediction``: the request's OpenAI ``prediction`` content, re-aligned on divergence.
 - ``suffix``: n-gram lookup in earlier requests' prompts and answers of the same client
-  partition (``router.worker.suffix``), and in the request's own context. Every finished
+  partition (``router.worker.drafting.suffix``), and in the request's own context. Every finished
   request is indexed, whatever it drafted with, so a plain first answer drafts its retry.
 
 A request chooses its source with the ``draft_source`` field (``draft_model``,
@@ -23,7 +23,7 @@ still wins.
 
 A constrained request (tool calls, ``json_schema``) drafts the tokens its grammar forces
 chained with its source's proposals between them, one draft per step
-(``router.worker.forced``), every position verified under the grammar's mask;
+(``router.worker.drafting.forced``), every position verified under the grammar's mask;
 ``usage.speclane_spec.forced`` counts the forced tokens kept. A request with other logits
 processors (penalties, logit bias) decodes plainly: they depend on every previous token, and
 drafting around them is not worth the risk.
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from router.worker.decoding.stops import StopScanner
-from router.worker.draftchoice import (
+from router.worker.drafting.draftchoice import (
     CERTAIN,
     DRAFT_MODEL,
     GAMMA_MAX_FEED,
@@ -60,15 +60,20 @@ from router.worker.draftchoice import (
     Grade,
     best_rate,
 )
-from router.worker.draftcontrol import PassCost
-from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft, PromptLookup
+from router.worker.drafting.draftcontrol import PassCost
+from router.worker.drafting.drafts import (
+    LookupConfig,
+    PredictionConfig,
+    PredictionDraft,
+    PromptLookup,
+)
+from router.worker.drafting.forced import FORCED_MAX_DRAFT, ConstraintDraft, Draft
+from router.worker.drafting.suffix import SuffixConfig, SuffixDraft, SuffixIndex
 from router.worker.engine import Engine, Models, generation_failed, processors_for, sampler_for
-from router.worker.forced import FORCED_MAX_DRAFT, ConstraintDraft, Draft
 from router.worker.jobs import Event, Finished, Job, JobQueue, TextDelta, aborted
 from router.worker.promptcache import DRAFT, TARGET, Counters, PromptCache
 from router.worker.request.protocol import GenerationRequest
 from router.worker.stats import SpecStats, usage
-from router.worker.suffix import SuffixConfig, SuffixDraft, SuffixIndex
 from router.worker_contract import DRAFT_SOURCES
 
 log = logging.getLogger("speclane.worker")
@@ -286,7 +291,7 @@ def decode(
     (instead of ``processors``), and each step's draft chains the grammar's forced runs with
     ``propose``'s tokens after them (``ConstraintDraft.draft``), at most ``max(forced_k, k)``
     tokens in all. ``chooser``: which source drafts at each step, and whether any does
-    (``router.worker.draftchoice``), its passes timed for it; without one, ``propose``
+    (``router.worker.drafting.draftchoice``), its passes timed for it; without one, ``propose``
     drafts ``k`` at every step.
     """
     import mlx.core as mx

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft
+from router.worker.drafting.drafts import LookupConfig, PredictionConfig, PredictionDraft
 from router.worker.request.protocol import GenerationRequest
 from router.worker.speculative import (
     Plan,
@@ -268,8 +268,8 @@ def test_plan_drafts_forced_tokens_of_a_constrained_request(request_, processors
 def test_auto_choice_drafts_from_the_source_that_copies_and_stays_lossless() -> None:
     """A copying answer, two sources: lookup copies the prompt, the other proposes junk. The
     chooser ends up drafting from lookup, and the output is plain decoding's."""
-    from router.worker.draftchoice import Candidate, Chooser
-    from router.worker.draftcontrol import PassCost
+    from router.worker.drafting.draftchoice import Candidate, Chooser
+    from router.worker.drafting.draftcontrol import PassCost
 
     prompt = PROMPT * 2
     model = ScriptedLM(ids(prompt + ANSWER), EOS)

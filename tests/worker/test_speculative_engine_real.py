@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from router.worker.drafting.suffix import SuffixIndex
 from router.worker.engine import Models
 from router.worker.speculative import SpecSettings, SpeculativeEngine
-from router.worker.suffix import SuffixIndex
 from tests.worker.engine_run import answer_once
 
 pytestmark = pytest.mark.realmodel

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft
+from router.worker.drafting.drafts import LookupConfig, PredictionConfig, PredictionDraft
+from router.worker.drafting.suffix import SuffixConfig, SuffixDraft, SuffixIndex
 from router.worker.speculative import (
     DraftModel,
     decode,
@@ -15,7 +16,6 @@ from router.worker.speculative import (
     prediction_proposer,
     suffix_proposer,
 )
-from router.worker.suffix import SuffixConfig, SuffixDraft, SuffixIndex
 
 pytestmark = pytest.mark.realmodel
 
@@ -67,8 +67,8 @@ def test_a_paced_source_stops_drafting_what_fails_and_keeps_drafting_a_copy(
     """With positions that cost (the figure fixed, as a CPU measures it), a source whose
     drafts the target refuses soon drafts nothing; one that copies keeps drafting; the
     output is plain decoding's either way."""
-    from router.worker.draftchoice import Candidate, Chooser
-    from router.worker.draftcontrol import PassCost
+    from router.worker.drafting.draftchoice import Candidate, Chooser
+    from router.worker.drafting.draftcontrol import PassCost
 
     def paced(propose: Any, prompt: list[int]) -> Chooser:
         source = Candidate("source", lambda h, k: propose(h, len(prompt), k), 8)
@@ -189,7 +189,7 @@ def test_forced_tokens_write_what_plain_constrained_decoding_writes(
     from mlx_lm.models.cache import make_prompt_cache
 
     from router.worker.decoding.constrain import COMPILER
-    from router.worker.forced import ConstraintDraft
+    from router.worker.drafting.forced import ConstraintDraft
     from router.worker.request.protocol import parse_request
 
     model, tokenizer, draft_model = loaded

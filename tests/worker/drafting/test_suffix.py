@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 
-from router.worker.suffix import SuffixConfig, SuffixDraft, SuffixIndex, entry_cost
+from router.worker.drafting.suffix import SuffixConfig, SuffixDraft, SuffixIndex, entry_cost
 
 
 def ids(text: str) -> list[int]:

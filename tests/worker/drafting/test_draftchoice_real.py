@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from router.worker.draftchoice import DraftCost
+from router.worker.drafting.draftchoice import DraftCost
 from router.worker.engine import Models
 from router.worker.speculative import SpecSettings, SpeculativeEngine
 from tests.worker.engine_run import answer_once

@@ -3,7 +3,7 @@
 Verifying ``k`` draft tokens widens a forward pass from 1 to ``1 + k`` positions. Where the
 pass is bound by reading the weights (a GPU, one sequence) that is nearly free; on a CPU every
 position costs compute, and a draft the target rejects makes the step slower than a plain one.
-So each step's draft is judged (``router.worker.draftchoice``; Leviathan et al., "Fast
+So each step's draft is judged (``router.worker.drafting.draftchoice``; Leviathan et al., "Fast
 Inference from Transformers via Speculative Decoding", section 3.3) from:
 
 - ``alpha``, the chance that the target keeps the next draft token, per sequence and source:

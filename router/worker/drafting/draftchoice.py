@@ -5,7 +5,7 @@ The router decides the lane and whether a request may speculate at all; the lane
 every step of every sequence, which of the sources available to it drafts, or none. The
 candidates are the request's ``prediction``, prompt lookup over the whole context, the
 client's ``suffix`` index and the lane's draft model (the grammar's forced tokens are chained
-in by ``router.worker.forced`` on top of what this module picks). Each step:
+in by ``router.worker.drafting.forced`` on top of what this module picks). Each step:
 
 - every free source (no forward pass of its own) proposes; a proposal that is not drafted
   is kept as a *shadow* and scored against the tokens the target then emits, so every free
@@ -14,7 +14,7 @@ in by ``router.worker.forced`` on top of what this module picks). Each step:
   token plus each draft position's measured chance to be reached and kept
   (``Acceptance.expected``: acceptance comes in runs, so it is kept per position, and for a
   copying source per class of match length, ``grade_class``) for a pass of ``1 + beta * k``
-  (``router.worker.draftcontrol``); a draft
+  (``router.worker.drafting.draftcontrol``); a draft
   model's proposal costs ``gamma * (k + 1)`` more, ``gamma`` its measured pass time relative
   to the target's (``DraftCost``), so a draft as slow as the target never drafts, and a small
   one drafts while its acceptance pays (SmartSpec, arXiv 2406.14066, per step; chosen here
@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from router.worker.draftcontrol import (
+from router.worker.drafting.draftcontrol import (
     PREDICTION_PRIOR,
     PRIOR,
     Acceptance,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.worker.draftlength import (
+from router.worker.drafting.draftlength import (
     BATCH_DRAFT_TABLE,
     FORCED_TABLE_FACTOR,
     PLAIN,
@@ -15,8 +15,8 @@ from router.worker.draftlength import (
     forced_draft_length,
     sequence_draft_length,
 )
-from router.worker.drafts import LookupConfig
-from router.worker.forced import FORCED_MAX_DRAFT
+from router.worker.drafting.drafts import LookupConfig
+from router.worker.drafting.forced import FORCED_MAX_DRAFT
 from router.worker.request.protocol import GenerationRequest, Message
 
 

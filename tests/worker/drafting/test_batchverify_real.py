@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from router.worker.batching import BatchingEngine
-from router.worker.draftchoice import Evidence
-from router.worker.draftcontrol import PassCost
-from router.worker.draftlength import BatchDraftSettings
+from router.worker.drafting.draftchoice import Evidence
+from router.worker.drafting.draftcontrol import PassCost
+from router.worker.drafting.draftlength import BatchDraftSettings
+from router.worker.drafting.suffix import SuffixIndex
 from router.worker.engine import Models
 from router.worker.jobs import Failed, Finished, Job, TextDelta
 from router.worker.request.protocol import GenerationRequest, Message
-from router.worker.suffix import SuffixIndex
 
 pytestmark = pytest.mark.realmodel
 

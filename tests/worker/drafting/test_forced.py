@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from router.worker.decoding.constrain import COMPILER, Constraint
-from router.worker.forced import FREE_START, ConstraintDraft, Draft
+from router.worker.drafting.forced import FREE_START, ConstraintDraft, Draft
 from router.worker.request.protocol import parse_request
 
 WEATHER = {

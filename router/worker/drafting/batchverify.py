@@ -31,12 +31,13 @@ Rows that accepted different lengths stay consistent, and a row's extracted cach
 Only plain ``BatchKVCache`` layers can be trimmed per row: a batch holding any other kind
 (rotating caches of sliding-window models, state-space layers) decodes plainly. A row with
 logits processors drafts only under its decoding constraint: the drafter gives such a row a
-``router.worker.forced.Draft`` (the grammar's forced runs chained with its source's
+``router.worker.drafting.forced.Draft`` (the grammar's forced runs chained with its source's
 proposals, and the grammar's mask at every position, computed on the walk through the
 grammar and rolled back), whose masks stand in for the row's processors in that pass; its
 processors see the emitted tokens in their context afterwards, so a later plain step masks
 exactly as plain constrained decoding would. A row with other processors never drafts
-(``router.worker.draftlength``): its processors see one token per step, as in mlx-lm's step.
+(``router.worker.drafting.draftlength``): its processors see one token per step, as in
+mlx-lm's step.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, cast
 
-from router.worker.forced import Draft
+from router.worker.drafting.forced import Draft
 
 # (uids, histories, room) -> drafts. A history is the row's tokens in the cache plus its
 # pending token; ``room`` is how many tokens the row may still emit. A row's draft is its

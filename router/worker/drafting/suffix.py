@@ -14,8 +14,8 @@ followed the sequence's latest n-gram in an earlier request are a good draft.
   from) entries first, so a client that floods the lane evicts its own entries, not another
   client's smaller working set; alone, a partition has the whole bound.
 - ``SuffixDraft``: one request's proposer. Its own prompt and output so far are indexed too
-  (as ``router.worker.drafts.PromptLookup`` does), and the longer match of the two wins (the
-  current context on a tie: it is what is being copied right now). The draft is at most
+  (as ``router.worker.drafting.drafts.PromptLookup`` does), and the longer match of the two
+  wins (the current context on a tie: it is what is being copied right now). The draft is at most
   ``spec_factor`` times as long as the match (SuffixDecoding's adaptive length, vLLM's
   ``suffix_decoding_max_spec_factor``): a long match drafts far, a short one after a
   divergence risks little.

@@ -1,10 +1,10 @@
-"""router.worker.draftcontrol: each step's draft length from acceptance and pass cost."""
+"""router.worker.drafting.draftcontrol: each step's draft length from acceptance and pass cost."""
 
 from __future__ import annotations
 
 import pytest
 
-from router.worker.draftcontrol import PRIOR_BETA, Acceptance, PassCost, expected_tokens
+from router.worker.drafting.draftcontrol import PRIOR_BETA, Acceptance, PassCost, expected_tokens
 
 
 def test_expected_tokens_counts_the_targets_own_token() -> None:

@@ -1,11 +1,11 @@
-"""router.worker.draftchoice: which source drafts at each step, from measured cost and
+"""router.worker.drafting.draftchoice: which source drafts at each step, from measured cost and
 acceptance; what a partition's earlier requests taught."""
 
 from __future__ import annotations
 
 import pytest
 
-from router.worker.draftchoice import (
+from router.worker.drafting.draftchoice import (
     CARRY_WEIGHT,
     DRAFT_MODEL,
     PROBE_EVERY,
@@ -15,7 +15,7 @@ from router.worker.draftchoice import (
     Evidence,
     best_rate,
 )
-from router.worker.draftcontrol import Acceptance, PassCost
+from router.worker.drafting.draftcontrol import Acceptance, PassCost
 
 
 class Fixed:

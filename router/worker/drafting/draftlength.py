@@ -8,14 +8,14 @@ position costs about as much as it can save. So the draft shrinks as the batch g
 to none (vLLM's dynamic speculative decoding): ``BATCH_DRAFT_TABLE``, then the source's own
 maximum, the request's ``num_draft_tokens`` and the tokens the sequence may still emit lower
 it further. Within that, each step drafts only as far as pays for the sequence's acceptance
-and the lane's measured cost of a position (``router.worker.draftcontrol``).
+and the lane's measured cost of a position (``router.worker.drafting.draftcontrol``).
 
 The sources are the free ones (no draft model runs on this lane): the request's
 ``prediction``, prompt lookup and ``suffix``. A request with logits processors (penalties, a
 logit bias) does not draft here.
 
 A constrained request (its decoding constraint its only processor) also drafts its grammar's
-forced tokens (``router.worker.forced``), chained with its source's proposals as on the
+forced tokens (``router.worker.drafting.forced``), chained with its source's proposals as on the
 speculative lane. Forced runs go up to ``FORCED_MAX_DRAFT`` (the speculative lane's cap) but
 follow the table too, at ``FORCED_TABLE_FACTOR`` times its length: a forced token is nearly
 always kept where a source's proposal often is not, so the same widening of the batch's pass
@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from router.worker.drafts import LookupConfig, PredictionConfig
-from router.worker.forced import FORCED_MAX_DRAFT
+from router.worker.drafting.drafts import LookupConfig, PredictionConfig
+from router.worker.drafting.forced import FORCED_MAX_DRAFT
+from router.worker.drafting.suffix import SuffixConfig
 from router.worker.request.protocol import GenerationRequest
-from router.worker.suffix import SuffixConfig
 
 # (largest batch size, draft tokens per sequence per step); larger batches draft nothing.
 BATCH_DRAFT_TABLE: tuple[tuple[int, int], ...] = ((2, 8), (4, 6), (8, 2))

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from router.worker.batchverify import (
+from router.worker.drafting.batchverify import (
     accepted_prefix,
     fitted,
     grammar_masked,
@@ -17,7 +17,7 @@ from router.worker.batchverify import (
     trim_rows,
     trimmable,
 )
-from router.worker.forced import Draft
+from router.worker.drafting.forced import Draft
 
 
 def test_the_accepted_prefix() -> None:
@@ -65,7 +65,7 @@ def test_rows_that_keep_different_lengths_hold_exactly_their_tokens() -> None:
 
 def test_the_batching_worker_reports_its_table_and_suffix_index() -> None:
     from router.worker.batching import BatchingEngine
-    from router.worker.draftlength import BATCH_DRAFT_TABLE
+    from router.worker.drafting.draftlength import BATCH_DRAFT_TABLE
 
     def never() -> Any:
         raise AssertionError("not started")

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from router.worker.drafts import LookupConfig, PredictionConfig, PredictionDraft, PromptLookup
+from router.worker.drafting.drafts import (
+    LookupConfig,
+    PredictionConfig,
+    PredictionDraft,
+    PromptLookup,
+)
 
 
 def ids(text: str) -> list[int]:
