@@ -25,11 +25,11 @@ from typing import Any
 
 from router.bench.common import environment, workload
 from router.lanes.modelprep import ensure_default_models
-from router.worker.batching import BatchingEngine
 from router.worker.drafting.draftcontrol import PassCost
 from router.worker.drafting.draftlength import BatchDraftSettings
-from router.worker.engine import Models
-from router.worker.jobs import Failed, Finished, Job, TextDelta
+from router.worker.engines.batching import BatchingEngine
+from router.worker.engines.engine import Models
+from router.worker.engines.jobs import Failed, Finished, Job, TextDelta
 from router.worker.request.protocol import GenerationRequest, Message
 
 WAYS: dict[str, tuple[float | None, dict[str, Any]]] = {

@@ -42,11 +42,11 @@ def prepared_models() -> tuple[Path, Path]:
 def loaded_models(prepared_models: tuple[Path, Path]) -> tuple[Any, Any, Any]:
     """(model, tokenizer, draft) in this process, loaded once. Every array they hold is
     evaluated here, as the shared worker does, so that engines on their own generation
-    threads may use them (a lazy array cannot cross threads: router.worker.shared)."""
+    threads may use them (a lazy array cannot cross threads: router.worker.engines.shared)."""
     from mlx_lm import load
 
-    from router.worker.engine import Models
-    from router.worker.shared import materialize
+    from router.worker.engines.engine import Models
+    from router.worker.engines.shared import materialize
 
     model, tokenizer = load(str(prepared_models[0]))
     draft, _ = load(str(prepared_models[1]))

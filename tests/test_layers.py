@@ -35,6 +35,8 @@ FLOORS: dict[str, int] = {
     "router.worker.request": 3,
     "router.worker.decoding": 4,
     "router.worker.drafting": 5,
+    "router.worker.engines": 6,
+    "router.worker.group": 7,
     "router.worker": 8,
     "router.backends": 9,
     "router.lanes": 10,

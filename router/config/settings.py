@@ -187,7 +187,7 @@ class LanesSettings(Frozen):
     # of two copies takes under a quarter of the machine's memory (router.lanes.layout).
     layout: Literal["auto", "shared", "separate"] = "auto"
     # The shared layout's generation threads: 2 runs each lane on its own (they compute at
-    # once, on two cores), 1 takes turns between them on one thread (router.worker.shared);
+    # once, on two cores), 1 takes turns between them on one thread (router.worker.engines.shared);
     # auto: 2 on a CPU with two cores or more and a one-thread BLAS (OPENBLAS_NUM_THREADS=1),
     # else 1 (a multi-threaded BLAS already uses the cores).
     shared_threads: Literal["auto", 1, 2] = "auto"

@@ -40,7 +40,7 @@ from router.lanes.supervisor import (
     stop_all,
 )
 from router.metrics import Metrics
-from router.worker.engine import LoadError
+from router.worker.engines.engine import LoadError
 from router.worker.group.shard import check_split
 from router.worker_contract import SHARED_MODE, lane_prefix
 

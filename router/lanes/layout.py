@@ -4,7 +4,7 @@
   weights between processes), the speculative one also the draft, and each keeps its own
   prompt cache: a crash of one lane leaves the other serving.
 - ``shared``: one process loads the target and the draft once and serves both lanes, with one
-  prompt cache (``router.worker.shared``).
+  prompt cache (``router.worker.engines.shared``).
 - ``auto``: ``separate`` while its estimate takes under ``AUTO_SHARE`` of the machine's
   memory, ``shared`` otherwise.
 

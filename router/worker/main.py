@@ -1,5 +1,5 @@
 """``python -m router.worker``: one MLX lane, or both on one copy of the model (``--mode
-shared``, ``router.worker.shared``); its contract: ``router.worker_contract``.
+shared``, ``router.worker.engines.shared``); its contract: ``router.worker_contract``.
 
 Life cycle: load the model(s) on the generation thread; bind; print the one ready line on
 stdout; serve until SIGTERM/SIGINT or until the parent process disappears; then stop
@@ -22,15 +22,15 @@ from typing import NoReturn, TextIO
 
 from aiohttp import web
 
-from router.worker.batching import BatchingEngine
 from router.worker.drafting.drafts import LookupConfig, PredictionConfig
 from router.worker.drafting.suffix import SuffixConfig
-from router.worker.engine import Engine, LoadError, Models
+from router.worker.engines.batching import BatchingEngine
+from router.worker.engines.engine import Engine, LoadError, Models
+from router.worker.engines.shared import SharedEngine, batch_drafts, threads_for
+from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
 from router.worker.group.run import group_engine, run_follower
 from router.worker.group.run import rank as group_rank
 from router.worker.server import WorkerInfo, make_app, make_shared_app, start_site
-from router.worker.shared import SharedEngine, batch_drafts, threads_for
-from router.worker.speculative import SpecSettings, SpeculativeEngine
 from router.worker_contract import (
     SHARED_MODE,
     WORKER_SECRET_ENV,

@@ -43,8 +43,8 @@ from router.worker.decoding.tools import (
     fallback_syntax,
     syntax_for,
 )
-from router.worker.engine import Engine
-from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
+from router.worker.engines.engine import Engine
+from router.worker.engines.jobs import Event, Failed, Finished, Job, TextDelta
 from router.worker.request.protocol import GenerationRequest, Kind, parse_request, token_budget
 from router.worker.shapes import Answer
 from router.worker.tokenizing import COUNT, GENERATION, TokenizerThread

@@ -7,8 +7,8 @@ import dataclasses
 from typing import Any
 
 from router.worker.decoding.constrain import COMPILER
-from router.worker.engine import Engine
-from router.worker.jobs import Finished, Job, TextDelta
+from router.worker.engines.engine import Engine
+from router.worker.engines.jobs import Finished, Job, TextDelta
 from router.worker.request.protocol import GenerationRequest, Message
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from router.worker.engine import Engine, Models, Progress, generation_failed
-from router.worker.jobs import Event, Job, aborted
+from router.worker.engines.engine import Engine, Models, Progress, generation_failed
+from router.worker.engines.jobs import Event, Job, aborted
 
 STEP_TIMEOUT = 10.0
 

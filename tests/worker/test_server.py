@@ -518,7 +518,7 @@ async def test_a_constraint_failing_mid_answer_is_an_error_never_a_stop(
 async def test_queued_counts_wait_behind_a_generation_requests_preparation() -> None:
     """A flood of /v1/tokenize calls: the chat that arrives after them is prepared as soon
     as the count already running ends, before every queued count."""
-    from router.worker.engine import Models
+    from router.worker.engines.engine import Models
     from router.worker.server import TOKENIZE
     from tests.conftest import wait_until
     from tests.worker.scripted import CharTokenizer

@@ -6,7 +6,7 @@ from typing import Any
 
 from router.bench.common.stats import fmt, ratio, table
 
-# shared: the router's default shared_threads (auto: router.worker.shared.threads_for);
+# shared: the router's default shared_threads (auto: router.worker.engines.shared.threads_for);
 # shared-1thread: one generation thread taking turns between the lanes.
 SHARED_ONE_THREAD = "shared-1thread"
 TARGETS = ("shared", SHARED_ONE_THREAD, "separate", "mlx_lm.server")

@@ -11,7 +11,7 @@
   (an inserted, deleted or changed line) it re-aligns by searching the prediction for the
   latest output n-gram, nearest after where it lost track, instead of giving up.
 
-Neither knows anything about models: the engine (``router.worker.speculative``) verifies the
+Neither knows anything about models: the engine (``router.worker.engines.speculative``) verifies the
 proposals, and only the target's own tokens are ever emitted.
 """
 

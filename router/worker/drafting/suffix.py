@@ -9,7 +9,7 @@ followed the sequence's latest n-gram in an earlier request are a good draft.
   one table per **partition** (the client's prompt-cache partition): a lookup only ever sees
   its own partition's entries, so one client's text never drafts another's answer and the
   acceptance rate says nothing about what another client sent. Bounded in bytes, shared
-  fairly as the prompt cache's bound is (``router.worker.promptcache``): past the bound, the
+  fairly as the prompt cache's bound is (``router.worker.engines.promptcache``): past the bound, the
   partition holding the most bytes gives up its least recently used (inserted or drafted
   from) entries first, so a client that floods the lane evicts its own entries, not another
   client's smaller working set; alone, a partition has the whole bound.

@@ -19,14 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from router.worker.engine import Models
+from router.worker.engines.engine import Models
+from router.worker.engines.jobs import Job
+from router.worker.engines.promptcache import DRAFT, TARGET, PromptCache
+from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
 from router.worker.group.channel import Channel, disagree, gather_memory, own_rss_mib, send
 from router.worker.group.mirror import IDLE_TICK
 from router.worker.group.protocol import Message, Op, checksum
 from router.worker.group.shard import cache_length
-from router.worker.jobs import Job
-from router.worker.promptcache import DRAFT, TARGET, PromptCache
-from router.worker.speculative import SpecSettings, SpeculativeEngine
 
 log = logging.getLogger("speclane.worker.group")
 

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from router.worker.engine import LoadError, Models
+from router.worker.engines.engine import LoadError, Models
+from router.worker.engines.promptcache import PromptCache
+from router.worker.engines.speculative import SpecSettings
 from router.worker.group.channel import MxChannel
 from router.worker.group.leader import GroupFacts, GroupSpecEngine
 from router.worker.group.mirror import Mirror, follow
 from router.worker.group.shard import MlxShard, load_shard
-from router.worker.promptcache import PromptCache
-from router.worker.speculative import SpecSettings
 
 log = logging.getLogger("speclane.worker.group")
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from router.worker.engine import LoadError
+from router.worker.engines.engine import LoadError
 
 
 def check_split(model_dir: Path, ranks: int, parallel: str) -> None:

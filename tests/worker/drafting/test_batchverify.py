@@ -64,8 +64,8 @@ def test_rows_that_keep_different_lengths_hold_exactly_their_tokens() -> None:
 
 
 def test_the_batching_worker_reports_its_table_and_suffix_index() -> None:
-    from router.worker.batching import BatchingEngine
     from router.worker.drafting.draftlength import BATCH_DRAFT_TABLE
+    from router.worker.engines.batching import BatchingEngine
 
     def never() -> Any:
         raise AssertionError("not started")

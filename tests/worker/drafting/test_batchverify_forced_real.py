@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from router.worker.batching import BatchingEngine
 from router.worker.drafting.draftlength import BatchDraftSettings
 from router.worker.drafting.forced import Draft
-from router.worker.engine import Models
-from router.worker.jobs import Event, Failed, Finished, Job, TextDelta
+from router.worker.engines.batching import BatchingEngine
+from router.worker.engines.engine import Models
+from router.worker.engines.jobs import Event, Failed, Finished, Job, TextDelta
 from router.worker.request.protocol import parse_request
 from router.worker.server import prepare
 from tests.worker.decoding.test_constrain import MANY_SHAPES

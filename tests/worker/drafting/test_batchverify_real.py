@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from router.worker.batching import BatchingEngine
 from router.worker.drafting.draftchoice import Evidence
 from router.worker.drafting.draftcontrol import PassCost
 from router.worker.drafting.draftlength import BatchDraftSettings
 from router.worker.drafting.suffix import SuffixIndex
-from router.worker.engine import Models
-from router.worker.jobs import Failed, Finished, Job, TextDelta
+from router.worker.engines.batching import BatchingEngine
+from router.worker.engines.engine import Models
+from router.worker.engines.jobs import Failed, Finished, Job, TextDelta
 from router.worker.request.protocol import GenerationRequest, Message
 
 pytestmark = pytest.mark.realmodel

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from router.worker.drafting.draftchoice import DraftCost
-from router.worker.engine import Models
-from router.worker.speculative import SpecSettings, SpeculativeEngine
+from router.worker.engines.engine import Models
+from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
 from tests.worker.engine_run import answer_once
 
 pytestmark = pytest.mark.realmodel

@@ -315,7 +315,7 @@ def test_a_failure_within_the_accepted_run_is_reported_once(tokenizer: Any) -> N
 def test_the_speculative_lane_fails_only_when_the_target_keeps_the_run_to_it(
     tokenizer: Any, target: str
 ) -> None:
-    from router.worker.speculative import decode
+    from router.worker.engines.speculative import decode
     from tests.worker.scripted import ScriptedCache, ScriptedLM
 
     constraint = compiled(tokenizer, response_format=OPTIONAL_FAILURE)

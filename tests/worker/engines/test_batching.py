@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from router.worker.batching import (
+from router.worker.engines.batching import (
     FIRST_CHUNK,
     IDLE_FACTOR,
     MIN_CHUNK,
     BatchingEngine,
     _Sequence,
 )
-from router.worker.engine import Models
+from router.worker.engines.engine import Models
 
 
 def engine(step: int = 2048, seconds: float = 0.5) -> BatchingEngine:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import threading
 
-from router.worker.engine import Models
-from router.worker.jobs import JobQueue
-from router.worker.shared import SharedEngine, materialize, threads_for
-from router.worker.speculative import SpecSettings
+from router.worker.engines.engine import Models
+from router.worker.engines.jobs import JobQueue
+from router.worker.engines.shared import SharedEngine, materialize, threads_for
+from router.worker.engines.speculative import SpecSettings
 
 TIMEOUT = 10.0
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.worker.stats import SpecCounter, SpecStats, usage
+from router.worker.engines.stats import SpecCounter, SpecStats, usage
 
 
 def speculative_rounds(

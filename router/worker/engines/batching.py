@@ -4,7 +4,7 @@ Requests join the running batch between decoding steps, up to ``capacity`` seque
 rest wait in the queue.
 
 Prompt cache: a new prompt starts from the KV state of an earlier sequence sharing its
-longest token prefix (``router.worker.promptcache``), handed to ``BatchGenerator.insert``
+longest token prefix (``router.worker.engines.promptcache``), handed to ``BatchGenerator.insert``
 with the tokens it holds, so only the rest is prefilled. Every sequence that ends (finished,
 stopped by a stop string, or cancelled mid-prefill, so that a client's retry resumes where
 the first try stopped) gives its KV state back to the cache.
@@ -67,7 +67,7 @@ from router.worker.drafting.draftlength import (
 from router.worker.drafting.drafts import PredictionDraft, PromptLookup
 from router.worker.drafting.forced import ConstraintDraft, Draft
 from router.worker.drafting.suffix import SuffixDraft, SuffixIndex
-from router.worker.engine import (
+from router.worker.engines.engine import (
     Engine,
     Models,
     Progress,
@@ -75,9 +75,9 @@ from router.worker.engine import (
     processors_for,
     sampler_for,
 )
-from router.worker.jobs import Event, Failed, Finished, Job, JobQueue, aborted
-from router.worker.promptcache import Counters, PromptCache
-from router.worker.stats import SpecStats, usage
+from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, aborted
+from router.worker.engines.promptcache import Counters, PromptCache
+from router.worker.engines.stats import SpecStats, usage
 from router.worker_contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
 
 log = logging.getLogger("speclane.worker")

@@ -29,13 +29,13 @@ processors (penalties, logit bias) decodes plainly: they depend on every previou
 drafting around them is not worth the risk.
 
 Prompt cache: the KV cache of earlier requests (target and draft model, each under its own key)
-is reused for the longest common token prefix (``router.worker.promptcache``, bounded in bytes;
-in shared mode the same cache as the batching lane's), only between requests of the same
-partition (``router.worker.promptcache.entry_key``).
+is reused for the longest common token prefix (``router.worker.engines.promptcache``, bounded
+in bytes; in shared mode the same cache as the batching lane's), only between requests of the same
+partition (``router.worker.engines.promptcache.entry_key``).
 
 A request runs as a ``SpecRun``, advanced one round (one draft-and-verify step, or one prefill
 chunk of a long prompt) at a time: by the lane's own thread, or in shared mode by the one
-generation thread that takes turns with the batching lane (``router.worker.shared``).
+generation thread that takes turns with the batching lane (``router.worker.engines.shared``).
 """
 
 from __future__ import annotations
@@ -69,11 +69,17 @@ from router.worker.drafting.drafts import (
 )
 from router.worker.drafting.forced import FORCED_MAX_DRAFT, ConstraintDraft, Draft
 from router.worker.drafting.suffix import SuffixConfig, SuffixDraft, SuffixIndex
-from router.worker.engine import Engine, Models, generation_failed, processors_for, sampler_for
-from router.worker.jobs import Event, Finished, Job, JobQueue, TextDelta, aborted
-from router.worker.promptcache import DRAFT, TARGET, Counters, PromptCache
+from router.worker.engines.engine import (
+    Engine,
+    Models,
+    generation_failed,
+    processors_for,
+    sampler_for,
+)
+from router.worker.engines.jobs import Event, Finished, Job, JobQueue, TextDelta, aborted
+from router.worker.engines.promptcache import DRAFT, TARGET, Counters, PromptCache
+from router.worker.engines.stats import SpecStats, usage
 from router.worker.request.protocol import GenerationRequest
-from router.worker.stats import SpecStats, usage
 from router.worker_contract import DRAFT_SOURCES
 
 log = logging.getLogger("speclane.worker")

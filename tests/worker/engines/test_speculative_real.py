@@ -9,7 +9,7 @@ import pytest
 
 from router.worker.drafting.drafts import LookupConfig, PredictionConfig, PredictionDraft
 from router.worker.drafting.suffix import SuffixConfig, SuffixDraft, SuffixIndex
-from router.worker.speculative import (
+from router.worker.engines.speculative import (
     DraftModel,
     decode,
     lookup_proposer,

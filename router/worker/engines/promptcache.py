@@ -15,13 +15,13 @@ their total is over ``max_bytes``, the partition holding the most bytes gives up
 recently used entries first. A client that floods the cache evicts its own entries, not
 another client's system prompt (which is smaller); alone, a partition has the whole bound.
 
-One instance per worker process: in shared mode (``router.worker.shared``) both lanes fetch
+One instance per worker process: in shared mode (``router.worker.engines.shared``) both lanes fetch
 from and store into the same cache (one byte budget), so a prefix cached through one lane is
 found by the other. Each lane counts its own lookups (``Counters``); the entries are common.
 A speculative lane also keeps its draft model's KV state here, under the ``DRAFT`` key: the
 two models' caches never mix.
 
-Thread-safe: in shared mode with two generation threads (``router.worker.shared``) both use
+Thread-safe: in shared mode with two generation threads (``router.worker.engines.shared``) both use
 it at once. A lock guards the entries; an entry is evaluated before it is stored (a lazy array
 made on one thread cannot be evaluated on another) and only ever copied out, never changed in
 place. ``stats()`` is read from the event loop (plain ints).

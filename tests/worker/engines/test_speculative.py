@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from router.worker.drafting.drafts import LookupConfig, PredictionConfig, PredictionDraft
-from router.worker.request.protocol import GenerationRequest
-from router.worker.speculative import (
+from router.worker.engines.speculative import (
     Plan,
     SpecSettings,
     decode,
@@ -14,6 +13,7 @@ from router.worker.speculative import (
     plan,
     prediction_proposer,
 )
+from router.worker.request.protocol import GenerationRequest
 from tests.worker.scripted import ScriptedCache, ScriptedLM
 
 EOS = 0x17F

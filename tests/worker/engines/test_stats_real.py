@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from router.worker.stats import SpecCounter
+from router.worker.engines.stats import SpecCounter
 
 pytestmark = pytest.mark.realmodel
 

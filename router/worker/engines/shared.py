@@ -50,12 +50,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from router.worker.batching import BatchingEngine
 from router.worker.drafting.draftlength import BatchDraftSettings
-from router.worker.engine import Engine, LoadError, Models
-from router.worker.jobs import JobQueue, wait_any
-from router.worker.promptcache import PromptCache
-from router.worker.speculative import SpecSettings, SpeculativeEngine
+from router.worker.engines.batching import BatchingEngine
+from router.worker.engines.engine import Engine, LoadError, Models
+from router.worker.engines.jobs import JobQueue, wait_any
+from router.worker.engines.promptcache import PromptCache
+from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
 from router.worker_contract import SHARED_THREADS
 
 log = logging.getLogger("speclane.worker")

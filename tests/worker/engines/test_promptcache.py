@@ -7,7 +7,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from router.worker.promptcache import DEFAULT_PARTITION, PromptCache, entry_key
+from router.worker.engines.promptcache import DEFAULT_PARTITION, PromptCache, entry_key
 
 PROMPT = [11, 12, 13, 14, 15, 16]
 

@@ -2,9 +2,10 @@
 
 Two engines share the plumbing (a job queue in, events out, a cancel flag read every step):
 
-- ``SpeculativeEngine`` (``router.worker.speculative``) runs one request at a time through its
-  own draft-and-verify loop, with a draft model, prompt lookup or the request's prediction.
-- ``BatchingEngine`` (``router.worker.batching``) feeds ``mlx_lm.generate.BatchGenerator``:
+- ``SpeculativeEngine`` (``router.worker.engines.speculative``) runs one request at a time
+  through its own draft-and-verify loop, with a draft model, prompt lookup or the request's
+  prediction.
+- ``BatchingEngine`` (``router.worker.engines.batching``) feeds ``mlx_lm.generate.BatchGenerator``:
   requests join the running batch between decoding steps, up to ``capacity`` sequences.
 
 Seeds: ``mx.random.seed`` is global. On the speculative lane a seeded request is reproducible;
@@ -23,9 +24,9 @@ from typing import Any
 
 from router.errors import RouterError
 from router.worker.decoding.stops import StopScanner
-from router.worker.jobs import Event, Failed, Finished, Job, JobQueue, TextDelta, aborted
+from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, TextDelta, aborted
+from router.worker.engines.stats import SpecCounter, usage
 from router.worker.request.protocol import GenerationRequest
-from router.worker.stats import SpecCounter, usage
 
 log = logging.getLogger("speclane.worker")
 

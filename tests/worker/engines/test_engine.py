@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from router.worker.jobs import Job, JobQueue
+from router.worker.engines.jobs import Job, JobQueue
 from router.worker.request.protocol import GenerationRequest
 
 
