@@ -37,6 +37,7 @@ FLOORS: dict[str, int] = {
     "router.worker.drafting": 5,
     "router.worker.engines": 6,
     "router.worker.group": 7,
+    "router.worker.http": 7,
     "router.worker": 8,
     "router.backends": 9,
     "router.lanes": 10,

@@ -5,7 +5,7 @@ A count is admitted like a generation request: it takes one of its client's conc
 slots first (waiting in the client's queue, 429 past ``queue_timeout``), then the model may
 be one of ours that loads (``holding``) while the slot is held, and the lane counts. On the
 lane a count never goes ahead of preparing a generation request
-(``router.worker.tokenizing``).
+(``router.worker.http.tokenizing``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from router.errors import RouterError
 from router.proxy.ondemand import holding
 from router.proxy.outcome import Outcome
 
-TOKENIZE_PATH = "/tokenize"  # under a lane worker's /v1 (router.worker.server)
+TOKENIZE_PATH = "/tokenize"  # under a lane worker's /v1 (router.worker.http.server)
 TOKENIZE_TIMEOUT = 30.0
 
 

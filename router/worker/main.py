@@ -30,7 +30,7 @@ from router.worker.engines.shared import SharedEngine, batch_drafts, threads_for
 from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
 from router.worker.group.run import group_engine, run_follower
 from router.worker.group.run import rank as group_rank
-from router.worker.server import WorkerInfo, make_app, make_shared_app, start_site
+from router.worker.http.server import WorkerInfo, make_app, make_shared_app, start_site
 from router.worker_contract import (
     SHARED_MODE,
     WORKER_SECRET_ENV,

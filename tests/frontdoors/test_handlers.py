@@ -1,6 +1,6 @@
 """count_tokens as a request like any other, and one body limit on every door.
 
-The lane is the real worker's HTTP side (``router.worker.server``) around a scripted engine
+The lane is the real worker's HTTP side (``router.worker.http.server``) around a scripted engine
 whose tokenizer counts characters, behind a real router; the clients are the official ones.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from router.appkeys import LIMITER, METRICS
 from router.config.settings import Settings
 from router.proxy.accesslog import ACCESS
-from router.worker.server import WorkerInfo, make_app, start_site
+from router.worker.http.server import WorkerInfo, make_app, start_site
 from router.worker_contract import worker_argv
 from tests.conftest import (
     RunningRouter,

@@ -3,7 +3,7 @@ worker, hands it over in the environment (never the command line), and every req
 router sends a worker (relay, health polls, token counts, progress looks) carries it; a
 program that found the worker's port gets a 401. Lane workers are
 tests/fakes/fake_worker.py processes that check the secret as the real worker does
-(tests/worker/test_server.py tests the real worker's check;
+(tests/worker/http/test_server.py tests the real worker's check;
 tests/lanes/test_worker_secret_e2e.py the two together)."""
 
 from __future__ import annotations

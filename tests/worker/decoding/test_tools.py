@@ -198,7 +198,7 @@ def native_tokenizer(prepared_models: tuple[Any, Any]) -> Any:
 
 def test_a_template_with_tools_gets_them_natively(native_tokenizer: Any) -> None:
     from router.worker.decoding.tools import syntax_for
-    from router.worker.server import encode
+    from router.worker.http.server import encode
 
     request = _request()
     syntax = syntax_for(native_tokenizer, request)
@@ -217,7 +217,7 @@ def test_the_default_template_gets_the_fallback(prepared_models: tuple[Any, Any]
     from mlx_lm.tokenizer_utils import load
 
     from router.worker.decoding.tools import syntax_for
-    from router.worker.server import encode
+    from router.worker.http.server import encode
 
     tokenizer = load(prepared_models[0])
     request = _request()

@@ -17,8 +17,8 @@ from router.worker.drafting.forced import Draft
 from router.worker.engines.batching import BatchingEngine
 from router.worker.engines.engine import Models
 from router.worker.engines.jobs import Event, Failed, Finished, Job, TextDelta
+from router.worker.http.server import prepare
 from router.worker.request.protocol import parse_request
-from router.worker.server import prepare
 from tests.worker.decoding.test_constrain import MANY_SHAPES
 
 pytestmark = pytest.mark.realmodel

@@ -13,9 +13,9 @@ import openai
 import orjson
 import pytest
 
-from router.worker import server as server_module
+from router.worker.http import server as server_module
+from router.worker.http.server import WorkerInfo, make_app, start_site
 from router.worker.request.protocol import GenerationRequest
-from router.worker.server import WorkerInfo, make_app, start_site
 from router.worker_contract import WORKER_SECRET_HEADER
 from tests.worker.scripted import ScriptedEngine
 
@@ -405,7 +405,7 @@ CALLING_WHOLE = (
 
 async def test_a_call_being_written_still_shows_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     # Every held token may send an empty delta (the real interval is seconds).
-    monkeypatch.setattr("router.worker.server.PROGRESS_EVERY", 0.0)
+    monkeypatch.setattr("router.worker.http.server.PROGRESS_EVERY", 0.0)
     async with serving(ScriptedEngine(CALLING_WHOLE)) as url:
         stream = await client(url).chat.completions.create(
             model=MODEL,
@@ -519,7 +519,7 @@ async def test_queued_counts_wait_behind_a_generation_requests_preparation() -> 
     """A flood of /v1/tokenize calls: the chat that arrives after them is prepared as soon
     as the count already running ends, before every queued count."""
     from router.worker.engines.engine import Models
-    from router.worker.server import TOKENIZE
+    from router.worker.http.server import TOKENIZE
     from tests.conftest import wait_until
     from tests.worker.scripted import CharTokenizer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from router.worker.tokenizing import COUNT, GENERATION, TokenizerThread
+from router.worker.http.tokenizing import COUNT, GENERATION, TokenizerThread
 
 WAIT = 10.0
 

@@ -4,7 +4,7 @@ count_tokens).
 
 Handlers never wait on the generation thread except through their job's event queue, so
 /health answers while a batch is decoding. Tokenizing runs on one thread
-(``router.worker.tokenizing``): off the event loop, never two encodes at once on the shared
+(``router.worker.http.tokenizing``): off the event loop, never two encodes at once on the shared
 tokenizer, and a generation request's preparation before any token count.
 
 A request's prompt-cache partition comes in the ``X-Speclane-Cache-Partition`` header
@@ -45,9 +45,9 @@ from router.worker.decoding.tools import (
 )
 from router.worker.engines.engine import Engine
 from router.worker.engines.jobs import Event, Failed, Finished, Job, TextDelta
+from router.worker.http.shapes import Answer
+from router.worker.http.tokenizing import COUNT, GENERATION, TokenizerThread
 from router.worker.request.protocol import GenerationRequest, Kind, parse_request, token_budget
-from router.worker.shapes import Answer
-from router.worker.tokenizing import COUNT, GENERATION, TokenizerThread
 from router.worker_contract import (
     CACHE_PARTITION_HEADER,
     CACHE_PARTITION_PATTERN,
