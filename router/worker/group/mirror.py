@@ -40,7 +40,7 @@ class Shard(Protocol):
 
 
 class CacheMirror(Protocol):
-    """The prompt cache's two operations (``router.worker.promptcache.PromptCache``)."""
+    """The prompt cache's two operations (``router.worker.engines.promptcache.PromptCache``)."""
 
     def fetch(self, prompt: list[int], partition: str) -> Any: ...
 
