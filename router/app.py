@@ -49,9 +49,9 @@ from router.proxy.offload import CPU, CpuPool, cpu_context
 from router.proxy.policy_watch import PolicyWatcher
 from router.proxy.relay import Relay
 from router.proxy.telemetry import SpecTelemetry
-from router.proxy.upstream import Http1Pool
 from router.routing.load import gate_for
 from router.routing.state import RoutingState
+from router.upstream.client import Http1Pool
 
 log = logging.getLogger("speclane")
 
@@ -192,7 +192,7 @@ async def client_session(app: web.Application) -> AsyncIterator[None]:
     app[SESSION] = session  # health checks and scraping
     bounds = app[SETTINGS].upstream
     client = Http1Pool(
-        keepalive=30.0,  # the relay's own: see router.proxy.upstream for why
+        keepalive=30.0,  # the relay's own: see router.upstream.client for why
         max_body=bounds.max_body_bytes,
         head_timeout=bounds.head_timeout,
         max_trailer=bounds.max_trailer_bytes,

@@ -25,6 +25,8 @@ FLOORS: dict[str, int] = {
     # The request family: a pure leaf that both routing and speculation read.
     "router.speculation.families": 0,
     "router.errors": 1,
+    # The upstream client: speaks HTTP/1.1 to upstreams, knows nothing of the edge above it.
+    "router.upstream": 1,
     "router.config": 2,
     "router.request_rules": 2,
     "router.routing": 3,
