@@ -13,22 +13,23 @@ from typing import Any
 
 from aiohttp import web
 
-from router.appkeys import LAYOUT, MODELS, POLICIES, POOL, SPEC, SUPERVISORS
 from router.backends.status import backend_status
 from router.errors import RouterError
 from router.lanes.view import every_lane, layout, workers
 from router.proxy.admin_auth import require_admin
 from router.proxy.middleware import expect_handler
+from router.services import Services, bind
 
 
-def lanes_view(app: web.Application) -> dict[str, Any]:
+def lanes_view(services: Services) -> dict[str, Any]:
     """What ``/admin/lanes`` answers; the status page's ``/admin/status`` includes it whole,
     so both always show the same lanes, backends and models."""
-    manager = app.get(MODELS)
-    supervisors, states = every_lane(app.get(SUPERVISORS, []), manager)
+    started = services.started
+    manager = started.models
+    supervisors, states = every_lane(started.supervisors, manager)
     view: dict[str, Any] = {
-        "backends": [backend_status(b, states) for b in app[POOL]],
-        "layout": layout(app.get(LAYOUT)),
+        "backends": [backend_status(b, states) for b in services.pool],
+        "layout": layout(started.layout),
         "workers": workers(supervisors),
     }
     if manager is not None:  # none without lanes of ours: no models section anywhere
@@ -36,21 +37,21 @@ def lanes_view(app: web.Application) -> dict[str, Any]:
     return view
 
 
-async def lanes(request: web.Request) -> web.Response:
-    require_admin(request)
-    return web.json_response(lanes_view(request.app))
+async def lanes(services: Services, request: web.Request) -> web.Response:
+    require_admin(services, request)
+    return web.json_response(lanes_view(services))
 
 
-async def spec(request: web.Request) -> web.Response:
-    require_admin(request)
-    return web.json_response(request.app[SPEC].admin_snapshot())
+async def spec(services: Services, request: web.Request) -> web.Response:
+    require_admin(services, request)
+    return web.json_response(services.spec.admin_snapshot())
 
 
-async def reload_policies(request: web.Request) -> web.Response:
+async def reload_policies(services: Services, request: web.Request) -> web.Response:
     # A bare loopback request (no admin key set, none presented) may be any web page's
     # doing: it reloads, but a change that widens access waits for the key.
-    proven = require_admin(request)
-    result = await request.app[POLICIES].reload("admin", widen=proven)
+    proven = require_admin(services, request)
+    result = await services.policies.reload("admin", widen=proven)
     if result.held:
         raise RouterError(
             403,
@@ -61,12 +62,13 @@ async def reload_policies(request: web.Request) -> web.Response:
     body = {
         "ok": result.ok,
         "error": result.error,
-        "clients": [p.client for p in request.app[POLICIES].current],
+        "clients": [p.client for p in services.policies.current],
     }
     return web.json_response(body, status=200 if result.ok else 422)
 
 
-def setup_admin_routes(app: web.Application) -> None:
-    app.router.add_get("/admin/lanes", lanes, expect_handler=expect_handler)
-    app.router.add_get("/admin/spec", spec, expect_handler=expect_handler)
-    app.router.add_post("/admin/reload", reload_policies, expect_handler=expect_handler)
+def setup_admin_routes(app: web.Application, services: Services) -> None:
+    add_get, add_post = app.router.add_get, app.router.add_post
+    add_get("/admin/lanes", bind(services, lanes), expect_handler=expect_handler)
+    add_get("/admin/spec", bind(services, spec), expect_handler=expect_handler)
+    add_post("/admin/reload", bind(services, reload_policies), expect_handler=expect_handler)

@@ -1,31 +1,22 @@
-"""make_app(): the route table, middlewares, and every resource as a cleanup context."""
+"""make_app() and wire(): the services built once, the route table (each handler handed the
+services), middlewares, and every resource as a cleanup context."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 import aiohttp
 from aiohttp import web
 
 from router.admin import setup_admin_routes
-from router.appkeys import (
-    LAYOUT,
-    LIMITER,
-    LOCAL_TOKEN,
-    METRICS,
-    MODELS,
-    POLICIES,
-    POOL,
-    RELAY,
-    ROUTING,
-    SESSION,
-    SETTINGS,
-    SPEC,
-    SUPERVISORS,
-)
 from router.backends.base import Backend
 from router.backends.health import HealthMonitor
 from router.backends.pool import BackendPool
@@ -34,40 +25,95 @@ from router.config.policies import PolicySet, load_policies
 from router.config.policydir import is_packaged
 from router.config.settings import Settings
 from router.frontdoors.handlers import setup_frontdoor_routes
+from router.frontdoors.responses_running import RunningResponses
+from router.frontdoors.responses_store import ResponseStore
 from router.lanes.group import start_lanes
 from router.lanes.models import ModelManager, catalog_for, memory_budget
 from router.metrics import Metrics
-from router.observability.history import HISTORY, History, history_context
+from router.observability.history import History, history_sampling
 from router.observability.status import setup_status_routes
-from router.proxy.accesslog import ACCESS, AccessLog
+from router.proxy.accesslog import AccessLog
 from router.proxy.admission import ConcurrencyLimiter
 from router.proxy.handlers import setup_routes
 from router.proxy.hosts import HostRule
 from router.proxy.localtoken import new_token
 from router.proxy.middleware import browser_guard, error_middleware
-from router.proxy.offload import CPU, CpuPool, cpu_context
+from router.proxy.offload import CpuPool
 from router.proxy.policy_watch import PolicyWatcher
 from router.proxy.relay import Relay
 from router.proxy.telemetry import SpecTelemetry
-from router.proxy.upstream import Http1Pool
 from router.routing.load import gate_for
 from router.routing.state import RoutingState
+from router.services import Services
+from router.upstream.client import Http1Pool
 
 log = logging.getLogger("speclane")
 
 
+class Wired(NamedTuple):
+    app: web.Application
+    services: Services
+
+
 def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Application:
     """Build the app; raises PolicyError when the policy set is invalid (serve refuses)."""
+    return wire(settings, metrics=metrics).app
+
+
+def wire(settings: Settings, *, metrics: Metrics | None = None) -> Wired:
+    """The app and its services: the services are built here, once, and handed to every
+    handler and start-up step explicitly (the app holds no state keys of ours)."""
     hosts = HostRule.build(settings.allowed_hosts, settings.host)
     app = web.Application(
         client_max_size=settings.max_body_bytes,
         middlewares=[error_middleware, browser_guard(hosts)],
     )
-    app[SETTINGS] = settings
-    app[LOCAL_TOKEN] = new_token()
-    app[METRICS] = metrics = metrics or Metrics()
-    app[POOL] = BackendPool([Backend.from_spec(b, settings.cooldown) for b in settings.backends])
-    app[POLICIES] = PolicyWatcher(
+    services = build_services(settings, metrics or Metrics())
+    for backend in services.pool:
+        services.metrics.spec_requested.labels(backend.name).set(
+            1 if backend.speculative_requested else 0
+        )
+    setup_routes(app, services)
+    setup_frontdoor_routes(app, services)
+    setup_admin_routes(app, services)
+    setup_status_routes(app, services)
+
+    async def finish_in_flight(_app: web.Application) -> None:
+        """On shutdown: refuse new requests, give the running ones ``shutdown_grace``
+        seconds, then end streams with an error event (aiohttp alone would cut them
+        silently)."""
+        await services.relay.shutdown(settings.shutdown_grace)
+
+    async def end_background_responses(_app: web.Application) -> None:
+        await services.running.shutdown()
+
+    app.on_shutdown.append(end_background_responses)
+    app.on_shutdown.append(finish_in_flight)
+    # Each start-up step gets the services it starts, not the app (aiohttp hands it the app).
+    for step in (
+        cpu_pool,
+        client_session,
+        health_monitor,
+        cumulative_scraper,
+        policy_reloads,
+        lanes,
+        history,
+    ):
+        app.cleanup_ctx.append(functools.partial(_with_services, step, services))
+    return Wired(app, services)
+
+
+def _with_services(
+    step: Callable[[Services], AbstractAsyncContextManager[None]],
+    services: Services,
+    _app: web.Application,
+) -> AbstractAsyncContextManager[None]:
+    return step(services)
+
+
+def build_services(settings: Settings, metrics: Metrics) -> Services:
+    pool = BackendPool([Backend.from_spec(b, settings.cooldown) for b in settings.backends])
+    policies = PolicyWatcher(
         settings.policies_dir,
         initial_policies(settings),
         presets=settings.presets.keys(),
@@ -75,61 +121,74 @@ def make_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Appli
         metrics=metrics,
         interval=settings.policy_poll_interval,
         settle=settings.policy_settle_seconds,
-        on_reload=lambda result: app[SPEC].policies_reloaded(result.ok),
+        on_reload=lambda result: spec.policies_reloaded(result.ok),
     )
-    app[LIMITER] = ConcurrencyLimiter(metrics)
-    app[ROUTING] = RoutingState(gate=gate_for(settings.routing))
-    app[ACCESS] = AccessLog()
-    app[CPU] = CpuPool()
-    app[HISTORY] = History(metrics)
-    app[SPEC] = SpecTelemetry(settings, metrics, app[POOL], lambda: app[POLICIES].current)
-    for backend in app[POOL]:
-        metrics.spec_requested.labels(backend.name).set(1 if backend.speculative_requested else 0)
-    setup_routes(app)
-    setup_frontdoor_routes(app)
-    setup_admin_routes(app)
-    setup_status_routes(app)
-    app.on_shutdown.append(finish_in_flight)
-    app.cleanup_ctx.append(cpu_context)
-    app.cleanup_ctx.append(client_session)
-    app.cleanup_ctx.append(health_monitor)
-    app.cleanup_ctx.append(cumulative_scraper)
-    app.cleanup_ctx.append(policy_reloads)
-    app.cleanup_ctx.append(lanes_context)
-    app.cleanup_ctx.append(history_context)
-    return app
+    spec = SpecTelemetry(settings, metrics, pool, lambda: policies.current)
+    bounds = settings.upstream
+    upstream = Http1Pool(
+        keepalive=30.0,  # the relay's own: see router.upstream.client for why
+        max_body=bounds.max_body_bytes,
+        head_timeout=bounds.head_timeout,
+        max_trailer=bounds.max_trailer_bytes,
+    )
+    responses = settings.responses
+    return Services(
+        settings=settings,
+        metrics=metrics,
+        local_token=new_token(),
+        pool=pool,
+        policies=policies,
+        limiter=ConcurrencyLimiter(metrics),
+        routing=RoutingState(gate=gate_for(settings.routing)),
+        spec=spec,
+        upstream=upstream,
+        relay=Relay(upstream, pool, settings.retry, metrics),
+        access=AccessLog(),
+        cpu=CpuPool(),
+        history=History(metrics),
+        responses=ResponseStore(responses.store_entries, responses.store_bytes),
+        running=RunningResponses(),
+        up_since=time.monotonic(),
+        up_since_iso=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+    )
 
 
-async def lanes_context(app: web.Application) -> AsyncIterator[None]:
+@asynccontextmanager
+async def lanes(services: Services) -> AsyncIterator[None]:
     """speclane's own two MLX lanes (``router.lanes.group``) on the start-up model, started
     before serving; the other servable models load on demand (``router.lanes.models``)."""
-    app[SUPERVISORS], app[LAYOUT], app[MODELS] = [], None, None
-    settings = app[SETTINGS]
+    settings, started = services.settings, services.started
     budget = memory_budget(settings.lanes)  # before the start-up model holds any
-    started = await start_lanes(settings, app[POOL], app[METRICS])
-    app[SUPERVISORS], app[LAYOUT] = started.supervisors, started.layout
-    if started.layout is not None:
-        catalog = catalog_for(settings, started.models)
+    made = await start_lanes(settings, services.pool, services.metrics)
+    started.supervisors, started.layout = made.supervisors, made.layout
+    if made.layout is not None:
+        catalog = catalog_for(settings, made.models)
         manager = ModelManager(
             settings,
-            app[POOL],
-            app[METRICS],
+            services.pool,
+            services.metrics,
             catalog,
             budget,
-            rescan=lambda: catalog_for(settings, started.models),
+            rescan=lambda: catalog_for(settings, made.models),
         )
-        await manager.start(started)
-        app[MODELS] = manager
+        await manager.start(made)
+        started.models = manager
         log.info("models: %s servable (%s)", len(catalog.models), ", ".join(catalog.names()))
     yield
-    if (models := app[MODELS]) is not None:
+    if (models := started.models) is not None:
         await models.stop()  # the start-up model's lanes too
 
 
-async def finish_in_flight(app: web.Application) -> None:
-    """On shutdown: refuse new requests, give the running ones ``shutdown_grace`` seconds,
-    then end streams with an error event (aiohttp alone would cut them silently)."""
-    await app[RELAY].shutdown(app[SETTINGS].shutdown_grace)
+@asynccontextmanager
+async def cpu_pool(services: Services) -> AsyncIterator[None]:
+    yield
+    services.cpu.close()
+
+
+@asynccontextmanager
+async def history(services: Services) -> AsyncIterator[None]:
+    async with history_sampling(services.history):
+        yield
 
 
 def initial_policies(settings: Settings) -> PolicySet:
@@ -168,8 +227,9 @@ def warn_no_policies(directory: Path) -> None:
     log.warning("no policies directory: every client gets the permissive default")
 
 
-async def policy_reloads(app: web.Application) -> AsyncIterator[None]:
-    watcher = app[POLICIES]
+@asynccontextmanager
+async def policy_reloads(services: Services) -> AsyncIterator[None]:
+    watcher = services.policies
     if not watcher.directory.is_dir():
         yield
         return
@@ -181,7 +241,8 @@ async def policy_reloads(app: web.Application) -> AsyncIterator[None]:
     await poller.stop()
 
 
-async def client_session(app: web.Application) -> AsyncIterator[None]:
+@asynccontextmanager
+async def client_session(services: Services) -> AsyncIterator[None]:
     # No connection limit: admission control and per-client limits decide concurrency,
     # and a pool limit here would queue streams invisibly.
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
@@ -189,24 +250,20 @@ async def client_session(app: web.Application) -> AsyncIterator[None]:
     session = aiohttp.ClientSession(
         connector=connector, skip_auto_headers=("User-Agent", "Accept-Encoding")
     )
-    app[SESSION] = session  # health checks and scraping
-    bounds = app[SETTINGS].upstream
-    client = Http1Pool(
-        keepalive=30.0,  # the relay's own: see router.proxy.upstream for why
-        max_body=bounds.max_body_bytes,
-        head_timeout=bounds.head_timeout,
-        max_trailer=bounds.max_trailer_bytes,
-    )
-    app[RELAY] = Relay(client, app[POOL], app[SETTINGS].retry, app[METRICS])
+    services.started.session = session  # health checks, scraping and token counts
     yield
-    await app[RELAY].close()
-    await client.close()
+    await services.relay.close()
+    await services.upstream.close()
     await session.close()
 
 
-async def cumulative_scraper(app: web.Application) -> AsyncIterator[None]:
+@asynccontextmanager
+async def cumulative_scraper(services: Services) -> AsyncIterator[None]:
     scraper = CumulativeScraper(
-        app[POOL], app[SESSION], app[SETTINGS].spec.scrape_interval, app[SPEC].observe_cumulative
+        services.pool,
+        services.started.client_session(),
+        services.settings.spec.scrape_interval,
+        services.spec.observe_cumulative,
     )
     scraper.start()
     yield
@@ -218,8 +275,14 @@ async def cumulative_scraper(app: web.Application) -> AsyncIterator[None]:
 STARTUP_HEALTH_WAIT = 2.0
 
 
-async def health_monitor(app: web.Application) -> AsyncIterator[None]:
-    monitor = HealthMonitor(app[POOL], app[SESSION], app[METRICS], app[SETTINGS].health_interval)
+@asynccontextmanager
+async def health_monitor(services: Services) -> AsyncIterator[None]:
+    monitor = HealthMonitor(
+        services.pool,
+        services.started.client_session(),
+        services.metrics,
+        services.settings.health_interval,
+    )
     await monitor.start(wait=STARTUP_HEALTH_WAIT)
     yield
     await monitor.stop()

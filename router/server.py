@@ -19,21 +19,22 @@ from pathlib import Path
 
 from aiohttp import web
 
-from router.app import make_app
-from router.appkeys import LOCAL_TOKEN, POLICIES, POOL, RELAY
+from router.app import wire
 from router.config.policies import PolicyError
 from router.config.settings import Settings
 from router.lanes.group import LaneStartupError
 from router.proxy.connections import FD_RESERVE, GuardedRunner, connection_cap, raise_fd_limit
 from router.proxy.hosts import WILDCARD_BINDS
 from router.proxy.localtoken import remove_token, write_token
+from router.proxy.relay import Relay
+from router.services import Services
 
 log = logging.getLogger("speclane")
 
 
 async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
     try:
-        app = make_app(settings)
+        app, services = wire(settings)
     except PolicyError as e:
         raise StartupError(f"invalid policies in {settings.policies_dir}:\n{e}") from e
     limits = settings.client_limits
@@ -59,7 +60,7 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    warn_if_exposed(settings, app)
+    warn_if_exposed(settings, services)
     token_file: Path | None = None
     try:
         await runner.setup()
@@ -77,10 +78,10 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
                 f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}"
             ) from None
         port = runner.addresses[0][1]
-        token_file = publish_local_token(app, port)
+        token_file = publish_local_token(services.local_token, port)
         base = f"http://{_display_host(settings.host)}:{port}/v1"
         print(f"speclane listening on {base}", flush=True)
-        print(curl_example(base, app), flush=True)
+        print(curl_example(base, services), flush=True)
         log.info("listening on %s", base)
         if not is_loopback_host(settings.host) and "*" not in settings.allowed_hosts:
             bound = (
@@ -97,19 +98,19 @@ async def run(settings: Settings, ready: asyncio.Event | None = None) -> None:
         if ready:
             ready.set()
         await stop.wait()
-        await drain(app, settings.shutdown_grace, stop)
+        await drain(services.relay, settings.shutdown_grace, stop)
     finally:
         await runner.cleanup()
         if token_file is not None:
-            remove_token(token_file, app[LOCAL_TOKEN])
+            remove_token(token_file, services.local_token)
         log.info("stopped")
 
 
-def publish_local_token(app: web.Application, port: int) -> Path | None:
+def publish_local_token(token: str, port: int) -> Path | None:
     """Write the run's local admin token for ``speclane policy reload`` (best effort: a
     read-only home only costs that command its key-less mode)."""
     try:
-        return write_token(port, app[LOCAL_TOKEN])
+        return write_token(port, token)
     except OSError as e:
         log.warning(
             "cannot write the local admin token (%s); 'speclane policy reload' "
@@ -119,7 +120,7 @@ def publish_local_token(app: web.Application, port: int) -> Path | None:
         return None
 
 
-async def drain(app: web.Application, grace: float, stop: asyncio.Event) -> None:
+async def drain(relay: Relay, grace: float, stop: asyncio.Event) -> None:
     """The grace period, with the listener still open: a new request is answered 503
     (code "shutting_down", so a client knows to go elsewhere or retry later) instead of a
     refused connection, and requests in flight get up to ``grace`` seconds. A second
@@ -131,7 +132,6 @@ async def drain(app: web.Application, grace: float, stop: asyncio.Event) -> None
         grace,
     )
     stop.clear()
-    relay = app[RELAY]
     graceful = asyncio.create_task(relay.shutdown(grace))
     again = asyncio.create_task(stop.wait())
     try:
@@ -150,14 +150,14 @@ def is_loopback_host(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def warn_if_exposed(settings: Settings, app: web.Application) -> None:
+def warn_if_exposed(settings: Settings, services: Services) -> None:
     """A router on the network that lets anyone in without a key must say so loudly.
 
     "Anyone in" is the key rule itself (``PolicySet.keyless``), not a second reading of it.
     """
     if is_loopback_host(settings.host):
         return
-    keyless = app[POLICIES].current.keyless()
+    keyless = services.policies.current.keyless()
     if not keyless and settings.admin_key is not None:
         return
     problems = []
@@ -182,8 +182,8 @@ def warn_if_exposed(settings: Settings, app: web.Application) -> None:
     log.warning("listening on a non-loopback address without API keys")
 
 
-def curl_example(base: str, app: web.Application) -> str:
-    models = app[POOL].models()
+def curl_example(base: str, services: Services) -> str:
+    models = services.pool.models()
     model = models[0][0] if models else "MODEL"
     return (
         "try it:\n"

@@ -13,8 +13,9 @@ import openai
 import pytest
 from aiohttp import web
 
-from router.app import make_app
+from router.app import Wired, wire
 from router.config.settings import Settings, load_settings
+from router.services import Services
 from tests.fakes.upstream import FakeUpstream
 
 # The tiers (fast by default, realmodel, clients) and the guard that keeps the fast one fast;
@@ -25,6 +26,7 @@ pytest_plugins = ["tests.tiers", "tests.realmodel"]
 @dataclass
 class RunningRouter:
     app: web.Application
+    services: Services  # what the app's handlers were handed (router.services)
     port: int
     # Clients handed out, closed when the router stops: an AsyncOpenAI left open is closed
     # by its finaliser whenever the GC finds it, often in a later test on another (closed)
@@ -88,13 +90,14 @@ async def serve_app(app: web.Application, **runner_kwargs: Any) -> AsyncIterator
 async def run_router(
     settings: Settings, setup: Any = None, **app_kwargs: Any
 ) -> AsyncIterator[RunningRouter]:
-    app = make_app(settings, **app_kwargs)
+    wired = wire(settings, **app_kwargs)
+    app = wired.app
     if setup is not None:
-        setup(app)
+        setup(wired)
     async with serve_app(
         app, handler_cancellation=True, shutdown_timeout=settings.shutdown_grace
     ) as port:
-        running = RunningRouter(app, port)
+        running = RunningRouter(app, wired.services, port)
         try:
             yield running
         finally:
@@ -121,7 +124,7 @@ async def fake() -> AsyncIterator[FakeUpstream]:
 
 
 def add_fake_lane(
-    app: web.Application,
+    wired: Wired,
     lane: str,
     fake: FakeUpstream,
     *,
@@ -130,17 +133,16 @@ def add_fake_lane(
 ) -> None:
     """Register a fake upstream as one of speclane's lanes (what the supervisor does for a
     real worker), so routing between lanes can be tested without MLX."""
-    from router.appkeys import POOL, SETTINGS
     from router.lanes.group import lane_backend
 
-    settings = app[SETTINGS]
+    settings = wired.services.settings
     backend = lane_backend(lane, settings, fake.models[0])  # type: ignore[arg-type]
     backend.base_url = fake.base_url
     backend.ready = True
     backend.speculative_active = speculative and lane == "speculative"
     backend.has_draft = backend.speculative_active  # as a lane running its draft model says
     backend.reported = {"capacity": capacity or (1 if lane == "speculative" else 8)}
-    app[POOL].add(backend)
+    wired.services.pool.add(backend)
 
 
 @asynccontextmanager
@@ -151,9 +153,9 @@ async def lanes_router(
     settings = router_settings(**{"backends": [], **overrides})
     async with run_router(
         settings,
-        setup=lambda app: (
-            add_fake_lane(app, "speculative", spec_lane),
-            add_fake_lane(app, "batching", batch_lane),
+        setup=lambda wired: (
+            add_fake_lane(wired, "speculative", spec_lane),
+            add_fake_lane(wired, "batching", batch_lane),
         ),
     ) as r:
         yield r

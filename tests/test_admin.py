@@ -16,7 +16,6 @@ import aiohttp
 import orjson
 import pytest
 
-from router.appkeys import LOCAL_TOKEN, METRICS, POLICIES
 from router.cli.policy import main as policy_main
 from router.server import publish_local_token
 from tests.conftest import RunningRouter, router_settings, run_router
@@ -60,7 +59,7 @@ async def call(
 
 
 def held(r: RunningRouter) -> float:
-    value = r.app[METRICS].registry.get_sample_value(
+    value = r.services.metrics.registry.get_sample_value(
         "speclane_policy_reloads_total", {"result": "held"}
     )
     return value or 0.0
@@ -112,7 +111,10 @@ async def test_a_foreign_host_is_refused_on_every_endpoint_in_the_callers_shape(
                 assert "host_not_allowed" in answer["error"]
             else:
                 assert answer["error"]["code"] == "host_not_allowed"
-        assert r.app[POLICIES].attempts == 0 and r.app[POLICIES].current.default.require_api_key
+        assert (
+            r.services.policies.attempts == 0
+            and r.services.policies.current.default.require_api_key
+        )
         assert fake.requests == []
         # The same request naming the router as the machine knows it is answered.
         status, _ = await call(r, "GET", "/healthz", Host=f"localhost:{r.port}")
@@ -155,7 +157,7 @@ async def test_a_cross_site_admin_post_never_runs(
         (tmp_path / "default.toml").write_text("priority = 3\n" + CLOSED)  # narrows nothing
         status, answer = await call(r, "POST", "/admin/reload", b"x=1", **headers)
         assert status == 403 and answer["error"]["code"] == "cross_site_admin_request"
-        assert r.app[POLICIES].attempts == 0
+        assert r.services.policies.attempts == 0
         # ... even with the local admin token (a page cannot send one; belt and braces).
         status, _ = await call(
             r,
@@ -163,9 +165,9 @@ async def test_a_cross_site_admin_post_never_runs(
             "/admin/reload",
             b"x=1",
             **headers,
-            Authorization=f"Bearer {r.app[LOCAL_TOKEN]}",
+            Authorization=f"Bearer {r.services.local_token}",
         )
-        assert status == 403 and r.app[POLICIES].attempts == 0
+        assert status == 403 and r.services.policies.attempts == 0
 
 
 @pytest.mark.parametrize(
@@ -185,7 +187,7 @@ async def test_a_same_origin_or_non_browser_admin_post_runs(
         headers = {**headers, "Origin": f"http://127.0.0.1:{r.port}"} if headers else headers
         status, answer = await call(r, "POST", "/admin/reload", **headers)
         assert status == 200 and answer["ok"], answer
-        assert r.app[POLICIES].current.default.priority == 3
+        assert r.services.policies.current.default.priority == 3
 
 
 # --- a held (widening) change needs proof ------------------------------------------------------
@@ -199,16 +201,16 @@ async def test_a_bare_loopback_post_never_applies_a_widening_change(
         status, answer = await call(r, "POST", "/admin/reload")
         assert status == 403 and answer["error"]["code"] == "reload_needs_admin_key"
         assert "without an API key" in answer["error"]["message"]
-        assert r.app[POLICIES].current.default.require_api_key and held(r) == 1
+        assert r.services.policies.current.default.require_api_key and held(r) == 1
         # A wrong bearer is no proof either.
         status, _ = await call(r, "POST", "/admin/reload", Authorization="Bearer guess")
-        assert status == 403 and r.app[POLICIES].current.default.require_api_key
+        assert status == 403 and r.services.policies.current.default.require_api_key
         # The local admin token is.
         status, answer = await call(
-            r, "POST", "/admin/reload", Authorization=f"Bearer {r.app[LOCAL_TOKEN]}"
+            r, "POST", "/admin/reload", Authorization=f"Bearer {r.services.local_token}"
         )
         assert status == 200 and answer["ok"]
-        assert not r.app[POLICIES].current.default.require_api_key
+        assert not r.services.policies.current.default.require_api_key
 
 
 async def test_with_an_admin_key_the_key_applies_a_widening_change(
@@ -217,10 +219,10 @@ async def test_with_an_admin_key_the_key_applies_a_widening_change(
     async with router(fake, tmp_path, admin_key=ADMIN_KEY) as r:
         (tmp_path / "default.toml").write_text(OPEN)
         status, _ = await call(r, "POST", "/admin/reload")
-        assert status == 401 and r.app[POLICIES].attempts == 0
+        assert status == 401 and r.services.policies.attempts == 0
         status, answer = await call(r, "POST", "/admin/reload", Authorization=f"Bearer {ADMIN_KEY}")
         assert status == 200 and answer["ok"]
-        assert not r.app[POLICIES].current.default.require_api_key
+        assert not r.services.policies.current.default.require_api_key
 
 
 async def test_speclane_policy_reload_applies_a_held_change(
@@ -237,18 +239,18 @@ async def test_speclane_policy_reload_applies_a_held_change(
     policies.mkdir()
     async with router(fake, policies) as r:
         (policies / "default.toml").write_text(OPEN)
-        r.app[POLICIES].check(), r.app[POLICIES].check()  # the poller holds it
-        assert held(r) == 1 and r.app[POLICIES].current.default.require_api_key
+        r.services.policies.check(), r.services.policies.check()  # the poller holds it
+        assert held(r) == 1 and r.services.policies.current.default.require_api_key
         argv = ["reload", "--url", f"http://127.0.0.1:{r.port}/v1"]
         # No token file yet (as when the router cannot write one): refused, and said why.
         assert await asyncio.to_thread(policy_main, argv) == 1
         assert "policy change held" in capsys.readouterr().err
-        token_file = publish_local_token(r.app, r.port)
+        token_file = publish_local_token(r.services.local_token, r.port)
         assert token_file is not None and token_file.parent == runtime / "speclane"
         assert token_file.stat().st_mode & 0o777 == 0o600
         assert await asyncio.to_thread(policy_main, argv) == 0
         assert "policies reloaded: default" in capsys.readouterr().out
-        assert not r.app[POLICIES].current.default.require_api_key
+        assert not r.services.policies.current.default.require_api_key
 
 
 # --- the same attacks from a real browser ------------------------------------------------------
@@ -310,7 +312,7 @@ async def test_in_headless_chromium_a_cross_site_form_and_a_rebound_name_change_
 
     async with router(fake, tmp_path) as r:
         (tmp_path / "default.toml").write_text(OPEN)
-        watcher = r.app[POLICIES]
+        watcher = r.services.policies
         watcher.check(), watcher.check()  # the poller held the widening change
         assert held(r) == 1
         attempts = watcher.attempts

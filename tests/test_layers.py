@@ -18,13 +18,16 @@ FLOORS: dict[str, int] = {
     "router.config.suggest": 0,
     "router.worker_contract": 0,
     "router.metrics": 0,
-    "router.appkeys": 0,
+    # The services handed to every handler: types only, for the type checker.
+    "router.services": 0,
     "router.sse": 0,
     "router.periodic": 0,
     "router.observability.escape": 0,
     # The request family: a pure leaf that both routing and speculation read.
     "router.speculation.families": 0,
     "router.errors": 1,
+    # The upstream client: speaks HTTP/1.1 to upstreams, knows nothing of the edge above it.
+    "router.upstream": 1,
     "router.config": 2,
     "router.request_rules": 2,
     "router.routing": 3,

@@ -8,7 +8,6 @@ import openai
 import pytest
 
 from router import __version__
-from router.appkeys import METRICS
 from router.metrics import Metrics, build_labels
 from tests.conftest import (
     RunningRouter,
@@ -44,7 +43,7 @@ CHAT = [{"role": "user", "content": "hi"}]
 
 
 async def scrape(r: RunningRouter) -> str:
-    return r.app[METRICS].render().decode()
+    return r.services.metrics.render().decode()
 
 
 async def test_standard_collectors_and_build_info() -> None:
@@ -137,7 +136,7 @@ async def test_ttft_counts_streams_only(fake: FakeUpstream) -> None:
         await wait_until(
             lambda: (
                 metric_value(
-                    r.app[METRICS].render().decode(), "speclane_requests_total", status="200"
+                    r.services.metrics.render().decode(), "speclane_requests_total", status="200"
                 )
                 == 2
             )

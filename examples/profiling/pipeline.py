@@ -16,12 +16,11 @@ from pathlib import Path
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
-from router.app import make_app
-from router.appkeys import METRICS, POOL, SPEC
+from router.app import wire
 from router.bench.common.upstream import stream_body, stream_events
 from router.config.settings import load_settings
 from router.proxy import observe
-from router.proxy.accesslog import ACCESS, record_of
+from router.proxy.accesslog import record_of
 from router.proxy.handlers import decide, identify
 from router.proxy.headers import decision_headers
 from router.proxy.outcome import Outcome
@@ -48,8 +47,8 @@ def main() -> None:
             '[[backends]]\nname = "bench"\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n'
         )
         settings = load_settings(config, port=0)
-        app = make_app(settings)
-        backend = next(iter(app[POOL]))
+        app, services = wire(settings)
+        backend = next(iter(services.pool))
         backend.probe_succeeded(frozenset({"bench-model"}))
         request = make_mocked_request(
             "POST",
@@ -57,13 +56,13 @@ def main() -> None:
             app=app,
             headers=CIMultiDict({"Content-Type": "application/json", "Host": "x"}),
         )
-        policy = identify(request)
+        policy = identify(services, request)
         tail = SSETail()
         tail.feed(CHUNK)
 
         def finished_outcome() -> Outcome:
             parsed = parse_request("chat", RAW)
-            result = decide(request, parsed, policy, SpecClaim())
+            result = decide(services, request, parsed, policy, SpecClaim())
             o = Outcome(
                 endpoint="chat",
                 arrival=time.monotonic(),
@@ -82,19 +81,19 @@ def main() -> None:
 
         outcome = finished_outcome()
         parsed = parse_request("chat", RAW)
-        result = decide(request, parsed, policy, SpecClaim())
+        result = decide(services, request, parsed, policy, SpecClaim())
         total = 0.0
-        total += bench("identify", lambda: identify(request))
+        total += bench("identify", lambda: identify(services, request))
         total += bench("parse_request", lambda: parse_request("chat", RAW))
         # the same parsed request each time: the bench configuration changes no field
-        total += bench("decide", lambda: decide(request, parsed, policy, SpecClaim()))
+        total += bench("decide", lambda: decide(services, request, parsed, policy, SpecClaim()))
         total += bench("decision_headers", lambda: decision_headers(result, 0.001, 0.0))
         total += bench("SSETail.finish", tail.finish)
-        total += bench("observe.record", lambda: observe.record(app[METRICS], outcome))
-        total += bench("telemetry.observe", lambda: app[SPEC].observe(outcome, SpecClaim()))
+        total += bench("observe.record", lambda: observe.record(services.metrics, outcome))
+        total += bench("telemetry.observe", lambda: services.spec.observe(outcome, SpecClaim()))
         total += bench(
             "record_of+add",
-            lambda: app[ACCESS].add(
+            lambda: services.access.add(
                 record_of(outcome, client="default", model="bench-model", decision="x")
             ),
         )

@@ -17,7 +17,6 @@ import orjson
 from aiohttp import web
 
 from router import errors
-from router.appkeys import LIMITER, METRICS, MODELS, POOL
 from router.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
@@ -26,15 +25,13 @@ from router.frontdoors.ollama_out import Kind, OllamaEgress, now_iso
 from router.frontdoors.responses_http import setup_responses_routes
 from router.frontdoors.tokencount import count_on_lane
 from router.proxy import observe
-from router.proxy.accesslog import ACCESS, record_of
+from router.proxy.accesslog import record_of
 from router.proxy.body import read_object, read_raw
 from router.proxy.handlers import Inbound, identify, listed, proxy, request_key
-from router.proxy.offload import off_loop
 from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
-
-STARTED = web.AppKey("frontdoors_started", str)  # what Ollama calls a model's modified_at
+from router.services import Services, bind
 
 
 def anthropic_key(request: web.Request) -> str | None:
@@ -46,33 +43,34 @@ def anthropic_key(request: web.Request) -> str | None:
 # --- Anthropic -------------------------------------------------------------------------------
 
 
-async def messages(request: web.Request) -> web.StreamResponse:
+async def messages(services: Services, request: web.Request) -> web.StreamResponse:
     def work(raw: bytes) -> Inbound:
         req = anthropic_in.to_openai(load_object(raw))
         egress = AnthropicEgress(req.model, req.stop_sequences, req.applied_edits)
         return to_parsed("chat", req.openai), egress
 
     async def translate(raw: bytes) -> Inbound:
-        return await off_loop(request.app, len(raw), work, raw)
+        return await services.cpu.run(len(raw), work, raw)
 
-    return await proxy(request, "chat", api="anthropic", translate=translate, api_key_header=True)
+    return await proxy(
+        services, request, "chat", api="anthropic", translate=translate, api_key_header=True
+    )
 
 
-async def count_tokens(request: web.Request) -> web.Response:
+async def count_tokens(services: Services, request: web.Request) -> web.Response:
     """The prompt's tokens under the lanes' own tokenizer and chat template, admitted like a
     generation request (``router.frontdoors.tokencount``); its body is read under the same
     limit (``max_body_bytes``) and deadline."""
-    app = request.app
     outcome = Outcome(endpoint="count_tokens", arrival=time.monotonic(), api="anthropic")
     client, model = "unidentified", None
     try:
-        policy = identify(request, anthropic_key(request))
+        policy = identify(services, request, anthropic_key(request))
         client = policy.client
-        raw = await read_raw(request)
-        req = await off_loop(app, len(raw), _count_request, raw)
+        raw = await read_raw(services, request)
+        req = await services.cpu.run(len(raw), _count_request, raw)
         model = req.model
         count = await count_on_lane(
-            app,
+            services,
             policy,
             req.model,
             lambda served: anthropic_in.count_body(req),
@@ -92,9 +90,9 @@ async def count_tokens(request: web.Request) -> web.Response:
         raise
     finally:  # booked like every proxied request: metrics and the access log
         outcome.finished_at = time.monotonic()
-        observe.record(app[METRICS], outcome)
+        observe.record(services.metrics, outcome)
         model = outcome.model or model  # the model that served (one of ours may be aliased)
-        app[ACCESS].add(record_of(outcome, client=client, model=model, decision=None))
+        services.access.add(record_of(outcome, client=client, model=model, decision=None))
 
 
 def _count_request(raw: bytes) -> anthropic_in.MessagesRequest:
@@ -104,7 +102,7 @@ def _count_request(raw: bytes) -> anthropic_in.MessagesRequest:
 # --- Ollama -----------------------------------------------------------------------------------
 
 
-async def ollama_chat(request: web.Request) -> web.StreamResponse:
+async def ollama_chat(services: Services, request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
 
     def work(raw: bytes) -> Inbound:
@@ -112,42 +110,48 @@ async def ollama_chat(request: web.Request) -> web.StreamResponse:
         return _ollama_parsed(req, "chat", arrival)
 
     async def translate(raw: bytes) -> Inbound:
-        return await off_loop(request.app, len(raw), work, raw)
+        return await services.cpu.run(len(raw), work, raw)
 
-    return await proxy(request, "chat", api="ollama", translate=translate, arrival=arrival)
+    return await proxy(
+        services, request, "chat", api="ollama", translate=translate, arrival=arrival
+    )
 
 
-async def ollama_generate(request: web.Request) -> web.StreamResponse:
+async def ollama_generate(services: Services, request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
     # The one body reader; aiohttp keeps the bytes for proxy()'s own read.
-    body = await read_object(request)
+    body = await read_object(services, request)
     if ollama_in.is_load_request(body):
-        return await _ollama_load(request, body, arrival)
+        return await _ollama_load(services, request, body, arrival)
 
     def work() -> Inbound:
         return _ollama_parsed(ollama_in.generate_to_openai(body), "generate", arrival)
 
     async def translate(raw: bytes) -> Inbound:
-        return await off_loop(request.app, len(raw), work)
+        return await services.cpu.run(len(raw), work)
 
-    return await proxy(request, "chat", api="ollama", translate=translate, arrival=arrival)
+    return await proxy(
+        services, request, "chat", api="ollama", translate=translate, arrival=arrival
+    )
 
 
-async def _ollama_load(request: web.Request, body: dict[str, Any], arrival: float) -> web.Response:
+async def _ollama_load(
+    services: Services, request: web.Request, body: dict[str, Any], arrival: float
+) -> web.Response:
     """A generate request without a prompt: load the model (one of ours loads now, as for
     a request), or with ``keep_alive: 0`` unload it; answered at once, like Ollama."""
-    policy = identify(request)
+    policy = identify(services, request)
     req = ollama_in.generate_to_openai(body)
     parsed, _ = _ollama_parsed(req, "generate", arrival)
-    manager = request.app.get(MODELS)
+    manager = services.started.models
     name = manager.resolve(req.model) if manager is not None else None
     unloading = req.keep_alive == 0
     if manager is None or name is None:
-        _served(request, req.model)  # 404 when nothing serves it
+        _served(services, request, req.model)  # 404 when nothing serves it
     elif not (unloading and manager.state(name) != "loaded"):
         async with (
-            request.app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout),
-            model_loaded(manager, request.app[POOL], parsed, policy),
+            services.limiter.slot(policy.client, policy.max_concurrency, policy.queue_timeout),
+            model_loaded(manager, services.pool, parsed, policy),
         ):
             pass
     answer = {
@@ -170,19 +174,19 @@ def _ollama_parsed(req: ollama_in.OllamaRequest, kind: Kind, arrival: float) -> 
     return parsed, OllamaEgress(kind, req.model, arrival, loaded=lambda: parsed.load_seconds)
 
 
-def _models(request: web.Request) -> list[ollama_info.ServedModel]:
+def _models(services: Services, request: web.Request) -> list[ollama_info.ServedModel]:
     """What the Ollama door lists, shows and pulls: the models the caller's policy lets it
     use (and, for a model of ours not loaded, load): ``router.proxy.handlers.listed``."""
-    policy = identify(request)
+    policy = identify(services, request)
     seen: dict[str, ollama_info.ServedModel] = {}
-    for b in request.app[POOL]:
+    for b in services.pool:
         for m in sorted(b.models):
             if not listed(policy, m, True):
                 continue
             fmt = "mlx" if b.lane is not None else b.kind
             if m not in seen or (b.ready and not seen[m].ready):
                 seen[m] = ollama_info.ServedModel(m, fmt, b.ready)
-    manager = request.app.get(MODELS)
+    manager = services.started.models
     for entry in manager.models() if manager is not None else []:
         name, known = entry["name"], seen.get(entry["name"])
         loaded = entry["state"] == "loaded"
@@ -208,41 +212,43 @@ def _expiry(seconds: float | None) -> str:
     return when.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _served(request: web.Request, name: str) -> ollama_info.ServedModel:
-    for m in _models(request):
+def _served(services: Services, request: web.Request, name: str) -> ollama_info.ServedModel:
+    for m in _models(services, request):
         if m.name == name:
             return m
     raise errors.not_found(f"model '{name}' not found", param="model", code="model_not_found")
 
 
-async def ollama_tags(request: web.Request) -> web.Response:
-    identify(request)
-    return web.json_response(ollama_info.tags(_models(request), request.app[STARTED]))
+async def ollama_tags(services: Services, request: web.Request) -> web.Response:
+    identify(services, request)
+    models = _models(services, request)
+    return web.json_response(ollama_info.tags(models, services.up_since_iso))
 
 
-async def ollama_ps(request: web.Request) -> web.Response:
-    identify(request)
-    return web.json_response(ollama_info.ps(_models(request)))
+async def ollama_ps(services: Services, request: web.Request) -> web.Response:
+    identify(services, request)
+    return web.json_response(ollama_info.ps(_models(services, request)))
 
 
-async def ollama_show(request: web.Request) -> web.Response:
-    identify(request)
-    body = await read_object(request)
+async def ollama_show(services: Services, request: web.Request) -> web.Response:
+    identify(services, request)
+    body = await read_object(services, request)
     name = body.get("model") or body.get("name")  # "name" is the older clients' field
     if not isinstance(name, str) or not name:
         raise errors.bad_request("'model' is required", param="model")
-    return web.json_response(ollama_info.show(_served(request, name), request.app[STARTED]))
+    served = _served(services, request, name)
+    return web.json_response(ollama_info.show(served, services.up_since_iso))
 
 
-async def ollama_pull(request: web.Request) -> web.Response:
-    identify(request)
-    body = await read_object(request)  # under the body rules, like every endpoint
+async def ollama_pull(services: Services, request: web.Request) -> web.Response:
+    identify(services, request)
+    body = await read_object(services, request)  # under the body rules, like every endpoint
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
         raise errors.bad_request("'model' is required", param="model")
     # Ollama answers a failed pull with 200 and an error line, which is what its clients
     # (the ollama libraries, Codex) read and show.
-    line = ollama_info.pull(name, _models(request))
+    line = ollama_info.pull(name, _models(services, request))
     if body.get("stream") is False:
         if "error" in line:
             raise errors.not_found(line["error"], param="model", code="model_not_found")
@@ -254,15 +260,15 @@ async def ollama_version(request: web.Request) -> web.Response:
     return web.json_response(ollama_info.version())
 
 
-def setup_frontdoor_routes(app: web.Application) -> None:
-    app[STARTED] = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    app.router.add_post("/v1/messages", messages)
-    app.router.add_post("/v1/messages/count_tokens", count_tokens)
-    app.router.add_post("/api/chat", ollama_chat)
-    app.router.add_post("/api/generate", ollama_generate)
-    app.router.add_get("/api/tags", ollama_tags)
-    app.router.add_post("/api/show", ollama_show)
-    app.router.add_get("/api/ps", ollama_ps)
-    app.router.add_get("/api/version", ollama_version)
-    app.router.add_post("/api/pull", ollama_pull)
-    setup_responses_routes(app)
+def setup_frontdoor_routes(app: web.Application, services: Services) -> None:
+    add_post, add_get = app.router.add_post, app.router.add_get
+    add_post("/v1/messages", bind(services, messages))
+    add_post("/v1/messages/count_tokens", bind(services, count_tokens))
+    add_post("/api/chat", bind(services, ollama_chat))
+    add_post("/api/generate", bind(services, ollama_generate))
+    add_get("/api/tags", bind(services, ollama_tags))
+    add_post("/api/show", bind(services, ollama_show))
+    add_get("/api/ps", bind(services, ollama_ps))
+    add_get("/api/version", ollama_version)
+    add_post("/api/pull", bind(services, ollama_pull))
+    setup_responses_routes(app, services)

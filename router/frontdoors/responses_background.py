@@ -19,22 +19,22 @@ from typing import Any
 from aiohttp import web
 
 from router import errors
-from router.appkeys import SETTINGS
 from router.errors import RouterError
 from router.frontdoors import responses_in, responses_items
 from router.frontdoors.common import to_parsed
 from router.frontdoors.responses_out import ResponsesEgress
-from router.frontdoors.responses_running import RUNNING, STORE, Running, missing
+from router.frontdoors.responses_running import Running, missing
 from router.proxy.handlers import Inbound, Translate, proxy
-from router.proxy.offload import off_loop
 from router.proxy.relay import Stop
+from router.services import Services
 
 log = logging.getLogger("speclane.responses")
 
 
-async def start(request: web.Request, body: dict[str, Any], client: str) -> web.Response:
-    app = request.app
-    store, running = app[STORE], app[RUNNING]
+async def start(
+    services: Services, request: web.Request, body: dict[str, Any], client: str
+) -> web.Response:
+    store, running = services.responses, services.running
     if body.get("background") is not True:
         raise errors.bad_request("'background' must be a boolean", param="background")
     if body.get("store") is False or store.max_entries < 1:
@@ -50,7 +50,7 @@ async def start(request: web.Request, body: dict[str, Any], client: str) -> web.
             param="stream",
             code="unsupported_parameter",
         )
-    limit = app[SETTINGS].responses.max_background
+    limit = services.settings.responses.max_background
     if running.background(client) >= limit:
         raise RouterError(
             429,
@@ -70,7 +70,7 @@ async def start(request: web.Request, body: dict[str, Any], client: str) -> web.
             raise missing(previous, "previous_response_id")
         history, size = entry.messages, size + entry.size
     # Every 400 now, before the answer; over a long stored conversation, off the loop.
-    req = await off_loop(request.app, size, responses_in.to_openai, body, history)
+    req = await services.cpu.run(size, responses_in.to_openai, body, history)
     req = dataclasses.replace(req, echo={**req.echo, "background": True})
     items = responses_items.input_items(body.get("input"))
 
@@ -89,20 +89,25 @@ async def start(request: web.Request, body: dict[str, Any], client: str) -> web.
         save(egress.shell("in_progress"), list(req.conversation))
         return parsed, egress
 
-    task = asyncio.create_task(_run(request, translate, stop, entry_, client))
+    task = asyncio.create_task(_run(services, request, translate, stop, entry_, client))
     stop.task = task
     running.track(task)
     return web.json_response(queued)
 
 
 async def _run(
-    request: web.Request, translate: Translate, stop: Stop, entry: Running, client: str
+    services: Services,
+    request: web.Request,
+    translate: Translate,
+    stop: Stop,
+    entry: Running,
+    client: str,
 ) -> None:
     """The response's whole life, its request already answered: ``request`` gives the
     pipeline its client's headers and the body aiohttp read."""
     egress = entry.egress
     try:
-        await proxy(request, "chat", api="responses", translate=translate, stop=stop)
+        await proxy(services, request, "chat", api="responses", translate=translate, stop=stop)
         if egress.final is None:  # nothing translated an answer: not one the door knows
             egress.ended_whole("failed", errors.internal_error())
     except asyncio.CancelledError:
@@ -114,4 +119,4 @@ async def _run(
         log.exception("background response %s failed", egress.id)
         egress.ended_whole("failed", errors.internal_error())
     finally:
-        request.app[RUNNING].end(client, egress.id)
+        services.running.end(client, egress.id)

@@ -14,60 +14,53 @@ import time
 
 from aiohttp import web
 
-from router.appkeys import SETTINGS
 from router.errors import RouterError
 from router.frontdoors import responses_background, responses_in, responses_items, responses_ops
 from router.frontdoors.common import to_parsed
 from router.frontdoors.responses_out import ResponsesEgress
-from router.frontdoors.responses_running import (
-    RUNNING,
-    STORE,
-    Running,
-    RunningResponses,
-    missing,
-)
-from router.frontdoors.responses_store import ResponseStore
+from router.frontdoors.responses_running import Running, missing
 from router.proxy.body import read_object
 from router.proxy.handlers import Inbound, owner, proxy
-from router.proxy.offload import off_loop
 from router.proxy.relay import Stop
 from router.proxy.request import load_object
+from router.services import Services, bind
 
 _missing = missing
 
 
-async def create(request: web.Request) -> web.StreamResponse:
+async def create(services: Services, request: web.Request) -> web.StreamResponse:
     # A background response is answered at once: its body is read here (identified
     # first); aiohttp keeps the bytes for proxy()'s own read otherwise.
     try:
-        _, who = owner(request)
-        body = await read_object(request)
+        _, who = owner(services, request)
+        body = await read_object(services, request)
     except RouterError as e:
         if e.status in (401, 403, 400):  # proxy() books and answers the same refusal
-            return await _respond(request, compact=False)
+            return await _respond(services, request, compact=False)
         raise
     if body.get("background") not in (None, False):
-        return await responses_background.start(request, body, who)
-    return await _respond(request, compact=False)
+        return await responses_background.start(services, request, body, who)
+    return await _respond(services, request, compact=False)
 
 
-async def compact(request: web.Request) -> web.StreamResponse:
+async def compact(services: Services, request: web.Request) -> web.StreamResponse:
     """``POST /v1/responses/compact``: the conversation summarized into one compaction item
     (``responses_compact``), answered whole."""
-    return await _respond(request, compact=True)
+    return await _respond(services, request, compact=True)
 
 
-async def _respond(request: web.Request, *, compact: bool) -> web.StreamResponse:
+async def _respond(
+    services: Services, request: web.Request, *, compact: bool
+) -> web.StreamResponse:
     arrival = time.monotonic()
-    store = request.app[STORE]
-    running = request.app[RUNNING]
+    store = services.responses
+    running = services.running
     made: list[tuple[str, ResponsesEgress]] = []  # (client, egress) once translated
     stop = Stop(asyncio.current_task(), lambda: made[0][1].cancelled() if made else b"")
 
     async def translate(raw: bytes) -> Inbound:
-        app = request.app
-        _, client = owner(request)  # already identified (and allowed) by proxy()
-        body = await off_loop(app, len(raw), load_object, raw)
+        _, client = owner(services, request)  # already identified (and allowed) by proxy()
+        body = await services.cpu.run(len(raw), load_object, raw)
         if compact:
             body = {**body, "stream": False, "store": False}  # the endpoint answers whole
         previous = responses_in.previous_id(body)
@@ -93,7 +86,7 @@ async def _respond(request: web.Request, *, compact: bool) -> web.StreamResponse
                 body.get("input")
             )
 
-        (parsed, egress), items = await off_loop(app, size, work)
+        (parsed, egress), items = await services.cpu.run(size, work)
         assert isinstance(egress, ResponsesEgress)
         made.append((client, egress))
         running.add(client, egress.id, Running(stop, egress))
@@ -101,44 +94,43 @@ async def _respond(request: web.Request, *, compact: bool) -> web.StreamResponse
 
     try:
         return await proxy(
-            request, "chat", api="responses", translate=translate, arrival=arrival, stop=stop
+            services,
+            request,
+            "chat",
+            api="responses",
+            translate=translate,
+            arrival=arrival,
+            stop=stop,
         )
     finally:
         if made:
             running.end(made[0][0], made[0][1].id)
 
 
-async def retrieve(request: web.Request) -> web.Response:
-    _, client = owner(request)
+async def retrieve(services: Services, request: web.Request) -> web.Response:
+    _, client = owner(services, request)
     resp_id = request.match_info["response_id"]
-    entry = request.app[STORE].get(client, resp_id)
+    entry = services.responses.get(client, resp_id)
     if entry is None:
         raise _missing(resp_id)
     # Kept as its JSON: answered as it is, nothing decoded or encoded again.
     return web.Response(body=entry.response_json, content_type="application/json")
 
 
-async def delete(request: web.Request) -> web.Response:
-    _, client = owner(request)
+async def delete(services: Services, request: web.Request) -> web.Response:
+    _, client = owner(services, request)
     resp_id = request.match_info["response_id"]
-    if not request.app[STORE].delete(client, resp_id):
+    if not services.responses.delete(client, resp_id):
         raise _missing(resp_id)
     return web.json_response({"id": resp_id, "object": "response", "deleted": True})
 
 
-async def _shutdown(app: web.Application) -> None:
-    await app[RUNNING].shutdown()
-
-
-def setup_responses_routes(app: web.Application) -> None:
-    settings = app[SETTINGS].responses
-    app[STORE] = ResponseStore(settings.store_entries, settings.store_bytes)
-    app[RUNNING] = RunningResponses()
-    app.on_shutdown.append(_shutdown)
-    app.router.add_post("/v1/responses", create)
-    app.router.add_post("/v1/responses/compact", compact)
-    app.router.add_post("/v1/responses/input_tokens", responses_ops.input_tokens)
-    app.router.add_get("/v1/responses/{response_id}", retrieve)
-    app.router.add_delete("/v1/responses/{response_id}", delete)
-    app.router.add_get("/v1/responses/{response_id}/input_items", responses_ops.input_items)
-    app.router.add_post("/v1/responses/{response_id}/cancel", responses_ops.cancel)
+def setup_responses_routes(app: web.Application, services: Services) -> None:
+    add_post, add_get = app.router.add_post, app.router.add_get
+    add_post("/v1/responses", bind(services, create))
+    add_post("/v1/responses/compact", bind(services, compact))
+    add_post("/v1/responses/input_tokens", bind(services, responses_ops.input_tokens))
+    add_get("/v1/responses/{response_id}", bind(services, retrieve))
+    app.router.add_delete("/v1/responses/{response_id}", bind(services, delete))
+    add_get("/v1/responses/{response_id}/input_items", bind(services, responses_ops.input_items))
+    add_post("/v1/responses/{response_id}/cancel", bind(services, responses_ops.cancel))

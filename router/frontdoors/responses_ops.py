@@ -20,45 +20,45 @@ from typing import Any
 from aiohttp import web
 
 from router import errors
-from router.appkeys import METRICS, POOL, SETTINGS
 from router.errors import RouterError
 from router.frontdoors import responses_in, responses_items
 from router.frontdoors.common import counted
-from router.frontdoors.responses_running import CANCEL_WAIT, RUNNING, STORE, missing
+from router.frontdoors.responses_running import CANCEL_WAIT, missing
 from router.frontdoors.tokencount import count_on_lane, tokenizing_lane
 from router.proxy import observe
-from router.proxy.accesslog import ACCESS, record_of
+from router.proxy.accesslog import record_of
 from router.proxy.connections import read_body
 from router.proxy.handlers import owner
 from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
+from router.services import Services
 
 # Fields of a create request that do not change what the prompt holds: dropped before the
 # request is translated for a count.
 NOT_COUNTED = ("stream", "background", "store")
 
 
-async def input_items(request: web.Request) -> web.Response:
-    _, client = owner(request)
+async def input_items(services: Services, request: web.Request) -> web.Response:
+    _, client = owner(services, request)
     resp_id = request.match_info["response_id"]
     query = responses_items.page_query(request.query)
-    entry = request.app[STORE].get(client, resp_id)
+    entry = services.responses.get(client, resp_id)
     if entry is None:
         raise missing(resp_id)
     return web.json_response(responses_items.page(entry.items, query))
 
 
-async def cancel(request: web.Request) -> web.Response:
-    _, client = owner(request)
+async def cancel(services: Services, request: web.Request) -> web.Response:
+    _, client = owner(services, request)
     resp_id = request.match_info["response_id"]
-    running = request.app[RUNNING].get(client, resp_id)
+    running = services.running.get(client, resp_id)
     if running is not None:
         running.stop.request()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(running.done.wait()), CANCEL_WAIT)
         final = running.egress.final or running.egress.ended_whole("cancelled")
         return web.json_response(final)
-    entry = request.app[STORE].get(client, resp_id)
+    entry = services.responses.get(client, resp_id)
     if entry is None:
         raise missing(resp_id)
     status = entry.response.get("status")
@@ -71,29 +71,28 @@ async def cancel(request: web.Request) -> web.Response:
     )
 
 
-async def input_tokens(request: web.Request) -> web.Response:
-    app = request.app
+async def input_tokens(services: Services, request: web.Request) -> web.Response:
     outcome = Outcome(endpoint="input_tokens", arrival=time.monotonic(), api="responses")
     client, model = "unidentified", None
     try:
-        policy, who = owner(request)
+        policy, who = owner(services, request)
         client = policy.client
-        raw = await read_body(request, app[SETTINGS].client_limits.body_timeout)
+        raw = await read_body(request, services.settings.client_limits.body_timeout)
         body = {k: v for k, v in load_object(raw).items() if k not in NOT_COUNTED}
         model = body.get("model")
         if model is None:  # optional here, as in OpenAI's API: the lanes' model
-            model = _lanes_model(app)
+            model = _lanes_model(services)
             body["model"] = model
         previous = responses_in.previous_id(body)
         history: list[dict[str, Any]] = []
         if previous is not None:
-            entry = app[STORE].get(who, previous)
+            entry = services.responses.get(who, previous)
             if entry is None:
                 raise missing(previous, "previous_response_id")
             history = entry.messages
         req = responses_in.to_openai(body, history)
         count = await count_on_lane(
-            app, policy, req.model, lambda served: counted(req.openai), outcome
+            services, policy, req.model, lambda served: counted(req.openai), outcome
         )
         return web.json_response({"object": "response.input_tokens", "input_tokens": count})
     except RouterError as e:
@@ -104,9 +103,9 @@ async def input_tokens(request: web.Request) -> web.Response:
         raise
     finally:  # booked like every proxied request: metrics and the access log
         outcome.finished_at = time.monotonic()
-        observe.record(app[METRICS], outcome)
+        observe.record(services.metrics, outcome)
         model = outcome.model or model
-        app[ACCESS].add(
+        services.access.add(
             record_of(
                 outcome,
                 client=client,
@@ -116,8 +115,8 @@ async def input_tokens(request: web.Request) -> web.Response:
         )
 
 
-def _lanes_model(app: web.Application) -> str:
-    models = sorted(tokenizing_lane(app[POOL], None).models)
+def _lanes_model(services: Services) -> str:
+    models = sorted(tokenizing_lane(services.pool, None).models)
     if not models:
         raise errors.bad_request("'model' is required", param="model")
     return models[0]

@@ -15,11 +15,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
-
 from router import errors
 from router.frontdoors.responses_out import ResponsesEgress
-from router.frontdoors.responses_store import ResponseStore
 from router.proxy.relay import Stop
 
 # How long a cancel waits for the response to end before it answers (the upstream is closed
@@ -76,7 +73,3 @@ class RunningResponses:
             task.cancel()
         with contextlib.suppress(Exception):
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-STORE = web.AppKey("responses_store", ResponseStore)
-RUNNING = web.AppKey("responses_running", RunningResponses)

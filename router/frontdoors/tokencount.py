@@ -15,22 +15,21 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from router import errors
-from router.appkeys import LIMITER, MODELS, POOL, SESSION
 from router.backends.base import Backend
 from router.config.policies import Policy
 from router.errors import RouterError
 from router.proxy.ondemand import holding
 from router.proxy.outcome import Outcome
+from router.services import Services
 
 TOKENIZE_PATH = "/tokenize"  # under a lane worker's /v1 (router.worker.http.server)
 TOKENIZE_TIMEOUT = 30.0
 
 
 async def count_on_lane(
-    app: web.Application,
+    services: Services,
     policy: Policy,
     model: str,
     body_for: Callable[[str], dict[str, Any]],
@@ -50,11 +49,11 @@ async def count_on_lane(
         )
     # Admission before any wait for a model's load (as every request: proxy()).
     async with (
-        app[LIMITER].slot(policy.client, policy.max_concurrency, policy.queue_timeout),
-        holding(app.get(MODELS), app[POOL], model, policy) as held,
+        services.limiter.slot(policy.client, policy.max_concurrency, policy.queue_timeout),
+        holding(services.started.models, services.pool, model, policy) as held,
     ):
         served = held.model if held is not None else model  # a model of ours loads first
-        lane = tokenizing_lane(app[POOL], served)
+        lane = tokenizing_lane(services.pool, served)
         outcome.model = served
         try:  # orjson writes 254 levels of nesting, reads 1024 (as parse_request says)
             body = orjson.dumps(body_for(served))
@@ -63,7 +62,7 @@ async def count_on_lane(
                 f"request body cannot be forwarded: {e}", code="invalid_json"
             ) from e
         outcome.tried, outcome.attempts = lane, 1
-        count = await _count(app[SESSION], lane, body)
+        count = await _count(services.started.client_session(), lane, body)
     outcome.backend, outcome.status = lane, 200
     return count
 

@@ -12,10 +12,9 @@ import itertools
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
-
-from aiohttp import web
 
 from router.metrics import Metrics
 from router.periodic import Periodic
@@ -99,11 +98,8 @@ class History:
         return {"interval": self.interval, "points": points(list(self.samples))}
 
 
-HISTORY = web.AppKey("history", History)
-
-
-async def history_context(app: web.Application) -> AsyncIterator[None]:
-    history = app[HISTORY]
+@asynccontextmanager
+async def history_sampling(history: History) -> AsyncIterator[None]:
     sampling = Periodic("speclane-status-history", history.sample, history.interval)
     sampling.start()
     yield

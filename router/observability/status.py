@@ -22,15 +22,12 @@ from aiohttp import web
 
 from router import __version__
 from router.admin import lanes_view
-from router.appkeys import LIMITER, POLICIES, SPEC
 from router.metrics import package_version
-from router.observability.history import HISTORY
-from router.proxy.accesslog import ACCESS
 from router.proxy.admin_auth import require_admin
+from router.services import Services, bind
 
 OLLAMA_BANNER = "Ollama is running"
 RECENT_SHOWN = 50
-STARTED = web.AppKey("status_started", float)
 
 
 @cache
@@ -64,10 +61,10 @@ async def ui(request: web.Request) -> web.Response:
     )
 
 
-def queues(app: web.Application) -> list[dict[str, Any]]:
-    limiter = app[LIMITER]
+def queues(services: Services) -> list[dict[str, Any]]:
+    limiter = services.limiter
     rows = []
-    for policy in app[POLICIES].current:
+    for policy in services.policies.current:
         rows.append(
             {
                 "client": policy.client,
@@ -92,29 +89,28 @@ def queues(app: web.Application) -> list[dict[str, Any]]:
     return rows
 
 
-def snapshot(app: web.Application) -> dict[str, Any]:
-    recent = list(app[ACCESS].recent)[-RECENT_SHOWN:]
+def snapshot(services: Services) -> dict[str, Any]:
+    recent = list(services.access.recent)[-RECENT_SHOWN:]
     return {
         "version": __version__,
         "mlx": package_version("mlx"),
         "mlx_lm": package_version("mlx-lm"),
         "now": time.time(),
-        "uptime_s": round(time.monotonic() - app[STARTED], 1),
-        **lanes_view(app),  # backends, layout, workers and models, as /admin/lanes
-        "spec": app[SPEC].admin_snapshot(),
-        "history": app[HISTORY].to_json(),
+        "uptime_s": round(time.monotonic() - services.up_since, 1),
+        **lanes_view(services),  # backends, layout, workers and models, as /admin/lanes
+        "spec": services.spec.admin_snapshot(),
+        "history": services.history.to_json(),
         "recent": [r.to_json() for r in reversed(recent)],
-        "queues": queues(app),
+        "queues": queues(services),
     }
 
 
-async def status(request: web.Request) -> web.Response:
-    require_admin(request)
-    return web.json_response(snapshot(request.app), headers={"Cache-Control": "no-store"})
+async def status(services: Services, request: web.Request) -> web.Response:
+    require_admin(services, request)
+    return web.json_response(snapshot(services), headers={"Cache-Control": "no-store"})
 
 
-def setup_status_routes(app: web.Application) -> None:
-    app[STARTED] = time.monotonic()
+def setup_status_routes(app: web.Application, services: Services) -> None:
     app.router.add_get("/", root)
     app.router.add_get("/ui", ui)
-    app.router.add_get("/admin/status", status)
+    app.router.add_get("/admin/status", bind(services, status))

@@ -1,1 +1,1 @@
-"""The HTTP edge: handlers, request parsing, the relay, the upstream client."""
+"""The HTTP edge: handlers, request parsing, admission, the relay."""

@@ -20,8 +20,6 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from aiohttp import web
-
 from router.observability.escape import escape_controls
 from router.proxy.outcome import Outcome
 
@@ -116,15 +114,3 @@ class AccessLog:
         level = logging.WARNING if 500 <= record.status < 600 else logging.INFO
         if log.isEnabledFor(level):
             log.log(level, "%s", record.line(), extra={"fields": record.to_json()})
-
-
-ACCESS = web.AppKey("access", AccessLog)
-
-
-def access_log(app: web.Application) -> AccessLog:
-    """The app's access log (made on first use, so that any app built by make_app has one)."""
-    found = app.get(ACCESS)
-    if found is None:
-        found = AccessLog()
-        app[ACCESS] = found
-    return found

@@ -16,10 +16,10 @@ import hmac
 
 from aiohttp import web
 
-from router.appkeys import LOCAL_TOKEN, SETTINGS
 from router.config.names import AUTHORIZATION
 from router.errors import RouterError
 from router.proxy.credentials import presented_key
+from router.services import Services
 
 
 def is_loopback(request: web.Request) -> bool:
@@ -27,14 +27,14 @@ def is_loopback(request: web.Request) -> bool:
     return peer.startswith("127.") or peer in ("::1", "::ffff:127.0.0.1")
 
 
-def require_admin(request: web.Request) -> bool:
+def require_admin(services: Services, request: web.Request) -> bool:
     """Raise unless the request may use the admin surface; True when it carried the admin
     key or the local admin token, False for a bare loopback request (no admin key set)."""
-    key = request.app[SETTINGS].admin_key
+    key = services.settings.admin_key
     # Every Authorization value: two that disagree are a 400, not the first one silently.
     presented = presented_key(request.headers.getall(AUTHORIZATION, []))
     token = _encoded(presented)
-    if token is not None and _matches(token, request.app.get(LOCAL_TOKEN)):
+    if token is not None and _matches(token, services.local_token):
         return True
     if key is None:
         if not is_loopback(request):
@@ -66,7 +66,7 @@ def require_admin(request: web.Request) -> bool:
     return True
 
 
-def proves_admin(request: web.Request) -> bool:
+def proves_admin(services: Services, request: web.Request) -> bool:
     """Did the request carry the admin key or the local admin token? Never raises: for
     endpoints that show more to an admin and less to anyone else (``/metrics``)."""
     try:
@@ -76,8 +76,8 @@ def proves_admin(request: web.Request) -> bool:
     token = _encoded(presented)
     if token is None:
         return False
-    key = request.app[SETTINGS].admin_key
-    return _matches(token, request.app.get(LOCAL_TOKEN)) or (
+    key = services.settings.admin_key
+    return _matches(token, services.local_token) or (
         key is not None and _matches(token, key.get_secret_value())
     )
 

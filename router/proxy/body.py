@@ -14,16 +14,15 @@ from typing import Any
 
 from aiohttp import web
 
-from router.appkeys import SETTINGS
 from router.proxy.connections import read_body
-from router.proxy.offload import off_loop
 from router.proxy.request import load_object
+from router.services import Services
 
 
-async def read_raw(request: web.Request) -> bytes:
-    return await read_body(request, request.app[SETTINGS].client_limits.body_timeout)
+async def read_raw(services: Services, request: web.Request) -> bytes:
+    return await read_body(request, services.settings.client_limits.body_timeout)
 
 
-async def read_object(request: web.Request) -> dict[str, Any]:
-    raw = await read_raw(request)
-    return await off_loop(request.app, len(raw), load_object, raw)
+async def read_object(services: Services, request: web.Request) -> dict[str, Any]:
+    raw = await read_raw(services, request)
+    return await services.cpu.run(len(raw), load_object, raw)

@@ -12,31 +12,19 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from router import errors
-from router.appkeys import (
-    LIMITER,
-    METRICS,
-    MODELS,
-    POLICIES,
-    POOL,
-    RELAY,
-    ROUTING,
-    SETTINGS,
-    SPEC,
-)
 from router.backends.base import Backend
 from router.config.names import API_KEY_HEADER, AUTHORIZATION, CLIENT_HEADER
 from router.config.policies import Identity, Policy, PolicySet, Unauthorized
 from router.errors import RouterError
 from router.metrics import CLIENT_LABEL, CONTENT_TYPE
 from router.proxy import observe
-from router.proxy.accesslog import ACCESS, record_of
+from router.proxy.accesslog import record_of
 from router.proxy.admin_auth import is_loopback, proves_admin, require_admin
 from router.proxy.body import read_raw
 from router.proxy.credentials import presented_key
 from router.proxy.early import EarlyStream, early_stream
 from router.proxy.headers import decision_headers
 from router.proxy.middleware import expect_handler
-from router.proxy.offload import off_loop
 from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.partition import wire_token
@@ -54,6 +42,7 @@ from router.routing.classify import (
 )
 from router.routing.speculate import asked_source
 from router.routing.types import Candidate, Endpoint
+from router.services import Services, bind
 
 if TYPE_CHECKING:  # handed in by router.app: lanes/ sits beside proxy/
     from router.lanes.models import ModelManager
@@ -75,19 +64,21 @@ Inbound = tuple[ParsedRequest, Egress | None]
 Translate = Callable[[bytes], Awaitable[Inbound]]
 
 
-def caller(request: web.Request, key: str | None = None) -> tuple[Policy, str]:
+def caller(services: Services, request: web.Request, key: str | None = None) -> tuple[Policy, str]:
     """The client's policy, from its key (``Authorization: Bearer`` unless a front door found
     it elsewhere, e.g. Anthropic's ``x-api-key``), ``X-Speclane-Client`` and User-Agent; and
     its prompt-cache partition (``PolicySet.cache_partition``)."""
-    identity, policies = _identity(request, key)
+    identity, policies = _identity(services, request, key)
     return identity.policy, policies.cache_partition(identity)
 
 
-def _identity(request: web.Request, key: str | None) -> tuple[Identity, PolicySet]:
+def _identity(
+    services: Services, request: web.Request, key: str | None
+) -> tuple[Identity, PolicySet]:
     headers = request.headers
     if key is None:
         key = request_key(request)
-    policies = request.app[POLICIES].current
+    policies = services.policies.current
     try:
         identity = policies.match(key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
         policies.authorize(identity)
@@ -96,12 +87,12 @@ def _identity(request: web.Request, key: str | None) -> tuple[Identity, PolicySe
     return identity, policies
 
 
-def owner(request: web.Request, key: str | None = None) -> tuple[Policy, str]:
+def owner(services: Services, request: web.Request, key: str | None = None) -> tuple[Policy, str]:
     """The client's policy and whose stored items (the Responses store) the request may
     reach: its client's, apart by the strength of what identified it. A key proves who
     calls; a client label or user agent proves nothing, so a caller with only a label never
     reaches what a key holder of the same policy stored (nor the other way round)."""
-    identity, _ = _identity(request, key)
+    identity, _ = _identity(services, request, key)
     proof = "key" if identity.via == "api_key" else "label"
     return identity.policy, f"{proof}:{identity.policy.client}"
 
@@ -116,38 +107,39 @@ def request_key(request: web.Request, *, use_api_key_header: bool = False) -> st
     )
 
 
-def identify(request: web.Request, key: str | None = None) -> Policy:
-    return caller(request, key)[0]
+def identify(services: Services, request: web.Request, key: str | None = None) -> Policy:
+    return caller(services, request, key)[0]
 
 
 def decide(
+    services: Services,
     request: web.Request,
     parsed: ParsedRequest,
     policy: Policy,
     claim: SpecClaim,
     prints: tuple[bytes, ...] = (),
 ) -> Classification:
-    app = request.app
-    settings = app[SETTINGS]
+    settings = services.settings
+    routing = services.routing
     facts = RequestFacts(
         parsed.route,
         preset_header=request.headers.get(PRESET_HEADER),
         lane_header=request.headers.get(LANE_HEADER),
         body_keys=frozenset(parsed.data),
-        cache_holder=app[ROUTING].affinity.holder(prints) if prints else None,
+        cache_holder=routing.affinity.holder(prints) if prints else None,
     )
-    telemetry = app[SPEC]
+    telemetry = services.spec
     result = classify(
         facts,
         policy,
         settings.presets,
-        app[POOL].snapshot(),
-        gate=app[ROUTING].gate,
+        services.pool.snapshot(),
+        gate=routing.gate,
         spec=telemetry.advise,
         rules=settings.routing,
         batch_spec=telemetry.advise_batching,
     )
-    app[ROUTING].gate = result.gate
+    routing.gate = result.gate
     decision = telemetry.claim_route(result, claim)
     if decision is not result.decision:
         result = dataclasses.replace(result, decision=decision)
@@ -173,6 +165,7 @@ def body_for(parsed: ParsedRequest) -> BodyFor:
 
 
 async def proxy(
+    services: Services,
     request: web.Request,
     endpoint: Endpoint,
     *,
@@ -191,8 +184,7 @@ async def proxy(
     """
     arrival = time.monotonic() if arrival is None else arrival
     outcome = Outcome(endpoint=endpoint, arrival=arrival, api=api)
-    app = request.app
-    metrics = app[METRICS]
+    metrics = services.metrics
     client = "unidentified"
     model: str | None = None
     decision: str | None = None
@@ -202,21 +194,21 @@ async def proxy(
     try:
         if key is None and api_key_header:  # an API with its own key header (Anthropic's)
             key = request_key(request, use_api_key_header=True)
-        policy, partition = caller(request, key)
+        policy, partition = caller(services, request, key)
         client = policy.client
-        raw = await read_raw(request)
+        raw = await read_raw(services, request)
         egress: Egress | None = None
         if translate is None:
-            parsed = await off_loop(app, len(raw), parse_request, endpoint, raw)
+            parsed = await services.cpu.run(len(raw), parse_request, endpoint, raw)
         else:
             parsed, egress = await translate(raw)
             endpoint = outcome.endpoint = parsed.endpoint  # e.g. Ollama's raw generate
         model = parsed.route.model
         parsed.cache_partition = wire_token(partition)
-        limiter = app[LIMITER]
+        limiter = services.limiter
         # Without models of ours to load (external backends only) nothing ever waits for a
         # load: no stream is begun early, and ``model_loaded`` is a no-op.
-        if (manager := app[MODELS]) is not None:
+        if (manager := services.started.models) is not None:
             early = early_stream(
                 request,
                 api,
@@ -229,16 +221,16 @@ async def proxy(
         # the load queue (``lanes.load_queue``), never everyone's.
         async with (
             limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited,
-            model_loaded(manager, app[POOL], parsed, policy, early.tick if early else None),
+            model_loaded(manager, services.pool, parsed, policy, early.tick if early else None),
         ):
             model = parsed.route.model
             # Fingerprints serve only to send a conversation back to the lane holding its
             # prefix: without lanes of ours nothing ever holds one, so none are computed.
             # They are the partition's and the model's own: another client's traffic, or
             # the same conversation with another model's lanes, never steers this request.
-            if app[SETTINGS].routing.cache_affinity and app[POOL].has_lanes:
+            if services.settings.routing.cache_affinity and services.pool.has_lanes:
                 prints = fingerprints(endpoint, parsed.data, f"{partition}\0{model}")
-            result = decide(request, parsed, policy, claim, prints)
+            result = decide(services, request, parsed, policy, claim, prints)
             outcome.model = result.model
             decision = result.decision.reason
             metrics.decisions.labels(
@@ -250,7 +242,7 @@ async def proxy(
             overhead = time.monotonic() - arrival - waited - parsed.load_seconds
             metrics.overhead.labels(endpoint).observe(overhead)
             headers = decision_headers(result, overhead, waited, parsed.load_seconds)
-            return await app[RELAY].forward(
+            return await services.relay.forward(
                 request,
                 parsed,
                 result.decision,
@@ -285,30 +277,30 @@ async def proxy(
     finally:
         outcome.finished_at = time.monotonic()
         if prints and outcome.status == 200 and outcome.backend and outcome.backend.lane:
-            app[ROUTING].affinity.record(prints, outcome.backend.lane)
+            services.routing.affinity.record(prints, outcome.backend.lane)
         observe.record(metrics, outcome)
-        app[SPEC].observe(outcome, claim)
-        app[ACCESS].add(record_of(outcome, client=client, model=model, decision=decision))
+        services.spec.observe(outcome, claim)
+        services.access.add(record_of(outcome, client=client, model=model, decision=decision))
 
 
-async def chat(request: web.Request) -> web.StreamResponse:
-    return await proxy(request, "chat")
+async def chat(services: Services, request: web.Request) -> web.StreamResponse:
+    return await proxy(services, request, "chat")
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await proxy(request, "completions")
+async def completions(services: Services, request: web.Request) -> web.StreamResponse:
+    return await proxy(services, request, "completions")
 
 
-async def embeddings(request: web.Request) -> web.StreamResponse:
-    return await proxy(request, "embeddings")
+async def embeddings(services: Services, request: web.Request) -> web.StreamResponse:
+    return await proxy(services, request, "embeddings")
 
 
-async def models(request: web.Request) -> web.Response:
+async def models(services: Services, request: web.Request) -> web.Response:
     # A router that requires keys does not list its models to strangers, and a client sees
     # only what its policy lets it use.
-    policy = identify(request)
-    served = request.app[POOL].models()
-    manager = request.app.get(MODELS)
+    policy = identify(services, request)
+    served = services.pool.models()
+    manager = services.started.models
     return web.json_response({"object": "list", "data": model_list(served, manager, policy)})
 
 
@@ -347,8 +339,8 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def readyz(request: web.Request) -> web.Response:
-    pool = request.app[POOL]
+async def readyz(services: Services, request: web.Request) -> web.Response:
+    pool = services.pool
     backends = {b.name: {"ready": b.ready, "lane": b.lane, "error": b.last_error} for b in pool}
     if pool.any_ready():
         return web.json_response({"status": "ready", "backends": backends})
@@ -361,27 +353,28 @@ async def readyz(request: web.Request) -> web.Response:
     )
 
 
-async def metrics(request: web.Request) -> web.Response:
-    exposure = request.app[SETTINGS].expose_metrics
+async def metrics(services: Services, request: web.Request) -> web.Response:
+    exposure = services.settings.expose_metrics
     if exposure == "off":
         raise errors.not_found('metrics are disabled (expose_metrics = "off")')
     if exposure == "loopback" and not is_loopback(request):
         raise RouterError(403, "metrics are served to loopback clients only", code="forbidden")
     if exposure == "admin":
-        require_admin(request)
+        require_admin(services, request)
     # A closed router (its default policy requires a key) names its clients only to whoever
     # proves to be its operator; anyone else reads every figure with the clients summed.
-    closed = request.app[POLICIES].current.default.require_api_key
-    without = CLIENT_LABEL if closed and not proves_admin(request) else None
-    body = request.app[METRICS].render(without=without)
+    closed = services.policies.current.default.require_api_key
+    without = CLIENT_LABEL if closed and not proves_admin(services, request) else None
+    body = services.metrics.render(without=without)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-def setup_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", chat, expect_handler=expect_handler)
-    app.router.add_post("/v1/completions", completions, expect_handler=expect_handler)
-    app.router.add_post("/v1/embeddings", embeddings, expect_handler=expect_handler)
-    app.router.add_get("/v1/models", models, expect_handler=expect_handler)
-    app.router.add_get("/healthz", healthz, expect_handler=expect_handler)
-    app.router.add_get("/readyz", readyz, expect_handler=expect_handler)
-    app.router.add_get("/metrics", metrics, expect_handler=expect_handler)
+def setup_routes(app: web.Application, services: Services) -> None:
+    add_post, add_get = app.router.add_post, app.router.add_get
+    add_post("/v1/chat/completions", bind(services, chat), expect_handler=expect_handler)
+    add_post("/v1/completions", bind(services, completions), expect_handler=expect_handler)
+    add_post("/v1/embeddings", bind(services, embeddings), expect_handler=expect_handler)
+    add_get("/v1/models", bind(services, models), expect_handler=expect_handler)
+    add_get("/healthz", healthz, expect_handler=expect_handler)
+    add_get("/readyz", bind(services, readyz), expect_handler=expect_handler)
+    add_get("/metrics", bind(services, metrics), expect_handler=expect_handler)

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
-
-from aiohttp import web
 
 INLINE_BYTES = 64 * 1024
 # Threads of the pool: more would only queue on the GIL; waiting work waits in the pool's
@@ -52,18 +50,3 @@ class CpuPool:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-CPU = web.AppKey("cpu", CpuPool)
-
-
-async def off_loop(
-    app: web.Application, size: int, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
-) -> T:
-    """``fn`` run by the app's pool (``CpuPool.run``)."""
-    return await app[CPU].run(size, fn, *args, **kwargs)
-
-
-async def cpu_context(app: web.Application) -> AsyncIterator[None]:
-    yield
-    app[CPU].close()

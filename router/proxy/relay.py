@@ -64,13 +64,6 @@ from router.proxy.headers import served_headers
 from router.proxy.outcome import Outcome
 from router.proxy.partition import CACHE_PARTITION_HEADER
 from router.proxy.request import ParsedRequest
-from router.proxy.upstream import (
-    HeadTimeout,
-    Http1Pool,
-    Response,
-    UpstreamProtocolError,
-    UpstreamTooLarge,
-)
 from router.routing.types import Candidate, Decision
 from router.sse import (
     HELD_LIMIT,
@@ -81,11 +74,18 @@ from router.sse import (
     only_done_after,
     split_events,
 )
+from router.upstream.client import (
+    HeadTimeout,
+    Http1Pool,
+    Response,
+    UpstreamProtocolError,
+    UpstreamTooLarge,
+)
 
 log = logging.getLogger("speclane.relay")
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-# router.proxy.upstream raises UpstreamConnectionError (a ConnectionError) for every connection
+# router.upstream.client raises UpstreamConnectionError (a ConnectionError) for every connection
 # failure; OSError-derived resets are ConnectionErrors too.
 CONNECT_ERRORS = (ConnectionError,)
 # After [DONE] an upstream has nothing more to say than the end of its body: wait that long

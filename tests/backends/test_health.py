@@ -9,7 +9,6 @@ import orjson
 import pytest
 
 import router.app
-from router.appkeys import METRICS, POOL, SESSION
 from router.backends.health import check_once, model_ids
 from router.config.settings import Settings
 from tests.conftest import fake_upstreams, router_settings, run_router, wait_until
@@ -28,7 +27,7 @@ async def test_a_backend_that_never_answers_its_health_check_does_not_hold_up_st
         # Its probe would give up only after connect_timeout + 5 s = 7 s.
         async with run_router(router_settings(hung, up)) as r:
             assert hung.models_asked.is_set() and not hung.models_gate.is_set()
-            pool = r.app[POOL]
+            pool = r.services.pool
             assert pool["up"].ready and not pool["hung"].ready
             assert "first health check of hung" in caplog.text
             answer = await r.client().chat.completions.create(model="fake-model", messages=CHAT)
@@ -47,7 +46,7 @@ async def test_start_waits_for_backends_that_answer(monkeypatch: pytest.MonkeyPa
     async with fake_upstreams("a", "b") as (a, b):
         async with run_router(router_settings(a, b)) as r:
             # Ready from the first request: start waited for the first round.
-            assert r.app[POOL]["a"].ready and r.app[POOL]["b"].ready
+            assert r.services.pool["a"].ready and r.services.pool["b"].ready
 
 
 # --- readiness on real servers' answers (tests/fixtures/real-backends) --------------------
@@ -68,7 +67,7 @@ async def test_mlx_lm_with_configured_models_is_ready_despite_an_empty_model_lis
     async with ReplayUpstream(load("mlxlm-0.32.2_plain_chat_nonstream.http"), gets=gets) as up:
         assert load(NO_HF_CACHE).status == 200 and load(NO_HF_CACHE).body == b""
         async with run_router(mlx_settings(up, models=["smollm2"])) as r:
-            pool = r.app[POOL]
+            pool = r.services.pool
             assert pool["mlx"].ready and pool["mlx"].last_error is None
             answer = await r.client().chat.completions.create(model="smollm2", messages=CHAT)
             assert answer.choices[0].message.content
@@ -79,10 +78,10 @@ async def test_mlx_lm_readiness_is_its_health_endpoint() -> None:
     gets = {"/v1/models": load("mlxlm-0.32.2_v1-models.http"), "/health": MLX_HEALTH_LOADING}
     async with ReplayUpstream(load("mlxlm-0.32.2_plain_chat_nonstream.http"), gets=gets) as up:
         async with run_router(mlx_settings(up, models=["smollm2"])) as r:
-            backend = r.app[POOL]["mlx"]
+            backend = r.services.pool["mlx"]
             assert not backend.ready and backend.last_error == "GET /health answered 503"
             up.gets["/health"] = MLX_HEALTH_OK
-            await check_once(r.app[SESSION], backend, r.app[METRICS])
+            await check_once(r.services.started.client_session(), backend, r.services.metrics)
             assert backend.ready
 
 
@@ -91,11 +90,11 @@ async def test_mlx_lm_without_configured_models_discovers_them_when_listed() -> 
     gets = {"/v1/models": listed, "/health": MLX_HEALTH_OK}
     async with ReplayUpstream(load("mlxlm-0.32.2_plain_chat_nonstream.http"), gets=gets) as up:
         async with run_router(mlx_settings(up)) as r:
-            backend = r.app[POOL]["mlx"]
+            backend = r.services.pool["mlx"]
             assert backend.ready
             assert backend.models == {orjson.loads(listed.body)["data"][0]["id"]}
             up.gets["/v1/models"] = load(NO_HF_CACHE)  # the list empties: still up
-            await check_once(r.app[SESSION], backend, r.app[METRICS])
+            await check_once(r.services.started.client_session(), backend, r.services.metrics)
             assert backend.ready and backend.models == frozenset()
 
 
@@ -109,7 +108,7 @@ async def test_an_empty_model_list_does_not_break_readiness_of_other_kinds() -> 
             ]
         )
         async with run_router(settings) as r:
-            assert r.app[POOL]["l"].ready
+            assert r.services.pool["l"].ready
 
 
 @pytest.mark.parametrize(

@@ -276,7 +276,7 @@ async def test_against_a_real_router(capsys: pytest.CaptureFixture[str]) -> None
     async with fake_upstreams("ext", "spec") as (ext, spec_lane):
         settings = router_settings(ext, admin_key=KEY)
         async with run_router(
-            settings, setup=lambda app: add_fake_lane(app, "speculative", spec_lane)
+            settings, setup=lambda wired: add_fake_lane(wired, "speculative", spec_lane)
         ) as r:
             assert await run("--url", r.url, "--admin-key", KEY) == 0
             table = capsys.readouterr().out

@@ -35,7 +35,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.app import make_app
+from router.app import wire
 from tests.conftest import add_fake_lane, router_settings
 from tests.fakes.loopback import LoopbackServer
 from tests.fuzzing import examples
@@ -261,10 +261,12 @@ def doors() -> Iterator[Doors]:
             cooldown={"allowed_fails": 1, "seconds": 0},
             max_body_bytes=256 * 1024,
         )
-        app = make_app(settings_)
-        add_fake_lane(app, "speculative", lane)  # type: ignore[arg-type]
-        add_fake_lane(app, "batching", lane)  # type: ignore[arg-type]
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2)
+        wired = wire(settings_)
+        add_fake_lane(wired, "speculative", lane)  # type: ignore[arg-type]
+        add_fake_lane(wired, "batching", lane)  # type: ignore[arg-type]
+        runner = web.AppRunner(
+            wired.app, handler_cancellation=True, access_log=None, shutdown_timeout=2
+        )
         loop.run(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0)
         loop.run(site.start())

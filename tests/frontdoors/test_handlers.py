@@ -18,9 +18,7 @@ import ollama
 import openai
 import pytest
 
-from router.appkeys import LIMITER, METRICS
 from router.config.settings import Settings
-from router.proxy.accesslog import ACCESS
 from router.worker.http.server import WorkerInfo, make_app, start_site
 from router.worker_contract import worker_argv
 from tests.conftest import (
@@ -71,7 +69,7 @@ async def scripted_router(
     lane = SimpleNamespace(models=(MODEL,), base_url=f"http://127.0.0.1:{port}/v1")
     try:
         async with run_router(
-            settings, setup=lambda app: add_fake_lane(app, "batching", lane)
+            settings, setup=lambda wired: add_fake_lane(wired, "batching", lane)
         ) as r:  # type: ignore[arg-type]
             yield r
     finally:
@@ -98,7 +96,7 @@ async def test_count_tokens_waits_in_its_clients_queue_and_gets_a_429_past_it(
     engine = ScriptedEngine("ok", paced=True)
     async with scripted_router(engine, tmp_path, LIMITED.format(timeout=WAIT)) as r:
         client = claude(r, KEY)
-        limiter = r.app[LIMITER]
+        limiter = r.services.limiter
         generation = asyncio.ensure_future(
             client.messages.create(model=MODEL, max_tokens=4, messages=MESSAGES)
         )  # type: ignore[arg-type]
@@ -147,8 +145,8 @@ async def test_count_tokens_is_booked_like_any_request(tmp_path: Path) -> None:
         engine.release(2)
         await generation
         await client.close()
-        counts = [a for a in r.app[ACCESS].recent if a.endpoint == "count_tokens"]
-        text = r.app[METRICS].render().decode()
+        counts = [a for a in r.services.access.recent if a.endpoint == "count_tokens"]
+        text = r.services.metrics.render().decode()
     assert [(a.client, a.model, a.status) for a in counts] == [
         ("counter", MODEL, 200),
         ("counter", MODEL, 429),

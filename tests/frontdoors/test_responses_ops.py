@@ -14,7 +14,6 @@ import openai
 import orjson
 import pytest
 
-from router.frontdoors.responses_running import STORE
 from tests.conftest import RunningRouter, router_settings, run_router, wait_until
 from tests.fakes.upstream import Behaviour, FakeUpstream, fake_upstream
 from tests.frontdoors.test_handlers import MODEL as LANE_MODEL
@@ -185,7 +184,7 @@ async def test_background_response_runs_and_is_stored(fake: FakeUpstream) -> Non
     async with run_router(router_settings(fake)) as r:
         client = r.client()
         queued = await client.responses.create(model=MODEL, input=INPUT, background=True)
-        store = r.app[STORE]
+        store = r.services.responses
         await wait_until(
             lambda: store.get("label:default", queued.id).response["status"] == "completed"
         )  # type: ignore[union-attr]

@@ -23,7 +23,7 @@ from router.errors import RouterError
 from router.frontdoors import anthropic_context, anthropic_in, ollama_in, responses_in
 from router.frontdoors.ollama_out import OllamaEgress
 from router.frontdoors.responses_out import ResponsesEgress
-from router.proxy.offload import CPU, INLINE_BYTES, CpuPool
+from router.proxy.offload import INLINE_BYTES, CpuPool
 from tests.conftest import fake_upstreams, router_settings, run_router
 from tests.fakes.upstream import FakeUpstream
 
@@ -253,7 +253,7 @@ async def test_a_large_body_is_translated_off_the_loop(fake: FakeUpstream, path:
             body = {**BODIES[path](text), "model": MODEL, "stream": False}
             async with s.post(r.url + path, json=body) as resp:
                 assert resp.status == 200, await resp.text()
-            assert (r.app[CPU].offloaded > 0) is offloaded
+            assert (r.services.cpu.offloaded > 0) is offloaded
 
 
 # --- a follow-up on a long stored conversation ------------------------------------------------

@@ -19,7 +19,6 @@ import openai
 import psutil
 import pytest
 
-from router.appkeys import MODELS
 from router.lanes import group
 from router.lanes.layout import PROCESS_BYTES
 from router.lanes.models import ModelManager
@@ -102,7 +101,7 @@ async def get_json(router: RunningRouter, path: str) -> Any:
 
 
 def manager(router: RunningRouter) -> ModelManager:
-    found = router.app[MODELS]
+    found = router.services.started.models
     assert found is not None
     return found
 
@@ -112,9 +111,8 @@ def entry(router: RunningRouter, name: str) -> dict[str, Any]:
 
 
 def metric(router: RunningRouter, name: str, **labels: str) -> float | None:
-    from router.appkeys import METRICS
 
-    return metric_value(router.app[METRICS].render().decode(), name, **labels)
+    return metric_value(router.services.metrics.render().decode(), name, **labels)
 
 
 def worker_pids(router: RunningRouter, name: str) -> list[int]:
@@ -442,7 +440,7 @@ async def test_a_model_whose_lanes_were_given_up_loads_again_when_asked(
         await chat(router, "beta")  # answered before its worker dies
         await wait_until(
             lambda: (
-                router.app[MODELS] is not None
+                router.services.started.models is not None
                 and not any(
                     s.status.state.value != "failed"
                     for s in manager(router)._slots["beta"].supervisors

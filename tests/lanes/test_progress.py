@@ -147,9 +147,8 @@ async def _prefilling_lane(moving: bool, answer_after: asyncio.Event) -> web.App
 
 @pytest.mark.parametrize("moving", [True, False])
 async def test_a_silent_lane_whose_counter_moves_is_not_a_504(moving: bool) -> None:
-    from router.appkeys import POOL
     from router.lanes.group import lane_backend
-    from tests.conftest import router_settings, run_router, serve_app
+    from tests.conftest import Wired, router_settings, run_router, serve_app
 
     release = asyncio.Event()
     asked = asyncio.Event()
@@ -171,11 +170,11 @@ async def test_a_silent_lane_whose_counter_moves_is_not_a_504(moving: bool) -> N
     async with serve_app(lane_app) as port:
         settings = router_settings(backends=[], lanes={"enabled": False, "read_timeout": 0.3})
 
-        def setup(app: web.Application) -> None:
+        def setup(wired: Wired) -> None:
             backend = lane_backend("batching", settings, "m")
             backend.base_url = f"http://127.0.0.1:{port}/v1"
             backend.ready = True
-            app[POOL].add(backend)
+            wired.services.pool.add(backend)
 
         async with run_router(settings, setup=setup) as router:
             client = router.client()

@@ -17,7 +17,6 @@ import aiohttp
 import psutil
 import pytest
 
-from router.appkeys import METRICS
 from router.backends.base import SPECLANE_KIND, Backend
 from router.backends.cooldown import Cooldown
 from router.config.settings import LanesSettings
@@ -101,7 +100,7 @@ async def test_the_router_reaches_its_worker_a_stranger_with_its_address_does_no
     shown = [
         str(admin),
         str(await get_json(router, "/admin/status")),
-        router.app[METRICS].render().decode(),
+        router.services.metrics.render().decode(),
     ]
     assert not any(secret in text for text in shown)
     chat_body = {"model": "alpha", "messages": [{"role": "user", "content": "hi"}]}

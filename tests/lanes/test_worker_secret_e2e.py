@@ -9,7 +9,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from router.appkeys import POOL
 from router.lanes.modelprep import DEFAULT_MODEL_NAME, ensure_default_models
 from router.worker_contract import WORKER_SECRET_HEADER
 from tests.conftest import router_settings, run_router
@@ -35,7 +34,7 @@ async def test_a_real_lane_worker_refuses_a_stranger_and_serves_the_router(
         },
     )
     async with run_router(settings) as router:
-        backends = [b for b in router.app[POOL] if b.lane is not None]
+        backends = [b for b in router.services.pool if b.lane is not None]
         assert backends and all(b.worker_secret for b in backends)
         url = backends[0].base_url
         body = {

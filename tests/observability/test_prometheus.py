@@ -28,7 +28,6 @@ import openai
 import pytest
 import yaml
 
-from router.appkeys import METRICS, SETTINGS
 from router.bench.common import procs
 from router.lanes.group import apply_status, lane_backend
 from router.lanes.process import WorkerCommand
@@ -184,7 +183,7 @@ async def traffic(r: RunningRouter) -> None:
 async def supervised_fake_worker(r: RunningRouter):  # type: ignore[no-untyped-def]
     """A real supervisor of the fake worker, reporting into the router's metrics (its
     worker_* series); the fake lanes in the pool keep serving the traffic."""
-    metrics, settings = r.app[METRICS], r.app[SETTINGS]
+    metrics, settings = r.services.metrics, r.services.settings
     shadow = lane_backend("speculative", settings, "fake-model")  # not in the pool
     ready = asyncio.Event()
 

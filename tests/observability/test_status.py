@@ -14,7 +14,7 @@ import pytest
 
 from router.admin import lanes_view
 from router.metrics import Metrics
-from router.observability.history import HISTORY, Sample, points
+from router.observability.history import Sample, points
 from tests.conftest import RunningRouter, lanes_router, router_settings, run_router
 from tests.fakes.upstream import Behaviour, FakeUpstream
 
@@ -67,9 +67,9 @@ async def test_admin_status_follows_the_admin_rules(fake: FakeUpstream) -> None:
 
 async def test_admin_status_has_what_the_page_shows(fake: FakeUpstream) -> None:
     async with run_router(router_settings(fake)) as r:
-        r.app[HISTORY].sample()
+        r.services.history.sample()
         await r.client().chat.completions.create(model="fake-model", messages=CHAT)
-        r.app[HISTORY].sample()
+        r.services.history.sample()
         async with aiohttp.ClientSession() as s, s.get(f"{r.url}/admin/status") as resp:
             data = await resp.json()
     assert [b["name"] for b in data["backends"]] == ["fake"]
@@ -170,7 +170,7 @@ def spec_lane() -> FakeUpstream:
 async def traffic(r: RunningRouter, rounds: int) -> None:
     client = r.client()
     for _ in range(rounds):
-        r.app[HISTORY].sample()
+        r.services.history.sample()
         for _ in range(2):
             stream = await client.chat.completions.create(
                 model="fake-model",
@@ -184,7 +184,7 @@ async def traffic(r: RunningRouter, rounds: int) -> None:
         await client.chat.completions.create(
             model="fake-model", messages=CHAT, extra_headers={"X-Speclane-Lane": "batching"}
         )
-    r.app[HISTORY].sample()
+    r.services.history.sample()
 
 
 @pytest.mark.skipif(
@@ -311,8 +311,8 @@ async def test_the_page_shows_the_models_table_when_the_router_lists_models(
     playwright_api = pytest.importorskip("playwright.async_api")
     from router.observability import status
 
-    def with_models(app: Any) -> dict[str, Any]:  # /admin/lanes of a models_dir router
-        return {**lanes_view(app), "models": MODELS}
+    def with_models(services: Any) -> dict[str, Any]:  # /admin/lanes of a models_dir router
+        return {**lanes_view(services), "models": MODELS}
 
     monkeypatch.setattr(status, "lanes_view", with_models)
     async with run_router(router_settings(fake)) as r:

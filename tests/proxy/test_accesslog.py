@@ -13,8 +13,9 @@ import pytest
 from aiohttp import web
 
 from router.observability.logfmt import JsonFormatter
-from router.proxy.accesslog import ACCESS, AccessRecord
+from router.proxy.accesslog import AccessRecord
 from router.proxy.handlers import Inbound, proxy
+from router.services import Services, bind
 from tests.conftest import router_settings, run_router
 from tests.fakes.upstream import Behaviour, FakeUpstream
 from tests.reliability.harness import RouterProcess, chat_body, config_text, eventually
@@ -36,7 +37,7 @@ async def test_one_line_per_request_with_its_fields(
             pass
         with pytest.raises(openai.NotFoundError):
             await client.chat.completions.create(model="missing", messages=CHAT)
-        recent = list(r.app[ACCESS].recent)
+        recent = list(r.services.access.recent)
     plain, streamed, missing = recent
     assert (plain.client, plain.model, plain.backend, plain.status) == (
         "default",
@@ -172,22 +173,23 @@ async def test_a_defect_is_booked_as_the_500_the_client_got(
     """A request that failed on a defect of speclane's (an exception of no known kind) was
     booked with status 0 while its client got a 500."""
 
-    async def broken(request: web.Request) -> web.StreamResponse:
+    async def broken(services: Services, request: web.Request) -> web.StreamResponse:
         async def translate(raw: bytes) -> Inbound:
             raise RuntimeError("a defect")
 
-        return await proxy(request, "chat", api="ollama", translate=translate)
+        return await proxy(services, request, "chat", api="ollama", translate=translate)
 
     caplog.set_level(logging.INFO)
     async with (
         run_router(
-            router_settings(fake), setup=lambda app: app.router.add_post("/api/x", broken)
+            router_settings(fake),
+            setup=lambda wired: wired.app.router.add_post("/api/x", bind(wired.services, broken)),
         ) as r,
         aiohttp.ClientSession() as s,
         s.post(f"{r.url}/api/x", json={"model": "fake-model"}) as resp,
     ):
         status, answer = resp.status, await resp.json()
-        [record] = r.app[ACCESS].recent
+        [record] = r.services.access.recent
     assert status == 500 and answer == {
         "error": "[internal_error] internal error in speclane (see its log)"
     }

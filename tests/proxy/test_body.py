@@ -13,7 +13,6 @@ import aiohttp
 import orjson
 import pytest
 
-from router.proxy.accesslog import ACCESS
 from router.request_rules import MAX_JSON_DEPTH
 from tests.conftest import router_settings, run_router
 from tests.fakes.upstream import Behaviour, FakeUpstream
@@ -123,7 +122,7 @@ async def test_nesting_past_the_rule_is_a_400_in_the_callers_shape(
         for levels, kind in ((MAX_JSON_DEPTH, "object"), (260, "object"), (900, "array")):
             async with s.post(r.url + path, data=body_with(template, levels, kind)) as resp:
                 assert_refused(api, resp.status, await resp.json())
-        booked = [rec.status for rec in r.app[ACCESS].recent]
+        booked = [rec.status for rec in r.services.access.recent]
     assert not fake.requests
     assert all(status == 400 for status in booked), booked  # the proxied ones: not 0
     assert not tracebacks.found, tracebacks.found[0]

@@ -15,7 +15,6 @@ import aiohttp
 import orjson
 import pytest
 
-from router.appkeys import METRICS
 from router.proxy import relay
 from tests.conftest import RunningRouter, metric_value, router_settings, run_router, wait_until
 from tests.fakes.replay import Capture, ReplayUpstream, load
@@ -88,7 +87,7 @@ async def sdk_stream(r: RunningRouter) -> str:
 
 async def booked(r: RunningRouter, runs: int) -> str:
     """Wait until every request has been booked (a 200 or not); then /metrics as served."""
-    metrics = r.app[METRICS]
+    metrics = r.services.metrics
 
     def all_booked() -> bool:
         text = metrics.render().decode()

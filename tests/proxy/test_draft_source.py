@@ -9,7 +9,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from router.appkeys import POOL, SPEC
 from router.speculation.keystate import SpecKey
 from tests.conftest import (
     add_fake_lane,
@@ -78,7 +77,7 @@ async def test_under_auto_the_lane_is_asked_to_choose_for_every_family() -> None
         # a prediction drafts from itself: nothing is asked
         await send(r, CHAT, prediction={"type": "content", "content": "hello"})
         assert "draft_source" not in last_body(spec)
-        keys = set(r.app[SPEC].auto.keys())
+        keys = set(r.services.spec.auto.keys())
     # one source under auto, each family judged under its own key
     assert SpecKey("speculative", "fake-model", "default:none:chat", "auto") in keys
     assert SpecKey("speculative", "fake-model", "default:none:code-block", "auto") in keys
@@ -94,14 +93,14 @@ async def test_a_lane_without_a_draft_model_is_still_asked_to_choose() -> None:
     """The gate refused the pair: under auto the lane chooses among its free sources; a
     fixed ``draft_model`` then asks for nothing."""
     async with fake_upstreams("spec", "batch") as (spec, batch), lanes_router(spec, batch) as r:
-        r.app[POOL]["speculative"].has_draft = False
+        r.services.pool["speculative"].has_draft = False
         assert await send(r, CHAT) == "speculative"
         assert last_body(spec)["draft_source"] == "auto"
     async with (
         fake_upstreams("spec", "batch") as (spec, batch),
         lanes_router(spec, batch, lanes={"enabled": False, "draft_source": "draft_model"}) as r,
     ):
-        r.app[POOL]["speculative"].has_draft = False
+        r.services.pool["speculative"].has_draft = False
         assert await send(r, CHAT) == "speculative"
         assert "draft_source" not in last_body(spec)
 
@@ -126,12 +125,12 @@ async def test_plain_decoding_asks_for_no_source(configured: str) -> None:
             backends=[], spec=LOW, lanes={"enabled": False, "draft_source": configured}
         )
         async with run_router(
-            settings, setup=lambda app: add_fake_lane(app, "speculative", spec)
+            settings, setup=lambda wired: add_fake_lane(wired, "speculative", spec)
         ) as r:
             await send(r, EDIT)
             assert last_body(spec)["draft_source"] == configured
             key = SpecKey("speculative", "fake-model", "default:none:code-block", configured)
-            assert r.app[SPEC].auto.enabled(key) is (configured == "auto")
+            assert r.services.spec.auto.enabled(key) is (configured == "auto")
             assert await send(r, EDIT) == "speculative"
     body = last_body(spec)
     if configured == "auto":
@@ -148,7 +147,7 @@ async def test_an_external_backend_never_gets_a_draft_source() -> None:
         async with run_router(router_settings(backends=backends)) as r:
             assert await send(r, EDIT) == "ext"
             assert await send(r, CHAT) == "ext"
-            keys = set(r.app[SPEC].auto.keys())
+            keys = set(r.services.spec.auto.keys())
     assert all("draft_source" not in s.body for s in ext.requests)
     assert SpecKey("ext", "fake-model", "default:none:code-block", "draft_model") in keys
 
@@ -172,13 +171,13 @@ async def test_the_batching_lane_gets_its_own_source_and_is_judged_apart() -> No
             backends=[], spec=LOW, lanes={"enabled": False, "draft_source": "prompt_lookup"}
         )
         async with run_router(
-            settings, setup=lambda app: add_fake_lane(app, "batching", batch)
+            settings, setup=lambda wired: add_fake_lane(wired, "batching", batch)
         ) as r:
             assert await send(r, EDIT) == "batching"
             assert last_body(batch)["draft_source"] == "prompt_lookup"
             key = SpecKey("batching", "fake-model", "default:none:code-block", "prompt_lookup")
-            assert key in set(r.app[SPEC].auto.keys())
-            assert not r.app[SPEC].auto.enabled(key)  # low acceptance: off on this lane
+            assert key in set(r.services.spec.auto.keys())
+            assert not r.services.spec.auto.enabled(key)  # low acceptance: off on this lane
             async with aiohttp.ClientSession() as s, s.get(f"{r.url}/metrics") as resp:
                 metrics = await resp.text()
             await send(r, EDIT)

@@ -7,7 +7,6 @@ import openai
 import orjson
 import pytest
 
-from router.appkeys import POOL
 from tests.conftest import router_settings, run_router
 from tests.fakes.upstream import FakeUpstream
 
@@ -100,7 +99,7 @@ async def test_body_over_the_limit_is_413(fake: FakeUpstream) -> None:
 
 async def test_no_healthy_backend_is_503(fake: FakeUpstream) -> None:
     async with run_router(router_settings(fake)) as r:
-        r.app[POOL]["fake"].ready = False
+        r.services.pool["fake"].ready = False
         with pytest.raises(openai.APIStatusError) as info:
             await r.client().chat.completions.create(model="fake-model", messages=CHAT)
     assert info.value.status_code == 503

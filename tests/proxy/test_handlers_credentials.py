@@ -12,7 +12,6 @@ import pytest
 from multidict import CIMultiDict
 
 from router.errors import RouterError
-from router.proxy.accesslog import ACCESS
 from router.proxy.credentials import presented_key
 from tests.conftest import router_settings, run_router
 from tests.fakes.upstream import FakeUpstream
@@ -70,7 +69,7 @@ async def test_conflicting_credentials_are_a_400_in_the_doors_shape(
                 assert resp.status == 200, (name, await resp.text())
     assert len(fake.requests) == len(AGREEING)  # no conflicting request went upstream
     # Booked like any refusal.
-    booked = [rec for rec in r.app[ACCESS].recent if rec.status == 400]
+    booked = [rec for rec in r.services.access.recent if rec.status == 400]
     assert len(booked) == len(CONFLICTS)
     assert all(rec.error and rec.error.startswith("conflicting_credentials") for rec in booked)
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from router.appkeys import LOCAL_TOKEN
 from tests.conftest import metric_value, router_settings, run_router
 from tests.fakes.upstream import FakeUpstream
 
@@ -44,7 +43,7 @@ async def test_a_closed_router_names_its_clients_only_to_its_operator(
         anonymous = await scrape(r.url)
         wrong = await scrape(r.url, "alice-key")  # a client's key is no operator's
         admin = await scrape(r.url, ADMIN_KEY)
-        token = await scrape(r.url, r.app[LOCAL_TOKEN])
+        token = await scrape(r.url, r.services.local_token)
     for hidden in (anonymous, wrong):
         assert "secretproject" not in hidden and 'client="' not in hidden
         decisions = metric_value(hidden, "speclane_decisions_total", lane="fake")

@@ -102,8 +102,8 @@ async def test_a_lane_alone_is_told_the_partition(tmp_path: Path) -> None:
     async with fake_upstreams("ext", "lane") as (ext, lane):
         settings = router_settings(ext)
 
-        def setup(app: object) -> None:
-            add_fake_lane(app, "batching", lane)  # type: ignore[arg-type]
+        def setup(wired: object) -> None:
+            add_fake_lane(wired, "batching", lane)  # type: ignore[arg-type]
 
         async with run_router(settings, setup=setup) as r:
             client = r.client()

@@ -10,7 +10,6 @@ import openai
 import orjson
 import pytest
 
-from router.appkeys import METRICS, POOL, SESSION
 from router.backends.health import check_once
 from tests.conftest import fake_upstreams, router_settings, run_router, wait_until
 from tests.fakes.upstream import Behaviour, FakeUpstream
@@ -137,7 +136,9 @@ async def test_healthz_and_readyz() -> None:
                 assert resp.status == 503
                 assert (await resp.json())["error"]["code"] == "not_ready"
             a.models_status = 200
-            await check_once(r.app[SESSION], r.app[POOL]["a"], r.app[METRICS])
+            await check_once(
+                r.services.started.client_session(), r.services.pool["a"], r.services.metrics
+            )
             async with s.get(f"{r.url}/readyz") as resp:
                 assert resp.status == 200
 
@@ -169,7 +170,7 @@ async def test_connection_refused_is_retried() -> None:
         }
         settings = router_settings(b, backends=[dead, *[x.model_dump() for x in settings.backends]])
         async with run_router(settings) as r:
-            r.app[POOL]["a"].ready = True  # pretend healthy
+            r.services.pool["a"].ready = True  # pretend healthy
             raw = await r.client().chat.completions.with_raw_response.create(
                 model="fake-model", messages=CHAT
             )
@@ -216,7 +217,7 @@ async def test_repeated_failures_cool_a_backend_down() -> None:
             client = r.client()
             for _ in range(4):
                 await client.chat.completions.create(model="fake-model", messages=CHAT)
-            assert r.app[POOL]["a"].view().cooled_down
+            assert r.services.pool["a"].view().cooled_down
     # a was tried until it was cooled down (2 failures), then skipped
     assert len(a.requests) == 2 and len(b.requests) == 4
 
@@ -358,7 +359,7 @@ async def test_client_disconnect_mid_stream_cancels_upstream(fake: FakeUpstream)
             async with s.post(f"{r.base_url}/chat/completions", json=body) as resp:
                 await resp.content.readany()
         await asyncio.wait_for(fake.request_cancelled.wait(), 5)
-        await wait_until(lambda: r.app[POOL]["fake"].inflight == 0)
+        await wait_until(lambda: r.services.pool["fake"].inflight == 0)
 
 
 async def test_client_disconnect_while_waiting_non_streaming_cancels_upstream(

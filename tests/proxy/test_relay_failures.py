@@ -17,9 +17,7 @@ import aiohttp
 import orjson
 import pytest
 
-from router.appkeys import RELAY
 from router.proxy import relay as relay_module
-from router.proxy.accesslog import ACCESS
 from tests.conftest import RunningRouter, router_settings, run_router, wait_until
 from tests.reliability.harness import metric_total
 from tests.reliability.hostile_upstream import HostileUpstream, chunk
@@ -228,7 +226,7 @@ async def test_a_stream_failing_after_its_first_event_ends_in_the_doors_shape(
             async def after_first() -> None:
                 first_seen.set()
                 if reason == "shutdown":
-                    await r.app[RELAY].shutdown(0.0)
+                    await r.services.relay.shutdown(0.0)
 
             status, raw = await asyncio.wait_for(read_stream(r, door, after_first), HANG)
             assert status == 200
@@ -241,7 +239,7 @@ async def test_a_stream_failing_after_its_first_event_ends_in_the_doors_shape(
                     await metric_total(s, r.url, "speclane_stream_errors_total", reason=label) == 1
                 )
                 assert await metric_total(s, r.url, "speclane_stream_errors_total") == 1
-                access = r.app[ACCESS].recent
+                access = r.services.access.recent
                 await wait_until(lambda: len(access) == 1)
                 record = access[-1]
                 assert record.status == case.status and record.stream

@@ -38,8 +38,9 @@ import orjson
 import psutil
 from aiohttp import web
 
-from router.app import make_app
+from router.app import Wired, wire
 from router.config.settings import Settings
+from router.services import Services
 from tests.fakes.loopback import LoopbackServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -386,6 +387,7 @@ async def run_serve(
 @dataclass
 class Served:
     app: web.Application
+    services: Services
     host: str
     port: int
 
@@ -403,20 +405,21 @@ class Served:
 async def serve_app(
     settings: Settings,
     host: str = "127.0.0.1",
-    setup: Callable[[web.Application], Any] | None = None,
+    setup: Callable[[Wired], Any] | None = None,
 ) -> AsyncIterator[Served]:
     """``tests.conftest.run_router`` on a chosen bind address (non-loopback access tests)."""
     # As serve does: the bind address is in the settings (the Host rule allows it).
-    app = make_app(settings.model_copy(update={"host": host}))
+    wired = wire(settings.model_copy(update={"host": host}))
+    app = wired.app
     if setup is not None:
-        setup(app)
+        setup(wired)
     runner = web.AppRunner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=settings.shutdown_grace
     )
     await runner.setup()
     await web.TCPSite(runner, host, 0).start()
     try:
-        yield Served(app, host, runner.addresses[0][1])
+        yield Served(app, wired.services, host, runner.addresses[0][1])
     finally:
         await runner.cleanup()
 

@@ -15,8 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from router.app import make_app
-from router.appkeys import POLICIES
+from router.app import wire
 from router.server import warn_if_exposed
 from tests.conftest import fake_upstreams, router_settings
 from tests.fakes.upstream import FakeUpstream
@@ -251,7 +250,7 @@ def test_exposure_warning(
     for name, text in policies.items():
         (tmp_path / name).write_text(text)
     settings = router_settings(host=host, policies_dir=str(tmp_path), admin_key=admin_key)
-    warn_if_exposed(settings, make_app(settings))
+    warn_if_exposed(settings, wire(settings).services)
     err = capsys.readouterr().err
     assert ("WARNING: speclane is listening on" in err) is warns, err
 
@@ -279,10 +278,10 @@ def test_exposure_warning_names_what_a_keyless_request_gets(
     (tmp_path / "open.toml").write_text('[match]\nclient_header = ["open"]\n')
     (tmp_path / "alice.toml").write_text(CLOSED["alice.toml"])
     settings = router_settings(host="0.0.0.0", policies_dir=str(tmp_path), admin_key=ADMIN_KEY)
-    app = make_app(settings)
-    warn_if_exposed(settings, app)
+    services = wire(settings).services
+    warn_if_exposed(settings, services)
     err = capsys.readouterr().err
-    keyless = app[POLICIES].current.keyless()
+    keyless = services.policies.current.keyless()
     assert {p.client for p in keyless} == {"default", "open"}
     assert "open policies: " + ", ".join(p.client for p in keyless) in err
     assert "alice" not in err

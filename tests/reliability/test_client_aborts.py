@@ -14,7 +14,6 @@ from pathlib import Path
 
 import aiohttp
 
-from router.appkeys import LIMITER, POOL, RELAY
 from tests.conftest import fake_upstreams, router_settings, run_router, wait_until
 from tests.fakes.upstream import Behaviour, FakeUpstream
 from tests.reliability.harness import TALLY, chat_body, eventually, metric_total, post_stream
@@ -44,7 +43,7 @@ async def test_many_clients_leaving_mid_stream_stop_every_upstream_request(
             *(leave_after_first_chunk(url, chat_body(stream=True), e) for e in events)
         )
         await wait_until(lambda: fake.cancelled == clients, deadline=10)
-        await wait_until(lambda: r.app[POOL]["fake"].inflight == 0)
+        await wait_until(lambda: r.services.pool["fake"].inflight == 0)
         async with aiohttp.ClientSession() as s:
             await counters_at_zero(s, r.url)
             gone = await metric_total(s, r.url, "speclane_client_disconnects_total")
@@ -63,7 +62,7 @@ async def test_client_leaving_while_queued_frees_its_place_and_never_reaches_ups
     fake.behaviour = Behaviour(chunks=10_000, interval=0.01)
     async with run_router(router_settings(fake, policies_dir=str(tmp_path))) as r:
         url = f"{r.base_url}/chat/completions"
-        limiter = r.app[LIMITER]
+        limiter = r.services.limiter
         holder_session = aiohttp.ClientSession()
         holder = await holder_session.post(url, json=chat_body(stream=True))
         await holder.content.readany()  # the only slot is taken
@@ -115,7 +114,7 @@ async def test_client_leaving_mid_retry_stops_the_retry_upstream() -> None:
                 await eventually(recorded, what="499 recorded")  # no attempt is left
                 await counters_at_zero(s, r.url)
             assert len(a.requests) == 1 and len(b.requests) == 1
-            assert all(x.inflight == 0 for x in r.app[POOL])
+            assert all(x.inflight == 0 for x in r.services.pool)
     TALLY.fault("client_gone_mid_retry")
 
 
@@ -141,9 +140,9 @@ async def test_drain_on_abort_lets_an_abandoned_stream_finish_upstream(fake: Fak
         await leave_after_first_chunk(
             f"{r.base_url}/chat/completions", chat_body(stream=True), asyncio.Event()
         )
-        await wait_until(lambda: r.app[POOL]["fake"].inflight == 0)  # at once, for routing
+        await wait_until(lambda: r.services.pool["fake"].inflight == 0)  # at once, for routing
         await wait_until(lambda: fake.requests[0].finished, deadline=10)
-        await wait_until(lambda: not r.app[RELAY]._drains)  # nothing kept after the drain
+        await wait_until(lambda: not r.services.relay._drains)  # nothing kept after the drain
     assert fake.cancelled == 0
     TALLY.fault("client_gone_drain_on_abort")
 
@@ -167,8 +166,8 @@ async def test_drain_on_abort_also_covers_a_client_leaving_before_the_answer_sta
         await wait_until(
             lambda: len(fake.requests) == 2 and all(q.finished for q in fake.requests), deadline=10
         )
-        await wait_until(lambda: not r.app[RELAY]._drains)
-        assert r.app[POOL]["fake"].inflight == 0
+        await wait_until(lambda: not r.services.relay._drains)
+        assert r.services.pool["fake"].inflight == 0
     assert fake.cancelled == 0
     TALLY.fault("client_gone_drain_on_abort", 2)
 
@@ -187,5 +186,5 @@ async def test_without_drain_on_abort_a_client_leaving_early_cancels_upstream(
         await asyncio.gather(call, return_exceptions=True)
         await session.close()
         await asyncio.wait_for(fake.request_cancelled.wait(), 5)
-        assert not r.app[RELAY]._drains
+        assert not r.services.relay._drains
     TALLY.fault("client_gone_before_answer")

@@ -25,7 +25,6 @@ import openai
 import orjson
 import pytest
 
-from router.appkeys import POLICIES
 from router.config.policies import load_policies
 from router.metrics import Metrics
 from router.proxy.policy_watch import PolicyWatcher, ReloadResult
@@ -270,7 +269,7 @@ async def test_a_policy_file_truncated_and_rewritten_in_place_never_opens_the_ro
     """``cp`` / an editor: truncate, (pause), write. Polls land in every phase."""
     new_text = "# rewritten: the same default, one more line\npriority = 1\n" + CLOSED_DEFAULT
     async with router(tmp_path, {"default.toml": CLOSED_DEFAULT}) as (r, _):
-        watcher = r.app[POLICIES]
+        watcher = r.services.policies
         results: list[ReloadResult] = []
         path = tmp_path / "default.toml"
         with path.open("r+b") as f:
@@ -461,7 +460,7 @@ async def test_files_rewritten_in_place_under_traffic_refuse_no_valid_request(
         r,
         _,
     ):
-        watcher = r.app[POLICIES]
+        watcher = r.services.policies
         poller = watcher.poller().start()
 
         async def client(key: str) -> None:

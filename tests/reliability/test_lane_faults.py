@@ -19,7 +19,6 @@ from pathlib import Path
 
 import aiohttp
 
-from router.appkeys import METRICS, POOL, SETTINGS
 from router.lanes.group import apply_status, lane_backend
 from router.lanes.supervisor import LaneState, LaneStatus, LaneSupervisor, WorkerCommand
 from tests.conftest import RunningRouter, add_fake_lane, fake_upstreams, router_settings, run_router
@@ -48,12 +47,12 @@ async def supervised_lane(
         spec = lane_backend("speculative", settings, "fake-model")
         watch = Recorder(WAIT)
 
-        def setup(app):  # type: ignore[no-untyped-def]
-            app[POOL].add(spec)
-            add_fake_lane(app, "batching", batch)
+        def setup(wired):  # type: ignore[no-untyped-def]
+            wired.services.pool.add(spec)
+            add_fake_lane(wired, "batching", batch)
 
         async with run_router(settings, setup=setup) as r:
-            metrics = r.app[METRICS]
+            metrics = r.services.metrics
 
             def on_change(status: LaneStatus) -> None:
                 apply_status(spec, status, metrics)
@@ -92,7 +91,7 @@ async def supervised_lane(
             )
             try:
                 await sup.start()
-                assert r.app[SETTINGS].lanes.enabled is False  # only our supervisor runs
+                assert r.services.settings.lanes.enabled is False  # only our supervisor runs
                 yield r, sup, watch, batch
             finally:
                 await sup.stop(grace=1.0)
@@ -122,7 +121,7 @@ async def test_crashed_lane_worker_is_restarted_and_traffic_moves_meanwhile() ->
         assert back.pid not in (None, victim)
         assert victim in watch.procs and victim not in watch.survivors()
         assert await lane_of(s, r) == "speculative"
-        restarts = r.app[METRICS].registry.get_sample_value(
+        restarts = r.services.metrics.registry.get_sample_value(
             "speclane_worker_restarts_total", {"lane": "speculative", "reason": "exited"}
         )
         assert restarts == 1
@@ -143,7 +142,7 @@ async def test_hung_lane_worker_is_killed_restarted_and_traffic_moves_meanwhile(
         back = await watch.wait_for(LaneState.READY, 2)
         assert back.pid not in (None, first)
         assert first in watch.procs and first not in watch.survivors()  # killed, not left
-        restarts = r.app[METRICS].registry.get_sample_value(
+        restarts = r.services.metrics.registry.get_sample_value(
             "speclane_worker_restarts_total", {"lane": "speculative", "reason": "hung"}
         )
         assert restarts and restarts >= 1

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import aiohttp
 
-from router.appkeys import RELAY, SETTINGS
 from tests.conftest import fake_upstreams, router_settings, run_router
 from tests.fakes.upstream import Behaviour
 from tests.reliability.harness import (
@@ -127,11 +126,12 @@ async def test_relay_shutdown_ends_every_kind_of_request_cleanly(tmp_path: Path)
             quick, slow, silent, shutdown_grace=1.0, policies_dir=str(tmp_path)
         )
 
-        def hook(app):  # type: ignore[no-untyped-def]
+        def hook(wired):  # type: ignore[no-untyped-def]
             async def finish(app):  # type: ignore[no-untyped-def]
-                await app[RELAY].shutdown(app[SETTINGS].shutdown_grace)
+                services = wired.services
+                await services.relay.shutdown(services.settings.shutdown_grace)
 
-            app.on_shutdown.append(finish)
+            wired.app.on_shutdown.append(finish)
 
         s = aiohttp.ClientSession()
         try:

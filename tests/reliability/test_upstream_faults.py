@@ -23,7 +23,6 @@ import openai
 import orjson
 import pytest
 
-from router.appkeys import POOL
 from router.bench.common.procs import spawn_until_line, stop
 from tests.conftest import fake_upstreams, router_settings, run_router, wait_until
 from tests.reliability.harness import (
@@ -269,7 +268,7 @@ async def test_upstream_fault_gives_a_clear_answer_within_the_timeout(fault: Fau
             if fault.stalls:  # the router closed the connection: the upstream may stop
                 await asyncio.wait_for(upstream.closed_event.wait(), 5)
             await check_with_openai(fault, r.base_url)
-            backend = r.app[POOL]["raw"]
+            backend = r.services.pool["raw"]
             await wait_until(lambda: backend.inflight == 0)
             assert await metric_total(s, r.url, "speclane_inflight_requests") == 0
     finally:
@@ -295,7 +294,7 @@ async def test_backend_that_never_accepts_is_a_504_within_the_timeout() -> None:
             ]
         )
         async with run_router(settings) as r, aiohttp.ClientSession() as s:
-            r.app[POOL]["deaf"].ready = True  # its health check cannot pass either
+            r.services.pool["deaf"].ready = True  # its health check cannot pass either
             for stream in (False, True):
                 started = time.monotonic()
                 res = await post_stream(
@@ -305,7 +304,7 @@ async def test_backend_that_never_accepts_is_a_504_within_the_timeout() -> None:
                 assert res.status == 504
                 assert assert_openai_error(res.json())["code"] == "upstream_timeout"
                 TALLY.fault("never_accepts")
-            assert r.app[POOL]["deaf"].inflight == 0
+            assert r.services.pool["deaf"].inflight == 0
 
 
 async def test_malformed_event_mid_stream_is_relayed_and_the_stream_still_ends() -> None:
@@ -396,8 +395,8 @@ async def test_backend_killed_mid_stream_ends_every_stream_and_traffic_moves_on(
                     res = await post_stream(s, url, chat_body(stream=stream))
                     assert res.status == 200 and res.headers["X-Speclane-Backend"] == "survivor"
                     assert res.headers["X-Speclane-Attempts"] == "1"
-                assert r.app[POOL]["victim"].view().cooled_down
-                await wait_until(lambda: all(b.inflight == 0 for b in r.app[POOL]))
+                assert r.services.pool["victim"].view().cooled_down
+                await wait_until(lambda: all(b.inflight == 0 for b in r.services.pool))
                 assert await metric_total(s, r.url, "speclane_inflight_requests") == 0
     finally:
         await stop(proc)

@@ -22,7 +22,7 @@ import orjson
 import psutil
 import pytest
 
-from router.proxy.upstream import Http1Pool, UpstreamTooLarge
+from router.upstream.client import Http1Pool, UpstreamTooLarge
 from tests.conftest import router_settings, run_router, wait_until
 from tests.reliability.harness import (
     TALLY,
@@ -607,7 +607,7 @@ async def test_answers_leave_nothing_behind_for_the_collector() -> None:
     with the collector's thresholds raised (as speclane runs), cycles would pile up."""
     import gc
 
-    from router.proxy.http_response import ResponseParser
+    from router.upstream.http_response import ResponseParser
 
     async def script(writer: asyncio.StreamWriter, body: bytes, index: int) -> bool:
         return await _answer(writer, stream_of("x") if index % 2 else json_answer(b"{}"))

@@ -16,7 +16,6 @@ from pathlib import Path
 import openai
 import pytest
 
-from router.appkeys import POLICIES, POOL
 from tests.conftest import (
     RunningRouter,
     add_fake_lane,
@@ -75,9 +74,9 @@ async def policy_router(
     async with fake_upstreams("spec", "batch") as (spec, batch):
         settings = router_settings(backends=[], policies_dir=str(tmp_path), **overrides)
 
-        def lanes(app: object) -> None:
-            add_fake_lane(app, "speculative", spec)  # type: ignore[arg-type]
-            add_fake_lane(app, "batching", batch)  # type: ignore[arg-type]
+        def lanes(wired: object) -> None:
+            add_fake_lane(wired, "speculative", spec)  # type: ignore[arg-type]
+            add_fake_lane(wired, "batching", batch)  # type: ignore[arg-type]
 
         async with run_router(settings, setup=lanes) as r:
             yield r, spec, batch
@@ -154,7 +153,7 @@ async def test_load_moves_requests_to_batching_and_back(tmp_path: Path) -> None:
         await anext(held.__aiter__())
         busy = await chat_headers(client)
         await held.close()
-        await wait_until(lambda: r.app[POOL]["speculative"].inflight == 0)
+        await wait_until(lambda: r.services.pool["speculative"].inflight == 0)
         spec.behaviour = Behaviour()
         free = await chat_headers(client)
     assert busy["x-speclane-lane"] == "batching"
@@ -195,7 +194,7 @@ async def test_queued_request_is_served_when_the_slot_frees(tmp_path: Path) -> N
 
 async def test_reload_on_file_change_and_bad_reload_keeps_old(tmp_path: Path) -> None:
     async with policy_router(tmp_path, policy_poll_interval=0.05) as (r, _, _):
-        watcher = r.app[POLICIES]
+        watcher = r.services.policies
         client = r.client(default_headers={"X-Speclane-Client": "newbie"})
         assert (await chat_headers(client))["x-speclane-client"] == "default"
         attempts = watcher.attempts
@@ -214,7 +213,7 @@ async def test_reload_on_file_change_and_bad_reload_keeps_old(tmp_path: Path) ->
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
 async def test_reload_on_sighup(tmp_path: Path) -> None:
     async with policy_router(tmp_path, policy_poll_interval=3600) as (r, _, _):
-        watcher = r.app[POLICIES]
+        watcher = r.services.policies
         attempts = watcher.attempts
         (tmp_path / "hup.toml").write_text('client = "hup"\n[match]\nclient_header = ["hup"]\n')
         os.kill(os.getpid(), signal.SIGHUP)

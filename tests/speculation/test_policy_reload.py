@@ -6,8 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from router.app import make_app
-from router.appkeys import POLICIES, SPEC
+from router.app import wire
 from router.config.settings import load_settings
 from router.speculation.keystate import SpecKey
 
@@ -20,34 +19,34 @@ def _write(directory: Path, window: int) -> None:
 
 async def test_reloaded_spec_overrides_reach_an_existing_workload(tmp_path: Path) -> None:
     _write(tmp_path, 256)
-    app = make_app(
+    services = wire(
         load_settings(
             None, policies_dir=tmp_path, lanes={"enabled": False}, policy_settle_seconds=0
         )
-    )
-    auto = app[SPEC].auto
+    ).services
+    auto = services.spec.auto
     key = SpecKey("lms", "m", "agent:none")
     auto.verdict(key, time.monotonic())  # the workload now has a state
     row = next(r for r in auto.snapshot(time.monotonic()) if r["workload"] == "agent:none")
     assert row["window"]["size"] == 256
 
     _write(tmp_path, 1024)
-    assert (await app[POLICIES].reload("test")).ok
+    assert (await services.policies.reload("test")).ok
     row = next(r for r in auto.snapshot(time.monotonic()) if r["workload"] == "agent:none")
     assert row["window"]["size"] == 1024
 
 
 async def test_a_failed_reload_changes_nothing(tmp_path: Path) -> None:
     _write(tmp_path, 256)
-    app = make_app(
+    services = wire(
         load_settings(
             None, policies_dir=tmp_path, lanes={"enabled": False}, policy_settle_seconds=0
         )
-    )
-    auto = app[SPEC].auto
+    ).services
+    auto = services.spec.auto
     key = SpecKey("lms", "m", "agent:none")
     auto.verdict(key, time.monotonic())
     (tmp_path / "agent.toml").write_text("client = \n")  # invalid TOML
-    assert not (await app[POLICIES].reload("test")).ok
+    assert not (await services.policies.reload("test")).ok
     row = next(r for r in auto.snapshot(time.monotonic()) if r["workload"] == "agent:none")
     assert row["window"]["size"] == 256

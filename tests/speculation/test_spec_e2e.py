@@ -9,7 +9,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from router.appkeys import SPEC
 from router.speculation.keystate import SpecKey
 from tests.conftest import (
     RunningRouter,
@@ -117,7 +116,7 @@ async def admin(r: RunningRouter, path: str) -> Any:
 
 
 async def probe_due(r: RunningRouter, key: SpecKey) -> None:
-    auto = r.app[SPEC].auto
+    auto = r.services.spec.auto
     await wait_until(lambda: auto.peek(key, time.monotonic()).probe, 10)
 
 
@@ -134,7 +133,7 @@ async def run_cycle(
     turns it back on."""
     spec_fake.behaviour = low
     assert await chat(r, stream) == key.backend  # first request speculates, 1/9 accepted
-    assert not r.app[SPEC].auto.enabled(key)
+    assert not r.services.spec.auto.enabled(key)
     assert await chat(r, stream) == other  # off: routed around speculation
     seen = len(spec_fake.requests)
     await probe_due(r, key)
@@ -147,7 +146,7 @@ async def run_cycle(
     for _ in range(2):  # probes_to_enable good probes
         await probe_due(r, key)
         assert await chat(r, stream) == key.backend
-    assert r.app[SPEC].auto.enabled(key)
+    assert r.services.spec.auto.enabled(key)
     assert await chat(r, stream) == key.backend
 
 
@@ -230,7 +229,7 @@ async def test_one_client_two_families_judged_apart_under_auto() -> None:
                 spec.behaviour = speclane_stats(9, 1, "auto", "draft_model")
                 await client.chat.completions.create(model="fake-model", messages=CHAT)
                 assert spec.requests[-1].body["draft_source"] == "auto"
-        auto = r.app[SPEC].auto
+        auto = r.services.spec.auto
         assert auto.enabled(edit_key) and auto.enabled(chat_key)
         # chat stays on the speculative lane, which is asked to choose again
         spec.behaviour = speclane_stats(9, 8, "auto", "prompt_lookup")

@@ -1,4 +1,5 @@
-"""router.proxy.upstream: the relay's HTTP/1.1 client, its parser alone and against real servers."""
+"""router.upstream.client: the relay's HTTP/1.1 client, its parser alone and against real
+servers."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.proxy.upstream import (
+from router.upstream.client import (
     Http1Pool,
     ProtocolViolation,
     ResponseParser,

@@ -5,7 +5,7 @@ trace and cookie machinery and a timeout context, and per relayed chunk it runs 
 StreamReader (flow control, chunk bookkeeping, joins). On the relay path that was most
 of what speclane itself cost per stream (``speclane bench overhead``). This client does
 only what the relay needs: keep-alive connections per (scheme, host, port), one request
-written in one call, and the answer parsed by llhttp (``router.proxy.http_response``)
+written in one call, and the answer parsed by llhttp (``router.upstream.http_response``)
 straight from ``data_received`` into a list the relay drains, the way uvicorn drives it.
 aiohttp's client stays for health checks and scraping, where none of this matters.
 
@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple, cast
 from urllib.parse import urlsplit
 
-from router.proxy.http_response import Headers, ProtocolViolation, ResponseParser
+from router.upstream.http_response import Headers, ProtocolViolation, ResponseParser
 
 log = logging.getLogger("speclane.upstream")
 
