@@ -220,8 +220,8 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
     p.add_argument(
         "--group-parallel",
         choices=GROUP_PARALLEL,
-        help="run as one rank of a group started by mlx.launch (speculative mode): rank 0 "
-        "serves, the others follow; the target split by tensor or pipeline parallelism",
+        help="run as one rank of a group started by mlx.launch (speculative or shared mode): "
+        "rank 0 serves, the others follow; the target split by tensor or pipeline parallelism",
     )
     p.add_argument("--group-backend", default="ring", help="the group's backend (reported)")
     p.add_argument("--group-hosts", default="", help="the ranks' hosts, comma-separated (reported)")
@@ -257,8 +257,8 @@ def check_worker_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for flag in ("lookup_max_draft", "prediction_max_draft", "suffix_max_draft"):
         if not 1 <= getattr(args, flag) <= MAX_DRAFT_PER_STEP:
             p.error(f"--{flag.replace('_', '-')} must be between 1 and {MAX_DRAFT_PER_STEP}")
-    if args.group_parallel is not None and args.mode != "speculative":
-        p.error("--group-parallel runs the speculative lane only (--mode speculative)")
+    if args.group_parallel is not None and args.mode not in ("speculative", SHARED_MODE):
+        p.error("--group-parallel runs the speculative lane or both (--mode speculative|shared)")
     if args.draft_source is None:
         args.draft_source = "draft_model" if args.draft_model else "none"
     if (

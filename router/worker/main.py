@@ -28,7 +28,8 @@ from router.worker.engines.batching import BatchingEngine
 from router.worker.engines.engine import Engine, LoadError, Models
 from router.worker.engines.shared import SharedEngine, batch_drafts, threads_for
 from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
-from router.worker.group.run import group_engine, run_follower
+from router.worker.group.both import GroupSharedEngine
+from router.worker.group.run import group_engine, group_shared_engine, run_follower
 from router.worker.group.run import rank as group_rank
 from router.worker.http.server import WorkerInfo, make_app, make_shared_app, start_site
 from router.worker_contract import (
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 "model": lanes["speculative"][1].model_name,
                 "threads": engine.threads,
                 "turns": dict(engine.turns),
+                **group_figures(engine),
             },
             args.max_body_bytes,
             secret,
@@ -100,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     info = worker_info(args, models)
     app = make_app(engine, info, args.max_body_bytes, secret)
     hard_exit(asyncio.run(serve(args, engine, app, ready_out)))
+
+
+def group_figures(engine: SharedEngine) -> dict[str, object]:
+    """Both lanes over a group: the group's block (ranks, hosts, memory) at /health's root."""
+    return {"group": engine.group_report()} if isinstance(engine, GroupSharedEngine) else {}
 
 
 def take_secret() -> str | None:
@@ -148,6 +155,9 @@ def build_engine(args: argparse.Namespace) -> Engine:
 
 def build_shared(args: argparse.Namespace) -> SharedEngine:
     import mlx.core as mx
+
+    if args.group_parallel is not None:  # both lanes over a group: one thread takes turns
+        return group_shared_engine(args, spec_settings(args))
 
     choice = args.shared_threads
     on_cpu = mx.default_device() == mx.Device(mx.cpu)

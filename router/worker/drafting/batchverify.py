@@ -202,14 +202,7 @@ def batch_class() -> type:
                     ]
                 )
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            given = self.samplers or [self.fallback_sampler] * size
-            samplers = [self.fallback_sampler if s is None else s for s in given]
-            if all(s is samplers[0] for s in samplers):
-                flat = samplers[0](logprobs.reshape(size * width, -1))
-                sampled = flat.reshape(size, width)
-            else:
-                sampled = mx.stack([s(logprobs[e]) for e, s in enumerate(samplers)])
-            rows_sampled = cast("list[list[int]]", sampled.tolist())  # (size, width) uint32
+            rows_sampled = self._sample(logprobs)
             self.timed = (size, width, time.perf_counter() - started)
 
             emitted: list[list[int]] = []
@@ -276,6 +269,21 @@ def batch_class() -> type:
             if len(keep) < size:
                 self.filter(keep)
             return responses
+
+        def _sample(self, logprobs: Any) -> list[list[int]]:
+            """Each row's sample at every position of a verify pass (a group's other ranks
+            take rank 0's instead: ``router.worker.group``)."""
+            import mlx.core as mx
+
+            size, width = logprobs.shape[:2]
+            given = self.samplers or [self.fallback_sampler] * size
+            samplers = [self.fallback_sampler if s is None else s for s in given]
+            if all(s is samplers[0] for s in samplers):
+                flat = samplers[0](logprobs.reshape(size * width, -1))
+                sampled = flat.reshape(size, width)
+            else:
+                sampled = mx.stack([s(logprobs[e]) for e, s in enumerate(samplers)])
+            return cast("list[list[int]]", sampled.tolist())  # (size, width) uint32
 
         def _processed(self, e: int, inputs: Any, row: Any) -> Any:
             """Row ``e``'s logits, its processors applied at its one real position."""

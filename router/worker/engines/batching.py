@@ -76,7 +76,7 @@ from router.worker.engines.engine import (
     sampler_for,
 )
 from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, aborted
-from router.worker.engines.promptcache import Counters, PromptCache
+from router.worker.engines.promptcache import Counters, Lookup, PromptCache
 from router.worker.engines.stats import SpecStats, usage
 from router.worker_contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
 
@@ -282,7 +282,7 @@ class BatchingEngine(Engine):
             if request.seed is not None:
                 mx.random.seed(request.seed)
             prompt = list(job.prompt_ids)
-            lookup = self.prompt_cache.fetch(prompt, job.partition, counters=self.cache_counters)
+            lookup = self._lookup(job, prompt)
             try:
                 (uid,) = generator.insert(
                     [lookup.rest],
@@ -301,6 +301,14 @@ class BatchingEngine(Engine):
             self._plan(seq)
             live[uid] = seq
             self.active = len(live)
+
+    def _lookup(self, job: Job, prompt: list[int]) -> Lookup:
+        """What ``job``'s prompt starts from (a group's rank 0 agrees on it with the others)."""
+        return self.prompt_cache.fetch(prompt, job.partition, counters=self.cache_counters)
+
+    def _keep(self, uid: int, tokens: list[int], cache: Any, partition: str) -> None:
+        """A finished sequence's KV state into the prompt cache."""
+        self.prompt_cache.store(tokens, cache, partition)
 
     def _plan(self, seq: _Sequence) -> None:
         """The sequence's draft source and proposer (none: plain decoding)."""
@@ -420,7 +428,7 @@ class BatchingEngine(Engine):
             seq.detokenizer.add_token(response.token)
         if reason is not None:
             seq.detokenizer.finalize()
-            self.prompt_cache.store(response.all_tokens, response.prompt_cache, seq.job.partition)
+            self._keep(response.uid, response.all_tokens, response.prompt_cache, seq.job.partition)
         if seq.progress.token(seq.detokenizer.last_segment, False):
             if reason is None:
                 self._remove(generator, live, [response.uid])

@@ -129,10 +129,12 @@ class JobQueue:
             return left
 
 
-def wait_any(queues: list[JobQueue]) -> None:
-    """Block until one of ``queues`` (sharing one condition) holds a job or all are closed."""
+def wait_any(queues: list[JobQueue], timeout: float | None = None) -> None:
+    """Block until one of ``queues`` (sharing one condition) holds a job or all are closed;
+    ``timeout``: at most that many seconds."""
     cond = queues[0]._cond
     assert all(q._cond is cond for q in queues), "the queues must share one condition"
     with cond:
-        while not any(q._items for q in queues) and not all(q.closed for q in queues):
-            cond.wait()
+        cond.wait_for(
+            lambda: any(q._items for q in queues) or all(q.closed for q in queues), timeout
+        )

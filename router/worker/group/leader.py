@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.worker.engines.engine import Models
-from router.worker.engines.jobs import Job
+from router.worker.engines.jobs import Job, JobQueue
 from router.worker.engines.promptcache import DRAFT, TARGET, PromptCache
 from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
 from router.worker.group.channel import Channel, disagree, gather_memory, own_rss_mib, send
@@ -97,6 +97,11 @@ class Leader:
         self.send(Message(Op.STORE, slot, len(tokens), (), partition, checksum(tokens)))
         prompt_cache.store(tokens, cache, partition, model=TARGET)
 
+    @property
+    def open(self) -> bool:
+        """Some cache of a request is open on every rank (``end`` closes them)."""
+        return bool(self._slots)
+
     def end(self) -> None:
         self._slots.clear()
         self.send(Message(Op.END))
@@ -144,11 +149,16 @@ class GroupSpecEngine(SpeculativeEngine):
         settings: SpecSettings,
         channel: Channel,
         facts: GroupFacts,
+        *,
+        prompt_cache: PromptCache | None = None,
+        queue: JobQueue | None = None,
     ) -> None:
         self.leader = Leader(channel)
         self.facts = facts
         self.left = False  # the other ranks were told to stop
-        super().__init__(lambda: self._wrap(load()), settings)
+        super().__init__(
+            lambda: self._wrap(load()), settings, prompt_cache=prompt_cache, queue=queue
+        )
         # the draft model's KV state: rank 0's alone, kept apart from the target's mirrors
         self.draft_cache = PromptCache(settings.prompt_cache_bytes)
 
@@ -157,7 +167,11 @@ class GroupSpecEngine(SpeculativeEngine):
 
     def report(self) -> dict[str, object]:
         report = super().report()
-        report["group"] = {
+        report["group"] = self.group_report()
+        return report
+
+    def group_report(self) -> dict[str, object]:
+        return {
             "ranks": self.leader.channel.size,
             "hosts": list(self.facts.hosts),
             "backend": self.facts.backend,
@@ -165,7 +179,6 @@ class GroupSpecEngine(SpeculativeEngine):
             "messages": self.leader.messages,
             "rank_memory_bytes": [mib << 20 for mib in self.leader.rank_memory_mib],
         }
-        return report
 
     def fetch(
         self, key: str, model: Any, tokens: list[int], partition: str

@@ -47,6 +47,12 @@ class CacheMirror(Protocol):
     def store(self, tokens: list[int], cache: Any, partition: str) -> None: ...
 
 
+class BatchOps(Protocol):
+    """The batching lane's messages (``router.worker.group.batchmirror.BatchMirror``)."""
+
+    def apply(self, message: Message) -> None: ...
+
+
 @dataclass
 class Slot:
     cache: Any
@@ -61,7 +67,9 @@ class Mirror:
         channel: Channel,
         idle_sleep: float = IDLE_SLEEP,
         alive: Callable[[], bool] = lambda: True,
+        batch: BatchOps | None = None,
     ) -> None:
+        self.batch = batch  # the batching lane's generator on this rank (both lanes served)
         self.idle_sleep = idle_sleep
         self.alive = alive  # False once this rank's launcher is gone (checked when idle)
         self.idles = 0
@@ -83,6 +91,10 @@ class Mirror:
             time.sleep(self.idle_sleep)
         elif op is Op.END:
             self.slots.clear()
+        elif op.name.startswith("BATCH_"):
+            if self.batch is None:
+                raise ProtocolError(f"{op.name}, but this rank serves no batching lane")
+            self.batch.apply(message)
         elif op is Op.MEMORY:
             gather_memory(self.channel, own_rss_mib())
         elif op is Op.NEW:

@@ -16,6 +16,23 @@ One message per operation rank 0 performs on the target's KV caches:
 - ``MEMORY``: every rank adds its resident memory (MiB) at its own index of one ``all_sum``,
   so rank 0 reports every host's memory.
 
+The batching lane's ops (``router.worker.group.batchlead`` on rank 0, ``batchmirror`` on the
+others): every rank runs its own mlx-lm ``BatchGenerator`` and makes it the same calls, so
+its batch caches (merged, extended, filtered, right-padded, trimmed per row) stay the same
+as rank 0's; only rank 0 samples, and the others take its tokens:
+
+- ``BATCH_RESET``: a fresh generator (uids from 0);
+- ``BATCH_INSERT slot=uid offset=cached value=max_tokens tokens partition``: the prompt cache's
+  nearest entry for the prompt (agreed on as ``FETCH``), then ``insert`` (``uid``: the one
+  rank 0's generator gave);
+- ``BATCH_NEXT value=prefill_step_size``: one ``BatchGenerator.next()``;
+- ``BATCH_STEP``, inside it, before the decoding pass: each row's uid, pending token and
+  draft (``step_data``); ``BATCH_SAMPLED``, after a verify pass: rank 0's samples at every
+  position (``slot`` rows of ``offset`` values);
+- ``BATCH_STORE slot=uid checksum``: a finished sequence's cache goes into the prompt cache;
+- ``BATCH_REMOVE tokens=(uid, checksum)...  value=1 when the caches are kept``: sequences
+  leave the batch (stop string, cancel), their caches kept in the prompt cache.
+
 A frame is ``FRAME`` int32 values: ``HEADER`` fields, then the message's data (tokens, then
 the partition's UTF-8 bytes) inline when it fits (one collective per step of decoding), else
 in a second array of exactly that length.
@@ -45,6 +62,13 @@ class Op(IntEnum):
     STOP = 6
     MEMORY = 7
     IDLE = 8
+    BATCH_RESET = 9
+    BATCH_INSERT = 10
+    BATCH_NEXT = 11
+    BATCH_STEP = 12
+    BATCH_SAMPLED = 13
+    BATCH_STORE = 14
+    BATCH_REMOVE = 15
 
 
 class ProtocolError(Exception):
@@ -59,6 +83,7 @@ class Message:
     tokens: tuple[int, ...] = ()
     partition: str = ""
     checksum: int = 0  # STORE: of the tokens kept
+    value: int = 0  # BATCH_INSERT: max_tokens; BATCH_NEXT: prefill step; BATCH_REMOVE: kept
 
 
 def checksum(tokens: Sequence[int]) -> int:
@@ -85,7 +110,7 @@ def encode(message: Message) -> tuple[list[int], list[int]]:
         len(message.tokens),
         len(raw),
         message.checksum,
-        0,
+        message.value,
         0,
     ]
     if len(data) <= INLINE:
@@ -123,7 +148,7 @@ def decode(frame: Sequence[int], payload: Sequence[int] = ()) -> Message:
         partition = bytes(data[n_tokens:]).decode("utf-8")
     except (ValueError, UnicodeDecodeError):
         raise ProtocolError("the partition is not UTF-8") from None
-    return Message(op, slot, offset, tuple(data[:n_tokens]), partition, frame[5])
+    return Message(op, slot, offset, tuple(data[:n_tokens]), partition, frame[5], frame[6])
 
 
 def _counts(frame: Sequence[int]) -> tuple[int, int]:
@@ -131,3 +156,52 @@ def _counts(frame: Sequence[int]) -> tuple[int, int]:
     if not 0 <= n_tokens <= MAX_TOKENS or not 0 <= n_bytes <= MAX_PARTITION_BYTES:
         raise ProtocolError(f"bad sizes: {n_tokens} tokens, {n_bytes} partition bytes")
     return n_tokens, n_bytes
+
+
+def step_data(
+    uids: Sequence[int], pending: Sequence[int], drafts: Sequence[Sequence[int]]
+) -> tuple[int, ...]:
+    """A decoding step's rows as ``BATCH_STEP`` data: ``(uid, pending, len(draft))`` per
+    row, then every row's draft."""
+    if not len(uids) == len(pending) == len(drafts):
+        raise ValueError("one pending token and one draft per row")
+    head = [v for row in zip(uids, pending, (len(d) for d in drafts), strict=True) for v in row]
+    return (*head, *(t for d in drafts for t in d))
+
+
+def parse_step(message: Message) -> tuple[list[int], list[int], list[list[int]]]:
+    """(uids, pending tokens, drafts) of a ``BATCH_STEP`` of ``message.slot`` rows."""
+    rows, data = message.slot, message.tokens
+    if message.op is not Op.BATCH_STEP or 3 * rows > len(data):
+        raise ProtocolError(f"expected a batch step of {rows} rows, got {message.op.name}")
+    uids = list(data[0 : 3 * rows : 3])
+    pending = list(data[1 : 3 * rows : 3])
+    lengths = list(data[2 : 3 * rows : 3])
+    if 3 * rows + sum(lengths) != len(data):
+        raise ProtocolError("a batch step's drafts do not add up")
+    drafts, at = [], 3 * rows
+    for n in lengths:
+        drafts.append(list(data[at : at + n]))
+        at += n
+    return uids, pending, drafts
+
+
+def parse_sampled(message: Message, rows: int, width: int) -> list[list[int]]:
+    """Rank 0's samples of a verify pass: ``rows`` lists of ``width`` tokens."""
+    if message.op is not Op.BATCH_SAMPLED or (message.slot, message.offset) != (rows, width):
+        raise ProtocolError(
+            f"expected {rows}x{width} samples, got {message.op.name} "
+            f"{message.slot}x{message.offset}"
+        )
+    if len(message.tokens) != rows * width:
+        raise ProtocolError("the samples do not fill their rows")
+    data = message.tokens
+    return [list(data[r * width : (r + 1) * width]) for r in range(rows)]
+
+
+def pairs(message: Message) -> list[tuple[int, int]]:
+    """``BATCH_REMOVE``'s (uid, checksum) pairs."""
+    data = message.tokens
+    if len(data) % 2:
+        raise ProtocolError("a removal's uids and checksums do not pair up")
+    return [(data[i], data[i + 1]) for i in range(0, len(data), 2)]
