@@ -47,7 +47,9 @@ def tiny_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-draft", target, seed=1)
 
 
-def group_command(ranks: int, *worker_args: str, parallel: str = "tensor") -> list[str]:
+def group_command(
+    ranks: int, *worker_args: str, parallel: str = "tensor", mode: str = "speculative"
+) -> list[str]:
     return [
         *launcher(sys.executable),
         "--backend",
@@ -61,7 +63,7 @@ def group_command(ranks: int, *worker_args: str, parallel: str = "tensor") -> li
         "-m",
         "router.worker",
         "--mode",
-        "speculative",
+        mode,
         *worker_args,
         "--group-parallel",
         parallel,
@@ -110,10 +112,12 @@ def with_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
-def start_group(ranks: int, *worker_args: str, parallel: str = "tensor") -> Group:
+def start_group(
+    ranks: int, *worker_args: str, parallel: str = "tensor", mode: str = "speculative"
+) -> Group:
     stderr = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(
-        group_command(ranks, *worker_args, parallel=parallel),
+        group_command(ranks, *worker_args, parallel=parallel, mode=mode),
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,

@@ -1,0 +1,121 @@
+"""Both lanes over a group (``--mode shared`` under ``mlx.launch``, two real ranks on
+127.0.0.1, the tiny llama split by tensor parallelism): the batching lane's greedy answers
+are the single-process batching lane's token for token, for two requests decoding in one
+batch, plain and drafting by prompt lookup, and from a prompt cached on every rank; the
+speculative lane serves beside it from the same copy of the model."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.worker_contract import lane_prefix
+from tests.worker.conftest import WorkerProcess, start_worker, worker_command
+from tests.worker.group.conftest import Group, start_group
+
+pytestmark = pytest.mark.realmodel
+
+FLAGS = ("--max-batch-size", "4")
+COPY = (
+    "def area(width, height):\n    return width * height\n\n"
+    "def area(width, height):\n    return width * height\n\n"
+    "def area("
+)
+COUNT = "one two three four five six seven eight nine ten one two three four five six"
+
+
+def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def health(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url + "/health", timeout=10) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model: Path) -> Iterator[tuple[Group, WorkerProcess]]:
+    """The group serving both lanes, and one batching-lane process on the same model."""
+    group = start_group(2, "--model", str(tiny_model), *FLAGS, mode="shared")
+    try:
+        single = start_worker(worker_command(tiny_model, "batching", *FLAGS))
+    except BaseException:
+        group.stop()
+        raise
+    yield group, single
+    group.stop()
+    single.stop()
+
+
+def answers(url: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The answers to ``bodies`` sent at once (they join one batch)."""
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(lambda b: post(url, b), bodies))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [{"num_draft_tokens": 0}, {"draft_source": "prompt_lookup"}],
+    ids=["plain", "prompt_lookup"],
+)
+def test_two_sequences_in_one_batch_equal_one_process(
+    pair: tuple[Group, WorkerProcess], source: dict[str, Any]
+) -> None:
+    group, single = pair
+    bodies = [
+        {"prompt": prompt, "max_tokens": 20, "temperature": 0, **source} for prompt in (COPY, COUNT)
+    ]
+    grouped = answers(group.url + lane_prefix("batching"), bodies)
+    alone = answers(single.url, bodies)
+    assert [a["choices"][0]["text"] for a in grouped] == [a["choices"][0]["text"] for a in alone]
+    assert [a["usage"]["completion_tokens"] for a in grouped] == [20, 20]
+    if "draft_source" in source:  # the drafts reached every rank, verified in one pass
+        spec = [a["usage"]["speclane_spec"] for a in grouped]
+        assert sum(s["drafted"] for s in spec) > 0, spec
+
+
+def test_a_cached_prompt_resumes_on_every_rank(pair: tuple[Group, WorkerProcess]) -> None:
+    group, single = pair
+    url = group.url + lane_prefix("batching")
+    post(url, {"prompt": COUNT, "max_tokens": 2, "temperature": 0})
+    body = {"prompt": COUNT + " seven eight", "max_tokens": 12, "temperature": 0}
+    resumed = post(url, body)
+    assert resumed["usage"]["prompt_tokens_details"]["cached_tokens"] > 5
+    assert resumed["choices"][0]["text"] == post(single.url, body)["choices"][0]["text"]
+
+
+def test_the_speculative_lane_serves_beside_it(pair: tuple[Group, WorkerProcess]) -> None:
+    group, _ = pair
+    body = {"prompt": COPY, "max_tokens": 12, "temperature": 0}
+    spec = post(group.url + lane_prefix("speculative"), body)
+    batch = post(group.url + lane_prefix("batching"), body)
+    assert spec["choices"][0]["text"] == batch["choices"][0]["text"]
+    reported = health(group.url)
+    assert reported["group"]["ranks"] == 2 and len(reported["group"]["rank_memory_bytes"]) == 2
+    assert set(reported["lanes"]) == {"speculative", "batching"}
+
+
+def test_a_sampled_answer_follows_rank_0s_draws(pair: tuple[Group, WorkerProcess]) -> None:
+    """Only rank 0 samples (seeded, as alone): the other rank's cache holds its draws, not
+    its own, or rank 0's next logits (summed over both ranks) would differ from one
+    process's."""
+    group, single = pair
+    body = {
+        "prompt": COPY,
+        "max_tokens": 16,
+        "temperature": 1.0,
+        "seed": 7,
+        "draft_source": "prompt_lookup",
+    }
+    grouped = post(group.url + lane_prefix("batching"), body)["choices"][0]["text"]
+    assert grouped == post(single.url, body)["choices"][0]["text"]
