@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from router.backends.base import SPECLANE_KIND, Backend
@@ -80,13 +80,15 @@ def resolve_models(lanes: LanesSettings) -> LaneModels:
     return LaneModels(path, lanes.draft_model, name, lanes.group)
 
 
-def enabled_lanes(lanes: LanesSettings, grouped: bool = False) -> list[LaneName]:
-    """The lanes to start; a model over a group of ranks (``grouped``) has the speculative
-    lane alone (the batching lane does not run over a group yet)."""
-    enabled = [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]
-    if grouped:
-        return [lane for lane in enabled if lane == "speculative"]
-    return enabled
+def enabled_lanes(lanes: LanesSettings) -> list[LaneName]:
+    """The lanes to start (over a group of ranks too: its one process serves both)."""
+    return [lane for lane in LANE_NAMES if getattr(lanes, lane).enabled]
+
+
+def group_shares(models: LaneModels, lanes: list[LaneName]) -> bool:
+    """A group of ranks serving the batching lane runs the shared worker (``--mode shared``):
+    rank 0 serves both lanes on the group's one copy of the model."""
+    return models.group is not None and "batching" in lanes
 
 
 def lane_backend(
@@ -181,13 +183,17 @@ def layout_choice(
     if models.group is not None:  # this machine holds its ranks' shares of the weights
         weights = weights * local_ranks(models.group) // models.group.ranks
     sizes = Sizes(weights, weights_bytes(models.draft), lanes.prompt_cache_bytes)
-    return choose(
-        layout or lanes.layout,
+    enabled = enabled_lanes(lanes)
+    choice = choose(
+        "shared" if group_shares(models, enabled) else layout or lanes.layout,
         sizes,
         machine_memory(lanes.machine_memory_bytes),
-        frozenset(enabled_lanes(lanes, models.group is not None)),
+        frozenset(enabled),
         lanes.memory_limit_bytes,
     )
+    if group_shares(models, enabled) and choice.layout == "shared":
+        return replace(choice, reason="a group of ranks holds one copy for both lanes")
+    return choice
 
 
 def plan_layout(
@@ -207,14 +213,8 @@ async def start_lanes(settings: Settings, pool: BackendPool, metrics: Metrics) -
     """Resolve the start-up model, choose the layout (or refuse: too big), gate the draft,
     register one backend per enabled lane in ``pool`` and start the workers; raises
     LaneStartupError (serve refuses to start and says why)."""
-    grouped = settings.lanes.group is not None
-    if not settings.lanes.enabled or not enabled_lanes(settings.lanes, grouped):
+    if not settings.lanes.enabled or not enabled_lanes(settings.lanes):
         return StartedLanes([], None)
-    if settings.lanes.group is not None and settings.lanes.batching.enabled:
-        log.warning(
-            "lanes.group: the group serves the speculative lane alone; the batching lane "
-            "does not start (requests go to the speculative lane)"
-        )
     try:
         models = resolve_models(settings.lanes)  # may convert with MLX: main thread (above)
     except PrepareError as e:
@@ -269,11 +269,11 @@ async def _start_workers(
     backends: list[Backend],
     first_ready: bool = False,
 ) -> list[LaneSupervisor]:
-    shared = choice.layout == "shared"
+    shared = choice.layout == "shared" or group_shares(models, enabled_lanes(settings.lanes))
     draft = None
     if models.group is not None:
         check_group_split(models)
-    for lane in enabled_lanes(settings.lanes, models.group is not None):
+    for lane in enabled_lanes(settings.lanes):
         name = backend_name(lane, models.name, default)
         backend = lane_backend(
             lane, settings, models.name, SHARED_MODE if shared else None, name=name
@@ -336,7 +336,7 @@ async def _start_workers(
         ]
     log.info(
         "starting lanes %s (%s) on %s (draft: %s)",
-        enabled_lanes(settings.lanes, models.group is not None),
+        enabled_lanes(settings.lanes),
         choice.layout,
         models.model,
         models.draft,

@@ -76,9 +76,10 @@ def build_worker_command(
 ) -> WorkerCommand:
     """``max_body_bytes``: the router's own limit (the worker accepts what the router does);
     ``lane``: a lane, or SHARED_MODE for the one process serving both; ``group``: the
-    speculative lane over a group of ranks, started by ``mlx.launch``."""
-    if group is not None and lane != "speculative":
-        raise ValueError("a group of ranks serves the speculative lane only")
+    speculative lane (or with SHARED_MODE both lanes) over a group of ranks, started by
+    ``mlx.launch``."""
+    if group is not None and lane not in ("speculative", SHARED_MODE):
+        raise ValueError("a group of ranks serves the speculative lane or both (shared)")
     if lane not in (*LANE_NAMES, SHARED_MODE):
         raise ValueError(f"unknown lane {lane!r}; expected one of {LANE_NAMES} or {SHARED_MODE!r}")
     argv = worker_argv(

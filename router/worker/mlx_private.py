@@ -17,8 +17,9 @@ from __future__ import annotations
 # A class (module.Class) -> the private attributes read or written on its instances; a module
 # -> the names read from it.
 MLX_LM_PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
-    # The generator's decoding batch, which ``drafting_generator`` replaces with its subclass.
-    "mlx_lm.generate.BatchGenerator": ("_generation_batch",),
+    # The generator's decoding batch, which ``drafting_generator`` replaces with its subclass;
+    # the uid its next insert gives (a group's rank 0 names it to the other ranks).
+    "mlx_lm.generate.BatchGenerator": ("_generation_batch", "_uid_count"),
     # Per row: the pending token and its logprobs (sampled, not yet emitted nor cached), the
     # tokens emitted before them, the count emitted, the stop matcher, and the processors'
     # context of tokens; a verify step advances each of them by the run a row accepted.

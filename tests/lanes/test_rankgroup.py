@@ -1,5 +1,5 @@
-"""A group's lane: its command line under mlx.launch, free ring ports at every spawn, the
-speculative lane alone, and the group of an on-demand model carried to its start."""
+"""A group's lanes: its command line under mlx.launch, free ring ports at every spawn, both
+lanes in the one shared process, and the group of an on-demand model carried to its start."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
+
 from router.config.group import GroupSpec
 from router.config.settings import LanesSettings, ModelEntry
 from router.lanes.catalog import from_entry
 from router.lanes.group import enabled_lanes
 from router.lanes.process import build_worker_command
 from router.lanes.rankgroup import PORT_PLACEHOLDER, free_port_range, host_memory, with_free_ports
+from router.worker_contract import SHARED_MODE
 
 LOCAL = GroupSpec(hosts=("127.0.0.1", "127.0.0.1", "127.0.0.1"))
 
@@ -53,12 +56,25 @@ def test_every_spawn_takes_a_free_range() -> None:
         s.bind(("127.0.0.1", base))
 
 
-def test_a_group_runs_the_speculative_lane_alone() -> None:
-    lanes = LanesSettings()
+def test_a_group_serves_both_lanes_from_one_shared_process() -> None:
+    from router.lanes.group import LaneModels, layout_choice
+
+    lanes = LanesSettings(layout="separate")
     assert enabled_lanes(lanes) == ["speculative", "batching"]
-    assert enabled_lanes(lanes, grouped=True) == ["speculative"]
-    off = LanesSettings(speculative={"enabled": False})  # type: ignore[arg-type]
-    assert enabled_lanes(off, grouped=True) == []
+    grouped = LaneModels("/m", None, "m", LOCAL)
+    choice = layout_choice(lanes, grouped)
+    assert choice.layout == "shared" and "group" in choice.reason
+    assert layout_choice(lanes, LaneModels("/m", None, "m")).layout == "separate"
+    spec_only = LanesSettings(batching={"enabled": False})  # type: ignore[arg-type]
+    assert layout_choice(spec_only, grouped).layout == "separate"  # one lane, one process
+    argv = build_worker_command(
+        SHARED_MODE, lanes, Path("/m"), None, "m", python=sys.executable, group=LOCAL
+    ).argv
+    worker = argv[argv.index("--") + 1 :]
+    assert worker[worker.index("--mode") + 1] == SHARED_MODE
+    assert worker[worker.index("--group-parallel") + 1] == "tensor"
+    with pytest.raises(ValueError, match="speculative lane or both"):
+        build_worker_command("batching", lanes, Path("/m"), None, "m", group=LOCAL)
 
 
 def test_an_on_demand_model_carries_its_group() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from router.worker.group.protocol import (
@@ -16,7 +18,11 @@ from router.worker.group.protocol import (
     checksum,
     decode,
     encode,
+    pairs,
+    parse_sampled,
+    parse_step,
     payload_size,
+    step_data,
 )
 
 
@@ -94,3 +100,49 @@ def test_checksum_sees_order_and_length() -> None:
     assert checksum([1, 2, 3]) != checksum([3, 2, 1])
     assert checksum([0]) != checksum([0, 0])
     assert checksum([]) != checksum([0])
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message(Op.BATCH_RESET),
+        Message(Op.BATCH_INSERT, slot=5, offset=3, tokens=(1, 2, 3, 4), partition="p", value=64),
+        Message(Op.BATCH_NEXT, value=512),
+        Message(Op.BATCH_STEP, slot=2, tokens=step_data([0, 1], [7, 8], [[9, 10], []])),
+        Message(Op.BATCH_SAMPLED, slot=2, offset=3, tokens=(1, 2, 3, 4, 5, 6)),
+        Message(Op.BATCH_STORE, slot=4, checksum=checksum([1, 2])),
+        Message(Op.BATCH_REMOVE, tokens=(3, checksum([5]), 4, 0), value=1),
+    ],
+)
+def test_a_batch_message_survives_its_frame(message: Message) -> None:
+    frame, payload = encode(message)
+    assert decode(frame, payload) == message
+
+
+def test_a_batch_steps_rows_and_drafts_come_back_as_sent() -> None:
+    data = step_data([3, 4, 9], [11, 12, 13], [[1, 2], [], [5]])
+    message = Message(Op.BATCH_STEP, slot=3, tokens=data)
+    assert parse_step(message) == ([3, 4, 9], [11, 12, 13], [[1, 2], [], [5]])
+    assert (
+        encode(Message(Op.BATCH_STEP, slot=8, tokens=step_data(*[[0] * 8] * 2, [[]] * 8)))[1] == []
+    )  # a plain step of a batch of 8 fits inline: one collective
+    sampled = Message(Op.BATCH_SAMPLED, slot=2, offset=2, tokens=(1, 2, 3, 4))
+    assert parse_sampled(sampled, 2, 2) == [[1, 2], [3, 4]]
+    assert pairs(Message(Op.BATCH_REMOVE, tokens=(1, 10, 2, 20))) == [(1, 10), (2, 20)]
+
+
+@pytest.mark.parametrize(
+    ("parse", "says"),
+    [
+        (lambda: parse_step(Message(Op.BATCH_STEP, slot=2, tokens=(0, 1, 0))), "batch step"),
+        (lambda: parse_step(Message(Op.BATCH_STEP, slot=1, tokens=(0, 1, 2, 5))), "add up"),
+        (lambda: parse_step(Message(Op.BATCH_NEXT, value=1)), "batch step"),
+        (lambda: parse_sampled(Message(Op.BATCH_SAMPLED, 2, 3, (1,) * 6), 2, 2), "2x2"),
+        (lambda: parse_sampled(Message(Op.BATCH_SAMPLED, 1, 2, (1,)), 1, 2), "fill"),
+        (lambda: parse_sampled(Message(Op.BATCH_STEP, 1, 1, (1,)), 1, 1), "samples"),
+        (lambda: pairs(Message(Op.BATCH_REMOVE, tokens=(1, 2, 3))), "pair up"),
+    ],
+)
+def test_batch_data_no_leader_sends_is_refused(parse: Any, says: str) -> None:
+    with pytest.raises(ProtocolError, match=says):
+        parse()
