@@ -1,8 +1,9 @@
-"""The router with its speculative lane over a group of two real ranks on 127.0.0.1
-(``[lanes.group]``, ``mlx.launch --backend ring``), on a tiny random llama: the supervisor
-treats the launcher as the lane's one worker. Chat, streams, a forced tool call and the
-Anthropic door through the router; ``/admin/lanes`` shows the ranks, hosts and memory per
-host; a killed rank brings the whole group down and back; SIGTERM leaves no rank."""
+"""The router with both lanes over a group of two real ranks on 127.0.0.1 (``[lanes.group]``,
+``mlx.launch --backend ring``), on a tiny random llama: the supervisor treats the launcher
+as the lanes' one (shared) worker. Chat, streams, a forced tool call and the Anthropic door
+through the router, on either lane; ``/admin/lanes`` shows both lanes with the ranks, hosts
+and memory per host; a killed rank brings the whole group down and back; SIGTERM leaves no
+rank."""
 
 from __future__ import annotations
 
@@ -77,6 +78,26 @@ def test_a_streamed_chat_through_the_router(router: Router) -> None:
     assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
 
 
+def test_the_router_routes_to_both_lanes_of_the_group(router: Router) -> None:
+    client = router.client()
+    for lane in ("speculative", "batching"):
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "count: one two three"}],
+            max_tokens=6,
+            temperature=0,
+            extra_headers={"X-Speclane-Lane": lane},
+        )
+        done = raw.parse()
+        assert raw.headers["x-speclane-lane"] == lane
+        assert done.usage is not None and done.usage.completion_tokens == 6
+    rows = admin_lanes(router)
+    assert {b["name"]: b["state"] for b in rows["backends"]} == {
+        "speculative": "ready",
+        "batching": "ready",
+    }
+
+
 def test_a_forced_tool_call_through_the_router(router: Router) -> None:
     done = router.client().chat.completions.create(
         model="tiny",
@@ -139,13 +160,14 @@ def test_admin_shows_the_ranks_hosts_and_memory_per_host(router: Router) -> None
         if group["host_memory_bytes"] or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert worker["lanes"] == ["speculative"]
+    assert worker["lanes"] == ["speculative", "batching"]  # one process: both lanes
     assert group["ranks"] == 2 and group["hosts"] == ["127.0.0.1", "127.0.0.1"]
     assert (group["backend"], group["parallel"]) == ("ring", "tensor")
     assert group["host_memory_bytes"]["127.0.0.1"] > 100 << 20
     assert worker["rss_bytes"] > group["host_memory_bytes"]["127.0.0.1"] // 2  # all local ranks
     gauge = "speclane_group_host_memory_bytes"
-    assert metric_value(router.metrics(), gauge, lanes="speculative", host="127.0.0.1")
+    lanes = "speculative+batching"
+    assert metric_value(router.metrics(), gauge, lanes=lanes, host="127.0.0.1")
 
 
 def test_a_killed_rank_brings_the_group_down_and_back(router: Router) -> None:
@@ -197,7 +219,7 @@ def test_a_model_loaded_on_demand_runs_over_its_own_group(tmp_path: Path, tiny_m
         assert done.usage is not None and done.usage.completion_tokens == 4
         rows = admin_lanes(router)["workers"]
         grouped = [w for w in rows if w.get("group")]
-        assert len(grouped) == 1 and grouped[0]["lanes"] == ["speculative"]
+        assert len(grouped) == 1 and grouped[0]["lanes"] == ["speculative", "batching"]
         assert grouped[0]["group"]["ranks"] == 2
         members = [psutil.Process(grouped[0]["pid"])]
         members += [
