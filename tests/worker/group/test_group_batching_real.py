@@ -94,11 +94,29 @@ def test_a_cached_prompt_resumes_on_every_rank(pair: tuple[Group, WorkerProcess]
     assert resumed["choices"][0]["text"] == post(single.url, body)["choices"][0]["text"]
 
 
+def test_a_stop_string_takes_the_sequence_out_of_the_batch_on_every_rank(
+    pair: tuple[Group, WorkerProcess],
+) -> None:
+    group, single = pair
+    body: dict[str, Any] = {"prompt": COUNT, "max_tokens": 16, "temperature": 0}
+    words = post(single.url, body)["choices"][0]["text"].split()
+    body["stop"] = [words[len(words) // 2]]  # mid-answer: the row leaves a running batch
+    grouped, alone = (
+        post(url, body)["choices"][0] for url in (group.url + lane_prefix("batching"), single.url)
+    )
+    assert (grouped["text"], grouped["finish_reason"]) == (alone["text"], "stop")
+    again = post(group.url + lane_prefix("batching"), {**body, "stop": []})  # the group goes on
+    assert again["usage"]["completion_tokens"] == 16
+
+
 def test_the_speculative_lane_serves_beside_it(pair: tuple[Group, WorkerProcess]) -> None:
+    """Both lanes at once: their passes interleave in the one op log."""
     group, _ = pair
     body = {"prompt": COPY, "max_tokens": 12, "temperature": 0}
-    spec = post(group.url + lane_prefix("speculative"), body)
-    batch = post(group.url + lane_prefix("batching"), body)
+    with ThreadPoolExecutor(2) as pool:
+        spec, batch = pool.map(
+            lambda lane: post(group.url + lane_prefix(lane), body), ("speculative", "batching")
+        )
     assert spec["choices"][0]["text"] == batch["choices"][0]["text"]
     reported = health(group.url)
     assert reported["group"]["ranks"] == 2 and len(reported["group"]["rank_memory_bytes"]) == 2
@@ -108,10 +126,11 @@ def test_the_speculative_lane_serves_beside_it(pair: tuple[Group, WorkerProcess]
 def test_a_sampled_answer_follows_rank_0s_draws(pair: tuple[Group, WorkerProcess]) -> None:
     """Only rank 0 samples (seeded, as alone): the other rank's cache holds its draws, not
     its own, or rank 0's next logits (summed over both ranks) would differ from one
-    process's."""
+    process's. A prompt neither has cached: a seeded draw from the tiny model's flat logits
+    already differs between one process's cache computed alone and in a batch."""
     group, single = pair
     body = {
-        "prompt": COPY,
+        "prompt": "Sampled, never cached. " + COPY,
         "max_tokens": 16,
         "temperature": 1.0,
         "seed": 7,
