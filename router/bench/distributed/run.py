@@ -63,6 +63,8 @@ def group_config(model: Path, hosts: list[str]) -> str:
         'log_level = "info"\nshutdown_grace = 2\n[lanes]\n'
         f'model = "{model}"\ndraft_source = "auto"\nstartup_timeout = 1800\n'
         f"[lanes.group]\nhosts = [{quoted}]\n"
+        # the speculative lane alone, as measured (a group serves both lanes by default)
+        "[lanes.batching]\nenabled = false\n"
     )
 
 
