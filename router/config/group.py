@@ -1,5 +1,5 @@
-"""``[lanes.group]``: one lane whose model spans several ranks (machines) on MLX's own
-distributed runtime (``mx.distributed``, started by ``mlx.launch``).
+"""``[lanes.group]``: the lanes whose model spans several ranks (machines) on MLX's own
+distributed runtime (``mx.distributed``, started by ``mlx.launch``), one copy for both.
 
 Parsed once here into frozen values: the hosts (a list, a host named twice runs two ranks
 there, or an ``mlx.launch`` hostfile, read now so that a broken one fails at start-up with its
@@ -25,8 +25,8 @@ LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class GroupSpec(Frozen):
-    """The group of ranks one lane runs on; rank 0 (the first host) must be this machine:
-    it answers the router's HTTP and holds the draft model."""
+    """The group of ranks a model's lanes run on; rank 0 (the first host) must be this
+    machine: it answers the router's HTTP and holds the draft model."""
 
     hosts: tuple[str, ...] = ()
     hostfile: Path | None = None
