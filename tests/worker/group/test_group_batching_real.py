@@ -1,7 +1,8 @@
 """Both lanes over a group (``--mode shared`` under ``mlx.launch``, two real ranks on
 127.0.0.1, the tiny llama split by tensor parallelism): the batching lane's greedy answers
 are the single-process batching lane's token for token, for two requests decoding in one
-batch, plain and drafting by prompt lookup, and from a prompt cached on every rank; the
+batch (plain, drafting by prompt lookup, a forced tool call beside free text), from a prompt
+cached on every rank and past a stop string; a seeded draw follows rank 0's; the
 speculative lane serves beside it from the same copy of the model."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from router.worker_contract import lane_prefix
+from tests.lanes.test_lanes_tools_e2e import ASK, READ
 from tests.worker.conftest import WorkerProcess, start_worker, worker_command
 from tests.worker.group.conftest import Group, start_group
 
@@ -33,9 +35,9 @@ COUNT = "one two three four five six seven eight nine ten one two three four fiv
 LONG = COPY * 6
 
 
-def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+def post(url: str, body: dict[str, Any], path: str = "/v1/completions") -> dict[str, Any]:
     request = urllib.request.Request(
-        url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(request, timeout=300) as r:
         return json.loads(r.read())
@@ -141,3 +143,28 @@ def test_a_sampled_answer_follows_rank_0s_draws(pair: tuple[Group, WorkerProcess
     }
     grouped = post(group.url + lane_prefix("batching"), body)["choices"][0]["text"]
     assert grouped == post(single.url, body)["choices"][0]["text"]
+
+
+def test_a_forced_tool_call_beside_free_text_equals_one_process(
+    pair: tuple[Group, WorkerProcess],
+) -> None:
+    """A constrained row drafts its grammar's forced tokens (masked on rank 0 alone) in the
+    same batch as a free one."""
+    group, single = pair
+    bodies = [
+        {"messages": ASK, "tools": [READ], "tool_choice": "required", "max_tokens": 40},
+        {"messages": [{"role": "user", "content": COUNT}], "max_tokens": 12},
+    ]
+    bodies = [{**b, "temperature": 0} for b in bodies]
+
+    def said(url: str) -> list[Any]:
+        with ThreadPoolExecutor(2) as pool:
+            done = pool.map(lambda b: post(url, b, "/v1/chat/completions"), bodies)
+            messages = [d["choices"][0]["message"] for d in done]
+        return [
+            [c["function"] for c in m.get("tool_calls") or []] or m["content"] for m in messages
+        ]
+
+    grouped = said(group.url + lane_prefix("batching"))
+    assert grouped[0] and grouped[0][0]["name"] == "read"
+    assert grouped == said(single.url)
