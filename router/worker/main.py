@@ -157,6 +157,7 @@ def build_shared(args: argparse.Namespace) -> SharedEngine:
     import mlx.core as mx
 
     if args.group_parallel is not None:  # both lanes over a group: one thread takes turns
+        log.info("shared mode over a group: 1 generation thread (one op log for both lanes)")
         return group_shared_engine(args, spec_settings(args))
 
     choice = args.shared_threads
