@@ -90,7 +90,9 @@ def test_n_auto_gives_the_fast_tier_workers_and_a_slow_tier_none(tmp_path: Path)
     for name in ("a", "b"):
         (tmp_path / f"test_{name}.py").write_text(WHERE.format(name=name))
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, "PYTEST_XDIST_AUTO_NUM_WORKERS": "2"}
+    # Not this run's worker name (PYTEST_XDIST_WORKER) when this test runs in a worker.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    env.update(PYTHONPATH=path, PYTEST_XDIST_AUTO_NUM_WORKERS="2")
     ran = {}
     for tier in ("not realmodel and not clients", "realmodel or not realmodel"):
         command = [sys.executable, "-m", "pytest", "-p", "tests.tiers", "-q", "-n", "auto"]
