@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.tiers import serial_run
+from tests.tiers import FAST_TIER, serial_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,3 +108,14 @@ def test_n_auto_gives_the_fast_tier_workers_and_a_slow_tier_none(tmp_path: Path)
         ran[tier] = {(tmp_path / f"ran-{n}").read_text() for n in ("a", "b")}
     assert ran["not realmodel and not clients"] <= {"gw0", "gw1"}
     assert ran["realmodel or not realmodel"] == {"main"}
+
+
+def test_addopts_runs_the_fast_tier_on_xdist() -> None:
+    """The expression serial_run knows as the fast tier is the one `pytest` alone selects."""
+    import tomllib
+
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"][
+        "addopts"
+    ]
+    assert addopts[addopts.index("-m") + 1] == FAST_TIER
+    assert addopts[addopts.index("-n") + 1] == "auto"
