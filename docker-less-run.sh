@@ -101,7 +101,8 @@ setup_venv() {
 }
 
 # The test tiers (markers in pyproject.toml), one pytest run each so that a tier's time and
-# closing line are its own: "name|marker expression".
+# closing line are its own: "name|marker expression". The fast tier runs on every core
+# (pytest-xdist's -n auto in addopts); the others in one process (tests/tiers.py decides).
 TIERS=(
   "fast|not realmodel and not clients"
   "realmodel|realmodel and not clients"

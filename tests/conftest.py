@@ -19,8 +19,9 @@ from router.services import Services
 from tests.fakes.upstream import FakeUpstream
 
 # The tiers (fast by default, realmodel, clients) and the guard that keeps the fast one fast;
-# what the real-model tests share once per session (the models, a router with both lanes).
-pytest_plugins = ["tests.tiers", "tests.realmodel"]
+# what the real-model tests share once per session (the models, a router with both lanes);
+# the reliability suite's closing summary.
+pytest_plugins = ["tests.tiers", "tests.realmodel", "tests.reliability.summary"]
 
 
 @dataclass

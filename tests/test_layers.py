@@ -7,6 +7,7 @@ its own folder. Imports the type checker alone sees (``if TYPE_CHECKING:``) do n
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROUTER = Path(__file__).resolve().parents[1] / "router"
@@ -102,6 +103,7 @@ def runtime_imports(path: Path) -> set[str]:
     return found
 
 
+@functools.cache  # parsed once for the four tests, which only read it
 def graph() -> dict[str, set[str]]:
     modules = {module_name(p): p for p in ROUTER.rglob("*.py")}
     edges = {}

@@ -10,6 +10,11 @@ so does one outside ``clients`` that runs npm, npx or an agent program. The guar
 audit hook: it sees ``subprocess.Popen`` whoever calls it (asyncio's subprocesses too),
 raises in the call, and fails the test at its end even if the code under test swallowed
 that error.
+
+The fast tier runs in parallel (pytest-xdist: ``-n auto --dist loadfile`` in ``addopts``,
+one worker per core, each file whole on one worker); the slow tiers, and a run of one file,
+run in this process (``pytest_xdist_auto_num_workers``): the slow tiers load MLX models,
+and two of those at once on two cores only thrash.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ CLIENT_PROGRAMS = frozenset({"npm", "npx", "claude", "codex", "qwen", "aider"})
 WEIGHTS_GLOB = "model*.safetensors"
 # Weights this large are a real model (the default one has 538 MB); tests' tiny models are KiB.
 REAL_WEIGHTS_BYTES = 16 << 20
+# The marker expression of the fast tier (``addopts``), the one tier that runs in parallel.
+FAST_TIER = "not realmodel and not clients"
 
 
 class TierViolation(RuntimeError):
@@ -83,6 +90,22 @@ def _forbidden_command(executable: Any, argv: Any, markers: frozenset[str]) -> s
     if "clients" not in markers and programs & CLIENT_PROGRAMS:
         return f"runs {' '.join(words[:3])} ...: mark it clients"
     return None
+
+
+def serial_run(markexpr: str, args: list[str]) -> bool:
+    """Whether a run with ``-n auto`` stays in this process: any selection but the fast tier's
+    (realmodel, clients, ``-m ""``), or tests of one file only (a worker's start-up would cost
+    more than it saves)."""
+    if " ".join(markexpr.split()) != FAST_TIER:
+        return True
+    files = {a.split("::")[0] for a in args}
+    return len(files) == 1 and Path(next(iter(files))).is_file()
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # pytest-xdist asks, for ``-n auto``
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """0 (no workers) for a serial run, else None: xdist counts the cores."""
+    return 0 if serial_run(config.option.markexpr, list(config.args)) else None
 
 
 GUARD = _Guard()

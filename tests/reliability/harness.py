@@ -83,6 +83,18 @@ class Tally:
             "memory": self.memory,
         }
 
+    def merge(self, other: dict[str, Any]) -> None:
+        """Add another process's tally (its ``as_dict``): pytest-xdist's workers each keep one."""
+        self.faults.update(other["faults"]["by_kind"])
+        fuzz = other["fuzz"]
+        self.fuzz.update(fuzz["by_family"])
+        self.fuzz_status.update({int(k): v for k, v in fuzz["by_status"].items()})
+        self.fuzz_router_5xx += fuzz["router_5xx"]
+        self.fuzz_sides.update(fuzz["by_side"])
+        self.load.update(other["load"])
+        self.shutdown.update(other["shutdown"])
+        self.memory.update(other["memory"])
+
     def lines(self) -> list[str]:
         out = []
         if self.faults:

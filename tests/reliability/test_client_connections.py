@@ -126,11 +126,11 @@ async def in_thread(fn, *args):  # type: ignore[no-untyped-def]
 
 async def test_an_idle_connection_is_closed(timed: RouterProcess) -> None:
     def idle_then_keepalive() -> tuple[bytes, bytes]:
-        with connect(timed.port) as quiet:
-            never_spoke = read_until_closed(quiet)
-        with connect(timed.port) as kept:
+        # Both at once: their idle timers run side by side, not one after the other.
+        with connect(timed.port) as quiet, connect(timed.port) as kept:
             kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
             after_answer = read_until_closed(kept)
+            never_spoke = read_until_closed(quiet)
         return never_spoke, after_answer
 
     never_spoke, after_answer = await in_thread(idle_then_keepalive)
