@@ -200,6 +200,7 @@ class SharedEngine:
 
     def _serve_speculative(self, models: Models) -> None:
         spec = self.speculative
+        spec.calibrate_at_start(models)
         while spec.queue.wait():
             while spec.take(models):
                 spec.round()
@@ -222,6 +223,7 @@ class SharedEngine:
     def _serve(self, models: Models) -> None:
         spec, batch = self.speculative, self.batching
         queues = [spec.queue, batch.queue]
+        spec.calibrate_at_start(models)
         batch.open_batch(models)
         while True:
             if spec.take(models):

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -447,6 +448,7 @@ class SpecProgress:
 
 class SpeculativeEngine(Engine):
     capacity = 1
+    calibrates_at_start = True
 
     def __init__(
         self,
@@ -470,6 +472,7 @@ class SpeculativeEngine(Engine):
         self.pass_cost = PassCost(settings.draft_position_cost)
         self.draft_cost = DraftCost()  # the draft model's pass time relative to the target's
         self.evidence = Evidence()  # each source's acceptance per partition, request to request
+        self.calibrated = threading.Event()  # the draft model's cost is measured
 
     @property
     def num_draft_tokens(self) -> int:
@@ -489,13 +492,21 @@ class SpeculativeEngine(Engine):
 
     def calibrate(self, models: Models) -> None:
         """Time one decoding pass of the target and of the draft model, once: what a draft
-        model's proposal costs is known before the first request could pay for it."""
+        model's proposal costs is known before a request could pay for it (as the lane
+        starts; over a group, when a request first could use it)."""
         if models.draft is None or self.draft_cost.gamma is not None:
             return
         target = time_pass(models.model)
         self.pass_cost.seed_plain(1, target)
         self.draft_cost.observe(1, time_pass(models.draft), target)
+        self.calibrated.set()
         log.info("draft model pass: %.2fx the target's", self.draft_cost.gamma or 0.0)
+
+    def calibrate_at_start(self, models: Models) -> None:
+        """Calibrate before the first request (which would otherwise wait for it): a lane
+        whose requests may draft from its draft model under ``auto``."""
+        if self.calibrates_at_start and models.draft is not None and self.num_draft_tokens:
+            self.calibrate(models)
 
     def draft_pays(self, k: int) -> bool:
         """The draft model can yield more than plain decoding here, were every token kept."""
@@ -514,6 +525,7 @@ class SpeculativeEngine(Engine):
         )
 
     def _serve(self, models: Models) -> None:
+        self.calibrate_at_start(models)
         while (job := self._queue.get(block=True)) is not None:
             self._begin(models, job)
             while self.run is not None:

@@ -143,6 +143,10 @@ class GroupModel:
 class GroupSpecEngine(SpeculativeEngine):
     """The speculative lane with its target spread over a group (rank 0's side)."""
 
+    # Its passes are the group's: timed when a request first could use the draft model,
+    # while the other ranks follow the request's steps.
+    calibrates_at_start = False
+
     def __init__(
         self,
         load: Callable[[], Models],

@@ -40,6 +40,15 @@ def run(
     return answer_once(engine, text, partition, MAX_TOKENS, **fields)
 
 
+def test_the_draft_model_is_timed_before_the_first_request(engine: SpeculativeEngine) -> None:
+    """A lane with a draft model calibrates as it starts, so that its first request does
+    not wait for that (this module's first test: nothing has decoded yet)."""
+    assert engine.calibrated.wait(60)
+    assert engine.progress_tokens == 0
+    assert engine.draft_cost.gamma is not None and engine.draft_cost.gamma > 0.3
+    assert engine.pass_cost.plain(1) is not None
+
+
 def test_auto_copies_from_a_free_source_and_never_from_a_draft_as_slow_as_the_target(
     engine: SpeculativeEngine,
 ) -> None:
