@@ -22,6 +22,7 @@ class ScriptedLane:
 
     def __init__(self, name: str, work: int, trace: list[str], queue: JobQueue) -> None:
         self.name, self.work, self.trace, self.queue = name, work, trace, queue
+        self.calibrated = False
 
     @property
     def busy(self) -> bool:
@@ -33,10 +34,14 @@ class ScriptedLane:
         self.trace.append(self.name[0])
 
     # the speculative lane's side
+    def calibrate_at_start(self, models: Models) -> None:
+        self.calibrated = True  # the draft model timed as the lane starts
+
     def take(self, models: Models) -> bool:
         return self.busy
 
     def round(self) -> None:
+        assert self.calibrated, "a speculative round before the lane was calibrated"
         self._turn()
 
     # the batching lane's side
