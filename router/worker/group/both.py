@@ -14,7 +14,6 @@ while there is none, ``STOP`` when the worker stops.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +23,7 @@ from router.worker.engines.shared import SharedEngine, batch_drafts
 from router.worker.engines.speculative import SpecSettings
 from router.worker.group.batchlead import GroupBatchingEngine
 from router.worker.group.channel import Channel
-from router.worker.group.leader import GroupFacts, GroupSpecEngine
+from router.worker.group.leader import GroupFacts, GroupSpecEngine, exit_unless_left
 from router.worker.group.mirror import IDLE_TICK
 
 log = logging.getLogger("speclane.worker.group")
@@ -115,8 +114,4 @@ class GroupSharedEngine(SharedEngine):
 
     def stop(self, timeout: float) -> None:
         super().stop(timeout)
-        if not self.left:
-            # The other ranks wait in a collective we can no longer pair: exit non-zero so
-            # that mlx.launch ends them (it does so only when a rank fails).
-            log.error("the group could not be told to stop; exiting so mlx.launch ends it")
-            os._exit(1)
+        exit_unless_left(self.left)

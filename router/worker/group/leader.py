@@ -140,6 +140,15 @@ class GroupModel:
         return getattr(self._model, name)
 
 
+def exit_unless_left(left: bool) -> None:
+    """After rank 0's engine stopped: if the other ranks were not told to stop, they wait in
+    a collective we can no longer pair; exit non-zero so that mlx.launch ends them (it does
+    so only when a rank fails)."""
+    if not left:
+        log.error("the group could not be told to stop; exiting so mlx.launch ends it")
+        os._exit(1)
+
+
 class GroupSpecEngine(SpeculativeEngine):
     """The speculative lane with its target spread over a group (rank 0's side)."""
 
@@ -230,8 +239,4 @@ class GroupSpecEngine(SpeculativeEngine):
 
     def stop(self, timeout: float) -> None:
         super().stop(timeout)
-        if not self.left:
-            # The other ranks wait in a collective we can no longer pair: exit non-zero so
-            # that mlx.launch ends them (it does so only when a rank fails).
-            log.error("the group could not be told to stop; exiting so mlx.launch ends it")
-            os._exit(1)
+        exit_unless_left(self.left)
