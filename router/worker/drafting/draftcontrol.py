@@ -97,12 +97,6 @@ class Acceptance:
         return total
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens one step emits on average with a draft of ``k``: the target's own token plus
-    each draft token while every one before it was kept."""
-    return sum(alpha**i for i in range(k + 1))
-
-
 @dataclass
 class _Widths:
     """The last ``COST_SAMPLES`` timings of one batch size; their medians are the figures

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from router.worker.drafting.draftcontrol import PRIOR_BETA, Acceptance, PassCost, expected_tokens
+from router.worker.drafting.draftcontrol import PRIOR_BETA, Acceptance, PassCost
 
 
 def test_expected_tokens_counts_the_targets_own_token() -> None:
-    assert expected_tokens(0.0, 8) == 1.0
-    assert expected_tokens(1.0, 4) == 5.0
-    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert Acceptance((0.0, 1.0)).expected(8) == 1.0
+    assert Acceptance((1.0, 0.0)).expected(4) == 5.0
+    assert Acceptance((1.0, 1.0)).expected(2) == pytest.approx(1.75)
 
 
 def test_acceptance_follows_the_latest_steps() -> None:
@@ -82,4 +82,4 @@ def test_expected_tokens_per_position_follow_where_drafts_are_refused() -> None:
 
 
 def test_expected_tokens_without_positions_are_geometric() -> None:
-    assert Acceptance((1.0, 1.0)).expected(3) == pytest.approx(expected_tokens(0.5, 3))
+    assert Acceptance((1.0, 1.0)).expected(3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
