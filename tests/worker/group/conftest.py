@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,3 +146,17 @@ def group_factory() -> Iterator[Any]:
     yield factory
     for group in started:
         group.stop()
+
+
+def post(url: str, body: dict[str, Any], path: str = "/v1/completions") -> dict[str, Any]:
+    """A worker's JSON answer to ``body`` (rank 0's, or a single process's)."""
+    request = urllib.request.Request(
+        url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def health(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url + "/health", timeout=10) as r:
+        return json.loads(r.read())

@@ -7,8 +7,6 @@ speculative lane serves beside it from the same copy of the model."""
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +17,7 @@ import pytest
 from router.worker_contract import lane_prefix
 from tests.lanes.test_lanes_tools_e2e import ASK, READ
 from tests.worker.conftest import WorkerProcess, start_worker, worker_command
-from tests.worker.group.conftest import Group, start_group
+from tests.worker.group.conftest import Group, health, post, start_group
 
 pytestmark = pytest.mark.realmodel
 
@@ -33,19 +31,6 @@ COUNT = "one two three four five six seven eight nine ten one two three four fiv
 # Prefilled in chunks wider than batchgen.WHOLE_WIDTH once the first has measured the rate:
 # those passes are evaluated only as far as their KV caches.
 LONG = COPY * 6
-
-
-def post(url: str, body: dict[str, Any], path: str = "/v1/completions") -> dict[str, Any]:
-    request = urllib.request.Request(
-        url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=300) as r:
-        return json.loads(r.read())
-
-
-def health(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url + "/health", timeout=10) as r:
-        return json.loads(r.read())
 
 
 @pytest.fixture(scope="module")

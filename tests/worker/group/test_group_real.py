@@ -6,9 +6,7 @@ leaves no rank."""
 
 from __future__ import annotations
 
-import json
 import signal
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ import psutil
 import pytest
 
 from tests.worker.conftest import WorkerProcess, start_worker, worker_command
-from tests.worker.group.conftest import Group, start_group
+from tests.worker.group.conftest import Group, health, post, start_group
 
 pytestmark = pytest.mark.realmodel
 
@@ -26,19 +24,6 @@ COPY = (
     "def area(width, height):\n    return width * height\n\n"
     "def area("
 )
-
-
-def post(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(
-        url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=300) as r:
-        return json.loads(r.read())
-
-
-def health(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url + "/health", timeout=10) as r:
-        return json.loads(r.read())
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +43,7 @@ def pair(tiny_model: Path, tiny_draft: Path) -> Iterator[tuple[Group, WorkerProc
 
 def completion(url: str, prompt: str, **extra: Any) -> tuple[str, dict[str, Any]]:
     body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, **extra}
-    answer = post(url, "/v1/completions", body)
+    answer = post(url, body)
     return answer["choices"][0]["text"], answer["usage"]
 
 
@@ -106,7 +91,7 @@ def test_a_streamed_chat_equals_one_process(pair: tuple[Group, WorkerProcess]) -
         "max_tokens": 16,
         "temperature": 0,
     }
-    answers = [post(u, "/v1/chat/completions", body) for u in (group.url, single.url)]
+    answers = [post(u, body, "/v1/chat/completions") for u in (group.url, single.url)]
     texts = [a["choices"][0]["message"]["content"] for a in answers]
     assert texts[0] == texts[1]
 
