@@ -233,6 +233,9 @@ class Chooser:
         self.rows = rows
         self.tallies: dict[str, Tally] = {}
         self.plain_steps = 0  # steps that drafted nothing although a source proposed
+        # This step's longest proposal from a free source: the drafting one's, or on a plain
+        # step the one that came closest to paying (``widen``).
+        self._offer: _Proposal | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -250,6 +253,7 @@ class Chooser:
 
     def choose(self, history: list[int], room: int) -> Choice:
         """This step's draft after ``history``: at most ``room`` tokens."""
+        self._offer = None
         if room <= 0 or not self.candidates:
             return PLAIN
         self._settle_shadows(history)
@@ -260,7 +264,7 @@ class Chooser:
         best_tokens: list[int] = []
         best_yield = 1.0
         best_grade: int | None = None
-        proposals: list[tuple[Candidate, list[int], int | None]] = []
+        proposals: list[_Proposal] = []
         model: Candidate | None = None
         model_pays = False
         for c in self.candidates:
@@ -286,6 +290,7 @@ class Chooser:
             if could_pay and (rate > best_yield * 1.0001 or probe or gamma is None):
                 best, best_tokens = model, []
                 k = length or k
+        self._offer = _offer(proposals, best, beta)
         for c, tokens, grade in proposals:
             if c is not best and c.shadow is None:
                 c.shadow = _Shadow(len(history), tokens, grade)
@@ -305,6 +310,21 @@ class Chooser:
                 model.idle = 0
                 return Choice(best.name, best_tokens + more, len(best_tokens), best_grade)
         return Choice(best.name, best_tokens, grade=best_grade) if best_tokens else PLAIN
+
+    def widen(self, choice: Choice, most: int) -> Choice:
+        """``choice`` drafting up to ``most`` tokens where its source proposed more: a
+        batched pass is as wide as its longest row, so positions up to that width cost a
+        shorter row nothing, and the evidence they bring is free too."""
+        offer = self._offer
+        if offer is None or choice.chained is not None or len(choice.tokens) >= most:
+            return choice
+        c, tokens, grade = offer
+        if choice.source not in (None, c.name) or len(tokens) <= len(choice.tokens):
+            return choice
+        if c.shadow is not None and c.shadow.tokens is tokens:
+            c.shadow = None  # drafted after all: verified, not shadowed
+        c.idle = 0
+        return Choice(c.name, tokens[:most], grade=grade)
 
     def _first(self, history: list[int], room: int) -> Choice:
         for c in self.candidates:
@@ -344,6 +364,23 @@ class Chooser:
             name: {"drafted": t.drafted, "accepted": t.accepted, "steps": t.steps}
             for name, t in self.tallies.items()
         }
+
+
+_Proposal = tuple[Candidate, list[int], int | None]  # a free source's tokens and grade
+
+
+def _offer(proposals: list[_Proposal], best: Candidate | None, beta: float) -> _Proposal | None:
+    """The proposal a wider pass would draft for free: the drafting source's, else (a plain
+    step) the one with the best yield."""
+    if not proposals:
+        return None
+    if best is not None:
+        return next((p for p in proposals if p[0] is best), None)
+
+    def rate(p: _Proposal) -> float:
+        return best_rate(p[0].acceptance_for(p[2]), beta, len(p[1]))
+
+    return max(proposals, key=rate)
 
 
 def prior(source: str) -> tuple[float, float]:

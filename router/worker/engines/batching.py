@@ -50,6 +50,7 @@ from router.worker.drafting.batchverify import (
     last_verified,
     set_drafter,
     time_next_plain,
+    tokens_of,
 )
 from router.worker.drafting.draftchoice import PLAIN as PLAIN_CHOICE
 from router.worker.drafting.draftchoice import Candidate, Choice, Chooser, Evidence, Grade
@@ -368,6 +369,7 @@ class BatchingEngine(Engine):
         with its source's proposal, with the grammar's masks."""
         size = len(uids)
         drafts: list[RowDraft] = []
+        widenable: list[tuple[int, _Sequence, int]] = []
         for uid, history, left in zip(uids, histories, room, strict=True):
             seq = self._live.get(uid)
             if seq is None or not seq.plan.drafts or seq.job.cancelled.is_set():
@@ -376,12 +378,20 @@ class BatchingEngine(Engine):
             k = sequence_draft_length(size, seq.plan.k, left) if seq.propose else 0
             if seq.constraint is None:
                 drafts.append(self._free_draft(seq, history, k, size))
+                widenable.append((len(drafts) - 1, seq, k))
                 continue
             budget = max(k, forced_draft_length(size, seq.plan.forced, left))
             seq.draft = None
             if budget:
                 seq.draft = seq.constraint.draft(history, budget, seq.propose, k)
             drafts.append(seq.draft or [])
+        # The pass is as wide as its longest row: a shorter row drafts up to that width
+        # from what its source proposed, at no cost.
+        width = max((len(tokens_of(d)) for d in drafts), default=0)
+        for i, seq, k in widenable:
+            if seq.chooser is not None and len(tokens_of(drafts[i])) < min(width, k):
+                seq.choice = seq.chooser.widen(seq.choice, min(width, k))
+                drafts[i] = seq.choice.tokens
         return drafts
 
     @staticmethod

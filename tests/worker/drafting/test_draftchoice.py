@@ -285,3 +285,28 @@ def test_free_positions_draft_the_longest_whatever_the_acceptance() -> None:
     """``draft_position_cost = 0``: a draft costs nothing, so even a refused source drafts."""
     lookup = Candidate("prompt_lookup", Fixed(list(range(8))), 8, Acceptance((0.0, 9.0)))
     assert len(Chooser([lookup], PassCost(0.0)).choose([9], 8).tokens) == 8
+
+
+def test_a_row_drafts_up_to_the_width_of_the_batched_pass_for_free() -> None:
+    """A batched pass is as wide as its longest row: a row whose own rule drafts short (or
+    nothing) drafts what its source proposed up to that width, and is judged on it."""
+    lookup = Candidate("prompt_lookup", Fixed([4, 5, 6, 7, 8, 9]), 8, Acceptance((1.0, 4.0)))
+    chooser = Chooser([lookup], PassCost(0.5))
+    choice = chooser.choose([1, 2, 3], 8)
+    assert choice.source is None  # on its own: refused too often to pay
+    widened = chooser.widen(choice, 4)
+    assert (widened.source, widened.tokens) == ("prompt_lookup", [4, 5, 6, 7])
+    assert lookup.shadow is None  # drafted now: verified, not shadowed as well
+    before = lookup.acceptance.kept
+    chooser.verified(widened, 4)
+    assert lookup.acceptance.kept > before
+    assert chooser.tallies["prompt_lookup"].drafted == 4
+
+
+def test_widening_keeps_a_draft_that_is_already_as_wide() -> None:
+    lookup = Candidate("prompt_lookup", Fixed([4, 5]), 8, Acceptance((9.0, 1.0)))
+    chooser = Chooser([lookup], PassCost(0.05))
+    choice = chooser.choose([1, 2, 3], 8)
+    assert choice.tokens == [4, 5]
+    assert chooser.widen(choice, 6) is choice  # nothing more was proposed
+    assert chooser.widen(chooser.choose([1, 2, 3], 0), 6).source is None  # no room: none
