@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, cast
 
+from router.worker.decoding.sampling import sampler_scores
 from router.worker.drafting.forced import Draft
 
 # (uids, histories, room) -> drafts. A history is the row's tokens in the cache plus its
@@ -201,8 +202,9 @@ def batch_class() -> type:
                         for e in range(size)
                     ]
                 )
+            # The responses' log-probabilities stay lazy: nothing reads them unless asked.
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            rows_sampled = self._sample(logprobs)
+            rows_sampled = self._sample(sampler_scores(self._row_samplers(), logits))
             self.timed = (size, width, time.perf_counter() - started)
 
             emitted: list[list[int]] = []
@@ -270,19 +272,23 @@ def batch_class() -> type:
                 self.filter(keep)
             return responses
 
-        def _sample(self, logprobs: Any) -> list[list[int]]:
-            """Each row's sample at every position of a verify pass (a group's other ranks
-            take rank 0's instead: ``router.worker.group``)."""
+        def _row_samplers(self) -> list[Any]:
+            given = self.samplers or [self.fallback_sampler] * len(self.uids)
+            return [self.fallback_sampler if s is None else s for s in given]
+
+        def _sample(self, scores: Any) -> list[list[int]]:
+            """Each row's sample at every position of a verify pass, from ``scores`` (the
+            logits, or their log-probabilities: ``sampler_scores``); a group's other ranks
+            take rank 0's instead: ``router.worker.group``."""
             import mlx.core as mx
 
-            size, width = logprobs.shape[:2]
-            given = self.samplers or [self.fallback_sampler] * size
-            samplers = [self.fallback_sampler if s is None else s for s in given]
+            size, width = scores.shape[:2]
+            samplers = self._row_samplers()
             if all(s is samplers[0] for s in samplers):
-                flat = samplers[0](logprobs.reshape(size * width, -1))
+                flat = samplers[0](scores.reshape(size * width, -1))
                 sampled = flat.reshape(size, width)
             else:
-                sampled = mx.stack([s(logprobs[e]) for e, s in enumerate(samplers)])
+                sampled = mx.stack([s(scores[e]) for e, s in enumerate(samplers)])
             return cast("list[list[int]]", sampled.tolist())  # (size, width) uint32
 
         def _processed(self, e: int, inputs: Any, row: Any) -> Any:

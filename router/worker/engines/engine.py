@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.errors import RouterError
+from router.worker.decoding.sampling import GREEDY
 from router.worker.decoding.stops import StopScanner
 from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, TextDelta, aborted
 from router.worker.engines.stats import SpecCounter, usage
@@ -45,6 +46,8 @@ class LoadError(Exception):
 def sampler_for(request: GenerationRequest) -> Callable[..., Any]:
     from mlx_lm.sample_utils import make_sampler
 
+    if request.temperature == 0:  # as make_sampler: the other knobs do nothing at 0
+        return GREEDY
     return make_sampler(
         temp=request.temperature, top_p=request.top_p, min_p=request.min_p, top_k=request.top_k
     )

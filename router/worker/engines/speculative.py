@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from router.worker.decoding.sampling import sampler_scores
 from router.worker.decoding.stops import StopScanner
 from router.worker.drafting.draftchoice import (
     CERTAIN,
@@ -87,6 +88,8 @@ log = logging.getLogger("speclane.worker")
 
 SOURCES = DRAFT_SOURCES
 PREFILL_STEP = 512
+# A prompt rest up to this many tokens is fed in the first token's pass, not prefilled apart.
+MERGED_PROMPT_MAX = 64
 
 Propose = Callable[[list[int], int, int], list[int]]  # (history, prompt_len, k) -> draft
 FreePropose = Callable[[list[int], int], list[int]]  # (history, k) -> draft
@@ -307,10 +310,16 @@ def decode(
     if not 0 <= cached < len(history):
         raise ValueError("the cache must leave at least one prompt token to feed")
     prompt_len = len(history)
+    # A short rest of the prompt (a new turn after a cached conversation) goes through with
+    # its last token in the first token's pass: one pass fewer. A longer one is prefilled
+    # first, one chunk per step (each a point to cancel or yield): the first pass computes
+    # logits at every position it feeds.
     pending = history[cached:-1]
-    for done in prefill_chunks(model, cache, pending):
-        if done < len(pending):
+    head = 0 if len(pending) <= MERGED_PROMPT_MAX else len(pending)
+    for done in prefill_chunks(model, cache, pending[:head]):
+        if done < head:
             yield Step([], 0, 0)
+    first_pass = history[cached + head :]
     if chooser is None and propose is not None and k > 0 and constraint is None:
         chooser = single_chooser(propose, prompt_len, k)
     produced = 0
@@ -333,21 +342,24 @@ def decode(
             choice = chooser.choose(history, budget - 1)
             draft = choice.tokens
         started = time.perf_counter()
-        inputs = mx.array(history[-1:] + draft, mx.uint32)
-        logits = model(inputs[None], cache=cache)[0]  # (1 + len(draft), vocab)
+        fed = first_pass if not produced else history[-1:]
+        inputs = mx.array(fed + draft, mx.uint32)
+        logits = model(inputs[None], cache=cache)[0]  # (len(fed) + len(draft), vocab)
+        if len(fed) > 1:
+            logits = logits[len(fed) - 1 :]  # the prompt's own positions predict nothing
         if grammar is not None:
             logits = mx.where(mx.array(grammar.mask(logits.shape[-1])), logits, -mx.inf)
         elif processors:  # only ever without a draft: one row
             context = mx.array(history, mx.uint32)
             for processor in processors:
                 logits = processor(context, logits)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        sampled: list[int] = sampler(logprobs).tolist()
+        sampled: list[int] = sampler(sampler_scores([sampler], logits)).tolist()
         n = 0
         while n < len(draft) and sampled[n] == draft[n]:
             n += 1
         if chooser is not None and grammar is None:
-            chooser.passed(len(inputs), time.perf_counter() - started)
+            if produced:  # the first pass is as wide as the prompt's tail: not a step's cost
+                chooser.passed(1 + len(draft), time.perf_counter() - started)
             chooser.verified(choice, n)
         emitted = sampled[: n + 1]
         for i, token in enumerate(emitted):
@@ -356,7 +368,7 @@ def decode(
                 break
         history.extend(emitted)
         produced += len(emitted)
-        # The cache took 1 + len(draft) positions; keep those of history[:-1] only.
+        # The cache took the fed positions and the draft's; keep those of history[:-1] only.
         trim_prompt_cache(cache, len(draft) + 1 - len(emitted))
         accepted = min(n, len(emitted))
         forced = 0

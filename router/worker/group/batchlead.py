@@ -47,8 +47,8 @@ def leader_batch_class() -> type:
             self._announce(pending, [tokens_of(d) for d in fitting])
             return super()._verify(pending, fitting)
 
-        def _sample(self, logprobs: Any) -> list[list[int]]:
-            rows = super()._sample(logprobs)
+        def _sample(self, scores: Any) -> list[list[int]]:
+            rows = super()._sample(scores)
             width = len(rows[0]) if rows else 0
             flat = tuple(int(t) for row in rows for t in row)
             self.leader.send(Message(Op.BATCH_SAMPLED, slot=len(rows), offset=width, tokens=flat))

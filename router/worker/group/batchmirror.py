@@ -58,8 +58,8 @@ def mirror_batch_class() -> type:
                 return list(self._verify(pending, drafts))
             return list(GenerationBatch.next(self))
 
-        def _sample(self, logprobs: Any) -> list[list[int]]:
-            rows, width = int(logprobs.shape[0]), int(logprobs.shape[1])
+        def _sample(self, scores: Any) -> list[list[int]]:
+            rows, width = int(scores.shape[0]), int(scores.shape[1])
             return parse_sampled(receive(self.channel), rows, width)
 
     return MirrorBatch

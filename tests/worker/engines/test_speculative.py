@@ -297,3 +297,18 @@ def test_auto_choice_drafts_from_the_source_that_copies_and_stays_lossless() -> 
     assert tallies["prompt_lookup"].accepted > len(ANSWER) // 2
     assert tallies.get("suffix") is None or tallies["suffix"].accepted == 0
     assert len(steps) < len(out) // 2  # far fewer passes than tokens
+
+
+def test_a_short_prompt_goes_through_with_the_first_token_a_long_one_in_chunks() -> None:
+    from router.worker.engines.speculative import MERGED_PROMPT_MAX, PREFILL_STEP
+
+    model, steps, out, _ = run("x" * (MERGED_PROMPT_MAX + 1), "ab")
+    assert model.passes == [MERGED_PROMPT_MAX + 1, 1, 1]  # one pass fewer than prefilling
+    prompt = "x" * (2 * PREFILL_STEP + 10)
+    model, steps, out, history = run(prompt, "ab")
+    assert out == [*ids("ab"), EOS]
+    # Every chunk but the last a step of its own (a point to cancel); the logits of a pass
+    # are computed at every position it feeds, so a long prompt's first pass is one token.
+    assert model.passes == [PREFILL_STEP, PREFILL_STEP, 9, 1, 1, 1]
+    assert [s.tokens for s in steps[:3]] == [[], [], ids("a")]
+    assert history == [*ids(prompt + "ab"), EOS]
