@@ -89,9 +89,10 @@ def paying(
         # Free positions (``draft_position_cost = 0``): a draft costs nothing, the longest.
         return most, max(yield_rate(acceptance, most, 0.0), 1.001)
     length, best = 0, 1.0
+    expected = acceptance.expected_upto(most)
     for k in range(1, most + 1):
         extra = extra_per_token * (k + 1) if extra_per_token else 0.0
-        rate = yield_rate(acceptance, k, beta, extra)
+        rate = expected[k] / (1.0 + beta * k + extra)  # ``yield_rate``, the figures at hand
         if rate > best * RATE_MARGIN:
             length, best = k, rate
     return length, best

@@ -83,18 +83,25 @@ class Acceptance:
         (a copied span is kept whole, new text refused at once), so the chance of passing
         each position is measured per position, each drawn towards the overall figure
         while few drafts reached it."""
+        return self.expected_upto(k)[k]
+
+    def expected_upto(self, most: int) -> list[float]:
+        """``expected(k)`` for every ``k`` in ``0..most``, in one pass."""
         overall = 1.0 - self.alpha
         survive, total = 1.0, 1.0
-        for i in range(k):
-            if i < len(self._reached):
-                refused = (self._refused[i] + overall * POSITION_PRIOR_WEIGHT) / (
-                    self._reached[i] + POSITION_PRIOR_WEIGHT
+        out = [1.0]
+        reached, refused_at = self._reached, self._refused
+        for i in range(most):
+            if i < len(reached):
+                refused = (refused_at[i] + overall * POSITION_PRIOR_WEIGHT) / (
+                    reached[i] + POSITION_PRIOR_WEIGHT
                 )
             else:
                 refused = overall
             survive *= 1.0 - refused
             total += survive
-        return total
+            out.append(total)
+        return out
 
 
 @dataclass
