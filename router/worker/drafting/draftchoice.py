@@ -40,6 +40,7 @@ from router.worker.drafting.draftcontrol import (
     PREDICTION_PRIOR,
     PRIOR,
     Acceptance,
+    CostProfile,
     PassCost,
 )
 
@@ -74,35 +75,41 @@ def grade_class(match: int) -> int:
     return min(max(match, 1), 16).bit_length()
 
 
-def yield_rate(acceptance: Acceptance, k: int, beta: float, extra: float = 0.0) -> float:
+Cost = CostProfile | float  # a profile, or a cost per position alone
+
+
+def _profile(cost: Cost) -> CostProfile:
+    return cost if isinstance(cost, CostProfile) else CostProfile(cost)
+
+
+def yield_rate(acceptance: Acceptance, k: int, cost: Cost, extra: float = 0.0) -> float:
     """Expected tokens per unit of cost for a draft of ``k``: ``extra`` is what proposing it
     costs, in one-position passes of the target."""
-    return acceptance.expected(k) / (1.0 + beta * k + extra)
+    return acceptance.expected(k) / (_profile(cost).of(k) + extra)
 
 
 def paying(
-    acceptance: Acceptance, beta: float, most: int, extra_per_token: float = 0.0
+    acceptance: Acceptance, cost: Cost, most: int, extra_per_token: float = 0.0
 ) -> tuple[int, float]:
     """(the draft length in ``1..most`` that yields the most per unit of cost, 0 when none
     beats a plain step; its ``yield_rate``, 1.0 for plain decoding)."""
-    if beta <= 0 and not extra_per_token and most > 0:
+    profile = _profile(cost)
+    if profile.free and not extra_per_token and most > 0:
         # Free positions (``draft_position_cost = 0``): a draft costs nothing, the longest.
-        return most, max(yield_rate(acceptance, most, 0.0), 1.001)
+        return most, max(yield_rate(acceptance, most, profile), 1.001)
     length, best = 0, 1.0
     expected = acceptance.expected_upto(most)
     for k in range(1, most + 1):
         extra = extra_per_token * (k + 1) if extra_per_token else 0.0
-        rate = expected[k] / (1.0 + beta * k + extra)  # ``yield_rate``, the figures at hand
+        rate = expected[k] / (profile.of(k) + extra)  # ``yield_rate``, the figures at hand
         if rate > best * RATE_MARGIN:
             length, best = k, rate
     return length, best
 
 
-def best_rate(
-    acceptance: Acceptance, beta: float, most: int, extra_per_token: float = 0.0
-) -> float:
+def best_rate(acceptance: Acceptance, cost: Cost, most: int, extra_per_token: float = 0.0) -> float:
     """The best ``yield_rate`` over draft lengths ``1..most`` (1.0: plain decoding)."""
-    return paying(acceptance, beta, most, extra_per_token)[1]
+    return paying(acceptance, cost, most, extra_per_token)[1]
 
 
 class DraftCost:
@@ -260,7 +267,7 @@ class Chooser:
         self._settle_shadows(history)
         if not self.paced:
             return self._first(history, room)
-        beta = self.cost.beta(self.rows)
+        beta = self.cost.profile(self.rows)
         best: Candidate | None = None
         best_tokens: list[int] = []
         best_yield = 1.0
@@ -370,7 +377,7 @@ class Chooser:
 _Proposal = tuple[Candidate, list[int], int | None]  # a free source's tokens and grade
 
 
-def _offer(proposals: list[_Proposal], best: Candidate | None, beta: float) -> _Proposal | None:
+def _offer(proposals: list[_Proposal], best: Candidate | None, beta: Cost) -> _Proposal | None:
     """The proposal a wider pass would draft for free: the drafting source's, else (a plain
     step) the one with the best yield."""
     if not proposals:

@@ -104,21 +104,75 @@ class Acceptance:
         return out
 
 
+@dataclass(frozen=True)
+class CostProfile:
+    """What a pass with ``k`` draft positions costs relative to a one-position pass:
+    ``1 + jump + beta * k``. A wider pass leaves the one-position kernels (on a CPU the
+    attention's, notably), a step paid once whatever the width, then each position costs
+    about alike; one figure per position would overprice long drafts and underprice short
+    ones."""
+
+    beta: float
+    jump: float = 0.0
+
+    def of(self, k: int) -> float:
+        return 1.0 if k <= 0 else 1.0 + self.jump + self.beta * k
+
+    @property
+    def free(self) -> bool:
+        return self.beta <= 0 and self.jump <= 0
+
+
+def fit(points: Mapping[int, tuple[float, int]]) -> CostProfile | None:
+    """The profile through the median relative cost of each measured draft length (``k`` ->
+    (median of ``cost - 1``, samples)), least squares weighted by samples; one length
+    measured: a cost per position alone."""
+    if not points:
+        return None
+    if len(points) == 1:
+        ((k, (y, _)),) = points.items()
+        return CostProfile(max(0.0, y / k))
+    total = sum(n for _, n in points.values())
+    mean_k = sum(k * n for k, (_, n) in points.items()) / total
+    mean_y = sum(y * n for y, n in points.values()) / total
+    var = sum(n * (k - mean_k) ** 2 for k, (_, n) in points.items())
+    cov = sum(n * (k - mean_k) * (y - mean_y) for k, (y, n) in points.items())
+    beta = cov / var
+    jump = mean_y - beta * mean_k
+    if beta < 0:
+        return CostProfile(0.0, max(0.0, mean_y))
+    if jump < 0:  # through the origin
+        squares = sum(n * k * k for k, (_, n) in points.items())
+        return CostProfile(max(0.0, sum(n * k * y for k, (y, n) in points.items()) / squares))
+    return CostProfile(beta, jump)
+
+
 @dataclass
 class _Widths:
-    """The last ``COST_SAMPLES`` timings of one batch size; their medians are the figures
-    (a busy machine's outliers, a pass that waited on another process, move no median)."""
+    """The last ``COST_SAMPLES`` timings of one batch size, per width; their medians are the
+    figures (a busy machine's outliers, a pass that waited on another process, move no
+    median)."""
 
     plains: deque[float] = field(default_factory=lambda: deque(maxlen=COST_SAMPLES))
-    betas: deque[float] = field(default_factory=lambda: deque(maxlen=COST_SAMPLES))
+    # draft positions -> the last relative costs minus one of passes that wide
+    extras: dict[int, deque[float]] = field(default_factory=dict)
+    _profile: CostProfile | None = None
+    _stale: bool = False
 
     @property
     def plain(self) -> float | None:
         return statistics.median(self.plains) if self.plains else None
 
+    def add(self, k: int, extra: float) -> None:
+        self.extras.setdefault(k, deque(maxlen=COST_SAMPLES)).append(extra)
+        self._stale = True
+
     @property
-    def beta(self) -> float | None:
-        return statistics.median(self.betas) if self.betas else None
+    def profile(self) -> CostProfile | None:
+        if self._stale:
+            points = {k: (statistics.median(d), len(d)) for k, d in self.extras.items()}
+            self._profile, self._stale = fit(points), False
+        return self._profile
 
 
 class PassCost:
@@ -142,7 +196,7 @@ class PassCost:
         plain = w.plain
         if self.fixed is not None or plain is None:
             return  # fixed, or nothing to compare with yet
-        w.betas.append(max(0.0, (seconds / plain - 1.0) / (width - 1)))
+        w.add(width - 1, max(0.0, seconds / plain - 1.0))
 
     def plain(self, rows: int = 1) -> float | None:
         """Seconds of a one-position pass of ``rows`` sequences, once measured."""
@@ -164,20 +218,28 @@ class PassCost:
         w = self._by_rows.get(rows)
         return w is None or w.plain is None
 
-    def beta(self, rows: int = 1) -> float:
+    def profile(self, rows: int = 1) -> CostProfile:
+        """The cost of a pass of ``rows`` sequences by its draft positions: measured, the
+        setting's (a cost per position alone), or the prior until measured."""
         if self.fixed is not None:
-            return self.fixed
+            return CostProfile(self.fixed)
         w = self._by_rows.get(rows)
-        return PRIOR_BETA if w is None or w.beta is None else w.beta
+        measured = None if w is None else w.profile
+        return CostProfile(PRIOR_BETA) if measured is None else measured
+
+    def beta(self, rows: int = 1) -> float:
+        return self.profile(rows).beta
 
     def report(self) -> Mapping[str, object]:
         """For ``/health``: the figure used per batch size measured."""
         if self.fixed is not None:
             return {"draft_position_cost": self.fixed}
+        measured = {
+            rows: profile
+            for rows, w in sorted(self._by_rows.items())
+            if (profile := w.profile) is not None
+        }
         return {
-            "draft_position_cost": {
-                str(rows): round(w.beta, 4)
-                for rows, w in sorted(self._by_rows.items())
-                if w.beta is not None
-            }
+            "draft_position_cost": {str(r): round(p.beta, 4) for r, p in measured.items()},
+            "draft_pass_jump": {str(r): round(p.jump, 4) for r, p in measured.items()},
         }

@@ -523,7 +523,7 @@ class SpeculativeEngine(Engine):
     def draft_pays(self, k: int) -> bool:
         """The draft model can yield more than plain decoding here, were every token kept."""
         gamma = self.draft_cost.gamma
-        return gamma is None or best_rate(CERTAIN, self.pass_cost.beta(1), k, gamma) > 1.0
+        return gamma is None or best_rate(CERTAIN, self.pass_cost.profile(1), k, gamma) > 1.0
 
     def plan(self, request: GenerationRequest) -> Plan:
         has_draft = self.models is not None and self.models.draft is not None

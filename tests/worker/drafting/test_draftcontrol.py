@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from router.worker.drafting.draftcontrol import PRIOR_BETA, Acceptance, PassCost
+from router.worker.drafting.draftcontrol import (
+    PRIOR_BETA,
+    Acceptance,
+    CostProfile,
+    PassCost,
+    fit,
+)
 
 
 def test_expected_tokens_counts_the_targets_own_token() -> None:
@@ -47,7 +53,37 @@ def test_pass_cost_is_measured_per_batch_size() -> None:
     cost.observe(4, 1, 0.1)
     cost.observe(4, 3, 0.1)  # no dearer than one position: free
     assert cost.beta(4) == 0.0
-    assert cost.report() == {"draft_position_cost": {"1": 0.2, "4": 0.0}}
+    assert cost.report() == {
+        "draft_position_cost": {"1": 0.2, "4": 0.0},
+        "draft_pass_jump": {"1": 0.0, "4": 0.0},
+    }
+
+
+def test_a_pass_costs_a_step_once_wider_then_each_position() -> None:
+    """Timed as a CPU times them (one more position dearest, the rest alike): the profile
+    finds the step and the cost per position, so a long draft is not overpriced."""
+    cost = PassCost()
+    cost.observe(1, 1, 0.100)
+    for width, seconds in ((2, 0.118), (3, 0.126), (5, 0.142), (9, 0.174)):
+        for _ in range(3):
+            cost.observe(1, width, seconds)
+    profile = cost.profile(1)
+    assert profile.jump == pytest.approx(0.1, abs=0.01)
+    assert profile.beta == pytest.approx(0.08, abs=0.005)
+    assert profile.of(0) == 1.0
+    assert profile.of(8) == pytest.approx(1.74, abs=0.02)
+    # One figure per position (what a single width measures) would price 8 positions at 1.64
+    # if measured at 8, or at 2.44 if measured at one position: the profile is neither.
+    assert cost.report()["draft_pass_jump"] == {"1": pytest.approx(0.1, abs=0.01)}
+
+
+def test_the_profile_never_prices_a_position_below_nothing() -> None:
+    assert fit({}) is None
+    assert fit({4: (0.4, 3)}) == CostProfile(0.1)  # one width: a cost per position alone
+    falling = fit({1: (0.3, 3), 8: (0.1, 3)})  # noise: wider measured cheaper
+    assert falling is not None and falling.beta == 0.0 and falling.jump == pytest.approx(0.2)
+    steep = fit({1: (0.05, 3), 2: (0.3, 3)})  # through the origin, not below it
+    assert steep is not None and steep.jump == 0.0 and steep.beta > 0
 
 
 def test_pass_cost_fixed_by_the_setting() -> None:
@@ -57,6 +93,7 @@ def test_pass_cost_fixed_by_the_setting() -> None:
     cost.observe(1, 9, 1.0)
     assert cost.beta(1) == 0.05
     assert cost.report() == {"draft_position_cost": 0.05}
+    assert cost.profile(1) == CostProfile(0.05)
     with pytest.raises(ValueError, match="draft_position_cost"):
         PassCost(-1.0)
 
