@@ -30,6 +30,10 @@ def settled(rows: Sequence[Mapping[str, Any]], source: str | None, lane: str | N
     if lane == "batching":
         return True
     chosen = [r for r in rows if source is not None and r.get("source") == source]
+    if not chosen and source == "auto":
+        # The lane chose per step, and the router keyed the workload by the source it
+        # allowed (a request's own ``prediction``): that row is the decision.
+        chosen = list(rows)
     return bool(chosen) and all(_judged_on(r) for r in chosen)
 
 

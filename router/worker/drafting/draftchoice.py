@@ -13,14 +13,15 @@ in by ``router.worker.drafting.forced`` on top of what this module picks). Each 
 - each source's yield is the expected tokens per unit of cost of its draft: the target's
   token plus each draft position's measured chance to be reached and kept
   (``Acceptance.expected``: acceptance comes in runs, so it is kept per position, and for a
-  copying source per class of match length, ``grade_class``) for a pass of ``1 + beta * k``
-  (``router.worker.drafting.draftcontrol``); a draft
+  copying source per class of match length, ``grade_class``) for a pass of
+  ``1 + jump + beta * k`` (``router.worker.drafting.draftcontrol.CostProfile``); a draft
   model's proposal costs ``gamma * (k + 1)`` more, ``gamma`` its measured pass time relative
   to the target's (``DraftCost``), so a draft as slow as the target never drafts, and a small
   one drafts while its acceptance pays (SmartSpec, arXiv 2406.14066, per step; chosen here
   between sources as well as lengths);
 - the source with the highest yield drafts, as far as the length that yields most; if none
-  beats a plain step, the step is plain. A free source's run that ends short of
+  beats a plain step, the step is plain. In a batched pass a row may then draft up to the
+  pass's width for free (``Chooser.widen``). A free source's run that ends short of
   the step's room is continued by the draft model where that pays on its own (copy while
   the context matches, then predict). A draft model that could pay but has not been tried
   for ``PROBE_EVERY`` steps drafts once (its acceptance is only learnt by drafting).

@@ -8,9 +8,10 @@ Inference from Transformers via Speculative Decoding", section 3.3) from:
 
 - ``alpha``, the chance that the target keeps the next draft token, per sequence and source:
   a moving count of kept and rejected draft tokens (``Acceptance``);
-- ``beta``, what one more position costs relative to a one-position pass, per lane and batch
-  size: measured from the lane's own passes (``PassCost``), or fixed by the setting
-  ``[lanes] draft_position_cost``.
+- the cost of a pass by its width relative to a one-position pass, per lane and batch size
+  (``CostProfile``: a step paid once wider, then ``beta`` per position): measured from the
+  lane's own passes (``PassCost``), or fixed by the setting ``[lanes] draft_position_cost``
+  (``beta`` alone).
 """
 
 from __future__ import annotations

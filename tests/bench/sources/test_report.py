@@ -52,6 +52,14 @@ def test_settled_once_the_source_in_use_decided_to_stay_on_or_every_source_is_of
     assert not sources.settled([], "suffix", "speculative")  # nothing judged yet
 
 
+def test_a_lane_choosing_per_step_settles_on_the_row_the_router_keyed() -> None:
+    """A request with a ``prediction``: the router keys the workload ``prediction``, the lane
+    reports ``auto`` (it chose at every step); the prediction's row is the decision."""
+    assert sources.settled([row("prediction")], "auto", "speculative")
+    assert not sources.settled([row("prediction", judging=False)], "auto", "speculative")
+    assert not sources.settled([row("prediction")], "suffix", "speculative")
+
+
 def test_family_rows_keep_the_speculative_lane_rows_of_that_client() -> None:
     state = {
         "workloads": [
