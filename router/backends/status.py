@@ -27,6 +27,7 @@ WORKER_FACTS = (
     # what the lane's per-step draft choice measures (router.worker.drafting.draftchoice)
     "draft_source",
     "draft_position_cost",
+    "draft_pass_jump",
     "draft_model_cost",
     "evidence_partitions",
 )

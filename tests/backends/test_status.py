@@ -15,6 +15,7 @@ def test_a_lanes_draft_figures_are_shown_without_its_secret_or_the_rest_of_its_h
         "mode": "speculative",
         "draft_source": "auto",
         "draft_position_cost": {"1": 0.07},
+        "draft_pass_jump": {"1": 0.1},
         "draft_model_cost": 1.02,
         "evidence_partitions": 3,
         "prompt_cache": {"bytes": 1},
@@ -23,5 +24,6 @@ def test_a_lanes_draft_figures_are_shown_without_its_secret_or_the_rest_of_its_h
     worker = shown["worker"]
     assert worker["draft_source"] == "auto"
     assert worker["draft_position_cost"] == {"1": 0.07}
+    assert worker["draft_pass_jump"] == {"1": 0.1}
     assert (worker["draft_model_cost"], worker["evidence_partitions"]) == (1.02, 3)
     assert "prompt_cache" not in worker and "s3cret" not in repr(shown)

@@ -96,6 +96,7 @@ def test_health_reports_each_lane(spec_worker: WorkerProcess, batch_worker: Work
     assert isinstance(reported.pop("progress_tokens"), int)  # what the stall watch reads
     # Measured (auto): per batch size, once something decoded (the worker is the session's).
     assert measured_costs(reported.pop("draft_position_cost"))
+    assert measured_costs(reported.pop("draft_pass_jump"))  # the step once wider than one
     # The draft model's cost: timed once a request could use it (None before).
     cost = reported.pop("draft_model_cost")
     assert cost is None or cost > 0
@@ -116,6 +117,7 @@ def test_health_reports_each_lane(spec_worker: WorkerProcess, batch_worker: Work
     batching = health(batch_worker)
     assert batching["draft_model"] is None
     assert measured_costs(batching["draft_position_cost"])
+    assert measured_costs(batching["draft_pass_jump"])
     assert (batching["speculative"], batching["num_draft_tokens"]) == (False, 0)
     assert (batching["capacity"], batching["pid"]) == (BATCH_SIZE, batch_worker.proc.pid)
     models = client(spec_worker).models.list()
