@@ -242,9 +242,9 @@ class Chooser:
         self.rows = rows
         self.tallies: dict[str, Tally] = {}
         self.plain_steps = 0  # steps that drafted nothing although a source proposed
-        # This step's longest proposal from a free source: the drafting one's, or on a plain
-        # step the one that came closest to paying (``widen``).
-        self._offer: _Proposal | None = None
+        # This step's free proposals, what drafts, and the cost it was judged by: what
+        # ``widen`` may draft on (kept, not judged again, unless a batched pass asks).
+        self._step: tuple[list[_Proposal], Candidate | None, CostProfile] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -262,7 +262,7 @@ class Chooser:
 
     def choose(self, history: list[int], room: int) -> Choice:
         """This step's draft after ``history``: at most ``room`` tokens."""
-        self._offer = None
+        self._step = None
         if room <= 0 or not self.candidates:
             return PLAIN
         self._settle_shadows(history)
@@ -299,7 +299,7 @@ class Chooser:
             if could_pay and (rate > best_yield * 1.0001 or probe or gamma is None):
                 best, best_tokens = model, []
                 k = length or k
-        self._offer = _offer(proposals, best, beta)
+        self._step = (proposals, best, beta)
         for c, tokens, grade in proposals:
             if c is not best and c.shadow is None:
                 c.shadow = _Shadow(len(history), tokens, grade)
@@ -324,8 +324,10 @@ class Chooser:
         """``choice`` drafting up to ``most`` tokens where its source proposed more: a
         batched pass is as wide as its longest row, so positions up to that width cost a
         shorter row nothing, and the evidence they bring is free too."""
-        offer = self._offer
-        if offer is None or choice.chained is not None or len(choice.tokens) >= most:
+        if self._step is None or choice.chained is not None or len(choice.tokens) >= most:
+            return choice
+        offer = _offer(*self._step)
+        if offer is None:
             return choice
         c, tokens, grade = offer
         if choice.source not in (None, c.name) or len(tokens) <= len(choice.tokens):
