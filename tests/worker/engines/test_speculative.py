@@ -6,6 +6,8 @@ import pytest
 
 from router.worker.drafting.drafts import LookupConfig, PredictionConfig, PredictionDraft
 from router.worker.engines.speculative import (
+    MERGED_PROMPT_MAX,
+    PREFILL_STEP,
     Plan,
     SpecSettings,
     decode,
@@ -300,8 +302,6 @@ def test_auto_choice_drafts_from_the_source_that_copies_and_stays_lossless() -> 
 
 
 def test_a_short_prompt_goes_through_with_the_first_token_a_long_one_in_chunks() -> None:
-    from router.worker.engines.speculative import MERGED_PROMPT_MAX, PREFILL_STEP
-
     model, steps, out, _ = run("x" * (MERGED_PROMPT_MAX + 1), "ab")
     assert model.passes == [MERGED_PROMPT_MAX + 1, 1, 1]  # one pass fewer than prefilling
     prompt = "x" * (2 * PREFILL_STEP + 10)
