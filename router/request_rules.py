@@ -89,6 +89,54 @@ def _text(bound: float) -> str:
     return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
+# --- token ids and seeds -------------------------------------------------------------------
+
+# A token id as ``logit_bias`` spells it (a JSON object key): ASCII digits only, at most ten
+# (every vocabulary is far below 10**10). ``str.isdigit`` also takes "²" and "①", which
+# ``int`` then refuses, and ``int`` of thousands of digits is slow or refused: neither may
+# reach a parse.
+MAX_TOKEN_ID_DIGITS = 10
+# OpenAI's own bias range; the entry count bounds a request's processor (one gather per
+# step): OpenAI documents no count, real uses name a few tokens.
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+MAX_LOGIT_BIAS = 1024
+# A seed as OpenAI and vLLM take it (a signed 64-bit integer) or MLX does (unsigned 64
+# bits): the lanes use it modulo 2**64.
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def token_id(text: str) -> int | None:
+    """``text`` as a token id, or None when it is not one (strictly ASCII digits)."""
+    if 0 < len(text) <= MAX_TOKEN_ID_DIGITS and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
+def logit_bias(data: Mapping[str, Any], key: str = "logit_bias") -> tuple[tuple[int, float], ...]:
+    """``{"<token id>": bias}`` as ``((id, bias), ...)``, or a 400 naming ``key``. Whether an
+    id is inside the model's vocabulary only the lane knows (``fit_vocabulary`` there)."""
+    raw = typed(data, key, Mapping, {})
+    lo, hi = LOGIT_BIAS_RANGE
+    if len(raw) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'{key}' names at most {MAX_LOGIT_BIAS} tokens", param=key)
+    out = []
+    for name, bias in raw.items():
+        ident = token_id(name) if isinstance(name, str) else None
+        number_ok = isinstance(bias, int | float) and not isinstance(bias, bool)
+        if ident is None or not number_ok or not lo <= bias <= hi:
+            raise bad_request(
+                f"'{key}' maps token ids (decimal digits) to numbers in [{lo:g}, {hi:g}]",
+                param=key,
+            )
+        out.append((ident, float(bias)))
+    return tuple(out)
+
+
+def seed(data: Mapping[str, Any], key: str = "seed") -> int | None:
+    """A seed in ``SEED_RANGE``, or a 400."""
+    return integer(data, key, None, *SEED_RANGE)
+
+
 # --- nesting ------------------------------------------------------------------------------
 
 # The one depth rule of request JSON, every door and endpoint: a body (and anything parsed

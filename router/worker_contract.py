@@ -178,6 +178,13 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
         "auto, measured from the lane's passes; 0: always the longest draft)",
     )
     p.add_argument(
+        "--content-special-tokens",
+        choices=CONTENT_SPECIAL_TOKENS,
+        default="text",
+        help="special tokens' text inside messages: read as text (the default: no message "
+        "can forge a turn) or as control tokens",
+    )
+    p.add_argument(
         "--max-batch-size",
         type=int,
         default=DEFAULT_BATCH_SIZE,
@@ -225,6 +232,9 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
     )
     p.add_argument("--group-backend", default="ring", help="the group's backend (reported)")
     p.add_argument("--group-hosts", default="", help="the ranks' hosts, comma-separated (reported)")
+
+
+CONTENT_SPECIAL_TOKENS = ("text", "control")
 
 
 def position_cost(text: str) -> float | None:
@@ -315,6 +325,7 @@ def worker_argv(
     speculative: tuple[str, ...] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     shared_threads: str = "auto",
+    content_special_tokens: str = "text",
 ) -> list[str]:
     """The command line of a worker on a free loopback port; ``speculative``: the draft
     source flags of the speculative lane; ``max_body_bytes``: the router's own limit;
@@ -342,6 +353,8 @@ def worker_argv(
         str(max_batch_size),
         "--prompt-cache-bytes",
         str(prompt_cache_bytes),
+        "--content-special-tokens",
+        content_special_tokens,
         "--max-body-bytes",
         str(max_body_bytes * WORKER_BODY_HEADROOM),
         "--host",

@@ -12,9 +12,13 @@ from router.errors import RouterError
 from router.proxy.request import parse_request as router_parse
 from router.request_rules import (
     MAX_JSON_DEPTH,
+    MAX_LOGIT_BIAS,
     ORJSON_MAX_DEPTH,
     integer,
+    logit_bias,
     number,
+    seed,
+    token_id,
     too_deep,
     typed,
 )
@@ -119,3 +123,48 @@ def test_router_bodies_past_the_rule_are_a_400_before_any_field_check() -> None:
     raw = orjson.dumps({"model": "m", "messages": "not a list", "x": nested(MAX_JSON_DEPTH)})
     message, _ = fault(lambda: router_parse("chat", raw))
     assert "more than 128 levels deep" in message
+
+
+# --- token ids and seeds (issue #44 class 1: what reaches MLX is checked first) -------------
+
+
+@pytest.mark.parametrize(
+    "key", ["²", "³¹", "①", "٣", "1" * 5000, "12345678901", "", "-1", "+1", " 1"]
+)
+def test_a_token_id_is_ascii_digits_only(key: str) -> None:
+    assert token_id(key) is None
+    for parse in (
+        lambda: router_parse("chat", orjson.dumps({**CHAT, "logit_bias": {key: 1}})),
+        lambda: worker_parse({**CHAT, "logit_bias": {key: 1}}, "chat"),
+    ):
+        message, param = fault(parse)
+        assert param == "logit_bias" and "decimal digits" in message
+
+
+def test_logit_bias_rules() -> None:
+    assert token_id("0") == 0 and token_id("9999999999") == 9999999999
+    assert logit_bias({"logit_bias": {"7": -100, "8": 100, "9": 0.5}}) == (
+        (7, -100.0),
+        (8, 100.0),
+        (9, 0.5),
+    )
+    for bad in ({"1": 100.5}, {"1": True}, {"1": "1"}, {"1": None}):
+        assert fault(lambda bad=bad: logit_bias({"logit_bias": bad}))[1] == "logit_bias"
+    many = {str(i): 1 for i in range(MAX_LOGIT_BIAS + 1)}
+    message, _ = fault(lambda: logit_bias({"logit_bias": many}))
+    assert f"at most {MAX_LOGIT_BIAS}" in message
+
+
+@pytest.mark.parametrize("value", [-(2**63) - 1, 2**64, 10**400])
+def test_a_seed_outside_64_bits_is_refused_by_both(value: int) -> None:
+    body = {**CHAT, "seed": value}
+    assert fault(lambda: seed(body))[1] == "seed"
+    assert fault(lambda: worker_parse(body, "chat"))[1] == "seed"
+    raw = orjson.dumps(CHAT)[:-1] + b',"seed":%d}' % value  # orjson writes 64 bits only
+    # (orjson reads a 65-bit integer as a float, a longer one not at all: a 400 either way)
+    assert fault(lambda: router_parse("chat", raw))[1] in ("seed", None)
+
+
+def test_seeds_inside_64_bits_pass() -> None:
+    for value in (-(2**63), -1, 0, 2**64 - 1):
+        assert seed({"seed": value}) == value

@@ -97,6 +97,7 @@ def build_worker_command(
         speculative=speculative_args(settings, draft_dir),
         max_body_bytes=max_body_bytes,
         shared_threads=str(settings.shared_threads),
+        content_special_tokens=settings.content_special_tokens,
     )
     env = preload_env()
     env.update(settings.env)

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from router.errors import RouterError
+from router.errors import RouterError, internal_error
 from router.worker.decoding.sampling import GREEDY
 from router.worker.decoding.stops import StopScanner
 from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, TextDelta, aborted
@@ -91,7 +92,12 @@ def constraint_failed(job: Job) -> Failed:
 
 
 def generation_failed(error: Exception) -> Failed:
-    return Failed(RouterError(500, f"generation failed: {error}", type="server_error"))
+    """An unexpected failure of a step (a defect: the request was checked at the boundary),
+    logged with its traceback under a reference the answer names; the answer holds no text
+    of the exception (it may quote another request's data)."""
+    reference = uuid.uuid4().hex[:12]
+    log.error("generation failed (reference %s)", reference, exc_info=error)
+    return Failed(internal_error("the lane worker", reference, type="server_error"))
 
 
 class Progress:

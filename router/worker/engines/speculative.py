@@ -564,7 +564,6 @@ class SpeculativeEngine(Engine):
         try:
             event = run.advance()
         except Exception as e:
-            log.exception("generation failed")
             event = generation_failed(e)
             run.close()
         if event is not None:
@@ -577,7 +576,6 @@ class SpeculativeEngine(Engine):
         try:
             self.run = SpecRun(self, models, job)
         except Exception as e:
-            log.exception("generation failed")
             self.active = 0
             self._answer(job, generation_failed(e))
 

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +33,14 @@ import orjson
 from aiohttp import web
 
 from router import sse
-from router.errors import RouterError, bad_request, not_found, render, sse_error_event
+from router.errors import (
+    RouterError,
+    bad_request,
+    internal_error,
+    not_found,
+    render,
+    sse_error_event,
+)
 from router.worker.decoding.constrain import COMPILER
 from router.worker.decoding.tools import (
     CallDelta,
@@ -45,9 +54,19 @@ from router.worker.decoding.tools import (
 )
 from router.worker.engines.engine import Engine
 from router.worker.engines.jobs import Event, Failed, Finished, Job, TextDelta
+from router.worker.http.render import encode_chat, mapped, strings_in
 from router.worker.http.shapes import Answer
 from router.worker.http.tokenizing import COUNT, GENERATION, TokenizerThread
-from router.worker.request.protocol import GenerationRequest, Kind, parse_request, token_budget
+from router.worker.request.protocol import (
+    GenerationRequest,
+    Kind,
+    context_exceeded,
+    fit_vocabulary,
+    fits_context,
+    parse_request,
+    prompt_chars,
+    token_budget,
+)
 from router.worker_contract import (
     CACHE_PARTITION_HEADER,
     CACHE_PARTITION_PATTERN,
@@ -59,6 +78,8 @@ from router.worker_contract import (
     secret_matches,
 )
 
+log = logging.getLogger("speclane.worker")
+
 
 @dataclass(frozen=True)
 class WorkerInfo:
@@ -68,6 +89,13 @@ class WorkerInfo:
     num_draft_tokens: int  # 0 when the lane does not speculate
     context_length: int | None = None
     draft_source: str | None = None  # the speculative lane's source without a prediction
+    # Token ids the lane accepts (``fit_vocabulary``) and the most characters one token
+    # spells (``fits_context``); None only for scripted test engines.
+    vocab_size: int | None = None
+    max_token_chars: int | None = None
+    # Special tokens' text in messages read as text (``router.worker.http.render``); False:
+    # as control tokens (``[lanes] content_special_tokens = "control"``).
+    content_specials_as_text: bool = True
 
 
 ENGINE = web.AppKey("engine", Engine)
@@ -176,8 +204,10 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         )
     except web.HTTPException:
         raise
-    except Exception as e:  # the worker's own bug: still an OpenAI-shaped answer
-        return _error_response(RouterError(500, f"internal error: {e}", type="server_error"))
+    except Exception:  # the worker's own bug: an OpenAI-shaped answer without its text
+        reference = uuid.uuid4().hex[:12]
+        log.exception("request failed (reference %s)", reference)
+        return _error_response(internal_error("the lane worker", reference, type="server_error"))
 
 
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
@@ -245,20 +275,19 @@ async def tokenize(request: web.Request) -> web.Response:
     except orjson.JSONDecodeError as e:
         raise bad_request(f"invalid JSON body: {e}") from e
     kind: Kind = "chat" if isinstance(body, dict) and "messages" in body else "completion"
-    generation = parse_request(body, kind)
-    if generation.model is not None and generation.model != info.model_name:
-        raise not_found(
-            f"model '{generation.model}' is not served here", param="model", code="model_not_found"
-        )
+    generation = checked(body, kind, info)
     tokenizer = engine.models.tokenizer if engine.models else None
-    ids = await request.app[TOKENIZE].run(COUNT, count, tokenizer, generation)
+    size = prompt_chars(generation)
+    ids = await request.app[TOKENIZE].run(
+        COUNT, count, tokenizer, generation, info.content_specials_as_text, size=size
+    )
     return _json({"count": len(ids), "model": info.model_name})
 
 
-def count(tokenizer: Any, generation: GenerationRequest) -> list[int]:
+def count(tokenizer: Any, generation: GenerationRequest, as_text: bool = True) -> list[int]:
     """The prompt as ``prepare`` would tokenize it, tools in the same syntax, nothing compiled."""
     syntax = syntax_for(tokenizer, generation) if generation.kind == "chat" else None
-    return encode(tokenizer, generation, syntax)
+    return encode(tokenizer, generation, syntax, as_text)
 
 
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
@@ -267,23 +296,19 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as e:
         raise bad_request(f"invalid JSON body: {e}") from e
-    generation = parse_request(body, kind)
-    if generation.model is not None and generation.model != info.model_name:
-        raise not_found(
-            f"model '{generation.model}' is not served here", param="model", code="model_not_found"
-        )
+    generation = checked(body, kind, info)
     check_draft_source(info, generation)
     partition = cache_partition(request)
     tokenizer = engine.models.tokenizer if engine.models else None
     loop = asyncio.get_running_loop()
     thread = request.app[TOKENIZE]
-    prepared = await thread.run(GENERATION, prepare, tokenizer, generation)
+    size = prompt_chars(generation)
+    prepared = await thread.run(
+        GENERATION, prepare, tokenizer, generation, info.content_specials_as_text, size=size
+    )
     prompt_ids = prepared.prompt_ids
     if info.context_length and len(prompt_ids) >= info.context_length:
-        raise bad_request(
-            f"the prompt has {len(prompt_ids)} tokens; the context is {info.context_length}",
-            code="context_length_exceeded",
-        )
+        raise context_exceeded(f"the prompt has {len(prompt_ids)} tokens", info.context_length)
     budget = token_budget(generation.max_tokens, len(prompt_ids), info.context_length)
     job = Job(
         dataclasses.replace(prepared.generation, max_tokens=budget),
@@ -292,8 +317,9 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         partition=partition,
     )
     if prepared.generation.prediction:
+        prediction = prepared.generation.prediction
         job.prediction_ids = await thread.run(
-            GENERATION, encode_prediction, tokenizer, prepared.generation.prediction
+            GENERATION, encode_prediction, tokenizer, prediction, size=len(prediction)
         )
     engine.submit(job)
     answer = Answer(kind, info.model_name)
@@ -303,6 +329,20 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         return await _collect(job, answer, prepared.tool_stream())
     finally:
         engine.cancel(job)  # a no-op once answered; otherwise the client left or we failed
+
+
+def checked(body: Any, kind: Kind, info: WorkerInfo) -> GenerationRequest:
+    """The request validated at the lane's boundary: its fields (``parse_request``), its
+    model, and every token id against the vocabulary (``fit_vocabulary``), before any of it
+    reaches the tokenizer or MLX."""
+    generation = parse_request(body, kind)
+    if generation.model is not None and generation.model != info.model_name:
+        raise not_found(
+            f"model '{generation.model}' is not served here", param="model", code="model_not_found"
+        )
+    if info.context_length and info.max_token_chars:
+        fits_context(generation, info.context_length, info.max_token_chars)
+    return fit_vocabulary(generation, info.vocab_size) if info.vocab_size else generation
 
 
 def cache_partition(request: web.Request) -> str:
@@ -344,10 +384,10 @@ class Prepared:
         return ToolStream(self.syntax, g.tools, g.parallel_tool_calls, incremental=g.stream)
 
 
-def prepare(tokenizer: Any, generation: GenerationRequest) -> Prepared:
+def prepare(tokenizer: Any, generation: GenerationRequest, as_text: bool = True) -> Prepared:
     """Tokenize, and compile the decoding constraint (on the tokenize thread: both block)."""
     syntax = syntax_for(tokenizer, generation) if generation.kind == "chat" else None
-    ids = encode(tokenizer, generation, syntax)
+    ids = encode(tokenizer, generation, syntax, as_text)
     constraint = COMPILER.compile(generation, tokenizer)
     if constraint is not None:
         # Both lanes draft under it (router.worker.drafting.forced): every position is verified
@@ -357,25 +397,41 @@ def prepare(tokenizer: Any, generation: GenerationRequest) -> Prepared:
 
 
 def encode(
-    tokenizer: Any, generation: GenerationRequest, syntax: ToolSyntax | None = None
+    tokenizer: Any,
+    generation: GenerationRequest,
+    syntax: ToolSyntax | None = None,
+    content_specials_as_text: bool = True,
 ) -> list[int]:
+    """The prompt's token ids; a chat's messages are read as text, special tokens included,
+    unless ``content_specials_as_text`` is off (``router.worker.http.render``)."""
     if generation.kind == "chat":
         messages, tools = chat_inputs(generation, syntax or fallback_syntax())
-        extra = {"tools": tools} if tools else {}
-        try:
-            text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, **extra
-            )
-        except Exception as e:  # a template may reject roles or orderings
-            message = f"the chat template rejected the messages: {e}"
-            raise bad_request(message, param="messages") from e
-        ids = tokenizer.encode(text, add_special_tokens=False)
+
+        def render(escape: Callable[[str], str]) -> str:
+            extra = {"tools": mapped(tools, escape)} if tools else {}
+            try:
+                return str(
+                    tokenizer.apply_chat_template(
+                        mapped(messages, escape),
+                        tokenize=False,
+                        add_generation_prompt=True,
+                        **extra,
+                    )
+                )
+            except Exception as e:  # a template may reject roles or orderings
+                message = f"the chat template rejected the messages: {e}"
+                raise bad_request(message, param="messages") from e
+
+        ids = encode_chat(
+            tokenizer,
+            render,
+            strings_in([messages, tools]),
+            content_specials_as_text=content_specials_as_text,
+        )
     elif isinstance(generation.prompt, str):
         ids = tokenizer.encode(generation.prompt)
     else:
-        ids = list(generation.prompt)
-        if max(ids) >= len(tokenizer):
-            raise bad_request("'prompt' holds a token id outside the vocabulary", param="prompt")
+        ids = list(generation.prompt)  # checked against the vocabulary (``checked``)
     if not ids:
         raise bad_request("the prompt is empty after tokenization", param="prompt")
     return list(ids)

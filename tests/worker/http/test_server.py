@@ -213,6 +213,7 @@ async def test_a_failure_after_the_first_token_ends_the_stream_with_an_error_eve
         async with session.post(f"{url}/v1/completions", json=body) as r:
             raw = (await r.read()).decode()
     assert '"type":"server_error"' in raw
+    assert "scripted failure" not in raw  # the exception's text stays in the worker's log
     assert raw.endswith("data: [DONE]\n\n")
 
 
@@ -223,7 +224,10 @@ async def test_a_failure_before_the_first_token_is_a_plain_http_error() -> None:
         body = {"prompt": "x", "stream": True}
         async with session.post(f"{url}/v1/completions", json=body) as r:
             assert r.status == 500
-            assert (await r.json())["error"]["type"] == "server_error"
+            error = (await r.json())["error"]
+    assert error["type"] == "server_error" and error["code"] == "internal_error"
+    assert "scripted failure" not in error["message"]
+    assert "reference" in error["message"]
 
 
 async def test_a_disconnected_stream_stops_generation_at_the_next_step() -> None:
@@ -490,7 +494,9 @@ async def test_a_constraint_failing_mid_answer_is_an_error_never_a_stop(
     engine.constraint_fails_at = 2
     prepare = server_module.prepare
 
-    def constrained(tokenizer: object, generation: GenerationRequest) -> server_module.Prepared:
+    def constrained(
+        tokenizer: object, generation: GenerationRequest, *_: object
+    ) -> server_module.Prepared:
         prepared = prepare(tokenizer, generation)
         constraint = Constraint("", None, (), "response_format")
         return dataclasses.replace(
