@@ -487,6 +487,8 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
         "6",
         "--prompt-cache-bytes",
         str(1 << 30),
+        "--content-special-tokens",
+        "text",
         "--max-body-bytes",
         "8192",  # what the router accepts, with room for re-encoding
         "--host",
