@@ -80,6 +80,26 @@ def integer(
     return value
 
 
+def ascii_int(text: str, lo: int, hi: int, *, param: str) -> int:
+    """``text`` (a query parameter, a JSON key) as an integer in ``[lo, hi]``, else a 400
+    naming ``param``: ASCII digits only, at most as many as ``hi`` has (so no sign, space,
+    ``_``, ``²``, ``①`` or Arabic-Indic digits, and never a 5,000-digit ``int()``)."""
+    value = parse_ascii_int(text, lo, hi)
+    if value is None:
+        raise bad_request(f"'{param}' must be an integer from {lo} to {hi}", param=param)
+    return value
+
+
+def parse_ascii_int(text: str, lo: int, hi: int) -> int | None:
+    """``ascii_int`` without the error: None for anything it refuses."""
+    if not 0 <= lo <= hi:
+        raise ValueError(f"ascii_int takes a range of non-negative integers, not [{lo}, {hi}]")
+    if not (0 < len(text) <= len(str(hi)) and text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if lo <= value <= hi else None
+
+
 def out_of_range(key: str, lo: float, hi: float | None) -> RouterError:
     bounds = f"at least {_text(lo)}" if hi is None else f"between {_text(lo)} and {_text(hi)}"
     return bad_request(f"'{key}' must be {bounds}", param=key)
@@ -107,9 +127,7 @@ SEED_RANGE = (-(2**63), 2**64 - 1)
 
 def token_id(text: str) -> int | None:
     """``text`` as a token id, or None when it is not one (strictly ASCII digits)."""
-    if 0 < len(text) <= MAX_TOKEN_ID_DIGITS and text.isascii() and text.isdigit():
-        return int(text)
-    return None
+    return parse_ascii_int(text, 0, 10**MAX_TOKEN_ID_DIGITS - 1)
 
 
 def logit_bias(data: Mapping[str, Any], key: str = "logit_bias") -> tuple[tuple[int, float], ...]:

@@ -40,6 +40,15 @@ MODES = (*LANE_MODES, SHARED_MODE)
 # A lane over a group of ranks (``[lanes.group]``, ``router.worker.group``): how the target
 # is split between them.
 GROUP_PARALLEL = ("tensor", "pipeline")
+# A group's launcher: mlx.launch run by ``python -m GROUP_LAUNCH_MODULE <directory>``, its
+# arguments (the ring's ports among them) read from GROUP_LAUNCH_FILE in that private
+# directory (0700, the file 0600), never from its command line, which every local user can
+# read (``router.worker.group.launch``).
+GROUP_LAUNCH_MODULE = "router.worker.group.launch"
+GROUP_LAUNCH_FILE = "launch.json"
+# How a rank of the ring backend says it could not set up its sockets (a port taken, a
+# stranger's connection): "[ring] Couldn't bind socket", "[ring] Couldn't connect".
+RING_SETUP_FAILED = "[ring] Couldn't"
 # Shared mode's generation threads: one taking turns between the lanes, or one per lane;
 # auto: one per lane on a multi-core CPU with a one-thread BLAS (``shared.threads_for``).
 SHARED_THREADS = ("auto", "1", "2")

@@ -14,9 +14,11 @@ from router.request_rules import (
     MAX_JSON_DEPTH,
     MAX_LOGIT_BIAS,
     ORJSON_MAX_DEPTH,
+    ascii_int,
     integer,
     logit_bias,
     number,
+    parse_ascii_int,
     seed,
     token_id,
     too_deep,
@@ -168,3 +170,41 @@ def test_a_seed_outside_64_bits_is_refused_by_both(value: int) -> None:
 def test_seeds_inside_64_bits_pass() -> None:
     for value in (-(2**63), -1, 0, 2**64 - 1):
         assert seed({"seed": value}) == value
+
+
+# --- integers from text: one strict way ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        *(
+            "\u00b2",
+            "\u00b3\u00b9",
+            "\u2460",
+            "\u0663",
+            "\uff15",
+            "\U0001d7d9",
+        ),  # superscripts, circled, ...
+        *("", " 1", "1 ", "+1", "-1", "1_0", "0x10", "1e2", "1.0", "\u0661\u0660"),
+        *("0", "101", "0100", "9" * 5000, "1" * 4301),  # out of range, too many digits
+    ],
+)
+def test_ascii_int_refuses_anything_but_a_few_ascii_digits(text: str) -> None:
+    assert parse_ascii_int(text, 1, 100) is None
+    assert fault(lambda: ascii_int(text, 1, 100, param="limit")) == (
+        "'limit' must be an integer from 1 to 100",
+        "limit",
+    )
+
+
+def test_ascii_int_takes_ascii_digits_in_range() -> None:
+    assert [ascii_int(t, 1, 100, param="limit") for t in ("1", "100", "007", "42")] == [
+        1,
+        100,
+        7,
+        42,
+    ]
+    assert parse_ascii_int("65535", 0, 65535) == 65535 and parse_ascii_int("0", 0, 9) == 0
+    with pytest.raises(ValueError, match="non-negative"):
+        parse_ascii_int("1", -1, 5)

@@ -111,7 +111,11 @@ def _common(body: dict[str, Any], out: dict[str, Any], endpoint: Endpoint) -> Ol
     return OllamaRequest(endpoint, out, out["model"], stream, keep_alive)
 
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+# ASCII digits only, as Go's time.ParseDuration: float() and ``\d`` would also take "٣",
+# "1_0", "1e3" or "inf" (the one strict way of router.request_rules.ascii_int, for decimals).
+_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+_BARE_NUMBER = re.compile(_NUMBER)
+_DURATION_PART = re.compile(rf"({_NUMBER})(ns|us|µs|ms|s|m|h)")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 MAX_KEEP_ALIVE = 10 * 365 * 86400.0  # longer is "forever" anyway
 
@@ -129,15 +133,15 @@ def keep_alive_seconds(value: Any) -> float | None:
         text = value.strip()
         sign = -1.0 if text.startswith("-") else 1.0
         body = text.lstrip("+-")
-        try:
+        if _BARE_NUMBER.fullmatch(body):
             seconds = float(body)  # a bare number is seconds
-        except ValueError:
+        else:
             parts = _DURATION_PART.findall(body)
             if not parts or "".join(n + u for n, u in parts) != body:
                 raise bad_request(
                     f'\'keep_alive\' {value!r} is not a duration (e.g. "5m", "30s", 0)',
                     param="keep_alive",
-                ) from None
+                )
             seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
         seconds *= sign
     else:

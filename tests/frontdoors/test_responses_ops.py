@@ -92,6 +92,12 @@ async def test_input_items_refusals(fake: FakeUpstream, tmp_path: Path) -> None:
             await alice.responses.input_items.list(unstored.id)
         with pytest.raises(openai.BadRequestError) as limit:
             await alice.responses.input_items.list(made.id, limit=101)
+        # Unicode digits (str.isdigit() takes them, int() does not), 5,000 digits: a 400
+        # naming the parameter, never a 500 with a traceback
+        for bad in ("\u00b2", "\u00b3\u00b9", "\u2460", "\u0663", "9" * 5000, "-1", " 5"):
+            with pytest.raises(openai.BadRequestError) as strict:
+                await alice.responses.input_items.list(made.id, extra_query={"limit": bad})
+            assert strict.value.body["param"] == "limit", bad  # type: ignore[index]
         with pytest.raises(openai.BadRequestError) as order:
             await alice.responses.input_items.list(made.id, extra_query={"order": "up"})
         with pytest.raises(openai.BadRequestError) as cursor:

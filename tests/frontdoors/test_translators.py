@@ -330,7 +330,15 @@ def test_ollama_keep_alive_durations(value: object, seconds: float | None) -> No
     assert ollama_in.keep_alive_seconds(value) == seconds
 
 
-@pytest.mark.parametrize("value", [True, "", "5 minutes", "m", "5x", "1h 30m", [], {}, "nan"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        *(True, "", "5 minutes", "m", "5x", "1h 30m", [], {}, "nan"),
+        # ASCII digits only (float() and \d take these; Go's ParseDuration does not):
+        # Arabic-Indic, fullwidth, superscript, underscores, exponents, infinities
+        *("\u0663", "\u0663s", "\uff15m", "\u00b2", "1_0", "1e3", "inf", "-inf", "infinity"),
+    ],
+)
 def test_ollama_keep_alive_malformed_is_a_400(value: object) -> None:
     with pytest.raises(RouterError) as caught:
         ollama_in.keep_alive_seconds(value)

@@ -23,14 +23,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import orjson
 
 from router.errors import RouterError, bad_request
 from router.request_rules import integer, logit_bias, number, seed, typed
-from router.system_messages import fold
+from router.system_messages import escape_text, fold
 from router.worker_contract import (
     DRAFT_SOURCE_FIELD,
     DRAFT_TOKENS_FIELD,
@@ -308,6 +308,7 @@ def fold_system_messages(messages: list[Message]) -> tuple[Message, ...]:
             system=lambda text: Message("system", text),
             user=lambda text: Message("user", text),
             extend=_extended,
+            escape=lambda m: replace(m, content=escape_text(m.content)),
         )
     )
 
