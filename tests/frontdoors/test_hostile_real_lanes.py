@@ -118,9 +118,9 @@ DOORS: dict[str, tuple[str, dict[str, Any], str, dict[str, list[Any]]]] = {
     ),
     "responses": (
         "/v1/responses",
-        {"input": "Say yes.", "max_output_tokens": 16},
+        {"input": "Say yes.", "max_output_tokens": 1},
         "",
-        {"temperature": [0, 2], "top_p": [0, 1], "max_output_tokens": [16]},
+        {"temperature": [0, 2], "top_p": [0, 1], "max_output_tokens": [1]},
     ),
     "anthropic": (
         "/v1/messages",
