@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from router.worker_contract import STREAM_USAGE_FIELD
+
 Json = dict[str, Any]
 
 
@@ -350,12 +352,13 @@ def speclane_batching() -> Json:
 
 def speclane_stream(include_usage: bool) -> list[Json]:
     model = "SmolLM2-135M-Instruct"
-    # Usage once, on the last chunk: the include_usage chunk, else the finish_reason chunk.
+    # Usage once, on the last chunk: the include_usage chunk, else (no usage for the client,
+    # as OpenAI's) the finish_reason chunk's field of ours.
     events = [_chunk(model, {"role": "assistant", "content": "Paris"})]
     if include_usage:
         events += [_chunk(model, {}, "stop"), _usage_chunk(model, speclane_usage())]
     else:
-        events.append(_chunk(model, {}, "stop", usage=speclane_usage()))
+        events.append(_chunk(model, {}, "stop", **{STREAM_USAGE_FIELD: speclane_usage()}))
     return events
 
 

@@ -54,6 +54,7 @@ from router.worker_contract import (
     DEFAULT_MAX_BODY_BYTES,
     DRAFT_SOURCE_FIELD,
     SHARED_MODE,
+    STREAM_USAGE_FIELD,
     WORKER_SECRET_HEADER,
     lane_prefix,
     secret_matches,
@@ -468,13 +469,15 @@ async def _stream(
         elif isinstance(event, Finished):
             await _send_pieces(response, answer, _pieces(tools, None))
             reason = _finish_reason(tools, event.finish_reason)
-            # Usage once, on the stream's last chunk: the include_usage chunk when asked for,
-            # else the finish_reason chunk (where the router reads the draft statistics).
+            # Usage once, on the stream's last chunk: the include_usage chunk when asked for;
+            # else none, as OpenAI's, and the finish chunk carries it under a field of ours
+            # (the router reads the draft statistics there).
+            final = answer.final_chunk(reason, event.stop_string)
             if job.request.include_usage:
-                await _send(response, answer.final_chunk(reason, None, event.stop_string))
+                await _send(response, final)
                 await _send(response, answer.usage_chunk(event.usage))
             else:
-                await _send(response, answer.final_chunk(reason, event.usage, event.stop_string))
+                await _send(response, {**final, STREAM_USAGE_FIELD: event.usage})
             await response.write(sse.DONE_EVENT)
             break
         else:

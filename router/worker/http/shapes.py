@@ -76,15 +76,13 @@ class Answer:
         choice["finish_reason"] = finish_reason
         return {**self._head(object_), "choices": [choice]}
 
-    def final_chunk(
-        self, finish_reason: str, usage: dict[str, object] | None, stop_string: str | None = None
-    ) -> dict[str, object]:
-        """The chunk carrying finish_reason; with usage when it is the stream's last chunk."""
+    def final_chunk(self, finish_reason: str, stop_string: str | None = None) -> dict[str, object]:
+        """The chunk carrying finish_reason."""
         chunk = self.chunk(None, finish_reason=finish_reason)
         choices = chunk["choices"]
         if isinstance(choices, list):  # always: chunk() made it
             _stop_reason(choices[0], stop_string)
-        return chunk if usage is None else {**chunk, "usage": usage}
+        return chunk
 
     def usage_chunk(self, usage: dict[str, object]) -> dict[str, object]:
         """The standard ``stream_options.include_usage`` chunk (then the stream's last)."""

@@ -16,7 +16,7 @@ import pytest
 from router.worker.http import server as server_module
 from router.worker.http.server import WorkerInfo, make_app, start_site
 from router.worker.request.protocol import GenerationRequest
-from router.worker_contract import WORKER_SECRET_HEADER
+from router.worker_contract import STREAM_USAGE_FIELD, WORKER_SECRET_HEADER
 from tests.worker.scripted import ScriptedEngine
 
 MODEL = "scripted-model"
@@ -125,12 +125,19 @@ async def test_stream_carries_usage_once_on_the_last_chunk(include_usage: bool) 
     finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finish) == 1
     assert finish[0].choices[0].finish_reason == "stop"
-    # Clients that add usage up must see it once: on the last chunk only.
+    # Clients that add usage up must see it once, on the last chunk, and only when asked
+    # (OpenAI sends none otherwise); the router still finds the lane's figures on the finish
+    # chunk, under a field of ours.
     with_usage = [c for c in chunks if c.usage is not None]
-    assert with_usage == [chunks[-1]]
-    assert chunks[-1].usage is not None
-    assert chunks[-1].usage.total_tokens == 3 + len("<user>hi")
-    assert (chunks[-1].choices == []) is include_usage
+    if include_usage:
+        assert with_usage == [chunks[-1]] and chunks[-1].choices == []
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.total_tokens == 3 + len("<user>hi")
+        assert not any(STREAM_USAGE_FIELD in (c.model_extra or {}) for c in chunks)
+    else:
+        assert with_usage == [] and chunks[-1] is finish[0]
+        ours = (finish[0].model_extra or {})[STREAM_USAGE_FIELD]
+        assert ours["total_tokens"] == 3 + len("<user>hi") and "speclane_spec" in ours
 
 
 async def test_continuous_usage_gives_the_prompts_size_first() -> None:
@@ -172,7 +179,7 @@ async def test_raw_stream_ends_with_done() -> None:
     assert events[-1] == "data: [DONE]"
     last = orjson.loads(events[-2].removeprefix("data: "))
     assert last["choices"][0]["finish_reason"] == "stop"
-    assert last["usage"]["speclane_spec"]["drafted"] == 0
+    assert "usage" not in last and last[STREAM_USAGE_FIELD]["speclane_spec"]["drafted"] == 0
 
 
 @pytest.mark.parametrize(
