@@ -325,9 +325,12 @@ def openai_predicted(accepted: int = 18, rejected: int = 10) -> Json:
 # --- speclane's own worker ----------------------------------------------------------------
 
 
-def speclane_usage(drafted: int = 90, accepted: int = 60, steps: int = 30, k: int = 3) -> Json:
+def speclane_usage(
+    drafted: int = 90, accepted: int = 60, steps: int = 30, k: int = 3, prediction: int = 0
+) -> Json:
+    """``prediction``: the request sent one (only then OpenAI's prediction counts)."""
     u = usage(20, accepted + steps)
-    if k:
+    if prediction:
         u["completion_tokens_details"] = {
             "accepted_prediction_tokens": accepted,
             "rejected_prediction_tokens": drafted - accepted,

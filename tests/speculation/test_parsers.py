@@ -287,7 +287,7 @@ def test_generic_openai_recognises_backend_fields() -> None:
     assert record(parse_response("openai", p.lmstudio_v1())).source == "lmstudio"
     assert record(parse_response("openai", p.vllm_mlx_chat())).kind == "mtp"
     # speclane's usage also carries prediction counts: its own block must win.
-    assert record(parse_response("openai", p.speclane_chat())).source == "speclane"
+    assert record(parse_response("openai", p.speclane_chat(prediction=1))).source == "speclane"
 
 
 def test_generic_openai_with_plain_usage_is_absent() -> None:

@@ -69,7 +69,9 @@ def usage(
     """The ``usage`` object of the worker contract.
 
     ``prompt_tokens_details.cached_tokens``: prompt tokens taken from the lane's prompt cache
-    instead of being prefilled (OpenAI's field; included in ``prompt_tokens``).
+    instead of being prefilled (OpenAI's field; included in ``prompt_tokens``). The draft
+    counts are ``speclane_spec``'s: OpenAI's ``completion_tokens_details`` prediction counts
+    belong to a request's ``prediction`` only, and the engines add them for such a request.
     """
     body: dict[str, object] = {
         "prompt_tokens": prompt_tokens,
@@ -77,11 +79,6 @@ def usage(
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
-    if spec.num_draft_tokens:
-        body["completion_tokens_details"] = {
-            "accepted_prediction_tokens": spec.accepted,
-            "rejected_prediction_tokens": spec.rejected,
-        }
     body["speclane_spec"] = {
         "drafted": spec.drafted,
         "accepted": spec.accepted,

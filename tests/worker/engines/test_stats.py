@@ -97,13 +97,11 @@ def test_counter_matches_the_rounds_mlx_lm_runs(
     assert counter.tokens == consumed <= max_tokens
 
 
-def test_usage_with_speculation_has_prediction_details() -> None:
+def test_usage_with_drafts_counts_them_in_speclane_spec_not_openais_prediction_fields() -> None:
     body = usage(10, 5, SpecStats(drafted=6, accepted=4, steps=2, num_draft_tokens=3))
     assert body["total_tokens"] == 15
-    assert body["completion_tokens_details"] == {
-        "accepted_prediction_tokens": 4,
-        "rejected_prediction_tokens": 2,
-    }
+    # OpenAI's accepted/rejected_prediction_tokens are a request's ``prediction``'s only.
+    assert "completion_tokens_details" not in body
     assert body["speclane_spec"] == {
         "drafted": 6,
         "accepted": 4,
