@@ -446,7 +446,9 @@ async def _stream(
     )
     await response.prepare(request)
     if answer.kind == "chat":
-        head = answer.chunk("", role=True)
+        # An answer that must be a tool call opens with no content (null), as OpenAI's does.
+        forced = tools is not None and job.request.tool_choice == "required"
+        head = answer.chunk(None if forced else "", role=True)
         if job.request.continuous_usage:
             prompt = len(job.prompt_ids)
             head["usage"] = {

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import cache
 
+from router import __version__
 from router.worker.request.protocol import Kind
+
+
+@cache
+def system_fingerprint(model: str) -> str:
+    """OpenAI's ``system_fingerprint``: the same for every answer of one model under one
+    speclane version (what could change an answer for the same request and seed)."""
+    digest = hashlib.sha256(f"{model}\0speclane {__version__}".encode()).hexdigest()
+    return f"fp_{digest[:10]}"
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,7 @@ class Answer:
             "object": object_,
             "created": self.created,
             "model": self.model,
+            "system_fingerprint": system_fingerprint(self.model),
         }
 
     def body(
@@ -64,7 +76,7 @@ class Answer:
     ) -> dict[str, object]:
         if self.kind == "chat":
             delta: dict[str, object] = {"role": "assistant"} if role else {}
-            if text is not None:
+            if text is not None or role:  # the role's chunk says null content out loud
                 delta["content"] = text
             if tool_calls:
                 delta["tool_calls"] = tool_calls

@@ -612,3 +612,51 @@ async def test_with_a_secret_every_endpoint_answers_only_requests_carrying_it() 
     finally:
         await asyncio.to_thread(engine.stop, 2.0)
         await runner.cleanup()
+
+
+class NoGrammar:
+    """The scripted tokenizer has no grammar support: a forced call is read, not constrained."""
+
+    def compile(self, request: GenerationRequest, tokenizer: object) -> None:
+        return None
+
+
+async def test_a_forced_call_cut_by_max_tokens_answers_the_same_streamed_and_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OpenAI's cut call: ``tool_calls`` with what was written, ``finish_reason: "length"``;
+    a stream certain to be a call opens with ``content: null``; every answer and chunk
+    carries the model's one ``system_fingerprint``."""
+    monkeypatch.setattr(server_module, "COMPILER", NoGrammar())
+    cut = CALLING.index("capital")  # one character per token: '{"city": "Paris, the ' written
+    written = '{"city": "Paris, the '
+    async with serving(ScriptedEngine(CALLING)) as url:
+        ask = client(url).chat.completions.create
+        fields = dict(
+            model=MODEL,
+            messages=[{"role": "user", "content": "weather?"}],
+            tools=[WEATHER_TOOL],
+            tool_choice="required",
+            max_tokens=cut,
+        )
+        reply = await ask(**fields)  # type: ignore[call-overload]
+        stream = await ask(stream=True, **fields)  # type: ignore[call-overload]
+        chunks = [chunk async for chunk in stream]
+        plain = await ask(model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True)
+        plain_chunks = [chunk async for chunk in plain]
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content == "Checking."
+    (call,) = choice.message.tool_calls or []
+    assert (call.function.name, call.function.arguments) == ("get_weather", written)
+    deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or []]
+    assert deltas[0].function is not None and deltas[0].function.name == "get_weather"
+    assert "".join(d.function.arguments or "" for d in deltas if d.function) == written
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    head = chunks[0].choices[0].delta
+    assert head.content is None and "content" in head.model_fields_set  # null, not absent
+    assert plain_chunks[0].choices[0].delta.content == ""  # an answer that may be text
+    fingerprints = {reply.system_fingerprint} | {c.system_fingerprint for c in chunks}
+    assert fingerprints == {c.system_fingerprint for c in plain_chunks}
+    (fingerprint,) = fingerprints
+    assert fingerprint is not None and fingerprint.startswith("fp_")
