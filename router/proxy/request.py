@@ -17,7 +17,15 @@ from typing import Any
 import orjson
 
 from router.errors import bad_request
-from router.request_rules import MAX_JSON_DEPTH, integer, nesting_error, number, too_deep, typed
+from router.request_rules import (
+    MAX_JSON_DEPTH,
+    integer,
+    logprobs,
+    nesting_error,
+    number,
+    too_deep,
+    typed,
+)
 from router.routing.types import Endpoint, RouteRequest
 from router.speculation.families import classify_family
 from router.system_messages import fold_json, needs_fold
@@ -168,6 +176,8 @@ def _check_payload(endpoint: Endpoint, data: dict[str, Any]) -> None:
     elif not isinstance(data.get("input"), str | list):
         raise bad_request("'input' is required (a string or an array)", param="input")
     typed(data, "stream_options", dict, None)
+    if endpoint != "embeddings":  # OpenAI's types and ranges: a bad one is the client's 400
+        logprobs(data, chat=endpoint == "chat")
 
 
 TOKEN_TWINS = {"max_tokens": "max_completion_tokens", "max_completion_tokens": "max_tokens"}

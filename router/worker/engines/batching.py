@@ -72,11 +72,13 @@ from router.worker.engines.engine import (
     Engine,
     Models,
     Progress,
+    aligner_for,
     generation_failed,
     processors_for,
     sampler_for,
 )
 from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, aborted
+from router.worker.engines.logprobs import pick
 from router.worker.engines.promptcache import Counters, Lookup, PromptCache
 from router.worker.engines.stats import SpecStats, usage
 from router.worker_contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
@@ -296,7 +298,7 @@ class BatchingEngine(Engine):
             except ValueError as e:
                 self._answer(job, Failed(RouterError(400, str(e))))
                 continue
-            progress = Progress(job, 0)
+            progress = Progress(job, 0, aligner_for(job, models.tokenizer))
             progress.cached_tokens = lookup.cached_tokens
             seq = _Sequence(job, progress, models.tokenizer.detokenizer)
             self._plan(seq)
@@ -439,7 +441,14 @@ class BatchingEngine(Engine):
         if reason is not None:
             seq.detokenizer.finalize()
             self._keep(response.uid, response.all_tokens, response.prompt_cache, seq.job.partition)
-        if seq.progress.token(seq.detokenizer.last_segment, False):
+        picked = None
+        if seq.progress.emitter.aligner is not None and reason != "stop":
+            # The distribution the row's token was sampled from (a verified position's on a
+            # verify pass), read only for a request that asked.
+            picked = pick(response.logprobs[None], [response.token], seq.job.request.logprobs or 0)[
+                0
+            ]
+        if seq.progress.token(seq.detokenizer.last_segment, False, picked):
             if reason is None:
                 self._remove(generator, live, [response.uid])
             reason = "stop"

@@ -14,12 +14,16 @@ from collections import deque
 from dataclasses import dataclass
 
 from router.errors import RouterError
+from router.worker.engines.logprobs import TokenLogprob
 from router.worker.request.protocol import GenerationRequest
 
 
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    # The log-probabilities of the tokens whose text this delta completes (a request that
+    # asked; ``router.worker.engines.logprobs.Aligner``).
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

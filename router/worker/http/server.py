@@ -45,7 +45,8 @@ from router.worker.decoding.tools import (
 )
 from router.worker.engines.engine import Engine
 from router.worker.engines.jobs import Event, Failed, Finished, Job, TextDelta
-from router.worker.http.shapes import Answer
+from router.worker.engines.logprobs import TokenLogprob
+from router.worker.http.shapes import Answer, LogprobShapes
 from router.worker.http.tokenizing import COUNT, GENERATION, TokenizerThread
 from router.worker.request.protocol import GenerationRequest, Kind, parse_request, token_budget
 from router.worker_contract import (
@@ -298,10 +299,11 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         )
     engine.submit(job)
     answer = Answer(kind, info.model_name)
+    shapes = LogprobShapes(kind) if generation.logprobs is not None else None
     try:
         if generation.stream:
-            return await _stream(request, job, answer, prepared.tool_stream())
-        return await _collect(job, answer, prepared.tool_stream())
+            return await _stream(request, job, answer, prepared.tool_stream(), shapes)
+        return await _collect(job, answer, prepared.tool_stream(), shapes)
     finally:
         engine.cancel(job)  # a no-op once answered; otherwise the client left or we failed
 
@@ -398,19 +400,28 @@ def _finish_reason(tools: ToolStream | None, reason: str) -> str:
     return "tool_calls" if tools is not None and tools.calls and reason == "stop" else reason
 
 
-async def _collect(job: Job, answer: Answer, tools: ToolStream | None) -> web.Response:
+async def _collect(
+    job: Job, answer: Answer, tools: ToolStream | None, shapes: LogprobShapes | None
+) -> web.Response:
     parts: list[Piece] = []
+    entries: list[TokenLogprob] = []
     while True:
         event = await job.events.get()
         if isinstance(event, TextDelta):
             parts += _pieces(tools, event.text)
+            entries += event.logprobs
         elif isinstance(event, Finished):
             parts += _pieces(tools, None)
             text = "".join(p for p in parts if isinstance(p, str))
             calls = [p.openai_dict() for p in parts if isinstance(p, ParsedCall)]
             reason = _finish_reason(tools, event.finish_reason)
             body = answer.body(
-                text or (None if calls else ""), reason, event.usage, calls, event.stop_string
+                text or (None if calls else ""),
+                reason,
+                event.usage,
+                calls,
+                event.stop_string,
+                None if shapes is None else shapes.shape(entries),
             )
             return _json(body)
         else:
@@ -424,19 +435,49 @@ async def _collect(job: Job, answer: Answer, tools: ToolStream | None) -> web.Re
 PROGRESS_EVERY = 5.0
 
 
-async def _send_pieces(response: web.StreamResponse, answer: Answer, pieces: list[Piece]) -> None:
+async def _send_pieces(
+    response: web.StreamResponse,
+    answer: Answer,
+    pieces: list[Piece],
+    logprobs: dict[str, object] | None = None,
+) -> None:
+    """``logprobs``: the entries for the text of these pieces, on the first chunk."""
     for piece in pieces:
         if isinstance(piece, str):
-            await _send(response, answer.chunk(piece))
+            await _send(response, answer.chunk(piece, logprobs=logprobs))
         elif isinstance(piece, CallDelta):
-            await _send(response, answer.chunk(None, tool_calls=[piece.delta()]))
+            await _send(response, answer.chunk(None, tool_calls=[piece.delta()], logprobs=logprobs))
         else:
             for delta in piece.stream_deltas():
-                await _send(response, answer.chunk(None, tool_calls=[delta]))
+                await _send(response, answer.chunk(None, tool_calls=[delta], logprobs=logprobs))
+                logprobs = None
+        logprobs = None
+
+
+class PendingLogprobs:
+    """A stream's entries not sent yet: they go with the next chunk (text held by the tool
+    parser waits, and so do they); None when the request did not ask."""
+
+    def __init__(self, shapes: LogprobShapes | None) -> None:
+        self.shapes = shapes
+        self.entries: list[TokenLogprob] = []
+
+    def add(self, entries: tuple[TokenLogprob, ...]) -> None:
+        self.entries += entries
+
+    def take(self) -> dict[str, object] | None:
+        if self.shapes is None or not self.entries:
+            return None
+        shaped, self.entries = self.shapes.shape(self.entries), []
+        return shaped
 
 
 async def _stream(
-    request: web.Request, job: Job, answer: Answer, tools: ToolStream | None
+    request: web.Request,
+    job: Job,
+    answer: Answer,
+    tools: ToolStream | None,
+    shapes: LogprobShapes | None = None,
 ) -> web.StreamResponse:
     first = await job.events.get()  # errors before the first token are still plain HTTP errors
     if isinstance(first, Failed):
@@ -459,22 +500,25 @@ async def _stream(
         await _send(response, head)
     event: Event = first
     last_sent = time.monotonic()
+    pending = PendingLogprobs(shapes)
     while True:
         if isinstance(event, TextDelta):
+            pending.add(event.logprobs)
             pieces = _pieces(tools, event.text)
             if pieces:
-                await _send_pieces(response, answer, pieces)
+                await _send_pieces(response, answer, pieces, pending.take())
                 last_sent = time.monotonic()
             elif time.monotonic() - last_sent >= PROGRESS_EVERY:
                 await _send(response, answer.chunk(None))
                 last_sent = time.monotonic()
         elif isinstance(event, Finished):
-            await _send_pieces(response, answer, _pieces(tools, None))
+            pieces = _pieces(tools, None)
+            await _send_pieces(response, answer, pieces, pending.take() if pieces else None)
             reason = _finish_reason(tools, event.finish_reason)
             # Usage once, on the stream's last chunk: the include_usage chunk when asked for;
             # else none, as OpenAI's, and the finish chunk carries it under a field of ours
             # (the router reads the draft statistics there).
-            final = answer.final_chunk(reason, event.stop_string)
+            final = answer.final_chunk(reason, event.stop_string, pending.take())
             if job.request.include_usage:
                 await _send(response, final)
                 await _send(response, answer.usage_chunk(event.usage))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from router import __version__
+from router.worker.engines.logprobs import TokenLogprob
 from router.worker.request.protocol import Kind
 
 
@@ -49,6 +50,7 @@ class Answer:
         usage: dict[str, object],
         tool_calls: list[dict[str, object]] | None = None,
         stop_string: str | None = None,
+        logprobs: dict[str, object] | None = None,
     ) -> dict[str, object]:
         if self.kind == "chat":
             message: dict[str, object] = {"role": "assistant", "content": text}
@@ -57,12 +59,17 @@ class Answer:
             choice: dict[str, object] = {
                 "index": 0,
                 "message": message,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
             }
             _stop_reason(choice, stop_string)
             return {**self._head("chat.completion"), "choices": [choice], "usage": usage}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {
+            "index": 0,
+            "text": text or "",
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
         _stop_reason(choice, stop_string)
         return {**self._head("text_completion"), "choices": [choice], "usage": usage}
 
@@ -73,6 +80,7 @@ class Answer:
         finish_reason: str | None = None,
         role: bool = False,
         tool_calls: list[dict[str, object]] | None = None,
+        logprobs: dict[str, object] | None = None,
     ) -> dict[str, object]:
         if self.kind == "chat":
             delta: dict[str, object] = {"role": "assistant"} if role else {}
@@ -80,17 +88,22 @@ class Answer:
                 delta["content"] = text
             if tool_calls:
                 delta["tool_calls"] = tool_calls
-            choice: dict[str, object] = {"index": 0, "delta": delta, "logprobs": None}
+            choice: dict[str, object] = {"index": 0, "delta": delta, "logprobs": logprobs}
             object_ = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None}
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs}
             object_ = "text_completion"
         choice["finish_reason"] = finish_reason
         return {**self._head(object_), "choices": [choice]}
 
-    def final_chunk(self, finish_reason: str, stop_string: str | None = None) -> dict[str, object]:
+    def final_chunk(
+        self,
+        finish_reason: str,
+        stop_string: str | None = None,
+        logprobs: dict[str, object] | None = None,
+    ) -> dict[str, object]:
         """The chunk carrying finish_reason."""
-        chunk = self.chunk(None, finish_reason=finish_reason)
+        chunk = self.chunk(None, finish_reason=finish_reason, logprobs=logprobs)
         choices = chunk["choices"]
         if isinstance(choices, list):  # always: chunk() made it
             _stop_reason(choices[0], stop_string)
@@ -107,3 +120,39 @@ def _stop_reason(choice: dict[str, object], stop_string: str | None) -> None:
     does not say, and Anthropic's front door answers ``stop_sequence`` with it."""
     if stop_string is not None:
         choice["stop_reason"] = stop_string
+
+
+class LogprobShapes:
+    """One answer's log-probabilities in OpenAI's shapes: chat's ``{"content": [{token,
+    logprob, bytes, top_logprobs}], "refusal": null}``, completions' ``{tokens,
+    token_logprobs, top_logprobs: [{token: logprob}], text_offset}`` (offsets count from the
+    completion's start, across a stream's chunks)."""
+
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
+        self.offset = 0
+
+    def shape(self, entries: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> dict[str, object]:
+        if self.kind == "chat":
+            content = [
+                {
+                    **_token(e.token, e.logprob),
+                    "top_logprobs": [_token(t, lp) for t, lp in e.top],
+                }
+                for e in entries
+            ]
+            return {"content": content, "refusal": None}
+        offsets = []
+        for e in entries:
+            offsets.append(self.offset)
+            self.offset += len(e.token)
+        return {
+            "tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [dict(e.top) for e in entries],
+            "text_offset": offsets,
+        }
+
+
+def _token(text: str, logprob: float) -> dict[str, object]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}

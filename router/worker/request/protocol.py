@@ -28,7 +28,7 @@ from typing import Any, Literal
 import orjson
 
 from router.errors import bad_request
-from router.request_rules import integer, number, typed
+from router.request_rules import integer, logprobs, number, typed
 from router.system_messages import fold
 from router.worker_contract import (
     DRAFT_SOURCE_FIELD,
@@ -128,6 +128,9 @@ class GenerationRequest:
     # ``prompt_lookup`` or ``suffix``; None: the lane's own). A prediction still wins; the
     # batching lane ignores it, like ``prediction``.
     draft_source: str | None = None
+    # Log-probabilities of the emitted tokens, with this many alternatives each (chat's
+    # ``logprobs: true`` + ``top_logprobs``, completions' ``logprobs``); None: not asked.
+    logprobs: int | None = None
 
     @property
     def budget(self) -> int:
@@ -175,6 +178,7 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
         **_response_format(body),
         prediction=_prediction(body),
         draft_source=_draft_source(body),
+        logprobs=logprobs(body, chat=kind == "chat"),
     )
 
 

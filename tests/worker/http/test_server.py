@@ -660,3 +660,109 @@ async def test_a_forced_call_cut_by_max_tokens_answers_the_same_streamed_and_not
     assert fingerprints == {c.system_fingerprint for c in plain_chunks}
     (fingerprint,) = fingerprints
     assert fingerprint is not None and fingerprint.startswith("fp_")
+
+
+# --- log-probabilities ------------------------------------------------------------------------
+
+
+async def test_chat_logprobs_come_in_openais_shape_streamed_and_not() -> None:
+    async with serving(ScriptedEngine("abc")) as url:
+        ask = client(url).chat.completions.create
+        messages = [{"role": "user", "content": "hi"}]
+        reply = await ask(model=MODEL, messages=messages, logprobs=True, top_logprobs=2)  # type: ignore[arg-type]
+        stream = await ask(model=MODEL, messages=messages, logprobs=True, stream=True)  # type: ignore[arg-type]
+        chunks = [c async for c in stream]
+        plain = await ask(model=MODEL, messages=messages)  # type: ignore[arg-type]
+    assert plain.choices[0].logprobs is None  # not asked: none computed, none sent
+    logprobs = reply.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert [e.token for e in logprobs.content] == ["a", "b", "c"]
+    assert [e.logprob for e in logprobs.content] == [-0.25, -0.5, -0.75]
+    first = logprobs.content[0]
+    assert first.bytes == [ord("a")]
+    assert [(t.token, t.logprob, t.bytes) for t in first.top_logprobs] == [
+        ("a", -0.25, [ord("a")]),
+        ("?", -9.0, [ord("?")]),
+    ]
+    # Streamed: each chunk's entries are its own text's, no alternatives without top_logprobs.
+    for c in chunks:
+        entries = c.choices[0].logprobs.content if c.choices[0].logprobs else []
+        assert "".join(e.token for e in entries or []) == (c.choices[0].delta.content or "")
+        assert all(e.top_logprobs == [] for e in entries or [])
+    streamed = [
+        e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content or []
+    ]
+    assert [e.logprob for e in streamed] == [-0.25, -0.5, -0.75]
+
+
+async def test_a_stop_string_keeps_the_logprobs_in_line_with_the_text_sent() -> None:
+    """Text held back while it might start a stop string carries its entries when it goes
+    out; the stop string's tokens are not reported, a token it cuts in two only with the part
+    that was sent (here a character per token: none is cut)."""
+    async with serving(ScriptedEngine("one two three")) as url:
+        ask = client(url).chat.completions.create
+        messages = [{"role": "user", "content": "hi"}]
+        fields = dict(model=MODEL, messages=messages, logprobs=True, stop=[" tw", "ne!"])
+        reply = await ask(**fields)  # type: ignore[call-overload]
+        stream = await ask(stream=True, **fields)  # type: ignore[call-overload]
+        chunks = [c async for c in stream]
+    content = reply.choices[0].message.content
+    assert content == "one"
+    logprobs = reply.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert "".join(e.token for e in logprobs.content) == content
+    for c in chunks:
+        entries = (c.choices[0].logprobs.content or []) if c.choices[0].logprobs else []
+        assert "".join(e.token for e in entries) == (c.choices[0].delta.content or "")
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == content
+    assert "ne" in [c.choices[0].delta.content for c in chunks]  # held, then sent together
+
+
+async def test_completion_logprobs_come_in_the_legacy_shape_streamed_and_not() -> None:
+    async with serving(ScriptedEngine("hey")) as url:
+        c = client(url)
+        whole = await c.completions.create(model=MODEL, prompt="x", logprobs=1)
+        stream = await c.completions.create(model=MODEL, prompt="x", logprobs=0, stream=True)
+        chunks = [chunk async for chunk in stream]
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.tokens == ["h", "e", "y"]
+    assert logprobs.token_logprobs == [-0.25, -0.5, -0.75]
+    assert logprobs.top_logprobs == [{"h": -0.25}, {"e": -0.5}, {"y": -0.75}]
+    assert logprobs.text_offset == [0, 1, 2]
+    offsets = [
+        o
+        for ch in chunks
+        if ch.choices[0].logprobs
+        for o in ch.choices[0].logprobs.text_offset or []
+    ]
+    assert offsets == [0, 1, 2]  # counted across the stream's chunks
+    assert all(
+        top == {}
+        for ch in chunks
+        if ch.choices[0].logprobs
+        for top in ch.choices[0].logprobs.top_logprobs or []
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+        ("chat/completions", {"logprobs": 2}, "logprobs"),
+        ("completions", {"logprobs": 6}, "logprobs"),
+        ("completions", {"logprobs": True}, "logprobs"),
+    ],
+)
+async def test_logprobs_outside_openais_ranges_are_a_400_naming_the_field(
+    path: str, body: dict[str, object], param: str
+) -> None:
+    base = {"messages": [{"role": "user", "content": "hi"}]} if path.startswith("chat") else {}
+    base = base or {"prompt": "x"}
+    async with serving(ScriptedEngine("a")) as url, aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/v1/{path}", json={**base, **body}) as r:
+            assert r.status == 400
+            error = (await r.json())["error"]
+    assert error["param"] == param
