@@ -433,6 +433,8 @@ class BatchingEngine(Engine):
         seq = live.get(response.uid)
         if seq is None:
             return
+        if not seq.decoding and seq.job.shares_prefill and response.finish_reason is None:
+            self._share_prefill(generator, response.uid, seq.job)
         seq.decoding = True
         seq.output.append(response.token)
         reason = response.finish_reason
@@ -455,6 +457,14 @@ class BatchingEngine(Engine):
         if reason is not None:
             del live[response.uid]
             self._answer(seq.job, self._finish(seq, reason))
+
+    def _share_prefill(self, generator: Any, uid: int, job: Job) -> None:
+        """``n > 1``: the first choice's prompt (and first token) into the prompt cache now
+        that it is prefilled, so that the other choices' rows start from it."""
+        if self.prompt_cache.enabled:
+            for cache, tokens in generator.extract_cache([uid]).values():
+                self.prompt_cache.store(list(tokens), cache, job.partition)
+        job.prefill_done()
 
     def _finish(self, seq: _Sequence, reason: str) -> Event:
         """The answer, with the draft statistics of a sequence that drafted (as the

@@ -227,6 +227,7 @@ class Engine(ABC):
             self._open.discard(job)
         if isinstance(event, Finished) and job.constraint_error is not None:
             event = constraint_failed(job)  # its text does not follow the schema
+        job.prefill_done()  # its siblings wait no longer (the speculative lane's: till here)
         job.emit(event)
 
     def _main(self) -> None:

@@ -64,6 +64,11 @@ class Job:
         self.prediction_ids: list[int] = []  # the tokenized ``prediction``, if any
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
+        # ``n > 1``: the first choice's job leaves its prompt's KV state in the prompt cache
+        # once prefilled, and says so (``prefilled``, also set when it ends), so that the
+        # others start from it instead of prefilling the prompt again.
+        self.shares_prefill = False
+        self.prefilled = asyncio.Event()
         self._loop = loop
 
     def constraint_failed(self, message: str) -> None:
@@ -74,6 +79,13 @@ class Job:
             self._loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:
             pass  # the loop is closed: the worker is exiting and nobody is listening
+
+    def prefill_done(self) -> None:
+        """Its prompt is in the prompt cache, or it never will be (from any thread)."""
+        try:
+            self._loop.call_soon_threadsafe(self.prefilled.set)
+        except RuntimeError:
+            pass
 
 
 class JobQueue:

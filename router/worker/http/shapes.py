@@ -43,35 +43,32 @@ class Answer:
             "system_fingerprint": system_fingerprint(self.model),
         }
 
-    def body(
+    def choice(
         self,
+        index: int,
         text: str | None,
         finish_reason: str,
-        usage: dict[str, object],
         tool_calls: list[dict[str, object]] | None = None,
         stop_string: str | None = None,
         logprobs: dict[str, object] | None = None,
     ) -> dict[str, object]:
+        """One choice of a whole answer."""
+        choice: dict[str, object]
         if self.kind == "chat":
             message: dict[str, object] = {"role": "assistant", "content": text}
             if tool_calls:
                 message["tool_calls"] = tool_calls
-            choice: dict[str, object] = {
-                "index": 0,
-                "message": message,
-                "logprobs": logprobs,
-                "finish_reason": finish_reason,
-            }
-            _stop_reason(choice, stop_string)
-            return {**self._head("chat.completion"), "choices": [choice], "usage": usage}
-        choice = {
-            "index": 0,
-            "text": text or "",
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-        }
+            choice = {"index": index, "message": message}
+        else:
+            choice = {"index": index, "text": text or ""}
+        choice["logprobs"] = logprobs
+        choice["finish_reason"] = finish_reason
         _stop_reason(choice, stop_string)
-        return {**self._head("text_completion"), "choices": [choice], "usage": usage}
+        return choice
+
+    def body(self, choices: list[dict[str, object]], usage: dict[str, object]) -> dict[str, object]:
+        object_ = "chat.completion" if self.kind == "chat" else "text_completion"
+        return {**self._head(object_), "choices": choices, "usage": usage}
 
     def chunk(
         self,
@@ -81,6 +78,7 @@ class Answer:
         role: bool = False,
         tool_calls: list[dict[str, object]] | None = None,
         logprobs: dict[str, object] | None = None,
+        index: int = 0,
     ) -> dict[str, object]:
         if self.kind == "chat":
             delta: dict[str, object] = {"role": "assistant"} if role else {}
@@ -88,10 +86,10 @@ class Answer:
                 delta["content"] = text
             if tool_calls:
                 delta["tool_calls"] = tool_calls
-            choice: dict[str, object] = {"index": 0, "delta": delta, "logprobs": logprobs}
+            choice: dict[str, object] = {"index": index, "delta": delta, "logprobs": logprobs}
             object_ = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs}
             object_ = "text_completion"
         choice["finish_reason"] = finish_reason
         return {**self._head(object_), "choices": [choice]}
@@ -101,9 +99,10 @@ class Answer:
         finish_reason: str,
         stop_string: str | None = None,
         logprobs: dict[str, object] | None = None,
+        index: int = 0,
     ) -> dict[str, object]:
         """The chunk carrying finish_reason."""
-        chunk = self.chunk(None, finish_reason=finish_reason, logprobs=logprobs)
+        chunk = self.chunk(None, finish_reason=finish_reason, logprobs=logprobs, index=index)
         choices = chunk["choices"]
         if isinstance(choices, list):  # always: chunk() made it
             _stop_reason(choices[0], stop_string)

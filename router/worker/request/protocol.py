@@ -44,6 +44,7 @@ DEFAULT_TEMPERATURE = 0.0
 MAX_STOP_STRINGS = 16
 MAX_TOOLS = 128  # OpenAI's own limit
 MAX_TOOL_CALLS_PER_MESSAGE = 128
+MAX_N = 128  # choices per request, the router's bound too
 # Schemas are walked recursively (templates, the constraint compiler): a hostile nesting depth
 # is a 400 here, not a RecursionError later.
 MAX_SCHEMA_DEPTH = 64
@@ -131,6 +132,7 @@ class GenerationRequest:
     # Log-probabilities of the emitted tokens, with this many alternatives each (chat's
     # ``logprobs: true`` + ``top_logprobs``, completions' ``logprobs``); None: not asked.
     logprobs: int | None = None
+    n: int = 1  # choices: one job each, sharing the prompt's prefill (the server's)
 
     @property
     def budget(self) -> int:
@@ -148,8 +150,6 @@ class GenerationRequest:
 def parse_request(body: Any, kind: Kind) -> GenerationRequest:
     if not isinstance(body, Mapping):
         raise bad_request("the request body must be a JSON object")
-    if typed(body, "n", int, 1) != 1:
-        raise bad_request("only n=1 is supported", param="n")
     source: dict[str, Any] = (
         {"messages": _messages(body)} if kind == "chat" else {"prompt": _prompt(body)}
     )
@@ -179,6 +179,7 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
         prediction=_prediction(body),
         draft_source=_draft_source(body),
         logprobs=logprobs(body, chat=kind == "chat"),
+        n=integer(body, "n", 1, 1, MAX_N),
     )
 
 

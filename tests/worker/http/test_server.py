@@ -412,7 +412,7 @@ CALLING_WHOLE = (
 
 async def test_a_call_being_written_still_shows_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     # Every held token may send an empty delta (the real interval is seconds).
-    monkeypatch.setattr("router.worker.http.server.PROGRESS_EVERY", 0.0)
+    monkeypatch.setattr("router.worker.http.answers.PROGRESS_EVERY", 0.0)
     async with serving(ScriptedEngine(CALLING_WHOLE)) as url:
         stream = await client(url).chat.completions.create(
             model=MODEL,
@@ -766,3 +766,47 @@ async def test_logprobs_outside_openais_ranges_are_a_400_naming_the_field(
             assert r.status == 400
             error = (await r.json())["error"]
     assert error["param"] == param
+
+
+# --- n choices ----------------------------------------------------------------------------
+
+
+async def test_n_choices_come_whole_and_streamed_with_the_usage_of_all() -> None:
+    engine = ScriptedEngine("abc")
+    async with serving(engine) as url:
+        ask = client(url).chat.completions.create
+        messages = [{"role": "user", "content": "hi"}]
+        whole = await ask(model=MODEL, messages=messages, n=3, logprobs=True)  # type: ignore[arg-type]
+        stream = await ask(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [c async for c in stream]
+    prompt = len("<user>hi")
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert all(c.message.content == "abc" and c.finish_reason == "stop" for c in whole.choices)
+    assert all(c.logprobs is not None and len(c.logprobs.content or []) == 3 for c in whole.choices)
+    assert whole.usage is not None
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt, 9)
+    assert whole.usage.total_tokens == prompt + 9
+    assert len(engine.started) == 5  # one job per choice
+    texts: dict[int, str] = {}
+    finishes: dict[int, list[str]] = {}
+    for c in chunks:
+        for choice in c.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                finishes.setdefault(choice.index, []).append(choice.finish_reason)
+    assert texts == {0: "abc", 1: "abc"} and finishes == {0: ["stop"], 1: ["stop"]}
+    assert [c for c in chunks if c.usage is not None] == [chunks[-1]]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+
+
+async def test_a_seeded_request_gives_each_choice_its_own_seed() -> None:
+    engine = ScriptedEngine("ab")
+    async with serving(engine) as url:
+        await client(url).completions.create(model=MODEL, prompt="x", n=3, seed=7)
+    assert sorted(job.request.seed for job in engine.started) == [7, 8, 9]
