@@ -105,6 +105,22 @@ def whole_call(call: Any) -> tuple[str, dict[str, Any]]:
     return function["name"], args
 
 
+def kept_calls(calls: list[Any], finish_reason: Any) -> list[Any]:
+    """A whole answer's tool calls for the doors that send arguments as an object: a call the
+    token limit cut (``finish_reason: "length"``, arguments written part way, as OpenAI
+    answers it) is unusable there and dropped, as their streams drop it; any other call must
+    be whole (``whole_call``)."""
+    if finish_reason != "length":
+        return calls
+    return [
+        c
+        for c in calls
+        if not isinstance(c, dict)
+        or not isinstance(c.get("function"), dict)
+        or arguments_object(c["function"].get("arguments")) is not None
+    ]
+
+
 def arguments_object(arguments: Any) -> dict[str, Any] | None:
     """An OpenAI tool call's ``arguments`` (a JSON string) as an object; None when it is not
     a JSON object, or nests deeper than a request may (``request_rules.MAX_JSON_DEPTH``: the

@@ -28,6 +28,7 @@ from router.frontdoors.common import (
     arguments_object,
     dict_of,
     first_choices,
+    kept_calls,
     translate_events,
     whole_call,
 )
@@ -133,6 +134,8 @@ class OllamaEgress:
             message = choice["message"]
             text = message.get("content") if isinstance(message.get("content"), str) else ""
             calls = message.get("tool_calls")
+            if isinstance(calls, list):
+                calls = kept_calls(calls, choice.get("finish_reason"))
             if isinstance(calls, list) and calls:
                 extra["tool_calls"] = tool_calls(calls)
         else:

@@ -550,3 +550,31 @@ def test_api_for_path() -> None:
     assert errors.api_for_path("/v1/messages/count_tokens") == "anthropic"
     assert errors.api_for_path("/api/chat") == "ollama"
     assert errors.api_for_path("/v1/chat/completions") == "openai"
+
+
+CUT_ANSWER = {
+    "choices": [
+        {
+            "finish_reason": "length",
+            "message": {
+                "content": "Checking.",
+                "tool_calls": [  # OpenAI's (and the lanes') call cut by the token limit
+                    {"id": "c", "function": {"name": "f", "arguments": '{"a": "par'}}
+                ],
+            },
+        }
+    ],
+    "usage": {"prompt_tokens": 4, "completion_tokens": 8},
+}
+
+
+def test_a_whole_answer_cut_inside_a_call_drops_that_call_not_the_answer() -> None:
+    """Anthropic's ``input`` and Ollama's ``arguments`` are objects: a call the token limit
+    cut cannot be one, so it is dropped (as their streams drop it), never a 502."""
+    body = message_body(CUT_ANSWER, "m", ())
+    assert body["stop_reason"] == "max_tokens"
+    assert body["content"] == [{"type": "text", "text": "Checking."}]
+    egress = OllamaEgress("chat", "m", arrival=0.0, clock=fake_clock(1.0), stamp=lambda: "T")
+    answer = orjson.loads(egress.body(CUT_ANSWER))
+    assert answer["done_reason"] == "length" and "tool_calls" not in answer["message"]
+    assert answer["message"]["content"] == "Checking."
