@@ -25,7 +25,7 @@ import orjson
 from router import errors
 from router.errors import RouterError
 from router.frontdoors import responses_compact
-from router.frontdoors.common import Pieces, first_choices, translate_events
+from router.frontdoors.common import Pieces, first_choices, logprob_entries, translate_events
 from router.frontdoors.responses_in import ResponsesRequest
 
 STREAM_CONTENT_TYPE = "text/event-stream"
@@ -99,14 +99,6 @@ def message_item(
 
 def _text_part(text: str, logprobs: list[Any] | None = None) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
-
-
-def _logprob_entries(choice: dict[str, Any]) -> list[Any]:
-    """A chat choice's (or chunk's) log-probability entries: chat's ``{token, logprob, bytes,
-    top_logprobs}`` is the Responses API's shape too."""
-    logprobs = choice.get("logprobs")
-    content = logprobs.get("content") if isinstance(logprobs, dict) else None
-    return [e for e in content if isinstance(e, dict)] if isinstance(content, list) else []
 
 
 def call_item(
@@ -212,7 +204,7 @@ def response_body(
         )
         return body, _assistant_message(text, [])
     if text:
-        output.append(message_item(new_id("msg"), text, status, _logprob_entries(choice)))
+        output.append(message_item(new_id("msg"), text, status, logprob_entries(choice)))
     calls = []
     raw_calls = message.get("tool_calls")
     for call in raw_calls if isinstance(raw_calls, list) else []:
@@ -408,7 +400,7 @@ class ResponsesEgress:
                 if choice.get("finish_reason") is not None:
                     self._finish_reason = choice["finish_reason"]
                 continue
-            entries = _logprob_entries(choice)
+            entries = logprob_entries(choice)
             if isinstance(text, str) and text:
                 out += self._delta(text, entries)
             elif entries and self._text_item is not None:  # a stream's last entries
