@@ -89,6 +89,8 @@ def _text(bound: float) -> str:
     return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
+MAX_N = 128  # choices per request (``n``), the router's bound and the lanes'
+
 # --- log-probabilities ----------------------------------------------------------------------
 
 MAX_TOP_LOGPROBS = 20  # chat's ``top_logprobs``, OpenAI's range 0..20

@@ -19,6 +19,7 @@ import orjson
 from router.errors import bad_request
 from router.request_rules import (
     MAX_JSON_DEPTH,
+    MAX_N,
     integer,
     logprobs,
     nesting_error,
@@ -31,7 +32,6 @@ from router.speculation.families import classify_family
 from router.system_messages import fold_json, needs_fold
 from router.worker_contract import DRAFT_SOURCE_FIELD, DRAFT_TOKENS_FIELD, REQUEST_DRAFT_SOURCES
 
-MAX_N = 128
 MAX_TOKENS_LIMIT = 1_000_000
 
 

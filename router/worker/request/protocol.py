@@ -28,7 +28,7 @@ from typing import Any, Literal
 import orjson
 
 from router.errors import bad_request
-from router.request_rules import integer, logprobs, number, typed
+from router.request_rules import MAX_N, integer, logprobs, number, typed
 from router.system_messages import fold
 from router.worker_contract import (
     DRAFT_SOURCE_FIELD,
@@ -44,7 +44,6 @@ DEFAULT_TEMPERATURE = 0.0
 MAX_STOP_STRINGS = 16
 MAX_TOOLS = 128  # OpenAI's own limit
 MAX_TOOL_CALLS_PER_MESSAGE = 128
-MAX_N = 128  # choices per request, the router's bound too
 # Schemas are walked recursively (templates, the constraint compiler): a hostile nesting depth
 # is a 400 here, not a RecursionError later.
 MAX_SCHEMA_DEPTH = 64
