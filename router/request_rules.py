@@ -155,6 +155,27 @@ def seed(data: Mapping[str, Any], key: str = "seed") -> int | None:
     return integer(data, key, None, *SEED_RANGE)
 
 
+MAX_N = 128  # choices per request (``n``), the router's bound and the lanes'
+
+# --- log-probabilities ----------------------------------------------------------------------
+
+MAX_TOP_LOGPROBS = 20  # chat's ``top_logprobs``, OpenAI's range 0..20
+MAX_COMPLETION_LOGPROBS = 5  # legacy completions' ``logprobs``, OpenAI's range 0..5
+
+
+def logprobs(data: Mapping[str, Any], chat: bool) -> int | None:
+    """How many alternatives each token's log-probability comes with, or None (not asked).
+    Chat: ``logprobs: true`` and ``top_logprobs`` 0..20 (which needs ``logprobs``);
+    completions: ``logprobs`` 0..5."""
+    if not chat:
+        return integer(data, "logprobs", None, 0, MAX_COMPLETION_LOGPROBS)
+    asked = typed(data, "logprobs", bool, False)
+    top = integer(data, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    if top is not None and not asked:
+        raise bad_request("'top_logprobs' needs 'logprobs' to be true", param="top_logprobs")
+    return (top or 0) if asked else None
+
+
 # --- nesting ------------------------------------------------------------------------------
 
 # The one depth rule of request JSON, every door and endpoint: a body (and anything parsed

@@ -59,6 +59,10 @@ DRAFT_TOKENS_FIELD = "num_draft_tokens"  # request field: 0 decodes without the 
 # ``prediction``, which always wins); the batching lane ignores it. The router writes it per
 # request family (``router.routing.speculate.lane_source``).
 DRAFT_SOURCE_FIELD = "draft_source"
+# A stream whose client did not ask for usage (``stream_options.include_usage``) carries none,
+# as OpenAI's; its finish chunk has the usage object (the draft statistics the router reads,
+# ``usage.speclane_spec``) under this top-level field instead, which OpenAI clients ignore.
+STREAM_USAGE_FIELD = "speclane_usage"
 # ``auto``: the lane chooses among every source it has, at every step (the default).
 REQUEST_DRAFT_SOURCES = ("auto", "draft_model", "prompt_lookup", "suffix")
 MAX_DRAFT_TOKENS = 16  # per verification round, for the flag and the request field

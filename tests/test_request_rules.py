@@ -50,6 +50,9 @@ def fault(parse: Any) -> tuple[str, str | None]:
         ("temperature", -0.5, "'temperature' must be between 0 and 2"),
         ("max_tokens", "9", "'max_tokens' must be of type integer"),
         ("max_completion_tokens", False, "'max_completion_tokens' must be of type integer"),
+        ("logprobs", 3, "'logprobs' must be of type boolean"),
+        ("top_logprobs", 21, "'top_logprobs' must be between 0 and 20"),
+        ("top_logprobs", 2, "'top_logprobs' needs 'logprobs' to be true"),
     ],
 )
 def test_router_and_worker_word_a_fault_alike(field: str, value: Any, message: str) -> None:
@@ -208,3 +211,22 @@ def test_ascii_int_takes_ascii_digits_in_range() -> None:
     assert parse_ascii_int("65535", 0, 65535) == 65535 and parse_ascii_int("0", 0, 9) == 0
     with pytest.raises(ValueError, match="non-negative"):
         parse_ascii_int("1", -1, 5)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [(6, "'logprobs' must be between 0 and 5"), (True, "'logprobs' must be of type integer")],
+)
+def test_completions_logprobs_keep_openais_range_in_both_programs(value: Any, message: str) -> None:
+    body = {"model": "m", "prompt": "x", "logprobs": value}
+    assert fault(lambda: router_parse("completions", orjson.dumps(body))) == (message, "logprobs")
+    assert fault(lambda: worker_parse(body, "completion")) == (message, "logprobs")
+
+
+def test_logprobs_within_openais_ranges_pass() -> None:
+    chat = {**CHAT, "logprobs": True, "top_logprobs": 20}
+    router_parse("chat", orjson.dumps(chat))
+    assert worker_parse(chat, "chat").logprobs == 20
+    assert worker_parse({**CHAT, "logprobs": True}, "chat").logprobs == 0
+    assert worker_parse({**CHAT, "logprobs": False}, "chat").logprobs is None
+    assert worker_parse({"prompt": "x", "logprobs": 5}, "completion").logprobs == 5

@@ -100,6 +100,7 @@ def _common(body: dict[str, Any], out: dict[str, Any], endpoint: Endpoint) -> Ol
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", param="stream")
     out.update(_options(body.get("options")))
+    out.update(_logprobs(body, endpoint))
     response_format = _format(body.get("format"))
     if response_format is not None:
         out["response_format"] = response_format
@@ -109,6 +110,32 @@ def _common(body: dict[str, Any], out: dict[str, Any], endpoint: Endpoint) -> Ol
         out["stream_options"] = {"include_usage": True}
     keep_alive = keep_alive_seconds(body.get("keep_alive"))
     return OllamaRequest(endpoint, out, out["model"], stream, keep_alive)
+
+
+MAX_TOP_LOGPROBS = 20  # Ollama's and OpenAI chat's
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI completions' (a raw generate)
+
+
+def _logprobs(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any]:
+    """Ollama's ``logprobs: true`` and ``top_logprobs`` (0..20) as OpenAI's: chat's
+    ``logprobs`` and ``top_logprobs``, or a raw generate's completions ``logprobs`` (its
+    alternatives capped at 5, that endpoint's limit)."""
+    asked = body.get("logprobs")
+    top = body.get("top_logprobs")
+    if asked is not None and not isinstance(asked, bool):
+        raise bad_request("'logprobs' must be a boolean", param="logprobs")
+    if top is not None and (
+        not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_TOP_LOGPROBS
+    ):
+        raise bad_request(
+            f"'top_logprobs' must be an integer between 0 and {MAX_TOP_LOGPROBS}",
+            param="top_logprobs",
+        )
+    if not asked:
+        return {}
+    if endpoint == "completions":
+        return {"logprobs": min(top or 0, MAX_COMPLETION_LOGPROBS)}
+    return {"logprobs": True, "top_logprobs": top or 0}
 
 
 # ASCII digits only, as Go's time.ParseDuration: float() and ``\d`` would also take "٣",

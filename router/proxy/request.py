@@ -19,8 +19,10 @@ import orjson
 from router.errors import bad_request
 from router.request_rules import (
     MAX_JSON_DEPTH,
+    MAX_N,
     integer,
     logit_bias,
+    logprobs,
     nesting_error,
     number,
     seed,
@@ -32,7 +34,6 @@ from router.speculation.families import classify_family
 from router.system_messages import fold_json, needs_fold
 from router.worker_contract import DRAFT_SOURCE_FIELD, DRAFT_TOKENS_FIELD, REQUEST_DRAFT_SOURCES
 
-MAX_N = 128
 MAX_TOKENS_LIMIT = 1_000_000
 
 
@@ -178,8 +179,9 @@ def _check_payload(endpoint: Endpoint, data: dict[str, Any]) -> None:
         raise bad_request("'input' is required (a string or an array)", param="input")
     typed(data, "stream_options", dict, None)
     if endpoint != "embeddings":
-        # Checked here as well as at the lane (which also knows the vocabulary): a malformed
-        # one is this client's 400 before it takes a queue slot or reaches any backend.
+        # OpenAI's types and ranges, checked here as well as at the lane (which also knows
+        # the vocabulary): a bad one is this client's 400 before it takes a queue slot.
+        logprobs(data, chat=endpoint == "chat")
         logit_bias(data)
         seed(data)
 

@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import os
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -32,20 +31,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from router import sse
 from router.errors import (
     RouterError,
     bad_request,
     internal_error,
     not_found,
     render,
-    sse_error_event,
 )
 from router.worker.decoding.constrain import COMPILER
 from router.worker.decoding.tools import (
-    CallDelta,
-    ParsedCall,
-    Piece,
     ToolStream,
     ToolSyntax,
     chat_inputs,
@@ -53,9 +47,11 @@ from router.worker.decoding.tools import (
     syntax_for,
 )
 from router.worker.engines.engine import Engine
-from router.worker.engines.jobs import Event, Failed, Finished, Job, TextDelta
+from router.worker.engines.jobs import Job
+from router.worker.http import answers
+from router.worker.http.answers import Choice
 from router.worker.http.render import encode_chat, mapped, strings_in
-from router.worker.http.shapes import Answer
+from router.worker.http.shapes import Answer, LogprobShapes
 from router.worker.http.tokenizing import COUNT, GENERATION, TokenizerThread
 from router.worker.request.protocol import (
     GenerationRequest,
@@ -310,25 +306,52 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     if info.context_length and len(prompt_ids) >= info.context_length:
         raise context_exceeded(f"the prompt has {len(prompt_ids)} tokens", info.context_length)
     budget = token_budget(generation.max_tokens, len(prompt_ids), info.context_length)
-    job = Job(
-        dataclasses.replace(prepared.generation, max_tokens=budget),
-        prompt_ids,
-        loop,
-        partition=partition,
-    )
+    first = dataclasses.replace(prepared.generation, max_tokens=budget)
+    jobs = [Job(nth(first, i), prompt_ids, loop, partition=partition) for i in range(first.n)]
     if prepared.generation.prediction:
-        prediction = prepared.generation.prediction
-        job.prediction_ids = await thread.run(
-            GENERATION, encode_prediction, tokenizer, prediction, size=len(prediction)
+        text = prepared.generation.prediction
+        prediction = await thread.run(
+            GENERATION, encode_prediction, tokenizer, text, size=len(text)
         )
-    engine.submit(job)
+        for job in jobs:
+            job.prediction_ids = prediction
+    jobs[0].shares_prefill = len(jobs) > 1
+    engine.submit(jobs[0])
+    # The other choices once the first one's prompt is in the prompt cache: they start from
+    # it rather than prefilling it again (on the speculative lane, once it has ended).
+    others = asyncio.create_task(_submit_after_prefill(engine, jobs)) if len(jobs) > 1 else None
     answer = Answer(kind, info.model_name)
+    choices = [
+        Choice(
+            i,
+            prepared.tool_stream(),
+            LogprobShapes(kind) if generation.logprobs is not None else None,
+        )
+        for i in range(len(jobs))
+    ]
     try:
         if generation.stream:
-            return await _stream(request, job, answer, prepared.tool_stream())
-        return await _collect(job, answer, prepared.tool_stream())
+            return await answers.stream(request, jobs, answer, choices)
+        return await answers.collect(jobs, answer, choices)
     finally:
-        engine.cancel(job)  # a no-op once answered; otherwise the client left or we failed
+        if others is not None:
+            others.cancel()
+        for job in jobs:  # a no-op once answered; otherwise the client left or we failed
+            engine.cancel(job)
+
+
+def nth(generation: GenerationRequest, index: int) -> GenerationRequest:
+    """Choice ``index``'s request: a seeded one draws from the next seed (n equal samples
+    would answer nothing more than one)."""
+    if index == 0 or generation.seed is None:
+        return generation
+    return dataclasses.replace(generation, seed=(generation.seed + index) % 2**64)
+
+
+async def _submit_after_prefill(engine: Engine, jobs: list[Job]) -> None:
+    await jobs[0].prefilled.wait()
+    for job in jobs[1:]:
+        engine.submit(job)
 
 
 def checked(body: Any, kind: Kind, info: WorkerInfo) -> GenerationRequest:
@@ -442,108 +465,4 @@ def encode_prediction(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _pieces(tools: ToolStream | None, text: str | None) -> list[Piece]:
-    """Answer text as content and tool calls; ``None`` text: the answer has ended."""
-    if tools is None:
-        return [text] if text else []
-    return tools.feed(text) if text is not None else tools.finish()
-
-
-def _finish_reason(tools: ToolStream | None, reason: str) -> str:
-    return "tool_calls" if tools is not None and tools.calls and reason == "stop" else reason
-
-
-async def _collect(job: Job, answer: Answer, tools: ToolStream | None) -> web.Response:
-    parts: list[Piece] = []
-    while True:
-        event = await job.events.get()
-        if isinstance(event, TextDelta):
-            parts += _pieces(tools, event.text)
-        elif isinstance(event, Finished):
-            parts += _pieces(tools, None)
-            text = "".join(p for p in parts if isinstance(p, str))
-            calls = [p.openai_dict() for p in parts if isinstance(p, ParsedCall)]
-            reason = _finish_reason(tools, event.finish_reason)
-            body = answer.body(
-                text or (None if calls else ""), reason, event.usage, calls, event.stop_string
-            )
-            return _json(body)
-        else:
-            raise event.error
-
-
-# While a tool call that is sent whole (a native syntax, keys in another order) or a streamed
-# call's head is being written nothing can be sent, so a long call (a patch, a file) would look
-# like silence to the router's read timeout. An empty delta at most this often says "still
-# generating"; OpenAI clients ignore it.
-PROGRESS_EVERY = 5.0
-
-
-async def _send_pieces(response: web.StreamResponse, answer: Answer, pieces: list[Piece]) -> None:
-    for piece in pieces:
-        if isinstance(piece, str):
-            await _send(response, answer.chunk(piece))
-        elif isinstance(piece, CallDelta):
-            await _send(response, answer.chunk(None, tool_calls=[piece.delta()]))
-        else:
-            for delta in piece.stream_deltas():
-                await _send(response, answer.chunk(None, tool_calls=[delta]))
-
-
-async def _stream(
-    request: web.Request, job: Job, answer: Answer, tools: ToolStream | None
-) -> web.StreamResponse:
-    first = await job.events.get()  # errors before the first token are still plain HTTP errors
-    if isinstance(first, Failed):
-        raise first.error
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-    if answer.kind == "chat":
-        head = answer.chunk("", role=True)
-        if job.request.continuous_usage:
-            prompt = len(job.prompt_ids)
-            head["usage"] = {
-                "prompt_tokens": prompt,
-                "completion_tokens": 0,
-                "total_tokens": prompt,
-            }
-        await _send(response, head)
-    event: Event = first
-    last_sent = time.monotonic()
-    while True:
-        if isinstance(event, TextDelta):
-            pieces = _pieces(tools, event.text)
-            if pieces:
-                await _send_pieces(response, answer, pieces)
-                last_sent = time.monotonic()
-            elif time.monotonic() - last_sent >= PROGRESS_EVERY:
-                await _send(response, answer.chunk(None))
-                last_sent = time.monotonic()
-        elif isinstance(event, Finished):
-            await _send_pieces(response, answer, _pieces(tools, None))
-            reason = _finish_reason(tools, event.finish_reason)
-            # Usage once, on the stream's last chunk: the include_usage chunk when asked for,
-            # else the finish_reason chunk (where the router reads the draft statistics).
-            if job.request.include_usage:
-                await _send(response, answer.final_chunk(reason, None, event.stop_string))
-                await _send(response, answer.usage_chunk(event.usage))
-            else:
-                await _send(response, answer.final_chunk(reason, event.usage, event.stop_string))
-            await response.write(sse.DONE_EVENT)
-            break
-        else:
-            await response.write(sse_error_event(event.error))
-            break
-        event = await job.events.get()
-    await response.write_eof()
-    return response
-
-
-async def _send(response: web.StreamResponse, chunk: dict[str, object]) -> None:
-    await response.write(sse.frame(orjson.dumps(chunk)))
-
-
-def _json(body: dict[str, object], status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+_json = answers.json_response

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import orjson
 
 from router.errors import RouterError, bad_request
-from router.request_rules import integer, logit_bias, number, seed, typed
+from router.request_rules import MAX_N, integer, logit_bias, logprobs, number, seed, typed
 from router.system_messages import escape_text, fold
 from router.worker_contract import (
     DRAFT_SOURCE_FIELD,
@@ -131,6 +131,10 @@ class GenerationRequest:
     # ``prompt_lookup`` or ``suffix``; None: the lane's own). A prediction still wins; the
     # batching lane ignores it, like ``prediction``.
     draft_source: str | None = None
+    # Log-probabilities of the emitted tokens, with this many alternatives each (chat's
+    # ``logprobs: true`` + ``top_logprobs``, completions' ``logprobs``); None: not asked.
+    logprobs: int | None = None
+    n: int = 1  # choices: one job each, sharing the prompt's prefill (the server's)
 
     @property
     def budget(self) -> int:
@@ -148,8 +152,6 @@ class GenerationRequest:
 def parse_request(body: Any, kind: Kind) -> GenerationRequest:
     if not isinstance(body, Mapping):
         raise bad_request("the request body must be a JSON object")
-    if typed(body, "n", int, 1) != 1:
-        raise bad_request("only n=1 is supported", param="n")
     source: dict[str, Any] = (
         {"messages": _messages(body)} if kind == "chat" else {"prompt": _prompt(body)}
     )
@@ -178,6 +180,8 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
         **_response_format(body),
         prediction=_prediction(body),
         draft_source=_draft_source(body),
+        logprobs=logprobs(body, chat=kind == "chat"),
+        n=integer(body, "n", 1, 1, MAX_N),
     )
 
 
