@@ -307,9 +307,9 @@ class BatchingEngine(Engine):
         """What ``job``'s prompt starts from (a group's rank 0 agrees on it with the others)."""
         return self.prompt_cache.fetch(prompt, job.partition, counters=self.cache_counters)
 
-    def _keep(self, uid: int, tokens: list[int], cache: Any, partition: str) -> None:
-        """A finished sequence's KV state into the prompt cache."""
-        self.prompt_cache.store(tokens, cache, partition)
+    def _keep(self, uid: int, tokens: list[int], cache: Any, job: Job) -> None:
+        """A finished sequence's KV state into the prompt cache (with its prompt's segments)."""
+        self.prompt_cache.store(tokens, cache, job.partition, segments=job.segments)
 
     def _plan(self, seq: _Sequence) -> None:
         """The sequence's draft source and proposer (none: plain decoding)."""
@@ -418,7 +418,8 @@ class BatchingEngine(Engine):
         in its request's partition)."""
         caches = generator.remove(uids, return_prompt_caches=self.prompt_cache.enabled)
         for uid, (cache, tokens) in caches.items():
-            self.prompt_cache.store(tokens, cache, live[uid].job.partition)
+            job = live[uid].job
+            self.prompt_cache.store(tokens, cache, job.partition, segments=job.segments)
 
     def _on_prefill(self, live: dict[int, _Sequence], response: Any) -> None:
         seq = live.get(response.uid)
@@ -438,7 +439,7 @@ class BatchingEngine(Engine):
             seq.detokenizer.add_token(response.token)
         if reason is not None:
             seq.detokenizer.finalize()
-            self._keep(response.uid, response.all_tokens, response.prompt_cache, seq.job.partition)
+            self._keep(response.uid, response.all_tokens, response.prompt_cache, seq.job)
         if seq.progress.token(seq.detokenizer.last_segment, False):
             if reason is None:
                 self._remove(generator, live, [response.uid])

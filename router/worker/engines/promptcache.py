@@ -15,6 +15,16 @@ their total is over ``max_bytes``, the partition holding the most bytes gives up
 recently used entries first. A client that floods the cache evicts its own entries, not
 another client's system prompt (which is smaller); alone, a partition has the whole bound.
 
+Segment entries (as ``mlx_lm.server`` saves them): besides the whole sequence, a request may
+name ``segments``, token positions of its prompt where a part of it ends (the system prompt
+and tools: ``SYSTEM``); each is stored as an entry of its own, a compact copy of the KV state
+up to there. A new conversation, a compaction or a sub-agent of the same client then starts
+from its system prompt even once the conversations that held it are evicted: eviction takes
+whole-sequence entries first (mlx-lm's order: assistant, user, system), and a longer entry
+stored later never drops a segment entry that is its prefix (mlx-lm drops every prefix of a
+trimmable entry, which would undo the segment). Only plain ``KVCache`` layers can be copied
+back to a position; a model with other caches (rotating, hybrid) keeps whole entries only.
+
 One instance per worker process: in shared mode (``router.worker.engines.shared``) both lanes fetch
 from and store into the same cache (one byte budget), so a prefix cached through one lane is
 found by the other. Each lane counts its own lookups (``Counters``); the entries are common.
@@ -38,6 +48,24 @@ MAX_ENTRIES = 64  # LRUPromptCache also bounds the count; bytes are the real bou
 TARGET = "target"  # LRUPromptCache's per-model key: the served model's KV state
 DRAFT = "draft"  # the speculative lane's draft model's KV state
 DEFAULT_PARTITION = ""  # requests that name no partition share this one
+# Entry kinds, in mlx-lm's eviction order (LRUPromptCache.CacheOrder): whole sequences go first.
+SEQUENCE = "assistant"
+USER = "user"  # a user turn's end
+SYSTEM = "system"  # the system prompt and tools
+SEGMENT_KINDS = (SYSTEM, USER)
+MIN_SEGMENT = 16  # a segment shorter than this is not worth an entry of its own
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A point of a prompt worth an entry of its own: its first ``end`` tokens."""
+
+    end: int
+    kind: str = SYSTEM
+
+    def __post_init__(self) -> None:
+        if self.kind not in SEGMENT_KINDS:
+            raise ValueError(f"segment kind must be one of {', '.join(SEGMENT_KINDS)}")
 
 
 def entry_key(namespace: str, partition: str) -> tuple[str, str]:
@@ -123,20 +151,29 @@ class PromptCache:
         partition: str = DEFAULT_PARTITION,
         *,
         model: str = TARGET,
+        segments: Sequence[Segment] = (),
     ) -> None:
         """Keep ``cache``, the KV state of exactly ``tokens`` for ``model``, for requests of
-        ``partition``."""
+        ``partition``; and each of ``segments`` (prompt positions within ``tokens``) as an
+        entry of its own."""
         if not self.max_bytes or not cache or not tokens:
             return
+        tokens = list(tokens)
         _evaluate(cache)
+        parts = [(s.kind, s.end, head(cache, s.end)) for s in segments if _worth(s, tokens)]
         with self._lock:
-            lru = self._parts.get(partition)
-            if lru is None:
-                from mlx_lm.models.cache import LRUPromptCache
-
-                lru = self._parts[partition] = LRUPromptCache(MAX_ENTRIES, self.max_bytes)
-            lru.insert_cache(entry_key(model, partition), list(tokens), cache)
+            key = entry_key(model, partition)
+            self._insert(partition, key, tokens, cache, SEQUENCE)
+            for kind, end, copy in parts:
+                if copy is not None:
+                    self._insert(partition, key, tokens[:end], copy, kind)
             self._fair_share()
+
+    def _insert(self, partition: str, key: Any, tokens: list[int], cache: Any, kind: str) -> None:
+        lru = self._parts.get(partition)
+        if lru is None:
+            lru = self._parts[partition] = _segment_lru()(MAX_ENTRIES, self.max_bytes)
+        lru.insert_cache(key, tokens, cache, cache_type=kind)
 
     def _fair_share(self) -> None:
         """Bring the total under ``max_bytes``, taking from the largest partition first
@@ -160,12 +197,89 @@ class PromptCache:
             "max_bytes": self.max_bytes,
             "bytes": sum(int(lru.nbytes) for lru in parts),
             "entries": sum(len(lru) for lru in parts),
+            "system_entries": sum(len(lru._lru._lrus[SYSTEM]) for lru in parts),
             "partitions": len(parts),
             "lookups": counted.lookups,
             "hits": counted.hits,
             "reused_tokens": counted.reused_tokens,
             "prefilled_tokens": counted.prefilled_tokens,
         }
+
+
+def _worth(segment: Segment, tokens: list[int]) -> bool:
+    return MIN_SEGMENT <= segment.end < len(tokens)
+
+
+def head(cache: list[Any], n: int) -> list[Any] | None:
+    """A compact, evaluated copy of ``cache``'s first ``n`` positions (None: a layer is not a
+    plain ``KVCache``, or holds fewer)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    if not all(type(c) is KVCache and c.keys is not None and c.offset >= n for c in cache):
+        return None
+    out = []
+    for c in cache:
+        copy = KVCache()
+        copy.keys = mx.contiguous(c.keys[..., :n, :])
+        copy.values = mx.contiguous(c.values[..., :n, :])
+        copy.offset = n
+        out.append(copy)
+    mx.eval([(c.keys, c.values) for c in out])
+    return out
+
+
+_LRU: Any = None
+
+
+def _segment_lru() -> Any:
+    """mlx-lm's ``LRUPromptCache`` that keeps segment entries under a longer entry (made once:
+    mlx-lm is imported only where a model runs)."""
+    global _LRU
+    if _LRU is not None:
+        return _LRU
+    from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache
+
+    class SegmentLRU(LRUPromptCache):
+        def insert_cache(
+            self,
+            model: Any,
+            tokens: list[int],
+            prompt_cache: list[Any],
+            *,
+            cache_type: str = SEQUENCE,
+        ) -> None:
+            # mlx-lm drops every prefix entry of a trimmable one (the longer entry, trimmed,
+            # holds it); a segment entry stays, as it outlives the sequences holding it.
+            kept = []
+            if can_trim_prompt_cache(prompt_cache):
+                kept = self._segments_under(model, tokens)
+            for prefix, entry in kept:
+                self._trie.pop(model, prefix)
+                self._lru.remove(model, prefix)
+                self._n_bytes -= entry.nbytes
+                self._n_bytes_by_type[entry.cache_type] -= entry.nbytes
+            super().insert_cache(model, tokens, prompt_cache, cache_type=cache_type)
+            for prefix, entry in kept:  # back in, as most recently used
+                self._trie.add(model, prefix, entry)
+                self._lru.push(model, prefix, entry.cache_type)
+                self._n_bytes += entry.nbytes
+                self._n_bytes_by_type[entry.cache_type] += entry.nbytes
+
+        def _segments_under(self, model: Any, tokens: list[int]) -> list[tuple[list[int], Any]]:
+            node = self._trie._trie.get(model)
+            found = []  # strict prefixes of ``tokens`` holding a segment entry
+            for i, tok in enumerate(tokens):
+                if node is None:
+                    break
+                entry = node.get("__value__")
+                if entry is not None and entry.cache_type in SEGMENT_KINDS:
+                    found.append((tokens[:i], entry))
+                node = node.get(tok)
+            return found
+
+    _LRU = SegmentLRU
+    return _LRU
 
 
 def _evaluate(cache: list[Any]) -> None:

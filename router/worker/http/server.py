@@ -45,6 +45,7 @@ from router.worker.decoding.tools import (
 )
 from router.worker.engines.engine import Engine
 from router.worker.engines.jobs import Event, Failed, Finished, Job, TextDelta
+from router.worker.engines.promptcache import SYSTEM, Segment
 from router.worker.http.shapes import Answer
 from router.worker.http.tokenizing import COUNT, GENERATION, TokenizerThread
 from router.worker.request.protocol import GenerationRequest, Kind, parse_request, token_budget
@@ -290,6 +291,7 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         prompt_ids,
         loop,
         partition=partition,
+        segments=prepared.segments,
     )
     if prepared.generation.prediction:
         job.prediction_ids = await thread.run(
@@ -335,6 +337,7 @@ class Prepared:
     generation: GenerationRequest
     prompt_ids: list[int]
     syntax: ToolSyntax | None  # None: the answer is not parsed for tool calls
+    segments: tuple[Segment, ...] = ()  # prompt positions the prompt cache keeps entries at
 
     def tool_stream(self) -> ToolStream | None:
         """How to read the answer; a streamed one sends JSON-syntax calls as they are written."""
@@ -348,12 +351,13 @@ def prepare(tokenizer: Any, generation: GenerationRequest) -> Prepared:
     """Tokenize, and compile the decoding constraint (on the tokenize thread: both block)."""
     syntax = syntax_for(tokenizer, generation) if generation.kind == "chat" else None
     ids = encode(tokenizer, generation, syntax)
+    segments = segments_of(tokenizer, generation, syntax, ids)
     constraint = COMPILER.compile(generation, tokenizer)
     if constraint is not None:
         # Both lanes draft under it (router.worker.drafting.forced): every position is verified
         # under the grammar's mask, and the grammar rolls back what was rejected.
         generation = dataclasses.replace(generation, constraint=constraint)
-    return Prepared(generation, ids, syntax if generation.calls_tools else None)
+    return Prepared(generation, ids, syntax if generation.calls_tools else None, segments)
 
 
 def encode(
@@ -379,6 +383,37 @@ def encode(
     if not ids:
         raise bad_request("the prompt is empty after tokenization", param="prompt")
     return list(ids)
+
+
+def segments_of(
+    tokenizer: Any, generation: GenerationRequest, syntax: ToolSyntax | None, ids: list[int]
+) -> tuple[Segment, ...]:
+    """Where the prompt's system part (system messages and tools) ends, as a token position
+    of ``ids``: the common prefix of ``ids`` and the template rendered for the system part
+    and an empty user turn (as ``mlx_lm.server`` finds it). None for text prompts, or when
+    nothing but the system part is there."""
+    if generation.kind != "chat":
+        return ()
+    messages, tools = chat_inputs(generation, syntax or fallback_syntax())
+    system = 0
+    while system < len(messages) and messages[system].get("role") in ("system", "developer"):
+        system += 1
+    if not (system or tools) or system == len(messages):
+        return ()
+    extra = {"tools": tools} if tools else {}
+    try:
+        text = tokenizer.apply_chat_template(
+            [*messages[:system], {"role": "user", "content": ""}],
+            tokenize=False,
+            add_generation_prompt=False,
+            **extra,
+        )
+    except Exception:  # a template may reject an empty turn: no segment, nothing lost
+        return ()
+    system_ids = tokenizer.encode(text, add_special_tokens=False)
+    pairs = enumerate(zip(system_ids, ids, strict=False))
+    end = next((i for i, (a, b) in pairs if a != b), min(len(system_ids), len(ids)))
+    return (Segment(end, SYSTEM),) if 0 < end < len(ids) else ()
 
 
 def encode_prediction(tokenizer: Any, text: str) -> list[int]:
