@@ -42,7 +42,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from router.worker.engines.diskcache import DiskTier
 
 MAX_ENTRIES = 64  # LRUPromptCache also bounds the count; bytes are the real bound here
 TARGET = "target"  # LRUPromptCache's per-model key: the served model's KV state
@@ -54,6 +57,7 @@ USER = "user"  # a user turn's end
 SYSTEM = "system"  # the system prompt and tools
 SEGMENT_KINDS = (SYSTEM, USER)
 MIN_SEGMENT = 16  # a segment shorter than this is not worth an entry of its own
+MIN_DISK_GAIN = 32  # tokens a disk entry must add to memory's match to be worth reading
 
 
 @dataclass(frozen=True)
@@ -100,13 +104,16 @@ class Counters:
 
 
 class PromptCache:
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, disk: DiskTier | None = None) -> None:
         if max_bytes < 0:
             raise ValueError("max_bytes must be >= 0")
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._parts: dict[str, Any] = {}  # partition -> its LRUPromptCache
         self.counters = Counters()  # every lane's lookups
+        # The disk tier (router.worker.engines.diskcache): the target's entries only, and
+        # only with a memory cache to load them into.
+        self.disk = disk if max_bytes else None
 
     @property
     def enabled(self) -> bool:
@@ -128,21 +135,63 @@ class PromptCache:
         partition's); ``counters``: the lane's own figures, counted besides the cache's
         (target lookups only)."""
         tokens = list(prompt)
-        cache, rest = None, tokens
-        if (lru := self._parts.get(partition)) is not None:
-            key = entry_key(model, partition)
-            with self._lock:  # the entry comes out as a copy: this thread's own to change
-                cache, rest = lru.fetch_nearest_cache(key, tokens)
-            rest = list(rest)
-            if cache is not None and not rest:
-                # An exact match: generation needs the last prompt token as its input, so
-                # step the cache back by one token (or start over if it cannot be trimmed).
-                cache, rest = _back_one(cache, tokens)
+        cache, rest = self._nearest(tokens, partition, model)
+        if self.disk is not None and model == TARGET and self._from_disk(tokens, partition, rest):
+            cache, rest = self._nearest(tokens, partition, model)
+        if cache is not None and not rest:
+            # An exact match: generation needs the last prompt token as its input, so step
+            # the cache back by one token (or start over if it cannot be trimmed).
+            cache, rest = _back_one(cache, tokens)
         cached = len(tokens) - len(rest)
         if model == TARGET:
             for counted in {id(c): c for c in (self.counters, counters) if c}.values():
                 counted.count(cached, len(rest))
         return Lookup(cache if cached else None, cached, rest)
+
+    def _nearest(self, tokens: list[int], partition: str, model: str) -> tuple[Any, list[int]]:
+        """Memory's nearest entry: a copy of its KV state (or None) and the tokens left."""
+        if (lru := self._parts.get(partition)) is None:
+            return None, tokens
+        with self._lock:  # the entry comes out as a copy: this thread's own to change
+            cache, rest = lru.fetch_nearest_cache(entry_key(model, partition), tokens)
+        return cache, list(rest)
+
+    def _from_disk(self, tokens: list[int], partition: str, rest: list[int]) -> bool:
+        """Load the disk tier's entry for ``tokens`` into memory if it holds at least
+        ``MIN_DISK_GAIN`` more of them than memory does (``rest``: what memory leaves)."""
+        assert self.disk is not None
+        found = self.disk.find(partition, tokens)
+        if found is None:
+            return False
+        entry, shared = found
+        if min(shared, len(tokens) - 1) < len(tokens) - len(rest) + MIN_DISK_GAIN:
+            return False
+        cache = self.disk.load(partition, entry)
+        if cache is None:
+            return False
+        with self._lock:
+            key = entry_key(TARGET, partition)
+            self._insert(partition, key, entry.token_list(), cache, entry.kind)
+            self._fair_share()
+        return True
+
+    def warm(self, per_partition: int) -> int:
+        """Load each partition's ``per_partition`` most recently used system prompts from
+        the disk tier into memory (at start: the first turn after a restart does not wait
+        for its prefill); the entries loaded."""
+        if self.disk is None or per_partition <= 0:
+            return 0
+        loaded = 0
+        for entry in self.disk.recent(per_partition, SYSTEM):
+            cache = self.disk.load(entry.owner, entry)
+            if cache is None:
+                continue
+            with self._lock:
+                key = entry_key(TARGET, entry.owner)
+                self._insert(entry.owner, key, entry.token_list(), cache, SYSTEM)
+                self._fair_share()
+            loaded += 1
+        return loaded
 
     def store(
         self,
@@ -168,6 +217,11 @@ class PromptCache:
                 if copy is not None:
                     self._insert(partition, key, tokens[:end], copy, kind)
             self._fair_share()
+        if self.disk is not None and model == TARGET:  # copies made here, written elsewhere
+            self.disk.put(partition, tokens, cache, SEQUENCE)
+            for kind, end, copy in parts:
+                if copy is not None:
+                    self.disk.put(partition, tokens[:end], copy, kind)
 
     def _insert(self, partition: str, key: Any, tokens: list[int], cache: Any, kind: str) -> None:
         lru = self._parts.get(partition)
@@ -189,10 +243,11 @@ class PromptCache:
             if not len(self._parts[name]):
                 del self._parts[name]
 
-    def stats(self, counters: Counters | None = None) -> dict[str, int]:
+    def stats(self, counters: Counters | None = None) -> dict[str, object]:
         """The cache's figures; with ``counters``, the lookups are that lane's."""
         counted = counters or self.counters
         parts = list(self._parts.values())  # one C call: no lock held by the event loop
+        disk = {"disk": self.disk.stats()} if self.disk is not None else {}
         return {
             "max_bytes": self.max_bytes,
             "bytes": sum(int(lru.nbytes) for lru in parts),
@@ -203,6 +258,7 @@ class PromptCache:
             "hits": counted.hits,
             "reused_tokens": counted.reused_tokens,
             "prefilled_tokens": counted.prefilled_tokens,
+            **disk,
         }
 
 
