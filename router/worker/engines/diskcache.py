@@ -321,7 +321,7 @@ class DiskTier:
 
     def find(self, partition: str, tokens: list[int]) -> tuple[Entry, int] | None:
         """This partition's entry sharing the longest prefix with ``tokens``, and how many
-        tokens it shares (None: no entry shares any)."""
+        tokens it shares (None: no entry shares any); of several, the smallest file."""
         self.refresh()
         hashed = partition_hash(self.identity, partition)
         packed = pack(tokens)
@@ -334,7 +334,10 @@ class DiskTier:
             ]
         for entry in candidates:
             shared = common_prefix(entry.tokens, packed)
-            if shared and (best is None or shared > best[1]):
+            if not shared or (best is not None and shared < best[1]):
+                continue
+            # as much shared: the smaller file (a system prompt's, not a whole conversation)
+            if best is None or shared > best[1] or entry.nbytes < best[0].nbytes:
                 best = (entry, shared)
         return best
 

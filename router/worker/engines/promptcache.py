@@ -136,7 +136,8 @@ class PromptCache:
         (target lookups only)."""
         tokens = list(prompt)
         cache, rest = self._nearest(tokens, partition, model)
-        if self.disk is not None and model == TARGET and self._from_disk(tokens, partition, rest):
+        disk = self.disk is not None and model == TARGET and len(rest) > MIN_DISK_GAIN
+        if disk and self._from_disk(tokens, partition, rest):
             cache, rest = self._nearest(tokens, partition, model)
         if cache is not None and not rest:
             # An exact match: generation needs the last prompt token as its input, so step

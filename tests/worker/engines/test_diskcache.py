@@ -114,6 +114,7 @@ def test_the_other_lanes_worker_finds_what_this_one_wrote(
     new = conversation(5000)  # another conversation of the same client
     hit = batching.fetch(new, "alice")
     assert hit.cached_tokens == len(SYSTEM_PROMPT)
+    assert disk_figures(batching)["loaded_tokens"] == len(SYSTEM_PROMPT)  # the smaller file
 
 
 def test_no_partition_finds_another_partitions_entries_on_disk(
