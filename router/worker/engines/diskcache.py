@@ -465,7 +465,9 @@ class DiskTier:
         if size > self.max_bytes:
             return
         self.refresh()
-        self._make_room(size + MAX_HEADER_SLACK + len(item.tokens) * 2)
+        # the header: every array's entry, the tokens in base64, the rest of the metadata
+        header = HEADER_SLACK + ARRAY_HEADER_BYTES * len(item.arrays) + len(item.tokens) * 2
+        self._make_room(size + header)
         meta = {
             "format": FORMAT,
             "model": self.identity.model,
@@ -567,7 +569,8 @@ class DiskTier:
         }
 
 
-MAX_HEADER_SLACK = 4096  # a file's header and metadata beyond its arrays and tokens
+HEADER_SLACK = 4096  # a file's metadata beyond its arrays' entries and its tokens
+ARRAY_HEADER_BYTES = 256  # an array's entry in the header (name, dtype, shape, offsets)
 
 
 def _fsync_dir(directory: Path) -> None:

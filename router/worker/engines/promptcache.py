@@ -179,11 +179,14 @@ class PromptCache:
     def warm(self, per_partition: int) -> int:
         """Load each partition's ``per_partition`` most recently used system prompts from
         the disk tier into memory (at start: the first turn after a restart does not wait
-        for its prefill); the entries loaded."""
+        for its prefill), most recent first, up to half the memory bound; the entries
+        loaded."""
         if self.disk is None or per_partition <= 0:
             return 0
         loaded = 0
         for entry in self.disk.recent(per_partition, SYSTEM):
+            if self.nbytes >= self.max_bytes // 2:  # room left for the requests' own entries
+                break
             cache = self.disk.load(entry.owner, entry)
             if cache is None:
                 continue
