@@ -21,14 +21,17 @@ layout the other lane's worker, sharing the directory, finds what this one store
   model (a model swap) stay, counted in the bound, never loaded for this one.
 - Bounded: ``max_bytes`` for all files in the directory; before a write, whole-sequence
   entries are removed least recently used first, then system-prompt entries. A write that
-  does not fit alone is not made. The writer's queue holds ``QUEUE_SIZE`` entries; a store
-  that finds it full is dropped (counted), never waited for.
+  does not fit alone is not made. The writer's queue holds ``QUEUE_SIZE`` entries and
+  ``MAX_QUEUED_BYTES`` of their arrays; a store that finds it full is dropped (counted),
+  never waited for.
 - Isolation: the index is searched under the requester's partition hash only, and a loaded
   file's metadata must name that partition: partition A never finds B's entries on disk.
 
 Thread-safe: the generation thread(s) look up and load, the writer thread writes and evicts;
-one lock guards the index. Arrays handed to the writer are evaluated copies made on the
-storing thread (MLX evaluates an array on the thread that made it).
+one lock guards the index. The writer gets the stored entry's own arrays (evaluated, never
+changed in place: the memory cache only copies them out) and slices and copies them on its
+own thread, so a store costs the generation thread nothing (MLX evaluates an array on the
+thread that made it: the writer makes its own).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ FORMAT = "speclane-prompt-cache/1"
 SUFFIX = ".safetensors"
 TMP_PREFIX = ".tmp-"
 QUEUE_SIZE = 4  # entries waiting for the writer (a sequence and its segment each); more are dropped
+MAX_QUEUED_BYTES = 1 << 30  # their arrays, all together (held alive until written)
 MAX_HEADER_BYTES = 64 << 20  # a safetensors header past this is not ours
 MAX_FILES = 4096  # files indexed; past this the oldest are removed
 STALE_TMP_SECONDS = 3600.0  # a temporary file this old was left by a crash
@@ -107,7 +111,9 @@ class Write:
     partition: str
     tokens: bytes
     kind: str
-    arrays: dict[str, Any]  # "k0", "v0", ...: evaluated, contiguous
+    layers: list[tuple[Any, Any]]  # each layer's keys and values (evaluated, whole buffers)
+    length: int  # the positions to write
+    nbytes: int  # what the file's arrays hold
 
 
 def identity_of(model_dir: Path) -> Identity:
@@ -203,6 +209,7 @@ class DiskTier:
     max_bytes: int
     identity: Identity
     figures: DiskFigures = field(default_factory=DiskFigures)
+    max_queued_bytes: int = MAX_QUEUED_BYTES
 
     def __post_init__(self) -> None:
         if self.max_bytes < 0:
@@ -211,6 +218,7 @@ class DiskTier:
         self._index: dict[str, Entry] = {}  # file name -> entry (every model's)
         self._seen_mtime = -1
         self._queue: queue.Queue[Write | None] = queue.Queue(QUEUE_SIZE)
+        self._queued_bytes = 0  # the arrays of the entries queued (guarded by the lock)
         self._writer: threading.Thread | None = None
 
     # --- life cycle -------------------------------------------------------------------------
@@ -414,7 +422,6 @@ class DiskTier:
         """Queue ``cache`` (the KV state of exactly ``tokens``) for writing; False when not
         queued: the writer is behind (dropped), the layers are not plain ``KVCache``, or the
         same entry is on disk already."""
-        import mlx.core as mx
         from mlx_lm.models.cache import KVCache
 
         if not self.max_bytes or not tokens:
@@ -427,20 +434,25 @@ class DiskTier:
         with self._lock:
             if name in self._index:
                 return False
-        if self._queue.full():  # before copying anything
+        n = len(tokens)
+        if any(c.offset < n for c in cache):
+            return False
+        size = sum(_head_bytes(c.keys, n) + _head_bytes(c.values, n) for c in cache)
+        with self._lock:
+            behind = self._queue.full() or self._queued_bytes + size > self.max_queued_bytes
+            if not behind:
+                self._queued_bytes += size
+        if behind:
             self.figures.dropped += 1
             return False
-        n = len(tokens)
-        arrays: dict[str, Any] = {}
-        for i, c in enumerate(cache):
-            if c.offset < n:
-                return False
-            arrays[f"k{i}"] = mx.contiguous(c.keys[..., :n, :])
-            arrays[f"v{i}"] = mx.contiguous(c.values[..., :n, :])
-        mx.eval(list(arrays.values()))
+        # The stored entry's own arrays (evaluated, never changed in place): the writer
+        # slices and copies them on its thread, the generation thread pays nothing.
+        layers = [(c.keys, c.values) for c in cache]
         try:
-            self._queue.put_nowait(Write(partition, hashed, packed, kind, arrays))
-        except queue.Full:
+            self._queue.put_nowait(Write(partition, hashed, packed, kind, layers, n, size))
+        except queue.Full:  # the other lane's thread took the last place meanwhile
+            with self._lock:
+                self._queued_bytes -= size
             self.figures.dropped += 1
             return False
         return True
@@ -458,15 +470,27 @@ class DiskTier:
                 self._queue.task_done()
 
     def _write(self, item: Write) -> None:
+        try:
+            self._write_file(item)
+        finally:
+            with self._lock:
+                self._queued_bytes -= item.nbytes
+
+    def _write_file(self, item: Write) -> None:
         import mlx.core as mx
 
         name = entry_name(self.identity.model, item.partition, item.tokens)
-        size = sum(int(a.nbytes) for a in item.arrays.values())
+        size = item.nbytes
         if size > self.max_bytes:
             return
+        arrays: dict[str, Any] = {}
+        for i, (keys, values) in enumerate(item.layers):
+            arrays[f"k{i}"] = mx.contiguous(keys[..., : item.length, :])
+            arrays[f"v{i}"] = mx.contiguous(values[..., : item.length, :])
+        mx.eval(list(arrays.values()))
         self.refresh()
         # the header: every array's entry, the tokens in base64, the rest of the metadata
-        header = HEADER_SLACK + ARRAY_HEADER_BYTES * len(item.arrays) + len(item.tokens) * 2
+        header = HEADER_SLACK + ARRAY_HEADER_BYTES * len(arrays) + len(item.tokens) * 2
         self._make_room(size + header)
         meta = {
             "format": FORMAT,
@@ -476,14 +500,14 @@ class DiskTier:
             "owner": item.owner,
             "kind": item.kind,
             "tokens": base64.b64encode(item.tokens).decode("ascii"),
-            "layers": str(len(item.arrays) // 2),
-            "checksum": checksum(item.arrays),
+            "layers": str(len(item.layers)),
+            "checksum": checksum(arrays),
         }
         tmp = self.directory / f"{TMP_PREFIX}{secrets.token_hex(8)}{SUFFIX}"
         final = self.directory / name
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-            mx.save_safetensors(str(tmp), item.arrays, meta)
+            mx.save_safetensors(str(tmp), arrays, meta)
             os.chmod(tmp, 0o600)
             fd = os.open(tmp, os.O_RDONLY)
             try:
@@ -571,6 +595,12 @@ class DiskTier:
 
 HEADER_SLACK = 4096  # a file's metadata beyond its arrays' entries and its tokens
 ARRAY_HEADER_BYTES = 256  # an array's entry in the header (name, dtype, shape, offsets)
+
+
+def _head_bytes(array: Any, n: int) -> int:
+    """Bytes of ``array[..., :n, :]`` (a KV layer's first ``n`` positions), without slicing."""
+    b, heads, _, dim = array.shape
+    return int(b * heads * n * dim * array.itemsize)
 
 
 def _fsync_dir(directory: Path) -> None:

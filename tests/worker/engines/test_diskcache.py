@@ -264,3 +264,17 @@ def test_the_identity_names_the_config_weights_and_tokenizer(tmp_path: Path) -> 
     assert first.model == second.model and first.tokenizer != second.tokenizer
     (tmp_path / "model.safetensors").write_bytes(b"x" * 11)
     assert identity_of(tmp_path).model != first.model
+
+
+def test_a_store_past_the_writers_queued_bytes_is_dropped_not_waited_for(
+    tiers: list[DiskTier], tmp_path: Path
+) -> None:
+    tier = DiskTier(tmp_path / "kv", 1 << 30, MODEL, max_queued_bytes=1024)
+    tier.start()
+    tiers.append(tier)
+    cache = PromptCache(1 << 30, disk=tier)
+    cache.store(conversation(2000), kv(96), "alice")  # 6 KiB of arrays: over the 1 KiB
+    assert tier.flush(WAIT)
+    stats = tier.stats()
+    assert (stats["dropped"], stats["writes"]) == (1, 0) and files(tmp_path) == []
+    assert cache.fetch([*conversation(2000), 1], "alice").cached_tokens == 96  # memory has it
