@@ -25,6 +25,11 @@ stored later never drops a segment entry that is its prefix (mlx-lm drops every 
 trimmable entry, which would undo the segment). Only plain ``KVCache`` layers can be copied
 back to a position; a model with other caches (rotating, hybrid) keeps whole entries only.
 
+A disk tier (``router.worker.engines.diskcache``) may back the target's entries: every entry
+stored is also written to a file, and a lookup that memory misses (or hits with a prefix at
+least ``MIN_DISK_GAIN`` tokens shorter) loads the disk's entry for the prompt into memory
+first; ``warm`` loads each partition's latest system prompts at start.
+
 One instance per worker process: in shared mode (``router.worker.engines.shared``) both lanes fetch
 from and store into the same cache (one byte budget), so a prefix cached through one lane is
 found by the other. Each lane counts its own lookups (``Counters``); the entries are common.
@@ -221,7 +226,7 @@ class PromptCache:
                 if copy is not None:
                     self._insert(partition, key, tokens[:end], copy, kind)
             self._fair_share()
-        if self.disk is not None and model == TARGET:  # copies made here, written elsewhere
+        if self.disk is not None and model == TARGET:  # written by the disk tier's thread
             self.disk.put(partition, tokens, cache, SEQUENCE)
             for kind, end, copy in parts:
                 if copy is not None:
