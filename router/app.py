@@ -29,6 +29,7 @@ from router.frontdoors.responses_running import RunningResponses
 from router.frontdoors.responses_store import ResponseStore
 from router.lanes.group import start_lanes
 from router.lanes.models import ModelManager, catalog_for, memory_budget
+from router.lanes.process import prompt_cache_dir
 from router.metrics import Metrics
 from router.observability.history import History, history_sampling
 from router.observability.status import setup_status_routes
@@ -39,6 +40,7 @@ from router.proxy.hosts import HostRule
 from router.proxy.localtoken import new_token
 from router.proxy.middleware import browser_guard, error_middleware
 from router.proxy.offload import CpuPool
+from router.proxy.partition import keep_key_in
 from router.proxy.policy_watch import PolicyWatcher
 from router.proxy.relay import Relay
 from router.proxy.telemetry import SpecTelemetry
@@ -159,6 +161,9 @@ async def lanes(services: Services) -> AsyncIterator[None]:
     before serving; the other servable models load on demand (``router.lanes.models``)."""
     settings, started = services.settings, services.started
     budget = memory_budget(settings.lanes)  # before the start-up model holds any
+    if settings.lanes.prompt_cache_disk_bytes != 0 and settings.lanes.prompt_cache_bytes:
+        # the lanes' files on disk stay each client's after a restart
+        keep_key_in(prompt_cache_dir(settings.lanes))
     made = await start_lanes(settings, services.pool, services.metrics)
     started.supervisors, started.layout = made.supervisors, made.layout
     if made.layout is not None:

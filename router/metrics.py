@@ -267,6 +267,20 @@ class Metrics:
             ["lane"],
             registry=r,
         )
+        self.prompt_cache_disk = Counter(
+            "speclane_prompt_cache_disk_total",
+            "The prompt cache's disk tier, by event: hits (a lookup read a longer prefix from "
+            "disk), writes, dropped (the writer was behind), refused (a corrupt or foreign "
+            "file dropped), evicted (past the disk bound).",
+            ["lane", "event"],
+            registry=r,
+        )
+        self.prompt_cache_disk_bytes = Gauge(
+            "speclane_prompt_cache_disk_bytes",
+            "Bytes of the prompt cache's files on disk, as the lane's worker sees them.",
+            ["lane"],
+            registry=r,
+        )
 
         # --- classification and policy -------------------------------------------------
         self.decisions = Counter(

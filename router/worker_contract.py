@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hmac
 import json
+import os
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -74,6 +75,11 @@ DRAFT_SOURCES = ("auto", "draft_model", "prompt_lookup", "suffix", "none")
 MAX_LOOKUP_NGRAM = 16
 MAX_DRAFT_PER_STEP = 32  # prompt_lookup and prediction drafts, per verification step
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
+# The prompt cache's disk tier (router.worker.engines.diskcache): a worker started by hand
+# has none; the router passes a bound sized for the machine (``auto_disk_bytes``).
+MAX_AUTO_DISK_BYTES = 10 << 30
+DEFAULT_WARM_PROMPTS = 2  # system prompts per partition loaded from disk at start
+MAX_WARM_PROMPTS = 64
 DEFAULT_SUFFIX_BYTES = 64 << 20  # the suffix source's index of earlier requests
 DEFAULT_PREFILL_STEP_SIZE = 2048  # mlx-lm's own default: the bound of one chunk
 DEFAULT_CHUNK_SECONDS = 0.5  # the time one prefill chunk may take between decoding steps
@@ -210,6 +216,26 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
         help="bound of the KV prompt cache reused across requests (0: no cache)",
     )
     p.add_argument(
+        "--prompt-cache-disk-bytes",
+        type=int,
+        default=0,
+        help="bound of the prompt cache's files on disk (0, the default: no disk tier)",
+    )
+    p.add_argument(
+        "--prompt-cache-dir",
+        type=Path,
+        default=None,
+        help="directory of the prompt cache's files (default: "
+        "$XDG_CACHE_HOME/speclane/prompt-cache, else ~/.cache/speclane/prompt-cache)",
+    )
+    p.add_argument(
+        "--warm-prompts",
+        type=int,
+        default=0,
+        help="at start, load each partition's N latest system prompts from the disk tier "
+        "(0, the default: none)",
+    )
+    p.add_argument(
         "--prefill-step-size",
         type=int,
         default=DEFAULT_PREFILL_STEP_SIZE,
@@ -267,6 +293,12 @@ def check_worker_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
         p.error("--max-batch-size must be at least 1")
     if args.prompt_cache_bytes < 0:
         p.error("--prompt-cache-bytes must be >= 0")
+    if args.prompt_cache_disk_bytes < 0:
+        p.error("--prompt-cache-disk-bytes must be >= 0")
+    if not 0 <= args.warm_prompts <= MAX_WARM_PROMPTS:
+        p.error(f"--warm-prompts must be between 0 and {MAX_WARM_PROMPTS}")
+    if args.prompt_cache_dir is None:
+        args.prompt_cache_dir = default_prompt_cache_dir()
     if args.prefill_step_size < 1:
         p.error("--prefill-step-size must be at least 1")
     if args.max_body_bytes < 1024:
@@ -290,6 +322,19 @@ def check_worker_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
         and not args.draft_model
     ):
         p.error("--draft-source draft_model needs --draft-model")
+
+
+def default_prompt_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the prompt cache's files go unless ``[lanes] prompt_cache_dir`` says otherwise."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CACHE_HOME")
+    root = Path(base) if base and Path(base).is_absolute() else Path.home() / ".cache"
+    return root / "speclane" / "prompt-cache"
+
+
+def auto_disk_bytes(free_bytes: int) -> int:
+    """The disk tier's bound by default: a tenth of the free disk, at most 10 GiB."""
+    return max(0, min(MAX_AUTO_DISK_BYTES, free_bytes // 10))
 
 
 def serves_speculative(mode: str) -> bool:
@@ -339,10 +384,15 @@ def worker_argv(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     shared_threads: str = "auto",
     content_special_tokens: str = "text",
+    prompt_cache_disk_bytes: int = 0,
+    prompt_cache_dir: Path | None = None,
+    warm_prompts: int = 0,
 ) -> list[str]:
     """The command line of a worker on a free loopback port; ``speculative``: the draft
     source flags of the speculative lane; ``max_body_bytes``: the router's own limit;
-    ``shared_threads``: the shared mode's generation threads (``SHARED_THREADS``)."""
+    ``shared_threads``: the shared mode's generation threads (``SHARED_THREADS``);
+    ``prompt_cache_disk_bytes`` (0: none), ``prompt_cache_dir``, ``warm_prompts``: the prompt
+    cache's disk tier."""
     argv = [python, "-m", MODULE, "--mode", mode, "--model", str(model), "--model-name", model_name]
     if draft is not None and serves_speculative(mode):
         argv += ["--draft-model", str(draft)]
@@ -352,6 +402,8 @@ def worker_argv(
         argv += without_draft_source(speculative)
     if mode == SHARED_MODE:
         argv += ["--shared-threads", shared_threads]
+    if prompt_cache_dir is not None:
+        argv += ["--prompt-cache-dir", str(prompt_cache_dir)]
     if serves_batching(mode):
         argv += [
             "--prefill-step-size",
@@ -368,6 +420,10 @@ def worker_argv(
         str(prompt_cache_bytes),
         "--content-special-tokens",
         content_special_tokens,
+        "--prompt-cache-disk-bytes",
+        str(prompt_cache_disk_bytes),
+        "--warm-prompts",
+        str(warm_prompts),
         "--max-body-bytes",
         str(max_body_bytes * WORKER_BODY_HEADROOM),
         "--host",

@@ -95,7 +95,9 @@ def start_router(tmp: Path, extra_config: str = "", flags: tuple[str, ...] = ())
     config = tmp / "speclane.toml"
     config.write_text(
         f'policies_dir = "{tmp}/policies"\nshutdown_grace = 5\n'
-        f"[lanes]\nhealth_interval = 0.5\nmax_batch_size = 4\n{extra_config}"
+        f"[lanes]\nhealth_interval = 0.5\nmax_batch_size = 4\n"
+        # the run's own disk tier: entries of earlier runs (or of the user's router) unseen
+        f'prompt_cache_dir = "{tmp}/prompt-cache"\n{extra_config}'
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECLANE_")}
     proc = subprocess.Popen(

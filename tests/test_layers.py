@@ -57,6 +57,7 @@ FLOORS: dict[str, int] = {
     "router.bench.sources": 12,
     "router.bench.lanes": 12,
     "router.bench.cold": 12,
+    "router.bench.prefill": 12,
     "router.bench.session": 12,
     "router.bench.distributed": 12,
     "router.observability": 12,

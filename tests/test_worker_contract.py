@@ -142,3 +142,38 @@ def test_a_bad_draft_position_cost_is_refused(value: str) -> None:
     flags = ["--mode", "batching", "--model", "m", "--draft-position-cost", value]
     with pytest.raises(SystemExit):
         _parser().parse_args(flags)
+
+
+def test_the_disk_tier_flags_travel_and_are_bounded(tmp_path: Path) -> None:
+    from router.worker_contract import check_worker_flags, default_prompt_cache_dir
+
+    argv = worker_argv(
+        sys.executable,
+        "batching",
+        Path("/m"),
+        "name",
+        draft=None,
+        num_draft_tokens=0,
+        max_batch_size=2,
+        parent_pid=7,
+        prompt_cache_disk_bytes=1 << 30,
+        prompt_cache_dir=tmp_path,
+        warm_prompts=3,
+    )
+    p = _parser()
+    args = p.parse_args(argv[3:])
+    check_worker_flags(p, args)
+    assert (args.prompt_cache_disk_bytes, args.prompt_cache_dir, args.warm_prompts) == (
+        1 << 30,
+        tmp_path,
+        3,
+    )
+    by_hand = p.parse_args(["--mode", "batching", "--model", "m"])
+    check_worker_flags(p, by_hand)
+    assert (by_hand.prompt_cache_disk_bytes, by_hand.warm_prompts) == (0, 0)  # no disk tier
+    assert by_hand.prompt_cache_dir == default_prompt_cache_dir()
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    assert default_prompt_cache_dir(env) == tmp_path / "speclane" / "prompt-cache"
+    for bad in (["--prompt-cache-disk-bytes", "-1"], ["--warm-prompts", "65"]):
+        with pytest.raises(SystemExit):
+            check_worker_flags(p, p.parse_args(["--mode", "batching", "--model", "m", *bad]))

@@ -1,7 +1,8 @@
-"""``speclane bench [overhead | agent | lanes | cold] ...``: every benchmark's flags, parsed
-here; the benchmarks (``router/bench/``) take the parsed namespace and return their results.
-``speclane bench`` (the scorecard): a first Ctrl-C while measuring cuts the requests in flight
-short and still writes what was measured; a second one (or one before measuring) exits."""
+"""``speclane bench [overhead | agent | lanes | cold | prefill ...] ...``: every benchmark's
+flags, parsed here; the benchmarks (``router/bench/``) take the parsed namespace and return
+their results. ``speclane bench`` (the scorecard): a first Ctrl-C while measuring cuts the
+requests in flight short and still writes what was measured; a second one (or one before
+measuring) exits."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ from router.bench.lanes import report as lanes_report
 from router.bench.lanes import run as lanes_run
 from router.bench.overhead import report as overhead_report
 from router.bench.overhead import run as overhead_run
+from router.bench.prefill import plan as prefill_plan
+from router.bench.prefill import report as prefill_report
+from router.bench.prefill import run as prefill_run
 from router.bench.scorecard import plan, plot, report
 from router.bench.scorecard.run import BenchError, Options, run_scorecard
 from router.bench.scorecard.score import Thresholds
@@ -203,6 +207,21 @@ BENCHES = {
             ("--out", Path("examples/results/cold-start.json"), None),
         ),
         cold_run.run, cold_report.table, _counts, cold_report.markdown,
+    ),
+    "prefill": Bench(
+        "What an agent's turns prefill: a long system prompt, the next turn, a new "
+        "conversation of the same client, a restart, the next turn again: speclane's lanes "
+        "(with the prompt cache's disk tier) against mlx_lm.server.",
+        (
+            MODEL,
+            ("--rules", 56, "system prompt rules (about 23 tokens each)"),
+            ("--functions", 48, "functions in the file of the first turn (about 14 tokens each)"),
+            ("--max-tokens", 8, "per request"),
+            ("--targets", prefill_plan.TARGETS, "comma-separated, run in this order",
+             {"type": csv(str, prefill_plan.TARGETS)}),
+            ("--out", Path("examples/results/prefill.json"), None),
+        ),
+        prefill_run.run, prefill_report.render, markdown=prefill_report.markdown,
     ),
     "distributed": Bench(
         "One copy-heavy stream on a group of ranks on 127.0.0.1 (mlx.launch --backend ring): "

@@ -43,7 +43,9 @@ from router.worker_contract import (
     DEFAULT_PREFILL_STEP_SIZE,
     DEFAULT_PROMPT_CACHE_BYTES,
     DEFAULT_SUFFIX_BYTES,
+    DEFAULT_WARM_PROMPTS,
     MAX_DRAFT_TOKENS,
+    MAX_WARM_PROMPTS,
 )
 
 BackendKind = Literal[
@@ -179,6 +181,14 @@ class LanesSettings(Frozen):
     read_timeout: float = Field(default=300.0, gt=0)
     # KV cache of earlier requests reused for the longest common token prefix (0: off).
     prompt_cache_bytes: int = Field(default=DEFAULT_PROMPT_CACHE_BYTES, ge=0)
+    # The prompt cache's disk tier (router.worker.engines.diskcache): entries spill to files
+    # found again after a restart, a crash, an unload or an eviction. None: a tenth of the
+    # free disk at prompt_cache_dir, at most 10 GiB; 0: off.
+    prompt_cache_disk_bytes: int | None = Field(default=None, ge=0)
+    # None: $XDG_CACHE_HOME/speclane/prompt-cache, else ~/.cache/speclane/prompt-cache.
+    prompt_cache_dir: Path | None = None
+    # At a worker's start, each partition's most recent system prompts loaded from disk.
+    warm_prompts: int = Field(default=DEFAULT_WARM_PROMPTS, ge=0, le=MAX_WARM_PROMPTS)
     # Batching lane: a long prompt is prefilled in chunks between decoding steps, so running
     # streams keep producing tokens; a chunk takes about prefill_chunk_seconds (measured),
     # and holds at most prefill_step_size tokens.

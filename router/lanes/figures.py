@@ -1,6 +1,7 @@
 """Counters a lane worker reports in /health, turned into the router's Prometheus metrics.
 
-A worker's counters (prompt-cache lookups, reused and prefilled tokens) are cumulative
+A worker's counters (prompt-cache lookups, reused and prefilled tokens, the disk tier's
+hits, writes, drops, refusals and evictions) are cumulative
 since it started; the router's counters must survive worker restarts. Each health check
 adds the increase since the previous one (``increase``, pure); a counter that went down
 is a new worker process, whose whole value is new.
@@ -13,7 +14,14 @@ from typing import Any
 
 from router.metrics import Metrics
 
-CACHE_FIELDS = ("lookups", "hits", "reused_tokens", "prefilled_tokens")
+DISK_EVENTS = ("hits", "writes", "dropped", "refused", "evicted")  # the disk tier's counters
+CACHE_FIELDS = (
+    "lookups",
+    "hits",
+    "reused_tokens",
+    "prefilled_tokens",
+    *(f"disk_{event}" for event in DISK_EVENTS),
+)
 
 
 def cache_counters(health: Mapping[str, Any] | None) -> dict[str, int]:
@@ -22,8 +30,11 @@ def cache_counters(health: Mapping[str, Any] | None) -> dict[str, int]:
     if not isinstance(block, Mapping):
         return {}
     out: dict[str, int] = {}
-    for key in (*CACHE_FIELDS, "bytes"):
-        value = block.get(key)
+    disk = block.get("disk")
+    disk = disk if isinstance(disk, Mapping) else {}
+    fields = [(key, block.get(key)) for key in (*CACHE_FIELDS, "bytes")]
+    fields += [(f"disk_{key}", disk.get(key)) for key in (*DISK_EVENTS, "bytes")]
+    for key, value in fields:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             out[key] = value
     return out
@@ -70,3 +81,8 @@ class WorkerFigures:
             m.prompt_cache_lookups.labels(lane, "miss").inc(lookups - hits)
         if "bytes" in current:
             m.prompt_cache_bytes.labels(lane).set(current["bytes"])
+        for event in DISK_EVENTS:
+            if added.get(f"disk_{event}"):
+                m.prompt_cache_disk.labels(lane, event).inc(added[f"disk_{event}"])
+        if "disk_bytes" in current:
+            m.prompt_cache_disk_bytes.labels(lane).set(current["disk_bytes"])

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from signal import Signals
+from typing import Any
 
 from router.config.group import GroupSpec
 from router.config.names import LANE_NAMES
@@ -30,6 +31,8 @@ from router.worker_contract import (
     SHARED_MODE,
     WORKER_SECRET_ENV,
     WORKER_SECRET_HEADER,
+    auto_disk_bytes,
+    default_prompt_cache_dir,
     new_worker_secret,
     parse_ready_line,
     worker_argv,
@@ -107,6 +110,7 @@ def build_worker_command(
         max_body_bytes=max_body_bytes,
         shared_threads=str(settings.shared_threads),
         content_special_tokens=settings.content_special_tokens,
+        **disk_tier_args(settings, group),
     )
     env = preload_env()
     env.update(settings.env)
@@ -124,6 +128,37 @@ def build_worker_command(
             lane, launcher, env, secret, ring_ports=ports, group=group, launch_args=launch_args
         )
     return WorkerCommand(lane=lane, argv=tuple(argv), env=env, secret=secret)
+
+
+def disk_tier_args(settings: LanesSettings, group: GroupSpec | None) -> dict[str, Any]:
+    """The prompt cache's disk tier for a worker: off over a group of ranks (each rank holds
+    its own shard of every entry, and rank 0 cannot read the others' files); its bound by
+    default a tenth of the free disk, at most 10 GiB."""
+    directory = prompt_cache_dir(settings)
+    size = settings.prompt_cache_disk_bytes
+    if group is not None or not settings.prompt_cache_bytes:
+        size = 0
+    elif size is None:
+        size = auto_disk_bytes(free_disk(directory))
+    return {
+        "prompt_cache_disk_bytes": size,
+        "prompt_cache_dir": directory,
+        "warm_prompts": settings.warm_prompts if size else 0,
+    }
+
+
+def prompt_cache_dir(settings: LanesSettings) -> Path:
+    return (settings.prompt_cache_dir or default_prompt_cache_dir()).expanduser()
+
+
+def free_disk(directory: Path) -> int:
+    """Free bytes on the file system that holds (or will hold) ``directory``."""
+    import shutil
+
+    for place in (directory, *directory.parents):
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(place).free
+    return 0
 
 
 def worker_auth_headers(secret: str | None) -> dict[str, str]:

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -25,7 +26,9 @@ from aiohttp import web
 from router.worker.drafting.drafts import LookupConfig, PredictionConfig
 from router.worker.drafting.suffix import SuffixConfig
 from router.worker.engines.batching import BatchingEngine
+from router.worker.engines.diskcache import DiskTier, identity_of
 from router.worker.engines.engine import Engine, LoadError, Models
+from router.worker.engines.promptcache import PromptCache
 from router.worker.engines.shared import SharedEngine, batch_drafts, threads_for
 from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
 from router.worker.group.both import GroupSharedEngine
@@ -82,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     except LoadError as e:
         print(f"speclane worker: cannot load the model: {e}", file=sys.stderr, flush=True)
         hard_exit(1)
+    cache = engine_cache(engine)
+    if cache is not None:
+        warm(cache, args.warm_prompts)
     if isinstance(engine, SharedEngine):
         lanes = {
             lane: (lane_engine, worker_info(args, models, lane))
@@ -102,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     info = worker_info(args, models)
     app = make_app(engine, info, args.max_body_bytes, secret)
     hard_exit(asyncio.run(serve(args, engine, app, ready_out)))
+
+
+def engine_cache(engine: Engine | SharedEngine) -> PromptCache | None:
+    cache = getattr(engine, "prompt_cache", None)
+    return cache if isinstance(cache, PromptCache) else None
 
 
 def group_figures(engine: SharedEngine) -> dict[str, object]:
@@ -137,12 +148,41 @@ def hard_exit(code: int) -> NoReturn:
     os._exit(code)
 
 
+def prompt_cache(args: argparse.Namespace) -> PromptCache:
+    """The process's prompt cache, with its disk tier where one is asked for (never over a
+    group of ranks: rank 0 alone could not read the others' shards of an entry)."""
+    disk = None
+    if args.prompt_cache_disk_bytes and args.prompt_cache_bytes and args.group_parallel is None:
+        directory = Path(args.prompt_cache_dir).expanduser()
+        disk = DiskTier(directory, args.prompt_cache_disk_bytes, identity_of(args.model))
+        try:
+            disk.start()
+        except OSError as e:  # the cache is an optimisation: serve without it
+            log.warning("prompt cache on disk: off (%s: %s)", directory, e)
+            disk = None
+    return PromptCache(args.prompt_cache_bytes, disk=disk)
+
+
+def warm(cache: PromptCache, count: int) -> None:
+    """Load each partition's latest system prompts from disk (after the model has loaded,
+    before the ready line: the first turn after a restart finds them in memory)."""
+    if cache.disk is None or not count:
+        return
+    started = time.monotonic()
+    loaded = cache.warm(count)
+    log.info(
+        "prompt cache: %d system prompt(s) warmed from disk in %.2fs",
+        loaded,
+        time.monotonic() - started,
+    )
+
+
 def build_engine(args: argparse.Namespace) -> Engine:
     if args.group_parallel is not None:
         return group_engine(args, spec_settings(args))
     load = loader(args)
     if args.mode == "speculative":
-        return SpeculativeEngine(load, spec_settings(args))
+        return SpeculativeEngine(load, spec_settings(args), prompt_cache=prompt_cache(args))
     return BatchingEngine(
         load,
         args.max_batch_size,
@@ -150,6 +190,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
         prefill_step_size=args.prefill_step_size,
         chunk_seconds=args.prefill_chunk_seconds,
         drafts=batch_drafts(spec_settings(args)),
+        prompt_cache=prompt_cache(args),
     )
 
 
@@ -168,6 +209,7 @@ def build_shared(args: argparse.Namespace) -> SharedEngine:
         loader(args),
         spec_settings(args),
         args.max_batch_size,
+        prompt_cache=prompt_cache(args),
         prompt_cache_bytes=args.prompt_cache_bytes,
         prefill_step_size=args.prefill_step_size,
         chunk_seconds=args.prefill_chunk_seconds,
@@ -308,6 +350,9 @@ async def serve(
     for site in list(runner.sites):
         await site.stop()  # stop accepting first
     await asyncio.to_thread(engine.stop, SHUTDOWN_SECONDS)
+    cache = engine_cache(engine)
+    if cache is not None and cache.disk is not None:  # what is queued reaches the disk
+        await asyncio.to_thread(cache.disk.close, SHUTDOWN_SECONDS)
     if watcher is not None:
         watcher.cancel()
     with contextlib.suppress(asyncio.TimeoutError):

@@ -4,7 +4,8 @@ mlx-lm has no public hook for a verify step inside its batch generator, so
 ``router.worker.drafting.batchverify`` subclasses ``GenerationBatch`` (the decoding sequences of a
 ``BatchGenerator``) and reads and writes its per-row state, puts its subclass in the
 generator's slot, and shifts rows of a ``BatchKVCache`` by its write position; the
-pair check (``router.lanes.gating.inspect``) reads mlx-lm's model-type tables.
+pair check (``router.lanes.gating.inspect``) reads mlx-lm's model-type tables; the prompt
+cache's segment entries (``router.worker.engines.promptcache``) subclass ``LRUPromptCache``.
 ``pyproject.toml`` pins the mlx-lm versions this was tested with, and
 ``tests/worker/test_mlx_private.py`` fails when a release moves one of these names (or when
 the worker starts relying on a private name not listed here).
@@ -34,6 +35,12 @@ MLX_LM_PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     ),
     # The cache's write position (the end of every row's span).
     "mlx_lm.models.cache.BatchKVCache": ("_idx",),
+    # The prompt cache's segment entries (``router.worker.engines.promptcache``): its subclass
+    # of the LRU keeps a segment entry under a longer one, walking the trie and putting the
+    # entry back in the order and the byte counts; /health counts the system entries.
+    "mlx_lm.models.cache.LRUPromptCache": ("_trie", "_lru", "_n_bytes", "_n_bytes_by_type"),
+    "mlx_lm.models.cache.LRUPromptCache.CacheOrder": ("_lrus",),
+    "mlx_lm.models.cache.PromptTrie": ("_trie",),
     # Module tables, not documented: how mlx-lm maps a config's model_type to its module
     # (``router.lanes.gating.inspect`` reads them with a default, so a move would go unseen).
     "mlx_lm.utils": ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING"),

@@ -13,6 +13,7 @@ import pytest
 from router.bench.agent.report import ratios
 from router.bench.cold import report as cold
 from router.bench.overhead.report import added_over_direct, judge_targets
+from router.bench.prefill import report as prefill
 from router.bench.scorecard import report
 from router.bench.sources import report as sources
 
@@ -50,6 +51,12 @@ def test_draft_source_results_recompute() -> None:
     data = load("spec-sources.json")
     assert sources.table(data["families"]).split("\n") == data["meta"]["table"]
     assert sources.goals(data["families"]) == data["meta"]["goals"]
+
+
+def test_prefill_results_render_to_the_committed_table() -> None:
+    data = load("prefill.json")
+    markdown = (EXAMPLES / "results" / "prefill.md").read_text(encoding="utf-8")
+    assert prefill.markdown(data) == markdown
 
 
 def test_cold_start_results_recompute() -> None:

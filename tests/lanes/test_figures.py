@@ -60,3 +60,23 @@ def test_a_worker_without_a_prompt_cache_exports_nothing() -> None:
     metrics = Metrics()
     WorkerFigures("speculative", metrics).observe({"pid": 1, "status": "ok"})
     assert b"speclane_prompt_cache_tokens_total{" not in metrics.render()
+
+
+def test_the_disk_tiers_figures_become_metrics_across_restarts() -> None:
+    metrics = Metrics()
+    figures = WorkerFigures("speculative", metrics)
+
+    def with_disk(pid: int, hits: int, writes: int, refused: int) -> dict[str, Any]:
+        body = health(pid, lookups=1, hits=1, reused=10, prefilled=1)
+        disk = {"bytes": 9000, "hits": hits, "writes": writes, "dropped": 0, "refused": refused}
+        body["prompt_cache"]["disk"] = {**disk, "evicted": 0, "entries": 3}
+        return body
+
+    figures.observe(with_disk(1, hits=1, writes=4, refused=0))
+    figures.observe(with_disk(1, hits=2, writes=6, refused=1))
+    figures.observe(with_disk(2, hits=1, writes=0, refused=0))  # restarted: found on disk
+    disk = "speclane_prompt_cache_disk_total"
+    assert sample(metrics, disk, lane="speculative", event="hits") == 3
+    assert sample(metrics, disk, lane="speculative", event="writes") == 6
+    assert sample(metrics, disk, lane="speculative", event="refused") == 1
+    assert sample(metrics, "speclane_prompt_cache_disk_bytes", lane="speculative") == 9000

@@ -512,7 +512,13 @@ def test_lifecycle_under_uvloop():
 
 
 def test_build_worker_command_for_the_speculative_lane(tmp_path):
-    settings = LanesSettings(num_draft_tokens=4, max_batch_size=6, env={"FOO": "bar"})
+    settings = LanesSettings(
+        num_draft_tokens=4,
+        max_batch_size=6,
+        env={"FOO": "bar"},
+        prompt_cache_dir=tmp_path / "kv",
+        prompt_cache_disk_bytes=1 << 30,
+    )
     cmd = build_worker_command(
         "speculative",
         settings,
@@ -551,6 +557,8 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
         str(64 << 20),
         "--draft-position-cost",
         "auto",
+        "--prompt-cache-dir",
+        str(tmp_path / "kv"),
         "--num-draft-tokens",
         "4",
         "--max-batch-size",
@@ -559,6 +567,10 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
         str(1 << 30),
         "--content-special-tokens",
         "text",
+        "--prompt-cache-disk-bytes",
+        str(1 << 30),
+        "--warm-prompts",
+        "2",
         "--max-body-bytes",
         "8192",  # what the router accepts, with room for re-encoding
         "--host",
@@ -570,6 +582,22 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
     )
     assert cmd.env["FOO"] == "bar" and cmd.env["PYTHONUNBUFFERED"] == "1"
     assert cmd.env.get("LD_PRELOAD") == preload_env().get("LD_PRELOAD")
+
+
+def test_the_disk_tier_is_sized_for_the_machine_and_off_over_a_group(tmp_path):
+    from router.config.group import GroupSpec
+    from router.lanes.process import disk_tier_args, free_disk
+    from router.worker_contract import auto_disk_bytes
+
+    auto = disk_tier_args(LanesSettings(prompt_cache_dir=tmp_path / "not-yet" / "kv"), None)
+    assert auto["prompt_cache_disk_bytes"] == auto_disk_bytes(free_disk(tmp_path)) > 0
+    assert auto["prompt_cache_dir"] == tmp_path / "not-yet" / "kv" and auto["warm_prompts"] == 2
+    assert auto_disk_bytes(1 << 40) == 10 << 30 and auto_disk_bytes(10 << 20) == 1 << 20
+    group = GroupSpec(hosts=("127.0.0.1", "127.0.0.2"))
+    off = disk_tier_args(LanesSettings(prompt_cache_disk_bytes=1 << 30), group)
+    assert (off["prompt_cache_disk_bytes"], off["warm_prompts"]) == (0, 0)
+    no_memory_cache = disk_tier_args(LanesSettings(prompt_cache_bytes=0), None)
+    assert no_memory_cache["prompt_cache_disk_bytes"] == 0
 
 
 @pytest.mark.parametrize(

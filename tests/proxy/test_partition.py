@@ -111,3 +111,23 @@ async def test_a_lane_alone_is_told_the_partition(tmp_path: Path) -> None:
                 await ask(client, TURN1, extra_headers={"X-Speclane-Lane": target})
     assert [partition_of(s) is not None for s in lane.requests] == [True]
     assert [partition_of(s) for s in ext.requests] in ([], [None])
+
+
+def test_the_key_kept_on_disk_gives_a_client_the_same_token_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """With the disk tier on, a client's files stay its own across router restarts: the
+    partition tokens' key is kept in the tier's directory (0600), drawn once."""
+    import stat
+
+    from router.proxy.partition import KEY_FILE, keep_key_in, wire_token
+
+    assert keep_key_in(tmp_path / "kv")
+    first = wire_token("client:alice")
+    assert keep_key_in(tmp_path / "elsewhere")  # another router's directory: another key
+    assert wire_token("client:alice") != first
+    assert keep_key_in(tmp_path / "kv")  # this router, restarted
+    assert wire_token("client:alice") == first
+    assert re.fullmatch(CACHE_PARTITION_PATTERN, first)
+    assert stat.S_IMODE((tmp_path / "kv" / KEY_FILE).stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "kv").stat().st_mode) == 0o700

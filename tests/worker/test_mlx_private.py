@@ -37,13 +37,16 @@ def test_the_installed_mlx_lm_is_a_tested_version() -> None:
 def _instances() -> dict[str, Any]:
     """An empty instance of each class listed (empty batches never call the model)."""
     from mlx_lm.generate import BatchGenerator
-    from mlx_lm.models.cache import BatchKVCache
+    from mlx_lm.models.cache import BatchKVCache, LRUPromptCache, PromptTrie
 
     generator = BatchGenerator(None)  # type: ignore[arg-type]
     return {
         "mlx_lm.generate.BatchGenerator": generator,
         "mlx_lm.generate.GenerationBatch": generator._generation_batch,
         "mlx_lm.models.cache.BatchKVCache": BatchKVCache([0]),
+        "mlx_lm.models.cache.LRUPromptCache": LRUPromptCache(),
+        "mlx_lm.models.cache.LRUPromptCache.CacheOrder": LRUPromptCache.CacheOrder(),
+        "mlx_lm.models.cache.PromptTrie": PromptTrie(),
     }
 
 

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,12 +27,7 @@ LISTENING = r"speclane listening on (http://\S+)"
 RETRY_EVERY = 0.02  # seconds between tries while mlx_lm.server's port is not open yet
 
 
-def commit() -> str:
-    """The checked-out commit, ``-dirty`` when tracked files have changed."""
-    argv = ["git", "describe", "--always", "--dirty", "--exclude=*"]
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
-    return "unknown"
+commit = environment.commit  # the checked-out commit (where the results come from)
 
 
 def prime(model_dir: Path) -> None:

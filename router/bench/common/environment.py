@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import subprocess
 from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any
@@ -13,6 +14,14 @@ from typing import Any
 import aiohttp
 
 from router import __version__
+
+
+def commit() -> str:
+    """The checked-out commit, ``-dirty`` when tracked files have changed."""
+    argv = ["git", "describe", "--always", "--dirty", "--exclude=*"]
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+    return "unknown"
 
 
 def versions() -> dict[str, str | None]:

@@ -80,6 +80,8 @@ class LaneOptions:
     max_batch_size: int = 8
     layout: str | None = None  # [lanes] layout; None: the router's default
     shared_threads: int | None = None  # [lanes] shared_threads; None: the router's default
+    # [lanes] prompt_cache_dir; None: the router's default (the user's own disk tier)
+    prompt_cache_dir: str | None = None
 
 
 async def spawn_until_line(
@@ -280,7 +282,8 @@ def write_policies(directory: Path, policies: dict[str, str] = POLICIES) -> Path
 def lanes_config(lanes: LaneOptions) -> str:
     lines = ['log_level = "info"', "shutdown_grace = 2", "[lanes]"]
     lines.append(f"max_batch_size = {lanes.max_batch_size}")
-    for key in ("model", "draft_model", "num_draft_tokens", "layout", "shared_threads"):
+    keys = ("model", "draft_model", "num_draft_tokens", "layout", "shared_threads")
+    for key in (*keys, "prompt_cache_dir"):
         if (value := getattr(lanes, key)) is not None and value != "":
             lines.append(f"{key} = {json.dumps(value)}")  # JSON strings and ints are TOML
     return "\n".join(lines) + "\n"

@@ -309,9 +309,9 @@ class BatchingEngine(Engine):
         """What ``job``'s prompt starts from (a group's rank 0 agrees on it with the others)."""
         return self.prompt_cache.fetch(prompt, job.partition, counters=self.cache_counters)
 
-    def _keep(self, uid: int, tokens: list[int], cache: Any, partition: str) -> None:
-        """A finished sequence's KV state into the prompt cache."""
-        self.prompt_cache.store(tokens, cache, partition)
+    def _keep(self, uid: int, tokens: list[int], cache: Any, job: Job) -> None:
+        """A finished sequence's KV state into the prompt cache (with its prompt's segments)."""
+        self.prompt_cache.store(tokens, cache, job.partition, segments=job.segments)
 
     def _plan(self, seq: _Sequence) -> None:
         """The sequence's draft source and proposer (none: plain decoding)."""
@@ -420,7 +420,8 @@ class BatchingEngine(Engine):
         in its request's partition)."""
         caches = generator.remove(uids, return_prompt_caches=self.prompt_cache.enabled)
         for uid, (cache, tokens) in caches.items():
-            self.prompt_cache.store(tokens, cache, live[uid].job.partition)
+            job = live[uid].job
+            self.prompt_cache.store(tokens, cache, job.partition, segments=job.segments)
 
     def _on_prefill(self, live: dict[int, _Sequence], response: Any) -> None:
         seq = live.get(response.uid)
@@ -442,7 +443,7 @@ class BatchingEngine(Engine):
             seq.detokenizer.add_token(response.token)
         if reason is not None:
             seq.detokenizer.finalize()
-            self._keep(response.uid, response.all_tokens, response.prompt_cache, seq.job.partition)
+            self._keep(response.uid, response.all_tokens, response.prompt_cache, seq.job)
         picked = None
         if seq.progress.emitter.aligner is not None and reason != "stop":
             # The distribution the row's token was sampled from (a verified position's on a

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from router.errors import RouterError
 from router.worker.engines.logprobs import TokenLogprob
+from router.worker.engines.promptcache import Segment
 from router.worker.request.protocol import GenerationRequest
 
 
@@ -54,10 +55,13 @@ class Job:
         loop: asyncio.AbstractEventLoop,
         *,
         partition: str = "",
+        segments: tuple[Segment, ...] = (),
     ) -> None:
         self.request = request
         self.prompt_ids = prompt_ids
         self.partition = partition  # the prompt cache's partition: entries of others are unseen
+        # Prompt positions stored as prompt-cache entries of their own (the system prompt's end).
+        self.segments = segments
         # Set on the generation thread when the decoding constraint fails mid-answer: the
         # answer then ends with an error (``Engine._answer``), never a clean finish.
         self.constraint_error: str | None = None

@@ -114,6 +114,7 @@ class SharedEngine:
         prefill_step_size: int,
         chunk_seconds: float,
         threads: int = 1,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         if threads not in (1, 2):
             raise ValueError("threads must be 1 or 2")
@@ -122,7 +123,10 @@ class SharedEngine:
         # One thread: one condition for both queues, so it sleeps on either. Two threads:
         # one each (a notify on a shared one could wake the other lane's thread instead).
         cond = threading.Condition() if threads == 1 else None
-        self.prompt_cache = PromptCache(prompt_cache_bytes)
+        # ``prompt_cache``: one made by the caller (with a disk tier), else one of that size.
+        self.prompt_cache = (
+            prompt_cache if prompt_cache is not None else PromptCache(prompt_cache_bytes)
+        )
         self.speculative = SpeculativeEngine(
             _loaded_elsewhere, settings, prompt_cache=self.prompt_cache, queue=JobQueue(cond)
         )

@@ -81,7 +81,7 @@ from router.worker.engines.engine import (
 )
 from router.worker.engines.jobs import Event, Finished, Job, JobQueue, aborted
 from router.worker.engines.logprobs import Picked, pick
-from router.worker.engines.promptcache import DRAFT, TARGET, Counters, PromptCache
+from router.worker.engines.promptcache import DRAFT, TARGET, Counters, PromptCache, Segment
 from router.worker.engines.stats import SpecStats, usage
 from router.worker.request.protocol import GenerationRequest
 from router.worker_contract import DRAFT_SOURCES
@@ -599,8 +599,15 @@ class SpeculativeEngine(Engine):
             return make_prompt_cache(model), 0
         return lookup.cache, lookup.cached_tokens
 
-    def store(self, key: str, tokens: list[int], cache: list[Any], partition: str) -> None:
-        self.prompt_cache.store(tokens, cache, partition, model=key)
+    def store(
+        self,
+        key: str,
+        tokens: list[int],
+        cache: list[Any],
+        partition: str,
+        segments: tuple[Segment, ...] = (),
+    ) -> None:
+        self.prompt_cache.store(tokens, cache, partition, model=key, segments=segments)
 
 
 class SpecRun:
@@ -740,10 +747,15 @@ class SpecRun:
     def _end(self) -> Event:
         self.close()
         if self.decoding:  # before that the cache may hold only part of the prompt
-            self.engine.store(TARGET, self.history[:-1], self.cache, self.job.partition)
+            job = self.job
+            self.engine.store(TARGET, self.history[:-1], self.cache, job.partition, job.segments)
         if self.draft_model is not None:
             self.engine.store(
-                DRAFT, self.draft_model.cached, self.draft_model.cache, self.job.partition
+                DRAFT,
+                self.draft_model.cached,
+                self.draft_model.cache,
+                self.job.partition,
+                self.job.segments,
             )
         if self.aborted:
             return aborted()

@@ -103,9 +103,10 @@ class GroupBatchingEngine(BatchingEngine):
             return Lookup(None, 0, prompt)
         return lookup
 
-    def _keep(self, uid: int, tokens: list[int], cache: Any, partition: str) -> None:
+    def _keep(self, uid: int, tokens: list[int], cache: Any, job: Job) -> None:
         self.leader.send(Message(Op.BATCH_STORE, slot=uid, checksum=checksum(tokens)))
-        super()._keep(uid, tokens, cache, partition)
+        # whole sequences only, as the followers' mirrors store them (no segment entries)
+        self.prompt_cache.store(tokens, cache, job.partition)
 
     def _remove(self, generator: Any, live: dict[int, Any], uids: list[int]) -> None:
         keep = self.prompt_cache.enabled

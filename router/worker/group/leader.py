@@ -21,7 +21,7 @@ from typing import Any
 
 from router.worker.engines.engine import Models
 from router.worker.engines.jobs import Job, JobQueue
-from router.worker.engines.promptcache import DRAFT, TARGET, PromptCache
+from router.worker.engines.promptcache import DRAFT, TARGET, PromptCache, Segment
 from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
 from router.worker.group.channel import Channel, disagree, gather_memory, own_rss_mib, send
 from router.worker.group.mirror import IDLE_TICK
@@ -211,7 +211,16 @@ class GroupSpecEngine(SpeculativeEngine):
             self.cache_counters,
         )
 
-    def store(self, key: str, tokens: list[int], cache: list[Any], partition: str) -> None:
+    def store(
+        self,
+        key: str,
+        tokens: list[int],
+        cache: list[Any],
+        partition: str,
+        segments: tuple[Segment, ...] = (),
+    ) -> None:
+        # No segment entries over a group: every rank's cache must hold the same entries,
+        # and the followers' mirrors store whole sequences only.
         if key == DRAFT:
             self.draft_cache.store(tokens, cache, partition, model=key)
         else:

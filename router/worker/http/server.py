@@ -48,6 +48,7 @@ from router.worker.decoding.tools import (
 )
 from router.worker.engines.engine import Engine
 from router.worker.engines.jobs import Job
+from router.worker.engines.promptcache import SYSTEM, Segment
 from router.worker.http import answers
 from router.worker.http.answers import Choice
 from router.worker.http.render import encode_chat, mapped, strings_in
@@ -307,7 +308,10 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         raise context_exceeded(f"the prompt has {len(prompt_ids)} tokens", info.context_length)
     budget = token_budget(generation.max_tokens, len(prompt_ids), info.context_length)
     first = dataclasses.replace(prepared.generation, max_tokens=budget)
-    jobs = [Job(nth(first, i), prompt_ids, loop, partition=partition) for i in range(first.n)]
+    jobs = [
+        Job(nth(first, i), prompt_ids, loop, partition=partition, segments=prepared.segments)
+        for i in range(first.n)
+    ]
     if prepared.generation.prediction:
         text = prepared.generation.prediction
         prediction = await thread.run(
@@ -398,6 +402,7 @@ class Prepared:
     generation: GenerationRequest
     prompt_ids: list[int]
     syntax: ToolSyntax | None  # None: the answer is not parsed for tool calls
+    segments: tuple[Segment, ...] = ()  # prompt positions the prompt cache keeps entries at
 
     def tool_stream(self) -> ToolStream | None:
         """How to read the answer; a streamed one sends JSON-syntax calls as they are written."""
@@ -411,12 +416,13 @@ def prepare(tokenizer: Any, generation: GenerationRequest, as_text: bool = True)
     """Tokenize, and compile the decoding constraint (on the tokenize thread: both block)."""
     syntax = syntax_for(tokenizer, generation) if generation.kind == "chat" else None
     ids = encode(tokenizer, generation, syntax, as_text)
+    segments = segments_of(tokenizer, generation, syntax, ids, as_text)
     constraint = COMPILER.compile(generation, tokenizer)
     if constraint is not None:
         # Both lanes draft under it (router.worker.drafting.forced): every position is verified
         # under the grammar's mask, and the grammar rolls back what was rejected.
         generation = dataclasses.replace(generation, constraint=constraint)
-    return Prepared(generation, ids, syntax if generation.calls_tools else None)
+    return Prepared(generation, ids, syntax if generation.calls_tools else None, segments)
 
 
 def encode(
@@ -429,28 +435,7 @@ def encode(
     unless ``content_specials_as_text`` is off (``router.worker.http.render``)."""
     if generation.kind == "chat":
         messages, tools = chat_inputs(generation, syntax or fallback_syntax())
-
-        def render(escape: Callable[[str], str]) -> str:
-            extra = {"tools": mapped(tools, escape)} if tools else {}
-            try:
-                return str(
-                    tokenizer.apply_chat_template(
-                        mapped(messages, escape),
-                        tokenize=False,
-                        add_generation_prompt=True,
-                        **extra,
-                    )
-                )
-            except Exception as e:  # a template may reject roles or orderings
-                message = f"the chat template rejected the messages: {e}"
-                raise bad_request(message, param="messages") from e
-
-        ids = encode_chat(
-            tokenizer,
-            render,
-            strings_in([messages, tools]),
-            content_specials_as_text=content_specials_as_text,
-        )
+        ids = chat_ids(tokenizer, messages, tools, content_specials_as_text)
     elif isinstance(generation.prompt, str):
         ids = tokenizer.encode(generation.prompt)
     else:
@@ -458,6 +443,70 @@ def encode(
     if not ids:
         raise bad_request("the prompt is empty after tokenization", param="prompt")
     return list(ids)
+
+
+def chat_ids(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    content_specials_as_text: bool,
+    *,
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """The chat template's token ids for ``messages`` and ``tools`` (``encode_chat``)."""
+
+    def render(escape: Callable[[str], str]) -> str:
+        extra = {"tools": mapped(tools, escape)} if tools else {}
+        try:
+            return str(
+                tokenizer.apply_chat_template(
+                    mapped(messages, escape),
+                    tokenize=False,
+                    add_generation_prompt=add_generation_prompt,
+                    **extra,
+                )
+            )
+        except Exception as e:  # a template may reject roles or orderings
+            message = f"the chat template rejected the messages: {e}"
+            raise bad_request(message, param="messages") from e
+
+    return encode_chat(
+        tokenizer,
+        render,
+        strings_in([messages, tools]),
+        content_specials_as_text=content_specials_as_text,
+    )
+
+
+def segments_of(
+    tokenizer: Any,
+    generation: GenerationRequest,
+    syntax: ToolSyntax | None,
+    ids: list[int],
+    content_specials_as_text: bool = True,
+) -> tuple[Segment, ...]:
+    """Where the prompt's system part (system messages and tools) ends, as a token position
+    of ``ids``: the common prefix of ``ids`` and the template rendered for the system part
+    and an empty user turn (as ``mlx_lm.server`` finds it), encoded as ``ids`` were. None
+    for text prompts, or when nothing but the system part is there."""
+    if generation.kind != "chat":
+        return ()
+    messages, tools = chat_inputs(generation, syntax or fallback_syntax())
+    system = 0
+    while system < len(messages) and messages[system].get("role") in ("system", "developer"):
+        system += 1
+    if not (system or tools) or system == len(messages):
+        return ()
+    head = [*messages[:system], {"role": "user", "content": ""}]
+    try:
+        system_ids = chat_ids(
+            tokenizer, head, tools, content_specials_as_text, add_generation_prompt=False
+        )
+    except RouterError:  # a template may reject an empty turn: no segment, nothing lost
+        return ()
+    pairs = enumerate(zip(system_ids, ids, strict=False))
+    end = next((i for i, (a, b) in pairs if a != b), min(len(system_ids), len(ids)))
+    return (Segment(end, SYSTEM),) if 0 < end < len(ids) else ()
 
 
 def encode_prediction(tokenizer: Any, text: str) -> list[int]:

@@ -7,7 +7,14 @@ from typing import Any
 
 import mlx.core as mx
 
-from router.worker.engines.promptcache import DEFAULT_PARTITION, PromptCache, entry_key
+from router.worker.engines.promptcache import (
+    DEFAULT_PARTITION,
+    SYSTEM,
+    PromptCache,
+    Segment,
+    entry_key,
+    head,
+)
 
 PROMPT = [11, 12, 13, 14, 15, 16]
 
@@ -108,3 +115,55 @@ def test_equal_partitions_over_the_bound_share_it() -> None:
         cache.store([200 + i, *PROMPT], kv(64), "b")
     stats = cache.stats()
     assert stats["bytes"] <= 3 * one and stats["entries"] == 3 and stats["partitions"] == 2
+
+
+SYSTEM_PROMPT = list(range(1000, 1032))  # 32 tokens: a client's system prompt and tools
+
+
+def conversation(first: int, length: int = 64) -> list[int]:
+    return [*SYSTEM_PROMPT, *range(first, first + length - len(SYSTEM_PROMPT))]
+
+
+def test_a_system_segment_outlives_the_conversations_that_held_it() -> None:
+    """A new conversation of the same client starts from its system prompt even after its
+    earlier conversations were evicted: the segment is an entry of its own, evicted last."""
+    one = sum(c.nbytes for c in kv(64))
+    cache = PromptCache(3 * one)
+    first = conversation(2000)
+    cache.store(first, kv(len(first)), "alice", segments=[Segment(len(SYSTEM_PROMPT), SYSTEM)])
+    for i in range(4):  # other work of the same client, with another system prompt
+        cache.store([7000 + i, *range(64)], kv(64), "alice")
+    new = conversation(5000)
+    hit = cache.fetch(new, "alice")
+    assert hit.cached_tokens == len(SYSTEM_PROMPT) and hit.rest == new[len(SYSTEM_PROMPT) :]
+    assert cache.stats()["bytes"] <= 3 * one
+
+
+def test_a_longer_entry_keeps_the_segment_under_it() -> None:
+    """mlx-lm drops every prefix entry of a trimmable entry it stores; a segment stays."""
+    cache = PromptCache(1 << 24)
+    first = conversation(2000)
+    cache.store(first, kv(len(first)), "alice", segments=[Segment(len(SYSTEM_PROMPT), SYSTEM)])
+    assert cache.stats()["entries"] == 2
+    longer = [*first, 1, 2, 3]
+    cache.store(longer, kv(len(longer)), "alice")  # the next turn
+    longest = [*longer, 4, 5]
+    cache.store(longest, kv(len(longest)), "alice")
+    stats = cache.stats()
+    assert (stats["entries"], stats["system_entries"]) == (2, 1)  # the segment, the last turn
+
+
+def test_a_segment_is_a_compact_copy_of_the_first_positions() -> None:
+    full = kv(40)  # one KVCache step: its buffer holds 256 positions
+    copy = head(full, 20)
+    assert copy is not None and copy[0].offset == 20
+    assert copy[0].keys.shape[2] == 20 and copy[0].nbytes * 256 == full[0].nbytes * 20
+    assert head(full, 41) is None  # holds fewer
+
+
+def test_a_segment_too_short_or_as_long_as_the_entry_is_no_entry_of_its_own() -> None:
+    cache = PromptCache(1 << 24)
+    first = conversation(2000)
+    segments = [Segment(4, SYSTEM), Segment(len(first), SYSTEM)]
+    cache.store(first, kv(len(first)), "alice", segments=segments)
+    assert cache.stats()["entries"] == 1

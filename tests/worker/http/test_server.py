@@ -457,6 +457,25 @@ async def test_the_partition_header_reaches_the_job_and_a_malformed_one_is_a_400
     assert CACHE_PARTITION_HEADER in info.value.message
 
 
+async def test_the_system_prompts_end_reaches_the_job_as_a_segment() -> None:
+    """The prompt cache keeps an entry where the system part ends: its token position in the
+    rendered prompt (the character template renders ``<role>content``)."""
+    from router.worker.engines.promptcache import SYSTEM, Segment
+
+    engine = ScriptedEngine("ok")
+    system = "You are terse. " * 3
+    async with serving(engine) as url:
+        ask = client(url).chat.completions.create
+        await ask(
+            model=MODEL,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": "hi"}],
+        )
+        await ask(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    with_system, without = engine.started
+    assert with_system.segments == (Segment(len(f"<system>{system}<user>"), SYSTEM),)
+    assert without.segments == ()
+
+
 async def test_a_body_past_the_limit_is_a_413_in_the_openai_shape() -> None:
     engine = ScriptedEngine("ok")
     engine.start()
