@@ -17,6 +17,7 @@ import orjson
 from aiohttp import web
 
 from router import errors
+from router.config.policies import Policy
 from router.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
@@ -28,6 +29,7 @@ from router.proxy import observe
 from router.proxy.accesslog import record_of
 from router.proxy.body import read_object, read_raw
 from router.proxy.handlers import Inbound, identify, listed, proxy, request_key
+from router.proxy.normalise import normalise
 from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
@@ -73,7 +75,7 @@ async def count_tokens(services: Services, request: web.Request) -> web.Response
             services,
             policy,
             req.model,
-            lambda served: anthropic_in.count_body(req),
+            lambda served: _counted(req, policy),
             outcome,
             permission_type="permission_error",
         )
@@ -93,6 +95,14 @@ async def count_tokens(services: Services, request: web.Request) -> web.Response
         observe.record(services.metrics, outcome)
         model = outcome.model or model  # the model that served (one of ours may be aliased)
         services.access.add(record_of(outcome, client=client, model=model, decision=None))
+
+
+def _counted(req: anthropic_in.MessagesRequest, policy: Policy) -> dict[str, Any]:
+    """What a generation request would render: normalised as ``proxy()`` normalises it
+    (not counted as a prefix break: nothing is prefilled)."""
+    body = anthropic_in.count_body(req)
+    messages, _ = normalise(body["messages"], policy.normalise_prompts)
+    return body if messages is None else {**body, "messages": messages}
 
 
 def _count_request(raw: bytes) -> anthropic_in.MessagesRequest:

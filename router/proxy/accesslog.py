@@ -47,6 +47,8 @@ class AccessRecord:
     tokens: int | None  # output tokens the backend reported
     attempts: int
     error: str | None  # "code: message" of a failure
+    # The prompt-normalisation rules that fired ("a,b"): the prefix breakers it carried.
+    normalised: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +104,7 @@ def record_of(
         tokens=outcome.reported_tokens(),
         attempts=outcome.attempts,
         error=error,
+        normalised=",".join(outcome.normalised) or None,
     )
 
 

@@ -25,6 +25,7 @@ from router.proxy.credentials import presented_key
 from router.proxy.early import EarlyStream, early_stream
 from router.proxy.headers import decision_headers
 from router.proxy.middleware import expect_handler
+from router.proxy.normalise import normalise
 from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.partition import wire_token
@@ -150,6 +151,21 @@ def decide(
     return result
 
 
+def normalised(services: Services, parsed: ParsedRequest, policy: Policy, outcome: Outcome) -> None:
+    """The policy's prompt-normalisation rules applied to a chat request, before anything
+    reads its messages (the affinity fingerprints, the lanes); the rules that fired are
+    counted and booked (``router.proxy.normalise``)."""
+    if parsed.endpoint != "chat" or not policy.normalise_prompts:
+        return
+    messages, fired = normalise(parsed.data["messages"], policy.normalise_prompts)
+    if messages is None:
+        return
+    parsed.set_field("messages", messages)
+    outcome.normalised = fired
+    for rule in fired:
+        services.metrics.prefix_breaks.labels(policy.client, rule).inc()
+
+
 def body_for(parsed: ParsedRequest) -> BodyFor:
     """The body each backend gets. The lanes: ``num_draft_tokens: 0`` to decode plainly, or
     the ``draft_source`` chosen for the request's family (on each lane its own, judged
@@ -204,6 +220,7 @@ async def proxy(
             parsed, egress = await translate(raw)
             endpoint = outcome.endpoint = parsed.endpoint  # e.g. Ollama's raw generate
         model = parsed.route.model
+        normalised(services, parsed, policy, outcome)
         parsed.cache_partition = wire_token(partition)
         limiter = services.limiter
         # Without models of ours to load (external backends only) nothing ever waits for a

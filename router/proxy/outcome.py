@@ -37,6 +37,8 @@ class Outcome:
     error: RouterError | None = None
     body_json: dict[str, Any] | None = None  # non-streaming answer
     tail_events: list[dict[str, Any]] = field(default_factory=list)  # last events of a stream
+    # The prompt-normalisation rules that changed the request (router.proxy.normalise).
+    normalised: tuple[str, ...] = ()
     solo: bool = True  # no other request was in flight on the backend meanwhile
     _epoch: int = 0
     # reported_tokens(), remembered with the answer it was read from
