@@ -154,6 +154,11 @@ class OllamaEgress:
         self._ended = True
         return out + self._line("", **self._stats(self._finish_reason, self._usage, whole=False))
 
+    def keep_alive(self, note: str) -> bytes:
+        # NDJSON has no comments, and the ollama libraries parse every line (a blank one
+        # raises): a chunk without text, as Ollama sends for a step that adds none.
+        return self._line("", done=False)
+
     def error(self, err: RouterError) -> bytes:
         if self._ended:
             return b""

@@ -223,16 +223,18 @@ async def proxy(
         normalised(services, parsed, policy, outcome)
         parsed.cache_partition = wire_token(partition)
         limiter = services.limiter
-        # Without models of ours to load (external backends only) nothing ever waits for a
-        # load: no stream is begun early, and ``model_loaded`` is a no-op.
-        if (manager := services.started.models) is not None:
-            early = early_stream(
-                request,
-                api,
-                parsed.route.stream,
-                egress.stream_content_type if egress is not None else None,
-                egress.error if egress is not None else None,
-            )
+        # A stream may begin before its answer: while its model loads (models of ours
+        # only: without them ``model_loaded`` is a no-op), and while the relay waits for a
+        # long prefill's first token (every backend).
+        manager = services.started.models
+        early = early_stream(
+            request,
+            api,
+            parsed.route.stream,
+            egress.stream_content_type if egress is not None else None,
+            egress.error if egress is not None else None,
+            egress.keep_alive if egress is not None else None,
+        )
         # Admission first: a request waits for its model's load only inside one of its
         # client's slots, so a client's requests hold at most its max_concurrency places in
         # the load queue (``lanes.load_queue``), never everyone's.
@@ -268,7 +270,7 @@ async def proxy(
                 body_for=body_for(parsed),
                 headers=headers,
                 egress=egress,
-                begun=early.response if early is not None else None,
+                begun=early,
                 stop=stop,
             )
     except RouterError as e:
@@ -316,9 +318,20 @@ async def models(services: Services, request: web.Request) -> web.Response:
     # A router that requires keys does not list its models to strangers, and a client sees
     # only what its policy lets it use.
     policy = identify(services, request)
-    served = services.pool.models()
-    manager = services.started.models
-    return web.json_response({"object": "list", "data": model_list(served, manager, policy)})
+    rows = listing(services, policy)
+    return web.json_response({"object": "list", "data": rows})
+
+
+def listing(services: Services, policy: Policy) -> list[dict[str, Any]]:
+    """``model_list`` of what is served now, each row with the context its lanes report."""
+    rows = model_list(services.pool.models(), services.started.models, policy)
+    contexts = services.pool.context_lengths()
+    for row in rows:
+        if (n := contexts.get(row["id"])) is not None:
+            # Both names OpenAI-compatible servers use (OpenRouter and LM Studio's
+            # context_length, vLLM's max_model_len); OpenAI's own list has none.
+            row["context_length"] = row["max_model_len"] = n
+    return rows
 
 
 def listed(policy: Policy | None, model: str, loaded: bool) -> bool:
@@ -391,7 +404,6 @@ def setup_routes(app: web.Application, services: Services) -> None:
     add_post("/v1/chat/completions", bind(services, chat), expect_handler=expect_handler)
     add_post("/v1/completions", bind(services, completions), expect_handler=expect_handler)
     add_post("/v1/embeddings", bind(services, embeddings), expect_handler=expect_handler)
-    add_get("/v1/models", bind(services, models), expect_handler=expect_handler)
     add_get("/healthz", healthz, expect_handler=expect_handler)
     add_get("/readyz", bind(services, readyz), expect_handler=expect_handler)
     add_get("/metrics", bind(services, metrics), expect_handler=expect_handler)

@@ -226,6 +226,7 @@ def worker_info(args: argparse.Namespace, models: Models, lane: str | None = Non
         num_draft_tokens=k,
         context_length=getattr(config, "max_position_embeddings", None),
         draft_source=source,
+        architecture=getattr(config, "model_type", None),
     )
 
 

@@ -68,6 +68,7 @@ class WorkerInfo:
     num_draft_tokens: int  # 0 when the lane does not speculate
     context_length: int | None = None
     draft_source: str | None = None  # the speculative lane's source without a prediction
+    architecture: str | None = None  # the model's config model_type (Ollama's /api/show)
 
 
 ENGINE = web.AppKey("engine", Engine)
@@ -214,6 +215,9 @@ def lane_health(engine: Engine, info: WorkerInfo) -> dict[str, object]:
         "speculative": info.num_draft_tokens > 0,
         "num_draft_tokens": info.num_draft_tokens,
         "draft_source": info.draft_source,
+        # what the router's model listings report (/v1/models, Anthropic's, Ollama's)
+        "context_length": info.context_length,
+        "architecture": info.architecture,
         "active": engine.active,
         "queued": engine.queued,
         "capacity": engine.capacity,

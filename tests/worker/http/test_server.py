@@ -605,3 +605,10 @@ async def test_with_a_secret_every_endpoint_answers_only_requests_carrying_it() 
     finally:
         await asyncio.to_thread(engine.stop, 2.0)
         await runner.cleanup()
+
+
+async def test_health_says_the_context_length_the_router_lists() -> None:
+    async with serving(ScriptedEngine("x"), context_length=2048) as url:
+        async with aiohttp.ClientSession() as session:
+            answer = await health(session, url)
+    assert answer["context_length"] == 2048
