@@ -298,7 +298,9 @@ class Metrics:
             "speclane_prefix_breaks_total",
             "Chat requests whose prompt held a known prefix breaker (a line an agent program "
             "changes between conversations or turns), by client and reason: the "
-            "normalisation rule that rendered it out of the way (router.proxy.normalise).",
+            "normalisation rule that rendered it out of the way (router.proxy.normalise), or "
+            "cache_short: its lane read less from its cache than the conversation's previous "
+            "request left there (router.routing.prefixwatch).",
             [CLIENT_LABEL, "reason"],
             registry=r,
         )

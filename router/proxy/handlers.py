@@ -41,6 +41,7 @@ from router.routing.classify import (
     classify,
     log_line,
 )
+from router.routing.prefixwatch import REASON as PREFIX_REASON
 from router.routing.speculate import asked_source
 from router.routing.types import Candidate, Endpoint
 from router.services import Services, bind
@@ -166,6 +167,30 @@ def normalised(services: Services, parsed: ParsedRequest, policy: Policy, outcom
         services.metrics.prefix_breaks.labels(policy.client, rule).inc()
 
 
+def watch_prefix(
+    services: Services, outcome: Outcome, prints: tuple[bytes, ...], messages: int, client: str
+) -> None:
+    """A chat request a lane answered whole: did the lane read from its cache what the
+    conversation's previous request left there (``router.routing.prefixwatch``)? Counted
+    and booked when it did not."""
+    backend = outcome.backend
+    assert backend is not None
+    usage = outcome.reported_usage() or {}
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    prompt = usage.get("prompt_tokens")
+    shortfall = services.routing.prefixes.served(
+        prints,
+        min(messages, len(prints)),
+        backend.cache_domain or backend.name,
+        prompt if type(prompt) is int else None,
+        cached if type(cached) is int else None,
+    )
+    if shortfall is not None:
+        outcome.prefix_break = shortfall.describe()
+        services.metrics.prefix_breaks.labels(client, PREFIX_REASON).inc()
+
+
 def body_for(parsed: ParsedRequest) -> BodyFor:
     """The body each backend gets. The lanes: ``num_draft_tokens: 0`` to decode plainly, or
     the ``draft_source`` chosen for the request's family (on each lane its own, judged
@@ -206,6 +231,7 @@ async def proxy(
     decision: str | None = None
     claim = SpecClaim()
     prints: tuple[bytes, ...] = ()
+    messages = 0  # a chat request's, when it has prints
     early: EarlyStream | None = None
     try:
         if key is None and api_key_header:  # an API with its own key header (Anthropic's)
@@ -249,6 +275,7 @@ async def proxy(
             # the same conversation with another model's lanes, never steers this request.
             if services.settings.routing.cache_affinity and services.pool.has_lanes:
                 prints = fingerprints(endpoint, parsed.data, f"{partition}\0{model}")
+                messages = len(parsed.data.get("messages") or ())
             result = decide(services, request, parsed, policy, claim, prints)
             outcome.model = result.model
             decision = result.decision.reason
@@ -297,6 +324,8 @@ async def proxy(
         outcome.finished_at = time.monotonic()
         if prints and outcome.status == 200 and outcome.backend and outcome.backend.lane:
             services.routing.affinity.record(prints, outcome.backend.lane)
+            if endpoint == "chat" and outcome.completed:
+                watch_prefix(services, outcome, prints, messages, client)
         observe.record(metrics, outcome)
         services.spec.observe(outcome, claim)
         services.access.add(record_of(outcome, client=client, model=model, decision=decision))
