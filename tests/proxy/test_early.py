@@ -242,3 +242,22 @@ async def test_retries_go_on_behind_keep_alives_and_a_failure_ends_the_begun_str
     assert b"event: error" in anthropic_body
     status, ollama_body, _, _ = seen["/api/chat"]
     assert status == 200 and "error" in orjson.loads(ollama_body.splitlines()[-1])
+
+
+async def test_a_shutdown_during_the_keep_alives_ends_the_stream_with_its_error() -> None:
+    async with fake_upstream() as fake, run_router(router_settings(fake, **PREFILL)) as r:
+        fake.release = asyncio.Event()  # never set: the prefill outlasts the shutdown
+        body = {"model": "fake-model", "messages": HELLO, "max_tokens": 5, "stream": True}
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(r.base_url + "/chat/completions", json=body) as resp,
+        ):
+            assert resp.status == 200  # begun by its keep-alives
+            await r.services.relay.shutdown(0, settle=5)
+            raw = await resp.read()
+        record = r.services.access.recent[-1]
+    assert raw.startswith(b": waiting ")
+    events = [e for e in raw.split(b"\n\n") if e.startswith(b"data: {")]
+    assert orjson.loads(events[-1][6:])["error"]["code"] == "shutting_down"
+    assert raw.endswith(b"data: [DONE]\n\n")
+    assert record.status == 503
