@@ -53,7 +53,7 @@ def post(router: Router, path: str, body: dict[str, object]) -> bytes:
     "path, start, end",
     [
         ("/v1/chat/completions", b": waiting ", b"data: [DONE]\n\n"),
-        ("/v1/responses", b": waiting ", b"response.completed"),
+        ("/v1/responses", b": waiting ", b"event: response.incomplete"),  # 2 tokens: cut
         ("/v1/messages", b"event: ping\n", b"event: message_stop"),
         ("/api/chat", b"{", b'"done":true'),
     ],
