@@ -72,14 +72,14 @@ def unavailable(message: str, *, code: str = "no_backend_available") -> RouterEr
     return RouterError(503, message, type="service_unavailable", code=code)
 
 
-def internal_error() -> RouterError:
-    """A defect in speclane itself: the details go to its log, not to the client."""
-    return RouterError(
-        500,
-        "internal error in speclane (see its log)",
-        type="internal_error",
-        code="internal_error",
-    )
+def internal_error(
+    where: str = "speclane", reference: str | None = None, *, type: str = "internal_error"
+) -> RouterError:
+    """A defect in speclane itself: the details go to its log, not to the client (an
+    exception's text may hold another request's data). ``reference``: the id its log line
+    carries."""
+    seen = f"see its log, reference {reference}" if reference else "see its log"
+    return RouterError(500, f"internal error in {where} ({seen})", type=type, code="internal_error")
 
 
 def upstream_timeout(message: str) -> RouterError:

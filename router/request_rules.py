@@ -80,6 +80,26 @@ def integer(
     return value
 
 
+def ascii_int(text: str, lo: int, hi: int, *, param: str) -> int:
+    """``text`` (a query parameter, a JSON key) as an integer in ``[lo, hi]``, else a 400
+    naming ``param``: ASCII digits only, at most as many as ``hi`` has (so no sign, space,
+    ``_``, ``²``, ``①`` or Arabic-Indic digits, and never a 5,000-digit ``int()``)."""
+    value = parse_ascii_int(text, lo, hi)
+    if value is None:
+        raise bad_request(f"'{param}' must be an integer from {lo} to {hi}", param=param)
+    return value
+
+
+def parse_ascii_int(text: str, lo: int, hi: int) -> int | None:
+    """``ascii_int`` without the error: None for anything it refuses."""
+    if not 0 <= lo <= hi:
+        raise ValueError(f"ascii_int takes a range of non-negative integers, not [{lo}, {hi}]")
+    if not (0 < len(text) <= len(str(hi)) and text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if lo <= value <= hi else None
+
+
 def out_of_range(key: str, lo: float, hi: float | None) -> RouterError:
     bounds = f"at least {_text(lo)}" if hi is None else f"between {_text(lo)} and {_text(hi)}"
     return bad_request(f"'{key}' must be {bounds}", param=key)
@@ -87,6 +107,73 @@ def out_of_range(key: str, lo: float, hi: float | None) -> RouterError:
 
 def _text(bound: float) -> str:
     return str(bound) if isinstance(bound, int) else f"{bound:g}"
+
+
+# --- token ids and seeds -------------------------------------------------------------------
+
+# A token id as ``logit_bias`` spells it (a JSON object key): ASCII digits only, at most ten
+# (every vocabulary is far below 10**10). ``str.isdigit`` also takes "²" and "①", which
+# ``int`` then refuses, and ``int`` of thousands of digits is slow or refused: neither may
+# reach a parse.
+MAX_TOKEN_ID_DIGITS = 10
+# OpenAI's own bias range; the entry count bounds a request's processor (one gather per
+# step): OpenAI documents no count, real uses name a few tokens.
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+MAX_LOGIT_BIAS = 1024
+# A seed as OpenAI and vLLM take it (a signed 64-bit integer) or MLX does (unsigned 64
+# bits): the lanes use it modulo 2**64.
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def token_id(text: str) -> int | None:
+    """``text`` as a token id, or None when it is not one (strictly ASCII digits)."""
+    return parse_ascii_int(text, 0, 10**MAX_TOKEN_ID_DIGITS - 1)
+
+
+def logit_bias(data: Mapping[str, Any], key: str = "logit_bias") -> tuple[tuple[int, float], ...]:
+    """``{"<token id>": bias}`` as ``((id, bias), ...)``, or a 400 naming ``key``. Whether an
+    id is inside the model's vocabulary only the lane knows (``fit_vocabulary`` there)."""
+    raw = typed(data, key, Mapping, {})
+    lo, hi = LOGIT_BIAS_RANGE
+    if len(raw) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'{key}' names at most {MAX_LOGIT_BIAS} tokens", param=key)
+    out = []
+    for name, bias in raw.items():
+        ident = token_id(name) if isinstance(name, str) else None
+        number_ok = isinstance(bias, int | float) and not isinstance(bias, bool)
+        if ident is None or not number_ok or not lo <= bias <= hi:
+            raise bad_request(
+                f"'{key}' maps token ids (decimal digits) to numbers in [{lo:g}, {hi:g}]",
+                param=key,
+            )
+        out.append((ident, float(bias)))
+    return tuple(out)
+
+
+def seed(data: Mapping[str, Any], key: str = "seed") -> int | None:
+    """A seed in ``SEED_RANGE``, or a 400."""
+    return integer(data, key, None, *SEED_RANGE)
+
+
+MAX_N = 128  # choices per request (``n``), the router's bound and the lanes'
+
+# --- log-probabilities ----------------------------------------------------------------------
+
+MAX_TOP_LOGPROBS = 20  # chat's ``top_logprobs``, OpenAI's range 0..20
+MAX_COMPLETION_LOGPROBS = 5  # legacy completions' ``logprobs``, OpenAI's range 0..5
+
+
+def logprobs(data: Mapping[str, Any], chat: bool) -> int | None:
+    """How many alternatives each token's log-probability comes with, or None (not asked).
+    Chat: ``logprobs: true`` and ``top_logprobs`` 0..20 (which needs ``logprobs``);
+    completions: ``logprobs`` 0..5."""
+    if not chat:
+        return integer(data, "logprobs", None, 0, MAX_COMPLETION_LOGPROBS)
+    asked = typed(data, "logprobs", bool, False)
+    top = integer(data, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    if top is not None and not asked:
+        raise bad_request("'top_logprobs' needs 'logprobs' to be true", param="top_logprobs")
+    return (top or 0) if asked else None
 
 
 # --- nesting ------------------------------------------------------------------------------

@@ -11,6 +11,15 @@ depends only on it and its neighbours, and a later turn only appends (the model'
 first), so a conversation renders the same on every turn and every prompt cache (the
 lanes', mlx_lm.server's, llama.cpp's) keeps hitting.
 
+The notes are unambiguous: nothing but a fold writes ``<system>`` or ``</system>``. Inside a
+note's text and inside every user and tool message (``ESCAPED_ROLES``: the text an agent
+reads, a web page, a file, lands there) each spelling of either tag (any case, spaces
+anywhere, attributes: ``TAG``) gets one backslash after its ``<`` (``escape_text``), and one
+that had backslashes there gets one more, so the escape is reversible (``unescape_text``)
+and a late system message holding ``</system>`` cannot close its note early, nor a user
+message or a tool result hold a note byte-identical to a folded one. It depends only on the
+message's own text, so the rendering stays the same turn after turn.
+
 Pure and generic: the lanes fold their validated messages (``router.worker.request.protocol``), the
 proxy folds the JSON messages it forwards to a backend set to ``system_messages = "fold"``
 (``fold_json``).
@@ -18,11 +27,19 @@ proxy folds the JSON messages it forwards to a backend set to ``system_messages 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 SYSTEM_ROLES = frozenset({"system", "developer"})  # developer: OpenAI's newer name for system
 SYSTEM_NOTE = "<system>\n{}\n</system>"
+# Where text from outside the conversation's author lands next to notes (function: OpenAI's
+# older name for a tool result).
+ESCAPED_ROLES = frozenset({"user", "tool", "function"})
+# A spelling of a note's tags a reader might take for one: ``<``, the escape's backslashes
+# (group 1), then ``system`` or ``/system`` with spaces anywhere, attributes, ``>``. Not
+# ``<system-reminder>`` or ``<systems>`` (Claude Code sends the first in user messages).
+TAG = re.compile(r"<(\\*)(\s*/?\s*system(?![\w-])[^<>]*>)", re.IGNORECASE)
 
 M = TypeVar("M")
 
@@ -35,13 +52,17 @@ def fold(
     system: Callable[[str], M],
     user: Callable[[str], M],
     extend: Callable[[M, str, bool], M],
+    escape: Callable[[M], M],
 ) -> list[M]:
     """The messages with one leading system message and late ones folded (module docstring).
 
     ``role``/``text``: a message's role and its text; ``system``/``user``: a new message of
     that role with a text; ``extend(user_message, notes, at_end)``: that user message with
-    ``notes`` added at its end (or its start), separated by a blank line.
+    ``notes`` added at its end (or its start), separated by a blank line; ``escape``: a
+    message of ``ESCAPED_ROLES`` with its text (every text part) through ``escape_text``
+    (called only when that changes it).
     """
+    messages = [_escaped(m, role, text, escape) for m in messages]
     lead = 0
     while lead < len(messages) and role(messages[lead]) in SYSTEM_ROLES:
         lead += 1
@@ -57,7 +78,9 @@ def fold(
         end = i  # a run of later system messages makes one block of notes
         while end < len(messages) and role(messages[end]) in SYSTEM_ROLES:
             end += 1
-        notes = "\n\n".join(SYSTEM_NOTE.format(t) for m in messages[i:end] if (t := text(m)))
+        notes = "\n\n".join(
+            SYSTEM_NOTE.format(escape_text(t)) for m in messages[i:end] if (t := text(m))
+        )
         after = messages[end] if end < len(messages) else None
         i = end
         if not notes:
@@ -74,12 +97,37 @@ def fold(
     return out
 
 
+def escape_text(text: str) -> str:
+    """``text`` with every spelling of a note's tags (``TAG``) given one more backslash
+    after its ``<``: it holds none then, and ``unescape_text`` gives ``text`` back."""
+    return TAG.sub(r"<\\\1\2", text) if "<" in text else text
+
+
+def unescape_text(text: str) -> str:
+    """The inverse of ``escape_text``."""
+    return _ESCAPED_TAG.sub(r"<\1\2", text) if "<" in text else text
+
+
+_ESCAPED_TAG = re.compile(r"<\\(\\*)(\s*/?\s*system(?![\w-])[^<>]*>)", re.IGNORECASE)
+
+
+def _escaped(
+    m: M, role: Callable[[M], str], text: Callable[[M], str], escape: Callable[[M], M]
+) -> M:
+    if role(m) in ESCAPED_ROLES and TAG.search(text(m)):
+        return escape(m)
+    return m
+
+
 def needs_fold(messages: Sequence[Any]) -> bool:
     """Whether folding changes JSON messages: a system message anywhere but first, or a
-    first one named ``developer`` (what a one-system template refuses, or does not know)."""
+    first one named ``developer`` (what a one-system template refuses, or does not know),
+    or a tag to escape in a user or tool message (whether or not notes come: the same
+    message renders the same on every turn)."""
     return bool(messages) and (
         _json_role(messages[0]) == "developer"
         or any(_json_role(m) in SYSTEM_ROLES for m in messages[1:])
+        or any(_json_role(m) in ESCAPED_ROLES and TAG.search(_json_text(m)) for m in messages)
     )
 
 
@@ -96,6 +144,7 @@ def fold_json(messages: list[Any]) -> list[Any]:
         system=lambda t: {"role": "system", "content": t},
         user=lambda t: {"role": "user", "content": t},
         extend=_json_extend,
+        escape=_json_escape,
     )
 
 
@@ -109,11 +158,7 @@ def _json_text(m: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(
-            p["text"]
-            for p in content
-            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        )
+        return "".join(p["text"] for p in content if _is_text_part(p))
     return ""
 
 
@@ -127,3 +172,27 @@ def _json_extend(m: dict[str, Any], notes: str, at_end: bool) -> dict[str, Any]:
     own = content if isinstance(content, str) else ""
     first, second = (own, notes) if at_end else (notes, own)
     return {**m, "content": f"{first}\n\n{second}" if first and second else first or second}
+
+
+def _json_escape(m: dict[str, Any]) -> dict[str, Any]:
+    content = m.get("content")
+    if isinstance(content, str):
+        return {**m, "content": escape_text(content)}
+    if not isinstance(content, list):
+        return m
+    parts = [{**p, "text": escape_text(p["text"])} if _is_text_part(p) else p for p in content]
+    if TAG.search(_json_text({"content": parts})):
+        # A tag split across text parts (templates join them): the text as one part, where
+        # its first part was.
+        first = next(i for i, p in enumerate(content) if _is_text_part(p))
+        joined = {"type": "text", "text": escape_text(_json_text(m))}
+        parts = [
+            joined if i == first else p
+            for i, p in enumerate(content)
+            if i == first or not _is_text_part(p)
+        ]
+    return {**m, "content": parts}
+
+
+def _is_text_part(p: Any) -> bool:
+    return isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)

@@ -40,6 +40,15 @@ MODES = (*LANE_MODES, SHARED_MODE)
 # A lane over a group of ranks (``[lanes.group]``, ``router.worker.group``): how the target
 # is split between them.
 GROUP_PARALLEL = ("tensor", "pipeline")
+# A group's launcher: mlx.launch run by ``python -m GROUP_LAUNCH_MODULE <directory>``, its
+# arguments (the ring's ports among them) read from GROUP_LAUNCH_FILE in that private
+# directory (0700, the file 0600), never from its command line, which every local user can
+# read (``router.worker.group.launch``).
+GROUP_LAUNCH_MODULE = "router.worker.group.launch"
+GROUP_LAUNCH_FILE = "launch.json"
+# How a rank of the ring backend says it could not set up its sockets (a port taken, a
+# stranger's connection): "[ring] Couldn't bind socket", "[ring] Couldn't connect".
+RING_SETUP_FAILED = "[ring] Couldn't"
 # Shared mode's generation threads: one taking turns between the lanes, or one per lane;
 # auto: one per lane on a multi-core CPU with a one-thread BLAS (``shared.threads_for``).
 SHARED_THREADS = ("auto", "1", "2")
@@ -50,6 +59,10 @@ DRAFT_TOKENS_FIELD = "num_draft_tokens"  # request field: 0 decodes without the 
 # ``prediction``, which always wins); the batching lane ignores it. The router writes it per
 # request family (``router.routing.speculate.lane_source``).
 DRAFT_SOURCE_FIELD = "draft_source"
+# A stream whose client did not ask for usage (``stream_options.include_usage``) carries none,
+# as OpenAI's; its finish chunk has the usage object (the draft statistics the router reads,
+# ``usage.speclane_spec``) under this top-level field instead, which OpenAI clients ignore.
+STREAM_USAGE_FIELD = "speclane_usage"
 # ``auto``: the lane chooses among every source it has, at every step (the default).
 REQUEST_DRAFT_SOURCES = ("auto", "draft_model", "prompt_lookup", "suffix")
 MAX_DRAFT_TOKENS = 16  # per verification round, for the flag and the request field
@@ -178,6 +191,13 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
         "auto, measured from the lane's passes; 0: always the longest draft)",
     )
     p.add_argument(
+        "--content-special-tokens",
+        choices=CONTENT_SPECIAL_TOKENS,
+        default="text",
+        help="special tokens' text inside messages: read as text (the default: no message "
+        "can forge a turn) or as control tokens",
+    )
+    p.add_argument(
         "--max-batch-size",
         type=int,
         default=DEFAULT_BATCH_SIZE,
@@ -225,6 +245,9 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
     )
     p.add_argument("--group-backend", default="ring", help="the group's backend (reported)")
     p.add_argument("--group-hosts", default="", help="the ranks' hosts, comma-separated (reported)")
+
+
+CONTENT_SPECIAL_TOKENS = ("text", "control")
 
 
 def position_cost(text: str) -> float | None:
@@ -315,6 +338,7 @@ def worker_argv(
     speculative: tuple[str, ...] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     shared_threads: str = "auto",
+    content_special_tokens: str = "text",
 ) -> list[str]:
     """The command line of a worker on a free loopback port; ``speculative``: the draft
     source flags of the speculative lane; ``max_body_bytes``: the router's own limit;
@@ -342,6 +366,8 @@ def worker_argv(
         str(max_batch_size),
         "--prompt-cache-bytes",
         str(prompt_cache_bytes),
+        "--content-special-tokens",
+        content_special_tokens,
         "--max-body-bytes",
         str(max_body_bytes * WORKER_BODY_HEADROOM),
         "--host",

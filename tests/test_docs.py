@@ -42,7 +42,9 @@ README_MAX_LINES = 300
 
 
 # speclane_* words in the documentation that are not metrics.
-NOT_METRICS = {"speclane_spec"}  # the draft statistics in a lane answer's usage
+# The draft statistics in a lane answer's usage, and the field a stream carries them in when
+# its client asked for no usage (router.worker_contract.STREAM_USAGE_FIELD).
+NOT_METRICS = {"speclane_spec", "speclane_usage"}
 # Keys of [spec] that a policy cannot override (configuration.md says so).
 GLOBAL_ONLY_SPEC = {"scrape_interval", "max_keys"}
 

@@ -167,6 +167,7 @@ BENCHES = {
              {"type": csv(str, session_run.TARGETS)}),
             ("--max-tokens", 300, "per turn"),
             ("--num-draft-tokens", 3, "mlx_lm.server --draft-model's"),
+            ("--agents", 1, "copies of each session at once, each its own file (makespan)"),
             ("--out", Path("bench-results/session.json"), None),
         ),
         session_run.run, session_report.render,

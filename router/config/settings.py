@@ -166,6 +166,9 @@ class LanesSettings(Frozen):
     # a one-position pass; auto measures it from the lane's own passes.
     draft_position_cost: Literal["auto"] | Annotated[float, Field(ge=0)] = "auto"
     max_batch_size: int = Field(default=8, ge=1, le=256)
+    # Special tokens' text inside messages (a tool result quoting "<|im_end|>"): "text" reads
+    # it as text, so no message can forge a turn; "control" as the tokens themselves.
+    content_special_tokens: Literal["text", "control"] = "text"
     startup_timeout: float = Field(default=600.0, gt=0)
     health_interval: float = Field(default=2.0, gt=0)
     max_restarts: int = Field(default=5, ge=0)  # within restart_window, then the lane is given up

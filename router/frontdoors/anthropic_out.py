@@ -22,7 +22,14 @@ import orjson
 
 from router import errors, sse
 from router.errors import RouterError
-from router.frontdoors.common import dict_of, first_choices, list_of, translate_events, whole_call
+from router.frontdoors.common import (
+    dict_of,
+    first_choices,
+    kept_calls,
+    list_of,
+    translate_events,
+    whole_call,
+)
 from router.sse import event_json
 
 STREAM_CONTENT_TYPE = "text/event-stream"
@@ -93,7 +100,7 @@ def message_body(
     text = message.get("content")
     if isinstance(text, str) and text:
         content.append({"type": "text", "text": text})
-    calls = list_of(message, "tool_calls")
+    calls = kept_calls(list_of(message, "tool_calls"), choice.get("finish_reason"))
     for call in calls:
         name, args = whole_call(call)
         call_id = call.get("id")

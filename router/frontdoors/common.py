@@ -105,6 +105,58 @@ def whole_call(call: Any) -> tuple[str, dict[str, Any]]:
     return function["name"], args
 
 
+def logprob_entries(choice: Any) -> list[dict[str, Any]]:
+    """An OpenAI choice's (or chunk's) log-probabilities as entries ``{token, logprob, bytes,
+    top_logprobs: [{token, logprob, bytes}]}``: chat's shape as it is (the Responses and
+    Ollama APIs' too), a text completion's ``{tokens, token_logprobs, top_logprobs}`` turned
+    into it; [] without any."""
+    logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+    if not isinstance(logprobs, dict):
+        return []
+    content = logprobs.get("content")
+    if isinstance(content, list):
+        return [e for e in content if isinstance(e, dict)]
+    tokens, values = logprobs.get("tokens"), logprobs.get("token_logprobs")
+    if not isinstance(tokens, list) or not isinstance(values, list):
+        return []
+    tops = logprobs.get("top_logprobs")
+    tops = tops if isinstance(tops, list) else []
+    out = []
+    for i, (token, value) in enumerate(zip(tokens, values, strict=False)):
+        if not isinstance(token, str) or not isinstance(value, int | float):
+            continue
+        top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
+        out.append(
+            {
+                **_entry(token, value),
+                "top_logprobs": [
+                    _entry(t, lp) for t, lp in top.items() if isinstance(lp, int | float)
+                ],
+            }
+        )
+    return out
+
+
+def _entry(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+def kept_calls(calls: list[Any], finish_reason: Any) -> list[Any]:
+    """A whole answer's tool calls for the doors that send arguments as an object: a call the
+    token limit cut (``finish_reason: "length"``, arguments written part way, as OpenAI
+    answers it) is unusable there and dropped, as their streams drop it; any other call must
+    be whole (``whole_call``)."""
+    if finish_reason != "length":
+        return calls
+    return [
+        c
+        for c in calls
+        if not isinstance(c, dict)
+        or not isinstance(c.get("function"), dict)
+        or arguments_object(c["function"].get("arguments")) is not None
+    ]
+
+
 def arguments_object(arguments: Any) -> dict[str, Any] | None:
     """An OpenAI tool call's ``arguments`` (a JSON string) as an object; None when it is not
     a JSON object, or nests deeper than a request may (``request_rules.MAX_JSON_DEPTH``: the

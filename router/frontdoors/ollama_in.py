@@ -100,6 +100,7 @@ def _common(body: dict[str, Any], out: dict[str, Any], endpoint: Endpoint) -> Ol
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", param="stream")
     out.update(_options(body.get("options")))
+    out.update(_logprobs(body, endpoint))
     response_format = _format(body.get("format"))
     if response_format is not None:
         out["response_format"] = response_format
@@ -111,7 +112,37 @@ def _common(body: dict[str, Any], out: dict[str, Any], endpoint: Endpoint) -> Ol
     return OllamaRequest(endpoint, out, out["model"], stream, keep_alive)
 
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+MAX_TOP_LOGPROBS = 20  # Ollama's and OpenAI chat's
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI completions' (a raw generate)
+
+
+def _logprobs(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any]:
+    """Ollama's ``logprobs: true`` and ``top_logprobs`` (0..20) as OpenAI's: chat's
+    ``logprobs`` and ``top_logprobs``, or a raw generate's completions ``logprobs`` (its
+    alternatives capped at 5, that endpoint's limit)."""
+    asked = body.get("logprobs")
+    top = body.get("top_logprobs")
+    if asked is not None and not isinstance(asked, bool):
+        raise bad_request("'logprobs' must be a boolean", param="logprobs")
+    if top is not None and (
+        not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_TOP_LOGPROBS
+    ):
+        raise bad_request(
+            f"'top_logprobs' must be an integer between 0 and {MAX_TOP_LOGPROBS}",
+            param="top_logprobs",
+        )
+    if not asked:
+        return {}
+    if endpoint == "completions":
+        return {"logprobs": min(top or 0, MAX_COMPLETION_LOGPROBS)}
+    return {"logprobs": True, "top_logprobs": top or 0}
+
+
+# ASCII digits only, as Go's time.ParseDuration: float() and ``\d`` would also take "٣",
+# "1_0", "1e3" or "inf" (the one strict way of router.request_rules.ascii_int, for decimals).
+_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+_BARE_NUMBER = re.compile(_NUMBER)
+_DURATION_PART = re.compile(rf"({_NUMBER})(ns|us|µs|ms|s|m|h)")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 MAX_KEEP_ALIVE = 10 * 365 * 86400.0  # longer is "forever" anyway
 
@@ -129,15 +160,15 @@ def keep_alive_seconds(value: Any) -> float | None:
         text = value.strip()
         sign = -1.0 if text.startswith("-") else 1.0
         body = text.lstrip("+-")
-        try:
+        if _BARE_NUMBER.fullmatch(body):
             seconds = float(body)  # a bare number is seconds
-        except ValueError:
+        else:
             parts = _DURATION_PART.findall(body)
             if not parts or "".join(n + u for n, u in parts) != body:
                 raise bad_request(
                     f'\'keep_alive\' {value!r} is not a duration (e.g. "5m", "30s", 0)',
                     param="keep_alive",
-                ) from None
+                )
             seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
         seconds *= sign
     else:

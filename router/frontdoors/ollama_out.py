@@ -28,6 +28,8 @@ from router.frontdoors.common import (
     arguments_object,
     dict_of,
     first_choices,
+    kept_calls,
+    logprob_entries,
     translate_events,
     whole_call,
 )
@@ -86,6 +88,7 @@ class OllamaEgress:
         self._first_token: float | None = None
         self._finish_reason: Any = None
         self._usage: Any = None
+        self._logprobs: list[dict[str, Any]] = []  # log-probability entries not sent yet
         self._calls: dict[int, dict[str, Pieces]] = {}  # OpenAI index -> call being assembled
         self._ended = False
 
@@ -133,10 +136,14 @@ class OllamaEgress:
             message = choice["message"]
             text = message.get("content") if isinstance(message.get("content"), str) else ""
             calls = message.get("tool_calls")
+            if isinstance(calls, list):
+                calls = kept_calls(calls, choice.get("finish_reason"))
             if isinstance(calls, list) and calls:
                 extra["tool_calls"] = tool_calls(calls)
         else:
             text = choice.get("text") if isinstance(choice.get("text"), str) else ""
+        if entries := logprob_entries(choice):
+            extra["logprobs"] = entries
         stats = self._stats(choice.get("finish_reason"), answer.get("usage"), whole=True)
         return self._line(text, **extra, **stats)
 
@@ -152,7 +159,8 @@ class OllamaEgress:
             return b""
         out = self._flush_calls()
         self._ended = True
-        return out + self._line("", **self._stats(self._finish_reason, self._usage, whole=False))
+        stats = self._stats(self._finish_reason, self._usage, whole=False)
+        return out + self._line("", **self._take_logprobs(), **stats)
 
     def keep_alive(self, note: str) -> bytes:
         # NDJSON has no comments, and the ollama libraries parse every line (a blank one
@@ -180,14 +188,23 @@ class OllamaEgress:
                     self._gather(calls)
             else:
                 text = choice.get("text")  # a text completion (raw generate)
+            self._logprobs += logprob_entries(choice)
             if isinstance(text, str) and text:
                 if self._first_token is None:
                     self._first_token = self._clock()
-                out += self._line(text, done=False)
+                out += self._line(text, done=False, **self._take_logprobs())
             if choice.get("finish_reason") is not None:
                 self._finish_reason = choice["finish_reason"]
                 out += self._flush_calls()
         return bytes(out)
+
+    def _take_logprobs(self) -> dict[str, Any]:
+        """The entries not sent yet, for the next line (those that came without text go with
+        the last one)."""
+        if not self._logprobs:
+            return {}
+        entries, self._logprobs = self._logprobs, []
+        return {"logprobs": entries}
 
     def _gather(self, calls: list[Any]) -> None:
         if self._first_token is None:

@@ -13,7 +13,10 @@ instructions, as OpenAI does) before the new input. ``function`` tools map one t
 ``namespace`` tool's functions are offered as ``<namespace>__<name>`` and the calls split
 back; ``web_search`` is ignored (nothing here searches the web: the model gets no such tool);
 any other tool type is refused. ``text.format`` becomes ``response_format`` (the lanes'
-constrained decoding). Fields that change the answer and are not supported are refused with
+constrained decoding). ``top_logprobs`` (0..20) or ``include: ["message.output_text.logprobs"]``
+asks for log-probabilities (chat's ``logprobs: true`` and ``top_logprobs``; the answer's
+``output_text`` parts carry them). Fields that change the answer and are not supported are
+refused with
 a 400 naming them; the rest of the fields clients send (``reasoning``, ``include``,
 ``client_metadata``, ``service_tier``, ``truncation``...) are accepted and ignored.
 """
@@ -46,7 +49,6 @@ REFUSED_FIELDS = {
     "conversation": "the Conversations API is not supported; use previous_response_id",
     "prompt": "prompt templates are not supported",
     "max_tool_calls": "'max_tool_calls' is not supported",
-    "top_logprobs": "'top_logprobs' is not supported",
     "context_management": "server-side context management is not supported",
 }
 
@@ -119,6 +121,9 @@ def to_openai(
     if tools and parallel is not None:
         out["parallel_tool_calls"] = parallel
     out.update(_sampling(body))
+    top_logprobs = _logprobs(body)
+    if top_logprobs is not None:
+        out["logprobs"], out["top_logprobs"] = True, top_logprobs
     text = _text(body.get("text"))
     if text is not None:
         out["response_format"] = text
@@ -154,6 +159,7 @@ def to_openai(
             for t in body.get("tools") or []
             if isinstance(t, dict) and _kind(t.get("type")) not in IGNORED_TOOLS
         ],
+        "top_logprobs": body.get("top_logprobs"),
         "top_p": out.get("top_p"),
         "user": out.get("user"),
     }
@@ -167,6 +173,25 @@ def _flag(body: dict[str, Any], key: str, default: bool | None) -> bool | None:
     if not isinstance(value, bool):
         raise bad_request(f"'{key}' must be a boolean", param=key)
     return value
+
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+MAX_TOP_LOGPROBS = 20  # OpenAI's range
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """The alternatives per token when the request asks for log-probabilities, else None."""
+    top = body.get("top_logprobs")
+    if top is not None and (
+        not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_TOP_LOGPROBS
+    ):
+        raise bad_request(
+            f"'top_logprobs' must be an integer between 0 and {MAX_TOP_LOGPROBS}",
+            param="top_logprobs",
+        )
+    include = body.get("include")
+    asked = isinstance(include, list) and LOGPROBS_INCLUDE in include
+    return top if top is not None else (0 if asked else None)
 
 
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:

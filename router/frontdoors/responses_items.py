@@ -20,6 +20,7 @@ from multidict import MultiMapping
 
 from router.errors import bad_request
 from router.frontdoors import responses_compact
+from router.request_rules import ascii_int
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
@@ -64,16 +65,14 @@ def page_query(query: MultiMapping[str]) -> PageQuery:
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise bad_request("'order' must be 'asc' or 'desc'", param="order")
-    raw_limit = query.get("limit", str(DEFAULT_LIMIT))
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
-        raise bad_request(f"'limit' must be an integer from 1 to {MAX_LIMIT}", param="limit")
+    limit = ascii_int(query.get("limit", str(DEFAULT_LIMIT)), 1, MAX_LIMIT, param="limit")
     if len(query.getall("include", [])) > MAX_INCLUDE:
         raise bad_request(f"'include' takes at most {MAX_INCLUDE} values", param="include")
     return PageQuery(
         order="asc" if order == "asc" else "desc",
         after=query.get("after") or None,
         before=query.get("before") or None,
-        limit=int(raw_limit),
+        limit=limit,
     )
 
 

@@ -7,7 +7,8 @@ response (a stream, or a background response) closes its upstream request at onc
 frees the lane's slot, and answers the response, ``cancelled``; cancelling one that already
 ended is a 400, as OpenAI answers. ``input_tokens`` is counted like Anthropic's
 ``count_tokens``: by a lane, under its chat template, tools included, admitted like a
-generation request.
+generation request; a model only an external backend serves is counted by that backend
+where its kind can, else estimated (``router.frontdoors.externalcount``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from router import errors
 from router.errors import RouterError
 from router.frontdoors import responses_in, responses_items
 from router.frontdoors.common import counted
+from router.frontdoors.externalcount import count_on_backend
 from router.frontdoors.responses_running import CANCEL_WAIT, missing
 from router.frontdoors.tokencount import count_on_lane, tokenizing_lane
 from router.proxy import observe
@@ -36,6 +38,8 @@ from router.services import Services
 # Fields of a create request that do not change what the prompt holds: dropped before the
 # request is translated for a count.
 NOT_COUNTED = ("stream", "background", "store")
+# What the lanes answer when they cannot count a model: an external backend serving it may.
+LANES_CANNOT = ("no_lane_ready", "model_not_found")
 
 
 async def input_items(services: Services, request: web.Request) -> web.Response:
@@ -91,9 +95,17 @@ async def input_tokens(services: Services, request: web.Request) -> web.Response
                 raise missing(previous, "previous_response_id")
             history = entry.messages
         req = responses_in.to_openai(body, history)
-        count = await count_on_lane(
-            services, policy, req.model, lambda served: counted(req.openai), outcome
-        )
+        try:
+            count = await count_on_lane(
+                services, policy, req.model, lambda served: counted(req.openai), outcome
+            )
+        except RouterError as e:
+            if e.code not in LANES_CANNOT or not _externals_answer(services, req.model):
+                raise
+            # No lane serves the model: the external backend that does counts (or estimates);
+            # without lanes, a model nobody serves is a 404 as on the other endpoints.
+            answer = await count_on_backend(services, policy, req.model, req.openai, outcome)
+            return web.json_response(answer)
         return web.json_response({"object": "response.input_tokens", "input_tokens": count})
     except RouterError as e:
         outcome.status, outcome.error = e.status, e
@@ -115,7 +127,18 @@ async def input_tokens(services: Services, request: web.Request) -> web.Response
         )
 
 
+def _externals_answer(services: Services, model: str) -> bool:
+    """An external backend serves ``model``, or there are no lanes at all."""
+    if not any(b.lane is not None for b in services.pool):
+        return True
+    return any(b.lane is None and b.ready and model in b.models for b in services.pool)
+
+
 def _lanes_model(services: Services) -> str:
+    if not any(b.lane is not None and b.ready for b in services.pool):
+        raise errors.bad_request(
+            "'model' is required: no lane is ready to name its own", param="model"
+        )
     models = sorted(tokenizing_lane(services.pool, None).models)
     if not models:
         raise errors.bad_request("'model' is required", param="model")

@@ -25,7 +25,7 @@ import orjson
 from router import errors, sse
 from router.errors import RouterError
 from router.frontdoors import responses_compact
-from router.frontdoors.common import Pieces, first_choices, translate_events
+from router.frontdoors.common import Pieces, first_choices, logprob_entries, translate_events
 from router.frontdoors.responses_in import ResponsesRequest
 
 STREAM_CONTENT_TYPE = "text/event-stream"
@@ -85,18 +85,20 @@ def response_object(
     }
 
 
-def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+def message_item(
+    item_id: str, text: str, status: str, logprobs: list[Any] | None = None
+) -> dict[str, Any]:
     return {
         "id": item_id,
         "type": "message",
         "status": status,
         "role": "assistant",
-        "content": [_text_part(text)] if status != "in_progress" else [],
+        "content": [_text_part(text, logprobs)] if status != "in_progress" else [],
     }
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[Any] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def call_item(
@@ -202,7 +204,7 @@ def response_body(
         )
         return body, _assistant_message(text, [])
     if text:
-        output.append(message_item(new_id("msg"), text, status))
+        output.append(message_item(new_id("msg"), text, status, logprob_entries(choice)))
     calls = []
     raw_calls = message.get("tool_calls")
     for call in raw_calls if isinstance(raw_calls, list) else []:
@@ -251,6 +253,7 @@ class ResponsesEgress:
         self._output: dict[int, dict[str, Any]] = {}  # finished items by output_index
         self._text_item: dict[str, Any] | None = None  # the open message item
         self._text = Pieces()  # the open message item's text
+        self._logprobs: list[Any] = []  # the open message item's log-probability entries
         self._all_text = Pieces()  # all the answer's text (what is stored)
         self._calls: dict[int, dict[str, Any]] = {}  # OpenAI tool call index -> open call
         self._finished_calls: list[dict[str, Any]] = []
@@ -400,8 +403,11 @@ class ResponsesEgress:
                 if choice.get("finish_reason") is not None:
                     self._finish_reason = choice["finish_reason"]
                 continue
+            entries = logprob_entries(choice)
             if isinstance(text, str) and text:
-                out += self._delta(text)
+                out += self._delta(text, entries)
+            elif entries and self._text_item is not None:  # a stream's last entries
+                self._logprobs += entries
             calls = delta.get("tool_calls")
             if isinstance(calls, list):
                 for call in calls:
@@ -411,7 +417,7 @@ class ResponsesEgress:
                 self._finish_reason = choice["finish_reason"]
         return bytes(out)
 
-    def _delta(self, text: str) -> bytes:
+    def _delta(self, text: str, logprobs: list[Any] | None = None) -> bytes:
         out = b""
         item = self._text_item
         if item is None:
@@ -419,6 +425,7 @@ class ResponsesEgress:
             item["output_index"] = self._next_index
             self._next_index += 1
             self._text = Pieces()
+            self._logprobs = []
             where = {
                 "item_id": item["id"],
                 "output_index": item["output_index"],
@@ -430,6 +437,7 @@ class ResponsesEgress:
             ) + self._event("response.content_part.added", {**where, "part": _text_part("")})
         self._text.add(text)
         self._all_text.add(text)
+        self._logprobs += logprobs or []
         return out + self._event(
             "response.output_text.delta",
             {
@@ -437,7 +445,7 @@ class ResponsesEgress:
                 "output_index": item["output_index"],
                 "content_index": 0,
                 "delta": text,
-                "logprobs": [],
+                "logprobs": logprobs or [],
             },
         )
 
@@ -447,12 +455,14 @@ class ResponsesEgress:
             return b""
         self._text_item = None
         where = {"item_id": item["id"], "output_index": item["output_index"], "content_index": 0}
-        text = self._text.text()
-        done = message_item(item["id"], text, status)
+        text, logprobs = self._text.text(), self._logprobs
+        done = message_item(item["id"], text, status, logprobs)
         self._output[item["output_index"]] = done
         return (
-            self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
-            + self._event("response.content_part.done", {**where, "part": _text_part(text)})
+            self._event("response.output_text.done", {**where, "text": text, "logprobs": logprobs})
+            + self._event(
+                "response.content_part.done", {**where, "part": _text_part(text, logprobs)}
+            )
             + self._event(
                 "response.output_item.done", {"output_index": item["output_index"], "item": done}
             )

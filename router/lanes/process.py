@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
 from collections import deque
@@ -23,7 +24,7 @@ from router.config.group import GroupSpec
 from router.config.names import LANE_NAMES
 from router.config.settings import LanesSettings
 from router.lanes.blas import preload_env
-from router.lanes.rankgroup import group_argv, with_free_ports
+from router.lanes.rankgroup import PORT_PLACEHOLDER, group_argv, private_launch
 from router.worker_contract import (
     DEFAULT_MAX_BODY_BYTES,
     SHARED_MODE,
@@ -54,6 +55,14 @@ class WorkerCommand:
     # takes, chosen at every spawn (0: none).
     ring_ports: int = 0
     group: GroupSpec | None = field(default=None, hash=False)
+    # A group's launcher: mlx.launch's arguments, handed over in a private directory (its
+    # name appended to ``argv`` at every spawn), never on a command line.
+    launch_args: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def fresh_ports(self) -> bool:
+        """Every spawn takes a fresh range of ports (none fixed by ``[lanes.group] port``)."""
+        return self.ring_ports > 0 and PORT_PLACEHOLDER in self.launch_args
 
     def auth_headers(self) -> dict[str, str]:
         return worker_auth_headers(self.secret)
@@ -97,6 +106,7 @@ def build_worker_command(
         speculative=speculative_args(settings, draft_dir),
         max_body_bytes=max_body_bytes,
         shared_threads=str(settings.shared_threads),
+        content_special_tokens=settings.content_special_tokens,
     )
     env = preload_env()
     env.update(settings.env)
@@ -108,9 +118,11 @@ def build_worker_command(
     env[WORKER_SECRET_ENV] = secret
     if group is not None:
         rank_env = {**settings.env, "PYTHONUNBUFFERED": "1"}
-        launch = group_argv(group, argv, rank_env, python)
-        ports = group.ranks if "--starting-port" in launch else 0
-        return WorkerCommand(lane, launch, env, secret, ring_ports=ports, group=group)
+        launcher, launch_args = group_argv(group, argv, rank_env, python)
+        ports = group.ranks if "--starting-port" in launch_args else 0
+        return WorkerCommand(
+            lane, launcher, env, secret, ring_ports=ports, group=group, launch_args=launch_args
+        )
     return WorkerCommand(lane=lane, argv=tuple(argv), env=env, secret=secret)
 
 
@@ -192,16 +204,26 @@ class WorkerProcess:
     async def spawn(cls, command: WorkerCommand) -> WorkerProcess:
         """Start the process (raises OSError if it cannot be executed)."""
         loop = asyncio.get_running_loop()
-        argv = with_free_ports(command.argv, command.ring_ports)
-        transport, protocol = await loop.subprocess_exec(
-            lambda: _ExitAwareProtocol(_STREAM_LIMIT, loop),
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=dict(command.env),
-            start_new_session=True,
-        )
+        argv, private = command.argv, None
+        if command.launch_args:
+            private = private_launch(command.launch_args, command.ring_ports)
+            argv = (*argv, str(private))
+        try:
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _ExitAwareProtocol(_STREAM_LIMIT, loop),
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=dict(command.env),
+                start_new_session=True,
+            )
+        except BaseException:
+            if private is not None:
+                shutil.rmtree(private, ignore_errors=True)
+            raise
+        if private is not None:  # its ranks have read what they need by then
+            protocol.exited.add_done_callback(lambda _: shutil.rmtree(private, ignore_errors=True))
         proc = asyncio.subprocess.Process(transport, protocol, loop)
         assert proc.stdout is not None and proc.stderr is not None
         ready: asyncio.Future[int] = loop.create_future()

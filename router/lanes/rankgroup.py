@@ -8,24 +8,35 @@ stopping the worker stops them all.
 
 The ring backend listens on one port per rank, counting up from ``--starting-port``. Unless
 ``[lanes.group] port`` fixes it, every start takes a fresh free range on this machine
-(``PORT_PLACEHOLDER`` in the command line, replaced at spawn): a restart never waits for the
-old ranks' sockets, and two groups never collide.
+(``PORT_PLACEHOLDER`` in the arguments, replaced at spawn): a restart never waits for the
+old ranks' sockets, and two groups never collide. The ports are on no command line: the
+launcher is ``python -m router.worker.group.launch <directory>``, and mlx.launch's arguments
+are in a file of that directory, which only this user may read (``private_launch``; the
+local ranks' scripts land there too). A start whose ring could not set up its sockets (a
+port taken meanwhile, a stranger's connection: ``ring_setup_failed``) is tried again on
+fresh ports by the supervisor.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import shutil
 import socket
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from router.config.group import LOCAL_HOSTS, GroupSpec
+from router.worker.group.launch import write_private
+from router.worker_contract import GROUP_LAUNCH_FILE, GROUP_LAUNCH_MODULE, RING_SETUP_FAILED
 
 PORT_PLACEHOLDER = "{ring_port}"
 PORT_RANGE = (20000, 60000)
 PORT_TRIES = 64
+# Starts whose ring could not set up its sockets, each on fresh ports, before the start fails.
+RING_START_TRIES = 3
 
 
 class LauncherMissing(Exception):
@@ -48,20 +59,22 @@ def launcher(python: str) -> list[str]:
 
 def group_argv(
     spec: GroupSpec, worker: Sequence[str], env: Mapping[str, str], python: str
-) -> tuple[str, ...]:
-    """``mlx.launch`` running ``worker`` (a worker's command line) on every rank of ``spec``,
-    with the group flags; ``env``: set on every rank (other hosts do not inherit ours)."""
-    argv = [*launcher(python), "--backend", spec.backend]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The launcher's command line and mlx.launch's arguments (private: ``private_launch``)
+    running ``worker`` (a worker's command line) on every rank of ``spec``, with the group
+    flags; ``env``: set on every rank (other hosts do not inherit ours)."""
+    launcher(python)  # mlx.launch is installed beside the worker's Python (else: why not)
+    args = ["--backend", spec.backend]
     if spec.hostfile is not None:
-        argv += ["--hostfile", str(spec.hostfile.expanduser())]
+        args += ["--hostfile", str(spec.hostfile.expanduser())]
     else:
-        argv += ["--hosts", ",".join(spec.hosts)]
+        args += ["--hosts", ",".join(spec.hosts)]
     if spec.backend == "ring":
-        argv += ["--starting-port", str(spec.port) if spec.port else PORT_PLACEHOLDER]
+        args += ["--starting-port", str(spec.port) if spec.port else PORT_PLACEHOLDER]
     if not spec.local:
-        argv += ["--python", worker[0]]
+        args += ["--python", worker[0]]
     for key, value in sorted(env.items()):
-        argv += ["--env", f"{key}={value}"]
+        args += ["--env", f"{key}={value}"]
     group_flags = [
         "--group-parallel",
         spec.parallel,
@@ -72,7 +85,26 @@ def group_argv(
     ]
     # Remote ranks are started with --python's interpreter prefixed: drop ours there.
     command = list(worker[1:]) if not spec.local else list(worker)
-    return (*argv, "--", *command, *group_flags)
+    return (python, "-m", GROUP_LAUNCH_MODULE), (*args, "--", *command, *group_flags)
+
+
+def private_launch(args: Sequence[str], ports: int) -> Path:
+    """A new directory only this user may enter (0700) holding mlx.launch's arguments
+    (``args`` with fresh ports: ``with_free_ports``) in a file only this user may read
+    (0600); the launcher's last argument. The caller removes it once the launcher exits."""
+    directory = Path(tempfile.mkdtemp(prefix="speclane-group-"))  # mode 0700
+    try:
+        write_private(directory / GROUP_LAUNCH_FILE, json.dumps(with_free_ports(args, ports)))
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return directory
+
+
+def ring_setup_failed(stderr_tail: Iterable[str]) -> bool:
+    """Whether a rank said its ring could not bind or connect its sockets (then fresh ports
+    may well do: a port taken since it was found free, a stranger's connection)."""
+    return any(RING_SETUP_FAILED in line for line in stderr_tail)
 
 
 def host_memory(hosts: Sequence[str], health: Mapping[str, object] | None) -> dict[str, int]:

@@ -5,7 +5,9 @@ Lifecycle of one lane (the worker's side of the contract: ``router.worker_contra
 - ``start()`` spawns the worker in its own session, reads its stdout until the ready
   line announces the port, then polls ``GET /health`` until it answers, all against
   one start-up deadline. An exit during start-up fails at once with the exit code and
-  the stderr tail; a missed deadline kills the process. Either raises WorkerStartError.
+  the stderr tail; a missed deadline kills the process. Either raises WorkerStartError,
+  but for a group whose ring could not set up its sockets: that start is tried again on
+  fresh ports (``router.lanes.rankgroup``).
 - A monitor task then checks ``/health`` every ``health_interval``. A worker that exits,
   or fails ``unhealthy_after`` checks in a row (hung: killed), takes the lane DOWN and is
   restarted after a jittered exponential backoff. More than ``max_restarts`` restarts
@@ -35,7 +37,7 @@ from router.config.settings import LanesSettings
 from router.lanes.figures import WorkerFigures
 from router.lanes.memory import process_memory, tree_memory
 from router.lanes.process import WorkerCommand, WorkerProcess, build_worker_command
-from router.lanes.rankgroup import host_memory
+from router.lanes.rankgroup import RING_START_TRIES, host_memory, ring_setup_failed
 from router.lanes.status import (
     LaneState,
     LaneStatus,
@@ -47,6 +49,7 @@ from router.lanes.status import (
     lane_health,
 )
 from router.metrics import Metrics
+from router.worker_contract import RING_SETUP_FAILED
 
 __all__ = [
     "LaneState",
@@ -234,6 +237,27 @@ class LaneSupervisor:
     # --- start-up ---------------------------------------------------------------------
 
     async def _launch(self) -> None:
+        """One start (``_launch_once``); a group's whose ring could not set up its sockets
+        (a port taken since it was found free, a stranger's connection) is started again
+        on fresh ports, up to ``RING_START_TRIES`` times, each with its own deadline."""
+        for attempt in range(1, RING_START_TRIES + 1):
+            try:
+                await self._launch_once()
+                return
+            except WorkerStartError as e:
+                again = self.command.fresh_ports and ring_setup_failed(e.stderr_tail)
+                if not again or attempt == RING_START_TRIES:
+                    raise
+                log.warning(
+                    "%s lane: the group's ring could not set up its sockets (%s); starting "
+                    "again on fresh ports (try %d of %d)",
+                    self.lane,
+                    next(line for line in e.stderr_tail if RING_SETUP_FAILED in line).strip(),
+                    attempt + 1,
+                    RING_START_TRIES,
+                )
+
+    async def _launch_once(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.startup_timeout
         worker = await self._spawn()

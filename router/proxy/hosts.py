@@ -28,6 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from router.request_rules import parse_ascii_int
+
 WILDCARD_BINDS = ("", "0.0.0.0", "::")
 _NAME = re.compile(r"[a-z0-9_-][a-z0-9_.-]*")
 
@@ -145,7 +147,7 @@ def _allows_header(rule: HostRule, value: str) -> bool:
 
 
 def _is_port(text: str) -> bool:
-    return text.isascii() and text.isdigit() and len(text) <= 5
+    return parse_ascii_int(text, 0, 65535) is not None
 
 
 def _bracketed(host: str) -> str:

@@ -4,7 +4,12 @@ Rules (why they are what they are):
 - Retries happen only while nothing has reached the client: connection errors, an upstream
   that closes before its first byte, and 429/5xx answers move on to the next candidate
   (tenacity, jittered exponential backoff, bounded). A timeout is not retried: the upstream
-  may still be generating, and a second try would double the work.
+  may still be generating, and a second try would double the work. A lane's 500 is not
+  retried either (a defect for that request: the same worker would fail it again).
+- Only what says a backend is unwell counts towards its cooldown (``UNWELL_STATUSES``,
+  connection failures, timeouts, malformed answers): a 4xx is the client's, a 500 and a 429
+  are about one request or the load, so no client's requests can cool a backend down for
+  the others.
 - A stream's headers are sent only once its first upstream chunk has arrived, so a backend
   that dies before producing anything is still retried. From then on every chunk is written
   as it arrives; only a bounded copy of the tail is kept to read the final statistics.
@@ -90,6 +95,12 @@ from router.upstream.client import (
 log = logging.getLogger("speclane.relay")
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# What says a backend is unwell (counted towards its cooldown, as Envoy's outlier detection
+# counts gateway errors): it could not take the request or could not be reached. A 500 is
+# the backend's answer about that one request (its content may have caused it: a client
+# must never cool a backend down for others) and a 429 is backpressure, which the load gate
+# handles; both are still counted as failures (speclane_upstream_failures_total).
+UNWELL_STATUSES = frozenset({502, 503, 504})
 # router.upstream.client raises UpstreamConnectionError (a ConnectionError) for every connection
 # failure; OSError-derived resets are ConnectionErrors too.
 CONNECT_ERRORS = (ConnectionError,)
@@ -397,10 +408,15 @@ class Relay:
                 except CONNECT_ERRORS:
                     body = b""  # the status says enough
                 err = errors.from_upstream_body(resp.status, body)
-                if resp.status in RETRY_STATUSES:
-                    self._failed(backend, f"status_{resp.status}")
-                    raise Retryable(err, f"status_{resp.status}")
-                raise err
+                if resp.status not in RETRY_STATUSES:
+                    raise err  # the client's own fault (4xx): its answer, never counted
+                reason = f"status_{resp.status}"
+                self._failed(backend, reason, unwell=resp.status in UNWELL_STATUSES)
+                if resp.status == 500 and backend.lane is not None:
+                    # A lane's 500 is a defect for this request (the worker checked it first):
+                    # the same code on the same model would fail it again.
+                    raise err
+                raise Retryable(err, reason)
             first = b""
             if parsed.route.stream:
                 first = await self._first_chunk(backend, resp)
@@ -490,9 +506,10 @@ class Relay:
         self._failed(backend, reason)
         return Retryable(errors.upstream_failed(message), reason)
 
-    def _failed(self, backend: Backend, reason: str) -> None:
+    def _failed(self, backend: Backend, reason: str, *, unwell: bool = True) -> None:
+        """A failed attempt, counted; ``unwell``: it also counts towards the cooldown."""
         self._metrics.failures.labels(backend.name, reason).inc()
-        if backend.request_failed(reason, time.monotonic()):
+        if unwell and backend.request_failed(reason, time.monotonic()):
             self._metrics.cooldowns.labels(backend.name).inc()
             log.warning(
                 "backend %s cooled down for %.1fs after repeated failures (%s)",

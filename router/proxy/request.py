@@ -17,13 +17,23 @@ from typing import Any
 import orjson
 
 from router.errors import bad_request
-from router.request_rules import MAX_JSON_DEPTH, integer, nesting_error, number, too_deep, typed
+from router.request_rules import (
+    MAX_JSON_DEPTH,
+    MAX_N,
+    integer,
+    logit_bias,
+    logprobs,
+    nesting_error,
+    number,
+    seed,
+    too_deep,
+    typed,
+)
 from router.routing.types import Endpoint, RouteRequest
 from router.speculation.families import classify_family
 from router.system_messages import fold_json, needs_fold
 from router.worker_contract import DRAFT_SOURCE_FIELD, DRAFT_TOKENS_FIELD, REQUEST_DRAFT_SOURCES
 
-MAX_N = 128
 MAX_TOKENS_LIMIT = 1_000_000
 
 
@@ -168,6 +178,12 @@ def _check_payload(endpoint: Endpoint, data: dict[str, Any]) -> None:
     elif not isinstance(data.get("input"), str | list):
         raise bad_request("'input' is required (a string or an array)", param="input")
     typed(data, "stream_options", dict, None)
+    if endpoint != "embeddings":
+        # OpenAI's types and ranges, checked here as well as at the lane (which also knows
+        # the vocabulary): a bad one is this client's 400 before it takes a queue slot.
+        logprobs(data, chat=endpoint == "chat")
+        logit_bias(data)
+        seed(data)
 
 
 TOKEN_TWINS = {"max_tokens": "max_completion_tokens", "max_completion_tokens": "max_tokens"}

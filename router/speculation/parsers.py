@@ -33,6 +33,7 @@ from router.speculation.record import (
     SpecResult,
     build_record,
 )
+from router.worker_contract import STREAM_USAGE_FIELD
 
 Parser = Callable[[Payload], SpecResult]
 
@@ -213,8 +214,9 @@ SPECLANE_STEP_SOURCES = frozenset({"draft_model", "prompt_lookup", "suffix", "pr
 
 
 def parse_speclane(body: Payload) -> SpecResult:
-    """speclane's own worker: ``usage.speclane_spec`` on every response (worker-contract.md)."""
-    usage = section(body, "usage")
+    """speclane's own worker: ``usage.speclane_spec`` on every response (worker-contract.md);
+    on a stream whose client asked for no usage, the finish chunk's ``STREAM_USAGE_FIELD``."""
+    usage = _speclane_usage(body)
     if usage is None:
         return NotReported("speclane", "absent")
     spec = section(usage, "speclane_spec")
@@ -238,6 +240,11 @@ def parse_speclane(body: Payload) -> SpecResult:
     if isinstance(result, SpecRecord) and source in SPECLANE_DRAFT_SOURCES:
         result = dataclasses.replace(result, draft_source=source, by_source=by_source)
     return result
+
+
+def _speclane_usage(body: Payload) -> Payload | None:
+    usage = section(body, "usage")
+    return usage if usage is not None else section(body, STREAM_USAGE_FIELD)
 
 
 def _speclane_sources(spec: Payload) -> tuple[tuple[str, int, int], ...]:
@@ -275,8 +282,10 @@ def parse_openai(body: Payload) -> SpecResult:
 def _recognised(parser: Parser, body: Payload) -> bool:
     """Only let a backend's parser speak for a generic server when its fields are there."""
     if parser is parse_speclane:
-        usage = body.get("usage")
-        return isinstance(usage, MAPPING) and "speclane_spec" in usage
+        return any(
+            isinstance(usage, MAPPING) and "speclane_spec" in usage
+            for usage in (body.get("usage"), body.get(STREAM_USAGE_FIELD))
+        )
     if parser is parse_lmstudio:
         return any(
             isinstance(place, MAPPING) and any(n in place for n in _LMS_COUNTS)
@@ -338,11 +347,13 @@ _STAT_FIELDS: dict[str, frozenset[str]] = {
     "vllm": frozenset({"metrics"}),
     "vllm_mlx": frozenset({"generation_metadata"}),
     "sglang": frozenset({"meta_info", "usage"}),
-    "speclane": frozenset({"usage"}),
+    "speclane": frozenset({"usage", STREAM_USAGE_FIELD}),
 }
 # parse_openai: speclane's, llama.cpp's, vLLM's, LM Studio's and vllm-mlx's fields, and
 # usage.completion_tokens_details.
-_STAT_FIELDS["openai"] = frozenset({"usage", "timings", "metrics", "stats", "generation_metadata"})
+_STAT_FIELDS["openai"] = frozenset(
+    {"usage", STREAM_USAGE_FIELD, "timings", "metrics", "stats", "generation_metadata"}
+)
 
 
 # --- the two entry points ----------------------------------------------------------------
@@ -391,6 +402,7 @@ def parse_stream_events(kind: str, events: Sequence[Any]) -> SpecResult:
 
 _OUTPUT_COUNTS = (
     ("usage", "completion_tokens"),
+    (STREAM_USAGE_FIELD, "completion_tokens"),
     ("timings", "predicted_n"),
     ("meta_info", "completion_tokens"),
     (None, "tokens_predicted"),

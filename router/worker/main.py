@@ -18,7 +18,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 from aiohttp import web
 
@@ -226,8 +226,30 @@ def worker_info(args: argparse.Namespace, models: Models, lane: str | None = Non
         num_draft_tokens=k,
         context_length=getattr(config, "max_position_embeddings", None),
         draft_source=source,
+        vocab_size=vocabulary_size(models),
+        max_token_chars=longest_token(models.tokenizer),
+        content_specials_as_text=args.content_special_tokens == "text",
         architecture=getattr(config, "model_type", None),
     )
+
+
+def longest_token(tokenizer: Any) -> int | None:
+    """The most characters one token's text spells: a token's vocabulary string is at least
+    as long as the text it decodes to (byte-level BPE spells a byte a character,
+    SentencePiece a space as one, a byte fallback as six)."""
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else None
+    return max((len(t) for t in vocab), default=None) if vocab else None
+
+
+def vocabulary_size(models: Models) -> int:
+    """The token ids a request may name: both the tokenizer and the model's logits (and the
+    draft's, which reads the same ids) must have them."""
+    sizes = [len(models.tokenizer)]
+    for model in (models.model, models.draft):
+        size = getattr(getattr(model, "args", None), "vocab_size", None)
+        if isinstance(size, int) and size > 0:
+            sizes.append(size)
+    return min(sizes)
 
 
 def lane_source(

@@ -37,4 +37,8 @@ MLX_LM_PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     # Module tables, not documented: how mlx-lm maps a config's model_type to its module
     # (``router.lanes.gating.inspect`` reads them with a default, so a move would go unseen).
     "mlx_lm.utils": ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING"),
+    # mlx's (not mlx-lm's): the module behind the mlx.launch console script, which a group's
+    # launcher runs in-process (``router.worker.group.launch``), and the class whose
+    # ``make_launch_script`` (a rank's shell script) it wraps.
+    "mlx._distributed_utils.launch": ("main", "RemoteProcess"),
 }

@@ -26,6 +26,7 @@ import time
 from aiohttp import web
 
 from router.worker_contract import (
+    STREAM_USAGE_FIELD,
     WORKER_SECRET_ENV,
     WORKER_SECRET_HEADER,
     add_worker_flags,
@@ -158,8 +159,14 @@ class FakeWorker:
                     }
                 ]
             },
-            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage},
+            # The usage on the last chunk as the contract says: the include_usage chunk, or
+            # (asked for none) the finish chunk's STREAM_USAGE_FIELD.
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
         ]
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({"choices": [], "usage": usage})
+        else:
+            chunks[-1][STREAM_USAGE_FIELD] = usage
         for chunk in chunks:
             payload = {**base, "object": "chat.completion.chunk", **chunk}
             await resp.write(f"data: {json.dumps(payload)}\n\n".encode())

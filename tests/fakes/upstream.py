@@ -106,6 +106,10 @@ class FakeUpstream:
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        # Token counting as vLLM (/tokenize with messages) and llama.cpp (/apply-template,
+        # then /tokenize with content) answer it; a "token" is a character here.
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/apply-template", self._apply_template)
         return app
 
     async def start(self) -> None:
@@ -129,6 +133,25 @@ class FakeUpstream:
             return web.json_response({"error": {"message": "down"}}, status=self.models_status)
         data = [{"id": m, "object": "model", "owned_by": self.name} for m in self.models]
         return web.json_response({"object": "list", "data": data})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(Seen(request.path, body, dict(request.headers), time.monotonic()))
+        if "messages" in body:  # vLLM's chat form
+            text = self._template(body)
+            return web.json_response({"count": len(text), "max_model_len": 4096, "tokens": []})
+        return web.json_response({"tokens": list(range(len(body["content"])))})
+
+    async def _apply_template(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(Seen(request.path, body, dict(request.headers), time.monotonic()))
+        return web.json_response({"prompt": self._template(body)})
+
+    @staticmethod
+    def _template(body: dict[str, Any]) -> str:
+        """``<role>content`` per message, then the tools' JSON."""
+        text = "".join(f"<{m['role']}>{m.get('content') or ''}" for m in body["messages"])
+        return text + (orjson.dumps(body["tools"]).decode() if body.get("tools") else "")
 
     async def _health(self, request: web.Request) -> web.Response:
         up = self.models_status == 200

@@ -1,7 +1,8 @@
 """Fuzzing the Responses door (``POST /v1/responses``, ``/v1/responses/compact``, ``GET`` and
-``DELETE /v1/responses/{id}``) and the Ollama model endpoints (``/api/show``, ``/api/pull``,
-``/api/tags``, ``/api/ps``, ``/api/version``, ``/api/generate``, ``/api/chat``, and the ones
-speclane does not have, ``/api/delete``, ``/api/copy``, ``/api/create``, which must be an
+``DELETE /v1/responses/{id}``, every numeric query parameter: ``NUMERIC_QUERY``) and the
+Ollama model endpoints (``/api/show``, ``/api/pull``, ``/api/tags``, ``/api/ps``,
+``/api/version``, ``/api/generate``, ``/api/chat``, and the ones speclane does not have,
+``/api/delete``, ``/api/copy``, ``/api/create``, which must be an
 Ollama-shaped 404), over HTTP, ``FUZZ_CASES`` cases a surface (10,000 by default).
 
 The router, the scripted lane and the properties are ``test_fuzz_doors``'s: no 5xx that is
@@ -16,6 +17,7 @@ then an upstream that misbehaves. All of it goes through HTTP (about 3 ms a case
 from __future__ import annotations
 
 import random
+import re
 import urllib.parse
 from collections import deque
 from typing import Any
@@ -399,6 +401,95 @@ def test_fuzz_the_responses_door(doors: Doors) -> None:  # noqa: F811 (the fixtu
             remember(ids, headers, data)
 
     fuzz(doors, "responses", one)
+
+
+# --- numeric query parameters ---------------------------------------------------------------
+
+# Every numeric query parameter of every endpoint (path, name, range): each is parsed one
+# strict way (router.request_rules.ascii_int), a 400 naming it, never a 500.
+NUMERIC_QUERY = [("/v1/responses/{id}/input_items", "limit", 1, 100)]
+# What str.isdigit() or str.isnumeric() takes beyond ASCII (superscripts, circled digits,
+# other scripts' digits, fractions): int() refuses some of them, float() others.
+UNICODE_NUMERALS = [chr(c) for c in range(0x80, 0x30000) if chr(c).isdigit() or chr(c).isnumeric()]
+
+
+def numeral(rng: random.Random, lo: int, hi: int) -> str:
+    roll = rng.random()
+    if roll < 0.3:  # around the range, with leading zeros now and then
+        value = str(rng.choice([rng.randint(lo - 2, hi + 2), lo, hi, 0, hi + 1]))
+        return "0" * rng.choice([0, 0, 0, 1, 2, 3]) + value
+    if roll < 0.55:  # Unicode numerals, alone, repeated or among ASCII digits
+        digits = [rng.choice("0123456789") for _ in range(rng.randint(0, 3))]
+        for _ in range(rng.randint(1, 3)):
+            digits.insert(rng.randint(0, len(digits)), rng.choice(UNICODE_NUMERALS))
+        return "".join(digits)
+    if roll < 0.65:  # long runs of digits, past int()'s 4,300-digit limit too
+        return rng.choice("123456789") * rng.choice([4, 10, 100, 4300, 4301, 5000])
+    return rng.choice(
+        [
+            "",
+            " 5",
+            "5 ",
+            "+5",
+            "-5",
+            "5.0",
+            "1e1",
+            "0x10",
+            "1_0",
+            "inf",
+            "nan",
+            "\x00",
+            "5\n",
+            "\u00b2",
+            "\u00b3\u00b9",
+            "\u2460",
+            "\uff15",
+            "\u0665",
+            "\ud7ff",
+            text(rng)[:50],
+        ]
+    )
+
+
+def strict_valid(value: str, lo: int, hi: int) -> bool:
+    """The rule, written apart from the router's helper."""
+    digits = len(str(hi))
+    return re.fullmatch(rf"[0-9]{{1,{digits}}}", value) is not None and lo <= int(value) <= hi
+
+
+def test_fuzz_the_numeric_query_parameters(doors: Doors) -> None:  # noqa: F811 (the fixture)
+    doors.lane.script = None
+    body = {"model": MODEL, "input": [{"role": "user", "content": "one"}], "store": True}
+    status, _, data = doors.post("/v1/responses", orjson.dumps(body))
+    assert status == 200, data[:300]
+    stored = orjson.loads(data)["id"]
+
+    def one(rng: random.Random) -> None:
+        path, name, lo, hi = rng.choice(NUMERIC_QUERY)
+        value = numeral(rng, lo, hi)
+        pairs = [(name, value)]
+        if rng.random() < 0.2:  # the first of several counts (aiohttp's query.get)
+            pairs.append((name, numeral(rng, lo, hi)[:50]))  # (the URL within aiohttp's 8 KiB)
+        if rng.random() < 0.2:
+            pairs.insert(rng.randint(0, len(pairs)), ("order", rng.choice(["asc", "desc"])))
+        query = urllib.parse.urlencode(pairs, quote_via=urllib.parse.quote)
+        raw = rng.random() < 0.05  # now and then bytes that are no UTF-8, or no encoding at all
+        if raw:
+            query = f"{name}=" + rng.choice(["%ff", "%c0%af", "%", "%zz", "1%00", "%e2%91", "1+2"])
+        url = path.replace("{id}", stored) + "?" + query
+        with case(url.encode()):
+            status, headers, data = doors.send("GET", url, None)
+            status_ok(status, headers, data)
+            assert status in (200, 400), (status, data[:300])
+            answer = orjson.loads(data)
+            if status == 400:
+                assert answer["error"]["param"] == name, answer
+            else:
+                assert answer["object"] == "list", answer
+            if not raw:
+                assert (status == 200) == strict_valid(value, lo, hi), (value, status)
+
+    fuzz(doors, "numeric_query", one)
 
 
 # --- the Ollama model endpoints -------------------------------------------------------------

@@ -92,6 +92,12 @@ async def test_input_items_refusals(fake: FakeUpstream, tmp_path: Path) -> None:
             await alice.responses.input_items.list(unstored.id)
         with pytest.raises(openai.BadRequestError) as limit:
             await alice.responses.input_items.list(made.id, limit=101)
+        # Unicode digits (str.isdigit() takes them, int() does not), 5,000 digits: a 400
+        # naming the parameter, never a 500 with a traceback
+        for bad in ("\u00b2", "\u00b3\u00b9", "\u2460", "\u0663", "9" * 5000, "-1", " 5"):
+            with pytest.raises(openai.BadRequestError) as strict:
+                await alice.responses.input_items.list(made.id, extra_query={"limit": bad})
+            assert strict.value.body["param"] == "limit", bad  # type: ignore[index]
         with pytest.raises(openai.BadRequestError) as order:
             await alice.responses.input_items.list(made.id, extra_query={"order": "up"})
         with pytest.raises(openai.BadRequestError) as cursor:
@@ -281,3 +287,36 @@ async def test_input_tokens_count_as_the_lane_renders_the_request(tmp_path: Path
     assert no_model.input_tokens == len("<user>hello")
     assert chained.input_tokens == len("<user>hello<assistant>ok<user>more")
     assert raw == {"object": "response.input_tokens", "input_tokens": len("<user>hi")}
+
+
+@pytest.mark.parametrize("kind", ["vllm", "llamacpp", "openai"])
+async def test_input_tokens_in_front_of_an_external_backend(kind: str, fake: FakeUpstream) -> None:
+    """No lane: a vLLM or llama.cpp backend counts under its own template (here its fake's,
+    a character a token); a kind that cannot count gets an estimate that says so."""
+    backends = [{"name": "ext", "kind": kind, "base_url": fake.base_url}]
+    async with run_router(router_settings(backends=backends)) as r:
+        client = r.client()
+        counted = await client.responses.input_tokens.count(
+            model=MODEL, instructions="Be brief.", input="hello", tools=TOOLS
+        )
+        with pytest.raises(openai.BadRequestError) as unnamed:
+            await client.responses.input_tokens.count(input="hello")
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.input_tokens.count(model="no-such-model", input="x")
+    extra = counted.model_extra or {}
+    if kind == "openai":
+        assert extra == {"estimated": True}
+        assert 0 < counted.input_tokens < len("Be brief.hello") + 200
+        assert not [s for s in fake.requests if s.path in ("/tokenize", "/apply-template")]
+        return
+    assert "estimated" not in extra
+    seen = [s for s in fake.requests if s.path in ("/tokenize", "/apply-template")]
+    rendered = seen[0].body
+    assert [m["role"] for m in rendered["messages"]] == ["system", "user"]
+    assert rendered["tools"][0]["function"]["name"] == "get_weather"
+    tools = orjson.dumps(rendered["tools"]).decode()
+    assert counted.input_tokens == len("<system>Be brief.<user>hello" + tools)
+    assert [s.path for s in seen] == (
+        ["/tokenize"] if kind == "vllm" else ["/apply-template", "/tokenize"]
+    )
+    assert unnamed.value.body["param"] == "model"  # type: ignore[index]

@@ -502,3 +502,67 @@ def test_parallel_calls_keep_their_output_indexes() -> None:
     ]
     done = [e for e in events if e.type == "response.output_item.done"]
     assert [e.output_index for e in done] == [0, 1]
+
+
+def entry(token: str, logprob: float) -> dict[str, Any]:
+    alternative = {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+    return {**alternative, "top_logprobs": [alternative]}
+
+
+@pytest.mark.parametrize(
+    ("body", "asked"),
+    [
+        ({"top_logprobs": 3}, 3),
+        ({"include": ["message.output_text.logprobs"]}, 0),
+        ({"include": ["reasoning.encrypted_content"]}, None),
+        ({}, None),
+    ],
+)
+def test_top_logprobs_and_the_logprobs_include_ask_the_lane_for_them(
+    body: dict[str, Any], asked: int | None
+) -> None:
+    out = translate(input="Hi", **body).openai
+    if asked is None:
+        assert "logprobs" not in out and "top_logprobs" not in out
+    else:
+        assert (out["logprobs"], out["top_logprobs"]) == (True, asked)
+
+
+@pytest.mark.parametrize("top", [21, -1, "3", True])
+def test_top_logprobs_outside_openais_range_is_a_400(top: object) -> None:
+    with pytest.raises(RouterError) as refused:
+        translate(input="Hi", top_logprobs=top)
+    assert refused.value.status == 400 and refused.value.param == "top_logprobs"
+
+
+def test_the_answers_logprobs_reach_its_output_text_whole_and_streamed() -> None:
+    req = translate(input="Hi", top_logprobs=1)
+    whole = chat_answer("ab")
+    whole["choices"][0]["logprobs"] = {"content": [entry("a", -0.1), entry("b", -0.2)]}
+    response = RESPONSE.validate_python(orjson.loads(ResponsesEgress(req, 0).body(whole)))
+    part = response.output[0].content[0]  # type: ignore[union-attr]
+    assert part.type == "output_text" and part.logprobs is not None
+    assert [(e.token, e.logprob) for e in part.logprobs] == [("a", -0.1), ("b", -0.2)]
+    assert part.logprobs[0].top_logprobs[0].token == "a"
+
+    streamed = translate(input="Hi", top_logprobs=1, stream=True)
+    egress = ResponsesEgress(streamed, 0)
+
+    def with_logprobs(delta: dict[str, Any], *entries: dict[str, Any]) -> dict[str, Any]:
+        event = chunk(delta)
+        event["choices"][0]["logprobs"] = {"content": list(entries)}
+        return event
+
+    upstream = sse(
+        chunk({"role": "assistant", "content": ""}),
+        with_logprobs({"content": "a"}, entry("a", -0.1)),
+        with_logprobs({}, entry("b", -0.2)),  # entries that came with no text: the last ones
+        chunk({}, "stop"),
+    )
+    events = parse_stream(egress.events(upstream) + egress.finish())
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert [[x.token for x in d.logprobs] for d in deltas] == [["a"]]
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert [x.token for x in done.logprobs] == ["a", "b"]
+    final = events[-1].response
+    assert [x.token for x in final.output[0].content[0].logprobs] == ["a", "b"]

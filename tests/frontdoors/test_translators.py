@@ -330,7 +330,15 @@ def test_ollama_keep_alive_durations(value: object, seconds: float | None) -> No
     assert ollama_in.keep_alive_seconds(value) == seconds
 
 
-@pytest.mark.parametrize("value", [True, "", "5 minutes", "m", "5x", "1h 30m", [], {}, "nan"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        *(True, "", "5 minutes", "m", "5x", "1h 30m", [], {}, "nan"),
+        # ASCII digits only (float() and \d take these; Go's ParseDuration does not):
+        # Arabic-Indic, fullwidth, superscript, underscores, exponents, infinities
+        *("\u0663", "\u0663s", "\uff15m", "\u00b2", "1_0", "1e3", "inf", "-inf", "infinity"),
+    ],
+)
 def test_ollama_keep_alive_malformed_is_a_400(value: object) -> None:
     with pytest.raises(RouterError) as caught:
         ollama_in.keep_alive_seconds(value)
@@ -550,3 +558,89 @@ def test_api_for_path() -> None:
     assert errors.api_for_path("/v1/messages/count_tokens") == "anthropic"
     assert errors.api_for_path("/api/chat") == "ollama"
     assert errors.api_for_path("/v1/chat/completions") == "openai"
+
+
+CUT_ANSWER = {
+    "choices": [
+        {
+            "finish_reason": "length",
+            "message": {
+                "content": "Checking.",
+                "tool_calls": [  # OpenAI's (and the lanes') call cut by the token limit
+                    {"id": "c", "function": {"name": "f", "arguments": '{"a": "par'}}
+                ],
+            },
+        }
+    ],
+    "usage": {"prompt_tokens": 4, "completion_tokens": 8},
+}
+
+
+def test_a_whole_answer_cut_inside_a_call_drops_that_call_not_the_answer() -> None:
+    """Anthropic's ``input`` and Ollama's ``arguments`` are objects: a call the token limit
+    cut cannot be one, so it is dropped (as their streams drop it), never a 502."""
+    body = message_body(CUT_ANSWER, "m", ())
+    assert body["stop_reason"] == "max_tokens"
+    assert body["content"] == [{"type": "text", "text": "Checking."}]
+    egress = OllamaEgress("chat", "m", arrival=0.0, clock=fake_clock(1.0), stamp=lambda: "T")
+    answer = orjson.loads(egress.body(CUT_ANSWER))
+    assert answer["done_reason"] == "length" and "tool_calls" not in answer["message"]
+    assert answer["message"]["content"] == "Checking."
+
+
+def _entry(token: str, logprob: float) -> dict:
+    alternative = {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+    return {**alternative, "top_logprobs": [alternative]}
+
+
+def test_ollama_logprobs_map_both_ways() -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+    assert ollama_in.chat_to_openai({**chat, "top_logprobs": 3}).openai["top_logprobs"] == 3
+    assert ollama_in.chat_to_openai(chat).openai["logprobs"] is True
+    assert "logprobs" not in ollama_in.chat_to_openai({**chat, "logprobs": False}).openai
+    raw = {"model": "m", "prompt": "x", "raw": True, "logprobs": True, "top_logprobs": 9}
+    assert ollama_in.generate_to_openai(raw).openai["logprobs"] == 5  # completions' limit
+    with pytest.raises(RouterError) as refused:
+        ollama_in.chat_to_openai({**chat, "top_logprobs": 21})
+    assert refused.value.param == "top_logprobs"
+
+    whole = OllamaEgress("chat", "m", arrival=0.0, clock=fake_clock(1.0), stamp=lambda: "T")
+    answer = {
+        "choices": [
+            {
+                "finish_reason": "stop",
+                "message": {"content": "ab"},
+                "logprobs": {"content": [_entry("a", -0.1), _entry("b", -0.2)]},
+            }
+        ]
+    }
+    line = orjson.loads(whole.body(answer))
+    assert [e["token"] for e in line["logprobs"]] == ["a", "b"]
+    generate = OllamaEgress("generate", "m", arrival=0.0, clock=fake_clock(1.0), stamp=lambda: "T")
+    completion = {
+        "choices": [
+            {
+                "finish_reason": "stop",
+                "text": "ab",
+                "logprobs": {
+                    "tokens": ["a", "b"],
+                    "token_logprobs": [-0.1, -0.2],
+                    "top_logprobs": [{"a": -0.1}, {"b": -0.2}],
+                    "text_offset": [0, 1],
+                },
+            }
+        ]
+    }
+    line = orjson.loads(generate.body(completion))
+    assert line["logprobs"] == [_entry("a", -0.1), _entry("b", -0.2)]
+
+    streamed = OllamaEgress("chat", "m", arrival=0.0, clock=fake_clock(1.0), stamp=lambda: "T")
+    first = chunk({"content": "a"})
+    first["choices"][0]["logprobs"] = {"content": [_entry("a", -0.1)]}
+    last = chunk({}, "stop")
+    last["choices"][0]["logprobs"] = {"content": [_entry("b", -0.2)]}  # no text of its own
+    lines = [
+        orjson.loads(x)
+        for x in (streamed.events(sse(first, last)) + streamed.finish()).splitlines()
+    ]
+    assert [[e["token"] for e in x.get("logprobs", [])] for x in lines] == [["a"], ["b"]]

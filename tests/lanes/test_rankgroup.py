@@ -3,7 +3,10 @@ lanes in the one shared process, and the group of an on-demand model carried to 
 
 from __future__ import annotations
 
+import json
+import shutil
 import socket
+import stat
 import sys
 from pathlib import Path
 
@@ -13,39 +16,50 @@ from router.config.group import GroupSpec
 from router.config.settings import LanesSettings, ModelEntry
 from router.lanes.catalog import from_entry
 from router.lanes.group import enabled_lanes
-from router.lanes.process import build_worker_command
-from router.lanes.rankgroup import PORT_PLACEHOLDER, free_port_range, host_memory, with_free_ports
-from router.worker_contract import SHARED_MODE
+from router.lanes.process import WorkerCommand, build_worker_command
+from router.lanes.rankgroup import (
+    PORT_PLACEHOLDER,
+    free_port_range,
+    host_memory,
+    private_launch,
+    ring_setup_failed,
+    with_free_ports,
+)
+from router.worker_contract import GROUP_LAUNCH_FILE, GROUP_LAUNCH_MODULE, SHARED_MODE
 
 LOCAL = GroupSpec(hosts=("127.0.0.1", "127.0.0.1", "127.0.0.1"))
 
 
-def command_of(group: GroupSpec) -> tuple[str, ...]:
+def command_of(group: GroupSpec) -> WorkerCommand:
     lanes = LanesSettings(env={"MLX_X": "1"})
     return build_worker_command(
         "speculative", lanes, Path("/m"), None, "m", python=sys.executable, group=group
-    ).argv
+    )
 
 
 def test_local_ranks_run_under_mlx_launch_with_the_group_flags() -> None:
-    argv = command_of(LOCAL)
-    assert argv[1].endswith("mlx.launch")
-    split = argv.index("--")
-    launch, worker = argv[:split], argv[split + 1 :]
+    command = command_of(LOCAL)
+    assert command.argv == (sys.executable, "-m", GROUP_LAUNCH_MODULE)
+    args = command.launch_args
+    split = args.index("--")
+    launch, worker = args[:split], args[split + 1 :]
     assert launch[launch.index("--hosts") + 1] == "127.0.0.1,127.0.0.1,127.0.0.1"
     assert launch[launch.index("--starting-port") + 1] == PORT_PLACEHOLDER
     assert "MLX_X=1" in launch and "--python" not in launch
     assert worker[:3] == (sys.executable, "-m", "router.worker")
     assert worker[worker.index("--group-parallel") + 1] == "tensor"
     assert worker[worker.index("--mode") + 1] == "speculative"
+    assert command.ring_ports == 3 and command.fresh_ports
 
 
 def test_remote_ranks_get_the_interpreter_from_the_launcher() -> None:
-    argv = command_of(GroupSpec(hosts=("10.0.0.1", "10.0.0.2"), port=40000))
-    launch, worker = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    command = command_of(GroupSpec(hosts=("10.0.0.1", "10.0.0.2"), port=40000))
+    args = command.launch_args
+    launch, worker = args[: args.index("--")], args[args.index("--") + 1 :]
     assert launch[launch.index("--python") + 1] == sys.executable
     assert launch[launch.index("--starting-port") + 1] == "40000"
     assert worker[:2] == ("-m", "router.worker")
+    assert not command.fresh_ports  # the port is fixed: no fresh range to start again on
 
 
 def test_every_spawn_takes_a_free_range() -> None:
@@ -54,6 +68,36 @@ def test_every_spawn_takes_a_free_range() -> None:
     assert argv[2].isdigit() and argv[2] != PORT_PLACEHOLDER
     with socket.socket() as s:  # the range it gave was free
         s.bind(("127.0.0.1", base))
+
+
+def test_the_launchers_arguments_are_private_and_its_command_line_holds_no_port() -> None:
+    command = command_of(LOCAL)
+    directories = [private_launch(command.launch_args, command.ring_ports) for _ in range(2)]
+    try:
+        ports = []
+        for directory in directories:
+            assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+            file = directory / GROUP_LAUNCH_FILE
+            assert stat.S_IMODE(file.stat().st_mode) == 0o600
+            args = json.loads(file.read_text())
+            ports.append(int(args[args.index("--starting-port") + 1]))
+            assert args[args.index("--starting-port") + 2 :] == list(
+                command.launch_args[command.launch_args.index("--starting-port") + 2 :]
+            )
+        assert ports[0] != ports[1]  # fresh ports at every spawn
+        # What ps shows of the launcher: the interpreter, the module, the directory.
+        argv = (*command.argv, str(directories[0]))
+        assert not any(str(port) in arg for arg in argv for port in ports)
+        assert PORT_PLACEHOLDER not in argv and "--starting-port" not in argv
+    finally:
+        for directory in directories:
+            shutil.rmtree(directory)
+
+
+def test_what_a_rank_said_tells_a_ring_that_could_not_set_up() -> None:
+    assert ring_setup_failed(["x", "RuntimeError: [ring] Couldn't bind socket (error: 98)"])
+    assert ring_setup_failed(["RuntimeError: [ring] Couldn't connect (error: 111)"])
+    assert not ring_setup_failed(["cannot load the model", "[ring] connection to a peer was lost"])
 
 
 def test_a_group_serves_both_lanes_from_one_shared_process() -> None:
@@ -67,10 +111,10 @@ def test_a_group_serves_both_lanes_from_one_shared_process() -> None:
     assert layout_choice(lanes, LaneModels("/m", None, "m")).layout == "separate"
     spec_only = LanesSettings(batching={"enabled": False})  # type: ignore[arg-type]
     assert layout_choice(spec_only, grouped).layout == "separate"  # one lane, one process
-    argv = build_worker_command(
+    args = build_worker_command(
         SHARED_MODE, lanes, Path("/m"), None, "m", python=sys.executable, group=LOCAL
-    ).argv
-    worker = argv[argv.index("--") + 1 :]
+    ).launch_args
+    worker = args[args.index("--") + 1 :]
     assert worker[worker.index("--mode") + 1] == SHARED_MODE
     assert worker[worker.index("--group-parallel") + 1] == "tensor"
     with pytest.raises(ValueError, match="speculative lane or both"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -15,6 +16,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import psutil
@@ -22,6 +24,7 @@ import pytest
 
 from router.config.settings import LanesSettings
 from router.lanes.blas import preload_env
+from router.lanes.rankgroup import PORT_PLACEHOLDER, RING_START_TRIES
 from router.lanes.supervisor import (
     LaneState,
     LaneSupervisor,
@@ -215,6 +218,73 @@ async def test_start_all_fails_fast_and_stops_the_other_lane(make):
         await start_all([good, bad], grace=0.5)
     assert good.status.state is LaneState.STOPPED
     assert good_rec.procs and all(gone(p) for p in good_rec.procs.values())
+
+
+# --- a group's launcher: private arguments, fresh ports on a ring's failed start ------------
+
+FAKE_LAUNCHER = Path(__file__).parents[1] / "fakes" / "fake_launcher.py"
+
+
+def launcher_command(record: Path, *flags: str) -> WorkerCommand:
+    """A group's command as build_worker_command makes it, on the fake launcher."""
+    worker = (sys.executable, str(FAKE_WORKER), "--mode", "speculative", "--port", "0")
+    args = ("--starting-port", PORT_PLACEHOLDER, "--record", str(record), *flags, "--", *worker)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return WorkerCommand(
+        "speculative", (sys.executable, str(FAKE_LAUNCHER)), env, ring_ports=2, launch_args=args
+    )
+
+
+def starts(record: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
+def group_supervisor(record: Path, *flags: str) -> LaneSupervisor:
+    command = launcher_command(record, *flags)
+    return LaneSupervisor(command, startup_timeout=WAIT, health_interval=1.0)
+
+
+def left_behind(made: list[dict[str, Any]]) -> list[str]:
+    return [m["directory"] for m in made if os.path.exists(m["directory"])]
+
+
+async def test_a_start_whose_ring_port_was_taken_starts_again_on_fresh_ports(tmp_path, caplog):
+    record = tmp_path / "starts.jsonl"
+    sup = LaneSupervisor(
+        launcher_command(record, "--ring-fails", "2"), startup_timeout=WAIT, health_interval=1.0
+    )
+    try:
+        await sup.start()
+        assert sup.status.state is LaneState.READY and sup.status.restarts == 0
+    finally:
+        await sup.stop(grace=1.0)
+    made = starts(record)
+    assert len(made) == 3  # two failed (their port taken), the third on fresh ports served
+    assert len({m["port"] for m in made}) == 3
+    for m in made:
+        # The launcher's command line names its private directory and holds no port.
+        assert m["cmdline"] == [sys.executable, str(FAKE_LAUNCHER), m["directory"]]
+        assert not any(str(m["port"]) in arg for arg in m["cmdline"])
+    assert left_behind(made) == []  # each directory removed once its launcher exited
+    warned = [r.getMessage() for r in caplog.records if "fresh ports" in r.getMessage()]
+    assert len(warned) == 2 and "Couldn't bind socket" in warned[0]
+
+
+async def test_a_ring_that_keeps_failing_or_another_failure_fails_the_start(tmp_path):
+    record = tmp_path / "ring.jsonl"
+    sup = LaneSupervisor(
+        launcher_command(record, "--ring-fails", "9"), startup_timeout=WAIT, health_interval=1.0
+    )
+    with pytest.raises(WorkerStartError, match="Couldn't bind socket"):
+        await sup.start()
+    assert len(starts(record)) == RING_START_TRIES
+    other = tmp_path / "other.jsonl"
+    sup = LaneSupervisor(
+        launcher_command(other, "--other-fails"), startup_timeout=WAIT, health_interval=1.0
+    )
+    with pytest.raises(WorkerStartError, match="fake failure"):
+        await sup.start()
+    assert len(starts(other)) == 1  # not the ring's: fresh ports would not help
 
 
 # --- running -------------------------------------------------------------------------------
@@ -487,6 +557,8 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
         "6",
         "--prompt-cache-bytes",
         str(1 << 30),
+        "--content-special-tokens",
+        "text",
         "--max-body-bytes",
         "8192",  # what the router accepts, with room for re-encoding
         "--host",

@@ -376,3 +376,39 @@ async def test_client_disconnect_while_waiting_non_streaming_cancels_upstream(
             await asyncio.wait_for(fake.request_started.wait(), 5)
             task.cancel()
         await asyncio.wait_for(fake.request_cancelled.wait(), 5)
+
+
+# --- a client's fault is never a backend's (issue #44 class 2) -------------------------------
+
+
+async def test_a_lanes_500_is_answered_once_and_never_cools_the_lane_down(
+    fake: FakeUpstream,
+) -> None:
+    """A lane's 500 is a defect for that one request (the worker checked it first): not
+    retried on the same code and model, and not counted towards the cooldown, so no client's
+    requests can keep the lane away from the others."""
+    fake.behaviour = Behaviour(status=500, error_message="internal error in the lane worker")
+    settings = router_settings(fake, cooldown={"allowed_fails": 2, "seconds": 60})
+    async with run_router(settings) as r:
+        r.services.pool["fake"].lane = "batching"
+        for _ in range(6):
+            with pytest.raises(openai.InternalServerError):
+                await r.client().chat.completions.create(model="fake-model", messages=CHAT)
+        assert not r.services.pool["fake"].view().cooled_down
+        fake.behaviour = Behaviour()
+        reply = await r.client().chat.completions.create(model="fake-model", messages=CHAT)
+    assert reply.choices[0].message.content
+    assert len(fake.requests) == 7  # one attempt each
+
+
+@pytest.mark.parametrize("status", [500, 429])
+async def test_500s_and_429s_are_retried_but_never_cool_a_backend_down(status: int) -> None:
+    async with fake_upstreams("a", "b") as (a, b):
+        a.behaviour = Behaviour(status=status)
+        settings = router_settings(a, b, cooldown={"allowed_fails": 2, "seconds": 60})
+        async with run_router(settings) as r:
+            for _ in range(4):
+                await r.client().chat.completions.create(model="fake-model", messages=CHAT)
+            assert not r.services.pool["a"].view().cooled_down
+    assert len(b.requests) == 4
+    assert len(a.requests) >= 2  # tried past allowed_fails, and still not cooled down

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from router.worker_contract import STREAM_USAGE_FIELD
+
 Json = dict[str, Any]
 
 
@@ -323,9 +325,12 @@ def openai_predicted(accepted: int = 18, rejected: int = 10) -> Json:
 # --- speclane's own worker ----------------------------------------------------------------
 
 
-def speclane_usage(drafted: int = 90, accepted: int = 60, steps: int = 30, k: int = 3) -> Json:
+def speclane_usage(
+    drafted: int = 90, accepted: int = 60, steps: int = 30, k: int = 3, prediction: int = 0
+) -> Json:
+    """``prediction``: the request sent one (only then OpenAI's prediction counts)."""
     u = usage(20, accepted + steps)
-    if k:
+    if prediction:
         u["completion_tokens_details"] = {
             "accepted_prediction_tokens": accepted,
             "rejected_prediction_tokens": drafted - accepted,
@@ -350,12 +355,13 @@ def speclane_batching() -> Json:
 
 def speclane_stream(include_usage: bool) -> list[Json]:
     model = "SmolLM2-135M-Instruct"
-    # Usage once, on the last chunk: the include_usage chunk, else the finish_reason chunk.
+    # Usage once, on the last chunk: the include_usage chunk, else (no usage for the client,
+    # as OpenAI's) the finish_reason chunk's field of ours.
     events = [_chunk(model, {"role": "assistant", "content": "Paris"})]
     if include_usage:
         events += [_chunk(model, {}, "stop"), _usage_chunk(model, speclane_usage())]
     else:
-        events.append(_chunk(model, {}, "stop", usage=speclane_usage()))
+        events.append(_chunk(model, {}, "stop", **{STREAM_USAGE_FIELD: speclane_usage()}))
     return events
 
 

@@ -287,7 +287,7 @@ def test_generic_openai_recognises_backend_fields() -> None:
     assert record(parse_response("openai", p.lmstudio_v1())).source == "lmstudio"
     assert record(parse_response("openai", p.vllm_mlx_chat())).kind == "mtp"
     # speclane's usage also carries prediction counts: its own block must win.
-    assert record(parse_response("openai", p.speclane_chat())).source == "speclane"
+    assert record(parse_response("openai", p.speclane_chat(prediction=1))).source == "speclane"
 
 
 def test_generic_openai_with_plain_usage_is_absent() -> None:
@@ -357,8 +357,10 @@ def test_speclane_rejected_contradicting_the_others_is_inconsistent() -> None:
 
 @pytest.mark.parametrize("include_usage", [True, False])
 def test_speclane_stream_counts_once(include_usage: bool) -> None:
-    r = record(parse_stream_events("speclane", p.speclane_stream(include_usage)))
+    events = p.speclane_stream(include_usage)
+    r = record(parse_stream_events("speclane", events))
     assert (r.drafted, r.accepted) == (90, 60)
+    assert output_tokens(events[-1]) == 90  # the decode speed's count, from either place
 
 
 # --- backends that report nothing ---------------------------------------------------------------

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from router.speculation.keystate import SpecKey
+from router.worker_contract import STREAM_USAGE_FIELD
 from tests.conftest import (
     RunningRouter,
     fake_upstreams,
@@ -391,3 +392,27 @@ async def test_malformed_statistics_never_fail_the_request(fake: FakeUpstream) -
         )
         == 1
     )
+
+
+async def test_a_lane_stream_without_usage_asked_still_reports_its_drafts() -> None:
+    """A client that did not ask for usage gets none (as OpenAI's); the lane's figures ride on
+    the finish chunk under speclane's own field, and the router counts them from there."""
+    spec_stats = {"drafted": 9, "accepted": 8, "rejected": 1, "steps": 3, "num_draft_tokens": 3}
+    ours = {"prompt_tokens": 7, "completion_tokens": 5, "speclane_spec": spec_stats}
+    async with (
+        fake_upstreams("spec", "batch") as (spec, batch),
+        lanes_router(spec, batch, spec=FAST_SPEC, lanes={"enabled": False}) as r,
+    ):
+        spec.behaviour = Behaviour(final_extra={STREAM_USAGE_FIELD: ours})
+        stream = await r.client().chat.completions.create(
+            model="fake-model",
+            messages=CHAT,
+            stream=True,
+            extra_headers={"X-Speclane-Lane": "speculative"},
+        )
+        chunks = [chunk async for chunk in stream]
+        await wait_until(lambda: r.services.spec.auto.keys(), 10)  # observed
+        text = await metrics_text(r)
+    assert chunks and all(c.usage is None for c in chunks)
+    drafted = metric_value(text, "speclane_spec_draft_tokens_total", backend="speculative")
+    assert drafted == 9

@@ -10,8 +10,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from router.worker.engines.engine import Engine, Models, Progress, generation_failed
+from router.worker.engines.engine import Engine, Models, Progress, aligner_for, generation_failed
 from router.worker.engines.jobs import Event, Job, aborted
+from router.worker.engines.logprobs import Picked
 
 STEP_TIMEOUT = 10.0
 
@@ -23,8 +24,20 @@ class CharTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
     def __len__(self) -> int:
         return 0x110000
+
+
+def scripted_logprob(index: int, char: str, k: int | None) -> Picked | None:
+    """The scripted "model"'s log-probability of the ``index``-th character of its reply, and
+    its alternatives: the character itself, then ``?``."""
+    if k is None:
+        return None
+    logprob = -0.25 * (index + 1)
+    return logprob, [(ord(char), logprob), (ord("?"), -9.0)][:k]
 
 
 class ScriptedEngine(Engine):
@@ -68,7 +81,7 @@ class ScriptedEngine(Engine):
                 self.job_done.set()
 
     def _run(self, job: Job) -> Event:
-        progress = Progress(job, 0)
+        progress = Progress(job, 0, aligner_for(job, CharTokenizer()))
         max_tokens = job.request.budget
         for index, char in enumerate(self.reply[:max_tokens]):
             if self._steps is not None and not self._steps.acquire(timeout=STEP_TIMEOUT):
@@ -80,7 +93,7 @@ class ScriptedEngine(Engine):
                 return generation_failed(RuntimeError("scripted failure"))
             if index == self.constraint_fails_at:
                 job.constraint_failed("scripted matcher failure")
-            if progress.token(char, False):
+            if progress.token(char, False, scripted_logprob(index, char, job.request.logprobs)):
                 return progress.finish("stop")
         return progress.finish("stop" if len(self.reply) <= max_tokens else "length")
 
@@ -116,10 +129,13 @@ class ScriptedLM:
     scripted token after each position.
     """
 
-    def __init__(self, text: list[int], eos: int, vocab: int = 0x180) -> None:
+    def __init__(
+        self, text: list[int], eos: int, vocab: int = 0x180, peak: Any = lambda position: 10.0
+    ) -> None:
         self.text = text
         self.eos = eos
         self.vocab = vocab
+        self.peak = peak  # the scripted token's logit after each position (the rest: 0)
         self.passes: list[int] = []  # tokens fed per forward pass
 
     def __call__(self, inputs: Any, cache: list[ScriptedCache]) -> Any:
@@ -135,5 +151,6 @@ class ScriptedLM:
         for i in range(len(fed)):
             nxt = start + i + 1
             token = self.text[nxt] if nxt < len(self.text) else self.eos
-            rows.append([10.0 if t == token else 0.0 for t in range(self.vocab)])
+            peak = self.peak(start + i)
+            rows.append([peak if t == token else 0.0 for t in range(self.vocab)])
         return mx.array([rows])

@@ -19,6 +19,7 @@ BEST_FIXED_SLACK = 1.10
 # own to test against: this is the noise seen between two plain runs on this machine).
 TURN_SLACK = 1.10
 CHAT_GOAL = 0.95
+AGENTS_GOAL = 0.5  # issue #45: three editing agents at once in half mlx_lm.server's makespan
 
 
 def fmt_turn(row: dict[str, Any]) -> str:
@@ -98,7 +99,44 @@ def _goals(
     return goals
 
 
+def summarise_agents(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """``--agents``: per session and target the makespan, its ratio to ``mlx_lm.server``'s,
+    each agent's total, the completion tokens, and whether every agent's every turn equals
+    the same agent's under plain greedy decoding."""
+    out: dict[str, Any] = {}
+    for name, targets in results.items():
+        plain = targets.get(PLAIN)
+        per: dict[str, Any] = {}
+        for target, run in targets.items():
+            agents = run["agents"]
+            equal = [
+                all(a["text"] == b["text"] for a, b in zip(mine, ref, strict=False))
+                for mine, ref in zip(agents, plain["agents"], strict=False)
+            ] if plain else []  # fmt: skip
+            per[target] = {
+                "makespan_s": run["makespan_s"],
+                "vs_mlx_lm_server": ratio(run["makespan_s"], plain["makespan_s"])
+                if plain
+                else None,
+                "agent_seconds": [_total(rows) for rows in agents],
+                "completion_tokens": sum(r["completion_tokens"] for rows in agents for r in rows),
+                "agents_equal_plain": equal,
+                "errors": [r["error"] for rows in agents for r in rows if r.get("error")],
+            }
+        goals: dict[str, Any] = {}
+        if AUTO in per and plain:
+            share = per[AUTO]["vs_mlx_lm_server"]
+            key = "chat_no_slower" if name == "chat" else f"makespan<={AGENTS_GOAL}x"
+            limit = TURN_SLACK if name == "chat" else AGENTS_GOAL
+            goals[key] = share is not None and share <= limit
+            goals["same_tokens"] = per[AUTO]["completion_tokens"] == per[PLAIN]["completion_tokens"]
+        out[name] = {"targets": per, "goals": goals}
+    return out
+
+
 def render(results: dict[str, Any]) -> str:
+    if results.get("settings", {}).get("agents", 1) > 1:
+        return render_agents(results)
     lines = []
     for name, data in results["results"].items():
         summary = results["summary"][name]
@@ -120,5 +158,28 @@ def render(results: dict[str, Any]) -> str:
         )
         lines.append(f"\nsession {name} (seconds per turn)")
         lines += table(["turn", *targets], rows, "l" + "r" * len(targets))
+        lines.append("goals: " + ", ".join(f"{k}={v}" for k, v in summary["goals"].items()))
+    return "\n".join(lines)
+
+
+def render_agents(results: dict[str, Any]) -> str:
+    lines = []
+    for name, summary in results["summary"].items():
+        targets = list(summary["targets"])
+        per = summary["targets"]
+        rows = [
+            ["makespan s", *(fmt(per[t]["makespan_s"]) for t in targets)],
+            ["x mlx_lm.server", *(fmt(per[t]["vs_mlx_lm_server"]) for t in targets)],
+            ["agents s", *(" / ".join(fmt(s) for s in per[t]["agent_seconds"]) for t in targets)],
+            ["tokens", *(str(per[t]["completion_tokens"]) for t in targets)],
+            [
+                "= plain output",
+                *(f"{sum(per[t]['agents_equal_plain'])}/{len(per[t]['agent_seconds'])}"
+                  for t in targets),
+            ],
+        ]  # fmt: skip
+        agents = len(per[targets[0]]["agent_seconds"]) if targets else 0
+        lines.append(f"\nsession {name}, {agents} agents at once")
+        lines += table(["", *targets], rows, "l" + "r" * len(targets))
         lines.append("goals: " + ", ".join(f"{k}={v}" for k, v in summary["goals"].items()))
     return "\n".join(lines)

@@ -1,14 +1,16 @@
 """``speclane bench session``: each session of ``router.bench.session.script`` with every
 target, turn by turn, the targets alternating at every turn so that a shared machine's load
-weighs on all alike. Targets: ``mlx_lm.server`` (plain greedy decoding: the reference
-outputs), ``mlx_lm.server --draft-model``, speclane with its default configuration (the lane
-chooses the draft at every step) and speclane with one source fixed by the request's
-``draft_source`` (each fixed source as its own client: its own prompt cache, suffix index
-and evidence, auto-disable off)."""
+weighs on all alike; with ``--agents N``, N copies of each session at once (each its own
+file), one target after another, timed by their makespan. Targets: ``mlx_lm.server``
+(plain greedy decoding: the reference outputs), ``mlx_lm.server --draft-model``, speclane
+with its default configuration (the lane chooses the draft at every step) and speclane with
+one source fixed by the request's ``draft_source`` (each fixed source as its own client: its
+own prompt cache, suffix index and evidence, auto-disable off)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
@@ -19,8 +21,8 @@ import aiohttp
 
 from router.bench.common import environment, procs
 from router.bench.common.stream import Reply, chat
-from router.bench.session.report import fmt_turn, summarise
-from router.bench.session.script import SESSIONS, Session
+from router.bench.session.report import fmt_turn, summarise, summarise_agents
+from router.bench.session.script import SESSIONS, Session, for_agent
 
 PLAIN = "mlx_lm.server"
 DRAFTED = "mlx_lm.server+draft"
@@ -117,11 +119,53 @@ async def run_session(
     return rows
 
 
+async def run_agent(
+    http: aiohttp.ClientSession, script: Session, target: Target, max_tokens: int
+) -> list[dict[str, Any]]:
+    """One agent's session on one target, turn after turn (its own history)."""
+    messages = [{"role": "system", "content": script.system}]
+    rows = []
+    for number, turn in enumerate(script.turns, 1):
+        messages.append({"role": "user", "content": turn.ask})
+        reply, seconds = await target.send(http, messages, max_tokens)
+        row = turn_row(number, turn.kind, reply, seconds)
+        rows.append(row)
+        print(f"  {script.name} turn {number} ({turn.kind}) {target.name}: {fmt_turn(row)}")
+        messages.append({"role": "assistant", "content": reply.text})
+    return rows
+
+
+async def run_agents(
+    http: aiohttp.ClientSession, script: Session, targets: list[Target], args: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    """``args.agents`` copies of a session at once (each its own file), on each target in
+    turn; the targets' order alternates between sessions so that load drift weighs alike."""
+    out: dict[str, dict[str, Any]] = {}
+    for target in targets:
+        started = time.perf_counter()
+        agents = await asyncio.gather(
+            *(run_agent(http, for_agent(script, k), target, args.max_tokens)
+              for k in range(args.agents))
+        )  # fmt: skip
+        out[target.name] = {"makespan_s": time.perf_counter() - started, "agents": agents}
+        print(
+            f"  {script.name} x{args.agents} {target.name}: {out[target.name]['makespan_s']:.1f} s"
+        )
+    return out
+
+
 async def measure(targets: list[Target], args: argparse.Namespace) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=3600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
         for t in targets:  # first-call costs are no turn's
             await t.send(http, [{"role": "user", "content": "Hi"}], WARM_TOKENS)
+        if args.agents > 1:
+            return {
+                name: await run_agents(
+                    http, SESSIONS[name], targets[:: 1 if i % 2 == 0 else -1], args
+                )
+                for i, name in enumerate(args.sessions)
+            }
         return {
             name: await run_session(http, SESSIONS[name], targets, args.max_tokens)
             for name in args.sessions
@@ -190,5 +234,5 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "environment": environment.record(),
         "results": results,
-        "summary": summarise(results),
+        "summary": summarise_agents(results) if args.agents > 1 else summarise(results),
     }

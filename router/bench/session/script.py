@@ -143,3 +143,21 @@ SESSIONS: dict[str, Session] = {
         ),
     ),
 }
+
+
+def for_agent(session: Session, agent: int) -> Session:
+    """Agent ``agent``'s copy of ``session`` when several run at once (``--agents``): its own
+    file, the same edits. Agent 0 keeps the file as it is; another renames its module and
+    classes, so no agent's prompt, cache or earlier answers are another's."""
+    if agent == 0:
+        return session
+
+    def own(text: str) -> str:
+        return (
+            text.replace("Inventory", f"Inventory{agent}")
+            .replace("inventory", f"inventory{agent}")
+            .replace("Item", f"Item{agent}")
+        )
+
+    turns = tuple(Turn(own(t.ask), t.kind) for t in session.turns)
+    return Session(f"{session.name}-{agent}", session.system, turns)

@@ -492,6 +492,8 @@ class ToolStream:
             items = parsed if isinstance(parsed, list) else [parsed]
             made = [(str(item["name"]), _arguments_text(item.get("arguments"))) for item in items]
         except Exception as e:  # not a call after all: the text goes back to the client
+            if not closed and (cut := self._cut_call(raw)):
+                return cut
             log.info("tool call text did not parse (%s: %s)", type(e).__name__, e)
             end = (self.syntax.end or "") if closed else ""
             return self._content(self.syntax.start + raw + end)
@@ -504,6 +506,22 @@ class ToolStream:
             self.calls.append(call)
             out.append(call)
         return out
+
+    def _cut_call(self, raw: str) -> list[Piece]:
+        """A call the answer's end cut (``max_tokens``) and that was not streamed: the call
+        with the arguments written so far once its name is out, as a streamed answer sends it
+        (and OpenAI answers a cut call: ``tool_calls``, ``finish_reason: "length"``)."""
+        if self.syntax.parser is not _json_tools_parser() or (self.calls and not self.parallel):
+            return []
+        scanner = ArgumentsScanner()
+        head_done, arguments = scanner.feed(raw)
+        if not head_done:
+            return []
+        call = ParsedCall(
+            len(self.calls), "call_" + uuid.uuid4().hex[:24], scanner.name or "", arguments
+        )
+        self.calls.append(call)
+        return [call]
 
     def _close_streamed(self, raw: str, scanner: ArgumentsScanner) -> list[Piece]:
         """A streamed call ends: every argument character went out as it came, so nothing is

@@ -72,11 +72,13 @@ from router.worker.engines.engine import (
     Engine,
     Models,
     Progress,
+    aligner_for,
     generation_failed,
     processors_for,
     sampler_for,
 )
 from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, aborted
+from router.worker.engines.logprobs import pick
 from router.worker.engines.promptcache import Counters, Lookup, PromptCache
 from router.worker.engines.stats import SpecStats, usage
 from router.worker_contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
@@ -296,7 +298,7 @@ class BatchingEngine(Engine):
             except ValueError as e:
                 self._answer(job, Failed(RouterError(400, str(e))))
                 continue
-            progress = Progress(job, 0)
+            progress = Progress(job, 0, aligner_for(job, models.tokenizer))
             progress.cached_tokens = lookup.cached_tokens
             seq = _Sequence(job, progress, models.tokenizer.detokenizer)
             self._plan(seq)
@@ -431,6 +433,8 @@ class BatchingEngine(Engine):
         seq = live.get(response.uid)
         if seq is None:
             return
+        if not seq.decoding and seq.job.shares_prefill and response.finish_reason is None:
+            self._share_prefill(generator, response.uid, seq.job)
         seq.decoding = True
         seq.output.append(response.token)
         reason = response.finish_reason
@@ -439,13 +443,28 @@ class BatchingEngine(Engine):
         if reason is not None:
             seq.detokenizer.finalize()
             self._keep(response.uid, response.all_tokens, response.prompt_cache, seq.job.partition)
-        if seq.progress.token(seq.detokenizer.last_segment, False):
+        picked = None
+        if seq.progress.emitter.aligner is not None and reason != "stop":
+            # The distribution the row's token was sampled from (a verified position's on a
+            # verify pass), read only for a request that asked.
+            picked = pick(response.logprobs[None], [response.token], seq.job.request.logprobs or 0)[
+                0
+            ]
+        if seq.progress.token(seq.detokenizer.last_segment, False, picked):
             if reason is None:
                 self._remove(generator, live, [response.uid])
             reason = "stop"
         if reason is not None:
             del live[response.uid]
             self._answer(seq.job, self._finish(seq, reason))
+
+    def _share_prefill(self, generator: Any, uid: int, job: Job) -> None:
+        """``n > 1``: the first choice's prompt (and first token) into the prompt cache now
+        that it is prefilled, so that the other choices' rows start from it."""
+        if self.prompt_cache.enabled:
+            for cache, tokens in generator.extract_cache([uid]).values():
+                self.prompt_cache.store(list(tokens), cache, job.partition)
+        job.prefill_done()
 
     def _finish(self, seq: _Sequence, reason: str) -> Event:
         """The answer, with the draft statistics of a sequence that drafted (as the

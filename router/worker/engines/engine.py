@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from router.errors import RouterError
+from router.errors import RouterError, internal_error
 from router.worker.decoding.sampling import GREEDY
 from router.worker.decoding.stops import StopScanner
 from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, TextDelta, aborted
+from router.worker.engines.logprobs import Aligner, Picked
 from router.worker.engines.stats import SpecCounter, usage
 from router.worker.request.protocol import GenerationRequest
 
@@ -91,28 +93,72 @@ def constraint_failed(job: Job) -> Failed:
 
 
 def generation_failed(error: Exception) -> Failed:
-    return Failed(RouterError(500, f"generation failed: {error}", type="server_error"))
+    """An unexpected failure of a step (a defect: the request was checked at the boundary),
+    logged with its traceback under a reference the answer names; the answer holds no text
+    of the exception (it may quote another request's data)."""
+    reference = uuid.uuid4().hex[:12]
+    log.error("generation failed (reference %s)", reference, exc_info=error)
+    return Failed(internal_error("the lane worker", reference, type="server_error"))
+
+
+def aligner_for(job: Job, tokenizer: Any) -> Aligner | None:
+    """The job's log-probabilities' aligner when it asked for them."""
+    if job.request.logprobs is None:
+        return None
+    return Aligner(lambda token: str(tokenizer.decode([token])))
+
+
+class Emitter:
+    """One job's text on its way out: stop strings, and the log-probabilities that go with
+    the text sent (a request that asked)."""
+
+    def __init__(self, job: Job, aligner: Aligner | None = None) -> None:
+        self.job = job
+        self.scanner = StopScanner(job.request.stop)
+        self.aligner = aligner
+
+    def text(self, text: str, picked: Picked | None = None) -> bool:
+        """One token's text (``picked``: its log-probability; None: text of no token of its
+        own, the detokenizer's flush); True when a stop string completed."""
+        if self.aligner is not None:
+            if picked is None:
+                self.aligner.more(text)
+            else:
+                self.aligner.token(text, picked)
+        self._emit(self.scanner.feed(text))
+        return self.scanner.stopped
+
+    def flush(self) -> None:
+        """The end of the answer: held text that was no stop string, and the last entries."""
+        self._emit(self.scanner.flush())
+        if self.aligner is not None and (rest := self.aligner.end(self.scanner.stopped)):
+            self.job.emit(TextDelta("", rest))
+
+    def _emit(self, out: str) -> None:
+        entries = self.aligner.sent(len(out)) if self.aligner is not None else ()
+        if out or entries:
+            self.job.emit(TextDelta(out, entries))
 
 
 class Progress:
     """One job's output on the generation thread: stop strings, counting, events."""
 
-    def __init__(self, job: Job, num_draft_tokens: int) -> None:
+    def __init__(self, job: Job, num_draft_tokens: int, aligner: Aligner | None = None) -> None:
         self.job = job
-        self.scanner = StopScanner(job.request.stop)
+        self.emitter = Emitter(job, aligner)
+        self.scanner = self.emitter.scanner
         self.counter = SpecCounter(num_draft_tokens, job.request.budget)
         self.cached_tokens = 0  # prompt tokens taken from the prompt cache
 
-    def token(self, text: str, from_draft: bool) -> bool:
-        """Count one generated token and emit its text; True when a stop string completed."""
+    def token(self, text: str, from_draft: bool, picked: Picked | None = None) -> bool:
+        """Count one generated token and emit its text (``picked``: its log-probability, or
+        None for the end-of-sequence token, whose text is the detokenizer's flush); True when a
+        stop string completed."""
         self.counter.observe(from_draft)
-        if out := self.scanner.feed(text):
-            self.job.emit(TextDelta(out))
-        return self.scanner.stopped
+        return self.emitter.text(text, picked)
 
     def finish(self, reason: str) -> Event:
-        if tail := self.scanner.flush():
-            self.job.emit(TextDelta(tail))
+        self.emitter.flush()
         prompt = len(self.job.prompt_ids)
         spec = self.counter.snapshot()
         return Finished(
@@ -187,6 +233,7 @@ class Engine(ABC):
             self._open.discard(job)
         if isinstance(event, Finished) and job.constraint_error is not None:
             event = constraint_failed(job)  # its text does not follow the schema
+        job.prefill_done()  # its siblings wait no longer (the speculative lane's: till here)
         job.emit(event)
 
     def _main(self) -> None:

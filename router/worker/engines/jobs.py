@@ -14,12 +14,16 @@ from collections import deque
 from dataclasses import dataclass
 
 from router.errors import RouterError
+from router.worker.engines.logprobs import TokenLogprob
 from router.worker.request.protocol import GenerationRequest
 
 
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    # The log-probabilities of the tokens whose text this delta completes (a request that
+    # asked; ``router.worker.engines.logprobs.Aligner``).
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,11 @@ class Job:
         self.prediction_ids: list[int] = []  # the tokenized ``prediction``, if any
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
+        # ``n > 1``: the first choice's job leaves its prompt's KV state in the prompt cache
+        # once prefilled, and says so (``prefilled``, also set when it ends), so that the
+        # others start from it instead of prefilling the prompt again.
+        self.shares_prefill = False
+        self.prefilled = asyncio.Event()
         self._loop = loop
 
     def constraint_failed(self, message: str) -> None:
@@ -70,6 +79,13 @@ class Job:
             self._loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:
             pass  # the loop is closed: the worker is exiting and nobody is listening
+
+    def prefill_done(self) -> None:
+        """Its prompt is in the prompt cache, or it never will be (from any thread)."""
+        try:
+            self._loop.call_soon_threadsafe(self.prefilled.set)
+        except RuntimeError:
+            pass
 
 
 class JobQueue:

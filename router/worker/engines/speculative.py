@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from router.worker.decoding.sampling import sampler_scores
-from router.worker.decoding.stops import StopScanner
 from router.worker.drafting.draftchoice import (
     CERTAIN,
     DRAFT_MODEL,
@@ -72,13 +71,16 @@ from router.worker.drafting.drafts import (
 from router.worker.drafting.forced import FORCED_MAX_DRAFT, ConstraintDraft, Draft
 from router.worker.drafting.suffix import SuffixConfig, SuffixDraft, SuffixIndex
 from router.worker.engines.engine import (
+    Emitter,
     Engine,
     Models,
+    aligner_for,
     generation_failed,
     processors_for,
     sampler_for,
 )
-from router.worker.engines.jobs import Event, Finished, Job, JobQueue, TextDelta, aborted
+from router.worker.engines.jobs import Event, Finished, Job, JobQueue, aborted
+from router.worker.engines.logprobs import Picked, pick
 from router.worker.engines.promptcache import DRAFT, TARGET, Counters, PromptCache
 from router.worker.engines.stats import SpecStats, usage
 from router.worker.request.protocol import GenerationRequest
@@ -273,6 +275,7 @@ class Step:
     accepted: int  # how many of them were draft tokens
     drafted: int
     forced: int = 0  # how many of the accepted ones the grammar forced
+    logprobs: list[Picked] | None = None  # per emitted token, when the request asked
 
 
 def decode(
@@ -290,6 +293,7 @@ def decode(
     constraint: ConstraintDraft | None = None,
     forced_k: int = 0,
     chooser: Chooser | None = None,
+    top_logprobs: int | None = None,
 ) -> Iterator[Step]:
     """Generate after ``history`` (the prompt), of which ``cache`` holds the first ``cached``.
 
@@ -302,7 +306,8 @@ def decode(
     ``propose``'s tokens after them (``ConstraintDraft.draft``), at most ``max(forced_k, k)``
     tokens in all. ``chooser``: which source drafts at each step, and whether any does
     (``router.worker.drafting.draftchoice``), its passes timed for it; without one, ``propose``
-    drafts ``k`` at every step.
+    drafts ``k`` at every step. ``top_logprobs``: each emitted token's log-probability (at
+    the verified position it was sampled from) with that many alternatives; None: none.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
@@ -375,7 +380,10 @@ def decode(
         if grammar is not None and constraint is not None:
             forced = grammar.forced_kept(accepted)
             constraint.verified(grammar, accepted)
-        yield Step(emitted, accepted, len(draft), forced)
+        picked = None
+        if top_logprobs is not None:  # the positions emitted from: only those, only if asked
+            picked = pick(logits[: len(emitted)], emitted, top_logprobs)
+        yield Step(emitted, accepted, len(draft), forced, picked)
         if emitted[-1] in stop_tokens:
             return
 
@@ -400,7 +408,8 @@ class SpecProgress:
         self.source = source
         self.detokenizer = tokenizer.detokenizer
         self.eos = frozenset(tokenizer.eos_token_ids)
-        self.scanner = StopScanner(job.request.stop)
+        self.emitter = Emitter(job, aligner_for(job, tokenizer))
+        self.scanner = self.emitter.scanner
         self.tokens = 0
         self.drafted = 0
         self.accepted = 0
@@ -415,14 +424,13 @@ class SpecProgress:
             self.drafted += step.drafted
             self.accepted += step.accepted
             self.forced += step.forced
-        for token in step.tokens:
+        for i, token in enumerate(step.tokens):
             self.tokens += 1
             if token in self.eos:
                 return True
             self.detokenizer.add_token(token)
-            if out := self.scanner.feed(self.detokenizer.last_segment):
-                self.job.emit(TextDelta(out))
-            if self.scanner.stopped:
+            picked = step.logprobs[i] if step.logprobs else None
+            if self.emitter.text(self.detokenizer.last_segment, picked):
                 return True
         return False
 
@@ -434,10 +442,9 @@ class SpecProgress:
         chooser: Chooser | None = None,
     ) -> Finished:
         self.detokenizer.finalize()
-        if not self.scanner.stopped and (out := self.scanner.feed(self.detokenizer.last_segment)):
-            self.job.emit(TextDelta(out))
-        if tail := self.scanner.flush():
-            self.job.emit(TextDelta(tail))
+        if not self.scanner.stopped:
+            self.emitter.text(self.detokenizer.last_segment)
+        self.emitter.flush()
         if self.scanner.stopped:
             reason = "stop"
         stats = SpecStats(self.drafted, self.accepted, self.steps, self.k)
@@ -564,7 +571,6 @@ class SpeculativeEngine(Engine):
         try:
             event = run.advance()
         except Exception as e:
-            log.exception("generation failed")
             event = generation_failed(e)
             run.close()
         if event is not None:
@@ -577,7 +583,6 @@ class SpeculativeEngine(Engine):
         try:
             self.run = SpecRun(self, models, job)
         except Exception as e:
-            log.exception("generation failed")
             self.active = 0
             self._answer(job, generation_failed(e))
 
@@ -657,6 +662,7 @@ class SpecRun:
             constraint=constraint,
             forced_k=chosen.forced,
             chooser=self.chooser if constraint is None else None,
+            top_logprobs=request.logprobs,
         )
 
     def _candidates(self, models: Models, chosen: Plan) -> list[Candidate]:

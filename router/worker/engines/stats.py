@@ -13,6 +13,7 @@ string, a cancel): those verified-but-unused drafts count as rejected (R = D - A
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,9 @@ def usage(
     """The ``usage`` object of the worker contract.
 
     ``prompt_tokens_details.cached_tokens``: prompt tokens taken from the lane's prompt cache
-    instead of being prefilled (OpenAI's field; included in ``prompt_tokens``).
+    instead of being prefilled (OpenAI's field; included in ``prompt_tokens``). The draft
+    counts are ``speclane_spec``'s: OpenAI's ``completion_tokens_details`` prediction counts
+    belong to a request's ``prediction`` only, and the engines add them for such a request.
     """
     body: dict[str, object] = {
         "prompt_tokens": prompt_tokens,
@@ -77,11 +80,6 @@ def usage(
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
-    if spec.num_draft_tokens:
-        body["completion_tokens_details"] = {
-            "accepted_prediction_tokens": spec.accepted,
-            "rejected_prediction_tokens": spec.rejected,
-        }
     body["speclane_spec"] = {
         "drafted": spec.drafted,
         "accepted": spec.accepted,
@@ -90,3 +88,52 @@ def usage(
         "num_draft_tokens": spec.num_draft_tokens,
     }
     return body
+
+
+_SUMMED = ("drafted", "accepted", "rejected", "steps", "forced", "plain_steps")
+
+
+def merge_usage(usages: list[dict[str, object]]) -> dict[str, object]:
+    """``n`` choices' usage as one answer's: the prompt once (the first choice's, which
+    prefilled it), the completion tokens and every draft count summed."""
+    first = usages[0]
+    if len(usages) == 1:
+        return first
+    completion = sum(_int(u.get("completion_tokens")) for u in usages)
+    body: dict[str, object] = {
+        **first,
+        "completion_tokens": completion,
+        "total_tokens": _int(first.get("prompt_tokens")) + completion,
+    }
+    details = [u["completion_tokens_details"] for u in usages if "completion_tokens_details" in u]
+    if details:
+        body["completion_tokens_details"] = _summed(details)
+    specs: list[dict[str, Any]] = [
+        spec for u in usages if isinstance(spec := u.get("speclane_spec"), dict)
+    ]
+    if specs:
+        spec = {**specs[0], **_summed(specs, _SUMMED)}
+        sources: list[dict[str, Any]] = [
+            s["sources"] for s in specs if isinstance(s.get("sources"), dict)
+        ]
+        if sources:
+            names = dict.fromkeys(name for s in sources for name in s)
+            spec["sources"] = {name: _summed([s.get(name) for s in sources]) for name in names}
+        body["speclane_spec"] = spec
+    return body
+
+
+def _summed(dicts: list[Any], keys: tuple[str, ...] | None = None) -> dict[str, object]:
+    """The integer fields of ``dicts`` summed (``keys``: only those; None: every one)."""
+    found = [d for d in dicts if isinstance(d, dict)]
+    names = keys if keys is not None else tuple(dict.fromkeys(k for d in found for k in d))
+    out: dict[str, object] = {}
+    for key in names:
+        values = [d[key] for d in found if key in d]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            out[key] = sum(values)
+    return out
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -1,2 +1,3 @@
 """The worker's HTTP side: the OpenAI-compatible app (``server``), its answer bodies and
-stream chunks (``shapes``) and the one tokenizer thread (``tokenizing``)."""
+stream chunks (``shapes``), a chat prompt's token ids (``render``) and the tokenizer threads
+(``tokenizing``)."""

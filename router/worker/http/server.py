@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import re
-import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,13 +31,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from router import sse
-from router.errors import RouterError, bad_request, not_found, render, sse_error_event
+from router.errors import (
+    RouterError,
+    bad_request,
+    internal_error,
+    not_found,
+    render,
+)
 from router.worker.decoding.constrain import COMPILER
 from router.worker.decoding.tools import (
-    CallDelta,
-    ParsedCall,
-    Piece,
     ToolStream,
     ToolSyntax,
     chat_inputs,
@@ -44,10 +47,22 @@ from router.worker.decoding.tools import (
     syntax_for,
 )
 from router.worker.engines.engine import Engine
-from router.worker.engines.jobs import Event, Failed, Finished, Job, TextDelta
-from router.worker.http.shapes import Answer
+from router.worker.engines.jobs import Job
+from router.worker.http import answers
+from router.worker.http.answers import Choice
+from router.worker.http.render import encode_chat, mapped, strings_in
+from router.worker.http.shapes import Answer, LogprobShapes
 from router.worker.http.tokenizing import COUNT, GENERATION, TokenizerThread
-from router.worker.request.protocol import GenerationRequest, Kind, parse_request, token_budget
+from router.worker.request.protocol import (
+    GenerationRequest,
+    Kind,
+    context_exceeded,
+    fit_vocabulary,
+    fits_context,
+    parse_request,
+    prompt_chars,
+    token_budget,
+)
 from router.worker_contract import (
     CACHE_PARTITION_HEADER,
     CACHE_PARTITION_PATTERN,
@@ -59,6 +74,8 @@ from router.worker_contract import (
     secret_matches,
 )
 
+log = logging.getLogger("speclane.worker")
+
 
 @dataclass(frozen=True)
 class WorkerInfo:
@@ -68,6 +85,13 @@ class WorkerInfo:
     num_draft_tokens: int  # 0 when the lane does not speculate
     context_length: int | None = None
     draft_source: str | None = None  # the speculative lane's source without a prediction
+    # Token ids the lane accepts (``fit_vocabulary``) and the most characters one token
+    # spells (``fits_context``); None only for scripted test engines.
+    vocab_size: int | None = None
+    max_token_chars: int | None = None
+    # Special tokens' text in messages read as text (``router.worker.http.render``); False:
+    # as control tokens (``[lanes] content_special_tokens = "control"``).
+    content_specials_as_text: bool = True
     architecture: str | None = None  # the model's config model_type (Ollama's /api/show)
 
 
@@ -177,8 +201,10 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         )
     except web.HTTPException:
         raise
-    except Exception as e:  # the worker's own bug: still an OpenAI-shaped answer
-        return _error_response(RouterError(500, f"internal error: {e}", type="server_error"))
+    except Exception:  # the worker's own bug: an OpenAI-shaped answer without its text
+        reference = uuid.uuid4().hex[:12]
+        log.exception("request failed (reference %s)", reference)
+        return _error_response(internal_error("the lane worker", reference, type="server_error"))
 
 
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
@@ -249,20 +275,19 @@ async def tokenize(request: web.Request) -> web.Response:
     except orjson.JSONDecodeError as e:
         raise bad_request(f"invalid JSON body: {e}") from e
     kind: Kind = "chat" if isinstance(body, dict) and "messages" in body else "completion"
-    generation = parse_request(body, kind)
-    if generation.model is not None and generation.model != info.model_name:
-        raise not_found(
-            f"model '{generation.model}' is not served here", param="model", code="model_not_found"
-        )
+    generation = checked(body, kind, info)
     tokenizer = engine.models.tokenizer if engine.models else None
-    ids = await request.app[TOKENIZE].run(COUNT, count, tokenizer, generation)
+    size = prompt_chars(generation)
+    ids = await request.app[TOKENIZE].run(
+        COUNT, count, tokenizer, generation, info.content_specials_as_text, size=size
+    )
     return _json({"count": len(ids), "model": info.model_name})
 
 
-def count(tokenizer: Any, generation: GenerationRequest) -> list[int]:
+def count(tokenizer: Any, generation: GenerationRequest, as_text: bool = True) -> list[int]:
     """The prompt as ``prepare`` would tokenize it, tools in the same syntax, nothing compiled."""
     syntax = syntax_for(tokenizer, generation) if generation.kind == "chat" else None
-    return encode(tokenizer, generation, syntax)
+    return encode(tokenizer, generation, syntax, as_text)
 
 
 async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
@@ -271,42 +296,80 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as e:
         raise bad_request(f"invalid JSON body: {e}") from e
-    generation = parse_request(body, kind)
-    if generation.model is not None and generation.model != info.model_name:
-        raise not_found(
-            f"model '{generation.model}' is not served here", param="model", code="model_not_found"
-        )
+    generation = checked(body, kind, info)
     check_draft_source(info, generation)
     partition = cache_partition(request)
     tokenizer = engine.models.tokenizer if engine.models else None
     loop = asyncio.get_running_loop()
     thread = request.app[TOKENIZE]
-    prepared = await thread.run(GENERATION, prepare, tokenizer, generation)
+    size = prompt_chars(generation)
+    prepared = await thread.run(
+        GENERATION, prepare, tokenizer, generation, info.content_specials_as_text, size=size
+    )
     prompt_ids = prepared.prompt_ids
     if info.context_length and len(prompt_ids) >= info.context_length:
-        raise bad_request(
-            f"the prompt has {len(prompt_ids)} tokens; the context is {info.context_length}",
-            code="context_length_exceeded",
-        )
+        raise context_exceeded(f"the prompt has {len(prompt_ids)} tokens", info.context_length)
     budget = token_budget(generation.max_tokens, len(prompt_ids), info.context_length)
-    job = Job(
-        dataclasses.replace(prepared.generation, max_tokens=budget),
-        prompt_ids,
-        loop,
-        partition=partition,
-    )
+    first = dataclasses.replace(prepared.generation, max_tokens=budget)
+    jobs = [Job(nth(first, i), prompt_ids, loop, partition=partition) for i in range(first.n)]
     if prepared.generation.prediction:
-        job.prediction_ids = await thread.run(
-            GENERATION, encode_prediction, tokenizer, prepared.generation.prediction
+        text = prepared.generation.prediction
+        prediction = await thread.run(
+            GENERATION, encode_prediction, tokenizer, text, size=len(text)
         )
-    engine.submit(job)
+        for job in jobs:
+            job.prediction_ids = prediction
+    jobs[0].shares_prefill = len(jobs) > 1
+    engine.submit(jobs[0])
+    # The other choices once the first one's prompt is in the prompt cache: they start from
+    # it rather than prefilling it again (on the speculative lane, once it has ended).
+    others = asyncio.create_task(_submit_after_prefill(engine, jobs)) if len(jobs) > 1 else None
     answer = Answer(kind, info.model_name)
+    choices = [
+        Choice(
+            i,
+            prepared.tool_stream(),
+            LogprobShapes(kind) if generation.logprobs is not None else None,
+        )
+        for i in range(len(jobs))
+    ]
     try:
         if generation.stream:
-            return await _stream(request, job, answer, prepared.tool_stream())
-        return await _collect(job, answer, prepared.tool_stream())
+            return await answers.stream(request, jobs, answer, choices)
+        return await answers.collect(jobs, answer, choices)
     finally:
-        engine.cancel(job)  # a no-op once answered; otherwise the client left or we failed
+        if others is not None:
+            others.cancel()
+        for job in jobs:  # a no-op once answered; otherwise the client left or we failed
+            engine.cancel(job)
+
+
+def nth(generation: GenerationRequest, index: int) -> GenerationRequest:
+    """Choice ``index``'s request: a seeded one draws from the next seed (n equal samples
+    would answer nothing more than one)."""
+    if index == 0 or generation.seed is None:
+        return generation
+    return dataclasses.replace(generation, seed=(generation.seed + index) % 2**64)
+
+
+async def _submit_after_prefill(engine: Engine, jobs: list[Job]) -> None:
+    await jobs[0].prefilled.wait()
+    for job in jobs[1:]:
+        engine.submit(job)
+
+
+def checked(body: Any, kind: Kind, info: WorkerInfo) -> GenerationRequest:
+    """The request validated at the lane's boundary: its fields (``parse_request``), its
+    model, and every token id against the vocabulary (``fit_vocabulary``), before any of it
+    reaches the tokenizer or MLX."""
+    generation = parse_request(body, kind)
+    if generation.model is not None and generation.model != info.model_name:
+        raise not_found(
+            f"model '{generation.model}' is not served here", param="model", code="model_not_found"
+        )
+    if info.context_length and info.max_token_chars:
+        fits_context(generation, info.context_length, info.max_token_chars)
+    return fit_vocabulary(generation, info.vocab_size) if info.vocab_size else generation
 
 
 def cache_partition(request: web.Request) -> str:
@@ -348,10 +411,10 @@ class Prepared:
         return ToolStream(self.syntax, g.tools, g.parallel_tool_calls, incremental=g.stream)
 
 
-def prepare(tokenizer: Any, generation: GenerationRequest) -> Prepared:
+def prepare(tokenizer: Any, generation: GenerationRequest, as_text: bool = True) -> Prepared:
     """Tokenize, and compile the decoding constraint (on the tokenize thread: both block)."""
     syntax = syntax_for(tokenizer, generation) if generation.kind == "chat" else None
-    ids = encode(tokenizer, generation, syntax)
+    ids = encode(tokenizer, generation, syntax, as_text)
     constraint = COMPILER.compile(generation, tokenizer)
     if constraint is not None:
         # Both lanes draft under it (router.worker.drafting.forced): every position is verified
@@ -361,25 +424,41 @@ def prepare(tokenizer: Any, generation: GenerationRequest) -> Prepared:
 
 
 def encode(
-    tokenizer: Any, generation: GenerationRequest, syntax: ToolSyntax | None = None
+    tokenizer: Any,
+    generation: GenerationRequest,
+    syntax: ToolSyntax | None = None,
+    content_specials_as_text: bool = True,
 ) -> list[int]:
+    """The prompt's token ids; a chat's messages are read as text, special tokens included,
+    unless ``content_specials_as_text`` is off (``router.worker.http.render``)."""
     if generation.kind == "chat":
         messages, tools = chat_inputs(generation, syntax or fallback_syntax())
-        extra = {"tools": tools} if tools else {}
-        try:
-            text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, **extra
-            )
-        except Exception as e:  # a template may reject roles or orderings
-            message = f"the chat template rejected the messages: {e}"
-            raise bad_request(message, param="messages") from e
-        ids = tokenizer.encode(text, add_special_tokens=False)
+
+        def render(escape: Callable[[str], str]) -> str:
+            extra = {"tools": mapped(tools, escape)} if tools else {}
+            try:
+                return str(
+                    tokenizer.apply_chat_template(
+                        mapped(messages, escape),
+                        tokenize=False,
+                        add_generation_prompt=True,
+                        **extra,
+                    )
+                )
+            except Exception as e:  # a template may reject roles or orderings
+                message = f"the chat template rejected the messages: {e}"
+                raise bad_request(message, param="messages") from e
+
+        ids = encode_chat(
+            tokenizer,
+            render,
+            strings_in([messages, tools]),
+            content_specials_as_text=content_specials_as_text,
+        )
     elif isinstance(generation.prompt, str):
         ids = tokenizer.encode(generation.prompt)
     else:
-        ids = list(generation.prompt)
-        if max(ids) >= len(tokenizer):
-            raise bad_request("'prompt' holds a token id outside the vocabulary", param="prompt")
+        ids = list(generation.prompt)  # checked against the vocabulary (``checked``)
     if not ids:
         raise bad_request("the prompt is empty after tokenization", param="prompt")
     return list(ids)
@@ -390,108 +469,4 @@ def encode_prediction(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _pieces(tools: ToolStream | None, text: str | None) -> list[Piece]:
-    """Answer text as content and tool calls; ``None`` text: the answer has ended."""
-    if tools is None:
-        return [text] if text else []
-    return tools.feed(text) if text is not None else tools.finish()
-
-
-def _finish_reason(tools: ToolStream | None, reason: str) -> str:
-    return "tool_calls" if tools is not None and tools.calls and reason == "stop" else reason
-
-
-async def _collect(job: Job, answer: Answer, tools: ToolStream | None) -> web.Response:
-    parts: list[Piece] = []
-    while True:
-        event = await job.events.get()
-        if isinstance(event, TextDelta):
-            parts += _pieces(tools, event.text)
-        elif isinstance(event, Finished):
-            parts += _pieces(tools, None)
-            text = "".join(p for p in parts if isinstance(p, str))
-            calls = [p.openai_dict() for p in parts if isinstance(p, ParsedCall)]
-            reason = _finish_reason(tools, event.finish_reason)
-            body = answer.body(
-                text or (None if calls else ""), reason, event.usage, calls, event.stop_string
-            )
-            return _json(body)
-        else:
-            raise event.error
-
-
-# While a tool call that is sent whole (a native syntax, keys in another order) or a streamed
-# call's head is being written nothing can be sent, so a long call (a patch, a file) would look
-# like silence to the router's read timeout. An empty delta at most this often says "still
-# generating"; OpenAI clients ignore it.
-PROGRESS_EVERY = 5.0
-
-
-async def _send_pieces(response: web.StreamResponse, answer: Answer, pieces: list[Piece]) -> None:
-    for piece in pieces:
-        if isinstance(piece, str):
-            await _send(response, answer.chunk(piece))
-        elif isinstance(piece, CallDelta):
-            await _send(response, answer.chunk(None, tool_calls=[piece.delta()]))
-        else:
-            for delta in piece.stream_deltas():
-                await _send(response, answer.chunk(None, tool_calls=[delta]))
-
-
-async def _stream(
-    request: web.Request, job: Job, answer: Answer, tools: ToolStream | None
-) -> web.StreamResponse:
-    first = await job.events.get()  # errors before the first token are still plain HTTP errors
-    if isinstance(first, Failed):
-        raise first.error
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-    if answer.kind == "chat":
-        head = answer.chunk("", role=True)
-        if job.request.continuous_usage:
-            prompt = len(job.prompt_ids)
-            head["usage"] = {
-                "prompt_tokens": prompt,
-                "completion_tokens": 0,
-                "total_tokens": prompt,
-            }
-        await _send(response, head)
-    event: Event = first
-    last_sent = time.monotonic()
-    while True:
-        if isinstance(event, TextDelta):
-            pieces = _pieces(tools, event.text)
-            if pieces:
-                await _send_pieces(response, answer, pieces)
-                last_sent = time.monotonic()
-            elif time.monotonic() - last_sent >= PROGRESS_EVERY:
-                await _send(response, answer.chunk(None))
-                last_sent = time.monotonic()
-        elif isinstance(event, Finished):
-            await _send_pieces(response, answer, _pieces(tools, None))
-            reason = _finish_reason(tools, event.finish_reason)
-            # Usage once, on the stream's last chunk: the include_usage chunk when asked for,
-            # else the finish_reason chunk (where the router reads the draft statistics).
-            if job.request.include_usage:
-                await _send(response, answer.final_chunk(reason, None, event.stop_string))
-                await _send(response, answer.usage_chunk(event.usage))
-            else:
-                await _send(response, answer.final_chunk(reason, event.usage, event.stop_string))
-            await response.write(sse.DONE_EVENT)
-            break
-        else:
-            await response.write(sse_error_event(event.error))
-            break
-        event = await job.events.get()
-    await response.write_eof()
-    return response
-
-
-async def _send(response: web.StreamResponse, chunk: dict[str, object]) -> None:
-    await response.write(sse.frame(orjson.dumps(chunk)))
-
-
-def _json(body: dict[str, object], status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+_json = answers.json_response

@@ -20,16 +20,17 @@ as canonical JSON text so that the request stays an immutable value
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import orjson
 
-from router.errors import bad_request
-from router.request_rules import integer, number, typed
-from router.system_messages import fold
+from router.errors import RouterError, bad_request
+from router.request_rules import MAX_N, integer, logit_bias, logprobs, number, seed, typed
+from router.system_messages import escape_text, fold
 from router.worker_contract import (
     DRAFT_SOURCE_FIELD,
     DRAFT_TOKENS_FIELD,
@@ -42,6 +43,8 @@ from router.worker_contract import (
 UNKNOWN_CONTEXT_MAX_TOKENS = 4096
 DEFAULT_TEMPERATURE = 0.0
 MAX_STOP_STRINGS = 16
+# The stop scanner holds back as much text as the longest stop string: a bound on both.
+MAX_STOP_CHARS = 1024
 MAX_TOOLS = 128  # OpenAI's own limit
 MAX_TOOL_CALLS_PER_MESSAGE = 128
 # Schemas are walked recursively (templates, the constraint compiler): a hostile nesting depth
@@ -128,6 +131,10 @@ class GenerationRequest:
     # ``prompt_lookup`` or ``suffix``; None: the lane's own). A prediction still wins; the
     # batching lane ignores it, like ``prediction``.
     draft_source: str | None = None
+    # Log-probabilities of the emitted tokens, with this many alternatives each (chat's
+    # ``logprobs: true`` + ``top_logprobs``, completions' ``logprobs``); None: not asked.
+    logprobs: int | None = None
+    n: int = 1  # choices: one job each, sharing the prompt's prefill (the server's)
 
     @property
     def budget(self) -> int:
@@ -145,8 +152,6 @@ class GenerationRequest:
 def parse_request(body: Any, kind: Kind) -> GenerationRequest:
     if not isinstance(body, Mapping):
         raise bad_request("the request body must be a JSON object")
-    if typed(body, "n", int, 1) != 1:
-        raise bad_request("only n=1 is supported", param="n")
     source: dict[str, Any] = (
         {"messages": _messages(body)} if kind == "chat" else {"prompt": _prompt(body)}
     )
@@ -162,7 +167,7 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
         min_p=number(body, "min_p", 0.0, 0.0, 1.0),
         max_tokens=_max_tokens(body),
         stop=_stop(body),
-        seed=typed(body, "seed", int, None),
+        seed=_seed(body),
         stream=typed(body, "stream", bool, False),
         include_usage=typed(stream_options, "include_usage", bool, False),
         continuous_usage=typed(stream_options, "continuous_usage_stats", bool, False),
@@ -170,11 +175,13 @@ def parse_request(body: Any, kind: Kind) -> GenerationRequest:
         presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=number(body, "repetition_penalty", 1.0, 0.0, None),
-        logit_bias=_logit_bias(body),
+        logit_bias=logit_bias(body),
         **tooling,
         **_response_format(body),
         prediction=_prediction(body),
         draft_source=_draft_source(body),
+        logprobs=logprobs(body, chat=kind == "chat"),
+        n=integer(body, "n", 1, 1, MAX_N),
     )
 
 
@@ -195,6 +202,67 @@ def token_budget(requested: int | None, prompt_tokens: int, context_length: int 
     return min(requested, room) if requested else room
 
 
+def fit_vocabulary(request: GenerationRequest, vocab_size: int) -> GenerationRequest:
+    """``request`` checked against the model's vocabulary, at the lane's boundary: a token id
+    at or past ``vocab_size`` would index outside the logits (MLX does not check: a write
+    there corrupts the process's memory), so it is the client's 400. A ``top_k`` covering the
+    whole vocabulary filters nothing and is dropped (mlx-lm refuses one that large)."""
+    for ident, _ in request.logit_bias:
+        if ident >= vocab_size:
+            raise bad_request(
+                f"'logit_bias' names token {ident}; the vocabulary has {vocab_size} tokens",
+                param="logit_bias",
+            )
+    if isinstance(request.prompt, tuple) and max(request.prompt) >= vocab_size:
+        raise bad_request(
+            f"'prompt' holds a token id outside the vocabulary ({vocab_size} tokens)",
+            param="prompt",
+        )
+    if request.top_k >= vocab_size:
+        return dataclasses.replace(request, top_k=0)
+    return request
+
+
+def prompt_chars(request: GenerationRequest) -> int:
+    """Characters of the request's own text that its prompt will hold (a template only adds)."""
+    if request.kind == "completion":
+        return len(request.prompt)  # a string's characters, or the token ids' count
+    return sum(
+        len(m.content) + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
+        for m in request.messages
+    ) + sum(len(t.parameters) + len(t.description or "") for t in request.tools)
+
+
+def fits_context(request: GenerationRequest, context_length: int, max_token_chars: int) -> None:
+    """A 400 for a prompt that cannot fit the context, decided before it is tokenized: no
+    token spells more than ``max_token_chars`` characters, so a text longer than
+    ``context_length`` of them cannot be fewer tokens than the context holds. What a lane
+    tokenizes is thereby bounded by what it could serve, never by the body size alone."""
+    if isinstance(request.prompt, tuple):
+        tokens = len(request.prompt)
+        if tokens >= context_length:
+            raise context_exceeded(f"the prompt has {tokens} tokens", context_length)
+        return
+    chars = prompt_chars(request)
+    if chars > context_length * max_token_chars:
+        at_least = -(-chars // max_token_chars)
+        raise context_exceeded(f"the prompt has at least {at_least} tokens", context_length)
+
+
+def context_exceeded(what: str, context_length: int) -> RouterError:
+    return RouterError(
+        400,
+        f"{what}; the context is {context_length}",
+        code="context_length_exceeded",
+    )
+
+
+def _seed(body: Mapping[str, Any]) -> int | None:
+    """The seed as MLX takes it (unsigned 64 bits; OpenAI's may be negative)."""
+    value = seed(body)
+    return None if value is None else value % 2**64
+
+
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     value = body.get("stop")
     if value is None:
@@ -203,10 +271,11 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     if (
         not isinstance(items, list)
         or len(items) > MAX_STOP_STRINGS
-        or not all(isinstance(s, str) and s for s in items)
+        or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in items)
     ):
         raise bad_request(
-            f"'stop' must be a non-empty string or a list of up to {MAX_STOP_STRINGS} of them",
+            f"'stop' must be a non-empty string of at most {MAX_STOP_CHARS} characters or a "
+            f"list of up to {MAX_STOP_STRINGS} of them",
             param="stop",
         )
     return tuple(items)
@@ -243,6 +312,7 @@ def fold_system_messages(messages: list[Message]) -> tuple[Message, ...]:
             system=lambda text: Message("system", text),
             user=lambda text: Message("user", text),
             extend=_extended,
+            escape=lambda m: replace(m, content=escape_text(m.content)),
         )
     )
 
@@ -437,19 +507,6 @@ def _prompt(body: Mapping[str, Any]) -> str | tuple[int, ...]:
 
 def _is_token(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
-    raw = typed(body, "logit_bias", Mapping, {})
-    out = []
-    for key, bias in raw.items():
-        ok = str(key).isdigit() and isinstance(bias, int | float) and not isinstance(bias, bool)
-        if not ok or not -100 <= bias <= 100:
-            raise bad_request(
-                "'logit_bias' maps token ids to numbers in [-100, 100]", param="logit_bias"
-            )
-        out.append((int(key), float(bias)))
-    return tuple(out)
 
 
 def _prediction(body: Mapping[str, Any]) -> str | None:

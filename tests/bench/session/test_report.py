@@ -87,3 +87,39 @@ def test_each_fixed_source_is_a_client_of_its_own_without_auto_disable() -> None
     for source in FIXED_SOURCES:
         assert f"speclane:{source}" in TARGETS
         assert clients[fixed_client(source)].spec.enabled is False
+
+
+def test_each_agent_edits_a_file_of_its_own() -> None:
+    from router.bench.session.script import for_agent
+
+    whole = SESSIONS["whole"]
+    assert for_agent(whole, 0) is whole
+    first, second = for_agent(whole, 1), for_agent(whole, 2)
+    assert "class Inventory1" in first.turns[0].ask and "class Item2" in second.turns[0].ask
+    assert "inventory1.py" in first.turns[0].ask
+    assert [t.kind for t in first.turns] == [t.kind for t in whole.turns]
+    assert first.turns[0].ask != second.turns[0].ask
+
+
+def test_agents_at_once_are_judged_by_their_makespan() -> None:
+    from router.bench.session.report import summarise_agents
+
+    def run(makespan: float, texts: list[str]) -> dict[str, Any]:
+        return {"makespan_s": makespan, "agents": [rows([1.0, 2.0], texts) for _ in range(3)]}
+
+    same = ["a", "b"]
+    results = {
+        "whole": {"mlx_lm.server": run(80.0, same), "speclane": run(36.0, same)},
+        "chat": {"mlx_lm.server": run(30.0, same), "speclane": run(34.0, ["a", "c"])},
+    }
+    summary = summarise_agents(results)
+    whole = summary["whole"]
+    assert whole["targets"]["speclane"]["vs_mlx_lm_server"] == pytest.approx(0.45)
+    assert whole["targets"]["speclane"]["agent_seconds"] == [3.0, 3.0, 3.0]
+    assert whole["targets"]["speclane"]["agents_equal_plain"] == [True, True, True]
+    assert whole["goals"] == {"makespan<=0.5x": True, "same_tokens": True}
+    chat = summary["chat"]
+    assert chat["goals"]["chat_no_slower"] is False  # 34/30 is past the slack
+    assert chat["targets"]["speclane"]["agents_equal_plain"] == [False, False, False]
+    text = render({"settings": {"agents": 3}, "summary": summary})
+    assert "3 agents at once" in text and "0.45" in text

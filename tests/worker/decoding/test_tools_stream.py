@@ -167,8 +167,11 @@ def test_a_call_cut_by_max_tokens_is_kept_as_streamed() -> None:
     assert got["arguments"] == '{"path": "a.py", "text": "x = {'
     assert [p for p in pieces if isinstance(p, str)] == []  # not given back as content
     assert len(s.calls) == 1 and s.calls[0].arguments == got["arguments"]
-    # Not streamed, the same text is content, as before.
-    assert whole(text) == [] and feed(make(incremental=False), [text]) == [text]
+    # Not streamed, the same: the call with what was written (OpenAI's cut call), no content.
+    plain = make(incremental=False)
+    (only,) = feed(plain, [text])
+    assert isinstance(only, ParsedCall) and plain.calls == [only]
+    assert (only.name, only.arguments) == ("write", got["arguments"])
 
 
 def test_a_cut_before_the_head_is_content() -> None:

@@ -215,3 +215,52 @@ def test_prompt_cache_off_still_reports_zero_cached_tokens(
             model=MODEL, prompt="Hello there", max_tokens=2, temperature=0
         )
         assert answer.usage is not None and cached_tokens(answer.usage) == 0
+
+
+def test_n_choices_decode_from_one_prefill(batch_worker: WorkerProcess) -> None:
+    """``n=2``: the first choice prefills the prompt, the second starts from its KV state in
+    the prompt cache (a few tokens prefilled, not the prompt again); greedy ones alike."""
+    messages = [{"role": "user", "content": long_prompt("n-choices", 8)}]
+    before = health(batch_worker)["prefill_tokens"]
+    reply = client(batch_worker).chat.completions.create(
+        model=MODEL,
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=4,
+        temperature=0,
+        n=2,
+    )
+    texts = {c.index: c.message.content or "" for c in reply.choices}
+    assert sorted(texts) == [0, 1] and texts[0] == texts[1] and texts[0]
+    usage = reply.usage
+    assert usage is not None and usage.completion_tokens == 8
+    # The first choice's (the one that prefilled): an earlier test may have left a prefix.
+    details = usage.prompt_tokens_details
+    rest = usage.prompt_tokens - ((details.cached_tokens or 0) if details else 0)
+    prefilled = health(batch_worker)["prefill_tokens"] - before
+    assert rest <= prefilled < rest + 8  # the prompt once, not twice
+
+
+def test_n_streamed_choices_decode_as_rows_of_one_batch(batch_worker: WorkerProcess) -> None:
+    """The second choice joins the batch once the first is prefilled, not once it has ended:
+    its text streams while the first one's still does."""
+    events: list[tuple[int, str]] = []  # (choice, "text" | "finish") in the stream's order
+    usage = None
+    for chunk in client(batch_worker).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me a story."}],
+        max_tokens=16,
+        temperature=0,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"logit_bias": NO_EOS},
+    ):
+        for choice in chunk.choices:
+            if choice.delta.content:
+                events.append((choice.index, "text"))
+            if choice.finish_reason:
+                events.append((choice.index, "finish"))
+        usage = chunk.usage or usage
+    assert usage is not None and usage.completion_tokens == 32
+    assert events.index((1, "text")) < events.index((0, "finish"))
+    assert events.count((0, "finish")) == events.count((1, "finish")) == 1

@@ -10,6 +10,7 @@ from router.worker.engines.speculative import (
     PREFILL_STEP,
     Plan,
     SpecSettings,
+    Step,
     decode,
     lookup_proposer,
     plan,
@@ -312,3 +313,49 @@ def test_a_short_prompt_goes_through_with_the_first_token_a_long_one_in_chunks()
     assert model.passes == [PREFILL_STEP, PREFILL_STEP, 9, 1, 1, 1]
     assert [s.tokens for s in steps[:3]] == [[], [], ids("a")]
     assert history == [*ids(prompt + "ab"), EOS]
+
+
+def test_logprobs_are_the_targets_at_every_emitted_position_drafted_or_not() -> None:
+    """Each emitted token's entry is the target's distribution at the position that emitted
+    it: the same with drafts (verified positions) as with plain decoding, row for row."""
+    import math
+
+    vocab = 0x180
+
+    def peak(position: int) -> float:  # a different distribution after every position
+        return 4.0 + position % 7
+
+    def expected(position: int) -> float:
+        p = peak(position)
+        return p - math.log(math.exp(p) + vocab - 1)
+
+    def decoded(propose=None, k: int = 0) -> list[Step]:
+        model = ScriptedLM(ids(PROMPT + ANSWER), EOS, vocab, peak=peak)
+        return list(
+            decode(
+                model,
+                [ScriptedCache()],
+                ids(PROMPT),
+                0,
+                max_tokens=200,
+                sampler=greedy,
+                propose=propose,
+                k=k,
+                stop_tokens=frozenset({EOS}),
+                top_logprobs=2,
+            )
+        )
+
+    plain = decoded()
+    drafted = decoded(lookup_proposer(LookupConfig(2, 4, 8)), k=8)
+    assert sum(s.accepted for s in drafted) > 0
+    for steps in (plain, drafted):
+        entries = [e for s in steps for e in s.logprobs or []]
+        tokens = [t for s in steps for t in s.tokens]
+        assert len(entries) == len(tokens) == len(ANSWER) + 1
+        for i, ((logprob, top), token) in enumerate(zip(entries, tokens, strict=True)):
+            position = len(PROMPT) + i - 1  # the position whose logits emitted it
+            assert logprob == pytest.approx(expected(position), abs=1e-4)
+            assert top[0][0] == token and top[0][1] == pytest.approx(logprob, abs=1e-6)
+            assert len(top) == 2 and top[1][1] < top[0][1]
+    assert all(s.logprobs is None for s in run(PROMPT, ANSWER)[1])  # not asked: none

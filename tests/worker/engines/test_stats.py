@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.worker.engines.stats import SpecCounter, SpecStats, usage
+from router.worker.engines.stats import SpecCounter, SpecStats, merge_usage, usage
 
 
 def speculative_rounds(
@@ -97,13 +97,11 @@ def test_counter_matches_the_rounds_mlx_lm_runs(
     assert counter.tokens == consumed <= max_tokens
 
 
-def test_usage_with_speculation_has_prediction_details() -> None:
+def test_usage_with_drafts_counts_them_in_speclane_spec_not_openais_prediction_fields() -> None:
     body = usage(10, 5, SpecStats(drafted=6, accepted=4, steps=2, num_draft_tokens=3))
     assert body["total_tokens"] == 15
-    assert body["completion_tokens_details"] == {
-        "accepted_prediction_tokens": 4,
-        "rejected_prediction_tokens": 2,
-    }
+    # OpenAI's accepted/rejected_prediction_tokens are a request's ``prediction``'s only.
+    assert "completion_tokens_details" not in body
     assert body["speclane_spec"] == {
         "drafted": 6,
         "accepted": 4,
@@ -130,3 +128,32 @@ def test_usage_reports_cached_prompt_tokens_in_openai_details() -> None:
     body = usage(100, 2, SpecStats(), cached_tokens=96)
     assert body["prompt_tokens_details"] == {"cached_tokens": 96}
     assert body["prompt_tokens"] == 100  # cached tokens are part of the prompt, as in OpenAI
+
+
+def test_n_choices_usage_counts_the_prompt_once_and_sums_the_rest() -> None:
+    one = usage(10, 5, SpecStats(drafted=6, accepted=4, steps=2, num_draft_tokens=3))
+    two = usage(10, 3, SpecStats(drafted=2, accepted=1, steps=1, num_draft_tokens=3), 9)
+    for body, source in (
+        (one, {"drafted": 6, "accepted": 4}),
+        (two, {"drafted": 2, "accepted": 1}),
+    ):
+        spec = body["speclane_spec"]
+        assert isinstance(spec, dict)
+        spec["source"], spec["sources"] = "auto", {"suffix": source}
+    merged = merge_usage([one, two])
+    assert (merged["prompt_tokens"], merged["completion_tokens"], merged["total_tokens"]) == (
+        10,
+        8,
+        18,
+    )
+    assert merged["prompt_tokens_details"] == {"cached_tokens": 0}  # the first's: it prefilled
+    assert merged["speclane_spec"] == {
+        "drafted": 8,
+        "accepted": 5,
+        "rejected": 3,
+        "steps": 3,
+        "num_draft_tokens": 3,
+        "source": "auto",
+        "sources": {"suffix": {"drafted": 8, "accepted": 5}},
+    }
+    assert merge_usage([one]) is one

@@ -16,7 +16,7 @@ import pytest
 from router.worker.http import server as server_module
 from router.worker.http.server import WorkerInfo, make_app, start_site
 from router.worker.request.protocol import GenerationRequest
-from router.worker_contract import WORKER_SECRET_HEADER
+from router.worker_contract import STREAM_USAGE_FIELD, WORKER_SECRET_HEADER
 from tests.worker.scripted import ScriptedEngine
 
 MODEL = "scripted-model"
@@ -125,12 +125,19 @@ async def test_stream_carries_usage_once_on_the_last_chunk(include_usage: bool) 
     finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finish) == 1
     assert finish[0].choices[0].finish_reason == "stop"
-    # Clients that add usage up must see it once: on the last chunk only.
+    # Clients that add usage up must see it once, on the last chunk, and only when asked
+    # (OpenAI sends none otherwise); the router still finds the lane's figures on the finish
+    # chunk, under a field of ours.
     with_usage = [c for c in chunks if c.usage is not None]
-    assert with_usage == [chunks[-1]]
-    assert chunks[-1].usage is not None
-    assert chunks[-1].usage.total_tokens == 3 + len("<user>hi")
-    assert (chunks[-1].choices == []) is include_usage
+    if include_usage:
+        assert with_usage == [chunks[-1]] and chunks[-1].choices == []
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.total_tokens == 3 + len("<user>hi")
+        assert not any(STREAM_USAGE_FIELD in (c.model_extra or {}) for c in chunks)
+    else:
+        assert with_usage == [] and chunks[-1] is finish[0]
+        ours = (finish[0].model_extra or {})[STREAM_USAGE_FIELD]
+        assert ours["total_tokens"] == 3 + len("<user>hi") and "speclane_spec" in ours
 
 
 async def test_continuous_usage_gives_the_prompts_size_first() -> None:
@@ -172,7 +179,7 @@ async def test_raw_stream_ends_with_done() -> None:
     assert events[-1] == "data: [DONE]"
     last = orjson.loads(events[-2].removeprefix("data: "))
     assert last["choices"][0]["finish_reason"] == "stop"
-    assert last["usage"]["speclane_spec"]["drafted"] == 0
+    assert "usage" not in last and last[STREAM_USAGE_FIELD]["speclane_spec"]["drafted"] == 0
 
 
 @pytest.mark.parametrize(
@@ -213,6 +220,7 @@ async def test_a_failure_after_the_first_token_ends_the_stream_with_an_error_eve
         async with session.post(f"{url}/v1/completions", json=body) as r:
             raw = (await r.read()).decode()
     assert '"type":"server_error"' in raw
+    assert "scripted failure" not in raw  # the exception's text stays in the worker's log
     assert raw.endswith("data: [DONE]\n\n")
 
 
@@ -223,7 +231,10 @@ async def test_a_failure_before_the_first_token_is_a_plain_http_error() -> None:
         body = {"prompt": "x", "stream": True}
         async with session.post(f"{url}/v1/completions", json=body) as r:
             assert r.status == 500
-            assert (await r.json())["error"]["type"] == "server_error"
+            error = (await r.json())["error"]
+    assert error["type"] == "server_error" and error["code"] == "internal_error"
+    assert "scripted failure" not in error["message"]
+    assert "reference" in error["message"]
 
 
 async def test_a_disconnected_stream_stops_generation_at_the_next_step() -> None:
@@ -405,7 +416,7 @@ CALLING_WHOLE = (
 
 async def test_a_call_being_written_still_shows_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     # Every held token may send an empty delta (the real interval is seconds).
-    monkeypatch.setattr("router.worker.http.server.PROGRESS_EVERY", 0.0)
+    monkeypatch.setattr("router.worker.http.answers.PROGRESS_EVERY", 0.0)
     async with serving(ScriptedEngine(CALLING_WHOLE)) as url:
         stream = await client(url).chat.completions.create(
             model=MODEL,
@@ -490,7 +501,9 @@ async def test_a_constraint_failing_mid_answer_is_an_error_never_a_stop(
     engine.constraint_fails_at = 2
     prepare = server_module.prepare
 
-    def constrained(tokenizer: object, generation: GenerationRequest) -> server_module.Prepared:
+    def constrained(
+        tokenizer: object, generation: GenerationRequest, *_: object
+    ) -> server_module.Prepared:
         prepared = prepare(tokenizer, generation)
         constraint = Constraint("", None, (), "response_format")
         return dataclasses.replace(
@@ -605,6 +618,204 @@ async def test_with_a_secret_every_endpoint_answers_only_requests_carrying_it() 
     finally:
         await asyncio.to_thread(engine.stop, 2.0)
         await runner.cleanup()
+
+
+class NoGrammar:
+    """The scripted tokenizer has no grammar support: a forced call is read, not constrained."""
+
+    def compile(self, request: GenerationRequest, tokenizer: object) -> None:
+        return None
+
+
+async def test_a_forced_call_cut_by_max_tokens_answers_the_same_streamed_and_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OpenAI's cut call: ``tool_calls`` with what was written, ``finish_reason: "length"``;
+    a stream certain to be a call opens with ``content: null``; every answer and chunk
+    carries the model's one ``system_fingerprint``."""
+    monkeypatch.setattr(server_module, "COMPILER", NoGrammar())
+    cut = CALLING.index("capital")  # one character per token: '{"city": "Paris, the ' written
+    written = '{"city": "Paris, the '
+    async with serving(ScriptedEngine(CALLING)) as url:
+        ask = client(url).chat.completions.create
+        fields = dict(
+            model=MODEL,
+            messages=[{"role": "user", "content": "weather?"}],
+            tools=[WEATHER_TOOL],
+            tool_choice="required",
+            max_tokens=cut,
+        )
+        reply = await ask(**fields)  # type: ignore[call-overload]
+        stream = await ask(stream=True, **fields)  # type: ignore[call-overload]
+        chunks = [chunk async for chunk in stream]
+        plain = await ask(model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True)
+        plain_chunks = [chunk async for chunk in plain]
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content == "Checking."
+    (call,) = choice.message.tool_calls or []
+    assert (call.function.name, call.function.arguments) == ("get_weather", written)
+    deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or []]
+    assert deltas[0].function is not None and deltas[0].function.name == "get_weather"
+    assert "".join(d.function.arguments or "" for d in deltas if d.function) == written
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    head = chunks[0].choices[0].delta
+    assert head.content is None and "content" in head.model_fields_set  # null, not absent
+    assert plain_chunks[0].choices[0].delta.content == ""  # an answer that may be text
+    fingerprints = {reply.system_fingerprint} | {c.system_fingerprint for c in chunks}
+    assert fingerprints == {c.system_fingerprint for c in plain_chunks}
+    (fingerprint,) = fingerprints
+    assert fingerprint is not None and fingerprint.startswith("fp_")
+
+
+# --- log-probabilities ------------------------------------------------------------------------
+
+
+async def test_chat_logprobs_come_in_openais_shape_streamed_and_not() -> None:
+    async with serving(ScriptedEngine("abc")) as url:
+        ask = client(url).chat.completions.create
+        messages = [{"role": "user", "content": "hi"}]
+        reply = await ask(model=MODEL, messages=messages, logprobs=True, top_logprobs=2)  # type: ignore[arg-type]
+        stream = await ask(model=MODEL, messages=messages, logprobs=True, stream=True)  # type: ignore[arg-type]
+        chunks = [c async for c in stream]
+        plain = await ask(model=MODEL, messages=messages)  # type: ignore[arg-type]
+    assert plain.choices[0].logprobs is None  # not asked: none computed, none sent
+    logprobs = reply.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert [e.token for e in logprobs.content] == ["a", "b", "c"]
+    assert [e.logprob for e in logprobs.content] == [-0.25, -0.5, -0.75]
+    first = logprobs.content[0]
+    assert first.bytes == [ord("a")]
+    assert [(t.token, t.logprob, t.bytes) for t in first.top_logprobs] == [
+        ("a", -0.25, [ord("a")]),
+        ("?", -9.0, [ord("?")]),
+    ]
+    # Streamed: each chunk's entries are its own text's, no alternatives without top_logprobs.
+    for c in chunks:
+        entries = c.choices[0].logprobs.content if c.choices[0].logprobs else []
+        assert "".join(e.token for e in entries or []) == (c.choices[0].delta.content or "")
+        assert all(e.top_logprobs == [] for e in entries or [])
+    streamed = [
+        e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content or []
+    ]
+    assert [e.logprob for e in streamed] == [-0.25, -0.5, -0.75]
+
+
+async def test_a_stop_string_keeps_the_logprobs_in_line_with_the_text_sent() -> None:
+    """Text held back while it might start a stop string carries its entries when it goes
+    out; the stop string's tokens are not reported, a token it cuts in two only with the part
+    that was sent (here a character per token: none is cut)."""
+    async with serving(ScriptedEngine("one two three")) as url:
+        ask = client(url).chat.completions.create
+        messages = [{"role": "user", "content": "hi"}]
+        fields = dict(model=MODEL, messages=messages, logprobs=True, stop=[" tw", "ne!"])
+        reply = await ask(**fields)  # type: ignore[call-overload]
+        stream = await ask(stream=True, **fields)  # type: ignore[call-overload]
+        chunks = [c async for c in stream]
+    content = reply.choices[0].message.content
+    assert content == "one"
+    logprobs = reply.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert "".join(e.token for e in logprobs.content) == content
+    for c in chunks:
+        entries = (c.choices[0].logprobs.content or []) if c.choices[0].logprobs else []
+        assert "".join(e.token for e in entries) == (c.choices[0].delta.content or "")
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == content
+    assert "ne" in [c.choices[0].delta.content for c in chunks]  # held, then sent together
+
+
+async def test_completion_logprobs_come_in_the_legacy_shape_streamed_and_not() -> None:
+    async with serving(ScriptedEngine("hey")) as url:
+        c = client(url)
+        whole = await c.completions.create(model=MODEL, prompt="x", logprobs=1)
+        stream = await c.completions.create(model=MODEL, prompt="x", logprobs=0, stream=True)
+        chunks = [chunk async for chunk in stream]
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.tokens == ["h", "e", "y"]
+    assert logprobs.token_logprobs == [-0.25, -0.5, -0.75]
+    assert logprobs.top_logprobs == [{"h": -0.25}, {"e": -0.5}, {"y": -0.75}]
+    assert logprobs.text_offset == [0, 1, 2]
+    offsets = [
+        o
+        for ch in chunks
+        if ch.choices[0].logprobs
+        for o in ch.choices[0].logprobs.text_offset or []
+    ]
+    assert offsets == [0, 1, 2]  # counted across the stream's chunks
+    assert all(
+        top == {}
+        for ch in chunks
+        if ch.choices[0].logprobs
+        for top in ch.choices[0].logprobs.top_logprobs or []
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+        ("chat/completions", {"logprobs": 2}, "logprobs"),
+        ("completions", {"logprobs": 6}, "logprobs"),
+        ("completions", {"logprobs": True}, "logprobs"),
+    ],
+)
+async def test_logprobs_outside_openais_ranges_are_a_400_naming_the_field(
+    path: str, body: dict[str, object], param: str
+) -> None:
+    base = {"messages": [{"role": "user", "content": "hi"}]} if path.startswith("chat") else {}
+    base = base or {"prompt": "x"}
+    async with serving(ScriptedEngine("a")) as url, aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/v1/{path}", json={**base, **body}) as r:
+            assert r.status == 400
+            error = (await r.json())["error"]
+    assert error["param"] == param
+
+
+# --- n choices ----------------------------------------------------------------------------
+
+
+async def test_n_choices_come_whole_and_streamed_with_the_usage_of_all() -> None:
+    engine = ScriptedEngine("abc")
+    async with serving(engine) as url:
+        ask = client(url).chat.completions.create
+        messages = [{"role": "user", "content": "hi"}]
+        whole = await ask(model=MODEL, messages=messages, n=3, logprobs=True)  # type: ignore[arg-type]
+        stream = await ask(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [c async for c in stream]
+    prompt = len("<user>hi")
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert all(c.message.content == "abc" and c.finish_reason == "stop" for c in whole.choices)
+    assert all(c.logprobs is not None and len(c.logprobs.content or []) == 3 for c in whole.choices)
+    assert whole.usage is not None
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt, 9)
+    assert whole.usage.total_tokens == prompt + 9
+    assert len(engine.started) == 5  # one job per choice
+    texts: dict[int, str] = {}
+    finishes: dict[int, list[str]] = {}
+    for c in chunks:
+        for choice in c.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                finishes.setdefault(choice.index, []).append(choice.finish_reason)
+    assert texts == {0: "abc", 1: "abc"} and finishes == {0: ["stop"], 1: ["stop"]}
+    assert [c for c in chunks if c.usage is not None] == [chunks[-1]]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+
+
+async def test_a_seeded_request_gives_each_choice_its_own_seed() -> None:
+    engine = ScriptedEngine("ab")
+    async with serving(engine) as url:
+        await client(url).completions.create(model=MODEL, prompt="x", n=3, seed=7)
+    assert sorted(job.request.seed for job in engine.started) == [7, 8, 9]
 
 
 async def test_health_says_the_context_length_the_router_lists() -> None:

@@ -1,11 +1,12 @@
-"""The tokenizer thread: one job at a time, generation before counts, cancelled callers skipped."""
+"""The tokenizer threads: generation before counts, cancelled callers skipped, short work
+never behind long work."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 
-from router.worker.http.tokenizing import COUNT, GENERATION, TokenizerThread
+from router.worker.http.tokenizing import COUNT, GENERATION, LONG_CHARS, TokenizerThread
 
 WAIT = 10.0
 
@@ -72,3 +73,28 @@ async def test_a_cancelled_caller_leaves_and_errors_reach_theirs() -> None:
         gate.set()
         thread.shutdown()
     assert ran == []
+
+
+async def test_a_long_prompt_never_holds_up_a_short_one() -> None:
+    """Issue #44 class 3: a huge prompt's encode on the one thread made another client's
+    1-token request wait 5.9-27 s; long work has a thread of its own."""
+    thread = TokenizerThread()
+    gate, running = threading.Event(), threading.Event()
+
+    def long_encode() -> str:
+        running.set()
+        gate.wait(WAIT)
+        return "long"
+
+    try:
+        long = asyncio.ensure_future(thread.run(GENERATION, long_encode, size=LONG_CHARS))
+        assert await asyncio.to_thread(running.wait, WAIT)
+        # Served while the long one still runs (the gate is still closed).
+        assert await thread.run(GENERATION, len, "short", size=5) == 5
+        assert await thread.run(COUNT, len, "ab") == 2
+        assert not long.done()
+        gate.set()
+        assert await long == "long"
+    finally:
+        gate.set()
+        thread.shutdown()
