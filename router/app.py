@@ -144,7 +144,9 @@ def build_services(settings: Settings, metrics: Metrics) -> Services:
         routing=RoutingState(gate=gate_for(settings.routing)),
         spec=spec,
         upstream=upstream,
-        relay=Relay(upstream, pool, settings.retry, metrics),
+        relay=Relay(
+            upstream, pool, settings.retry, metrics, settings.client_limits.stream_keepalive
+        ),
         access=AccessLog(),
         cpu=CpuPool(),
         history=History(metrics),

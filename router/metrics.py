@@ -308,6 +308,16 @@ class Metrics:
             [CLIENT_LABEL, "status"],
             registry=r,
         )
+        self.prefix_breaks = Counter(
+            "speclane_prefix_breaks_total",
+            "Chat requests whose prompt held a known prefix breaker (a line an agent program "
+            "changes between conversations or turns), by client and reason: the "
+            "normalisation rule that rendered it out of the way (router.proxy.normalise), or "
+            "cache_short: its lane read less from its cache than the conversation's previous "
+            "request left there (router.routing.prefixwatch).",
+            [CLIENT_LABEL, "reason"],
+            registry=r,
+        )
         self.policy_reloads = Counter(
             "speclane_policy_reloads_total",
             "Policy reloads by result: ok, error, or held (would widen access; see SIGHUP).",

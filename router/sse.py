@@ -45,6 +45,12 @@ def event_json(event: str, obj: Any) -> bytes:
 # --- reading what a stream is made of -----------------------------------------------------
 
 
+def comment(note: str) -> bytes:
+    """A comment line: every SSE reader skips it (a stream's keep-alive). ``note`` is
+    speclane's own text (one line)."""
+    return f": {note}\n\n".encode()
+
+
 def is_done(payload: bytes) -> bool:
     """The data of an event is ``[DONE]``: the stream's end."""
     return payload.strip() == DONE

@@ -66,6 +66,10 @@ def router_settings(*fakes: FakeUpstream, **overrides: Any) -> Settings:
         "backends": backends,
         "lanes": {"enabled": False},
         "retry": {"attempts": 3, "backoff_initial": 0.001, "backoff_max": 0.01},
+        # No keep-alives unless a test asks (tests/proxy/test_early.py): on a busy machine
+        # a first chunk can take the 2 s default, and a test reading exact bytes or parts
+        # would then read one.
+        "client_limits": {"stream_keepalive": 60},
         "health_interval": 60,
         "shutdown_grace": 2,
         # an empty directory: the implied permissive default policy

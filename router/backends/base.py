@@ -94,6 +94,19 @@ class Backend:
     def models(self) -> frozenset[str]:
         return self.configured_models or self.discovered_models
 
+    @property
+    def context_length(self) -> int | None:
+        """The context a lane's worker reports (its model's), None when unknown (an
+        external backend, a worker not answering)."""
+        value = self.reported.get("context_length")
+        return value if type(value) is int and value > 0 else None
+
+    @property
+    def architecture(self) -> str | None:
+        """The model's architecture (its config's model_type) a lane's worker reports."""
+        value = self.reported.get("architecture")
+        return value if isinstance(value, str) and value else None
+
     def auth_headers(self) -> dict[str, str]:
         headers = {WORKER_SECRET_HEADER: self.worker_secret} if self.worker_secret else {}
         if self.api_key:

@@ -50,6 +50,16 @@ class BackendPool:
     def any_ready(self) -> bool:
         return any(b.ready for b in self._by_name.values())
 
+    def context_lengths(self) -> dict[str, int]:
+        """model -> the context its lanes report (the smallest, when they differ: a prompt
+        must fit whichever lane serves it); models no lane reports for are left out."""
+        found: dict[str, int] = {}
+        for b in self._by_name.values():
+            if b.lane is not None and (n := b.context_length) is not None:
+                for m in b.models:
+                    found[m] = min(n, found.get(m, n))
+        return found
+
     def models(self) -> list[tuple[str, str]]:
         """(model id, owning backend) over ready backends, each model once, sorted."""
         seen: dict[str, str] = {}

@@ -25,3 +25,9 @@ QUEUE_HEADER = "X-Speclane-Queue-Ms"
 LOAD_HEADER = "X-Speclane-Load-Ms"  # only when the request waited for its model to load
 ATTEMPTS_HEADER = "X-Speclane-Attempts"
 ERROR_SOURCE_HEADER = "X-Speclane-Error-Source"
+
+# The prompt-normalisation rules (``router.proxy.normalise``): a policy's
+# ``normalise_prompts`` lists those it applies, and each is the ``reason`` of
+# ``speclane_prefix_breaks_total`` when it fires.
+PromptRule = Literal["claude-code-billing-header", "qwen-code-date-reminder"]
+PROMPT_RULES: tuple[PromptRule, ...] = ("claude-code-billing-header", "qwen-code-date-reminder")

@@ -271,6 +271,9 @@ class ClientLimits(Frozen):
     head_timeout: float = Field(default=10.0, gt=0)  # a request's first byte to the end of its head
     body_timeout: float = Field(default=60.0, gt=0)  # to receive a whole request body
     max_connections: int = Field(default=512, ge=1)  # beyond: 503 and close (lowered to fit fds)
+    # A stream still without its first chunk after this many seconds (a long prefill) gets
+    # its headers and a keep-alive, then one every this many seconds (router.proxy.early).
+    stream_keepalive: float = Field(default=2.0, gt=0, le=60)
 
 
 class ResponsesSettings(Frozen):

@@ -206,6 +206,10 @@ class AnthropicEgress:
         self._ended = True
         return errors.stream_error(err, "anthropic")
 
+    def keep_alive(self, note: str) -> bytes:
+        # Anthropic's own keep-alive; its SDKs skip it, before message_start too.
+        return event_json("ping", {"type": "ping"})
+
     # --- the stream's state --------------------------------------------------------------
 
     def _start(self, first: bytes = b"") -> bytes:
@@ -309,3 +313,35 @@ class AnthropicEgress:
                 },
             )
         return out
+
+
+# Anthropic's Models API: a release date is required; speclane's models have none.
+MODEL_CREATED_AT = "1970-01-01T00:00:00Z"
+
+
+def model_list(rows: list[dict[str, Any]], max_tokens_cap: int | None) -> dict[str, Any]:
+    """``GET /v1/models`` in Anthropic's shape (its SDKs' ``models.list()``), from the
+    OpenAI-shaped rows: ``max_input_tokens`` is the context the lanes report, ``max_tokens``
+    the most an answer may be (the client's policy cap, within the context). One page."""
+    data = []
+    for row in rows:
+        model: dict[str, Any] = {
+            "type": "model",
+            "id": row["id"],
+            "display_name": row["id"],
+            "created_at": MODEL_CREATED_AT,
+            "lifecycle": "active",
+        }
+        context = row.get("context_length")
+        if isinstance(context, int):
+            model["max_input_tokens"] = context
+            model["max_tokens"] = min(context, max_tokens_cap or context)
+        elif max_tokens_cap is not None:
+            model["max_tokens"] = max_tokens_cap
+        data.append(model)
+    return {
+        "data": data,
+        "has_more": False,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }

@@ -9,6 +9,7 @@ the error middleware, which knows the API by the path (``errors.api_for_path``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,8 +18,9 @@ import orjson
 from aiohttp import web
 
 from router import errors
+from router.config.policies import Policy
 from router.errors import RouterError
-from router.frontdoors import anthropic_in, ollama_in, ollama_info
+from router.frontdoors import anthropic_in, anthropic_out, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
 from router.frontdoors.common import to_parsed
 from router.frontdoors.ollama_out import Kind, OllamaEgress, now_iso
@@ -27,7 +29,10 @@ from router.frontdoors.tokencount import count_on_lane
 from router.proxy import observe
 from router.proxy.accesslog import record_of
 from router.proxy.body import read_object, read_raw
-from router.proxy.handlers import Inbound, identify, listed, proxy, request_key
+from router.proxy.handlers import Inbound, identify, listed, listing, proxy, request_key
+from router.proxy.handlers import models as openai_models
+from router.proxy.middleware import expect_handler
+from router.proxy.normalise import normalise
 from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
@@ -41,6 +46,18 @@ def anthropic_key(request: web.Request) -> str | None:
 
 
 # --- Anthropic -------------------------------------------------------------------------------
+
+ANTHROPIC_VERSION_HEADER = "anthropic-version"  # every Anthropic SDK request carries it
+
+
+async def models(services: Services, request: web.Request) -> web.Response:
+    """``GET /v1/models``: OpenAI's list, or Anthropic's for a caller that sends
+    ``anthropic-version`` (the two APIs share the path)."""
+    if ANTHROPIC_VERSION_HEADER not in request.headers:
+        return await openai_models(services, request)
+    policy = identify(services, request, anthropic_key(request))
+    body = anthropic_out.model_list(listing(services, policy), policy.caps.max_tokens)
+    return web.json_response(body)
 
 
 async def messages(services: Services, request: web.Request) -> web.StreamResponse:
@@ -73,7 +90,7 @@ async def count_tokens(services: Services, request: web.Request) -> web.Response
             services,
             policy,
             req.model,
-            lambda served: anthropic_in.count_body(req),
+            lambda served: _counted(req, policy),
             outcome,
             permission_type="permission_error",
         )
@@ -93,6 +110,14 @@ async def count_tokens(services: Services, request: web.Request) -> web.Response
         observe.record(services.metrics, outcome)
         model = outcome.model or model  # the model that served (one of ours may be aliased)
         services.access.add(record_of(outcome, client=client, model=model, decision=None))
+
+
+def _counted(req: anthropic_in.MessagesRequest, policy: Policy) -> dict[str, Any]:
+    """What a generation request would render: normalised as ``proxy()`` normalises it
+    (not counted as a prefix break: nothing is prefilled)."""
+    body = anthropic_in.count_body(req)
+    messages, _ = normalise(body["messages"], policy.normalise_prompts)
+    return body if messages is None else {**body, "messages": messages}
 
 
 def _count_request(raw: bytes) -> anthropic_in.MessagesRequest:
@@ -185,7 +210,11 @@ def _models(services: Services, request: web.Request) -> list[ollama_info.Served
                 continue
             fmt = "mlx" if b.lane is not None else b.kind
             if m not in seen or (b.ready and not seen[m].ready):
-                seen[m] = ollama_info.ServedModel(m, fmt, b.ready)
+                seen[m] = ollama_info.ServedModel(m, fmt, b.ready, architecture=b.architecture)
+    contexts = services.pool.context_lengths()
+    for m, row in seen.items():
+        if (n := contexts.get(m)) is not None:
+            seen[m] = dataclasses.replace(row, context_length=n)
     manager = services.started.models
     for entry in manager.models() if manager is not None else []:
         name, known = entry["name"], seen.get(entry["name"])
@@ -200,6 +229,8 @@ def _models(services: Services, request: web.Request) -> list[ollama_info.Served
             size=entry["size_bytes"],
             loadable=not loaded,
             expires_at=_expiry(entry["expires_in"]),
+            context_length=known.context_length if known is not None else None,
+            architecture=known.architecture if known is not None else None,
         )
     return sorted(seen.values(), key=lambda m: m.name)
 
@@ -262,6 +293,7 @@ async def ollama_version(request: web.Request) -> web.Response:
 
 def setup_frontdoor_routes(app: web.Application, services: Services) -> None:
     add_post, add_get = app.router.add_post, app.router.add_get
+    add_get("/v1/models", bind(services, models), expect_handler=expect_handler)
     add_post("/v1/messages", bind(services, messages))
     add_post("/v1/messages/count_tokens", bind(services, count_tokens))
     add_post("/api/chat", bind(services, ollama_chat))

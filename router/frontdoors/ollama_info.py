@@ -30,6 +30,8 @@ class ServedModel:
     size: int = 0  # bytes of its weights (0: not known)
     loadable: bool = False  # one of ours, not loaded: listed by /api/tags, not /api/ps
     expires_at: str = NEVER_EXPIRES  # /api/ps: when it would be unloaded
+    context_length: int | None = None  # as its lanes report it (None: not known)
+    architecture: str | None = None  # its config's model_type, Ollama's general.architecture
 
 
 def digest(name: str) -> str:
@@ -75,6 +77,7 @@ def ps(models: list[ServedModel]) -> dict[str, Any]:
                 "details": details(m),
                 "expires_at": m.expires_at,
                 "size_vram": 0,
+                **({"context_length": m.context_length} if m.context_length else {}),
             }
             for m in models
             if m.ready
@@ -88,10 +91,19 @@ def show(model: ServedModel, modified_at: str) -> dict[str, Any]:
         "parameters": "",
         "template": "",
         "details": details(model),
-        "model_info": {},
+        "model_info": model_info(model),
         "capabilities": ["completion", "tools"],
         "modified_at": modified_at,
     }
+
+
+def model_info(model: ServedModel) -> dict[str, Any]:
+    """What Ollama's clients read of ``model_info``: ``general.architecture`` and
+    ``<architecture>.context_length`` (Continue, Open WebUI size their prompts by it)."""
+    if model.context_length is None:
+        return {}
+    arch = model.architecture or "speclane"
+    return {"general.architecture": arch, f"{arch}.context_length": model.context_length}
 
 
 def version() -> dict[str, Any]:

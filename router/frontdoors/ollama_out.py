@@ -162,6 +162,11 @@ class OllamaEgress:
         stats = self._stats(self._finish_reason, self._usage, whole=False)
         return out + self._line("", **self._take_logprobs(), **stats)
 
+    def keep_alive(self, note: str) -> bytes:
+        # NDJSON has no comments, and the ollama libraries parse every line (a blank one
+        # raises): a chunk without text, as Ollama sends for a step that adds none.
+        return self._line("", done=False)
+
     def error(self, err: RouterError) -> bytes:
         if self._ended:
             return b""

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from router import errors
+from router import errors, sse
 from router.errors import RouterError
 from router.frontdoors import responses_compact
 from router.frontdoors.common import Pieces, first_choices, logprob_entries, translate_events
@@ -316,6 +316,9 @@ class ResponsesEgress:
         failed = self.final = self._response("failed", usage(self._usage), error_object(err))
         out += self._event("response.failed", {"response": failed})
         return bytes(out)
+
+    def keep_alive(self, note: str) -> bytes:
+        return sse.comment(note)  # no sequence number: not an event
 
     def cancelled(self) -> bytes:
         """The end of a stream its client cancelled: the text so far closed, a call not

@@ -47,6 +47,11 @@ class AccessRecord:
     tokens: int | None  # output tokens the backend reported
     attempts: int
     error: str | None  # "code: message" of a failure
+    # The prompt-normalisation rules that fired ("a,b"): the prefix breakers it carried.
+    normalised: str | None = None
+    # Its lane read less from its prompt cache than the conversation's previous request
+    # left there ("cache_short: ..."; router.routing.prefixwatch).
+    prefix_break: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +107,8 @@ def record_of(
         tokens=outcome.reported_tokens(),
         attempts=outcome.attempts,
         error=error,
+        normalised=",".join(outcome.normalised) or None,
+        prefix_break=outcome.prefix_break,
     )
 
 

@@ -25,6 +25,7 @@ from router.proxy.credentials import presented_key
 from router.proxy.early import EarlyStream, early_stream
 from router.proxy.headers import decision_headers
 from router.proxy.middleware import expect_handler
+from router.proxy.normalise import normalise
 from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.partition import wire_token
@@ -40,6 +41,7 @@ from router.routing.classify import (
     classify,
     log_line,
 )
+from router.routing.prefixwatch import REASON as PREFIX_REASON
 from router.routing.speculate import asked_source
 from router.routing.types import Candidate, Endpoint
 from router.services import Services, bind
@@ -150,6 +152,45 @@ def decide(
     return result
 
 
+def normalised(services: Services, parsed: ParsedRequest, policy: Policy, outcome: Outcome) -> None:
+    """The policy's prompt-normalisation rules applied to a chat request, before anything
+    reads its messages (the affinity fingerprints, the lanes); the rules that fired are
+    counted and booked (``router.proxy.normalise``)."""
+    if parsed.endpoint != "chat" or not policy.normalise_prompts:
+        return
+    messages, fired = normalise(parsed.data["messages"], policy.normalise_prompts)
+    if messages is None:
+        return
+    parsed.set_field("messages", messages)
+    outcome.normalised = fired
+    for rule in fired:
+        services.metrics.prefix_breaks.labels(policy.client, rule).inc()
+
+
+def watch_prefix(
+    services: Services, outcome: Outcome, prints: tuple[bytes, ...], messages: int, client: str
+) -> None:
+    """A chat request a lane answered whole: did the lane read from its cache what the
+    conversation's previous request left there (``router.routing.prefixwatch``)? Counted
+    and booked when it did not."""
+    backend = outcome.backend
+    assert backend is not None
+    usage = outcome.reported_usage() or {}
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    prompt = usage.get("prompt_tokens")
+    shortfall = services.routing.prefixes.served(
+        prints,
+        min(messages, len(prints)),
+        backend.cache_domain or backend.name,
+        prompt if type(prompt) is int else None,
+        cached if type(cached) is int else None,
+    )
+    if shortfall is not None:
+        outcome.prefix_break = shortfall.describe()
+        services.metrics.prefix_breaks.labels(client, PREFIX_REASON).inc()
+
+
 def body_for(parsed: ParsedRequest) -> BodyFor:
     """The body each backend gets. The lanes: ``num_draft_tokens: 0`` to decode plainly, or
     the ``draft_source`` chosen for the request's family (on each lane its own, judged
@@ -190,6 +231,7 @@ async def proxy(
     decision: str | None = None
     claim = SpecClaim()
     prints: tuple[bytes, ...] = ()
+    messages = 0  # a chat request's, when it has prints
     early: EarlyStream | None = None
     try:
         if key is None and api_key_header:  # an API with its own key header (Anthropic's)
@@ -204,18 +246,21 @@ async def proxy(
             parsed, egress = await translate(raw)
             endpoint = outcome.endpoint = parsed.endpoint  # e.g. Ollama's raw generate
         model = parsed.route.model
+        normalised(services, parsed, policy, outcome)
         parsed.cache_partition = wire_token(partition)
         limiter = services.limiter
-        # Without models of ours to load (external backends only) nothing ever waits for a
-        # load: no stream is begun early, and ``model_loaded`` is a no-op.
-        if (manager := services.started.models) is not None:
-            early = early_stream(
-                request,
-                api,
-                parsed.route.stream,
-                egress.stream_content_type if egress is not None else None,
-                egress.error if egress is not None else None,
-            )
+        # A stream may begin before its answer: while its model loads (models of ours
+        # only: without them ``model_loaded`` is a no-op), and while the relay waits for a
+        # long prefill's first token (every backend).
+        manager = services.started.models
+        early = early_stream(
+            request,
+            api,
+            parsed.route.stream,
+            egress.stream_content_type if egress is not None else None,
+            egress.error if egress is not None else None,
+            egress.keep_alive if egress is not None else None,
+        )
         # Admission first: a request waits for its model's load only inside one of its
         # client's slots, so a client's requests hold at most its max_concurrency places in
         # the load queue (``lanes.load_queue``), never everyone's.
@@ -230,6 +275,7 @@ async def proxy(
             # the same conversation with another model's lanes, never steers this request.
             if services.settings.routing.cache_affinity and services.pool.has_lanes:
                 prints = fingerprints(endpoint, parsed.data, f"{partition}\0{model}")
+                messages = len(parsed.data.get("messages") or ())
             result = decide(services, request, parsed, policy, claim, prints)
             outcome.model = result.model
             decision = result.decision.reason
@@ -251,7 +297,7 @@ async def proxy(
                 body_for=body_for(parsed),
                 headers=headers,
                 egress=egress,
-                begun=early.response if early is not None else None,
+                begun=early,
                 stop=stop,
             )
     except RouterError as e:
@@ -278,6 +324,8 @@ async def proxy(
         outcome.finished_at = time.monotonic()
         if prints and outcome.status == 200 and outcome.backend and outcome.backend.lane:
             services.routing.affinity.record(prints, outcome.backend.lane)
+            if endpoint == "chat" and outcome.completed:
+                watch_prefix(services, outcome, prints, messages, client)
         observe.record(metrics, outcome)
         services.spec.observe(outcome, claim)
         services.access.add(record_of(outcome, client=client, model=model, decision=decision))
@@ -299,9 +347,20 @@ async def models(services: Services, request: web.Request) -> web.Response:
     # A router that requires keys does not list its models to strangers, and a client sees
     # only what its policy lets it use.
     policy = identify(services, request)
-    served = services.pool.models()
-    manager = services.started.models
-    return web.json_response({"object": "list", "data": model_list(served, manager, policy)})
+    rows = listing(services, policy)
+    return web.json_response({"object": "list", "data": rows})
+
+
+def listing(services: Services, policy: Policy) -> list[dict[str, Any]]:
+    """``model_list`` of what is served now, each row with the context its lanes report."""
+    rows = model_list(services.pool.models(), services.started.models, policy)
+    contexts = services.pool.context_lengths()
+    for row in rows:
+        if (n := contexts.get(row["id"])) is not None:
+            # Both names OpenAI-compatible servers use (OpenRouter and LM Studio's
+            # context_length, vLLM's max_model_len); OpenAI's own list has none.
+            row["context_length"] = row["max_model_len"] = n
+    return rows
 
 
 def listed(policy: Policy | None, model: str, loaded: bool) -> bool:
@@ -374,7 +433,6 @@ def setup_routes(app: web.Application, services: Services) -> None:
     add_post("/v1/chat/completions", bind(services, chat), expect_handler=expect_handler)
     add_post("/v1/completions", bind(services, completions), expect_handler=expect_handler)
     add_post("/v1/embeddings", bind(services, embeddings), expect_handler=expect_handler)
-    add_get("/v1/models", bind(services, models), expect_handler=expect_handler)
     add_get("/healthz", healthz, expect_handler=expect_handler)
     add_get("/readyz", bind(services, readyz), expect_handler=expect_handler)
     add_get("/metrics", bind(services, metrics), expect_handler=expect_handler)

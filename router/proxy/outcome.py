@@ -37,6 +37,11 @@ class Outcome:
     error: RouterError | None = None
     body_json: dict[str, Any] | None = None  # non-streaming answer
     tail_events: list[dict[str, Any]] = field(default_factory=list)  # last events of a stream
+    # The prompt-normalisation rules that changed the request (router.proxy.normalise).
+    normalised: tuple[str, ...] = ()
+    # Its lane read less from its cache than the conversation's previous request left there
+    # (router.routing.prefixwatch): what, in words.
+    prefix_break: str | None = None
     solo: bool = True  # no other request was in flight on the backend meanwhile
     _epoch: int = 0
     # reported_tokens(), remembered with the answer it was read from
@@ -64,6 +69,18 @@ class Outcome:
                     break
         self._tokens = (body, events, tokens)
         return tokens
+
+    def reported_usage(self) -> dict[str, Any] | None:
+        """The ``usage`` object the backend reported: the body's, else the newest of a
+        stream's last events that has one."""
+        if self.body_json is not None:
+            usage = self.body_json.get("usage")
+            return usage if isinstance(usage, dict) else None
+        for event in reversed(self.tail_events):
+            usage = event.get("usage")
+            if isinstance(usage, dict):
+                return usage
+        return None
 
     def client_left(self) -> None:
         """The client closed (or its connection broke): a disconnect unless it already had

@@ -13,6 +13,11 @@ Rules (why they are what they are):
 - A stream's headers are sent only once its first upstream chunk has arrived, so a backend
   that dies before producing anything is still retried. From then on every chunk is written
   as it arrives; only a bounded copy of the tail is kept to read the final statistics.
+  Unless that wait is long (a long prompt's prefill): after ``keepalive`` seconds without a
+  first chunk the stream's response begins with the door's keep-alives
+  (``router.proxy.early``), so no client takes the prefill for a hang. Retries go on
+  behind them (the client has no answer's byte yet), and a failure then ends the begun
+  stream with an error event in the door's shape.
 - After the first byte nothing is retried: a failure ends the stream with an error event in
   the OpenAI error shape, then ``data: [DONE]``. A stream ends once: after the upstream's
   ``data: [DONE]`` nothing more is read or written (its trailers cannot add an ending).
@@ -46,7 +51,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -151,9 +156,26 @@ class Egress(Protocol):
         """What ends a stream that failed after bytes reached the client."""
         ...
 
+    def keep_alive(self, note: str) -> bytes:
+        """A no-op for the client while its stream waits (``note`` says why, where the
+        door's framing has room for words)."""
+        ...
+
     def body(self, answer: Any) -> bytes:
         """A whole non-streaming upstream answer (parsed JSON) in, the client's body out;
         raises RouterError when the answer is not one it can translate."""
+        ...
+
+
+class Begun(Protocol):
+    """A stream's response that may begin before its answer (``router.proxy.early``)."""
+
+    response: web.StreamResponse | None  # set once its headers went out
+
+    def keeping_alive(
+        self, every: float, headers: Mapping[str, str]
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """Around a wait: begin the response and send keep-alives once it lasts."""
         ...
 
 
@@ -206,8 +228,14 @@ def shutting_down(message: str = "speclane is shutting down") -> RouterError:
 
 class Relay:
     def __init__(
-        self, client: Http1Pool, pool: BackendPool, retry: RetrySettings, metrics: Metrics
+        self,
+        client: Http1Pool,
+        pool: BackendPool,
+        retry: RetrySettings,
+        metrics: Metrics,
+        keepalive: float = 2.0,
     ) -> None:
+        self._keepalive = keepalive  # seconds a stream waits silent for its first chunk
         self._client = client
         self._pool = pool
         self._retry = retry
@@ -228,12 +256,13 @@ class Relay:
         body_for: BodyFor,
         headers: dict[str, str],
         egress: Egress | None = None,
-        begun: web.StreamResponse | None = None,
+        begun: Begun | None = None,
         stop: Stop | None = None,
     ) -> web.StreamResponse:
-        """``begun``: a stream's response whose headers already went out (while its model
-        loaded, ``router.proxy.early``): the answer's events are written into it. ``stop``:
-        how the client may stop it from elsewhere."""
+        """``begun``: a stream's response that may begin early (its headers may already be
+        out, while its model loaded; or go out with keep-alives while the upstream's first
+        chunk is awaited, ``router.proxy.early``): the answer's events are then written into
+        it. ``stop``: how the client may stop it from elsewhere."""
         outcome.stream = parsed.route.stream
         if self._closing:
             raise shutting_down()
@@ -242,14 +271,21 @@ class Relay:
             stop._live = live
         self._live.add(live)
         try:
-            opened = await self._open_with_retries(parsed, decision, path, outcome, body_for)
+            if begun is not None and parsed.route.stream:
+                async with begun.keeping_alive(self._keepalive, headers):
+                    opened = await self._open_with_retries(
+                        parsed, decision, path, outcome, body_for
+                    )
+            else:
+                opened = await self._open_with_retries(parsed, decision, path, outcome, body_for)
             backend = opened.backend
             outcome.backend, outcome.candidate = backend, opened.candidate
             headers = served_headers(headers, backend.name, opened.candidate.lane, outcome.attempts)
             try:
                 if parsed.route.stream:
+                    out = begun.response if begun is not None else None
                     return await self._relay_stream(
-                        request, opened, outcome, headers, live, egress, begun, stop
+                        request, opened, outcome, headers, live, egress, out, stop
                     )
                 return await self._relay_body(opened, outcome, headers, egress)
             finally:

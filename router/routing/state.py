@@ -1,5 +1,5 @@
 """What one routing decision leaves for the next (kept on the app, read and replaced by the
-handler): the load gate's hysteresis state and the cache-affinity map."""
+handler): the load gate's hysteresis state, the cache-affinity map and the prefix watch."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from router.routing.affinity import AffinityMap
 from router.routing.load import LoadGate
+from router.routing.prefixwatch import PrefixWatch
 
 
 @dataclass
@@ -16,3 +17,5 @@ class RoutingState:
 
     gate: LoadGate = field(default_factory=LoadGate)
     affinity: AffinityMap = field(default_factory=AffinityMap)
+    # what each conversation's previous request left in its lane's cache (prefix breaks)
+    prefixes: PrefixWatch = field(default_factory=PrefixWatch)

@@ -271,6 +271,7 @@ def worker_info(args: argparse.Namespace, models: Models, lane: str | None = Non
         vocab_size=vocabulary_size(models),
         max_token_chars=longest_token(models.tokenizer),
         content_specials_as_text=args.content_special_tokens == "text",
+        architecture=getattr(config, "model_type", None),
     )
 
 

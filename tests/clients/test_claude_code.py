@@ -61,6 +61,10 @@ async def test_claude_code_reads_a_file_then_continues(tmp_path: Path) -> None:
         # speclane's lanes fold system messages; a plain upstream gets them as sent, in place
         roles = [m["role"] for m in upstream.chats()[-1]["messages"]]
         assert roles[0] == "system" and "system" in roles[1:], roles
+        # its per-conversation billing line is dropped (router/proxy/normalise.py)
+        systems = [body["messages"][0]["content"] for body in upstream.chats()]
+        assert not any("x-anthropic-billing-header" in text for text in systems), systems[0][:200]
+        assert systems[0].startswith("You are ")
 
         script = agent_turn(notes, "ANSWER-TWO.")
         seen = len(upstream.chats())

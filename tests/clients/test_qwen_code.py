@@ -63,3 +63,8 @@ async def test_qwen_code_reads_a_file_then_continues(tmp_path: Path) -> None:
         assert "ANSWER-TWO." in second.out, str(second)
         history = " ".join(str(m.get("content")) for m in upstream.chats()[seen]["messages"])
         assert "What does notes.txt say?" in history and "ANSWER-ONE." in history
+        # Turn 2 extends turn 1's last request: its date reminder no longer breaks the prefix
+        # (router/proxy/normalise.py); the model still reads the date in the start-up context.
+        before, after = upstream.chats()[seen - 1]["messages"], upstream.chats()[seen]["messages"]
+        assert after[: len(before)] == before
+        assert "The current date is" not in str(after)

@@ -76,6 +76,9 @@ class FakeUpstream:
         self.request_started = asyncio.Event()
         self.request_cancelled = asyncio.Event()
         self.models_status = 200
+        # When set, generation requests are answered only once this is set: a long prefill
+        # (the caller sets it when it has seen what it waits for).
+        self.release: asyncio.Event | None = None
         # When set, GET /v1/models answers only once this is set: a backend that accepts
         # connections but does not answer its health check.
         self.models_gate: asyncio.Event | None = None
@@ -183,6 +186,8 @@ class FakeUpstream:
     async def _answer(
         self, request: web.Request, body: dict[str, Any], b: Behaviour
     ) -> web.StreamResponse:
+        if self.release is not None:
+            await self.release.wait()
         if b.delay_headers:
             await asyncio.sleep(b.delay_headers)
         if b.status >= 400:

@@ -55,14 +55,20 @@ def lane_body_limit(settings: Settings) -> int:
 
 @asynccontextmanager
 async def scripted_router(
-    engine: ScriptedEngine, tmp_path: Path, policy: str | None = None
+    engine: ScriptedEngine, tmp_path: Path, policy: str | None = None, **info_fields: object
 ) -> AsyncIterator[RunningRouter]:
     """A router whose batching lane is the worker's HTTP side around ``engine``."""
     if policy is not None:
         (tmp_path / "counter.toml").write_text(policy)
     settings = router_settings(backends=[], policies_dir=str(tmp_path))
     engine.start()
-    info = WorkerInfo(mode="batching", model_name=MODEL, draft_name=None, num_draft_tokens=0)
+    info = WorkerInfo(
+        mode="batching",
+        model_name=MODEL,
+        draft_name=None,
+        num_draft_tokens=0,
+        **info_fields,  # type: ignore[arg-type]
+    )
     runner, port = await start_site(
         make_app(engine, info, lane_body_limit(settings)), "127.0.0.1", 0
     )
@@ -247,3 +253,30 @@ async def test_a_tool_use_too_deeply_nested_to_forward_is_a_400(tmp_path: Path) 
         assert status == 400, answer
         assert answer["type"] == "error" and "[body_too_deep]" in answer["error"]["message"]
     assert engine.started == []
+
+
+async def test_every_listing_reports_the_context_its_lane_reports(tmp_path: Path) -> None:
+    (tmp_path / "default.toml").write_text('client = "default"\n[caps]\nmax_tokens = 1024\n')
+    engine = ScriptedEngine("ok")
+    async with scripted_router(
+        engine, tmp_path, None, context_length=8192, architecture="llama"
+    ) as r:
+        lane = r.services.pool["batching"]
+        # what the supervisor does with each /health answer of the worker
+        async with aiohttp.ClientSession() as s, s.get(lane.root_url + "/health") as resp:
+            lane.lane_status(True, None, await resp.json(), None)
+        openai_models = await r.client().models.list()
+        async with claude(r) as client:
+            anthropic_models = await client.models.list()
+        llama = ollama.AsyncClient(host=root(r), timeout=WAIT)
+        shown = await llama.show(MODEL)
+        running = await llama.ps()
+    row = openai_models.data[0].model_dump()
+    assert (row["id"], row["context_length"], row["max_model_len"]) == (MODEL, 8192, 8192)
+    info = anthropic_models.data[0]
+    assert (info.id, info.max_input_tokens, info.max_tokens) == (MODEL, 8192, 1024)
+    assert info.type == "model" and info.lifecycle == "active"
+    assert shown.modelinfo is not None
+    assert shown.modelinfo["general.architecture"] == "llama"
+    assert shown.modelinfo["llama.context_length"] == 8192
+    assert running.models[0].context_length == 8192

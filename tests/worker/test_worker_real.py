@@ -109,6 +109,8 @@ def test_health_reports_each_lane(spec_worker: WorkerProcess, batch_worker: Work
         "speculative": True,
         "num_draft_tokens": 3,
         "draft_source": "draft_model",
+        "context_length": 8192,  # SmolLM2-135M's max_position_embeddings
+        "architecture": "llama",
         "active": 0,
         "queued": 0,
         "capacity": 1,

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from router.config.base import Frozen
+from router.config.names import PROMPT_RULES, PromptRule
 from router.config.presets import LanePreference, PresetSpec
 from router.config.speculation import SpecOverrides
 
@@ -122,9 +123,14 @@ class Policy(Frozen):
     queue_timeout: float = Field(default=30.0, ge=0, le=3600)  # seconds a request waits for a slot
     # Policies naming the same group share prompt-cache entries (None: the policy's own).
     cache_group: str | None = Field(default=None, pattern=NAME_PATTERN)
+    # The prompt-normalisation rules applied to its chat requests (router.proxy.normalise):
+    # every one by default; [] sends its prompts as they came.
+    normalise_prompts: tuple[PromptRule, ...] = PROMPT_RULES
     caps: Caps = Caps()
     match: MatchRules = MatchRules()
     spec: SpecOverrides = SpecOverrides()
+
+    _listify = field_validator("normalise_prompts", mode="before")(_one_or_many)
 
     @model_validator(mode="after")
     def _presets_consistent(self) -> Policy:

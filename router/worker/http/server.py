@@ -93,6 +93,7 @@ class WorkerInfo:
     # Special tokens' text in messages read as text (``router.worker.http.render``); False:
     # as control tokens (``[lanes] content_special_tokens = "control"``).
     content_specials_as_text: bool = True
+    architecture: str | None = None  # the model's config model_type (Ollama's /api/show)
 
 
 ENGINE = web.AppKey("engine", Engine)
@@ -241,6 +242,9 @@ def lane_health(engine: Engine, info: WorkerInfo) -> dict[str, object]:
         "speculative": info.num_draft_tokens > 0,
         "num_draft_tokens": info.num_draft_tokens,
         "draft_source": info.draft_source,
+        # what the router's model listings report (/v1/models, Anthropic's, Ollama's)
+        "context_length": info.context_length,
+        "architecture": info.architecture,
         "active": engine.active,
         "queued": engine.queued,
         "capacity": engine.capacity,

@@ -835,3 +835,10 @@ async def test_a_seeded_request_gives_each_choice_its_own_seed() -> None:
     async with serving(engine) as url:
         await client(url).completions.create(model=MODEL, prompt="x", n=3, seed=7)
     assert sorted(job.request.seed for job in engine.started) == [7, 8, 9]
+
+
+async def test_health_says_the_context_length_the_router_lists() -> None:
+    async with serving(ScriptedEngine("x"), context_length=2048) as url:
+        async with aiohttp.ClientSession() as session:
+            answer = await health(session, url)
+    assert answer["context_length"] == 2048
