@@ -10,6 +10,7 @@ from router.backends.base import Backend
 from router.errors import RouterError
 from router.routing.types import Candidate
 from router.speculation.parsers import output_tokens
+from router.worker_contract import STREAM_USAGE_FIELD
 
 
 @dataclass(slots=True)
@@ -72,14 +73,16 @@ class Outcome:
 
     def reported_usage(self) -> dict[str, Any] | None:
         """The ``usage`` object the backend reported: the body's, else the newest of a
-        stream's last events that has one."""
+        stream's last events that has one (a lane's stream whose client asked for no usage
+        carries it as ``STREAM_USAGE_FIELD``)."""
         if self.body_json is not None:
             usage = self.body_json.get("usage")
             return usage if isinstance(usage, dict) else None
         for event in reversed(self.tail_events):
-            usage = event.get("usage")
-            if isinstance(usage, dict):
-                return usage
+            for key in ("usage", STREAM_USAGE_FIELD):
+                usage = event.get(key)
+                if isinstance(usage, dict):
+                    return usage
         return None
 
     def client_left(self) -> None:
