@@ -31,9 +31,10 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
 
 
 def long_prompt(door: str) -> str:
-    """About 2,500 tokens, new to every cache (the door's name first)."""
+    """About 400 tokens, new to every cache (the door's name first): a prefill far longer
+    than the 0.05 s tick, and short enough for a slow tier."""
     lines = [
-        f"{door} line {i}: the {i * 7 % 13}th note of {i * 3 % 11} says {i}." for i in range(200)
+        f"{door} line {i}: the {i * 7 % 13}th note of {i * 3 % 11} says {i}." for i in range(32)
     ]
     return f"{door}\n" + "\n".join(lines) + "\nWhich line mentions 42?"
 

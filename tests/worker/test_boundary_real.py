@@ -29,7 +29,7 @@ pytestmark = pytest.mark.realmodel
 CASES = examples(10_000)  # a group's, both lanes together
 # Cases inside every rule reach MLX and cost a forward pass each: a fixed number per lane
 # (edges first), the rest at or past an edge.
-VALID_CASES = 24
+VALID_CASES = 12
 VOCAB = 49152  # the default model's
 CONCURRENCY = 8
 PROMPT = [1, 2, 3]
