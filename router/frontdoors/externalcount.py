@@ -25,6 +25,7 @@ from router import errors
 from router.backends.base import Backend
 from router.config.policies import Policy
 from router.errors import RouterError
+from router.frontdoors.tokencount import post_for_count
 from router.proxy.outcome import Outcome
 from router.services import Services
 
@@ -110,23 +111,9 @@ async def _counted(services: Services, backend: Backend, model: str, chat: dict[
 async def _post(
     session: aiohttp.ClientSession, backend: Backend, path: str, body: dict[str, Any]
 ) -> dict[str, Any]:
-    timeout = aiohttp.ClientTimeout(total=COUNT_TIMEOUT, connect=backend.connect_timeout)
-    try:
-        async with session.post(
-            backend.root_url + path,
-            data=orjson.dumps(body),
-            headers={"Content-Type": "application/json", **backend.auth_headers()},
-            timeout=timeout,
-        ) as resp:
-            answer, status = await resp.read(), resp.status
-    except TimeoutError as e:
-        raise errors.upstream_timeout(
-            f"backend '{backend.name}' did not count the tokens in {COUNT_TIMEOUT:g}s"
-        ) from e
-    except aiohttp.ClientError as e:
-        raise errors.upstream_failed(f"could not reach backend '{backend.name}': {e}") from e
-    if status >= 400:
-        raise errors.from_upstream_body(status, answer)
+    answer = await post_for_count(
+        session, backend, backend.root_url + path, orjson.dumps(body), COUNT_TIMEOUT, "backend"
+    )
     try:
         parsed = orjson.loads(answer)
     except orjson.JSONDecodeError:

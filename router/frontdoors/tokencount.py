@@ -67,25 +67,54 @@ async def count_on_lane(
     return count
 
 
-async def _count(session: aiohttp.ClientSession, lane: Backend, body: bytes) -> int:
-    timeout = aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT, connect=lane.connect_timeout)
+# A count's answer is a few bytes; a backend's /tokenize lists every token (a few bytes each).
+MAX_COUNT_ANSWER = 16 << 20
+
+
+async def post_for_count(
+    session: aiohttp.ClientSession,
+    upstream: Backend,
+    url: str,
+    body: bytes,
+    seconds: float,
+    what: str = "lane",
+) -> bytes:
+    """POST ``body`` to a lane's or backend's counting endpoint: its answer's bytes, read
+    under ``MAX_COUNT_ANSWER`` and ``seconds``; any failure is the upstream's error (the
+    4xx it answered is passed on)."""
+    timeout = aiohttp.ClientTimeout(total=seconds, connect=upstream.connect_timeout)
     try:
         async with session.post(
-            lane.base_url + TOKENIZE_PATH,
+            url,
             data=body,
-            headers={"Content-Type": "application/json", **lane.auth_headers()},
+            headers={"Content-Type": "application/json", **upstream.auth_headers()},
             timeout=timeout,
         ) as resp:
-            answer = await resp.read()
+            answer = bytearray()
+            async for chunk in resp.content.iter_chunked(64 * 1024):
+                answer += chunk
+                if len(answer) > MAX_COUNT_ANSWER:
+                    raise errors.upstream_failed(
+                        f"{what} '{upstream.name}' answered the count with more than "
+                        f"{MAX_COUNT_ANSWER} bytes",
+                        code="upstream_too_large",
+                    )
             status = resp.status
     except TimeoutError as e:
         raise errors.upstream_timeout(
-            f"lane '{lane.name}' did not count the tokens in {TOKENIZE_TIMEOUT:g}s"
+            f"{what} '{upstream.name}' did not count the tokens in {seconds:g}s"
         ) from e
     except aiohttp.ClientError as e:
-        raise errors.upstream_failed(f"could not reach lane '{lane.name}': {e}") from e
+        raise errors.upstream_failed(f"could not reach {what} '{upstream.name}': {e}") from e
     if status >= 400:
-        raise errors.from_upstream_body(status, answer)
+        raise errors.from_upstream_body(status, bytes(answer))
+    return bytes(answer)
+
+
+async def _count(session: aiohttp.ClientSession, lane: Backend, body: bytes) -> int:
+    answer = await post_for_count(
+        session, lane, lane.base_url + TOKENIZE_PATH, body, TOKENIZE_TIMEOUT
+    )
     try:
         count = orjson.loads(answer)["count"]
     except (orjson.JSONDecodeError, KeyError, TypeError):

@@ -13,7 +13,9 @@ import aiohttp
 import openai
 import orjson
 import pytest
+from aiohttp import web
 
+from router.frontdoors.tokencount import MAX_COUNT_ANSWER
 from tests.conftest import RunningRouter, router_settings, run_router, wait_until
 from tests.fakes.upstream import Behaviour, FakeUpstream, fake_upstream
 from tests.frontdoors.test_handlers import MODEL as LANE_MODEL
@@ -320,3 +322,26 @@ async def test_input_tokens_in_front_of_an_external_backend(kind: str, fake: Fak
         ["/tokenize"] if kind == "vllm" else ["/apply-template", "/tokenize"]
     )
     assert unnamed.value.body["param"] == "model"  # type: ignore[index]
+
+
+class EndlessCounter(FakeUpstream):
+    """A vLLM-kind backend whose /tokenize answer never ends short of the bound."""
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=b"[" + b"1," * (MAX_COUNT_ANSWER // 2 + 8) + b"1]")
+
+
+async def test_a_counting_answer_past_the_bound_is_the_upstreams_error_not_a_read_of_it() -> None:
+    fake = EndlessCounter(name="ext")
+    await fake.start()
+    try:
+        backends = [{"name": "ext", "kind": "vllm", "base_url": fake.base_url}]
+        async with run_router(router_settings(backends=backends)) as r:
+            with pytest.raises(openai.APIStatusError) as info:
+                await r.client().responses.input_tokens.count(model=MODEL, input="hello")
+    finally:
+        await fake.stop()
+    assert info.value.status_code == 502
+    assert "more than" in info.value.message
+    assert info.value.response.headers["x-speclane-error-source"] == "upstream"
