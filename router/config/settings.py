@@ -204,6 +204,10 @@ class LanesSettings(Frozen):
     # auto: 2 on a CPU with two cores or more and a one-thread BLAS (OPENBLAS_NUM_THREADS=1),
     # else 1 (a multi-threaded BLAS already uses the cores).
     shared_threads: Literal["auto", 1, 2] = "auto"
+    # BLAS threads per lane process (router.lanes.blas): auto gives each of the separate
+    # layout's two processes half the cores (a process alone keeps the BLAS's default); an
+    # int sets every lane process's. OPENBLAS_NUM_THREADS in the environment or [lanes] env wins.
+    blas_threads: Literal["auto"] | Annotated[int, Field(ge=1, le=1024)] = "auto"
     # Refuse to start when the lanes' estimated memory exceeds this (None: the available
     # memory less router.lanes.layout.RESERVE_BYTES).
     memory_limit_bytes: int | None = Field(default=None, ge=0)

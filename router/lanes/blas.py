@@ -4,6 +4,12 @@ The ``mlx-cpu`` wheel bundles the reference BLAS; Debian's OpenBLAS is many time
 (docs/lanes.md). It must be preloaded before the worker process starts, so the
 supervisor puts it into the worker's environment; a process already running can still load
 it before it imports MLX (``load_in_this_process``: the tests that run MLX in-process).
+
+Threads: OpenBLAS starts one thread per core in every process. Two lane processes computing
+at once (the separate layout) then run four BLAS threads on two cores, and each waits on the
+other's (measured in docs/lanes.md: three editing agents at once took 1.48x as long as with one
+BLAS thread per process; one agent alone 0.96x). ``thread_env`` gives each of the processes
+that compute at once its share of the cores, unless the user chose.
 """
 
 from __future__ import annotations
@@ -19,6 +25,31 @@ _CANDIDATES = (
     "/usr/lib/{arch}-linux-gnu/openblas-openmp/libblas.so.3",
     "/usr/lib/{arch}-linux-gnu/libopenblas.so.0",
 )
+
+
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def blas_threads_for(choice: str | int, processes: int, cpus: int | None) -> int | None:
+    """BLAS threads per lane process (pure): ``choice`` an int is that; ``"auto"``: each of
+    the ``processes`` computing at once its share of the ``cpus`` (at least one), or None
+    (the BLAS's own default) for a process alone."""
+    if not isinstance(choice, str):
+        return choice
+    if processes < 2:
+        return None
+    return max(1, (cpus or 1) // processes)
+
+
+def thread_env(
+    env: dict[str, str], choice: str | int, processes: int, cpus: int | None
+) -> dict[str, str]:
+    """``env`` with the BLAS's thread count set as ``blas_threads_for`` says, unless ``env``
+    already names one (the user's own choice, from the environment or ``[lanes] env``)."""
+    threads = blas_threads_for(choice, processes, cpus)
+    if threads is None or any(name in env for name in BLAS_THREAD_VARIABLES):
+        return env
+    return {**env, "OPENBLAS_NUM_THREADS": str(threads)}
 
 
 def openblas_path() -> str | None:

@@ -305,6 +305,7 @@ async def _start_workers(
                 models.name,
                 max_body_bytes=settings.max_body_bytes,
                 group=models.group,
+                computing=1 if shared else len(enabled_lanes(settings.lanes)),
             )
         except LauncherMissing as e:
             raise LaneStartupError(f"lanes.group: {e}") from e

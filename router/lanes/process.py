@@ -24,7 +24,7 @@ from typing import Any
 from router.config.group import GroupSpec
 from router.config.names import LANE_NAMES
 from router.config.settings import LanesSettings
-from router.lanes.blas import preload_env
+from router.lanes.blas import preload_env, thread_env
 from router.lanes.rankgroup import PORT_PLACEHOLDER, group_argv, private_launch
 from router.worker_contract import (
     DEFAULT_MAX_BODY_BYTES,
@@ -85,8 +85,11 @@ def build_worker_command(
     python: str = sys.executable,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     group: GroupSpec | None = None,
+    computing: int = 1,
 ) -> WorkerCommand:
-    """``max_body_bytes``: the router's own limit (the worker accepts what the router does);
+    """``computing``: the lane processes of this model computing at once on this machine (two
+    in the separate layout), which share its cores' BLAS threads; ``max_body_bytes``: the
+    router's own limit (the worker accepts what the router does);
     ``lane``: a lane, or SHARED_MODE for the one process serving both; ``group``: the
     speculative lane (or with SHARED_MODE both lanes) over a group of ranks, started by
     ``mlx.launch``."""
@@ -114,6 +117,8 @@ def build_worker_command(
     )
     env = preload_env()
     env.update(settings.env)
+    if group is None:  # a group's ranks take their environment from rank_env below
+        env = thread_env(env, settings.blas_threads, computing, os.cpu_count())
     env["PYTHONUNBUFFERED"] = "1"  # stderr lines must reach the ring buffer as they happen
     # In the environment, not on the command line: /proc/<pid>/environ is readable by this
     # user only, the command line by everyone. A group's launcher passes its environment to

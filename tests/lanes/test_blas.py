@@ -1,13 +1,24 @@
-"""OpenBLAS for MLX in a process already running (the tests that run MLX in-process)."""
+"""OpenBLAS for MLX: in a process already running (the tests that run MLX in-process), and
+its threads per lane process."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from router.lanes.blas import load_in_this_process, openblas_path
+from router.config.settings import LanesSettings
+from router.lanes.blas import (
+    BLAS_THREAD_VARIABLES,
+    blas_threads_for,
+    load_in_this_process,
+    openblas_path,
+    thread_env,
+)
+from router.lanes.process import build_worker_command
 
 PROBE = """
 import sys
@@ -34,3 +45,49 @@ def test_after_mlx_it_is_too_late() -> None:
     import mlx.core  # noqa: F401  (this process has MLX already)
 
     assert load_in_this_process() is False
+
+
+@pytest.mark.parametrize(
+    ("choice", "processes", "cpus", "expected"),
+    [
+        ("auto", 1, 2, None),  # a process alone keeps the BLAS's default
+        ("auto", 2, 2, 1),
+        ("auto", 2, 8, 4),
+        ("auto", 2, 1, 1),  # never zero
+        ("auto", 2, None, 1),
+        (3, 1, 2, 3),
+        (3, 2, 8, 3),
+    ],
+)
+def test_blas_threads_share_the_cores_between_the_processes_computing_at_once(
+    choice: str | int, processes: int, cpus: int | None, expected: int | None
+) -> None:
+    assert blas_threads_for(choice, processes, cpus) == expected
+
+
+def test_the_users_own_thread_count_wins() -> None:
+    assert thread_env({}, "auto", 2, 2) == {"OPENBLAS_NUM_THREADS": "1"}
+    assert thread_env({"OPENBLAS_NUM_THREADS": "2"}, "auto", 2, 2) == {"OPENBLAS_NUM_THREADS": "2"}
+    assert thread_env({"OMP_NUM_THREADS": "2"}, 1, 2, 2) == {"OMP_NUM_THREADS": "2"}
+    assert thread_env({"A": "b"}, "auto", 1, 2) == {"A": "b"}
+
+
+def test_the_separate_layouts_workers_get_their_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in BLAS_THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    two = build_worker_command("batching", LanesSettings(), tmp_path, None, "m", computing=2)
+    assert two.env["OPENBLAS_NUM_THREADS"] == "1"
+    alone = build_worker_command("shared", LanesSettings(), tmp_path, None, "m")
+    assert "OPENBLAS_NUM_THREADS" not in alone.env
+    fixed = build_worker_command("shared", LanesSettings(blas_threads=2), tmp_path, None, "m")
+    assert fixed.env["OPENBLAS_NUM_THREADS"] == "2"
+    own = LanesSettings(env={"OPENBLAS_NUM_THREADS": "2"})
+    assert (
+        build_worker_command("speculative", own, tmp_path, None, "m", computing=2).env[
+            "OPENBLAS_NUM_THREADS"
+        ]
+        == "2"
+    )
