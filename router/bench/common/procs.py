@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -80,7 +81,7 @@ class LaneOptions:
     max_batch_size: int = 8
     layout: str | None = None  # [lanes] layout; None: the router's default
     shared_threads: int | None = None  # [lanes] shared_threads; None: the router's default
-    # [lanes] prompt_cache_dir; None: the router's default (the user's own disk tier)
+    # [lanes] prompt_cache_dir; None: a fresh directory per start (own_router)
     prompt_cache_dir: str | None = None
 
 
@@ -177,8 +178,12 @@ async def own_router(
     lanes: LaneOptions, log_path: Path, policies: dict[str, str] = POLICIES
 ) -> AsyncIterator[str]:
     """speclane with both lanes; yields its base URL. Its log (with its workers') sits next to
-    the results it explains, truncated per run as they are rewritten."""
-    with log_path.open("wb") as log:
+    the results it explains, truncated per run as they are rewritten. Without a
+    ``prompt_cache_dir`` its disk tier is a fresh directory: a benchmark starts as cold as the
+    peers it is compared with, whatever an earlier run left in the user's own."""
+    with log_path.open("wb") as log, tempfile.TemporaryDirectory(prefix="speclane-cache-") as tmp:
+        if lanes.prompt_cache_dir is None:
+            lanes = dataclasses.replace(lanes, prompt_cache_dir=tmp)
         config = lanes_config(lanes)
         async with _router(config, policies, (), START_DEADLINE, log) as served:
             yield served.url
