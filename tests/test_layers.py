@@ -17,20 +17,23 @@ FLOORS: dict[str, int] = {
     "router": 0,  # __init__: the version
     "router.config.names": 0,
     "router.config.suggest": 0,
-    "router.worker_contract": 0,
+    # The kernel: what both programs (the router and the lane worker) import. Its leaves: the
+    # contract between them, SSE, the system-message fold.
+    "router.kernel.worker_contract": 0,
+    "router.kernel.sse": 0,
+    "router.kernel.system_messages": 0,
     "router.metrics": 0,
     # The services handed to every handler: types only, for the type checker.
     "router.services": 0,
-    "router.sse": 0,
     "router.periodic": 0,
     "router.observability.escape": 0,
     # The request family: a pure leaf that both routing and speculation read.
     "router.speculation.families": 0,
-    "router.errors": 1,
+    # The error core and the request field rules.
+    "router.kernel": 1,
     # The upstream client: speaks HTTP/1.1 to upstreams, knows nothing of the edge above it.
     "router.upstream": 1,
     "router.config": 2,
-    "router.request_rules": 2,
     "router.routing": 3,
     "router.speculation": 3,
     # The lane worker, bottom up: the request every layer reads; what the model may emit

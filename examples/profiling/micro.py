@@ -10,7 +10,7 @@ from router.proxy import relay as relay_mod
 from router.proxy.request import parse_request
 from router.routing.affinity import fingerprints
 from router.speculation.families import classify_family
-from router.sse import SSETail
+from router.kernel.sse import SSETail
 
 RAW = stream_body(7)
 CHUNK = b"".join(stream_events(7))

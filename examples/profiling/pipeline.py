@@ -26,7 +26,7 @@ from router.proxy.headers import decision_headers
 from router.proxy.outcome import Outcome
 from router.proxy.request import parse_request
 from router.proxy.telemetry import SpecClaim
-from router.sse import SSETail
+from router.kernel.sse import SSETail
 
 RAW = stream_body(7)
 CHUNK = b"".join(stream_events(7))

@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 
-from router import errors, sse
-from router.errors import RouterError
+from router.kernel import errors, sse
+from router.kernel.errors import RouterError
 from router.frontdoors.common import (
     dict_of,
     first_choices,
@@ -30,7 +30,7 @@ from router.frontdoors.common import (
     translate_events,
     whole_call,
 )
-from router.sse import event_json
+from router.kernel.sse import event_json
 
 STREAM_CONTENT_TYPE = "text/event-stream"
 

@@ -21,10 +21,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from router import errors
+from router.kernel import errors
 from router.backends.base import Backend
 from router.config.policies import Policy
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.frontdoors.tokencount import post_for_count
 from router.proxy.outcome import Outcome
 from router.services import Services

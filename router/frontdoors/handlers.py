@@ -17,9 +17,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from router import errors
+from router.kernel import errors
 from router.config.policies import Policy
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.frontdoors import anthropic_in, anthropic_out, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
 from router.frontdoors.common import to_parsed

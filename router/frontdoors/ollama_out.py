@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import orjson
 
-from router import errors
-from router.errors import RouterError
+from router.kernel import errors
+from router.kernel.errors import RouterError
 from router.frontdoors.common import (
     Pieces,
     arguments_object,

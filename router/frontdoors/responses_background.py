@@ -18,8 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
-from router import errors
-from router.errors import RouterError
+from router.kernel import errors
+from router.kernel.errors import RouterError
 from router.frontdoors import responses_in, responses_items
 from router.frontdoors.common import to_parsed
 from router.frontdoors.responses_out import ResponsesEgress

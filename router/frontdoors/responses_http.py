@@ -14,7 +14,7 @@ import time
 
 from aiohttp import web
 
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.frontdoors import responses_background, responses_in, responses_items, responses_ops
 from router.frontdoors.common import to_parsed
 from router.frontdoors.responses_out import ResponsesEgress

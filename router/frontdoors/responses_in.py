@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.errors import bad_request
+from router.kernel.errors import bad_request
 from router.frontdoors import responses_compact
 from router.frontdoors.common import str_field
 

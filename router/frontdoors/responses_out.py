@@ -22,8 +22,8 @@ from typing import Any
 
 import orjson
 
-from router import errors, sse
-from router.errors import RouterError
+from router.kernel import errors, sse
+from router.kernel.errors import RouterError
 from router.frontdoors import responses_compact
 from router.frontdoors.common import Pieces, first_choices, logprob_entries, translate_events
 from router.frontdoors.responses_in import ResponsesRequest

@@ -15,7 +15,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from router import errors
+from router.kernel import errors
 from router.frontdoors.responses_out import ResponsesEgress
 from router.proxy.relay import Stop
 

@@ -42,7 +42,7 @@ from router.lanes.supervisor import (
 from router.metrics import Metrics
 from router.worker.engines.engine import LoadError
 from router.worker.group.shard import check_split
-from router.worker_contract import SHARED_MODE, lane_prefix
+from router.kernel.worker_contract import SHARED_MODE, lane_prefix
 
 log = logging.getLogger("speclane.lanes")
 

@@ -26,7 +26,7 @@ from router.config.names import LANE_NAMES
 from router.config.settings import LanesSettings
 from router.lanes.blas import preload_env
 from router.lanes.rankgroup import PORT_PLACEHOLDER, group_argv, private_launch
-from router.worker_contract import (
+from router.kernel.worker_contract import (
     DEFAULT_MAX_BODY_BYTES,
     SHARED_MODE,
     WORKER_SECRET_ENV,

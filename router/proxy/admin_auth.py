@@ -17,7 +17,7 @@ import hmac
 from aiohttp import web
 
 from router.config.names import AUTHORIZATION
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.proxy.credentials import presented_key
 from router.services import Services
 

@@ -28,8 +28,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 from aiohttp import web
 
-from router import errors, sse
-from router.errors import RouterError
+from router.kernel import errors, sse
+from router.kernel.errors import RouterError
 from router.proxy.relay import SSE_HEADERS
 
 log = logging.getLogger("speclane.relay")

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from router import errors
+from router.kernel import errors
 from router.backends.base import Backend
 from router.config.names import API_KEY_HEADER, AUTHORIZATION, CLIENT_HEADER
 from router.config.policies import Identity, Policy, PolicySet, Unauthorized
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.metrics import CLIENT_LABEL, CONTENT_TYPE
 from router.proxy import observe
 from router.proxy.accesslog import record_of

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import HttpVersion11, hdrs, web
 from aiohttp.typedefs import Middleware
 
-from router import errors
-from router.errors import RouterError
+from router.kernel import errors
+from router.kernel.errors import RouterError
 from router.proxy.hosts import HostRule, is_loopback_name, origin_host, same_origin
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.backends.base import Backend
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.routing.types import Candidate
 from router.speculation.parsers import output_tokens
-from router.worker_contract import STREAM_USAGE_FIELD
+from router.kernel.worker_contract import STREAM_USAGE_FIELD
 
 
 @dataclass(slots=True)

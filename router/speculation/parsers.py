@@ -33,7 +33,7 @@ from router.speculation.record import (
     SpecResult,
     build_record,
 )
-from router.worker_contract import STREAM_USAGE_FIELD
+from router.kernel.worker_contract import STREAM_USAGE_FIELD
 
 Parser = Callable[[Payload], SpecResult]
 

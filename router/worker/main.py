@@ -1,5 +1,5 @@
 """``python -m router.worker``: one MLX lane, or both on one copy of the model (``--mode
-shared``, ``router.worker.engines.shared``); its contract: ``router.worker_contract``.
+shared``, ``router.worker.engines.shared``); its contract: ``router.kernel.worker_contract``.
 
 Life cycle: load the model(s) on the generation thread; bind; print the one ready line on
 stdout; serve until SIGTERM/SIGINT or until the parent process disappears; then stop
@@ -35,7 +35,7 @@ from router.worker.group.both import GroupSharedEngine
 from router.worker.group.run import group_engine, group_shared_engine, run_follower
 from router.worker.group.run import rank as group_rank
 from router.worker.http.server import WorkerInfo, make_app, make_shared_app, start_site
-from router.worker_contract import (
+from router.kernel.worker_contract import (
     SHARED_MODE,
     WORKER_SECRET_ENV,
     add_worker_flags,

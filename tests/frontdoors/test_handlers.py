@@ -20,7 +20,7 @@ import pytest
 
 from router.config.settings import Settings
 from router.worker.http.server import WorkerInfo, make_app, start_site
-from router.worker_contract import worker_argv
+from router.kernel.worker_contract import worker_argv
 from tests.conftest import (
     RunningRouter,
     add_fake_lane,

@@ -11,7 +11,7 @@ import aiohttp
 import openai
 import pytest
 
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.frontdoors import responses_compact
 from router.frontdoors.responses_in import to_openai
 from tests.conftest import router_settings, run_router

@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 import pytest
 
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.frontdoors import anthropic_context, anthropic_in, ollama_in, responses_in
 from router.frontdoors.ollama_out import OllamaEgress
 from router.frontdoors.responses_out import ResponsesEgress

@@ -7,8 +7,8 @@ import itertools
 import orjson
 import pytest
 
-from router import errors
-from router.errors import RouterError
+from router.kernel import errors
+from router.kernel.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in
 from router.frontdoors.anthropic_out import AnthropicEgress, message_body, stop_reason
 from router.frontdoors.ollama_out import OllamaEgress

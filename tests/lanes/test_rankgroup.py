@@ -25,7 +25,7 @@ from router.lanes.rankgroup import (
     ring_setup_failed,
     with_free_ports,
 )
-from router.worker_contract import GROUP_LAUNCH_FILE, GROUP_LAUNCH_MODULE, SHARED_MODE
+from router.kernel.worker_contract import GROUP_LAUNCH_FILE, GROUP_LAUNCH_MODULE, SHARED_MODE
 
 LOCAL = GroupSpec(hosts=("127.0.0.1", "127.0.0.1", "127.0.0.1"))
 

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from router.lanes.modelprep import DEFAULT_MODEL_NAME, ensure_default_models
-from router.worker_contract import WORKER_SECRET_HEADER
+from router.kernel.worker_contract import WORKER_SECRET_HEADER
 from tests.conftest import router_settings, run_router
 
 pytestmark = pytest.mark.realmodel

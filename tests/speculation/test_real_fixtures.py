@@ -26,7 +26,7 @@ from router.speculation.cumulative import (
 )
 from router.speculation.parsers import output_tokens, parse_response, parse_stream_events
 from router.speculation.record import NotReported, SpecRecord
-from router.sse import SSETail
+from router.kernel.sse import SSETail
 from tests.fakes.replay import FIXTURES, Capture, ReplayUpstream, load
 
 # file -> (backend kind, (drafted, accepted) or the NotReported reason, output tokens)

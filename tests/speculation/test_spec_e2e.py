@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from router.speculation.keystate import SpecKey
-from router.worker_contract import STREAM_USAGE_FIELD
+from router.kernel.worker_contract import STREAM_USAGE_FIELD
 from tests.conftest import (
     RunningRouter,
     fake_upstreams,

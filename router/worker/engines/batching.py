@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.worker.drafting.batchverify import (
     RowDraft,
     drafting_generator,
@@ -81,7 +81,7 @@ from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, a
 from router.worker.engines.logprobs import pick
 from router.worker.engines.promptcache import Counters, Lookup, PromptCache
 from router.worker.engines.stats import SpecStats, usage
-from router.worker_contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
+from router.kernel.worker_contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
 
 log = logging.getLogger("speclane.worker")
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from router.errors import RouterError, internal_error
+from router.kernel.errors import RouterError, internal_error
 from router.worker.decoding.sampling import GREEDY
 from router.worker.decoding.stops import StopScanner
 from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, TextDelta, aborted

@@ -56,7 +56,7 @@ from router.worker.engines.engine import Engine, LoadError, Models
 from router.worker.engines.jobs import JobQueue, wait_any
 from router.worker.engines.promptcache import PromptCache
 from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
-from router.worker_contract import SHARED_THREADS
+from router.kernel.worker_contract import SHARED_THREADS
 
 log = logging.getLogger("speclane.worker")
 

@@ -84,7 +84,7 @@ from router.worker.engines.logprobs import Picked, pick
 from router.worker.engines.promptcache import DRAFT, TARGET, Counters, PromptCache, Segment
 from router.worker.engines.stats import SpecStats, usage
 from router.worker.request.protocol import GenerationRequest
-from router.worker_contract import DRAFT_SOURCES
+from router.kernel.worker_contract import DRAFT_SOURCES
 
 log = logging.getLogger("speclane.worker")
 

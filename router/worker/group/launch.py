@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from router.worker_contract import GROUP_LAUNCH_FILE
+from router.kernel.worker_contract import GROUP_LAUNCH_FILE
 
 # mlx.launch's RemoteProcess.make_launch_script(rank, python, cwd, files, env, command,
 # is_local): the text of the shell script that starts one rank.

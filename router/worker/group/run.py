@@ -30,7 +30,7 @@ from router.worker.group.channel import MxChannel
 from router.worker.group.leader import GroupFacts, GroupSpecEngine
 from router.worker.group.mirror import Mirror, follow
 from router.worker.group.shard import MlxShard, load_shard
-from router.worker_contract import SHARED_MODE
+from router.kernel.worker_contract import SHARED_MODE
 
 log = logging.getLogger("speclane.worker.group")
 

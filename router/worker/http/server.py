@@ -8,9 +8,9 @@ Handlers never wait on the generation thread except through their job's event qu
 tokenizer, and a generation request's preparation before any token count.
 
 A request's prompt-cache partition comes in the ``X-Speclane-Cache-Partition`` header
-(``router.worker_contract``); its job reuses cached KV state of that partition only.
+(``router.kernel.worker_contract``); its job reuses cached KV state of that partition only.
 
-With a worker secret (``router.worker_contract.WORKER_SECRET_ENV``) every endpoint, ``/health``
+With a worker secret (``router.kernel.worker_contract.WORKER_SECRET_ENV``) every endpoint, ``/health``
 included, answers only requests carrying it (``WORKER_SECRET_HEADER``), compared in constant
 time; anything else is a 401 before routing, parsing or the body is read: the router's
 policies, queues and browser rules cannot be skipped by going to the lane's port.
@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from router.errors import (
+from router.kernel.errors import (
     RouterError,
     bad_request,
     internal_error,
@@ -64,7 +64,7 @@ from router.worker.request.protocol import (
     prompt_chars,
     token_budget,
 )
-from router.worker_contract import (
+from router.kernel.worker_contract import (
     CACHE_PARTITION_HEADER,
     CACHE_PARTITION_PATTERN,
     DEFAULT_MAX_BODY_BYTES,

@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.worker.decoding.constrain import COMPILER, Constraint, closed, grammar_parts
 from router.worker.decoding.tools import ToolStream, fallback_syntax
 from router.worker.request.protocol import parse_request

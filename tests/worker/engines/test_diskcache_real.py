@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from router.lanes.modelprep import DEFAULT_MODEL_NAME
-from router.worker_contract import CACHE_PARTITION_HEADER
+from router.kernel.worker_contract import CACHE_PARTITION_HEADER
 from tests.worker.conftest import WorkerProcess, start_worker, worker_command
 
 pytestmark = pytest.mark.realmodel

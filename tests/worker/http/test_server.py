@@ -16,7 +16,7 @@ import pytest
 from router.worker.http import server as server_module
 from router.worker.http.server import WorkerInfo, make_app, start_site
 from router.worker.request.protocol import GenerationRequest
-from router.worker_contract import STREAM_USAGE_FIELD, WORKER_SECRET_HEADER
+from router.kernel.worker_contract import STREAM_USAGE_FIELD, WORKER_SECRET_HEADER
 from tests.worker.scripted import ScriptedEngine
 
 MODEL = "scripted-model"
@@ -439,7 +439,7 @@ async def test_a_call_being_written_still_shows_progress(monkeypatch: pytest.Mon
 
 
 async def test_the_partition_header_reaches_the_job_and_a_malformed_one_is_a_400() -> None:
-    from router.worker_contract import CACHE_PARTITION_HEADER
+    from router.kernel.worker_contract import CACHE_PARTITION_HEADER
 
     engine = ScriptedEngine("ok")
     async with serving(engine) as url:
@@ -501,7 +501,7 @@ async def test_a_body_past_the_limit_is_a_413_in_the_openai_shape() -> None:
 def test_the_default_body_limit_is_the_routers() -> None:
     from router.config.settings import Settings
     from router.worker.main import parse_args
-    from router.worker_contract import DEFAULT_MAX_BODY_BYTES
+    from router.kernel.worker_contract import DEFAULT_MAX_BODY_BYTES
 
     assert Settings.model_fields["max_body_bytes"].default == DEFAULT_MAX_BODY_BYTES
     assert parse_args(["--mode", "batching", "--model", "/m"]).max_body_bytes == (

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.worker.request.protocol import (
     DEFAULT_TEMPERATURE,
     MAX_DRAFT_TOKENS,
@@ -451,7 +451,7 @@ def test_a_conversation_folds_the_same_way_on_every_turn() -> None:
 
 def test_the_lanes_fold_escapes_what_could_close_or_forge_a_note() -> None:
     # The note's own text closing it early, a user message and a tool result holding a note
-    # byte-identical to a folded one: each tag gets a backslash (router.system_messages).
+    # byte-identical to a folded one: each tag gets a backslash (router.kernel.system_messages).
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     got = roles(
         [

@@ -6,7 +6,7 @@ import aiohttp
 import orjson
 import pytest
 
-from router.errors import dump_body, from_upstream_body, render, unauthorized
+from router.kernel.errors import dump_body, from_upstream_body, render, unauthorized
 from tests.conftest import router_settings, run_router
 from tests.fakes.replay import ReplayUpstream, load
 

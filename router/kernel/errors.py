@@ -15,7 +15,7 @@ from typing import Literal
 
 import orjson
 
-from router import sse
+from router.kernel import sse
 from router.config.names import CLIENT_HEADER, ERROR_SOURCE_HEADER
 
 Source = Literal["router", "upstream"]
