@@ -30,6 +30,7 @@ from router.config.policies import Policy
 from router.config.presets import PresetSpec
 from router.config.settings import BackendSpec, LanesSettings, ModelEntry, Settings, load_settings
 from router.config.speculation import SpecOverrides, SpecSettings
+from router.kernel import errors as kernel_errors
 from router.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,9 +251,12 @@ def test_documented_worker_flags_exist() -> None:
 
 
 def header_names() -> set[str]:
+    """The router's headers (config/names.py) and the one both programs send (the error
+    core's source header)."""
     return {
         value
-        for name, value in vars(names).items()
+        for module in (names, kernel_errors)
+        for name, value in vars(module).items()
         if name.endswith("_HEADER") and isinstance(value, str)
     }
 
@@ -266,7 +270,9 @@ def test_every_header_is_documented_and_no_documented_header_is_gone() -> None:
         "headers missing from docs/routing.md's tables"
     )
     mentioned = set(re.findall(r"X-Speclane-[A-Za-z]+(?:-[A-Za-z]+)*", text))
-    from router.kernel import worker_contract as contract  # router -> lane headers: the worker contract's
+    from router.kernel import (
+        worker_contract as contract,  # router -> lane headers: the worker contract's
+    )
 
     internal = {
         value

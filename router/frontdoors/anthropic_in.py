@@ -21,9 +21,9 @@ from typing import Any
 
 import orjson
 
-from router.kernel.errors import bad_request
 from router.frontdoors import anthropic_context
 from router.frontdoors.common import counted, str_field
+from router.kernel.errors import bad_request
 from router.kernel.request_rules import typed
 
 MAX_STOP_SEQUENCES = 16

@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 
-from router.kernel.errors import bad_request
 from router.frontdoors.common import str_field
+from router.kernel.errors import bad_request
 from router.kernel.request_rules import typed
 from router.routing.types import Endpoint
 

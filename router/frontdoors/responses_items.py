@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from multidict import MultiMapping
 
-from router.kernel.errors import bad_request
 from router.frontdoors import responses_compact
+from router.kernel.errors import bad_request
 from router.kernel.request_rules import ascii_int
 
 DEFAULT_LIMIT = 20

@@ -34,6 +34,7 @@ import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from router.config.settings import LanesSettings
+from router.kernel.worker_contract import RING_SETUP_FAILED
 from router.lanes.figures import WorkerFigures
 from router.lanes.memory import process_memory, tree_memory
 from router.lanes.process import WorkerCommand, WorkerProcess, build_worker_command
@@ -49,7 +50,6 @@ from router.lanes.status import (
     lane_health,
 )
 from router.metrics import Metrics
-from router.kernel.worker_contract import RING_SETUP_FAILED
 
 __all__ = [
     "LaneState",

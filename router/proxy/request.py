@@ -29,10 +29,14 @@ from router.kernel.request_rules import (
     too_deep,
     typed,
 )
+from router.kernel.system_messages import fold_json, needs_fold
+from router.kernel.worker_contract import (
+    DRAFT_SOURCE_FIELD,
+    DRAFT_TOKENS_FIELD,
+    REQUEST_DRAFT_SOURCES,
+)
 from router.routing.types import Endpoint, RouteRequest
 from router.speculation.families import classify_family
-from router.kernel.system_messages import fold_json, needs_fold
-from router.kernel.worker_contract import DRAFT_SOURCE_FIELD, DRAFT_TOKENS_FIELD, REQUEST_DRAFT_SOURCES
 
 MAX_TOKENS_LIMIT = 1_000_000
 

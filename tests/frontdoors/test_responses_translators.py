@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from router.kernel.errors import RouterError
 from router.frontdoors import responses_in
 from router.frontdoors.responses_out import ResponsesEgress
 from router.frontdoors.responses_store import ResponseStore
+from router.kernel.errors import RouterError
 from router.kernel.sse import json_events as openai_events
 from tests.fuzzing import examples
 

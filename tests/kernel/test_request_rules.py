@@ -9,7 +9,6 @@ import orjson
 import pytest
 
 from router.kernel.errors import RouterError
-from router.proxy.request import parse_request as router_parse
 from router.kernel.request_rules import (
     MAX_JSON_DEPTH,
     MAX_LOGIT_BIAS,
@@ -24,7 +23,8 @@ from router.kernel.request_rules import (
     too_deep,
     typed,
 )
-from router.worker.request.protocol import parse_request as worker_parse
+from router.proxy.request import parse_request as router_parse
+from router.worker.request.protocol import parse_generation_request as worker_parse
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -149,7 +149,7 @@ class GenerationRequest:
         return bool(self.tools) and self.tool_choice != "none"
 
 
-def parse_request(body: Any, kind: Kind) -> GenerationRequest:
+def parse_generation_request(body: Any, kind: Kind) -> GenerationRequest:
     if not isinstance(body, Mapping):
         raise bad_request("the request body must be a JSON object")
     source: dict[str, Any] = (
