@@ -18,7 +18,7 @@ from router.kernel.errors import RouterError
 from router.lanes.view import every_lane, layout, workers
 from router.proxy.admin_auth import require_admin
 from router.proxy.middleware import expect_handler
-from router.services import Services, bind
+from router.proxy.services import Services, bind
 
 
 def lanes_view(services: Services) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from router.proxy.normalise import normalise
 from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
-from router.services import Services, bind
+from router.proxy.services import Services, bind
 
 
 def anthropic_key(request: web.Request) -> str | None:

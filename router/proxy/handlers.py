@@ -31,6 +31,7 @@ from router.proxy.outcome import Outcome
 from router.proxy.partition import wire_token
 from router.proxy.relay import BodyFor, Egress, Stop
 from router.proxy.request import ParsedRequest, parse_request
+from router.proxy.services import Services, bind
 from router.proxy.telemetry import SpecClaim
 from router.routing.affinity import fingerprints
 from router.routing.classify import (
@@ -44,7 +45,6 @@ from router.routing.classify import (
 from router.routing.prefixwatch import REASON as PREFIX_REASON
 from router.routing.speculate import asked_source
 from router.routing.types import Candidate, Endpoint
-from router.services import Services, bind
 
 if TYPE_CHECKING:  # handed in by router.app: lanes/ sits beside proxy/
     from router.lanes.models import ModelManager

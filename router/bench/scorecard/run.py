@@ -26,11 +26,10 @@ from router.bench.scorecard.plan import (
     MatrixSpec,
     Plan,
     fit,
-    speeds_from,
 )
 from router.bench.scorecard.progress import Progress, clock
 from router.bench.scorecard.prompts import prompt_for
-from router.bench.scorecard.records import CellRun, Measurement
+from router.bench.scorecard.records import CellRun, Measurement, speeds_from
 from router.bench.scorecard.report import Result
 from router.bench.scorecard.score import Thresholds
 from router.config.names import CLIENT_HEADER, DECISION_HEADER, LANE_HEADER
