@@ -23,9 +23,9 @@ from typing import Any
 
 import aiohttp
 
+from router.kernel.worker_contract import READY_PREFIX
 from router.lanes.blas import openblas_path, preload_env
 from router.lanes.modelprep import ensure_default_models
-from router.worker_contract import READY_PREFIX
 
 PROMPTS = {
     "fact": "What is the capital of France? Answer in two sentences.",

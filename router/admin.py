@@ -14,11 +14,11 @@ from typing import Any
 from aiohttp import web
 
 from router.backends.status import backend_status
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.lanes.view import every_lane, layout, workers
 from router.proxy.admin_auth import require_admin
 from router.proxy.middleware import expect_handler
-from router.services import Services, bind
+from router.proxy.services import Services, bind
 
 
 def lanes_view(services: Services) -> dict[str, Any]:

@@ -27,11 +27,11 @@ from router.config.settings import Settings
 from router.frontdoors.handlers import setup_frontdoor_routes
 from router.frontdoors.responses_running import RunningResponses
 from router.frontdoors.responses_store import ResponseStore
+from router.history import History, history_sampling
 from router.lanes.group import start_lanes
 from router.lanes.models import ModelManager, catalog_for, memory_budget
 from router.lanes.process import prompt_cache_dir
 from router.metrics import Metrics
-from router.observability.history import History, history_sampling
 from router.observability.status import setup_status_routes
 from router.proxy.accesslog import AccessLog
 from router.proxy.admission import ConcurrencyLimiter
@@ -43,10 +43,10 @@ from router.proxy.offload import CpuPool
 from router.proxy.partition import keep_key_in
 from router.proxy.policy_watch import PolicyWatcher
 from router.proxy.relay import Relay
+from router.proxy.services import Services
 from router.proxy.telemetry import SpecTelemetry
 from router.routing.load import gate_for
 from router.routing.state import RoutingState
-from router.services import Services
 from router.upstream.client import Http1Pool
 
 log = logging.getLogger("speclane")

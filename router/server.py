@@ -27,7 +27,7 @@ from router.proxy.connections import FD_RESERVE, GuardedRunner, connection_cap, 
 from router.proxy.hosts import WILDCARD_BINDS
 from router.proxy.localtoken import remove_token, write_token
 from router.proxy.relay import Relay
-from router.services import Services
+from router.proxy.services import Services
 
 log = logging.getLogger("speclane")
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from router.app import Wired, wire
 from router.config.settings import Settings, load_settings
-from router.services import Services
+from router.proxy.services import Services
 from tests.fakes.upstream import FakeUpstream
 
 # The tiers (fast by default, realmodel, clients) and the guard that keeps the fast one fast;
@@ -27,7 +27,7 @@ pytest_plugins = ["tests.tiers", "tests.realmodel", "tests.reliability.summary"]
 @dataclass
 class RunningRouter:
     app: web.Application
-    services: Services  # what the app's handlers were handed (router.services)
+    services: Services  # what the app's handlers were handed (router.proxy.services)
     port: int
     # Clients handed out, closed when the router stops: an AsyncOpenAI left open is closed
     # by its finaliser whenever the GC finds it, often in a later test on another (closed)

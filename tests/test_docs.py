@@ -30,6 +30,7 @@ from router.config.policies import Policy
 from router.config.presets import PresetSpec
 from router.config.settings import BackendSpec, LanesSettings, ModelEntry, Settings, load_settings
 from router.config.speculation import SpecOverrides, SpecSettings
+from router.kernel import errors as kernel_errors
 from router.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +44,7 @@ README_MAX_LINES = 300
 
 # speclane_* words in the documentation that are not metrics.
 # The draft statistics in a lane answer's usage, and the field a stream carries them in when
-# its client asked for no usage (router.worker_contract.STREAM_USAGE_FIELD).
+# its client asked for no usage (router.kernel.worker_contract.STREAM_USAGE_FIELD).
 NOT_METRICS = {"speclane_spec", "speclane_usage"}
 # Keys of [spec] that a policy cannot override (configuration.md says so).
 GLOBAL_ONLY_SPEC = {"scrape_interval", "max_keys"}
@@ -234,7 +235,7 @@ def test_documented_worker_flags_exist() -> None:
     """docs/lanes.md names the lane worker's flags beside the [lanes] settings."""
     import argparse
 
-    from router.worker_contract import add_worker_flags
+    from router.kernel.worker_contract import add_worker_flags
 
     parser = argparse.ArgumentParser()
     add_worker_flags(parser, required=False)
@@ -250,9 +251,12 @@ def test_documented_worker_flags_exist() -> None:
 
 
 def header_names() -> set[str]:
+    """The router's headers (config/names.py) and the one both programs send (the error
+    core's source header)."""
     return {
         value
-        for name, value in vars(names).items()
+        for module in (names, kernel_errors)
+        for name, value in vars(module).items()
         if name.endswith("_HEADER") and isinstance(value, str)
     }
 
@@ -266,7 +270,9 @@ def test_every_header_is_documented_and_no_documented_header_is_gone() -> None:
         "headers missing from docs/routing.md's tables"
     )
     mentioned = set(re.findall(r"X-Speclane-[A-Za-z]+(?:-[A-Za-z]+)*", text))
-    from router import worker_contract as contract  # router -> lane headers: the worker contract's
+    from router.kernel import (
+        worker_contract as contract,  # router -> lane headers: the worker contract's
+    )
 
     internal = {
         value

@@ -1,7 +1,10 @@
 """The package imports downward only, and no module imports itself back through others.
 
 Each folder of ``router/`` sits on a floor; a module may import one on a lower floor, or one of
-its own folder. Imports the type checker alone sees (``if TYPE_CHECKING:``) do not count.
+its own folder. Every import counts, those the type checker alone sees (``if TYPE_CHECKING:``)
+too: a cycle of types is a cycle. Two programs share the package, on one kernel: the lane
+worker (``router/worker/``) imports the kernel alone, and the router reaches the worker only
+through the command that runs it.
 """
 
 from __future__ import annotations
@@ -12,61 +15,72 @@ from pathlib import Path
 
 ROUTER = Path(__file__).resolve().parents[1] / "router"
 
-# Longest prefix wins. Floor 0 are leaves: they import nothing of speclane's at run time.
+# Longest prefix wins. Floor 0 are leaves: they import nothing of speclane's.
 FLOORS: dict[str, int] = {
     "router": 0,  # __init__: the version
+    # The kernel: what both programs (the router and the lane worker) import. Its leaves: the
+    # contract between them, SSE, the system-message fold.
+    "router.kernel.worker_contract": 0,
+    "router.kernel.sse": 0,
+    "router.kernel.system_messages": 0,
+    # The router's leaves.
     "router.config.names": 0,
     "router.config.suggest": 0,
-    "router.worker_contract": 0,
     "router.metrics": 0,
-    # The services handed to every handler: types only, for the type checker.
-    "router.services": 0,
-    "router.sse": 0,
     "router.periodic": 0,
     "router.observability.escape": 0,
     # The request family: a pure leaf that both routing and speculation read.
     "router.speculation.families": 0,
-    "router.errors": 1,
-    # The upstream client: speaks HTTP/1.1 to upstreams, knows nothing of the edge above it.
+    # The Responses door's state, held by the services below the doors.
+    "router.frontdoors.responses_store": 0,
+    "router.frontdoors.responses_running": 0,
+    # The kernel's error core, request field rules and group rules.
+    "router.kernel": 1,
+    # The lane worker, bottom up, on the kernel alone: the request every layer reads; what
+    # the model may emit (grammars, tool calls, stops); the draft sources and their choice;
+    # the engines that run them; the distributed lane and the HTTP side on top; main.py
+    # wiring them.
+    "router.worker.request": 2,
+    "router.worker.decoding": 3,
+    "router.worker.drafting": 4,
+    "router.worker.engines": 5,
+    "router.worker.group": 6,
+    "router.worker.http": 6,
+    "router.worker": 7,
+    # The router, bottom up. The upstream client: speaks HTTP/1.1 to upstreams, knows
+    # nothing of the edge above it; the status page's history of the metrics.
     "router.upstream": 1,
+    "router.history": 1,
     "router.config": 2,
-    "router.request_rules": 2,
     "router.routing": 3,
     "router.speculation": 3,
-    # The lane worker, bottom up: the request every layer reads; what the model may emit
-    # (grammars, tool calls, stops); the draft sources and their choice; the engines that
-    # run them; the distributed lane and the HTTP side on top; main.py wiring them.
-    "router.worker.request": 3,
-    "router.worker.decoding": 4,
-    "router.worker.drafting": 5,
-    "router.worker.engines": 6,
-    "router.worker.group": 7,
-    "router.worker.http": 7,
-    "router.worker": 8,
-    "router.backends": 9,
-    "router.lanes": 10,
-    "router.proxy": 10,
-    "router.admin": 11,
-    "router.bench": 11,
-    "router.bench.common": 11,
-    "router.frontdoors": 11,
+    "router.backends": 4,
+    "router.lanes": 5,
+    # The edge, with the services it hands every handler (router.proxy.services).
+    "router.proxy": 6,
+    "router.admin": 7,
+    "router.bench": 7,
+    "router.bench.common": 7,
+    "router.frontdoors": 7,
     # Each benchmark reads the shared pieces below it, never another benchmark.
-    "router.bench.scorecard": 12,
-    "router.bench.overhead": 12,
-    "router.bench.agent": 12,
-    "router.bench.sources": 12,
-    "router.bench.lanes": 12,
-    "router.bench.cold": 12,
-    "router.bench.prefill": 12,
-    "router.bench.session": 12,
-    "router.bench.distributed": 12,
-    "router.observability": 12,
-    "router.app": 13,
-    "router.server": 14,
+    "router.bench.scorecard": 8,
+    "router.bench.overhead": 8,
+    "router.bench.agent": 8,
+    "router.bench.sources": 8,
+    "router.bench.lanes": 8,
+    "router.bench.cold": 8,
+    "router.bench.prefill": 8,
+    "router.bench.session": 8,
+    "router.bench.distributed": 8,
+    "router.observability": 8,
+    "router.app": 9,
+    "router.server": 10,
     # Every command's entry point: above the server it starts.
-    "router.cli": 15,
-    "router.__main__": 16,
+    "router.cli": 11,
+    "router.__main__": 12,
 }
+# The one way from the router into the lane worker: the command that runs it.
+WORKER_COMMAND = ("router.cli.worker", "router.worker.main")
 
 
 def module_name(path: Path) -> str:
@@ -84,16 +98,12 @@ def floor(module: str) -> tuple[int, str]:
     raise AssertionError(f"{module} has no floor in FLOORS")
 
 
-def runtime_imports(path: Path) -> set[str]:
+def imports(path: Path) -> set[str]:
+    """Every module of ours ``path`` imports: at run time, inside a function, or for the
+    type checker alone."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped.update(id(n) for child in node.body for n in ast.walk(child))
     found = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         is_ours = isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "router"
         if isinstance(node, ast.ImportFrom) and node.module and is_ours:
             found.add(node.module)
@@ -104,13 +114,13 @@ def runtime_imports(path: Path) -> set[str]:
     return found
 
 
-@functools.cache  # parsed once for the four tests, which only read it
+@functools.cache  # parsed once for the tests, which only read it
 def graph() -> dict[str, set[str]]:
     modules = {module_name(p): p for p in ROUTER.rglob("*.py")}
     edges = {}
     for name, path in modules.items():
         targets = set()
-        for imported in runtime_imports(path):
+        for imported in imports(path):
             while imported not in modules and "." in imported:  # `from pkg import module`
                 imported = imported.rsplit(".", 1)[0]
             if imported in modules and imported != name:
@@ -191,3 +201,50 @@ def test_floors_name_no_module_inside_a_folder_but_leaves() -> None:
         parent = prefix.rsplit(".", 1)[0]
         if parent in folders and parent != "router" and prefix not in folders:
             assert level == 0, f"{prefix} is floor {level} inside {parent}: only leaves may differ"
+
+
+def program(module: str) -> str:
+    """Which program a module belongs to: the kernel both share, the lane worker, the router."""
+    for prefix in ("router.kernel", "router.worker"):
+        if module == prefix or module.startswith(prefix + "."):
+            return prefix.removeprefix("router.")
+    return "router"
+
+
+def test_the_kernel_imports_neither_program() -> None:
+    wrong = [
+        f"{source} imports {target}"
+        for source, targets in graph().items()
+        if program(source) == "kernel"
+        for target in targets
+        if program(target) != "kernel" and target != "router"
+    ]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_lane_worker_imports_only_itself_and_the_kernel() -> None:
+    wrong = [
+        f"{source} imports {target}"
+        for source, targets in graph().items()
+        if program(source) == "worker"
+        for target in targets
+        if program(target) == "router" and target != "router"
+    ]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_router_reaches_the_worker_only_through_its_command() -> None:
+    wrong = [
+        f"{source} imports {target}"
+        for source, targets in graph().items()
+        if program(source) == "router"
+        for target in targets
+        if program(target) == "worker" and (source, target) != WORKER_COMMAND
+    ]
+    assert not wrong, "\n".join(sorted(wrong))
+    assert WORKER_COMMAND[1] in graph()[WORKER_COMMAND[0]]  # the rule names a real import
+
+
+def test_type_checking_imports_count() -> None:
+    """An import the type checker alone sees is an edge of the graph like any other."""
+    assert "router.proxy.relay" in graph()["router.proxy.services"]

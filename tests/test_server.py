@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from router.cli.serve import parse_args, settings_from_args
+from router.kernel.worker_contract import MODULE
 from router.lanes import group
 from router.lanes.modelprep import ensure_default_models
 from router.server import run
-from router.worker_contract import MODULE
 
 FAKE_WORKER = Path(__file__).parent / "fakes" / "fake_worker.py"
 

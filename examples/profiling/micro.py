@@ -6,11 +6,11 @@ from __future__ import annotations
 import timeit
 
 from router.bench.common.upstream import stream_body, stream_events
+from router.kernel.sse import SSETail
 from router.proxy import relay as relay_mod
 from router.proxy.request import parse_request
 from router.routing.affinity import fingerprints
 from router.speculation.families import classify_family
-from router.sse import SSETail
 
 RAW = stream_body(7)
 CHUNK = b"".join(stream_events(7))

@@ -19,6 +19,7 @@ from multidict import CIMultiDict
 from router.app import wire
 from router.bench.common.upstream import stream_body, stream_events
 from router.config.settings import load_settings
+from router.kernel.sse import SSETail
 from router.proxy import observe
 from router.proxy.accesslog import record_of
 from router.proxy.handlers import decide, identify
@@ -26,7 +27,6 @@ from router.proxy.headers import decision_headers
 from router.proxy.outcome import Outcome
 from router.proxy.request import parse_request
 from router.proxy.telemetry import SpecClaim
-from router.sse import SSETail
 
 RAW = stream_body(7)
 CHUNK = b"".join(stream_events(7))

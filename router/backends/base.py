@@ -17,8 +17,8 @@ from typing import Any
 from router.backends.cooldown import Cooldown
 from router.config.names import LaneName
 from router.config.settings import BackendSpec, CooldownSettings
+from router.kernel.worker_contract import WORKER_SECRET_HEADER
 from router.routing.types import BackendView
-from router.worker_contract import WORKER_SECRET_HEADER
 
 SPECLANE_KIND = "speclane"  # the parser/quirks kind of speclane's own lane workers
 
@@ -31,8 +31,8 @@ class Backend:
     cooldown: Cooldown
     lane: LaneName | None = None
     api_key: str | None = field(default=None, repr=False)
-    # A lane: the secret its worker answers to (router.worker_contract), sent on every request
-    # to it; never shown (the admin views list fields by name, none of them this).
+    # A lane: the secret its worker answers to (router.kernel.worker_contract), sent on every
+    # request to it; never shown (the admin views list fields by name, none of them this).
     worker_secret: str | None = field(default=None, repr=False)
     configured_models: frozenset[str] = frozenset()
     connect_timeout: float = 5.0

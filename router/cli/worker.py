@@ -1,5 +1,5 @@
 """``speclane worker``: one MLX lane worker, the program ``serve`` spawns as
-``python -m router.worker`` (its flags: ``router.worker_contract``)."""
+``python -m router.worker`` (its flags: ``router.kernel.worker_contract``)."""
 
 from __future__ import annotations
 

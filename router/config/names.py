@@ -24,7 +24,6 @@ OVERHEAD_HEADER = "X-Speclane-Overhead-Ms"
 QUEUE_HEADER = "X-Speclane-Queue-Ms"
 LOAD_HEADER = "X-Speclane-Load-Ms"  # only when the request waited for its model to load
 ATTEMPTS_HEADER = "X-Speclane-Attempts"
-ERROR_SOURCE_HEADER = "X-Speclane-Error-Source"
 
 # The prompt-normalisation rules (``router.proxy.normalise``): a policy's
 # ``normalise_prompts`` lists those it applies, and each is the ``reason`` of

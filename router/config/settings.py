@@ -37,7 +37,7 @@ from router.config.policydir import default_policies_dir, relative_to_config
 from router.config.presets import DEFAULT_PRESETS, PresetSpec
 from router.config.routing import RoutingRules
 from router.config.speculation import SpecSettings
-from router.worker_contract import (
+from router.kernel.worker_contract import (
     DEFAULT_CHUNK_SECONDS,
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_PREFILL_STEP_SIZE,
@@ -71,7 +71,7 @@ class BackendSpec(Frozen):
     drain_on_abort: bool = False  # let generation finish upstream when the client leaves
     max_concurrency: int | None = Field(default=None, ge=1)
     # fold: system and developer messages after the first become notes in place, as the
-    # lanes do (router.system_messages), since the chat templates these servers render
+    # lanes do (router.kernel.system_messages), since the chat templates these servers render
     # (Qwen's among them) refuse a system message that is not first; as_is: forwarded as
     # sent. Default: as_is for kind openai (a hosted API takes them), fold for the others.
     system_messages: Literal["fold", "as_is"] = "fold"

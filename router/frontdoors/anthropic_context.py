@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from router.errors import bad_request
+from router.kernel.errors import bad_request
 
 CLEAR_TOOL_USES = "clear_tool_uses_20250919"
 CLEAR_THINKING = "clear_thinking_20251015"

@@ -3,7 +3,7 @@
 What maps where: ``system`` (a string or text blocks) is the first, system message; a
 ``system`` entry inside ``messages`` (Claude Code's mid-conversation system messages) stays a
 system message in its place (the lanes, and the proxy for a backend set to fold, fold it
-into the prompt: ``router.system_messages``); text blocks join into one string (the
+into the prompt: ``router.kernel.system_messages``); text blocks join into one string (the
 lanes take text only); ``image`` blocks become OpenAI image
 parts (the MLX lanes refuse those with a 400; a vision backend takes them); an assistant's
 ``tool_use`` blocks become its ``tool_calls``; a user's ``tool_result`` blocks become ``tool``
@@ -21,10 +21,10 @@ from typing import Any
 
 import orjson
 
-from router.errors import bad_request
 from router.frontdoors import anthropic_context
 from router.frontdoors.common import counted, str_field
-from router.request_rules import typed
+from router.kernel.errors import bad_request
+from router.kernel.request_rules import typed
 
 MAX_STOP_SEQUENCES = 16
 DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})

@@ -20,8 +20,6 @@ from typing import Any
 
 import orjson
 
-from router import errors, sse
-from router.errors import RouterError
 from router.frontdoors.common import (
     dict_of,
     first_choices,
@@ -30,7 +28,10 @@ from router.frontdoors.common import (
     translate_events,
     whole_call,
 )
-from router.sse import event_json
+from router.kernel import errors, sse
+from router.kernel.errors import RouterError
+from router.kernel.sse import event_json
+from router.proxy import doorerrors
 
 STREAM_CONTENT_TYPE = "text/event-stream"
 
@@ -204,7 +205,7 @@ class AnthropicEgress:
         if self._ended:
             return b""
         self._ended = True
-        return errors.stream_error(err, "anthropic")
+        return doorerrors.stream_error(err, "anthropic")
 
     def keep_alive(self, note: str) -> bytes:
         # Anthropic's own keep-alive; its SDKs skip it, before message_start too.

@@ -8,10 +8,10 @@ from typing import Any
 
 import orjson
 
-from router import errors, sse
-from router.errors import RouterError, bad_request
+from router.kernel import errors, sse
+from router.kernel.errors import RouterError, bad_request
+from router.kernel.request_rules import too_deep
 from router.proxy.request import ParsedRequest, parse_request
-from router.request_rules import too_deep
 from router.routing.types import Endpoint
 
 # What a lane renders into the prompt (the messages, the tools and how they may be called),

@@ -21,13 +21,13 @@ from typing import Any
 import aiohttp
 import orjson
 
-from router import errors
 from router.backends.base import Backend
 from router.config.policies import Policy
-from router.errors import RouterError
 from router.frontdoors.tokencount import post_for_count
+from router.kernel import errors
+from router.kernel.errors import RouterError
 from router.proxy.outcome import Outcome
-from router.services import Services
+from router.proxy.services import Services
 
 COUNT_TIMEOUT = 30.0
 CHARS_PER_TOKEN = 4  # English text under a BPE vocabulary, roughly

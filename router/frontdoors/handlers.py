@@ -3,7 +3,7 @@
 Generation requests run the OpenAI endpoints' pipeline (``router.proxy.handlers.proxy``:
 client identification, policies, admission, classification, lanes, overrides, relay,
 telemetry, decision headers) with a translator; errors are rendered in each API's shape by
-the error middleware, which knows the API by the path (``errors.api_for_path``).
+the error middleware, which knows the API by the path (``doorerrors.api_for_path``).
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from router import errors
 from router.config.policies import Policy
-from router.errors import RouterError
 from router.frontdoors import anthropic_in, anthropic_out, ollama_in, ollama_info
 from router.frontdoors.anthropic_out import AnthropicEgress
 from router.frontdoors.common import to_parsed
 from router.frontdoors.ollama_out import Kind, OllamaEgress, now_iso
 from router.frontdoors.responses_http import setup_responses_routes
 from router.frontdoors.tokencount import count_on_lane
+from router.kernel import errors
+from router.kernel.errors import RouterError
 from router.proxy import observe
 from router.proxy.accesslog import record_of
 from router.proxy.body import read_object, read_raw
@@ -36,7 +36,7 @@ from router.proxy.normalise import normalise
 from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
-from router.services import Services, bind
+from router.proxy.services import Services, bind
 
 
 def anthropic_key(request: web.Request) -> str | None:

@@ -20,9 +20,9 @@ from typing import Any
 
 import orjson
 
-from router.errors import bad_request
 from router.frontdoors.common import str_field
-from router.request_rules import typed
+from router.kernel.errors import bad_request
+from router.kernel.request_rules import typed
 from router.routing.types import Endpoint
 
 _OPTION_MAP = {
@@ -139,7 +139,7 @@ def _logprobs(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any]:
 
 
 # ASCII digits only, as Go's time.ParseDuration: float() and ``\d`` would also take "٣",
-# "1_0", "1e3" or "inf" (the one strict way of router.request_rules.ascii_int, for decimals).
+# "1_0", "1e3" or "inf" (the one strict way of router.kernel.request_rules.ascii_int, for decimals).
 _NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
 _BARE_NUMBER = re.compile(_NUMBER)
 _DURATION_PART = re.compile(rf"({_NUMBER})(ns|us|µs|ms|s|m|h)")

@@ -21,8 +21,6 @@ from typing import Any, Literal
 
 import orjson
 
-from router import errors
-from router.errors import RouterError
 from router.frontdoors.common import (
     Pieces,
     arguments_object,
@@ -33,6 +31,9 @@ from router.frontdoors.common import (
     translate_events,
     whole_call,
 )
+from router.kernel import errors
+from router.kernel.errors import RouterError
+from router.proxy import doorerrors
 
 log = logging.getLogger("speclane.frontdoors")
 STREAM_CONTENT_TYPE = "application/x-ndjson"
@@ -171,7 +172,7 @@ class OllamaEgress:
         if self._ended:
             return b""
         self._ended = True
-        return errors.stream_error(err, "ollama")
+        return doorerrors.stream_error(err, "ollama")
 
     # --- the stream's state --------------------------------------------------------------
 

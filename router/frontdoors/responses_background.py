@@ -18,15 +18,15 @@ from typing import Any
 
 from aiohttp import web
 
-from router import errors
-from router.errors import RouterError
 from router.frontdoors import responses_in, responses_items
 from router.frontdoors.common import to_parsed
 from router.frontdoors.responses_out import ResponsesEgress
-from router.frontdoors.responses_running import Running, missing
+from router.frontdoors.responses_running import Running
+from router.kernel import errors
+from router.kernel.errors import RouterError
 from router.proxy.handlers import Inbound, Translate, proxy
 from router.proxy.relay import Stop
-from router.services import Services
+from router.proxy.services import Services
 
 log = logging.getLogger("speclane.responses")
 
@@ -67,7 +67,7 @@ async def start(
     if previous is not None:
         entry = store.get(client, previous)
         if entry is None:
-            raise missing(previous, "previous_response_id")
+            raise responses_in.missing(previous, "previous_response_id")
         history, size = entry.messages, size + entry.size
     # Every 400 now, before the answer; over a long stored conversation, off the loop.
     req = await services.cpu.run(size, responses_in.to_openai, body, history)
@@ -89,7 +89,7 @@ async def start(
         save(egress.shell("in_progress"), list(req.conversation))
         return parsed, egress
 
-    task = asyncio.create_task(_run(services, request, translate, stop, entry_, client))
+    task = asyncio.create_task(_run(services, request, translate, stop, egress, client))
     stop.task = task
     running.track(task)
     return web.json_response(queued)
@@ -100,12 +100,11 @@ async def _run(
     request: web.Request,
     translate: Translate,
     stop: Stop,
-    entry: Running,
+    egress: ResponsesEgress,
     client: str,
 ) -> None:
     """The response's whole life, its request already answered: ``request`` gives the
     pipeline its client's headers and the body aiohttp read."""
-    egress = entry.egress
     try:
         await proxy(services, request, "chat", api="responses", translate=translate, stop=stop)
         if egress.final is None:  # nothing translated an answer: not one the door knows

@@ -19,7 +19,7 @@ import binascii
 import uuid
 from typing import Any
 
-from router.errors import bad_request
+from router.kernel.errors import bad_request
 
 TRIGGER = "compaction_trigger"
 ITEMS = frozenset({"compaction", "compaction_summary"})  # what clients send the item back as

@@ -14,18 +14,18 @@ import time
 
 from aiohttp import web
 
-from router.errors import RouterError
 from router.frontdoors import responses_background, responses_in, responses_items, responses_ops
 from router.frontdoors.common import to_parsed
 from router.frontdoors.responses_out import ResponsesEgress
-from router.frontdoors.responses_running import Running, missing
+from router.frontdoors.responses_running import Running
+from router.kernel.errors import RouterError
 from router.proxy.body import read_object
 from router.proxy.handlers import Inbound, owner, proxy
 from router.proxy.relay import Stop
 from router.proxy.request import load_object
-from router.services import Services, bind
+from router.proxy.services import Services, bind
 
-_missing = missing
+_missing = responses_in.missing
 
 
 async def create(services: Services, request: web.Request) -> web.StreamResponse:

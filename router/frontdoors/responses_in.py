@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.errors import bad_request
 from router.frontdoors import responses_compact
 from router.frontdoors.common import str_field
+from router.kernel.errors import RouterError, bad_request, not_found
 
 MAX_INPUT_ITEMS = 4096
 MAX_TOOLS = 128  # the lanes' limit, and OpenAI's
@@ -79,6 +79,16 @@ def previous_id(body: dict[str, Any]) -> str | None:
             "'previous_response_id' must be a response id", param="previous_response_id"
         )
     return value
+
+
+def missing(resp_id: str, param: str | None = None) -> RouterError:
+    # The same answer for an id that never existed, one evicted, and another client's.
+    return not_found(
+        f"Response with id '{resp_id[:256]}' not found (responses are "
+        "kept in memory, per client, and the oldest are evicted)",
+        param=param,
+        code="response_not_found",
+    )
 
 
 def to_openai(

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 from multidict import MultiMapping
 
-from router.errors import bad_request
 from router.frontdoors import responses_compact
-from router.request_rules import ascii_int
+from router.kernel.errors import bad_request
+from router.kernel.request_rules import ascii_int
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100

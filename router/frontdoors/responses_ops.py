@@ -20,20 +20,21 @@ from typing import Any
 
 from aiohttp import web
 
-from router import errors
-from router.errors import RouterError
 from router.frontdoors import responses_in, responses_items
 from router.frontdoors.common import counted
 from router.frontdoors.externalcount import count_on_backend
-from router.frontdoors.responses_running import CANCEL_WAIT, missing
+from router.frontdoors.responses_in import missing
+from router.frontdoors.responses_running import CANCEL_WAIT
 from router.frontdoors.tokencount import count_on_lane, tokenizing_lane
+from router.kernel import errors
+from router.kernel.errors import RouterError
 from router.proxy import observe
 from router.proxy.accesslog import record_of
 from router.proxy.connections import read_body
 from router.proxy.handlers import owner
 from router.proxy.outcome import Outcome
 from router.proxy.request import load_object
-from router.services import Services
+from router.proxy.services import Services
 
 # Fields of a create request that do not change what the prompt holds: dropped before the
 # request is translated for a count.

@@ -22,11 +22,11 @@ from typing import Any
 
 import orjson
 
-from router import errors, sse
-from router.errors import RouterError
 from router.frontdoors import responses_compact
 from router.frontdoors.common import Pieces, first_choices, logprob_entries, translate_events
 from router.frontdoors.responses_in import ResponsesRequest
+from router.kernel import errors, sse
+from router.kernel.errors import RouterError
 
 STREAM_CONTENT_TYPE = "text/event-stream"
 # What a finished response leaves for previous_response_id: (the response object, the

@@ -13,31 +13,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any
-
-from router import errors
-from router.frontdoors.responses_out import ResponsesEgress
-from router.proxy.relay import Stop
+from typing import Any, Protocol
 
 # How long a cancel waits for the response to end before it answers (the upstream is closed
 # at once; this bounds only the relay's last writes).
 CANCEL_WAIT = 10.0
 
 
-def missing(resp_id: str, param: str | None = None) -> errors.RouterError:
-    # The same answer for an id that never existed, one evicted, and another client's.
-    return errors.not_found(
-        f"Response with id '{resp_id[:256]}' not found (responses are "
-        "kept in memory, per client, and the oldest are evicted)",
-        param=param,
-        code="response_not_found",
-    )
+# A leaf: what it holds is named by what a cancel calls on it (``router.proxy.relay.Stop``,
+# ``router.frontdoors.responses_out.ResponsesEgress``), so the services below the doors
+# (``router.proxy.services``) can hold the responses running without importing the doors.
+class Stoppable(Protocol):
+    def request(self) -> None: ...
+
+
+class Ending(Protocol):
+    @property
+    def final(self) -> dict[str, Any] | None: ...
+
+    def ended_whole(self, status: str) -> dict[str, Any]: ...
 
 
 @dataclass(eq=False)
 class Running:
-    stop: Stop
-    egress: ResponsesEgress
+    stop: Stoppable
+    egress: Ending
     background: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
 

@@ -16,13 +16,13 @@ from typing import Any
 import aiohttp
 import orjson
 
-from router import errors
 from router.backends.base import Backend
 from router.config.policies import Policy
-from router.errors import RouterError
+from router.kernel import errors
+from router.kernel.errors import RouterError
 from router.proxy.ondemand import holding
 from router.proxy.outcome import Outcome
-from router.services import Services
+from router.proxy.services import Services
 
 TOKENIZE_PATH = "/tokenize"  # under a lane worker's /v1 (router.worker.http.server)
 TOKENIZE_TIMEOUT = 30.0

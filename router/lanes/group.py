@@ -22,6 +22,9 @@ from router.backends.pool import BackendPool
 from router.config.group import GroupSpec
 from router.config.names import LANE_NAMES, LaneName
 from router.config.settings import LanesSettings, Settings
+from router.kernel.errors import LoadError
+from router.kernel.grouplaunch import check_split
+from router.kernel.worker_contract import SHARED_MODE, lane_prefix
 from router.lanes.gating.decide import GateDecision, check_pair, decide
 from router.lanes.layout import LayoutChoice, Sizes, choose, refusal
 from router.lanes.memory import machine_memory, weights_bytes
@@ -40,9 +43,6 @@ from router.lanes.supervisor import (
     stop_all,
 )
 from router.metrics import Metrics
-from router.worker.engines.engine import LoadError
-from router.worker.group.shard import check_split
-from router.worker_contract import SHARED_MODE, lane_prefix
 
 log = logging.getLogger("speclane.lanes")
 

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from router.backends.base import Backend
 from router.backends.pool import BackendPool
 from router.config.settings import LanesSettings, Settings
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.lanes.catalog import Catalog, CatalogModel, build, from_entry, list_dir
 from router.lanes.group import (
     LaneModels,

@@ -24,9 +24,7 @@ from typing import Any
 from router.config.group import GroupSpec
 from router.config.names import LANE_NAMES
 from router.config.settings import LanesSettings
-from router.lanes.blas import preload_env, thread_env
-from router.lanes.rankgroup import PORT_PLACEHOLDER, group_argv, private_launch
-from router.worker_contract import (
+from router.kernel.worker_contract import (
     DEFAULT_MAX_BODY_BYTES,
     SHARED_MODE,
     WORKER_SECRET_ENV,
@@ -37,6 +35,8 @@ from router.worker_contract import (
     parse_ready_line,
     worker_argv,
 )
+from router.lanes.blas import preload_env, thread_env
+from router.lanes.rankgroup import PORT_PLACEHOLDER, group_argv, private_launch
 
 log = logging.getLogger("router.lanes.supervisor")
 

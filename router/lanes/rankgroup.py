@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from router.config.group import LOCAL_HOSTS, GroupSpec
-from router.worker.group.launch import write_private
-from router.worker_contract import GROUP_LAUNCH_FILE, GROUP_LAUNCH_MODULE, RING_SETUP_FAILED
+from router.kernel.grouplaunch import write_private
+from router.kernel.worker_contract import GROUP_LAUNCH_FILE, GROUP_LAUNCH_MODULE, RING_SETUP_FAILED
 
 PORT_PLACEHOLDER = "{ring_port}"
 PORT_RANGE = (20000, 60000)

@@ -1,6 +1,6 @@
 """Spawn, health-check, restart and stop the MLX lane workers.
 
-Lifecycle of one lane (the worker's side of the contract: ``router.worker_contract``):
+Lifecycle of one lane (the worker's side of the contract: ``router.kernel.worker_contract``):
 
 - ``start()`` spawns the worker in its own session, reads its stdout until the ready
   line announces the port, then polls ``GET /health`` until it answers, all against
@@ -34,6 +34,7 @@ import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from router.config.settings import LanesSettings
+from router.kernel.worker_contract import RING_SETUP_FAILED
 from router.lanes.figures import WorkerFigures
 from router.lanes.memory import process_memory, tree_memory
 from router.lanes.process import WorkerCommand, WorkerProcess, build_worker_command
@@ -49,7 +50,6 @@ from router.lanes.status import (
     lane_health,
 )
 from router.metrics import Metrics
-from router.worker_contract import RING_SETUP_FAILED
 
 __all__ = [
     "LaneState",

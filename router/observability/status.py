@@ -24,7 +24,7 @@ from router import __version__
 from router.admin import lanes_view
 from router.metrics import package_version
 from router.proxy.admin_auth import require_admin
-from router.services import Services, bind
+from router.proxy.services import Services, bind
 
 OLLAMA_BANNER = "Ollama is running"
 RECENT_SHOWN = 50

@@ -17,9 +17,9 @@ import hmac
 from aiohttp import web
 
 from router.config.names import AUTHORIZATION
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.proxy.credentials import presented_key
-from router.services import Services
+from router.proxy.services import Services
 
 
 def is_loopback(request: web.Request) -> bool:

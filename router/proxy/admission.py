@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from router.config.names import CLIENT_HEADER
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.metrics import Metrics
 
 RETRY_AFTER_MAX = 60  # seconds; OpenAI SDKs honour Retry-After only up to about a minute

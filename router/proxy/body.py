@@ -16,7 +16,7 @@ from aiohttp import web
 
 from router.proxy.connections import read_body
 from router.proxy.request import load_object
-from router.services import Services
+from router.proxy.services import Services
 
 
 async def read_raw(services: Services, request: web.Request) -> bytes:

@@ -34,9 +34,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
-from router import errors
 from router.config.settings import ClientLimits
-from router.errors import RouterError
+from router.kernel import errors
+from router.kernel.errors import RouterError
 
 log = logging.getLogger("speclane.clients")
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from router.config.names import API_KEY_HEADER, AUTHORIZATION
 from router.config.policies import bearer_token
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 
 
 def presented_key(

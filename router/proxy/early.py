@@ -28,8 +28,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 from aiohttp import web
 
-from router import errors, sse
-from router.errors import RouterError
+from router.kernel import sse
+from router.kernel.errors import RouterError
+from router.proxy import doorerrors
 from router.proxy.relay import SSE_HEADERS
 
 log = logging.getLogger("speclane.relay")
@@ -121,7 +122,7 @@ class EarlyStream:
 
 def early_stream(
     request: web.Request,
-    api: errors.Api,
+    api: doorerrors.Api,
     stream: bool,
     content_type: str | None = None,
     ending: Callable[[RouterError], bytes] | None = None,
@@ -134,6 +135,6 @@ def early_stream(
     return EarlyStream(
         request,
         content_type or SSE_HEADERS["Content-Type"],
-        ending or (lambda err: errors.stream_error(err, api)),
+        ending or (lambda err: doorerrors.stream_error(err, api)),
         keep_alive or sse.comment,
     )

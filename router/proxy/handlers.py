@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from router import errors
 from router.backends.base import Backend
 from router.config.names import API_KEY_HEADER, AUTHORIZATION, CLIENT_HEADER
 from router.config.policies import Identity, Policy, PolicySet, Unauthorized
-from router.errors import RouterError
+from router.kernel import errors
+from router.kernel.errors import RouterError
 from router.metrics import CLIENT_LABEL, CONTENT_TYPE
-from router.proxy import observe
+from router.proxy import doorerrors, observe
 from router.proxy.accesslog import record_of
 from router.proxy.admin_auth import is_loopback, proves_admin, require_admin
 from router.proxy.body import read_raw
@@ -31,6 +31,7 @@ from router.proxy.outcome import Outcome
 from router.proxy.partition import wire_token
 from router.proxy.relay import BodyFor, Egress, Stop
 from router.proxy.request import ParsedRequest, parse_request
+from router.proxy.services import Services, bind
 from router.proxy.telemetry import SpecClaim
 from router.routing.affinity import fingerprints
 from router.routing.classify import (
@@ -44,7 +45,6 @@ from router.routing.classify import (
 from router.routing.prefixwatch import REASON as PREFIX_REASON
 from router.routing.speculate import asked_source
 from router.routing.types import Candidate, Endpoint
-from router.services import Services, bind
 
 if TYPE_CHECKING:  # handed in by router.app: lanes/ sits beside proxy/
     from router.lanes.models import ModelManager
@@ -85,7 +85,7 @@ def _identity(
         identity = policies.match(key, headers.get(CLIENT_HEADER), headers.get("User-Agent"))
         policies.authorize(identity)
     except Unauthorized as refused:
-        raise errors.unauthorized(refused.message, refused.code, refused.client) from None
+        raise doorerrors.unauthorized(refused.message, refused.code, refused.client) from None
     return identity, policies
 
 
@@ -210,7 +210,7 @@ async def proxy(
     request: web.Request,
     endpoint: Endpoint,
     *,
-    api: errors.Api = "openai",
+    api: doorerrors.Api = "openai",
     translate: Translate | None = None,
     key: str | None = None,
     api_key_header: bool = False,

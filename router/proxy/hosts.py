@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from router.request_rules import parse_ascii_int
+from router.kernel.request_rules import parse_ascii_int
 
 WILDCARD_BINDS = ("", "0.0.0.0", "::")
 _NAME = re.compile(r"[a-z0-9_-][a-z0-9_.-]*")

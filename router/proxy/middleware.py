@@ -9,8 +9,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import HttpVersion11, hdrs, web
 from aiohttp.typedefs import Middleware
 
-from router import errors
-from router.errors import RouterError
+from router.kernel import errors
+from router.kernel.errors import RouterError
+from router.proxy import doorerrors
 from router.proxy.hosts import HostRule, is_loopback_name, origin_host, same_origin
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -18,8 +19,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 log = logging.getLogger("speclane.errors")
 
 
-def to_response(err: RouterError, api: errors.Api = "openai") -> web.Response:
-    status, body, headers = errors.render(err, api)
+def to_response(err: RouterError, api: doorerrors.Api = "openai") -> web.Response:
+    status, body, headers = doorerrors.render(err, api)
     return web.Response(status=status, body=body, headers=headers)
 
 
@@ -43,13 +44,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except RouterError as e:
-        return to_response(e, errors.api_for_path(request.path))
+        return to_response(e, doorerrors.api_for_path(request.path))
     except web.HTTPRequestEntityTooLarge as e:
         return to_response(
             RouterError(
                 413, f"request body is larger than the limit: {e.text}", code="body_too_large"
             ),
-            errors.api_for_path(request.path),
+            doorerrors.api_for_path(request.path),
         )
     except web.HTTPException as e:
         if e.status < 400:
@@ -57,7 +58,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         code = {404: "unknown_endpoint", 405: "method_not_allowed"}.get(e.status, "http_error")
         message = f"{request.method} {request.path}: {e.reason}"
         return to_response(
-            RouterError(e.status, message, code=code), errors.api_for_path(request.path)
+            RouterError(e.status, message, code=code), doorerrors.api_for_path(request.path)
         )
     except (ConnectionResetError, TimeoutError) as e:
         # The client vanished while we read its body: nobody is left to answer.
@@ -65,7 +66,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         raise
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
-        return to_response(errors.internal_error(), errors.api_for_path(request.path))
+        return to_response(errors.internal_error(), doorerrors.api_for_path(request.path))
 
 
 # What a cross-site page can make a browser send without a CORS preflight.

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from router.config.names import PromptRule
-from router.system_messages import SYSTEM_ROLES
+from router.kernel.system_messages import SYSTEM_ROLES
 
 BILLING_LINE = re.compile(r"x-anthropic-billing-header:[^\n]*(?:\n|\Z)")
 # The date in group 1; the note after it has varied between versions, so it is not matched.

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from router.backends.pool import BackendPool
 from router.config.policies import Policy
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.proxy.early import FIRST_TICK, TICK
 from router.proxy.request import ParsedRequest
 from router.routing.modelname import resolve_name

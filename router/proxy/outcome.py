@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.backends.base import Backend
-from router.errors import RouterError
+from router.kernel.errors import RouterError
+from router.kernel.worker_contract import STREAM_USAGE_FIELD
 from router.routing.types import Candidate
 from router.speculation.parsers import output_tokens
-from router.worker_contract import STREAM_USAGE_FIELD
 
 
 @dataclass(slots=True)
@@ -19,7 +19,7 @@ class Outcome:
 
     endpoint: str
     arrival: float
-    api: str = "openai"  # the front door the client came through (errors.Api)
+    api: str = "openai"  # the front door the client came through (doorerrors.Api)
     model: str | None = None  # the model routed (set once classification accepted it)
     status: int = 0
     backend: Backend | None = None

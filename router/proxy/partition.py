@@ -23,7 +23,7 @@ import os
 import secrets
 from pathlib import Path
 
-from router.worker_contract import CACHE_PARTITION_HEADER
+from router.kernel.worker_contract import CACHE_PARTITION_HEADER
 
 __all__ = ["CACHE_PARTITION_HEADER", "keep_key_in", "wire_token"]
 

@@ -64,18 +64,12 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from router import errors
 from router.backends.base import Backend
 from router.backends.pool import BackendPool
 from router.config.settings import RetrySettings
-from router.errors import RouterError
-from router.metrics import Metrics
-from router.proxy.headers import served_headers
-from router.proxy.outcome import Outcome
-from router.proxy.partition import CACHE_PARTITION_HEADER
-from router.proxy.request import ParsedRequest
-from router.routing.types import Candidate, Decision
-from router.sse import (
+from router.kernel import errors
+from router.kernel.errors import RouterError
+from router.kernel.sse import (
     HELD_LIMIT,
     SSETail,
     done_tail,
@@ -84,6 +78,12 @@ from router.sse import (
     only_done_after,
     split_events,
 )
+from router.metrics import Metrics
+from router.proxy.headers import served_headers
+from router.proxy.outcome import Outcome
+from router.proxy.partition import CACHE_PARTITION_HEADER
+from router.proxy.request import ParsedRequest
+from router.routing.types import Candidate, Decision
 from router.upstream.client import (
     HeadTimeout,
     Http1Pool,

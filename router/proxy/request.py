@@ -1,4 +1,4 @@
-"""Request parsing (SSE framing is ``router.sse``).
+"""Request parsing (SSE framing is ``router.kernel.sse``).
 
 What is forwarded is the parsed object, re-encoded (``ParsedRequest.body``), never the raw
 bytes: what speclane validated is exactly what the backend gets, at every depth. JSON
@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from router.errors import bad_request
-from router.request_rules import (
+from router.kernel.errors import bad_request
+from router.kernel.request_rules import (
     MAX_JSON_DEPTH,
     MAX_N,
     integer,
@@ -29,10 +29,14 @@ from router.request_rules import (
     too_deep,
     typed,
 )
+from router.kernel.system_messages import fold_json, needs_fold
+from router.kernel.worker_contract import (
+    DRAFT_SOURCE_FIELD,
+    DRAFT_TOKENS_FIELD,
+    REQUEST_DRAFT_SOURCES,
+)
 from router.routing.types import Endpoint, RouteRequest
 from router.speculation.families import classify_family
-from router.system_messages import fold_json, needs_fold
-from router.worker_contract import DRAFT_SOURCE_FIELD, DRAFT_TOKENS_FIELD, REQUEST_DRAFT_SOURCES
 
 MAX_TOKENS_LIMIT = 1_000_000
 
@@ -71,7 +75,7 @@ class ParsedRequest:
         for the speculative lane drafting, the source the router chose for the request's
         family; never over the client's own ``draft_source``, which is forwarded as sent.
         ``fold_system``: for an external backend set to fold late system messages
-        (``router.system_messages``); a chat request without any is forwarded as it is."""
+        (``router.kernel.system_messages``); a chat request without any is forwarded as it is."""
         if self._encoded is None:
             self._encoded = orjson.dumps(self.data)
         if fold_system and self.endpoint == "chat" and needs_fold(self.data["messages"]):

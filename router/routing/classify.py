@@ -82,7 +82,7 @@ from router.config.names import (
 from router.config.policies import Policy
 from router.config.presets import LanePreference, PresetSpec
 from router.config.routing import RoutingRules
-from router.errors import RouterError, bad_request, not_found, unavailable
+from router.kernel.errors import RouterError, bad_request, not_found, unavailable
 from router.routing.affinity import RULE as AFFINITY_RULE
 from router.routing.affinity import one_cache, steer, thresholds_of
 from router.routing.load import LoadGate, available, candidate_for, gate_for, lane_load, lanes_load

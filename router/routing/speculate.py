@@ -27,8 +27,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from router.kernel.worker_contract import REQUEST_DRAFT_SOURCES
 from router.routing.types import BackendView, Candidate, Decision
-from router.worker_contract import REQUEST_DRAFT_SOURCES
 
 __all__ = [
     "SPECULATION_PAYS",

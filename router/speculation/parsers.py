@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from router.kernel.worker_contract import STREAM_USAGE_FIELD
 from router.speculation.fields import (
     MAPPING,
     BadField,
@@ -33,7 +34,6 @@ from router.speculation.record import (
     SpecResult,
     build_record,
 )
-from router.worker_contract import STREAM_USAGE_FIELD
 
 Parser = Callable[[Payload], SpecResult]
 

@@ -1,5 +1,5 @@
 """``python -m router.worker``: one MLX lane, or both on one copy of the model (``--mode
-shared``, ``router.worker.engines.shared``); its contract: ``router.worker_contract``.
+shared``, ``router.worker.engines.shared``); its contract: ``router.kernel.worker_contract``.
 
 Life cycle: load the model(s) on the generation thread; bind; print the one ready line on
 stdout; serve until SIGTERM/SIGINT or until the parent process disappears; then stop
@@ -23,19 +23,8 @@ from typing import Any, NoReturn, TextIO
 
 from aiohttp import web
 
-from router.worker.drafting.drafts import LookupConfig, PredictionConfig
-from router.worker.drafting.suffix import SuffixConfig
-from router.worker.engines.batching import BatchingEngine
-from router.worker.engines.diskcache import DiskTier, identity_of
-from router.worker.engines.engine import Engine, LoadError, Models
-from router.worker.engines.promptcache import PromptCache
-from router.worker.engines.shared import SharedEngine, batch_drafts, threads_for
-from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
-from router.worker.group.both import GroupSharedEngine
-from router.worker.group.run import group_engine, group_shared_engine, run_follower
-from router.worker.group.run import rank as group_rank
-from router.worker.http.server import WorkerInfo, make_app, make_shared_app, start_site
-from router.worker_contract import (
+from router.kernel.errors import LoadError
+from router.kernel.worker_contract import (
     SHARED_MODE,
     WORKER_SECRET_ENV,
     add_worker_flags,
@@ -43,6 +32,18 @@ from router.worker_contract import (
     ready_line,
     serves_speculative,
 )
+from router.worker.drafting.drafts import LookupConfig, PredictionConfig
+from router.worker.drafting.suffix import SuffixConfig
+from router.worker.engines.batching import BatchingEngine
+from router.worker.engines.diskcache import DiskTier, identity_of
+from router.worker.engines.engine import Engine, Models
+from router.worker.engines.promptcache import PromptCache
+from router.worker.engines.shared import SharedEngine, batch_drafts, threads_for
+from router.worker.engines.speculative import SpeculativeConfig, SpeculativeEngine
+from router.worker.group.both import GroupSharedEngine
+from router.worker.group.run import group_engine, group_shared_engine, run_follower
+from router.worker.group.run import rank as group_rank
+from router.worker.http.server import WorkerInfo, make_shared_app, make_worker_app, start_site
 
 PARENT_POLL_SECONDS = 0.5
 SHUTDOWN_SECONDS = 3.0
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         hard_exit(asyncio.run(serve(args, engine, app, ready_out, lanes=list(lanes))))
     info = worker_info(args, models)
-    app = make_app(engine, info, args.max_body_bytes, secret)
+    app = make_worker_app(engine, info, args.max_body_bytes, secret)
     hard_exit(asyncio.run(serve(args, engine, app, ready_out)))
 
 
@@ -236,8 +237,8 @@ def loader(args: argparse.Namespace) -> Callable[[], Models]:
     return load
 
 
-def spec_settings(args: argparse.Namespace) -> SpecSettings:
-    return SpecSettings(
+def spec_settings(args: argparse.Namespace) -> SpeculativeConfig:
+    return SpeculativeConfig(
         draft_source=args.draft_source,
         num_draft_tokens=args.num_draft_tokens,
         lookup=LookupConfig(args.lookup_ngram_min, args.lookup_ngram_max, args.lookup_max_draft),
@@ -258,7 +259,7 @@ def model_dir(path: Path) -> Path:
 def worker_info(args: argparse.Namespace, models: Models, lane: str | None = None) -> WorkerInfo:
     """What a lane serves: the process's own mode, or in shared mode ``lane``'s."""
     mode = lane or args.mode
-    source, k = lane_source(args, models, mode)
+    source, k = default_draft_source(args, models, mode)
     config = getattr(models.model, "args", None)
     has_draft = models.draft is not None and mode == "speculative"
     return WorkerInfo(
@@ -294,7 +295,7 @@ def vocabulary_size(models: Models) -> int:
     return min(sizes)
 
 
-def lane_source(
+def default_draft_source(
     args: argparse.Namespace, models: Models, mode: str | None = None
 ) -> tuple[str | None, int]:
     """The draft source of requests without a prediction, and its k (None, 0: no drafting)."""

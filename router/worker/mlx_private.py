@@ -1,7 +1,7 @@
 """The names of mlx-lm the worker relies on that are not its public API.
 
 mlx-lm has no public hook for a verify step inside its batch generator, so
-``router.worker.drafting.batchverify`` subclasses ``GenerationBatch`` (the decoding sequences of a
+``router.worker.engines.batchverify`` subclasses ``GenerationBatch`` (the decoding sequences of a
 ``BatchGenerator``) and reads and writes its per-row state, puts its subclass in the
 generator's slot, and shifts rows of a ``BatchKVCache`` by its write position; the
 pair check (``router.lanes.gating.inspect``) reads mlx-lm's model-type tables; the prompt

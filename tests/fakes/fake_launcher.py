@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from router.worker_contract import GROUP_LAUNCH_FILE
+from router.kernel.worker_contract import GROUP_LAUNCH_FILE
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import time
 
 from aiohttp import web
 
-from router.worker_contract import (
+from router.kernel.worker_contract import (
     STREAM_USAGE_FIELD,
     WORKER_SECRET_ENV,
     WORKER_SECRET_HEADER,

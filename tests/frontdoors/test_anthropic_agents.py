@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.errors import RouterError
 from router.frontdoors import anthropic_context, anthropic_in
 from router.frontdoors.anthropic_out import AnthropicEgress, message_body
+from router.kernel.errors import RouterError
 from tests.frontdoors.test_translators import anthropic_events, chunk, sse
 from tests.fuzzing import examples
 

@@ -406,7 +406,7 @@ def test_fuzz_the_responses_door(doors: Doors) -> None:  # noqa: F811 (the fixtu
 # --- numeric query parameters ---------------------------------------------------------------
 
 # Every numeric query parameter of every endpoint (path, name, range): each is parsed one
-# strict way (router.request_rules.ascii_int), a 400 naming it, never a 500.
+# strict way (router.kernel.request_rules.ascii_int), a 400 naming it, never a 500.
 NUMERIC_QUERY = [("/v1/responses/{id}/input_items", "limit", 1, 100)]
 # What str.isdigit() or str.isnumeric() takes beyond ASCII (superscripts, circled digits,
 # other scripts' digits, fractions): int() refuses some of them, float() others.

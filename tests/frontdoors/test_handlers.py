@@ -19,8 +19,8 @@ import openai
 import pytest
 
 from router.config.settings import Settings
-from router.worker.http.server import WorkerInfo, make_app, start_site
-from router.worker_contract import worker_argv
+from router.kernel.worker_contract import worker_argv
+from router.worker.http.server import WorkerInfo, make_worker_app, start_site
 from tests.conftest import (
     RunningRouter,
     add_fake_lane,
@@ -70,7 +70,7 @@ async def scripted_router(
         **info_fields,  # type: ignore[arg-type]
     )
     runner, port = await start_site(
-        make_app(engine, info, lane_body_limit(settings)), "127.0.0.1", 0
+        make_worker_app(engine, info, lane_body_limit(settings)), "127.0.0.1", 0
     )
     lane = SimpleNamespace(models=(MODEL,), base_url=f"http://127.0.0.1:{port}/v1")
     try:

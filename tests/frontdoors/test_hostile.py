@@ -7,10 +7,10 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in
 from router.frontdoors.anthropic_out import AnthropicEgress
 from router.frontdoors.ollama_out import OllamaEgress
+from router.kernel.errors import RouterError
 from tests.fuzzing import examples
 
 KEYS = st.sampled_from(

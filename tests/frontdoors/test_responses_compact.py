@@ -11,9 +11,9 @@ import aiohttp
 import openai
 import pytest
 
-from router.errors import RouterError
 from router.frontdoors import responses_compact
 from router.frontdoors.responses_in import to_openai
+from router.kernel.errors import RouterError
 from tests.conftest import router_settings, run_router
 from tests.fakes.upstream import FakeUpstream
 

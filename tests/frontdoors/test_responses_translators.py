@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from router.errors import RouterError
 from router.frontdoors import responses_in
 from router.frontdoors.responses_out import ResponsesEgress
 from router.frontdoors.responses_store import ResponseStore
-from router.sse import json_events as openai_events
+from router.kernel.errors import RouterError
+from router.kernel.sse import json_events as openai_events
 from tests.fuzzing import examples
 
 WEATHER = {

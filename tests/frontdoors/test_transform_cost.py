@@ -19,10 +19,10 @@ import aiohttp
 import orjson
 import pytest
 
-from router.errors import RouterError
 from router.frontdoors import anthropic_context, anthropic_in, ollama_in, responses_in
 from router.frontdoors.ollama_out import OllamaEgress
 from router.frontdoors.responses_out import ResponsesEgress
+from router.kernel.errors import RouterError
 from router.proxy.offload import INLINE_BYTES, CpuPool
 from tests.conftest import fake_upstreams, router_settings, run_router
 from tests.fakes.upstream import FakeUpstream

@@ -7,11 +7,12 @@ import itertools
 import orjson
 import pytest
 
-from router import errors
-from router.errors import RouterError
 from router.frontdoors import anthropic_in, ollama_in
 from router.frontdoors.anthropic_out import AnthropicEgress, message_body, stop_reason
 from router.frontdoors.ollama_out import OllamaEgress
+from router.kernel import errors
+from router.kernel.errors import RouterError
+from router.proxy import doorerrors
 
 
 def sse(*events: dict) -> bytes:
@@ -523,7 +524,7 @@ def test_ollama_generate_and_errors() -> None:
     assert egress.finish() == b""
 
 
-# --- errors.py per API ----------------------------------------------------------------------
+# --- doorerrors.py per API ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -542,22 +543,22 @@ def test_ollama_generate_and_errors() -> None:
 )
 def test_errors_render_per_api(status: int, anthropic_status: int, kind: str) -> None:
     err = RouterError(status, "nope", code="why")
-    got_status, body, headers = errors.render(err, "anthropic")
+    got_status, body, headers = doorerrors.render(err, "anthropic")
     assert (got_status, orjson.loads(body)) == (
         anthropic_status,
         {"type": "error", "error": {"type": kind, "message": "[why] nope"}},
     )
     assert headers["X-Speclane-Error-Source"] == "router"
-    got_status, body, _ = errors.render(err, "ollama")
+    got_status, body, _ = doorerrors.render(err, "ollama")
     assert (got_status, orjson.loads(body)) == (status, {"error": "[why] nope"})
-    assert orjson.loads(errors.render(err)[1])["error"]["code"] == "why"
+    assert orjson.loads(doorerrors.render(err)[1])["error"]["code"] == "why"
 
 
 def test_api_for_path() -> None:
-    assert errors.api_for_path("/v1/messages") == "anthropic"
-    assert errors.api_for_path("/v1/messages/count_tokens") == "anthropic"
-    assert errors.api_for_path("/api/chat") == "ollama"
-    assert errors.api_for_path("/v1/chat/completions") == "openai"
+    assert doorerrors.api_for_path("/v1/messages") == "anthropic"
+    assert doorerrors.api_for_path("/v1/messages/count_tokens") == "anthropic"
+    assert doorerrors.api_for_path("/api/chat") == "ollama"
+    assert doorerrors.api_for_path("/v1/chat/completions") == "openai"
 
 
 CUT_ANSWER = {

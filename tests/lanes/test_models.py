@@ -19,11 +19,11 @@ import openai
 import psutil
 import pytest
 
+from router.kernel.worker_contract import WORKER_SECRET_ENV, new_worker_secret
 from router.lanes import group
 from router.lanes.layout import PROCESS_BYTES
 from router.lanes.models import ModelManager
 from router.lanes.process import WorkerCommand
-from router.worker_contract import WORKER_SECRET_ENV, new_worker_secret
 from tests.conftest import RunningRouter, metric_value, router_settings, run_router, wait_until
 
 FAKE_WORKER = Path(__file__).parents[1] / "fakes" / "fake_worker.py"

@@ -14,6 +14,7 @@ import pytest
 
 from router.config.group import GroupSpec
 from router.config.settings import LanesSettings, ModelEntry
+from router.kernel.worker_contract import GROUP_LAUNCH_FILE, GROUP_LAUNCH_MODULE, SHARED_MODE
 from router.lanes.catalog import from_entry
 from router.lanes.group import enabled_lanes
 from router.lanes.process import WorkerCommand, build_worker_command
@@ -25,7 +26,6 @@ from router.lanes.rankgroup import (
     ring_setup_failed,
     with_free_ports,
 )
-from router.worker_contract import GROUP_LAUNCH_FILE, GROUP_LAUNCH_MODULE, SHARED_MODE
 
 LOCAL = GroupSpec(hosts=("127.0.0.1", "127.0.0.1", "127.0.0.1"))
 

@@ -586,8 +586,8 @@ def test_build_worker_command_for_the_speculative_lane(tmp_path):
 
 def test_the_disk_tier_is_sized_for_the_machine_and_off_over_a_group(tmp_path):
     from router.config.group import GroupSpec
+    from router.kernel.worker_contract import auto_disk_bytes
     from router.lanes.process import disk_tier_args, free_disk
-    from router.worker_contract import auto_disk_bytes
 
     auto = disk_tier_args(LanesSettings(prompt_cache_dir=tmp_path / "not-yet" / "kv"), None)
     assert auto["prompt_cache_disk_bytes"] == auto_disk_bytes(free_disk(tmp_path)) > 0

@@ -20,10 +20,10 @@ import pytest
 from router.backends.base import SPECLANE_KIND, Backend
 from router.backends.cooldown import Cooldown
 from router.config.settings import LanesSettings
+from router.kernel.worker_contract import WORKER_SECRET_ENV, WORKER_SECRET_HEADER
 from router.lanes import group
 from router.lanes.process import WorkerCommand, build_worker_command
 from router.lanes.supervisor import LaneSupervisor
-from router.worker_contract import WORKER_SECRET_ENV, WORKER_SECRET_HEADER
 from tests.conftest import RunningRouter, run_router, wait_until
 from tests.lanes.test_models import chat, fake_command, get_json, manager, settings_for
 

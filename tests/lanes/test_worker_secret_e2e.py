@@ -9,8 +9,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from router.kernel.worker_contract import WORKER_SECRET_HEADER
 from router.lanes.modelprep import DEFAULT_MODEL_NAME, ensure_default_models
-from router.worker_contract import WORKER_SECRET_HEADER
 from tests.conftest import router_settings, run_router
 
 pytestmark = pytest.mark.realmodel

@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 
 from router.admin import lanes_view
+from router.history import Sample, points
 from router.metrics import Metrics
-from router.observability.history import Sample, points
 from tests.conftest import RunningRouter, lanes_router, router_settings, run_router
 from tests.fakes.upstream import Behaviour, FakeUpstream
 
@@ -134,7 +134,7 @@ def test_history_points_are_differences_of_neighbouring_samples() -> None:
 
 
 def test_history_reads_the_metrics() -> None:
-    from router.observability.history import take
+    from router.history import take
 
     m = Metrics()
     m.spec_draft_tokens.labels("speculative", "m", "default:none", "draft_model").inc(12)

@@ -15,7 +15,7 @@ from aiohttp import web
 from router.observability.logfmt import JsonFormatter
 from router.proxy.accesslog import AccessRecord
 from router.proxy.handlers import Inbound, proxy
-from router.services import Services, bind
+from router.proxy.services import Services, bind
 from tests.conftest import router_settings, run_router
 from tests.fakes.upstream import Behaviour, FakeUpstream
 from tests.reliability.harness import RouterProcess, chat_body, config_text, eventually

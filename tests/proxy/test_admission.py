@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.metrics import Metrics
 from router.proxy.admission import ConcurrencyLimiter
 

@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 import pytest
 
-from router.request_rules import MAX_JSON_DEPTH
+from router.kernel.request_rules import MAX_JSON_DEPTH
 from tests.conftest import router_settings, run_router
 from tests.fakes.upstream import Behaviour, FakeUpstream
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.proxy.credentials import presented_key
 from tests.conftest import router_settings, run_router
 from tests.fakes.upstream import FakeUpstream

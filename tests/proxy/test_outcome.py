@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from router.kernel.worker_contract import STREAM_USAGE_FIELD
 from router.proxy.outcome import Outcome
-from router.worker_contract import STREAM_USAGE_FIELD
 
 USAGE = {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 30}}
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import openai
 
-from router.worker_contract import CACHE_PARTITION_HEADER, CACHE_PARTITION_PATTERN
+from router.kernel.worker_contract import CACHE_PARTITION_HEADER, CACHE_PARTITION_PATTERN
 from tests.conftest import add_fake_lane, fake_upstreams, router_settings, run_router
 from tests.routing.test_routing_e2e import policy_router
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.proxy.request import parse_request
 
 

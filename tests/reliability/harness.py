@@ -40,7 +40,7 @@ from aiohttp import web
 
 from router.app import Wired, wire
 from router.config.settings import Settings
-from router.services import Services
+from router.proxy.services import Services
 from tests.fakes.loopback import LoopbackServer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from router.config.policies import Policy
 from router.config.presets import DEFAULT_PRESETS, PresetSpec
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.routing.classify import (
     RULES,
     SPECULATION_PAYS,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.worker_contract import STREAM_USAGE_FIELD
+from router.kernel.worker_contract import STREAM_USAGE_FIELD
 
 Json = dict[str, Any]
 

@@ -19,6 +19,7 @@ from router.backends.base import Backend
 from router.backends.pool import BackendPool
 from router.backends.scrape import CumulativeScraper
 from router.config.settings import BackendSpec, CooldownSettings
+from router.kernel.sse import SSETail
 from router.speculation.cumulative import (
     CounterDelta,
     parse_prometheus_spec,
@@ -26,7 +27,6 @@ from router.speculation.cumulative import (
 )
 from router.speculation.parsers import output_tokens, parse_response, parse_stream_events
 from router.speculation.record import NotReported, SpecRecord
-from router.sse import SSETail
 from tests.fakes.replay import FIXTURES, Capture, ReplayUpstream, load
 
 # file -> (backend kind, (drafted, accepted) or the NotReported reason, output tokens)

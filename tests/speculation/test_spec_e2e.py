@@ -9,8 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from router.kernel.worker_contract import STREAM_USAGE_FIELD
 from router.speculation.keystate import SpecKey
-from router.worker_contract import STREAM_USAGE_FIELD
 from tests.conftest import (
     RunningRouter,
     fake_upstreams,

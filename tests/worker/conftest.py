@@ -19,8 +19,8 @@ from typing import IO, Any
 
 import pytest
 
+from router.kernel.worker_contract import READY_PREFIX
 from router.lanes.blas import preload_env
-from router.worker_contract import READY_PREFIX
 
 READY_TIMEOUT = 180.0  # loading competes for 2 shared cores
 BATCH_SIZE = 4

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from router.worker.engines.engine import LoadError
+from router.kernel.errors import LoadError
 from router.worker.main import model_dir, parent_alive, parse_args, watch_parent
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from packaging.requirements import Requirement
 
-from router.worker.drafting import batchverify
+from router.worker.engines import batchverify
 from router.worker.mlx_private import MLX_LM_PRIVATE_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """The benchmarks' streaming client: POST an OpenAI chat completion with ``stream: true``,
 record when each content piece arrives, hand each JSON chunk to the caller (framing:
-``router/sse.py``)."""
+``router/kernel/sse.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from router import sse
+from router.kernel import sse
 
 
 @dataclass

@@ -15,7 +15,7 @@ import json
 import orjson
 from aiohttp import web
 
-from router import sse
+from router.kernel import sse
 
 CONTENT_CHUNKS = 7  # when a request asks for none, or for more than MAX_CHUNKS
 MAX_CHUNKS = 4096

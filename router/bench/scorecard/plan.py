@@ -4,14 +4,11 @@ speeds fits, so that a slow CPU still gets the figures that matter most."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from router.bench.scorecard.prompts import FAMILIES
-
-if TYPE_CHECKING:
-    from router.bench.scorecard.records import Measurement
 
 SCENARIO_NAMES = ("spec-on", "spec-off", "batching", "auto")
 FAMILY_NAMES = tuple(FAMILIES)
@@ -125,23 +122,10 @@ class Speeds:
     def of(self, scenario: str) -> LaneSpeed:
         if scenario in self.by_scenario:
             return self.by_scenario[scenario]
-        # The slowest lane known (speeds_from knows one at least): over-estimating is the safe
-        # side of a budget.
+        # The slowest lane known (records.speeds_from knows one at least): over-estimating is
+        # the safe side of a budget.
         known = self.by_scenario.values()
         return LaneSpeed(max(s.ttft for s in known), min(s.decode_tps for s in known))
-
-
-def speeds_from(warmups: Sequence[Measurement]) -> Speeds | None:
-    """Each lane's speed from its last successful warm-up request; None when none worked."""
-    by: dict[str, LaneSpeed] = {}
-    long_ttft: dict[str, float] = {}
-    for m in warmups:
-        if m.ok and m.ttft is not None and m.family == "long":
-            long_ttft[m.scenario] = m.ttft
-        elif m.ok and m.ttft is not None and (tps := m.decode_tps) is not None:
-            by[m.scenario] = LaneSpeed(m.ttft, tps)
-    factors = [t / by[s].ttft for s, t in long_ttft.items() if s in by and by[s].ttft > 0]
-    return Speeds(by, max([1.0, *factors])) if by else None
 
 
 @dataclass(frozen=True)

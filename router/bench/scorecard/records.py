@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from router.bench.common.stats import mean, percentile
-from router.bench.scorecard.plan import Cell
+from router.bench.scorecard.plan import Cell, LaneSpeed, Speeds
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -206,3 +206,16 @@ def rule_of(decision: str | None) -> str:
 
 def levels(runs: Sequence[CellRun]) -> tuple[int, ...]:
     return tuple(sorted({r.cell.concurrency for r in runs}))
+
+
+def speeds_from(warmups: Sequence[Measurement]) -> Speeds | None:
+    """Each lane's speed from its last successful warm-up request; None when none worked."""
+    by: dict[str, LaneSpeed] = {}
+    long_ttft: dict[str, float] = {}
+    for m in warmups:
+        if m.ok and m.ttft is not None and m.family == "long":
+            long_ttft[m.scenario] = m.ttft
+        elif m.ok and m.ttft is not None and (tps := m.decode_tps) is not None:
+            by[m.scenario] = LaneSpeed(m.ttft, tps)
+    factors = [t / by[s].ttft for s, t in long_ttft.items() if s in by and by[s].ttft > 0]
+    return Speeds(by, max([1.0, *factors])) if by else None

@@ -26,15 +26,14 @@ from router.bench.scorecard.plan import (
     MatrixSpec,
     Plan,
     fit,
-    speeds_from,
 )
 from router.bench.scorecard.progress import Progress, clock
 from router.bench.scorecard.prompts import prompt_for
-from router.bench.scorecard.records import CellRun, Measurement
+from router.bench.scorecard.records import CellRun, Measurement, speeds_from
 from router.bench.scorecard.report import Result
 from router.bench.scorecard.score import Thresholds
 from router.config.names import CLIENT_HEADER, DECISION_HEADER, LANE_HEADER
-from router.worker_contract import DEFAULT_DRAFT_TOKENS
+from router.kernel.worker_contract import DEFAULT_DRAFT_TOKENS
 
 WARMUP_MAX_TOKENS = 12  # enough to time decoding; little time spent before measuring
 Log = Callable[[str], None]

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from router.errors import bad_request
+from router.kernel.errors import bad_request
 from router.worker.request.protocol import GenerationRequest, Tool
 
 log = logging.getLogger("speclane.worker")

@@ -153,7 +153,7 @@ class _Shadow:
 
 
 @dataclass
-class Candidate:
+class DraftCandidate:
     """One source of one sequence: how it proposes, its most per step, its acceptance."""
 
     name: str
@@ -228,7 +228,7 @@ class Chooser:
 
     def __init__(
         self,
-        candidates: Iterable[Candidate],
+        candidates: Iterable[DraftCandidate],
         cost: PassCost,
         draft_cost: DraftCost | None = None,
         *,
@@ -244,7 +244,7 @@ class Chooser:
         self.plain_steps = 0  # steps that drafted nothing although a source proposed
         # This step's free proposals, what drafts, and the cost it was judged by: what
         # ``widen`` may draft on (kept, not judged again, unless a batched pass asks).
-        self._step: tuple[list[_Proposal], Candidate | None, CostProfile] | None = None
+        self._step: tuple[list[_Proposal], DraftCandidate | None, CostProfile] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -269,12 +269,12 @@ class Chooser:
         if not self.paced:
             return self._first(history, room)
         beta = self.cost.profile(self.rows)
-        best: Candidate | None = None
+        best: DraftCandidate | None = None
         best_tokens: list[int] = []
         best_yield = 1.0
         best_grade: int | None = None
         proposals: list[_Proposal] = []
-        model: Candidate | None = None
+        model: DraftCandidate | None = None
         model_pays = False
         for c in self.candidates:
             c.idle += 1
@@ -377,10 +377,10 @@ class Chooser:
         }
 
 
-_Proposal = tuple[Candidate, list[int], int | None]  # a free source's tokens and grade
+_Proposal = tuple[DraftCandidate, list[int], int | None]  # a free source's tokens and grade
 
 
-def _offer(proposals: list[_Proposal], best: Candidate | None, beta: Cost) -> _Proposal | None:
+def _offer(proposals: list[_Proposal], best: DraftCandidate | None, beta: Cost) -> _Proposal | None:
     """The proposal a wider pass would draft for free: the drafting source's, else (a plain
     step) the one with the best yield."""
     if not proposals:

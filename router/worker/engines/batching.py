@@ -27,7 +27,7 @@ prefilling a long prompt from one that hangs.
 Drafting: a sequence may draft from its ``prediction``, prompt lookup or ``suffix``
 (``router.worker.drafting.draftlength`` picks the source and the length per batch size); each
 decoding step verifies every sequence's draft in the batch's one forward pass
-(``router.worker.drafting.batchverify``). Every finished request's prompt and answer go into the
+(``router.worker.engines.batchverify``). Every finished request's prompt and answer go into the
 lane's own ``suffix`` index, in its client partition. A constrained sequence (tool calls,
 ``json_schema``) drafts its grammar's forced tokens chained with its source's proposals
 (``router.worker.drafting.forced``, as on the speculative lane), every position verified under the
@@ -42,18 +42,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.errors import RouterError
-from router.worker.drafting.batchverify import (
-    RowDraft,
-    drafting_generator,
-    last_pass,
-    last_verified,
-    set_drafter,
-    time_next_plain,
-    tokens_of,
-)
+from router.kernel.errors import RouterError
+from router.kernel.worker_contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
 from router.worker.drafting.draftchoice import PLAIN as PLAIN_CHOICE
-from router.worker.drafting.draftchoice import Candidate, Choice, Chooser, Evidence, Grade
+from router.worker.drafting.draftchoice import Choice, Chooser, DraftCandidate, Evidence, Grade
 from router.worker.drafting.draftcontrol import PassCost
 from router.worker.drafting.draftlength import (
     AUTO_SOURCES,
@@ -68,6 +60,15 @@ from router.worker.drafting.draftlength import (
 from router.worker.drafting.drafts import PredictionDraft, PromptLookup
 from router.worker.drafting.forced import ConstraintDraft, Draft
 from router.worker.drafting.suffix import SuffixDraft, SuffixIndex
+from router.worker.engines.batchverify import (
+    RowDraft,
+    drafting_generator,
+    last_pass,
+    last_verified,
+    set_drafter,
+    time_next_plain,
+    tokens_of,
+)
 from router.worker.engines.engine import (
     Engine,
     Models,
@@ -81,7 +82,6 @@ from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, a
 from router.worker.engines.logprobs import pick
 from router.worker.engines.promptcache import Counters, Lookup, PromptCache
 from router.worker.engines.stats import SpecStats, usage
-from router.worker_contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
 
 log = logging.getLogger("speclane.worker")
 
@@ -341,7 +341,7 @@ class BatchingEngine(Engine):
             return (source,) if source is not None else ()
         return ("prediction", *AUTO_SOURCES) if seq.job.request.prediction else AUTO_SOURCES
 
-    def _candidate(self, seq: _Sequence, name: str) -> Candidate:
+    def _candidate(self, seq: _Sequence, name: str) -> DraftCandidate:
         job = seq.job
         propose: Callable[[list[int], int], list[int]]
         grade: Grade | None = None
@@ -361,7 +361,7 @@ class BatchingEngine(Engine):
             suffix = SuffixDraft(self.suffix, job.partition)
             propose, most, grade = suffix.propose, self.drafts.suffix.max_draft, suffix.grade
         acceptance = self.evidence.acceptance(job.partition, name)
-        return Candidate(name, propose, min(most, seq.plan.k), acceptance, grade=grade)
+        return DraftCandidate(name, propose, min(most, seq.plan.k), acceptance, grade=grade)
 
     def _propose(
         self, uids: list[int], histories: list[list[int]], room: list[int]

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from router.worker.engines.promptcache import SEQUENCE, SYSTEM, USER
+from router.worker.engines.entrykinds import SEQUENCE, SYSTEM, USER
 
 log = logging.getLogger("speclane.worker")
 

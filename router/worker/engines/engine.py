@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from router.errors import RouterError, internal_error
+from router.kernel.errors import LoadError, RouterError, internal_error
 from router.worker.decoding.sampling import GREEDY
 from router.worker.decoding.stops import StopScanner
 from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, TextDelta, aborted
@@ -39,10 +39,6 @@ class Models:
     model: Any
     tokenizer: Any
     draft: Any | None = None
-
-
-class LoadError(Exception):
-    pass
 
 
 def sampler_for(request: GenerationRequest) -> Callable[..., Any]:

@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.worker.engines.logprobs import TokenLogprob
 from router.worker.engines.promptcache import Segment
 from router.worker.request.protocol import GenerationRequest

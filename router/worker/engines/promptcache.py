@@ -49,18 +49,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+from router.worker.engines.entrykinds import SEGMENT_KINDS, SEQUENCE, SYSTEM
+
+if TYPE_CHECKING:  # the disk tier imports the entry kinds, not this module
     from router.worker.engines.diskcache import DiskTier
 
 MAX_ENTRIES = 64  # LRUPromptCache also bounds the count; bytes are the real bound here
 TARGET = "target"  # LRUPromptCache's per-model key: the served model's KV state
 DRAFT = "draft"  # the speculative lane's draft model's KV state
 DEFAULT_PARTITION = ""  # requests that name no partition share this one
-# Entry kinds, in mlx-lm's eviction order (LRUPromptCache.CacheOrder): whole sequences go first.
-SEQUENCE = "assistant"
-USER = "user"  # a user turn's end
-SYSTEM = "system"  # the system prompt and tools
-SEGMENT_KINDS = (SYSTEM, USER)
 MIN_SEGMENT = 16  # a segment shorter than this is not worth an entry of its own
 MIN_DISK_GAIN = 32  # tokens a disk entry must add to memory's match to be worth reading
 

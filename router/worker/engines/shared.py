@@ -50,13 +50,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from router.kernel.errors import LoadError
+from router.kernel.worker_contract import SHARED_THREADS
 from router.worker.drafting.draftlength import BatchDraftSettings
 from router.worker.engines.batching import BatchingEngine
-from router.worker.engines.engine import Engine, LoadError, Models
+from router.worker.engines.engine import Engine, Models
 from router.worker.engines.jobs import JobQueue, wait_any
 from router.worker.engines.promptcache import PromptCache
-from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
-from router.worker_contract import SHARED_THREADS
+from router.worker.engines.speculative import SpeculativeConfig, SpeculativeEngine
 
 log = logging.getLogger("speclane.worker")
 
@@ -92,7 +93,7 @@ def materialize(models: Models) -> None:
     mx.eval([m.filter_and_map(every_array) for m in (models.model, models.draft) if m is not None])
 
 
-def batch_drafts(settings: SpecSettings) -> BatchDraftSettings:
+def batch_drafts(settings: SpeculativeConfig) -> BatchDraftSettings:
     """The batching lane's draft limits, the speculative lane's (the router names each
     request's source, so the lane has none of its own)."""
     return BatchDraftSettings(
@@ -107,7 +108,7 @@ class SharedEngine:
     def __init__(
         self,
         load: Callable[[], Models],
-        settings: SpecSettings,
+        settings: SpeculativeConfig,
         capacity: int,
         *,
         prompt_cache_bytes: int,

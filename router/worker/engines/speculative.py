@@ -48,14 +48,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from router.kernel.worker_contract import DRAFT_SOURCES
 from router.worker.decoding.sampling import sampler_scores
 from router.worker.drafting.draftchoice import (
     CERTAIN,
     DRAFT_MODEL,
     GAMMA_MAX_FEED,
     PLAIN,
-    Candidate,
     Chooser,
+    DraftCandidate,
     DraftCost,
     Evidence,
     Grade,
@@ -84,7 +85,6 @@ from router.worker.engines.logprobs import Picked, pick
 from router.worker.engines.promptcache import DRAFT, TARGET, Counters, PromptCache, Segment
 from router.worker.engines.stats import SpecStats, usage
 from router.worker.request.protocol import GenerationRequest
-from router.worker_contract import DRAFT_SOURCES
 
 log = logging.getLogger("speclane.worker")
 
@@ -98,7 +98,7 @@ FreePropose = Callable[[list[int], int], list[int]]  # (history, k) -> draft
 
 
 @dataclass(frozen=True)
-class SpecSettings:
+class SpeculativeConfig:
     # The lane's source for requests that name none: ``auto`` chooses at every step.
     draft_source: str = "draft_model"
     num_draft_tokens: int = 3  # draft_model's k
@@ -123,7 +123,7 @@ class Plan:
 
 def plan(
     request: GenerationRequest,
-    settings: SpecSettings,
+    settings: SpeculativeConfig,
     has_draft: bool,
     has_processors: bool,
     constrained: bool = False,
@@ -146,7 +146,7 @@ def plan(
 
 def _source_plan(
     request: GenerationRequest,
-    settings: SpecSettings,
+    settings: SpeculativeConfig,
     has_draft: bool,
     capped: Callable[[int], int],
 ) -> Plan:
@@ -394,7 +394,9 @@ def _free(propose: Propose, prompt_len: int) -> Callable[[list[int], int], list[
 
 def single_chooser(propose: Propose, prompt_len: int, k: int) -> Chooser:
     """One source drafting ``k`` at every step."""
-    return Chooser([Candidate("source", _free(propose, prompt_len), k)], PassCost(), paced=False)
+    return Chooser(
+        [DraftCandidate("source", _free(propose, prompt_len), k)], PassCost(), paced=False
+    )
 
 
 # --- the engine -----------------------------------------------------------------------------
@@ -472,7 +474,7 @@ class SpeculativeEngine(Engine):
     def __init__(
         self,
         load: Callable[[], Models],
-        settings: SpecSettings,
+        settings: SpeculativeConfig,
         *,
         prompt_cache: PromptCache | None = None,
         queue: JobQueue | None = None,
@@ -672,7 +674,7 @@ class SpecRun:
             top_logprobs=request.logprobs,
         )
 
-    def _candidates(self, models: Models, chosen: Plan) -> list[Candidate]:
+    def _candidates(self, models: Models, chosen: Plan) -> list[DraftCandidate]:
         """The sources this request may draft from: all the lane has under ``auto``, else
         the one chosen; each with its partition's carried acceptance."""
         engine, job = self.engine, self.job
@@ -691,7 +693,7 @@ class SpecRun:
         for name in names:
             propose, most, grade = self._proposer(models, name)
             acceptance = engine.evidence.acceptance(job.partition, name)
-            out.append(Candidate(name, propose, min(most, chosen.k), acceptance, grade=grade))
+            out.append(DraftCandidate(name, propose, min(most, chosen.k), acceptance, grade=grade))
         return out
 
     def _proposer(self, models: Models, name: str) -> tuple[FreePropose, int, Grade | None]:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from router.worker.drafting.batchverify import RowDraft, batch_class, tokens_of
 from router.worker.engines.batching import BatchingEngine
+from router.worker.engines.batchverify import RowDraft, batch_class, tokens_of
 from router.worker.engines.engine import Models
 from router.worker.engines.jobs import Job
 from router.worker.engines.promptcache import Lookup

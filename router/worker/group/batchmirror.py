@@ -19,7 +19,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from router.worker.drafting.batchverify import batch_class
+from router.worker.engines.batchverify import batch_class
 from router.worker.group.channel import Channel, disagree, receive
 from router.worker.group.protocol import (
     Message,

@@ -20,7 +20,7 @@ from typing import Any
 from router.worker.engines.engine import Models
 from router.worker.engines.jobs import wait_any
 from router.worker.engines.shared import SharedEngine, batch_drafts
-from router.worker.engines.speculative import SpecSettings
+from router.worker.engines.speculative import SpeculativeConfig
 from router.worker.group.batchlead import GroupBatchingEngine
 from router.worker.group.channel import Channel
 from router.worker.group.leader import GroupFacts, GroupSpecEngine, exit_unless_left
@@ -37,7 +37,7 @@ class GroupSharedEngine(SharedEngine):
     def __init__(
         self,
         load: Callable[[], Models],
-        settings: SpecSettings,
+        settings: SpeculativeConfig,
         capacity: int,
         *,
         channel: Channel,

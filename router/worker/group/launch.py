@@ -19,25 +19,18 @@ script runs); its one private name this relies on is listed in ``router.worker.m
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from router.worker_contract import GROUP_LAUNCH_FILE
+from router.kernel.grouplaunch import write_private
+from router.kernel.worker_contract import GROUP_LAUNCH_FILE
 
 # mlx.launch's RemoteProcess.make_launch_script(rank, python, cwd, files, env, command,
 # is_local): the text of the shell script that starts one rank.
 Script = Callable[[int, Any, Any, Any, Any, Any, bool], str]
-
-
-def write_private(path: Path, text: str) -> None:
-    """``text`` into a new file only this user may read or write (0600, never an old one)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
 
 
 def private_scripts(make_script: Script, directory: Path) -> Script:

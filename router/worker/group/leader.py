@@ -22,7 +22,7 @@ from typing import Any
 from router.worker.engines.engine import Models
 from router.worker.engines.jobs import Job, JobQueue
 from router.worker.engines.promptcache import DRAFT, TARGET, PromptCache, Segment
-from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
+from router.worker.engines.speculative import SpeculativeConfig, SpeculativeEngine
 from router.worker.group.channel import Channel, disagree, gather_memory, own_rss_mib, send
 from router.worker.group.mirror import IDLE_TICK
 from router.worker.group.protocol import Message, Op, checksum
@@ -159,7 +159,7 @@ class GroupSpecEngine(SpeculativeEngine):
     def __init__(
         self,
         load: Callable[[], Models],
-        settings: SpecSettings,
+        settings: SpeculativeConfig,
         channel: Channel,
         facts: GroupFacts,
         *,

@@ -20,9 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from router.worker.engines.engine import LoadError, Models
+from router.kernel.errors import LoadError
+from router.kernel.worker_contract import SHARED_MODE
+from router.worker.engines.engine import Models
 from router.worker.engines.promptcache import PromptCache
-from router.worker.engines.speculative import SpecSettings
+from router.worker.engines.speculative import SpeculativeConfig
 from router.worker.group.batchgen import SyncModel, generator_options, group_generator
 from router.worker.group.batchmirror import BatchMirror, mirror_batch_class
 from router.worker.group.both import GroupSharedEngine
@@ -30,7 +32,6 @@ from router.worker.group.channel import MxChannel
 from router.worker.group.leader import GroupFacts, GroupSpecEngine
 from router.worker.group.mirror import Mirror, follow
 from router.worker.group.shard import MlxShard, load_shard
-from router.worker_contract import SHARED_MODE
 
 log = logging.getLogger("speclane.worker.group")
 
@@ -125,7 +126,7 @@ def group_facts(args: argparse.Namespace) -> GroupFacts:
     return GroupFacts(hosts, args.group_backend, args.group_parallel)
 
 
-def group_engine(args: argparse.Namespace, settings: SpecSettings) -> GroupSpecEngine:
+def group_engine(args: argparse.Namespace, settings: SpeculativeConfig) -> GroupSpecEngine:
     """Rank 0's engine of the speculative lane alone."""
     import mlx.core as mx
 
@@ -133,7 +134,7 @@ def group_engine(args: argparse.Namespace, settings: SpecSettings) -> GroupSpecE
     return GroupSpecEngine(group_loader(args, group), settings, MxChannel(group), group_facts(args))
 
 
-def group_shared_engine(args: argparse.Namespace, settings: SpecSettings) -> GroupSharedEngine:
+def group_shared_engine(args: argparse.Namespace, settings: SpeculativeConfig) -> GroupSharedEngine:
     """Rank 0's engine serving both lanes (``--mode shared``) on one copy of the target."""
     import mlx.core as mx
 

@@ -2,31 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from router.worker.engines.engine import LoadError
-
-
-def check_split(model_dir: Path, ranks: int, parallel: str) -> None:
-    """Refuse, in one line naming what to change, a tensor split the model's heads do not
-    allow (mlx-lm's ``shard()`` would divide them silently and compute garbage)."""
-    if parallel != "tensor":
-        return
-    try:
-        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise LoadError(f"{model_dir}: cannot read config.json: {e}") from e
-    text = config.get("text_config", config)
-    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
-        value = text.get(key)
-        if isinstance(value, int) and value % ranks:
-            raise LoadError(
-                f"{model_dir.name}: {key} = {value} does not split over {ranks} ranks for "
-                "tensor parallelism; change [lanes.group] hosts to a divisor of it, or "
-                'parallel = "pipeline" for a model that has pipeline()'
-            )
+from router.kernel.errors import LoadError
+from router.kernel.grouplaunch import check_split
 
 
 def load_shard(model_dir: Path, parallel: str, group: Any) -> tuple[Any, Any]:

@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-from router import sse
-from router.errors import sse_error_event
+from router.kernel import sse
+from router.kernel.errors import sse_error_event
+from router.kernel.worker_contract import STREAM_USAGE_FIELD
 from router.worker.decoding.tools import CallDelta, ParsedCall, Piece, ToolStream
 from router.worker.engines.jobs import Event, Failed, Finished, Job, TextDelta
 from router.worker.engines.logprobs import TokenLogprob
 from router.worker.engines.stats import merge_usage
 from router.worker.http.shapes import Answer, LogprobShapes
-from router.worker_contract import STREAM_USAGE_FIELD
 
 # While a tool call that is sent whole (a native syntax, keys in another order) or a streamed
 # call's head is being written nothing can be sent, so a long call (a patch, a file) would look

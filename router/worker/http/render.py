@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from router.errors import bad_request
+from router.kernel.errors import bad_request
 
 # Private-use characters: a marker is OPEN + the special token's index + CLOSE. Real text
 # almost never holds them; a message that does is read with the next pair (``_markers``).

@@ -8,12 +8,12 @@ Handlers never wait on the generation thread except through their job's event qu
 tokenizer, and a generation request's preparation before any token count.
 
 A request's prompt-cache partition comes in the ``X-Speclane-Cache-Partition`` header
-(``router.worker_contract``); its job reuses cached KV state of that partition only.
+(``router.kernel.worker_contract``); its job reuses cached KV state of that partition only.
 
-With a worker secret (``router.worker_contract.WORKER_SECRET_ENV``) every endpoint, ``/health``
-included, answers only requests carrying it (``WORKER_SECRET_HEADER``), compared in constant
-time; anything else is a 401 before routing, parsing or the body is read: the router's
-policies, queues and browser rules cannot be skipped by going to the lane's port.
+With a worker secret (``router.kernel.worker_contract.WORKER_SECRET_ENV``) every endpoint,
+``/health`` included, answers only requests carrying it (``WORKER_SECRET_HEADER``), compared
+in constant time; anything else is a 401 before routing, parsing or the body is read: the
+router's policies, queues and browser rules cannot be skipped by going to the lane's port.
 """
 
 from __future__ import annotations
@@ -31,12 +31,22 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from router.errors import (
+from router.kernel.errors import (
     RouterError,
     bad_request,
     internal_error,
     not_found,
     render,
+)
+from router.kernel.worker_contract import (
+    CACHE_PARTITION_HEADER,
+    CACHE_PARTITION_PATTERN,
+    DEFAULT_MAX_BODY_BYTES,
+    DRAFT_SOURCE_FIELD,
+    SHARED_MODE,
+    WORKER_SECRET_HEADER,
+    lane_prefix,
+    secret_matches,
 )
 from router.worker.decoding.constrain import COMPILER
 from router.worker.decoding.tools import (
@@ -60,19 +70,9 @@ from router.worker.request.protocol import (
     context_exceeded,
     fit_vocabulary,
     fits_context,
-    parse_request,
+    parse_generation_request,
     prompt_chars,
     token_budget,
-)
-from router.worker_contract import (
-    CACHE_PARTITION_HEADER,
-    CACHE_PARTITION_PATTERN,
-    DEFAULT_MAX_BODY_BYTES,
-    DRAFT_SOURCE_FIELD,
-    SHARED_MODE,
-    WORKER_SECRET_HEADER,
-    lane_prefix,
-    secret_matches,
 )
 
 log = logging.getLogger("speclane.worker")
@@ -102,7 +102,7 @@ TOKENIZE = web.AppKey("tokenize", TokenizerThread)
 _PARTITION = re.compile(CACHE_PARTITION_PATTERN)
 
 
-def make_app(
+def make_worker_app(
     engine: Engine,
     info: WorkerInfo,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -124,7 +124,7 @@ def make_shared_app(
     """Shared mode: each lane's endpoints under its prefix (``contract.lane_prefix``), as a
     one-lane worker serves them at ``/``; ``/health`` at the root reports the process and every
     lane (``figures``: the process's own entries). One tokenize thread serves all lanes: they
-    share one tokenizer. ``secret``: as ``make_app`` (the root's check covers the lanes)."""
+    share one tokenizer. ``secret``: as ``make_worker_app`` (the root's check covers the lanes)."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=_middlewares(secret))
     app.cleanup_ctx.append(_tokenize_pool)
     tokenizer = TokenizerThread()
@@ -363,10 +363,10 @@ async def _submit_after_prefill(engine: Engine, jobs: list[Job]) -> None:
 
 
 def checked(body: Any, kind: Kind, info: WorkerInfo) -> GenerationRequest:
-    """The request validated at the lane's boundary: its fields (``parse_request``), its
+    """The request validated at the lane's boundary: its fields (``parse_generation_request``), its
     model, and every token id against the vocabulary (``fit_vocabulary``), before any of it
     reaches the tokenizer or MLX."""
-    generation = parse_request(body, kind)
+    generation = parse_generation_request(body, kind)
     if generation.model is not None and generation.model != info.model_name:
         raise not_found(
             f"model '{generation.model}' is not served here", param="model", code="model_not_found"

@@ -8,7 +8,7 @@ end of the context, as OpenAI and vLLM do (the server resolves the budget, ``tok
 System messages may come anywhere (OpenAI ``system`` and ``developer``, Anthropic's
 mid-conversation system messages), but many chat templates accept one system message, first:
 ``fold_system_messages`` folds them with the rule the proxy also applies for external
-backends (``router.system_messages``), so a conversation renders the same on every turn and
+backends (``router.kernel.system_messages``), so a conversation renders the same on every turn and
 its prompt cache keeps hitting.
 
 Tools (``tools``, ``tool_choice``, ``parallel_tool_calls``), assistant ``tool_calls`` and
@@ -28,10 +28,10 @@ from typing import Any, Literal
 
 import orjson
 
-from router.errors import RouterError, bad_request
-from router.request_rules import MAX_N, integer, logit_bias, logprobs, number, seed, typed
-from router.system_messages import escape_text, fold
-from router.worker_contract import (
+from router.kernel.errors import RouterError, bad_request
+from router.kernel.request_rules import MAX_N, integer, logit_bias, logprobs, number, seed, typed
+from router.kernel.system_messages import escape_text, fold
+from router.kernel.worker_contract import (
     DRAFT_SOURCE_FIELD,
     DRAFT_TOKENS_FIELD,
     MAX_DRAFT_TOKENS,
@@ -149,7 +149,7 @@ class GenerationRequest:
         return bool(self.tools) and self.tool_choice != "none"
 
 
-def parse_request(body: Any, kind: Kind) -> GenerationRequest:
+def parse_generation_request(body: Any, kind: Kind) -> GenerationRequest:
     if not isinstance(body, Mapping):
         raise bad_request("the request body must be a JSON object")
     source: dict[str, Any] = (
@@ -303,7 +303,7 @@ def _messages(body: Mapping[str, Any]) -> tuple[Message, ...]:
 
 def fold_system_messages(messages: list[Message]) -> tuple[Message, ...]:
     """System and developer messages anywhere -> one leading system message and user notes
-    (``router.system_messages.fold``)."""
+    (``router.kernel.system_messages.fold``)."""
     return tuple(
         fold(
             messages,

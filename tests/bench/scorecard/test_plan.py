@@ -17,9 +17,9 @@ from router.bench.scorecard.plan import (
     Speeds,
     cell_seconds,
     fit,
-    speeds_from,
 )
 from router.bench.scorecard.progress import Progress, clock
+from router.bench.scorecard.records import speeds_from
 from tests.bench.scorecard.build import req, uniform
 
 # 1 s to the first token, 10 tok/s after it, on every lane; long prompts 3x slower to start.

@@ -14,10 +14,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.worker.decoding.constrain import COMPILER, Constraint, closed, grammar_parts
 from router.worker.decoding.tools import ToolStream, fallback_syntax
-from router.worker.request.protocol import parse_request
+from router.worker.request.protocol import parse_generation_request
 
 WEATHER_PARAMS = {
     "type": "object",
@@ -53,7 +53,7 @@ def tokenizer(prepared_models: tuple[Path, Path]) -> Any:
 
 
 def request(**fields: Any) -> Any:
-    return parse_request({"messages": MESSAGES, **fields}, "chat")
+    return parse_generation_request({"messages": MESSAGES, **fields}, "chat")
 
 
 def walk(constraint: Constraint, tokenizer: Any, seed: int, limit: int = 200) -> tuple[str, bool]:

@@ -14,7 +14,7 @@ from router.worker.decoding.tools import (
     fallback_syntax,
     format_call,
 )
-from router.worker.request.protocol import Tool, parse_request
+from router.worker.request.protocol import Tool, parse_generation_request
 
 WEATHER = Tool("get_weather", "Weather in a city", '{"type":"object"}')
 TIME = Tool("get_time", None, '{"type":"object"}')
@@ -98,7 +98,7 @@ def _request(**fields: Any) -> Any:
         {"type": "function", "function": {"name": t.name, "parameters": {"type": "object"}}}
         for t in (WEATHER, TIME)
     ]
-    return parse_request({"messages": CONVERSATION, "tools": tools, **fields}, "chat")
+    return parse_generation_request({"messages": CONVERSATION, "tools": tools, **fields}, "chat")
 
 
 CONVERSATION: list[dict[str, Any]] = [
@@ -224,7 +224,9 @@ def test_the_default_template_gets_the_fallback(prepared_models: tuple[Any, Any]
     syntax = syntax_for(tokenizer, request)
     assert not syntax.native
     with_tools = encode(tokenizer, request, syntax)
-    without = encode(tokenizer, parse_request({"messages": CONVERSATION}, "chat"), syntax)
+    without = encode(
+        tokenizer, parse_generation_request({"messages": CONVERSATION}, "chat"), syntax
+    )
     assert len(with_tools) > len(without)  # the tools are in the prompt, not dropped
     assert '"name": "get_weather"' in tokenizer.decode(with_tools)
 

@@ -9,8 +9,8 @@ from router.worker.drafting.draftchoice import (
     CARRY_WEIGHT,
     DRAFT_MODEL,
     PROBE_EVERY,
-    Candidate,
     Chooser,
+    DraftCandidate,
     DraftCost,
     Evidence,
     best_rate,
@@ -31,7 +31,7 @@ class Fixed:
 
 
 def model_chooser(alpha: tuple[float, float], gamma: float, beta: float = 0.1) -> Chooser:
-    draft = Candidate(DRAFT_MODEL, Fixed([7, 7, 7]), 3, Acceptance(alpha))
+    draft = DraftCandidate(DRAFT_MODEL, Fixed([7, 7, 7]), 3, Acceptance(alpha))
     return Chooser([draft], PassCost(beta), DraftCost(gamma))
 
 
@@ -74,8 +74,8 @@ def test_a_draft_model_that_could_pay_is_probed_after_a_while() -> None:
 
 
 def test_copying_wins_over_a_draft_model_that_costs_a_pass() -> None:
-    lookup = Candidate("prompt_lookup", Fixed([4, 5, 6, 7, 8, 9]), 8, Acceptance((9.0, 1.0)))
-    draft = Candidate(DRAFT_MODEL, Fixed([4, 5, 6]), 3, Acceptance((9.0, 1.0)))
+    lookup = DraftCandidate("prompt_lookup", Fixed([4, 5, 6, 7, 8, 9]), 8, Acceptance((9.0, 1.0)))
+    draft = DraftCandidate(DRAFT_MODEL, Fixed([4, 5, 6]), 3, Acceptance((9.0, 1.0)))
     chooser = Chooser([draft, lookup], PassCost(0.1), DraftCost(0.3))
     choice = chooser.choose([1, 2, 3], 6)  # the copied run fills the step: nothing to chain
     assert (choice.source, choice.tokens) == ("prompt_lookup", [4, 5, 6, 7, 8, 9])
@@ -83,20 +83,20 @@ def test_copying_wins_over_a_draft_model_that_costs_a_pass() -> None:
 
 
 def test_the_draft_model_drafts_chat_when_nothing_copies() -> None:
-    lookup = Candidate("prompt_lookup", Fixed([]), 8)  # no match in the context
-    draft = Candidate(DRAFT_MODEL, Fixed([4, 5, 6]), 3, Acceptance((9.0, 1.0)))
+    lookup = DraftCandidate("prompt_lookup", Fixed([]), 8)  # no match in the context
+    draft = DraftCandidate(DRAFT_MODEL, Fixed([4, 5, 6]), 3, Acceptance((9.0, 1.0)))
     chooser = Chooser([lookup, draft], PassCost(0.1), DraftCost(0.1))
     assert chooser.choose([1, 2, 3], 8).source == DRAFT_MODEL
 
 
 def test_an_unmeasured_draft_model_drafts_once_to_be_measured() -> None:
-    draft = Candidate(DRAFT_MODEL, Fixed([4, 5, 6]), 3, Acceptance((1.0, 9.0)))
+    draft = DraftCandidate(DRAFT_MODEL, Fixed([4, 5, 6]), 3, Acceptance((1.0, 9.0)))
     chooser = Chooser([draft], PassCost(0.1), DraftCost())
     assert chooser.choose([1, 2, 3], 8).source == DRAFT_MODEL
 
 
 def test_nothing_pays_a_plain_step_and_the_proposals_are_shadowed() -> None:
-    lookup = Candidate("prompt_lookup", Fixed([4, 5, 6]), 8, Acceptance((1.0, 9.0)))
+    lookup = DraftCandidate("prompt_lookup", Fixed([4, 5, 6]), 8, Acceptance((1.0, 9.0)))
     chooser = Chooser([lookup], PassCost(0.2))
     history = [1, 2, 3]
     assert chooser.choose(history, 8).source is None
@@ -109,7 +109,7 @@ def test_nothing_pays_a_plain_step_and_the_proposals_are_shadowed() -> None:
 
 
 def test_a_shadow_counts_the_run_until_the_first_miss() -> None:
-    lookup = Candidate("prompt_lookup", Fixed([4, 5, 6, 7]), 8, Acceptance((0.0, 1.0)))
+    lookup = DraftCandidate("prompt_lookup", Fixed([4, 5, 6, 7]), 8, Acceptance((0.0, 1.0)))
     chooser = Chooser([lookup], PassCost(5.0))  # nothing ever pays: shadows only
     chooser.choose([1], 8)
     chooser.choose([1, 4, 5], 8)  # two kept so far, undecided
@@ -120,8 +120,8 @@ def test_a_shadow_counts_the_run_until_the_first_miss() -> None:
 
 def test_the_source_that_copies_takes_over_from_one_that_stopped() -> None:
     """Two free sources: the one whose shadows are kept overtakes the one being refused."""
-    a = Candidate("prompt_lookup", Fixed([9, 9, 9]), 8, Acceptance((3.0, 1.0)))
-    b = Candidate("suffix", Fixed([4, 5, 6]), 8, Acceptance((1.0, 1.0)))
+    a = DraftCandidate("prompt_lookup", Fixed([9, 9, 9]), 8, Acceptance((3.0, 1.0)))
+    b = DraftCandidate("suffix", Fixed([4, 5, 6]), 8, Acceptance((1.0, 1.0)))
     chooser = Chooser([a, b], PassCost(0.05))
     history = [1, 2, 3]
     picked = []
@@ -141,7 +141,7 @@ def test_the_source_that_copies_takes_over_from_one_that_stopped() -> None:
 
 
 def test_unpaced_the_first_source_with_a_proposal_always_drafts() -> None:
-    draft = Candidate(DRAFT_MODEL, Fixed([4, 5]), 3, Acceptance((0.0, 9.0)))
+    draft = DraftCandidate(DRAFT_MODEL, Fixed([4, 5]), 3, Acceptance((0.0, 9.0)))
     chooser = Chooser([draft], PassCost(0.5), DraftCost(3.0), paced=False)
     assert chooser.choose([1], 8).tokens == [4, 5]
 
@@ -185,14 +185,16 @@ def test_evidence_is_bounded_in_partitions() -> None:
 def test_a_prediction_starts_trusted() -> None:
     cost = PassCost(0.5)  # dear positions: an untried source does not draft at first
     evidence = Evidence()
-    trusted = Candidate("prediction", Fixed([1] * 16), 16, evidence.acceptance("p", "prediction"))
-    untried = Candidate("prompt_lookup", Fixed([1] * 16), 16, evidence.acceptance("p", "x"))
+    trusted = DraftCandidate(
+        "prediction", Fixed([1] * 16), 16, evidence.acceptance("p", "prediction")
+    )
+    untried = DraftCandidate("prompt_lookup", Fixed([1] * 16), 16, evidence.acceptance("p", "x"))
     assert Chooser([trusted], cost).choose([0], 16).source == "prediction"
     assert Chooser([untried], cost).choose([0], 16).source is None
 
 
 def test_a_step_drafts_the_length_that_yields_most() -> None:
-    lookup = Candidate("prompt_lookup", Fixed(list(range(8))), 8, Acceptance((2.0, 3.0)))
+    lookup = DraftCandidate("prompt_lookup", Fixed(list(range(8))), 8, Acceptance((2.0, 3.0)))
     chooser = Chooser([lookup], PassCost(0.18))  # alpha 0.4: a short draft pays, 8 not
     choice = chooser.choose([9], 8)
     assert 0 < len(choice.tokens) < 8
@@ -211,14 +213,14 @@ def test_runs_kept_whole_draft_far_at_an_acceptance_that_would_draft_short() -> 
         runs.verified(8, 8)
     assert (
         len(
-            Chooser([Candidate("p", Fixed(list(range(8))), 8, runs)], PassCost(0.15))
+            Chooser([DraftCandidate("p", Fixed(list(range(8))), 8, runs)], PassCost(0.15))
             .choose([9], 8)
             .tokens
         )
         == 8
     )
     geometric = Acceptance((runs.kept, runs.rejected))  # the same alpha, no positions
-    short = Chooser([Candidate("p", Fixed(list(range(8))), 8, geometric)], PassCost(0.15))
+    short = Chooser([DraftCandidate("p", Fixed(list(range(8))), 8, geometric)], PassCost(0.15))
     assert len(short.choose([9], 8).tokens) < 8
 
 
@@ -238,7 +240,7 @@ def test_acceptance_is_kept_per_match_length_class() -> None:
     long match's still drafts (SuffixDecoding's insight), where one figure would average
     the two."""
     proposer = Graded()
-    lookup = Candidate("prompt_lookup", proposer, 4, grade=lambda: proposer.matched)
+    lookup = DraftCandidate("prompt_lookup", proposer, 4, grade=lambda: proposer.matched)
     chooser = Chooser([lookup], PassCost(0.2))
     for _ in range(6):
         for matched, kept in ((2, 0), (12, 4)):
@@ -256,9 +258,9 @@ def test_acceptance_is_kept_per_match_length_class() -> None:
 
 
 def test_a_short_copied_run_is_continued_by_a_draft_model_that_pays() -> None:
-    lookup = Candidate("prompt_lookup", Fixed([4, 5]), 8, Acceptance((9.0, 1.0)))
+    lookup = DraftCandidate("prompt_lookup", Fixed([4, 5]), 8, Acceptance((9.0, 1.0)))
     model = Fixed([6, 7, 8])
-    draft = Candidate(DRAFT_MODEL, model, 3, Acceptance((3.0, 1.0)))
+    draft = DraftCandidate(DRAFT_MODEL, model, 3, Acceptance((3.0, 1.0)))
     chooser = Chooser([lookup, draft], PassCost(0.05), DraftCost(0.05))
     choice = chooser.choose([1, 2, 3], 8)
     assert (choice.source, choice.tokens, choice.chained) == ("prompt_lookup", [4, 5, 6, 7, 8], 2)
@@ -273,8 +275,8 @@ def test_a_short_copied_run_is_continued_by_a_draft_model_that_pays() -> None:
 
 
 def test_no_chain_where_the_draft_model_does_not_pay() -> None:
-    lookup = Candidate("prompt_lookup", Fixed([4, 5]), 8, Acceptance((9.0, 1.0)))
-    draft = Candidate(DRAFT_MODEL, Fixed([6, 7, 8]), 3, Acceptance((9.0, 1.0)))
+    lookup = DraftCandidate("prompt_lookup", Fixed([4, 5]), 8, Acceptance((9.0, 1.0)))
+    draft = DraftCandidate(DRAFT_MODEL, Fixed([6, 7, 8]), 3, Acceptance((9.0, 1.0)))
     chooser = Chooser([lookup, draft], PassCost(0.05), DraftCost(1.0))
     choice = chooser.choose([1, 2, 3], 8)
     assert (choice.tokens, choice.chained) == ([4, 5], None)
@@ -283,14 +285,14 @@ def test_no_chain_where_the_draft_model_does_not_pay() -> None:
 
 def test_free_positions_draft_the_longest_whatever_the_acceptance() -> None:
     """``draft_position_cost = 0``: a draft costs nothing, so even a refused source drafts."""
-    lookup = Candidate("prompt_lookup", Fixed(list(range(8))), 8, Acceptance((0.0, 9.0)))
+    lookup = DraftCandidate("prompt_lookup", Fixed(list(range(8))), 8, Acceptance((0.0, 9.0)))
     assert len(Chooser([lookup], PassCost(0.0)).choose([9], 8).tokens) == 8
 
 
 def test_a_row_drafts_up_to_the_width_of_the_batched_pass_for_free() -> None:
     """A batched pass is as wide as its longest row: a row whose own rule drafts short (or
     nothing) drafts what its source proposed up to that width, and is judged on it."""
-    lookup = Candidate("prompt_lookup", Fixed([4, 5, 6, 7, 8, 9]), 8, Acceptance((1.0, 4.0)))
+    lookup = DraftCandidate("prompt_lookup", Fixed([4, 5, 6, 7, 8, 9]), 8, Acceptance((1.0, 4.0)))
     chooser = Chooser([lookup], PassCost(0.5))
     choice = chooser.choose([1, 2, 3], 8)
     assert choice.source is None  # on its own: refused too often to pay
@@ -304,7 +306,7 @@ def test_a_row_drafts_up_to_the_width_of_the_batched_pass_for_free() -> None:
 
 
 def test_widening_keeps_a_draft_that_is_already_as_wide() -> None:
-    lookup = Candidate("prompt_lookup", Fixed([4, 5]), 8, Acceptance((9.0, 1.0)))
+    lookup = DraftCandidate("prompt_lookup", Fixed([4, 5]), 8, Acceptance((9.0, 1.0)))
     chooser = Chooser([lookup], PassCost(0.05))
     choice = chooser.choose([1, 2, 3], 8)
     assert choice.tokens == [4, 5]

@@ -12,7 +12,7 @@ import pytest
 
 from router.worker.drafting.draftchoice import DraftCost
 from router.worker.engines.engine import Models
-from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
+from router.worker.engines.speculative import SpeculativeConfig, SpeculativeEngine
 from tests.worker.engine_run import answer_once
 
 pytestmark = pytest.mark.realmodel
@@ -28,7 +28,7 @@ def engine(loaded_models: tuple[Any, Any, Any]) -> Iterator[SpeculativeEngine]:
     def load_models() -> Models:
         return Models(*loaded_models)  # the session's (evaluated: shareable)
 
-    engine = SpeculativeEngine(load_models, SpecSettings(draft_source="auto"))
+    engine = SpeculativeEngine(load_models, SpeculativeConfig(draft_source="auto"))
     engine.start()
     yield engine
     engine.stop(30)

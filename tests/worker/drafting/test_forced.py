@@ -13,7 +13,7 @@ import pytest
 
 from router.worker.decoding.constrain import COMPILER, Constraint
 from router.worker.drafting.forced import FREE_START, ConstraintDraft, Draft
-from router.worker.request.protocol import parse_request
+from router.worker.request.protocol import parse_generation_request
 
 WEATHER = {
     "type": "object",
@@ -49,7 +49,7 @@ def tokenizer(prepared_models: tuple[Path, Path]) -> Any:
 
 def compiled(tokenizer: Any, **fields: Any) -> Constraint:
     body = {"messages": [{"role": "user", "content": "hi"}], **fields}
-    constraint = COMPILER.compile(parse_request(body, "chat"), tokenizer)
+    constraint = COMPILER.compile(parse_generation_request(body, "chat"), tokenizer)
     assert constraint is not None
     return constraint
 

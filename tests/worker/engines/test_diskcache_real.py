@@ -11,8 +11,8 @@ from typing import Any
 import openai
 import pytest
 
+from router.kernel.worker_contract import CACHE_PARTITION_HEADER
 from router.lanes.modelprep import DEFAULT_MODEL_NAME
-from router.worker_contract import CACHE_PARTITION_HEADER
 from tests.worker.conftest import WorkerProcess, start_worker, worker_command
 
 pytestmark = pytest.mark.realmodel

@@ -12,7 +12,7 @@ import threading
 from router.worker.engines.engine import Models
 from router.worker.engines.jobs import JobQueue
 from router.worker.engines.shared import SharedEngine, materialize, threads_for
-from router.worker.engines.speculative import SpecSettings
+from router.worker.engines.speculative import SpeculativeConfig
 
 TIMEOUT = 10.0
 
@@ -77,7 +77,7 @@ def run(spec_work: int, batch_work: int) -> list[str]:
 def shared_engine(threads: int) -> SharedEngine:
     return SharedEngine(
         lambda: Models(None, None),
-        SpecSettings(draft_source="none"),
+        SpeculativeConfig(draft_source="none"),
         4,
         prompt_cache_bytes=0,
         prefill_step_size=64,

@@ -16,8 +16,8 @@ import aiohttp
 import openai
 import pytest
 
+from router.kernel.worker_contract import CACHE_PARTITION_HEADER, lane_prefix
 from router.lanes.modelprep import DEFAULT_DRAFT_NAME, DEFAULT_MODEL_NAME
-from router.worker_contract import CACHE_PARTITION_HEADER, lane_prefix
 from tests.worker.conftest import BATCH_SIZE, WorkerProcess, start_worker, worker_command
 
 pytestmark = pytest.mark.realmodel

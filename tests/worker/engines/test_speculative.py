@@ -9,7 +9,7 @@ from router.worker.engines.speculative import (
     MERGED_PROMPT_MAX,
     PREFILL_STEP,
     Plan,
-    SpecSettings,
+    SpeculativeConfig,
     Step,
     decode,
     lookup_proposer,
@@ -127,7 +127,7 @@ def test_the_cache_may_already_hold_a_prefix() -> None:
         next(decode(model, [ScriptedCache()], ids("ab"), 2, max_tokens=5, sampler=greedy))
 
 
-SETTINGS = SpecSettings(draft_source="draft_model", num_draft_tokens=3)
+SETTINGS = SpeculativeConfig(draft_source="draft_model", num_draft_tokens=3)
 
 
 @pytest.mark.parametrize(
@@ -152,15 +152,21 @@ SETTINGS = SpecSettings(draft_source="draft_model", num_draft_tokens=3)
         (GenerationRequest("chat"), SETTINGS, False, False, Plan(None, 0)),  # no draft loaded
         (
             GenerationRequest("chat"),
-            SpecSettings(draft_source="prompt_lookup"),
+            SpeculativeConfig(draft_source="prompt_lookup"),
             False,
             False,
             Plan("prompt_lookup", 8),
         ),
-        (GenerationRequest("chat"), SpecSettings(draft_source="none"), True, False, Plan(None, 0)),
         (
             GenerationRequest("chat"),
-            SpecSettings(draft_source="suffix"),
+            SpeculativeConfig(draft_source="none"),
+            True,
+            False,
+            Plan(None, 0),
+        ),
+        (
+            GenerationRequest("chat"),
+            SpeculativeConfig(draft_source="suffix"),
             False,
             False,
             Plan("suffix", 16),
@@ -197,14 +203,14 @@ SETTINGS = SpecSettings(draft_source="draft_model", num_draft_tokens=3)
         ),
         (
             GenerationRequest("chat", draft_source="draft_model"),
-            SpecSettings(draft_source="prompt_lookup"),
+            SpeculativeConfig(draft_source="prompt_lookup"),
             True,
             False,
             Plan("draft_model", 3),
         ),
         (
             GenerationRequest("chat", draft_source="prompt_lookup"),
-            SpecSettings(draft_source="none"),
+            SpeculativeConfig(draft_source="none"),
             False,
             False,
             Plan("prompt_lookup", 8),
@@ -234,7 +240,7 @@ SETTINGS = SpecSettings(draft_source="draft_model", num_draft_tokens=3)
         (GenerationRequest("chat", prediction="x"), SETTINGS, True, True, Plan(None, 0)),
         (
             GenerationRequest("chat"),
-            SpecSettings(draft_source="prompt_lookup"),
+            SpeculativeConfig(draft_source="prompt_lookup"),
             False,
             True,
             Plan(None, 0),
@@ -263,7 +269,7 @@ def test_plan_drafts_forced_tokens_of_a_constrained_request(request_, processors
     if request_.draft_source is not None or not expected.forced:
         return
     no_source = plan(
-        request_, SpecSettings(draft_source="none"), False, processors, constrained=True
+        request_, SpeculativeConfig(draft_source="none"), False, processors, constrained=True
     )
     assert no_source.source is None and no_source.forced == expected.forced
 
@@ -271,7 +277,7 @@ def test_plan_drafts_forced_tokens_of_a_constrained_request(request_, processors
 def test_auto_choice_drafts_from_the_source_that_copies_and_stays_lossless() -> None:
     """A copying answer, two sources: lookup copies the prompt, the other proposes junk. The
     chooser ends up drafting from lookup, and the output is plain decoding's."""
-    from router.worker.drafting.draftchoice import Candidate, Chooser
+    from router.worker.drafting.draftchoice import Chooser, DraftCandidate
     from router.worker.drafting.draftcontrol import PassCost
 
     prompt = PROMPT * 2
@@ -279,8 +285,8 @@ def test_auto_choice_drafts_from_the_source_that_copies_and_stays_lossless() -> 
     history = ids(prompt)
     lookup = lookup_proposer(LookupConfig(max_draft=8))
     prompt_len = len(history)
-    junk = Candidate("suffix", lambda h, k: [ord("#")] * k, 8)
-    copy = Candidate("prompt_lookup", lambda h, k: lookup(h, prompt_len, k), 8)
+    junk = DraftCandidate("suffix", lambda h, k: [ord("#")] * k, 8)
+    copy = DraftCandidate("prompt_lookup", lambda h, k: lookup(h, prompt_len, k), 8)
     chooser = Chooser([junk, copy], PassCost(0.1))
     steps = list(
         decode(

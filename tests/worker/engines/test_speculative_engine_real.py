@@ -11,7 +11,7 @@ import pytest
 
 from router.worker.drafting.suffix import SuffixIndex
 from router.worker.engines.engine import Models
-from router.worker.engines.speculative import SpecSettings, SpeculativeEngine
+from router.worker.engines.speculative import SpeculativeConfig, SpeculativeEngine
 from tests.worker.engine_run import answer_once
 
 pytestmark = pytest.mark.realmodel
@@ -26,7 +26,7 @@ def engine(loaded_models: tuple[Any, Any, Any]) -> Iterator[SpeculativeEngine]:
         model, tokenizer, _ = loaded_models  # the session's (evaluated: shareable)
         return Models(model, tokenizer)
 
-    engine = SpeculativeEngine(load_models, SpecSettings(draft_source="none"))
+    engine = SpeculativeEngine(load_models, SpeculativeConfig(draft_source="none"))
     engine.start()
     yield engine
     engine.stop(30)

@@ -67,11 +67,11 @@ def test_a_paced_source_stops_drafting_what_fails_and_keeps_drafting_a_copy(
     """With positions that cost (the figure fixed, as a CPU measures it), a source whose
     drafts the target refuses soon drafts nothing; one that copies keeps drafting; the
     output is plain decoding's either way."""
-    from router.worker.drafting.draftchoice import Candidate, Chooser
+    from router.worker.drafting.draftchoice import Chooser, DraftCandidate
     from router.worker.drafting.draftcontrol import PassCost
 
     def paced(propose: Any, prompt: list[int]) -> Chooser:
-        source = Candidate("source", lambda h, k: propose(h, len(prompt), k), 8)
+        source = DraftCandidate("source", lambda h, k: propose(h, len(prompt), k), 8)
         return Chooser([source], PassCost(0.18))
 
     model, tokenizer, _ = loaded
@@ -192,11 +192,11 @@ def test_forced_tokens_write_what_plain_constrained_decoding_writes(
 
     from router.worker.decoding.constrain import COMPILER
     from router.worker.drafting.forced import ConstraintDraft
-    from router.worker.request.protocol import parse_request
+    from router.worker.request.protocol import parse_generation_request
 
     model, tokenizer, draft_model = loaded
     messages = [{"role": "user", "content": "What is the weather in Paris? Tom is 31 years old."}]
-    request = parse_request({"messages": messages, **CONSTRAINED[case]}, "chat")
+    request = parse_generation_request({"messages": messages, **CONSTRAINED[case]}, "chat")
     constraint = COMPILER.compile(request, tokenizer)
     prompt = prompt_ids(tokenizer, messages)
     eos = frozenset(tokenizer.eos_token_ids)

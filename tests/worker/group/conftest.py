@@ -18,10 +18,10 @@ from typing import IO, Any
 import psutil
 import pytest
 
+from router.kernel.worker_contract import READY_PREFIX
 from router.lanes.blas import preload_env
 from router.lanes.modelprep import ensure_default_models
 from router.lanes.rankgroup import free_port_range, launcher
-from router.worker_contract import READY_PREFIX
 from tests.worker.conftest import read_line
 from tests.worker.group.tiny import make_tiny_model
 

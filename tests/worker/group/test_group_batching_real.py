@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from router.worker_contract import lane_prefix
+from router.kernel.worker_contract import lane_prefix
 from tests.lanes.test_lanes_tools_e2e import ASK, READ
 from tests.worker.conftest import WorkerProcess, start_worker, worker_command
 from tests.worker.group.conftest import Group, health, post, start_group

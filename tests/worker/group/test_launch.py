@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from router.kernel.worker_contract import GROUP_LAUNCH_FILE, GROUP_LAUNCH_MODULE
 from router.lanes.rankgroup import free_port_range, private_launch
 from router.worker.group.launch import private_scripts, read_arguments
-from router.worker_contract import GROUP_LAUNCH_FILE, GROUP_LAUNCH_MODULE
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ import openai
 import orjson
 import pytest
 
+from router.kernel.worker_contract import STREAM_USAGE_FIELD, WORKER_SECRET_HEADER
 from router.worker.http import server as server_module
-from router.worker.http.server import WorkerInfo, make_app, start_site
+from router.worker.http.server import WorkerInfo, make_worker_app, start_site
 from router.worker.request.protocol import GenerationRequest
-from router.worker_contract import STREAM_USAGE_FIELD, WORKER_SECRET_HEADER
 from tests.worker.scripted import ScriptedEngine
 
 MODEL = "scripted-model"
@@ -33,7 +33,7 @@ async def serving(engine: ScriptedEngine, context_length: int | None = None) -> 
         num_draft_tokens=0,
         context_length=context_length,
     )
-    runner, port = await start_site(make_app(engine, info), "127.0.0.1", 0)
+    runner, port = await start_site(make_worker_app(engine, info), "127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -439,7 +439,7 @@ async def test_a_call_being_written_still_shows_progress(monkeypatch: pytest.Mon
 
 
 async def test_the_partition_header_reaches_the_job_and_a_malformed_one_is_a_400() -> None:
-    from router.worker_contract import CACHE_PARTITION_HEADER
+    from router.kernel.worker_contract import CACHE_PARTITION_HEADER
 
     engine = ScriptedEngine("ok")
     async with serving(engine) as url:
@@ -480,7 +480,7 @@ async def test_a_body_past_the_limit_is_a_413_in_the_openai_shape() -> None:
     engine = ScriptedEngine("ok")
     engine.start()
     info = WorkerInfo(mode="batching", model_name=MODEL, draft_name=None, num_draft_tokens=0)
-    runner, port = await start_site(make_app(engine, info, 4096), "127.0.0.1", 0)
+    runner, port = await start_site(make_worker_app(engine, info, 4096), "127.0.0.1", 0)
     try:
         async with aiohttp.ClientSession() as session:
             small = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 3000}]}
@@ -500,8 +500,8 @@ async def test_a_body_past_the_limit_is_a_413_in_the_openai_shape() -> None:
 
 def test_the_default_body_limit_is_the_routers() -> None:
     from router.config.settings import Settings
+    from router.kernel.worker_contract import DEFAULT_MAX_BODY_BYTES
     from router.worker.main import parse_args
-    from router.worker_contract import DEFAULT_MAX_BODY_BYTES
 
     assert Settings.model_fields["max_body_bytes"].default == DEFAULT_MAX_BODY_BYTES
     assert parse_args(["--mode", "batching", "--model", "/m"]).max_body_bytes == (
@@ -569,7 +569,7 @@ async def test_queued_counts_wait_behind_a_generation_requests_preparation() -> 
     engine._load = lambda: Models(model=None, tokenizer=GatedTokenizer())
     engine.start()
     info = WorkerInfo(mode="speculative", model_name=MODEL, draft_name=None, num_draft_tokens=0)
-    app = make_app(engine, info)
+    app = make_worker_app(engine, info)
     runner, port = await start_site(app, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -610,7 +610,7 @@ async def test_with_a_secret_every_endpoint_answers_only_requests_carrying_it() 
     engine = ScriptedEngine("Hello")
     engine.start()
     info = WorkerInfo(mode="batching", model_name=MODEL, draft_name=None, num_draft_tokens=0)
-    runner, port = await start_site(make_app(engine, info, secret=secret), "127.0.0.1", 0)
+    runner, port = await start_site(make_worker_app(engine, info, secret=secret), "127.0.0.1", 0)
     url = f"http://127.0.0.1:{port}"
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
     try:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.errors import RouterError
+from router.kernel.errors import RouterError
 from router.worker.request.protocol import (
     DEFAULT_TEMPERATURE,
     MAX_DRAFT_TOKENS,
@@ -17,7 +17,7 @@ from router.worker.request.protocol import (
     ToolCall,
     fit_vocabulary,
     fits_context,
-    parse_request,
+    parse_generation_request,
     prompt_chars,
     token_budget,
 )
@@ -32,14 +32,14 @@ def chat(**fields: Any) -> dict[str, Any]:
 
 def rejected(body: Any, kind: str = "chat") -> RouterError:
     with pytest.raises(RouterError) as info:
-        parse_request(body, kind)  # type: ignore[arg-type]
+        parse_generation_request(body, kind)  # type: ignore[arg-type]
     assert info.value.status == 400
     assert info.value.type == "invalid_request_error"
     return info.value
 
 
 def test_defaults() -> None:
-    req = parse_request(CHAT, "chat")
+    req = parse_generation_request(CHAT, "chat")
     assert req.messages == (Message("user", "hi"),)
     assert req.max_tokens is None  # until EOS or the end of the context
     assert req.temperature == DEFAULT_TEMPERATURE
@@ -48,7 +48,7 @@ def test_defaults() -> None:
 
 
 def test_all_fields() -> None:
-    req = parse_request(
+    req = parse_generation_request(
         chat(
             temperature=0.7,
             top_p=0.9,
@@ -73,14 +73,14 @@ def test_all_fields() -> None:
 
 
 def test_a_single_stop_string_and_max_completion_tokens() -> None:
-    req = parse_request(chat(stop="\n", max_completion_tokens=9, max_tokens=99), "chat")
+    req = parse_generation_request(chat(stop="\n", max_completion_tokens=9, max_tokens=99), "chat")
     assert req.stop == ("\n",)
     assert req.max_tokens == 9
 
 
 def test_text_parts_are_joined() -> None:
     content = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
-    req = parse_request(chat(messages=[{"role": "user", "content": content}]), "chat")
+    req = parse_generation_request(chat(messages=[{"role": "user", "content": content}]), "chat")
     assert req.messages[0].content == "ab"
 
 
@@ -124,7 +124,7 @@ def test_the_body_must_be_an_object() -> None:
     [("hello", "hello"), (["hello"], "hello"), ([1, 2, 3], (1, 2, 3)), ([[4, 5]], (4, 5))],
 )
 def test_completion_prompts(prompt: Any, expected: Any) -> None:
-    assert parse_request({"prompt": prompt}, "completion").prompt == expected
+    assert parse_generation_request({"prompt": prompt}, "completion").prompt == expected
 
 
 @pytest.mark.parametrize("prompt", [None, "", [], ["a", "b"], [1, -2], [True], {"a": 1}])
@@ -161,7 +161,9 @@ def test_tools_and_tool_history_survive_parsing() -> None:
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "hello"},
     ]
-    req = parse_request(chat(messages=messages, tools=[TOOL], parallel_tool_calls=False), "chat")
+    req = parse_generation_request(
+        chat(messages=messages, tools=[TOOL], parallel_tool_calls=False), "chat"
+    )
     assert req.messages[0].content == "open a.txt"
     assert req.messages[1].tool_calls == (ToolCall("call_1", "read", '{"path": "a.txt"}'),)
     assert req.messages[1].content == ""
@@ -181,18 +183,20 @@ def test_tools_and_tool_history_survive_parsing() -> None:
     ],
 )
 def test_tool_choice(choice: Any, expected: tuple[str, str | None]) -> None:
-    req = parse_request(chat(tools=[TOOL], tool_choice=choice), "chat")
+    req = parse_generation_request(chat(tools=[TOOL], tool_choice=choice), "chat")
     assert (req.tool_choice, req.forced_tool) == expected
 
 
 def test_response_format() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
-    req = parse_request(chat(response_format=fmt), "chat")
+    req = parse_generation_request(chat(response_format=fmt), "chat")
     assert req.response_format == "json_schema"
     assert req.response_schema is not None and orjson.loads(req.response_schema) == schema
     assert (
-        parse_request(chat(response_format={"type": "json_object"}), "chat").response_format
+        parse_generation_request(
+            chat(response_format={"type": "json_object"}), "chat"
+        ).response_format
         == "json_object"
     )
 
@@ -313,7 +317,7 @@ def test_hostile_tool_fields_are_parsed_or_a_400(
         ],
     )
     try:
-        req = parse_request(body, "chat")
+        req = parse_generation_request(body, "chat")
     except RouterError as e:
         assert e.status == 400 and e.param is not None
         return
@@ -337,7 +341,7 @@ def test_hostile_tool_fields_are_parsed_or_a_400(
     ],
 )
 def test_predicted_outputs_are_read(prediction: Any, expected: str | None) -> None:
-    assert parse_request(chat(prediction=prediction), "chat").prediction == expected
+    assert parse_generation_request(chat(prediction=prediction), "chat").prediction == expected
 
 
 @pytest.mark.parametrize(
@@ -356,7 +360,7 @@ def test_malformed_predictions_are_a_400_naming_the_parameter(prediction: Any) -
 
 @pytest.mark.parametrize("source", [None, "auto", "draft_model", "prompt_lookup", "suffix"])
 def test_a_request_may_name_its_draft_source(source: str | None) -> None:
-    assert parse_request(chat(draft_source=source), "chat").draft_source == source
+    assert parse_generation_request(chat(draft_source=source), "chat").draft_source == source
 
 
 @pytest.mark.parametrize("source", ["prediction", "none", "Auto", "", 3, ["prompt_lookup"], {}])
@@ -367,7 +371,10 @@ def test_an_unknown_draft_source_is_a_400_naming_it(source: Any) -> None:
 
 
 def roles(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    return [(m.role, m.content) for m in parse_request(chat(messages=messages), "chat").messages]
+    return [
+        (m.role, m.content)
+        for m in parse_generation_request(chat(messages=messages), "chat").messages
+    ]
 
 
 def test_leading_system_and_developer_messages_become_one_system_message() -> None:
@@ -451,7 +458,7 @@ def test_a_conversation_folds_the_same_way_on_every_turn() -> None:
 
 def test_the_lanes_fold_escapes_what_could_close_or_forge_a_note() -> None:
     # The note's own text closing it early, a user message and a tool result holding a note
-    # byte-identical to a folded one: each tag gets a backslash (router.system_messages).
+    # byte-identical to a folded one: each tag gets a backslash (router.kernel.system_messages).
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     got = roles(
         [
@@ -493,12 +500,14 @@ def test_token_ids_past_the_vocabulary_are_the_clients_400() -> None:
     """MLX does not check indices: a bias at id 2**31-1 crashed both lanes (SIGSEGV), one at
     99,999,999 wrote outside the logits."""
     for ident in (1000, 2**31 - 1, 99_999_999):
-        req = parse_request(chat(logit_bias={str(ident): 1}), "chat")
+        req = parse_generation_request(chat(logit_bias={str(ident): 1}), "chat")
         with pytest.raises(RouterError) as info:
             fit_vocabulary(req, 1000)
         assert (info.value.status, info.value.param) == (400, "logit_bias")
-    assert fit_vocabulary(parse_request(chat(logit_bias={"999": 1}), "chat"), 1000).logit_bias
-    ids = parse_request({"prompt": [1, 2, 1000]}, "completion")
+    assert fit_vocabulary(
+        parse_generation_request(chat(logit_bias={"999": 1}), "chat"), 1000
+    ).logit_bias
+    ids = parse_generation_request({"prompt": [1, 2, 1000]}, "completion")
     with pytest.raises(RouterError) as info:
         fit_vocabulary(ids, 1000)
     assert info.value.param == "prompt"
@@ -507,15 +516,17 @@ def test_token_ids_past_the_vocabulary_are_the_clients_400() -> None:
 def test_a_top_k_covering_the_vocabulary_filters_nothing() -> None:
     """mlx-lm raises for top_k >= the vocabulary (a 500 that failed the whole batch)."""
     for k in (1000, 10**12):
-        assert fit_vocabulary(parse_request(chat(top_k=k), "chat"), 1000).top_k == 0
-    assert fit_vocabulary(parse_request(chat(top_k=999), "chat"), 1000).top_k == 999
+        assert fit_vocabulary(parse_generation_request(chat(top_k=k), "chat"), 1000).top_k == 0
+    assert fit_vocabulary(parse_generation_request(chat(top_k=999), "chat"), 1000).top_k == 999
 
 
 def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing() -> None:
     """No token spells more than ``max_token_chars`` characters: a longer text than the
     context holds of them is refused from its length alone."""
     fits_context(
-        parse_request(chat(messages=[{"role": "user", "content": "x" * 800}]), "chat"), 100, 8
+        parse_generation_request(chat(messages=[{"role": "user", "content": "x" * 800}]), "chat"),
+        100,
+        8,
     )
     for body, kind in (
         (chat(messages=[{"role": "user", "content": "x" * 801}]), "chat"),
@@ -523,7 +534,7 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing() -> None:
         ({"prompt": list(range(100))}, "completion"),
     ):
         with pytest.raises(RouterError) as info:
-            fits_context(parse_request(body, kind), 100, 8)  # type: ignore[arg-type]
+            fits_context(parse_generation_request(body, kind), 100, 8)  # type: ignore[arg-type]
         assert info.value.code == "context_length_exceeded"
     tool_call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     calls = chat(
@@ -532,11 +543,11 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing() -> None:
             {"role": "assistant", "content": None, "tool_calls": [tool_call]},
         ]
     )
-    assert prompt_chars(parse_request(calls, "chat")) == len("a") + len("{}") + len("f")
+    assert prompt_chars(parse_generation_request(calls, "chat")) == len("a") + len("{}") + len("f")
 
 
 def test_stop_strings_are_bounded_in_length() -> None:
-    assert parse_request(chat(stop=["x" * MAX_STOP_CHARS]), "chat").stop
+    assert parse_generation_request(chat(stop=["x" * MAX_STOP_CHARS]), "chat").stop
     assert rejected(chat(stop=["x" * (MAX_STOP_CHARS + 1)])).param == "stop"
 
 
@@ -557,7 +568,7 @@ def test_fuzz_logit_bias_seed_top_k_never_pass_unchecked(
     through only ids inside the vocabulary, a seed MLX takes and a top_k mlx-lm takes."""
     body = chat(logit_bias=bias, seed=seed, top_k=top_k)
     try:
-        req = fit_vocabulary(parse_request(body, "chat"), 1000)
+        req = fit_vocabulary(parse_generation_request(body, "chat"), 1000)
     except RouterError as e:
         assert e.status == 400
         return

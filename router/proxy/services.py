@@ -4,9 +4,11 @@ registration), never looked up by key per request. A request goes handler
 (``router.proxy.handlers.proxy``) -> ``services.relay`` (``router.proxy.relay``) ->
 ``services.upstream`` (``router.upstream.client``), and mypy checks every hop.
 
-The value types are imported for the type checker only: at run time this module imports
-nothing of speclane's, so the edge (``router.proxy``), the front doors and the app factory
-all read it without an import cycle.
+It sits in the edge's folder, above every type it names (the edge's own, the lanes', the
+backends'; the Responses door's store and running responses are leaves, the status page's
+history a module of its own below the edge) and below every handler that reads it (the
+edge's, the front doors', the admin API's, the status page's). The types are imported for
+the type checker only, and the floors (``tests/test_layers.py``) count those imports too.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ if TYPE_CHECKING:
     from router.config.settings import Settings
     from router.frontdoors.responses_running import RunningResponses
     from router.frontdoors.responses_store import ResponseStore
+    from router.history import History
     from router.lanes.layout import LayoutChoice
     from router.lanes.models import ModelManager
     from router.lanes.supervisor import LaneSupervisor
     from router.metrics import Metrics
-    from router.observability.history import History
     from router.proxy.accesslog import AccessLog
     from router.proxy.admission import ConcurrencyLimiter
     from router.proxy.offload import CpuPool

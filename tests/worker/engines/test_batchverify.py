@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from router.worker.drafting.batchverify import (
+from router.worker.drafting.forced import Draft
+from router.worker.engines.batchverify import (
     accepted_prefix,
     fitted,
     grammar_masked,
@@ -17,7 +18,6 @@ from router.worker.drafting.batchverify import (
     trim_rows,
     trimmable,
 )
-from router.worker.drafting.forced import Draft
 
 
 def test_the_accepted_prefix() -> None:

@@ -1,4 +1,4 @@
-"""The one folding rule for late system messages (``router.system_messages``), on JSON
+"""The one folding rule for late system messages (``router.kernel.system_messages``), on JSON
 messages as the proxy forwards them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.system_messages import (
+from router.kernel.system_messages import (
     ESCAPED_ROLES,
     SYSTEM_ROLES,
     escape_text,

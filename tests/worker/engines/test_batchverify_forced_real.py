@@ -18,7 +18,7 @@ from router.worker.engines.batching import BatchingEngine
 from router.worker.engines.engine import Models
 from router.worker.engines.jobs import Event, Failed, Finished, Job, TextDelta
 from router.worker.http.server import prepare
-from router.worker.request.protocol import parse_request
+from router.worker.request.protocol import parse_generation_request
 from tests.worker.decoding.test_constrain import MANY_SHAPES
 
 pytestmark = pytest.mark.realmodel
@@ -96,7 +96,7 @@ def body(content: str, fields: dict[str, Any], **more: Any) -> dict[str, Any]:
 def job_for(engine: BatchingEngine, request: dict[str, Any], loop: Any) -> Job:
     """A job as the worker's server makes it: the prompt rendered, the constraint compiled."""
     assert engine.models is not None
-    prepared = prepare(engine.models.tokenizer, parse_request(request, "chat"))
+    prepared = prepare(engine.models.tokenizer, parse_generation_request(request, "chat"))
     return Job(prepared.generation, prepared.prompt_ids, loop, partition="p")
 
 

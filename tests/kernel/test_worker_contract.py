@@ -1,4 +1,4 @@
-"""router.worker_contract: the ready line, the flags and the command line, defined once."""
+"""router.kernel.worker_contract: the ready line, the flags and the command line, defined once."""
 
 import argparse
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from router.worker_contract import (
+from router.kernel.worker_contract import (
     LANE_MODES,
     MAX_DRAFT_TOKENS,
     READY_PREFIX,
@@ -145,7 +145,7 @@ def test_a_bad_draft_position_cost_is_refused(value: str) -> None:
 
 
 def test_the_disk_tier_flags_travel_and_are_bounded(tmp_path: Path) -> None:
-    from router.worker_contract import check_worker_flags, default_prompt_cache_dir
+    from router.kernel.worker_contract import check_worker_flags, default_prompt_cache_dir
 
     argv = worker_argv(
         sys.executable,

@@ -6,7 +6,7 @@ import aiohttp
 import orjson
 import pytest
 
-from router.errors import dump_body, from_upstream_body, render, unauthorized
+from router.kernel.errors import dump_body, from_upstream_body
 from tests.conftest import router_settings, run_router
 from tests.fakes.replay import ReplayUpstream, load
 
@@ -52,9 +52,3 @@ async def test_llama_server_error_code_is_relayed_as_a_number() -> None:
                 error = (await resp.json())["error"]
     assert error["code"] == 501 and isinstance(error["code"], int)
     assert error["message"].startswith("This server does not support metrics endpoint")
-
-
-def test_a_refused_key_is_a_401_that_names_only_the_policy_answered_under() -> None:
-    status, _, headers = render(unauthorized("invalid API key", "invalid_api_key", "default"))
-    assert status == 401
-    assert headers["WWW-Authenticate"] == "Bearer" and headers["X-Speclane-Client"] == "default"

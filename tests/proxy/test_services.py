@@ -1,4 +1,4 @@
-"""router.services: the one typed object handed to every handler, and no app state keys."""
+"""router.proxy.services: the one typed object handed to every handler, and no app state keys."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from router.app import wire
-from router.services import Started
+from router.proxy.services import Started
 from tests.conftest import router_settings
 
-ROUTER = Path(__file__).resolve().parents[1] / "router"
+ROUTER = Path(__file__).resolve().parents[2] / "router"
 # The lane worker is a program of its own with its own small app (router.worker.server).
 OWN_APP = ROUTER / "worker"
 
@@ -39,7 +39,7 @@ def state_lookups(path: Path) -> list[str]:
 
 
 def test_the_router_looks_nothing_up_in_the_app() -> None:
-    """Every handler gets its services handed in (``router.services.bind``); a lookup by
+    """Every handler gets its services handed in (``router.proxy.services.bind``); a lookup by
     key would be a hop no reader or type checker follows."""
     found = [
         hit

@@ -1,4 +1,4 @@
-"""router.sse: framing, event splitting and the [DONE] rule, as the relay, the front doors,
+"""router.kernel.sse: framing, event splitting and the [DONE] rule, as the relay, the front doors,
 the worker and the benchmarks read and write streams."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router import sse
-from router.sse import (
+from router.kernel import sse
+from router.kernel.sse import (
     DONE_LINE,
     HELD_LIMIT,
     SSETail,

@@ -1,12 +1,11 @@
-"""Errors carry their whole HTTP answer; this module is the one place that renders them.
+"""The error core both programs share: an error carries its whole HTTP answer, rendered here
+in the OpenAI shape ``{"error": {"message", "type", "param", "code"}}`` (what the lane worker
+answers, and the router's OpenAI door). The other doors' shapes (Anthropic's, Ollama's) are
+the router's: ``router.proxy.doorerrors``.
 
 This module imports no HTTP framework, so the pure decision modules may raise these
-errors too.
-An error is raised once, in speclane's own terms, and rendered in the shape of the API the
-client called (``Api``): the OpenAI shape ``{"error": {"message", "type", "param", "code"}}``,
-Anthropic's ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's status codes,
-or Ollama's ``{"error": "..."}``. Every rendering says through the ``X-Speclane-Error-Source``
-header whether speclane itself or the upstream backend failed.
+errors too. Every rendering says through the ``X-Speclane-Error-Source`` header whether
+speclane itself or the upstream backend failed.
 """
 
 from __future__ import annotations
@@ -15,13 +14,16 @@ from typing import Literal
 
 import orjson
 
-from router import sse
-from router.config.names import CLIENT_HEADER, ERROR_SOURCE_HEADER
+from router.kernel import sse
 
 Source = Literal["router", "upstream"]
-# "responses": OpenAI's Responses API, whose errors take the OpenAI shape.
-Api = Literal["openai", "anthropic", "ollama", "responses"]
-APIS: tuple[Api, ...] = ("openai", "anthropic", "ollama", "responses")
+# A response header of both programs (documented with the router's in docs/routing.md).
+ERROR_SOURCE_HEADER = "X-Speclane-Error-Source"
+
+
+class LoadError(Exception):
+    """A model the lane worker cannot load (a missing config.json, a vocabulary the draft
+    does not share, a split the heads do not allow): what it names is the fix."""
 
 
 class RouterError(Exception):
@@ -94,36 +96,14 @@ def upstream_failed(
     return RouterError(status, message, type="upstream_error", code=code, source="upstream")
 
 
-def api_for_path(path: str) -> Api:
-    """The API a request path belongs to: what shape its errors take, even for an unknown
-    endpoint under that API's prefix (a 404 from the router itself)."""
-    if path.startswith("/api/"):
-        return "ollama"
-    if path == "/v1/messages" or path.startswith("/v1/messages/"):
-        return "anthropic"
-    return "openai"
+def render(err: RouterError) -> tuple[int, bytes, dict[str, str]]:
+    """Status, JSON body (the OpenAI shape) and headers; the HTTP layer wraps them without
+    changing them."""
+    return err.status, dump_body(err), error_headers(err)
 
 
-def render(err: RouterError, api: Api = "openai") -> tuple[int, bytes, dict[str, str]]:
-    """Status, JSON body and headers; the HTTP layer wraps them without changing them."""
-    headers = {
-        ERROR_SOURCE_HEADER: err.source,
-        "Content-Type": "application/json",
-        **err.headers,
-    }
-    if api == "anthropic":
-        status, kind = anthropic_status(err.status)
-        return status, _dumps(anthropic_body(err, kind)), headers
-    if api == "ollama":
-        return err.status, _dumps(ollama_body(err)), headers
-    return err.status, dump_body(err), headers
-
-
-def unauthorized(message: str, code: str, client: str) -> RouterError:
-    """A request the key rule refused, answered under ``client``'s name."""
-    return RouterError(
-        401, message, code=code, headers={"WWW-Authenticate": "Bearer", CLIENT_HEADER: client}
-    )
+def error_headers(err: RouterError) -> dict[str, str]:
+    return {ERROR_SOURCE_HEADER: err.source, "Content-Type": "application/json", **err.headers}
 
 
 def sse_error_event(err: RouterError) -> bytes:
@@ -131,62 +111,12 @@ def sse_error_event(err: RouterError) -> bytes:
     return sse.frame(dump_body(err)) + sse.DONE_EVENT
 
 
-def stream_error(err: RouterError, api: Api = "openai") -> bytes:
-    """What ends a stream that failed after bytes reached the client, in each API's framing:
-    an OpenAI error event then ``[DONE]``; Anthropic's ``event: error``; an Ollama NDJSON
-    line holding ``error``."""
-    if api == "anthropic":
-        body = anthropic_body(err, anthropic_status(err.status)[1])
-        return sse.frame(_dumps(body), "error")
-    if api == "ollama":
-        return _dumps(ollama_body(err)) + b"\n"
-    return sse_error_event(err)
-
-
-# Anthropic's documented error types, by the status it answers them with. Statuses it does
-# not use map onto the nearest one: a refused routing (503, nothing can serve) is its
-# "overloaded" 529, which its clients retry; an upstream failure (502) is its 500.
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-_ANTHROPIC_STATUS = {422: 400, 502: 500, 503: 529}
-
-
-def anthropic_status(status: int) -> tuple[int, str]:
-    """(status, Anthropic error type) for one of speclane's statuses."""
-    status = _ANTHROPIC_STATUS.get(status, status)
-    kind = _ANTHROPIC_TYPES.get(status)
-    if kind is None:
-        kind = "api_error" if status >= 500 else "invalid_request_error"
-    return status, kind
-
-
-def anthropic_body(err: RouterError, kind: str) -> dict[str, object]:
-    return {"type": "error", "error": {"type": kind, "message": _message(err)}}
-
-
-def ollama_body(err: RouterError) -> dict[str, object]:
-    return {"error": _message(err)}
-
-
-def _message(err: RouterError) -> str:
-    # Anthropic and Ollama have no ``code`` or ``param``: the code joins the message so that
-    # the reason stays machine-readable (e.g. "[model_not_found] no backend serves ...").
-    return f"[{err.code}] {err.message}" if err.code else err.message
-
-
-def _dumps(body: dict[str, object]) -> bytes:
+def dump_json(body: dict[str, object]) -> bytes:
+    """An error body as JSON; never fails (lone surrogates quoted from a request: see
+    ``dump_body``)."""
     try:
         return orjson.dumps(body)
-    except TypeError:  # lone surrogates quoted from a request: see dump_body
+    except TypeError:
         return orjson.dumps(_escape(body))
 
 
@@ -202,11 +132,7 @@ def dump_body(err: RouterError) -> bytes:
     """The JSON body; never fails. A message may quote request text that is not valid UTF-8
     (aiohttp turns undecodable header bytes into lone surrogates, which orjson refuses):
     those characters are shown escaped instead of turning a 4xx into a crash."""
-    body = err.body()
-    try:
-        return orjson.dumps(body)
-    except TypeError:
-        return orjson.dumps(_escape(body))
+    return dump_json(err.body())
 
 
 def from_upstream_body(status: int, body: bytes) -> RouterError:

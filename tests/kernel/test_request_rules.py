@@ -1,4 +1,4 @@
-"""router.request_rules: one wording per fault of an OpenAI request field, the same from
+"""router.kernel.request_rules: one wording per fault of an OpenAI request field, the same from
 the router (router.proxy.request) and from the lane worker (router.worker.request.protocol)."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from router.errors import RouterError
-from router.proxy.request import parse_request as router_parse
-from router.request_rules import (
+from router.kernel.errors import RouterError
+from router.kernel.request_rules import (
     MAX_JSON_DEPTH,
     MAX_LOGIT_BIAS,
     ORJSON_MAX_DEPTH,
@@ -24,7 +23,8 @@ from router.request_rules import (
     too_deep,
     typed,
 )
-from router.worker.request.protocol import parse_request as worker_parse
+from router.proxy.request import parse_request as router_parse
+from router.worker.request.protocol import parse_generation_request as worker_parse
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

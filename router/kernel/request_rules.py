@@ -13,7 +13,7 @@ from typing import Any, overload
 
 import orjson
 
-from router.errors import RouterError, bad_request
+from router.kernel.errors import RouterError, bad_request
 
 Kind = type | tuple[type, ...]
 
