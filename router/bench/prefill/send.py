@@ -63,7 +63,7 @@ def _usage(door: Door, event: dict[str, Any], out: Outcome) -> None:
         if isinstance(usage, dict) and isinstance(usage.get("input_tokens"), int):
             cached = usage.get("cache_read_input_tokens") or 0
             out.prompt_tokens, out.cached_tokens = usage["input_tokens"] + cached, cached
-    elif event.get("type") == "response.completed":
+    elif event.get("type") in ("response.completed", "response.incomplete"):  # cut short
         usage = (event.get("response") or {}).get("usage") or {}
         if isinstance(usage.get("input_tokens"), int):
             out.prompt_tokens = usage["input_tokens"]

@@ -35,7 +35,8 @@ STREAMS: dict[str, bytes] = {
         b'event: response.created\ndata: {"type": "response.created"}\n\n'
         b'event: response.output_text.delta\ndata: {"type": "response.output_text.delta", '
         b'"delta": "Hi"}\n\n'
-        b'event: response.completed\ndata: {"type": "response.completed", "response": '
+        # max_output_tokens reached: the answer is incomplete, its usage is there all the same
+        b'event: response.incomplete\ndata: {"type": "response.incomplete", "response": '
         b'{"usage": {"input_tokens": 900, "input_tokens_details": {"cached_tokens": 850}}}}\n\n'
     ),
 }
