@@ -31,6 +31,7 @@ from router.bench.overhead import run as overhead_run
 from router.bench.prefill import plan as prefill_plan
 from router.bench.prefill import report as prefill_report
 from router.bench.prefill import run as prefill_run
+from router.bench.prefill import shapes as prefill_shapes
 from router.bench.scorecard import plan, plot, report
 from router.bench.scorecard.run import BenchError, Options, run_scorecard
 from router.bench.scorecard.score import Thresholds
@@ -209,13 +210,13 @@ BENCHES = {
         cold_run.run, cold_report.table, _counts, cold_report.markdown,
     ),
     "prefill": Bench(
-        "What an agent's turns prefill: a long system prompt, the next turn, a new "
-        "conversation of the same client, a restart, the next turn again: speclane's lanes "
-        "(with the prompt cache's disk tier) against mlx_lm.server.",
+        "What an agent's turns prefill, on the real programs' request bodies (Claude Code's "
+        "sessions, compaction and sub-agents, Qwen Code's tool loop, Codex), a restart and "
+        "an unload in the middle: speclane's lanes (with the prompt cache's disk tier) "
+        "against mlx_lm.server.",
         (
             MODEL,
-            ("--rules", 56, "system prompt rules (about 23 tokens each)"),
-            ("--functions", 48, "functions in the file of the first turn (about 14 tokens each)"),
+            ("--fixtures", prefill_shapes.FIXTURES, "the captured request bodies"),
             ("--max-tokens", 8, "per request"),
             ("--targets", prefill_plan.TARGETS, "comma-separated, run in this order",
              {"type": csv(str, prefill_plan.TARGETS)}),

@@ -83,6 +83,7 @@ class LaneOptions:
     shared_threads: int | None = None  # [lanes] shared_threads; None: the router's default
     # [lanes] prompt_cache_dir; None: a fresh directory per start (own_router)
     prompt_cache_dir: str | None = None
+    unpinned: bool = False  # the start-up model may be unloaded (an entry of its name says so)
 
 
 async def spawn_until_line(
@@ -291,6 +292,9 @@ def lanes_config(lanes: LaneOptions) -> str:
     for key in (*keys, "prompt_cache_dir"):
         if (value := getattr(lanes, key)) is not None and value != "":
             lines.append(f"{key} = {json.dumps(value)}")  # JSON strings and ints are TOML
+    if lanes.unpinned and lanes.model:
+        name, path = json.dumps(Path(lanes.model).name), json.dumps(lanes.model)
+        lines += ["[[lanes.models]]", f"name = {name}", f"path = {path}", "pinned = false"]
     return "\n".join(lines) + "\n"
 
 

@@ -26,7 +26,8 @@ trimmable entry, which would undo the segment). Only plain ``KVCache`` layers ca
 back to a position; a model with other caches (rotating, hybrid) keeps whole entries only.
 
 A disk tier (``router.worker.engines.diskcache``) may back the target's entries: every entry
-stored is also written to a file, and a lookup that memory misses (or hits with a prefix at
+stored is also written to disk (only the blocks of it the disk does not hold yet, cut at its
+segments' ends), and a lookup that memory misses (or hits with a prefix at
 least ``MIN_DISK_GAIN`` tokens shorter) loads the disk's entry for the prompt into memory
 first; ``warm`` loads each partition's latest system prompts at start.
 
@@ -224,10 +225,8 @@ class PromptCache:
                     self._insert(partition, key, tokens[:end], copy, kind)
             self._fair_share()
         if self.disk is not None and model == TARGET:  # written by the disk tier's thread
-            self.disk.put(partition, tokens, cache, SEQUENCE)
-            for kind, end, copy in parts:
-                if copy is not None:
-                    self.disk.put(partition, tokens[:end], copy, kind)
+            cuts = [(s.end, s.kind) for s in segments if _worth(s, tokens)]
+            self.disk.put(partition, tokens, cache, cuts)
 
     def _insert(self, partition: str, key: Any, tokens: list[int], cache: Any, kind: str) -> None:
         lru = self._parts.get(partition)

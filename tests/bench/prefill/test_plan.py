@@ -1,32 +1,61 @@
-"""``speclane bench prefill``'s requests: the steps, the restart, the conversations."""
+"""``speclane bench prefill``'s requests: the programs' bodies in order, cut where the server
+restarts or the model is unloaded, each turn extending the one it follows."""
 
 from __future__ import annotations
 
-from router.bench.prefill import plan
+from typing import Any
+
+from router.bench.prefill import convert, plan, shapes
 
 
-def test_the_restart_cuts_the_steps_into_two_server_starts() -> None:
-    steps = plan.steps(plan.source_file(3))
-    stages = plan.stages(steps)
-    assert [[s.name for s in stage] for stage in stages] == [
-        ["first", "next-turn", "new-conversation"],
-        ["after-restart", "new-conversation-after-restart"],
+def test_the_restart_and_the_unload_cut_the_steps_into_stages() -> None:
+    stages = plan.stages(plan.steps())
+    assert [(before, len(stage)) for before, stage in stages] == [
+        ("", 12),
+        ("restart", 1),
+        ("unload", 1),
     ]
-    assert [s.conversation for s in steps] == ["a", "a", "b", "a", "c"]
+    doors = {s.name.split(":")[0]: s.door for s in plan.steps()}
+    assert doors == {"claude-code": "anthropic", "qwen-code": "chat", "codex": "responses"}
 
 
-def test_a_turn_appends_to_its_conversation() -> None:
-    system = plan.system_prompt(2)
-    first = plan.messages(system, [], "q1")
-    second = plan.messages(system, [("q1", "a1")], "q2")
-    assert second[: len(first)] == first and second[len(first) :] == [
-        {"role": "assistant", "content": "a1"},
-        {"role": "user", "content": "q2"},
-    ]
-    assert "Rule 1:" in system and "Rule 2:" not in system
+class NoToolsTokenizer:
+    has_tool_calling = False
 
 
-def test_the_ideal_is_what_a_continuing_turn_adds() -> None:
-    assert plan.ideal(2100, 2000, 8) == 92
-    assert plan.ideal(2100, None, 0) is None
-    assert plan.ideal(10, 2000, 8) == 0
+def test_every_step_that_follows_another_repeats_its_prompt() -> None:
+    """As the lane renders it (the programs' JSON differs: Claude Code sends its environment
+    block as a text part first, as a string later)."""
+    steps = {s.name: s for s in plan.steps()}
+    for step in steps.values():
+        if step.follows is None:
+            continue
+
+        def rendered(s: plan.Step) -> list[dict[str, Any]]:
+            body = shapes.with_max_tokens(s.body, 8)
+            messages: list[dict[str, Any]] = convert.for_mlx_lm(
+                s.door, body, NoToolsTokenizer(), "m"
+            )["messages"]
+            return messages
+
+        earlier, later = rendered(steps[step.follows]), rendered(step)
+        if step.name == "qwen-code: turn 2":  # Qwen Code drops turn 1's date reminder
+            assert later[0] == earlier[0] and later[1] != earlier[1]
+            continue
+        assert later[: len(earlier)] == earlier, step.name
+        assert len(later) > len(earlier)
+
+
+def test_the_goals_are_the_issues() -> None:
+    goals = {s.name: s.goal for s in plan.steps() if s.goal is not None}
+    assert goals["claude-code: a second session"] == plan.Goal("cached_share", share=0.85)
+    assert goals["qwen-code: turn 2"] == plan.Goal("near_ideal", slack=50)
+    resumed = [s for s in plan.steps() if s.before]
+    assert all(s.goal == plan.RESUMED for s in resumed)
+    assert plan.RESUMED.text() == ">= 80% cached, TTFT <= 0.2x cold"
+
+
+def test_the_ideal_is_what_a_step_adds() -> None:
+    assert plan.ideal(2100, 2000) == 100
+    assert plan.ideal(2100, None) is None
+    assert plan.ideal(10, 2000) == 0

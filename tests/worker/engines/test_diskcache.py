@@ -28,16 +28,28 @@ WAIT = 30.0
 
 
 def kv(tokens: int, layers: int = 2, seed: float = 0.0) -> list[Any]:
-    """``layers`` KVCache layers holding ``tokens`` positions of distinct values."""
+    """``layers`` KVCache layers holding ``tokens`` positions of distinct values; a position's
+    values do not depend on ``tokens`` (a longer turn's state starts as the shorter one's)."""
     from mlx_lm.models.cache import KVCache
 
     out = []
     for i in range(layers):
         cache = KVCache()
-        state = mx.arange(2 * tokens * 4, dtype=mx.float16).reshape(1, 2, tokens, 4) + i + seed
+        base = mx.arange(tokens * 4, dtype=mx.float16).reshape(1, 1, tokens, 4)
+        state = mx.concatenate([base, base + 1000], axis=1) + i + seed
         cache.update_and_fetch(state, state * 2)
         out.append(cache)
     return out
+
+
+def same_state(got: list[Any], want: list[Any], n: int) -> bool:
+    """``got`` holds ``want``'s first ``n`` positions, layer by layer."""
+    return all(
+        g.offset == n
+        and mx.array_equal(g.keys[..., :n, :], w.keys[..., :n, :]).item()
+        and mx.array_equal(g.values[..., :n, :], w.values[..., :n, :]).item()
+        for g, w in zip(got, want, strict=True)
+    )
 
 
 def conversation(first: int, length: int = 96) -> list[int]:
@@ -57,9 +69,10 @@ def cache_on(
     directory: Path,
     max_bytes: int = 1 << 30,
     identity: Identity = MODEL,
+    block_tokens: int = 256,
 ) -> PromptCache:
     """A lane's prompt cache with a disk tier on ``directory`` (a new worker process's)."""
-    tier = DiskTier(directory / "kv", max_bytes, identity)
+    tier = DiskTier(directory / "kv", max_bytes, identity, block_tokens=block_tokens)
     tier.start()
     made.append(tier)
     return PromptCache(1 << 30, disk=tier)
@@ -222,16 +235,124 @@ def test_the_disk_bound_holds_under_a_flood(tiers: list[DiskTier], tmp_path: Pat
     assert disk.stats()["evicted"] >= 3 and len(files(tmp_path)) <= bound // one
 
 
-def test_a_conversations_next_turn_replaces_its_file(tiers: list[DiskTier], tmp_path: Path) -> None:
-    cache = cache_on(tiers, tmp_path)
-    turn = conversation(2000)
+def test_the_bound_under_a_flood_of_chains_never_leaves_one_broken(
+    tiers: list[DiskTier], tmp_path: Path
+) -> None:
+    one = sum(int(c.keys[..., :96, :].nbytes) * 2 for c in kv(96))
+    bound = 6 * one  # a few conversations (each 56 positions and two headers of its own)
+    flooded = cache_on(tiers, tmp_path, max_bytes=bound, block_tokens=32)
     segments = [Segment(len(SYSTEM_PROMPT), SYSTEM)]
+    turns = [conversation(2000 + 100 * i) for i in range(12)]
+    for turn in turns:
+        flooded.store(turn, kv(len(turn)), "loud", segments=segments)
+        disk = written(flooded)
+        assert sum(p.stat().st_size for p in files(tmp_path)) <= bound
+        names = {b.name for b in disk.blocks()}
+        assert all(not b.parent or b.parent in names for b in disk.blocks())
+    assert disk.stats()["evicted"] > 0
+    # the system prompt, used by every conversation, is what stays longest
+    assert any(b.end == len(SYSTEM_PROMPT) for b in disk.blocks())
+    restarted = cache_on(tiers, tmp_path, max_bytes=bound, block_tokens=32)
+    kept = {c.length for c in written(restarted).entries()}
+    hits = [restarted.fetch([*t, 1], "loud").cached_tokens for t in turns]
+    assert hits[-1] == 96 and set(hits) <= {len(SYSTEM_PROMPT), 72, 96} and 96 in kept
+
+
+def test_a_conversations_next_turn_writes_only_its_new_tokens(
+    tiers: list[DiskTier], tmp_path: Path
+) -> None:
+    cache = cache_on(tiers, tmp_path, block_tokens=32)
+    segments = [Segment(len(SYSTEM_PROMPT), SYSTEM)]
+    turn = conversation(2000)
+    per_position = sum(2 * int(c.keys[..., :1, :].nbytes) for c in kv(1))
+    cache.store(turn, kv(len(turn)), "alice", segments=segments)
+    first = written(cache).stats()["written_bytes"]
+    assert first >= len(turn) * per_position
     for _ in range(3):
-        cache.store(turn, kv(len(turn)), "alice", segments=segments)
-        written(cache)
+        before = written(cache).stats()["written_bytes"]
         turn = [*turn, *range(len(turn), len(turn) + 10)]
-    kinds = sorted(read_header(p)[0]["kind"] for p in files(tmp_path))
-    assert kinds == ["assistant", SYSTEM]  # the last turn and the system prompt
+        cache.store(turn, kv(len(turn)), "alice", segments=segments)
+        added = written(cache).stats()["written_bytes"] - before
+        # ten positions and a file header, not the conversation again
+        assert 10 * per_position <= added <= 10 * per_position + 8192 < first
+    # the chain: the system prompt (40), blocks of 32 after it, each turn's ten
+    disk = written(cache)
+    (chain,) = disk.entries()
+    assert [b.end for b in chain.blocks] == [32, 40, 72, 96, 106, 116, 126]
+    assert [b.kind for b in chain.blocks] == [SYSTEM, SYSTEM, *["assistant"] * 5]
+    restarted = cache_on(tiers, tmp_path, block_tokens=32)
+    hit = restarted.fetch([*turn, 1], "alice")
+    assert hit.cached_tokens == len(turn) and hit.cache is not None
+    assert same_state(hit.cache, kv(len(turn)), len(turn))  # the blocks, joined in order
+
+
+def test_a_new_conversation_writes_only_what_follows_its_system_prompt(
+    tiers: list[DiskTier], tmp_path: Path
+) -> None:
+    cache = cache_on(tiers, tmp_path)
+    segments = [Segment(len(SYSTEM_PROMPT), SYSTEM)]
+    cache.store(conversation(2000), kv(96), "alice", segments=segments)
+    disk = written(cache)
+    before = disk.stats()["written_bytes"]
+    other = conversation(5000)
+    cache.store(other, kv(96, seed=0.0), "alice", segments=segments)
+    written(cache)
+    per_position = sum(2 * int(c.keys[..., :1, :].nbytes) for c in kv(1))
+    added = disk.stats()["written_bytes"] - before
+    assert added <= (96 - len(SYSTEM_PROMPT)) * per_position + 8192
+    assert sorted(len(c.blocks) for c in disk.entries()) == [2, 2]  # one system block, shared
+    assert len(disk.blocks()) == 3
+
+
+def test_a_corrupt_block_is_refused_and_its_chain_loads_only_before_it(
+    tiers: list[DiskTier], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = cache_on(tiers, tmp_path, block_tokens=32)
+    turn = conversation(2000)
+    cache.store(turn, kv(96), "alice", segments=[Segment(len(SYSTEM_PROMPT), SYSTEM)])
+    (chain,) = written(cache).entries()
+    middle = tmp_path / "kv" / chain.blocks[2].name  # positions 40-72
+    data = bytearray(middle.read_bytes())
+    data[-5] ^= 0xFF
+    middle.write_bytes(bytes(data))
+    restarted = cache_on(tiers, tmp_path, block_tokens=32)
+    with caplog.at_level(logging.WARNING, logger="speclane.worker"):
+        hit = restarted.fetch([*turn, 1], "alice")
+    assert "checksum" in caplog.text and not middle.exists()
+    assert hit.cached_tokens == 0  # the load was refused as a whole
+    assert restarted.disk is not None
+    ends = sorted(b.end for b in restarted.disk.blocks())
+    assert ends == [32, len(SYSTEM_PROMPT)]  # the blocks after it went too
+    again = restarted.fetch([*turn, 1], "alice")
+    assert again.cached_tokens == len(SYSTEM_PROMPT) and again.cache is not None
+    assert same_state(again.cache, kv(96), len(SYSTEM_PROMPT))
+    assert disk_figures(restarted)["refused"] == 1
+
+
+def test_the_same_prompt_in_two_partitions_shares_no_file(
+    tiers: list[DiskTier], tmp_path: Path
+) -> None:
+    cache = cache_on(tiers, tmp_path)
+    first = conversation(2000)
+    cache.store(first, kv(96), "alice")
+    cache.store(first, kv(96), "bob")
+    disk = written(cache)
+    names = {b.partition: b.name for b in disk.blocks()}
+    assert len(names) == 2 and len(set(names.values())) == 2
+    restarted = cache_on(tiers, tmp_path)
+    assert restarted.fetch([*first, 1], "carol").cached_tokens == 0
+    assert restarted.fetch([*first, 1], "bob").cached_tokens == 96
+
+
+def test_an_older_formats_file_is_removed(tiers: list[DiskTier], tmp_path: Path) -> None:
+    writer = cache_on(tiers, tmp_path)
+    writer.store(conversation(2000), kv(96), "alice")
+    written(writer)
+    (path,) = files(tmp_path)
+    old = path.read_bytes().replace(b"speclane-prompt-cache/2", b"speclane-prompt-cache/1")
+    path.write_bytes(old)
+    restarted = cache_on(tiers, tmp_path)
+    assert files(tmp_path) == [] and disk_figures(restarted)["refused"] == 0
 
 
 def test_warm_prompts_load_the_latest_system_prompts_into_memory(

@@ -76,7 +76,8 @@ def test_a_restarted_worker_finds_the_conversation_on_disk(
     finally:
         assert worker.stop() == 0  # SIGTERM: the writer finishes what is queued
     files = sorted(p.name for p in (tmp_path / "kv").iterdir() if p.suffix == ".safetensors")
-    assert len(files) == 2  # the conversation and its system prompt
+    # blocks of at most 256 positions, cut at the system prompt's end: 2k tokens in 9-10
+    assert 8 <= len(files) <= 11
 
     worker = start_worker(worker_command(model, mode, *flags))
     try:
