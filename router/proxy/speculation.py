@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,12 +36,7 @@ from router.metrics import Metrics
 from router.proxy.observe import Seen, model_of, unobservable
 from router.proxy.outcome import Outcome
 from router.routing.classify import Advised, Classification, Resolved
-from router.routing.speculate import (
-    SpecAdvice,
-    candidate_source,
-    choose_source,
-    paused_last,
-)
+from router.routing.speculate import SpecAdvice, candidate_source, paused_last
 from router.routing.types import Candidate, Decision
 from router.speculation.autodisable import AutoDisable, Transition
 from router.speculation.keystate import SpecKey
@@ -95,26 +90,31 @@ class Speculation:
     # --- 1. advise ---------------------------------------------------------------------
 
     def advise(self, resolved: Resolved) -> Advised:
-        """Each lane's source and its state, peeked: the preferred source that is on or due
-        a probe (``choose_source``, asked no further than that source)."""
+        """Each lane's source and its state, peeked (nothing is taken)."""
         now = time.monotonic()
         model, workload = resolved.model, resolved.workload
-        source, advice = choose_source(
-            self._peeks("speculative", model, workload, resolved.spec_sources, now)
-        )
+        source, advice = self._choose("speculative", model, workload, resolved.spec_sources, now)
         batch = None
-        if resolved.batch_sources is not None:
-            batch = choose_source(
-                self._peeks("batching", model, workload, resolved.batch_sources, now)
-            )
+        if (sources := resolved.batch_sources) is not None:
+            batch = self._choose("batching", model, workload, sources, now)
         return Advised(source, advice, batch)
 
-    def _peeks(
+    def _choose(
         self, lane: str, model: str, workload: str, sources: tuple[str, ...], now: float
-    ) -> Iterator[tuple[str, SpecAdvice]]:
+    ) -> tuple[str, SpecAdvice]:
+        """The source a request drafts with on ``lane``, and its state's advice: the first
+        of ``sources`` (in order of preference, never empty) that is on or whose probe is due
+        (so a preferred source that was turned off is still probed on its schedule), else
+        the first one (off everywhere: the request decodes plainly). No source after the one
+        chosen is peeked."""
+        first: tuple[str, SpecAdvice] | None = None
         for source in sources:
             verdict = self.auto.peek(SpecKey(lane, model, workload, source), now)
-            yield source, SpecAdvice(verdict.use_speculation and not verdict.probe, verdict.probe)
+            if verdict.use_speculation or verdict.probe:
+                return source, SpecAdvice(not verdict.probe, verdict.probe)
+            first = first or (source, SpecAdvice(False, False))
+        assert first is not None, "a lane always has a source to judge"
+        return first
 
     # --- 2. claim ----------------------------------------------------------------------
 
@@ -124,7 +124,9 @@ class Speculation:
         decision = result.decision
         claim = SpecClaim(result.model, result.workload)
         now = time.monotonic()
-        candidates = paused_last(decision.candidates, self._paused(decision.candidates, claim, now))
+        candidates = decision.candidates
+        if len(candidates) > 1:  # a backend whose workload is off goes behind the others
+            candidates = paused_last(candidates, self._paused(candidates, claim, now))
         first = candidates[0]
         backend = self._pool[first.backend]
         if speculates(backend.lane, _judged(backend), first):
@@ -162,8 +164,6 @@ class Speculation:
         self, candidates: tuple[Candidate, ...], claim: SpecClaim, now: float
     ) -> frozenset[str]:
         """The external backends configured as speculative whose workload is off."""
-        if len(candidates) < 2:
-            return frozenset()  # nothing to put behind
         paused = []
         for c in candidates:
             b = self._pool[c.backend]

@@ -1,7 +1,7 @@
 """The routing side of whether a request speculates (pure, no side effects, values in and
 out): the draft sources a request may ask for (``request_sources``, a part of the
-auto-disable key and what the router asks its lanes for), the source chosen from the
-workload's state (``choose_source``), and the rules that state makes while classifying.
+auto-disable key and what the router asks its lanes for), and the rules the workload's state
+makes while classifying.
 
 The state itself is read, and a probe or baseline ticket taken and returned, by the owner of
 the router's speculation decision, ``router.proxy.speculation``, which hands it here as
@@ -17,7 +17,6 @@ the router's speculation decision, ``router.proxy.speculation``, which hands it 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from router.routing.types import BackendView, Candidate
@@ -31,7 +30,6 @@ __all__ = [
     "asked_source",
     "batch_request_sources",
     "candidate_source",
-    "choose_source",
     "lane_sources",
     "lane_speculates",
     "paused_last",
@@ -98,21 +96,6 @@ def batch_request_sources(family: str, asked: str | None, configured: str) -> tu
     by the client, or configured alone, means no drafting there (``none``)."""
     sources = request_sources(family, asked, configured, lane_has_draft=False)
     return tuple(s for s in sources if s != "draft_model") or ("none",)
-
-
-def choose_source(advised: Iterable[tuple[str, SpecAdvice]]) -> tuple[str, SpecAdvice]:
-    """The source a request drafts with, and its state's advice, from (source, advice) in
-    order of preference: the first source that is on or whose probe is due (so a preferred
-    source that was turned off is still probed on its schedule), else the first one (off
-    everywhere: the request decodes plainly). Read in order and no further than the source
-    chosen (a lazy iterable is asked no more); never empty."""
-    first: tuple[str, SpecAdvice] | None = None
-    for source, advice in advised:
-        if advice.use or advice.probe:
-            return source, advice
-        first = first or (source, advice)
-    assert first is not None, "choose_source needs at least one source"
-    return first
 
 
 def asked_source(candidate: Candidate) -> str | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from router.backends.base import Backend
 from router.backends.cooldown import Cooldown
 from router.backends.pool import BackendPool
@@ -16,7 +18,9 @@ from router.metrics import Metrics
 from router.proxy.outcome import Outcome
 from router.proxy.speculation import SpecClaim, Speculation, settle, speculates
 from router.routing.classify import RequestFacts, Resolved, resolve, route
+from router.routing.speculate import SpecAdvice
 from router.routing.types import Candidate, RouteRequest
+from router.speculation.autodisable import AutoDisable, Verdict
 from router.speculation.keystate import SpecKey
 from router.speculation.record import SpecRecord, build_record
 
@@ -55,6 +59,54 @@ def low_acceptance() -> SpecRecord:
     record = build_record("speclane", "request", "draft", drafted=200, accepted=4)
     assert isinstance(record, SpecRecord)
     return record
+
+
+ON, OFF, PROBE = SpecAdvice(), SpecAdvice(use=False), SpecAdvice(use=False, probe=True)
+
+
+class Peeks(AutoDisable):
+    """The real auto-disable, noting the sources it is asked about."""
+
+    asked: list[str]
+
+    def peek(self, key: SpecKey, now: float) -> Verdict:
+        self.asked.append(key.source)
+        return super().peek(key, now)
+
+
+@pytest.mark.parametrize(
+    ("states", "expected"),
+    [
+        ({"draft_model": ON, "prompt_lookup": ON}, ("draft_model", ON)),
+        # the preferred source stopped paying: the next one that is on
+        ({"draft_model": OFF, "prompt_lookup": ON}, ("prompt_lookup", ON)),
+        # ...unless the preferred one's probe is due: it is probed on its schedule
+        ({"draft_model": PROBE, "prompt_lookup": ON}, ("draft_model", PROBE)),
+        ({"draft_model": OFF, "prompt_lookup": PROBE}, ("prompt_lookup", PROBE)),
+        # off everywhere: the first, off (the request decodes plainly)
+        ({"draft_model": OFF, "prompt_lookup": OFF}, ("draft_model", OFF)),
+    ],
+)
+def test_the_source_chosen_is_the_first_that_pays_and_none_after_it_is_asked(
+    states: dict[str, SpecAdvice], expected: tuple[str, SpecAdvice]
+) -> None:
+    spec, _ = owner()
+    auto = spec.auto = Peeks(Settings().spec)
+    auto.asked = []
+    t0 = time.monotonic()
+    probe_after = Settings().spec.probe_initial
+    for source, state in states.items():
+        if state is not ON:  # off long enough ago for its first probe to be due, or not
+            key = SpecKey("speculative", MODEL, "c:none:chat", source)
+            at = t0 if state is PROBE else t0 + probe_after - 5
+            for _ in range(4):
+                auto.record(key, low_acceptance(), None, at)
+    chosen = spec._choose(
+        "speculative", MODEL, "c:none:chat", ("draft_model", "prompt_lookup"), t0 + probe_after + 5
+    )
+    assert chosen == expected
+    assert auto.asked[0] == "draft_model"  # the preferred source is always asked first
+    assert len(auto.asked) == (1 if states["draft_model"] is not OFF else 2)
 
 
 def test_advise_peeks_each_lane_apart_and_takes_nothing() -> None:

@@ -5,7 +5,6 @@ values, to the candidates (``route``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ from router.routing.speculate import (
     asked_source,
     batch_request_sources,
     candidate_source,
-    choose_source,
     lane_sources,
     paused_last,
     request_sources,
@@ -109,34 +107,6 @@ def test_a_request_source_of_its_own_is_the_only_one() -> None:
 
 
 ON, OFF, PROBE = SpecAdvice(), SpecAdvice(use=False), SpecAdvice(use=False, probe=True)
-
-
-@pytest.mark.parametrize(
-    ("states", "expected"),
-    [
-        ({"draft_model": ON, "prompt_lookup": ON}, ("draft_model", ON)),
-        # the preferred source stopped paying: the next one that is on
-        ({"draft_model": OFF, "prompt_lookup": ON}, ("prompt_lookup", ON)),
-        # ...unless the preferred one's probe is due: it is probed on its schedule
-        ({"draft_model": PROBE, "prompt_lookup": ON}, ("draft_model", PROBE)),
-        ({"draft_model": OFF, "prompt_lookup": PROBE}, ("prompt_lookup", PROBE)),
-        # off everywhere: the first, off (the request decodes plainly)
-        ({"draft_model": OFF, "prompt_lookup": OFF}, ("draft_model", OFF)),
-    ],
-)
-def test_choose_source_takes_the_first_that_pays(
-    states: dict[str, SpecAdvice], expected: tuple[str, SpecAdvice]
-) -> None:
-    asked: list[str] = []
-
-    def advised() -> Iterator[tuple[str, SpecAdvice]]:
-        for source in ("draft_model", "prompt_lookup"):
-            asked.append(source)
-            yield source, states[source]
-
-    assert choose_source(advised()) == expected
-    assert asked[0] == "draft_model"  # the preferred source is always asked first
-    assert len(asked) == (1 if states["draft_model"] is not OFF else 2)
 
 
 def test_every_family_and_setting_gives_a_known_source() -> None:
