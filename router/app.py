@@ -39,12 +39,13 @@ from router.proxy.handlers import setup_routes
 from router.proxy.hosts import HostRule
 from router.proxy.localtoken import new_token
 from router.proxy.middleware import browser_guard, error_middleware
+from router.proxy.observe import SpecCounts
 from router.proxy.offload import CpuPool
 from router.proxy.partition import keep_key_in
 from router.proxy.policy_watch import PolicyWatcher
 from router.proxy.relay import Relay
 from router.proxy.services import Services
-from router.proxy.telemetry import SpecTelemetry
+from router.proxy.speculation import Speculation
 from router.routing.load import gate_for
 from router.routing.state import RoutingState
 from router.upstream.client import Http1Pool
@@ -125,7 +126,7 @@ def build_services(settings: Settings, metrics: Metrics) -> Services:
         settle=settings.policy_settle_seconds,
         on_reload=lambda result: spec.policies_reloaded(result.ok),
     )
-    spec = SpecTelemetry(settings, metrics, pool, lambda: policies.current)
+    spec = Speculation(settings, metrics, pool, lambda: policies.current)
     bounds = settings.upstream
     upstream = Http1Pool(
         keepalive=30.0,  # the relay's own: see router.upstream.client for why
@@ -143,6 +144,7 @@ def build_services(settings: Settings, metrics: Metrics) -> Services:
         limiter=ConcurrencyLimiter(metrics),
         routing=RoutingState(gate=gate_for(settings.routing)),
         spec=spec,
+        counts=SpecCounts(metrics, pool),
         upstream=upstream,
         relay=Relay(
             upstream, pool, settings.retry, metrics, settings.client_limits.stream_keepalive
@@ -270,7 +272,7 @@ async def cumulative_scraper(services: Services) -> AsyncIterator[None]:
         services.pool,
         services.started.client_session(),
         services.settings.spec.scrape_interval,
-        services.spec.observe_cumulative,
+        services.counts.cumulative,
     )
     scraper.start()
     yield

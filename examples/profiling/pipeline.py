@@ -26,7 +26,6 @@ from router.proxy.handlers import decide, identify
 from router.proxy.headers import decision_headers
 from router.proxy.outcome import Outcome
 from router.proxy.request import parse_request
-from router.proxy.telemetry import SpecClaim
 
 RAW = stream_body(7)
 CHUNK = b"".join(stream_events(7))
@@ -62,7 +61,7 @@ def main() -> None:
 
         def finished_outcome() -> Outcome:
             parsed = parse_request("chat", RAW)
-            result = decide(services, request, parsed, policy, SpecClaim())
+            result, _ = decide(services, request, parsed, policy)
             o = Outcome(
                 endpoint="chat",
                 arrival=time.monotonic(),
@@ -81,16 +80,21 @@ def main() -> None:
 
         outcome = finished_outcome()
         parsed = parse_request("chat", RAW)
-        result = decide(services, request, parsed, policy, SpecClaim())
+        result, claim = decide(services, request, parsed, policy)
         total = 0.0
         total += bench("identify", lambda: identify(services, request))
         total += bench("parse_request", lambda: parse_request("chat", RAW))
         # the same parsed request each time: the bench configuration changes no field
-        total += bench("decide", lambda: decide(services, request, parsed, policy, SpecClaim()))
+        total += bench("decide", lambda: decide(services, request, parsed, policy))
         total += bench("decision_headers", lambda: decision_headers(result, 0.001, 0.0))
         total += bench("SSETail.finish", tail.finish)
         total += bench("observe.record", lambda: observe.record(services.metrics, outcome))
-        total += bench("telemetry.observe", lambda: services.spec.observe(outcome, SpecClaim()))
+        total += bench(
+            "counts.answer+spec.complete",
+            lambda: services.spec.complete(
+                outcome, claim, services.counts.answer(outcome, *claim.names(outcome))
+            ),
+        )
         total += bench(
             "record_of+add",
             lambda: services.access.add(

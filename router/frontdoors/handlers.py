@@ -8,7 +8,6 @@ the error middleware, which knows the API by the path (``doorerrors.api_for_path
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from datetime import UTC, datetime, timedelta
@@ -25,10 +24,8 @@ from router.frontdoors.ollama_out import Kind, OllamaEgress, now_iso
 from router.frontdoors.responses_http import setup_responses_routes
 from router.frontdoors.tokencount import count_on_lane
 from router.kernel import errors
-from router.kernel.errors import RouterError
-from router.proxy import observe
-from router.proxy.accesslog import record_of
 from router.proxy.body import read_object, read_raw
+from router.proxy.booking import Booking
 from router.proxy.handlers import Inbound, identify, listed, listing, proxy, request_key
 from router.proxy.handlers import models as openai_models
 from router.proxy.middleware import expect_handler
@@ -79,13 +76,12 @@ async def count_tokens(services: Services, request: web.Request) -> web.Response
     generation request (``router.frontdoors.tokencount``); its body is read under the same
     limit (``max_body_bytes``) and deadline."""
     outcome = Outcome(endpoint="count_tokens", arrival=time.monotonic(), api="anthropic")
-    client, model = "unidentified", None
-    try:
+    with Booking(services, outcome, served_model=True) as book:
         policy = identify(services, request, anthropic_key(request))
-        client = policy.client
+        book.client = policy.client
         raw = await read_raw(services, request)
         req = await services.cpu.run(len(raw), _count_request, raw)
-        model = req.model
+        book.model = req.model
         count = await count_on_lane(
             services,
             policy,
@@ -95,21 +91,6 @@ async def count_tokens(services: Services, request: web.Request) -> web.Response
             permission_type="permission_error",
         )
         return web.json_response({"input_tokens": count})
-    except RouterError as e:
-        outcome.status, outcome.error = e.status, e
-        raise
-    except asyncio.CancelledError:
-        outcome.client_left()
-        raise
-    except Exception:  # the error middleware answers 500 internal_error: booked as such
-        err = errors.internal_error()
-        outcome.status, outcome.error = err.status, err
-        raise
-    finally:  # booked like every proxied request: metrics and the access log
-        outcome.finished_at = time.monotonic()
-        observe.record(services.metrics, outcome)
-        model = outcome.model or model  # the model that served (one of ours may be aliased)
-        services.access.add(record_of(outcome, client=client, model=model, decision=None))
 
 
 def _counted(req: anthropic_in.MessagesRequest, policy: Policy) -> dict[str, Any]:

@@ -28,8 +28,7 @@ from router.frontdoors.responses_running import CANCEL_WAIT
 from router.frontdoors.tokencount import count_on_lane, tokenizing_lane
 from router.kernel import errors
 from router.kernel.errors import RouterError
-from router.proxy import observe
-from router.proxy.accesslog import record_of
+from router.proxy.booking import Booking
 from router.proxy.connections import read_body
 from router.proxy.handlers import owner
 from router.proxy.outcome import Outcome
@@ -78,16 +77,16 @@ async def cancel(services: Services, request: web.Request) -> web.Response:
 
 async def input_tokens(services: Services, request: web.Request) -> web.Response:
     outcome = Outcome(endpoint="input_tokens", arrival=time.monotonic(), api="responses")
-    client, model = "unidentified", None
-    try:
+    with Booking(services, outcome, served_model=True) as book:
         policy, who = owner(services, request)
-        client = policy.client
+        book.client = policy.client
         raw = await read_body(request, services.settings.client_limits.body_timeout)
         body = {k: v for k, v in load_object(raw).items() if k not in NOT_COUNTED}
         model = body.get("model")
         if model is None:  # optional here, as in OpenAI's API: the lanes' model
             model = _lanes_model(services)
             body["model"] = model
+        book.model = model if isinstance(model, str) else None
         previous = responses_in.previous_id(body)
         history: list[dict[str, Any]] = []
         if previous is not None:
@@ -108,24 +107,6 @@ async def input_tokens(services: Services, request: web.Request) -> web.Response
             answer = await count_on_backend(services, policy, req.model, req.openai, outcome)
             return web.json_response(answer)
         return web.json_response({"object": "response.input_tokens", "input_tokens": count})
-    except RouterError as e:
-        outcome.status, outcome.error = e.status, e
-        raise
-    except asyncio.CancelledError:
-        outcome.client_left()
-        raise
-    finally:  # booked like every proxied request: metrics and the access log
-        outcome.finished_at = time.monotonic()
-        observe.record(services.metrics, outcome)
-        model = outcome.model or model
-        services.access.add(
-            record_of(
-                outcome,
-                client=client,
-                model=model if isinstance(model, str) else None,
-                decision=None,
-            )
-        )
 
 
 def _externals_answer(services: Services, model: str) -> bool:

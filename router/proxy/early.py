@@ -31,7 +31,7 @@ from aiohttp import web
 from router.kernel import sse
 from router.kernel.errors import RouterError
 from router.proxy import doorerrors
-from router.proxy.relay import SSE_HEADERS
+from router.proxy.relay import SSE_HEADERS, Egress
 
 log = logging.getLogger("speclane.relay")
 
@@ -121,20 +121,17 @@ class EarlyStream:
 
 
 def early_stream(
-    request: web.Request,
-    api: doorerrors.Api,
-    stream: bool,
-    content_type: str | None = None,
-    ending: Callable[[RouterError], bytes] | None = None,
-    keep_alive: Callable[[str], bytes] | None = None,
+    request: web.Request, api: doorerrors.Api, stream: bool, egress: Egress | None = None
 ) -> EarlyStream | None:
-    """An EarlyStream for a streaming request, else None. ``content_type``, ``ending`` and
-    ``keep_alive``: the door's (its egress'), by default OpenAI's."""
+    """An EarlyStream for a streaming request, else None; framed as the door's ``egress``
+    frames its stream (its content type, error event and keep-alive), by default OpenAI's."""
     if not stream:
         return None
-    return EarlyStream(
-        request,
-        content_type or SSE_HEADERS["Content-Type"],
-        ending or (lambda err: doorerrors.stream_error(err, api)),
-        keep_alive or sse.comment,
-    )
+    if egress is None:
+        return EarlyStream(
+            request,
+            SSE_HEADERS["Content-Type"],
+            lambda err: doorerrors.stream_error(err, api),
+            sse.comment,
+        )
+    return EarlyStream(request, egress.stream_content_type, egress.error, egress.keep_alive)

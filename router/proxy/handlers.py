@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -11,16 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from router.backends.base import Backend
 from router.config.names import API_KEY_HEADER, AUTHORIZATION, CLIENT_HEADER
 from router.config.policies import Identity, Policy, PolicySet, Unauthorized
 from router.kernel import errors
 from router.kernel.errors import RouterError
 from router.metrics import CLIENT_LABEL, CONTENT_TYPE
-from router.proxy import doorerrors, observe
-from router.proxy.accesslog import record_of
+from router.proxy import doorerrors
 from router.proxy.admin_auth import is_loopback, proves_admin, require_admin
 from router.proxy.body import read_raw
+from router.proxy.booking import Booking
 from router.proxy.credentials import presented_key
 from router.proxy.early import EarlyStream, early_stream
 from router.proxy.headers import decision_headers
@@ -29,22 +26,22 @@ from router.proxy.normalise import normalise
 from router.proxy.ondemand import model_loaded
 from router.proxy.outcome import Outcome
 from router.proxy.partition import wire_token
-from router.proxy.relay import BodyFor, Egress, Stop
+from router.proxy.relay import Egress, Stop
 from router.proxy.request import ParsedRequest, parse_request
 from router.proxy.services import Services, bind
-from router.proxy.telemetry import SpecClaim
+from router.proxy.speculation import SpecClaim
 from router.routing.affinity import fingerprints
 from router.routing.classify import (
     LANE_HEADER,
     PRESET_HEADER,
     Classification,
     RequestFacts,
-    classify,
     log_line,
+    resolve,
+    route,
 )
 from router.routing.prefixwatch import REASON as PREFIX_REASON
-from router.routing.speculate import asked_source
-from router.routing.types import Candidate, Endpoint
+from router.routing.types import Endpoint
 
 if TYPE_CHECKING:  # handed in by router.app: lanes/ sits beside proxy/
     from router.lanes.models import ModelManager
@@ -118,11 +115,11 @@ def decide(
     request: web.Request,
     parsed: ParsedRequest,
     policy: Policy,
-    claim: SpecClaim,
     prints: tuple[bytes, ...] = (),
-) -> Classification:
-    settings = services.settings
-    routing = services.routing
+) -> tuple[Classification, SpecClaim]:
+    """resolve -> advise -> route -> claim: routing is pure and takes what the speculation
+    decision (``services.spec``) says as values; the claim settles the first candidate."""
+    settings, routing, spec = services.settings, services.routing, services.spec
     facts = RequestFacts(
         parsed.route,
         preset_header=request.headers.get(PRESET_HEADER),
@@ -130,26 +127,35 @@ def decide(
         body_keys=frozenset(parsed.data),
         cache_holder=routing.affinity.holder(prints) if prints else None,
     )
-    telemetry = services.spec
-    result = classify(
-        facts,
-        policy,
-        settings.presets,
-        services.pool.snapshot(),
-        gate=routing.gate,
-        spec=telemetry.advise,
-        rules=settings.routing,
-        batch_spec=telemetry.advise_batching,
-    )
+    resolved = resolve(facts, policy, settings.presets, services.pool.snapshot())
+    advised = spec.advise(resolved)
+    result = route(resolved, advised, gate=routing.gate, rules=settings.routing)
     routing.gate = result.gate
-    decision = telemetry.claim_route(result, claim)
-    if decision is not result.decision:
-        result = dataclasses.replace(result, decision=decision)
     for key, value in result.body_changes.items():
         parsed.set_field(key, value)
+    result, claim = spec.claim(result)  # last: a ticket taken always reaches its owner
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s client=%s %s", parsed.route.endpoint, result.client, log_line(result))
-    return result
+    return result, claim
+
+
+def headers_for(
+    services: Services,
+    parsed: ParsedRequest,
+    result: Classification,
+    outcome: Outcome,
+    waited: float,
+) -> dict[str, str]:
+    """The decision counted, and its X-Speclane-* headers. The overhead is the router's time
+    to here without the admission queue's wait and the model's load (the model starting)."""
+    outcome.model = result.model
+    decision, metrics = result.decision, services.metrics
+    metrics.decisions.labels(
+        result.client, decision.candidates[0].lane, decision.labels.get("rule", "none")
+    ).inc()
+    overhead = time.monotonic() - outcome.arrival - waited - parsed.load_seconds
+    metrics.overhead.labels(parsed.endpoint).observe(overhead)
+    return decision_headers(result, overhead, waited, parsed.load_seconds)
 
 
 def normalised(services: Services, parsed: ParsedRequest, policy: Policy, outcome: Outcome) -> None:
@@ -191,18 +197,43 @@ def watch_prefix(
         services.metrics.prefix_breaks.labels(client, PREFIX_REASON).inc()
 
 
-def body_for(parsed: ParsedRequest) -> BodyFor:
-    """The body each backend gets. The lanes: ``num_draft_tokens: 0`` to decode plainly, or
-    the ``draft_source`` chosen for the request's family (on each lane its own, judged
-    apart). An external backend: as validated, with late system messages folded when it is
-    set to (``system_messages = "fold"``, the default of every kind but ``openai``)."""
+def affinity_prints(
+    services: Services, parsed: ParsedRequest, partition: str
+) -> tuple[tuple[bytes, ...], int]:
+    """The conversation's prefix fingerprints, and its messages. They serve only to send a
+    conversation back to the lane holding its prefix: without lanes of ours nothing ever
+    holds one, so none are computed. They are the partition's and the model's own: another
+    client's traffic, or the same conversation with another model's lanes, never steers it."""
+    if not (services.settings.routing.cache_affinity and services.pool.has_lanes):
+        return (), 0
+    key = f"{partition}\0{parsed.route.model}"
+    return fingerprints(parsed.endpoint, parsed.data, key), len(parsed.data.get("messages") or ())
 
-    def build(backend: Backend, cand: Candidate) -> bytes:
-        if backend.lane is None:
-            return parsed.body(fold_system=backend.fold_system)
-        return parsed.body(plain=not cand.speculative, draft_source=asked_source(cand))
 
-    return build
+class Proxied(Booking):
+    """A proxied request's bookkeeping, and what its end needs of its way through the
+    pipeline: the claim of its speculation decision, its prefix fingerprints."""
+
+    __slots__ = ("claim", "messages", "prints")
+
+    def __init__(self, services: Services, outcome: Outcome) -> None:
+        super().__init__(services, outcome)
+        self.claim: SpecClaim | None = None
+        self.prints: tuple[bytes, ...] = ()
+        self.messages = 0  # a chat request's, when it has prints
+
+    def ended(self) -> None:
+        """The affinity map records which lane now holds the prefix (and whether the lane
+        found it); the answer's speculative statistics are counted and complete the
+        decision."""
+        services, outcome, prints = self.services, self.outcome, self.prints
+        if prints and outcome.status == 200 and outcome.backend and outcome.backend.lane:
+            services.routing.affinity.record(prints, outcome.backend.lane)
+            if outcome.endpoint == "chat" and outcome.completed:
+                watch_prefix(services, outcome, prints, self.messages, self.client)
+        if (claim := self.claim) is not None:
+            seen = services.counts.answer(outcome, *claim.names(outcome))
+            services.spec.complete(outcome, claim, seen)
 
 
 async def proxy(
@@ -217,118 +248,73 @@ async def proxy(
     arrival: float | None = None,
     stop: Stop | None = None,
 ) -> web.StreamResponse:
-    """The whole pipeline, for every front door: identify, admit, classify, relay.
-
-    ``translate`` turns another API's request body into the OpenAI request (and its answer
-    back); without it the body is an OpenAI request to ``endpoint``. ``stop``: how its
-    client may stop it from elsewhere (``router.proxy.relay.Stop``).
-    """
-    arrival = time.monotonic() if arrival is None else arrival
-    outcome = Outcome(endpoint=endpoint, arrival=arrival, api=api)
-    metrics = services.metrics
-    client = "unidentified"
-    model: str | None = None
-    decision: str | None = None
-    claim = SpecClaim()
-    prints: tuple[bytes, ...] = ()
-    messages = 0  # a chat request's, when it has prints
+    """The whole pipeline, for every front door: identify, read, admit (and load the model),
+    decide (resolve -> advise -> route -> claim), relay; at the end, ``Proxied.ended``.
+    ``translate``: another API's body into the OpenAI request (and its answer back); without
+    it the body is an OpenAI request to ``endpoint``. ``stop``: how its client may stop it
+    from elsewhere (``router.proxy.relay.Stop``)."""
+    outcome = Outcome(endpoint, time.monotonic() if arrival is None else arrival, api)
     early: EarlyStream | None = None
-    try:
-        if key is None and api_key_header:  # an API with its own key header (Anthropic's)
-            key = request_key(request, use_api_key_header=True)
-        policy, partition = caller(services, request, key)
-        client = policy.client
-        raw = await read_raw(services, request)
-        egress: Egress | None = None
-        if translate is None:
-            parsed = await services.cpu.run(len(raw), parse_request, endpoint, raw)
-        else:
-            parsed, egress = await translate(raw)
+    with Proxied(services, outcome) as book:
+        try:
+            if key is None and api_key_header:  # an API with its own key header (Anthropic's)
+                key = request_key(request, use_api_key_header=True)
+            policy, partition = caller(services, request, key)
+            book.client = policy.client
+            raw = await read_raw(services, request)
+            egress: Egress | None = None
+            if translate is None:
+                parsed = await services.cpu.run(len(raw), parse_request, endpoint, raw)
+            else:
+                parsed, egress = await translate(raw)
             endpoint = outcome.endpoint = parsed.endpoint  # e.g. Ollama's raw generate
-        model = parsed.route.model
-        normalised(services, parsed, policy, outcome)
-        parsed.cache_partition = wire_token(partition)
-        limiter = services.limiter
-        # A stream may begin before its answer: while its model loads (models of ours
-        # only: without them ``model_loaded`` is a no-op), and while the relay waits for a
-        # long prefill's first token (every backend).
-        manager = services.started.models
-        early = early_stream(
-            request,
-            api,
-            parsed.route.stream,
-            egress.stream_content_type if egress is not None else None,
-            egress.error if egress is not None else None,
-            egress.keep_alive if egress is not None else None,
-        )
-        # Admission first: a request waits for its model's load only inside one of its
-        # client's slots, so a client's requests hold at most its max_concurrency places in
-        # the load queue (``lanes.load_queue``), never everyone's.
-        async with (
-            limiter.slot(client, policy.max_concurrency, policy.queue_timeout) as waited,
-            model_loaded(manager, services.pool, parsed, policy, early.tick if early else None),
-        ):
-            model = parsed.route.model
-            # Fingerprints serve only to send a conversation back to the lane holding its
-            # prefix: without lanes of ours nothing ever holds one, so none are computed.
-            # They are the partition's and the model's own: another client's traffic, or
-            # the same conversation with another model's lanes, never steers this request.
-            if services.settings.routing.cache_affinity and services.pool.has_lanes:
-                prints = fingerprints(endpoint, parsed.data, f"{partition}\0{model}")
-                messages = len(parsed.data.get("messages") or ())
-            result = decide(services, request, parsed, policy, claim, prints)
-            outcome.model = result.model
-            decision = result.decision.reason
-            metrics.decisions.labels(
-                client,
-                result.decision.candidates[0].lane,
-                result.decision.labels.get("rule", "none"),
-            ).inc()
-            # A model's load is not speclane's overhead: it is the model starting.
-            overhead = time.monotonic() - arrival - waited - parsed.load_seconds
-            metrics.overhead.labels(endpoint).observe(overhead)
-            headers = decision_headers(result, overhead, waited, parsed.load_seconds)
-            return await services.relay.forward(
-                request,
-                parsed,
-                result.decision,
-                path=UPSTREAM_PATHS[endpoint],
-                outcome=outcome,
-                body_for=body_for(parsed),
-                headers=headers,
-                egress=egress,
-                begun=early,
-                stop=stop,
-            )
-    except RouterError as e:
-        outcome.status, outcome.error = e.status, e
-        client = e.headers.setdefault(CLIENT_HEADER, client)
-        if e.status in (401, 403):
-            metrics.rejections.labels(client, str(e.status)).inc()
-        if early is not None and early.response is not None:
+            book.model = parsed.route.model
+            normalised(services, parsed, policy, outcome)
+            parsed.cache_partition = wire_token(partition)
+            # A stream may begin before its answer: while its model loads (models of ours
+            # only: without them ``model_loaded`` is a no-op), and while the relay waits for
+            # a long prefill's first token (every backend).
+            early = early_stream(request, api, parsed.route.stream, egress)
+            tick = early.tick if early else None
+            # Admission first: a request waits for its model's load only inside one of its
+            # client's slots, so a client's requests hold at most its max_concurrency places
+            # in the load queue (``lanes.load_queue``), never everyone's.
+            slot = services.limiter.slot(book.client, policy.max_concurrency, policy.queue_timeout)
+            loaded = model_loaded(services.started.models, services.pool, parsed, policy, tick)
+            async with slot as waited, loaded:
+                book.model = parsed.route.model
+                book.prints, book.messages = affinity_prints(services, parsed, partition)
+                result, book.claim = decide(services, request, parsed, policy, book.prints)
+                book.decision = result.decision.reason
+                headers = headers_for(services, parsed, result, outcome, waited)
+                return await services.relay.forward(
+                    request,
+                    parsed,
+                    result.decision,
+                    path=UPSTREAM_PATHS[endpoint],
+                    outcome=outcome,
+                    headers=headers,
+                    egress=egress,
+                    begun=early,
+                    stop=stop,
+                )
+        except RouterError as e:
+            book.client = e.headers.setdefault(CLIENT_HEADER, book.client)
+            if e.status in (401, 403):
+                services.metrics.rejections.labels(book.client, str(e.status)).inc()
+            if early is None or early.response is None:
+                raise
+            book.failed(e)
             outcome.stream = True
             return await early.fail(e)  # its headers (200) are out: an error event ends it
-        raise
-    except asyncio.CancelledError:
-        outcome.client_left()  # not a disconnect once the stream's [DONE] reached the client
-        raise
-    except Exception:
-        err = errors.internal_error()
-        outcome.status, outcome.error = err.status, err  # booked as the client gets it
-        if early is None or early.response is None:
-            raise  # the error middleware answers it (500 internal_error, the traceback logged)
-        log.exception("internal error on a begun stream (%s)", endpoint)
-        outcome.stream = True
-        return await early.fail(err)
-    finally:
-        outcome.finished_at = time.monotonic()
-        if prints and outcome.status == 200 and outcome.backend and outcome.backend.lane:
-            services.routing.affinity.record(prints, outcome.backend.lane)
-            if endpoint == "chat" and outcome.completed:
-                watch_prefix(services, outcome, prints, messages, client)
-        observe.record(metrics, outcome)
-        services.spec.observe(outcome, claim)
-        services.access.add(record_of(outcome, client=client, model=model, decision=decision))
+        except Exception:
+            if early is None or early.response is None:
+                raise  # the error middleware answers it (500 internal_error, the traceback logged)
+            log.exception("internal error on a begun stream (%s)", endpoint)
+            err = errors.internal_error()
+            book.failed(err)  # booked as the client gets it
+            outcome.stream = True
+            return await early.fail(err)
 
 
 async def chat(services: Services, request: web.Request) -> web.StreamResponse:

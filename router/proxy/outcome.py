@@ -1,5 +1,5 @@
 """What happened to one relayed request: written by the relay, read by the metrics
-(``router.proxy.observe``) and by speculative telemetry (``router.proxy.telemetry``)."""
+(``router.proxy.observe``) and by the speculation decision (``router.proxy.speculation``)."""
 
 from __future__ import annotations
 

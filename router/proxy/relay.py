@@ -83,6 +83,7 @@ from router.proxy.headers import served_headers
 from router.proxy.outcome import Outcome
 from router.proxy.partition import CACHE_PARTITION_HEADER
 from router.proxy.request import ParsedRequest
+from router.routing.speculate import asked_source
 from router.routing.types import Candidate, Decision
 from router.upstream.client import (
     HeadTimeout,
@@ -131,7 +132,14 @@ class Retryable(Exception):
         self.reason = reason
 
 
-BodyFor = Callable[[Backend, Candidate], bytes]
+def upstream_body(parsed: ParsedRequest, backend: Backend, cand: Candidate) -> bytes:
+    """The body each backend gets. The lanes: ``num_draft_tokens: 0`` to decode plainly, or
+    the ``draft_source`` chosen for the request's family (on each lane its own, judged
+    apart). An external backend: as validated, with late system messages folded when it is
+    set to (``system_messages = "fold"``, the default of every kind but ``openai``)."""
+    if backend.lane is None:
+        return parsed.body(fold_system=backend.fold_system)
+    return parsed.body(plain=not cand.speculative, draft_source=asked_source(cand))
 
 
 class Egress(Protocol):
@@ -253,7 +261,6 @@ class Relay:
         *,
         path: str,
         outcome: Outcome,
-        body_for: BodyFor,
         headers: dict[str, str],
         egress: Egress | None = None,
         begun: Begun | None = None,
@@ -273,11 +280,9 @@ class Relay:
         try:
             if begun is not None and parsed.route.stream:
                 async with begun.keeping_alive(self._keepalive, headers):
-                    opened = await self._open_with_retries(
-                        parsed, decision, path, outcome, body_for
-                    )
+                    opened = await self._open_with_retries(parsed, decision, path, outcome)
             else:
-                opened = await self._open_with_retries(parsed, decision, path, outcome, body_for)
+                opened = await self._open_with_retries(parsed, decision, path, outcome)
             backend = opened.backend
             outcome.backend, outcome.candidate = backend, opened.candidate
             headers = served_headers(headers, backend.name, opened.candidate.lane, outcome.attempts)
@@ -314,7 +319,6 @@ class Relay:
         decision: Decision,
         path: str,
         outcome: Outcome,
-        body_for: BodyFor,
     ) -> Opened:
         candidates = decision.candidates
 
@@ -333,7 +337,7 @@ class Relay:
             # arriving meanwhile must already see the lane as busy.
             self._begin(backend, outcome)
             try:
-                return await self._open(backend, cand, parsed, path, body_for)
+                return await self._open(backend, cand, parsed, path)
             except Retryable as e:
                 self._unbegin(backend, outcome)
                 failed.append((backend.name, e.reason))
@@ -366,7 +370,7 @@ class Relay:
         raise AssertionError("unreachable: tenacity either returned or raised")
 
     async def _open(
-        self, backend: Backend, cand: Candidate, parsed: ParsedRequest, path: str, body_for: BodyFor
+        self, backend: Backend, cand: Candidate, parsed: ParsedRequest, path: str
     ) -> Opened:
         headers = {"Content-Type": "application/json", **backend.auth_headers()}
         if backend.lane is not None and parsed.cache_partition:  # never to external backends
@@ -375,7 +379,7 @@ class Relay:
             resp = await self._post(
                 backend,
                 f"{backend.base_url}{path}",
-                body=body_for(backend, cand),
+                body=upstream_body(parsed, backend, cand),
                 headers=headers,
                 connect_timeout=backend.connect_timeout,
                 read_timeout=backend.read_timeout,

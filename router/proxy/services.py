@@ -35,10 +35,11 @@ if TYPE_CHECKING:
     from router.metrics import Metrics
     from router.proxy.accesslog import AccessLog
     from router.proxy.admission import ConcurrencyLimiter
+    from router.proxy.observe import SpecCounts
     from router.proxy.offload import CpuPool
     from router.proxy.policy_watch import PolicyWatcher
     from router.proxy.relay import Relay
-    from router.proxy.telemetry import SpecTelemetry
+    from router.proxy.speculation import Speculation
     from router.routing.state import RoutingState
     from router.upstream.client import Http1Pool
 
@@ -69,7 +70,8 @@ class Services:
     policies: PolicyWatcher
     limiter: ConcurrencyLimiter
     routing: RoutingState
-    spec: SpecTelemetry
+    spec: Speculation  # the router's speculation decision (advise, claim, complete)
+    counts: SpecCounts  # the speculative statistics answers and scrapes report, counted
     upstream: Http1Pool  # the relay's HTTP/1.1 client
     relay: Relay
     access: AccessLog

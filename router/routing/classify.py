@@ -2,6 +2,11 @@
 speculative state) -> ``Classification`` (ordered candidates, reason, body changes), or a
 ``RouterError``.
 
+Two calls, with the speculative state between them as values: ``resolve`` (steps 1 to 5)
+names the model, the workload and the draft sources to ask auto-disable about; the proxy's
+owner of the speculation decision (``router.proxy.speculation``) reads their state; ``route``
+(steps 6 and 7) orders the candidates with that advice. ``classify`` is both for one advice.
+
 The steps, in order (the first failing step answers):
 
 1. Model: a policy alias is resolved; a name that no backend serves as-is but ends in
@@ -91,15 +96,12 @@ from router.routing.speculate import (
     EXTERNAL_SOURCE,
     SPECULATION_PAYS,
     SpecAdvice,
-    SpecOracle,
     advice_label,
     advice_rule,
     batch_request_sources,
-    choose_source,
     free_rule,
     lane_speculates,
     request_sources,
-    speculation_pays,
 )
 from router.routing.types import BackendView, Candidate, Decision, RouteRequest
 from router.speculation.families import workload_key
@@ -108,14 +110,17 @@ __all__ = [
     "DEFAULT_RULES",
     "RULES",
     "SPECULATION_PAYS",
+    "Advised",
     "Classification",
     "RequestFacts",
+    "Resolved",
     "RoutingRules",
     "SpecAdvice",
-    "SpecOracle",
     "classify",
     "log_line",
+    "resolve",
     "resolve_model",
+    "route",
 ]
 
 SHAPE_RULES = ("n>1", "long-prompt", "high-temperature", "short-output")
@@ -166,10 +171,43 @@ class Classification:
     body_changes: dict[str, Any] = field(default_factory=dict)  # set these body fields
     gate: LoadGate = field(default_factory=LoadGate)  # keep for the next decision
 
-    @property
-    def is_probe(self) -> bool:
-        """The speculative lane takes this request to probe a workload where it is off."""
-        return self.decision.labels.get("rule") == "spec-probe"
+
+# Resolved and Advised are made on every request and never changed: not frozen, as a frozen
+# dataclass pays a call of object.__setattr__ per field (measured: +10 k instructions per
+# request for these two, under examples/count_instructions.py).
+
+
+@dataclass(slots=True)
+class Resolved:
+    """A request resolved (``resolve``): what routing it needs, and what auto-disable is to be
+    asked about before it is routed (``workload``, ``spec_sources``, ``batch_sources``)."""
+
+    facts: RequestFacts
+    policy: Policy
+    backends: Sequence[BackendView]
+    serving: Sequence[BackendView]  # the backends that serve the model (and endpoint)
+    model: str  # alias and preset suffix resolved
+    preset: str | None
+    preset_source: str
+    lane_pref: LanePreference
+    workload: str
+    # The speculative lane's sources in order of preference (an external backend's draft
+    # model without one), never empty; the batching lane's, None without that lane.
+    spec_sources: tuple[str, ...]
+    batch_sources: tuple[str, ...] | None
+    changes: dict[str, Any]
+    clamped: tuple[str, ...]
+    filled: int | None
+
+
+@dataclass(slots=True)
+class Advised:
+    """What auto-disable says for one resolved request, as values: the speculative lane's
+    source and its advice, and the batching lane's (None: not judged there)."""
+
+    source: str
+    advice: SpecAdvice = SPECULATION_PAYS
+    batching: tuple[str, SpecAdvice] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +226,27 @@ def classify(
     backends: Sequence[BackendView],
     *,
     gate: LoadGate | None = None,
-    spec: SpecOracle = speculation_pays,
     rules: RoutingRules = DEFAULT_RULES,
-    batch_spec: SpecOracle | None = None,
+    advice: SpecAdvice = SPECULATION_PAYS,
+    batch_advice: SpecAdvice | None = None,
 ) -> Classification:
+    """``resolve`` then ``route`` with one advice for every source (``batch_advice``: the
+    batching lane's, None: not judged there): the pipeline's steps in one call."""
+    resolved = resolve(facts, policy, presets, backends)
+    batch = None
+    if batch_advice is not None and resolved.batch_sources:
+        batch = (resolved.batch_sources[0], batch_advice)
+    return route(resolved, Advised(resolved.spec_sources[0], advice, batch), gate=gate, rules=rules)
+
+
+def resolve(
+    facts: RequestFacts,
+    policy: Policy,
+    presets: Mapping[str, PresetSpec],
+    backends: Sequence[BackendView],
+) -> Resolved:
+    """Steps 1 to 5: the model, the preset, the body changes and who serves it; and what
+    auto-disable is to be asked about (the workload, the sources in order of preference)."""
     request = facts.request
     model, suffix = resolve_model(request.model, policy, backends)
     preset, preset_source = _choose_preset(facts.preset_header, suffix, policy, presets)
@@ -216,19 +271,50 @@ def classify(
             param="model",
             code="model_not_found",
         )
-    load = lanes_load(backends)
-    gate = (gate or gate_for(rules)).observe(load)
-    workload = workload_key(policy.client, preset, request.family)
-    source, advice = choose_source(
-        _spec_sources(serving, request), lambda src: spec(model, workload, src)
+    batching = _lane(serving, "batching")
+    return Resolved(
+        facts,
+        policy,
+        backends,
+        serving,
+        model,
+        preset,
+        preset_source,
+        policy.lane_for(preset, presets),
+        workload_key(policy.client, preset, request.family),
+        _spec_sources(serving, request),
+        None if batching is None else _batch_sources(batching, request),
+        changes,
+        clamped,
+        filled,
     )
-    pref = policy.lane_for(preset, presets)
-    override = _override_target(facts.lane_header, policy, backends, model)
+
+
+def route(
+    resolved: Resolved,
+    advised: Advised,
+    *,
+    gate: LoadGate | None = None,
+    rules: RoutingRules = DEFAULT_RULES,
+) -> Classification:
+    """Steps 6 and 7: the candidates in order and the rule that names the first, given what
+    auto-disable said (``advised``) and the load gate."""
+    facts, policy, serving, model = (
+        resolved.facts,
+        resolved.policy,
+        resolved.serving,
+        resolved.model,
+    )
+    request, preset, pref = facts.request, resolved.preset, resolved.lane_pref
+    load = lanes_load(resolved.backends)
+    gate = (gate or gate_for(rules)).observe(load)
+    source, advice = advised.source, advised.advice
+    override = _override_target(facts.lane_header, policy, resolved.backends, model)
     if override is not None:
         candidates, rule = _overridden(override, model, request), "override"
         reason = f"override->{candidates[0].lane}"
     else:
-        shape = _shape(request, changes)
+        shape = _shape(request, resolved.changes)
         candidates, rule = _route(serving, pref, shape, policy, gate, advice, load, rules)
         shared_cache = one_cache(serving)
         if rules.cache_affinity and rule in AFFINITY_MAY_OVERRULE and not shared_cache:
@@ -238,7 +324,7 @@ def classify(
         reason = f"preset={preset or 'none'},{rule}->{candidates[0].lane}"
         if shared_cache:
             reason += ",cache=shared"
-    batching = _batch_candidate(serving, request, model, workload, batch_spec)
+    batching = _batch_candidate(serving, advised.batching)
     candidates = tuple(
         dataclasses.replace(c, source=source)
         if c.lane == "speculative"
@@ -247,14 +333,14 @@ def classify(
         else c
         for c in candidates
     )
-    if clamped:
-        reason += ",clamped=" + "+".join(clamped)
-    if filled is not None:
-        reason += f",max_tokens_cap={filled}"
+    if resolved.clamped:
+        reason += ",clamped=" + "+".join(resolved.clamped)
+    if resolved.filled is not None:
+        reason += f",max_tokens_cap={resolved.filled}"
     labels = {
         "client": policy.client,
         "preset": preset or "none",
-        "preset_source": preset_source,
+        "preset_source": resolved.preset_source,
         "lane_pref": pref,
         "rule": rule,
         "model": model,
@@ -266,10 +352,16 @@ def classify(
         "priority": str(policy.priority),
         "spec_advice": advice_label(advice),
         "spec_source": source,
-        "clamped": ",".join(clamped),
+        "clamped": ",".join(resolved.clamped),
     }
     return Classification(
-        Decision(candidates, reason, labels), policy.client, preset, workload, model, changes, gate
+        Decision(candidates, reason, labels),
+        policy.client,
+        preset,
+        resolved.workload,
+        model,
+        resolved.changes,
+        gate,
     )
 
 
@@ -433,22 +525,23 @@ def _spec_sources(serving: Sequence[BackendView], request: RouteRequest) -> tupl
     )
 
 
-def _batch_candidate(
-    serving: Sequence[BackendView],
-    request: RouteRequest,
-    model: str,
-    workload: str,
-    batch_spec: SpecOracle | None,
-) -> Candidate | None:
-    """The batching lane's candidate with its draft source and whether it drafts (judged by
-    auto-disable for the batching lane: ``batch_spec``); None without either."""
-    lane = _lane(serving, "batching")
-    if lane is None or batch_spec is None:
-        return None
-    sources = batch_request_sources(
+def _batch_sources(lane: BackendView, request: RouteRequest) -> tuple[str, ...]:
+    """The sources this request may draft with on the batching lane, in order of preference
+    (judged by auto-disable for that lane, apart from the speculative lane)."""
+    return batch_request_sources(
         request.family, request.draft_source, lane.source_setting or "auto"
     )
-    source, advice = choose_source(sources, lambda src: batch_spec(model, workload, src))
+
+
+def _batch_candidate(
+    serving: Sequence[BackendView], advised: tuple[str, SpecAdvice] | None
+) -> Candidate | None:
+    """The batching lane's candidate with its draft source and whether it drafts (what
+    auto-disable said for the batching lane); None without either."""
+    lane = _lane(serving, "batching")
+    if lane is None or advised is None:
+        return None
+    source, advice = advised
     drafts = source != "none" and (advice.use or advice.probe)
     return Candidate(lane.name, "batching", drafts, source)
 

@@ -57,7 +57,7 @@ class Candidate:
     speculative: bool = False  # for the speculative lane: decode with the draft model
     # The speculative lane: the source the request drafts with there (``prediction``,
     # ``draft_model``, ``prompt_lookup``, ``suffix``, ``none``;
-    # ``routing.speculate.request_source``); None for other backends (their own draft model).
+    # ``routing.speculate.request_sources``); None for other backends (their own draft model).
     source: str | None = None
 
 

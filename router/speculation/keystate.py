@@ -20,7 +20,7 @@ class SpecKey(NamedTuple):
     backend: str
     model: str
     workload: str
-    # What drafts (``router.routing.speculate.request_source``): one workload may pay with
+    # What drafts (``router.routing.speculate.request_sources``): one workload may pay with
     # prompt lookup and not with the draft model, so each source is judged on its own.
     source: str = "draft_model"
 

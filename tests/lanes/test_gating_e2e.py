@@ -72,7 +72,7 @@ def test_graceful_mode_serves_without_speculation_and_says_why(
 ) -> None:
     draft = mismatched_draft(tmp_path)
     # Its own router, with a draft the gate refuses. A fixed draft_model: without it no source
-    # drafts (auto would fall back to prompt lookup, routing.speculate.lane_source).
+    # drafts (auto would fall back to prompt lookup, routing.speculate.lane_sources).
     router = start_router(tmp_path, f'draft_model = "{draft}"\ndraft_source = "draft_model"\n')
     root = router.base_url.removesuffix("/v1")
     try:

@@ -10,7 +10,12 @@ import openai
 import orjson
 import pytest
 
+from router.backends.base import Backend
+from router.backends.cooldown import Cooldown
 from router.backends.health import check_once
+from router.proxy.relay import upstream_body
+from router.proxy.request import parse_request
+from router.routing.types import Candidate
 from tests.conftest import fake_upstreams, router_settings, run_router, wait_until
 from tests.fakes.upstream import Behaviour, FakeUpstream
 
@@ -412,3 +417,30 @@ async def test_500s_and_429s_are_retried_but_never_cool_a_backend_down(status: i
             assert not r.services.pool["a"].view().cooled_down
     assert len(b.requests) == 4
     assert len(a.requests) >= 2  # tried past allowed_fails, and still not cooled down
+
+
+def test_each_backend_gets_its_own_body() -> None:
+    """A lane: the chosen draft source, or ``num_draft_tokens: 0`` when it decodes plainly;
+    an external backend: the body as validated, late system messages folded if set to."""
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "again"},
+    ]
+    parsed = parse_request("chat", orjson.dumps({"model": "m", "messages": messages}))
+    cooldown = Cooldown(allowed_fails=3, seconds=5)
+    lane = Backend("speculative", "speclane", "http://x/v1", cooldown, lane="speculative")
+    drafting = Candidate("speculative", "speculative", True, "prompt_lookup")
+    asked = orjson.loads(upstream_body(parsed, lane, drafting))
+    assert asked["draft_source"] == "prompt_lookup" and "num_draft_tokens" not in asked
+    plain = Candidate("speculative", "speculative", False, "prompt_lookup")
+    assert orjson.loads(upstream_body(parsed, lane, plain))["num_draft_tokens"] == 0
+    external = Backend("lms", "lmstudio", "http://x/v1", cooldown, fold_system=True)
+    folded = orjson.loads(upstream_body(parsed, external, Candidate("lms", "lms")))
+    assert "draft_source" not in folded and "num_draft_tokens" not in folded
+    assert [m["role"] for m in folded["messages"]] != [m["role"] for m in messages]
+    as_sent = Backend("oai", "openai", "http://x/v1", cooldown)
+    assert orjson.loads(upstream_body(parsed, as_sent, Candidate("oai", "oai"))) == {
+        "model": "m",
+        "messages": messages,
+    }

@@ -404,7 +404,7 @@ def run(case: Case) -> Classification:
         PRESETS,
         snapshot(case.spec, case.batch, case.ext),
         gate=LoadGate(busy=case.gate_busy),
-        spec=lambda model, workload, source: case.advice,
+        advice=case.advice,
     )
 
 
@@ -467,12 +467,18 @@ def test_spec_lane_as_fallback_decodes_speculatively_only_when_it_pays() -> None
     ]
 
 
-def test_a_probe_is_spent_only_when_the_probe_takes_the_speculative_lane() -> None:
+def test_a_probe_is_named_only_when_the_probe_takes_the_speculative_lane() -> None:
     probe = SpecAdvice(use=False, probe=True)
-    assert run(Case("x", "speculative", "spec-probe", advice=probe)).is_probe
-    assert not run(Case("x", "batching", "n>1", n=2, advice=probe)).is_probe
-    assert not run(Case("x", "speculative", "override", lane="speculative", advice=probe)).is_probe
-    assert not run(Case("x", "speculative", "spec-lane-free")).is_probe
+
+    def rule(case: Case) -> str:
+        return run(case).decision.labels["rule"]
+
+    assert rule(Case("x", "speculative", "spec-probe", advice=probe)) == "spec-probe"
+    assert rule(Case("x", "batching", "n>1", n=2, advice=probe)) == "n>1"
+    assert (
+        rule(Case("x", "speculative", "override", lane="speculative", advice=probe)) == "override"
+    )
+    assert rule(Case("x", "speculative", "spec-lane-free")) == "spec-lane-free"
 
 
 def test_override_is_the_only_candidate() -> None:
@@ -725,7 +731,7 @@ def _classify(
     lane: str | None = None,
 ) -> Classification:
     facts = RequestFacts(request, preset_header=preset, lane_header=lane)
-    return classify(facts, policy, PRESETS, views, gate=gate, spec=lambda m, w, s: advice)
+    return classify(facts, policy, PRESETS, views, gate=gate, advice=advice)
 
 
 @settings(max_examples=examples(300), deadline=None)

@@ -1,6 +1,7 @@
 """The draft source the router asks its lanes for (pure): under ``auto`` the lane chooses at
-every step, a fixed setting is that source for every family; and how classification carries
-it to the auto-disable oracle and the candidates."""
+every step, a fixed setting is that source for every family; and how classification names
+the sources auto-disable is asked about (``resolve``) and carries its advice, given as
+values, to the candidates (``route``)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,15 @@ import pytest
 
 from router.config.policies import Policy
 from router.config.presets import DEFAULT_PRESETS
-from router.routing.classify import SPECULATION_PAYS, RequestFacts, classify
+from router.routing.classify import Advised, Classification, RequestFacts, resolve, route
 from router.routing.speculate import (
     SpecAdvice,
     asked_source,
     batch_request_sources,
     candidate_source,
-    choose_source,
-    lane_source,
     lane_sources,
-    request_source,
+    paused_last,
     request_sources,
-    settle,
-    speculates,
 )
 from router.routing.types import BackendView, Candidate, RouteRequest
 from router.speculation.families import FAMILIES
@@ -49,10 +46,11 @@ from router.speculation.families import FAMILIES
         ("prediction", "prompt_lookup", True, None),
     ],
 )
-def test_lane_source_per_family(
+def test_the_preferred_lane_source_per_family(
     family: str, configured: str, has_draft: bool, expected: str | None
 ) -> None:
-    assert lane_source(family, configured, has_draft) == expected
+    sources = lane_sources(family, configured, has_draft)
+    assert (sources[0] if sources else None) == expected
 
 
 @pytest.mark.parametrize(
@@ -72,7 +70,7 @@ def test_lane_source_per_family(
 def test_request_source_is_the_key_part(
     family: str, asked: str | None, configured: str, has_draft: bool, expected: str
 ) -> None:
-    assert request_source(family, asked, configured, has_draft) == expected
+    assert request_sources(family, asked, configured, has_draft)[0] == expected
 
 
 @pytest.mark.parametrize(
@@ -111,38 +109,11 @@ def test_a_request_source_of_its_own_is_the_only_one() -> None:
 ON, OFF, PROBE = SpecAdvice(), SpecAdvice(use=False), SpecAdvice(use=False, probe=True)
 
 
-@pytest.mark.parametrize(
-    ("states", "expected"),
-    [
-        ({"draft_model": ON, "prompt_lookup": ON}, ("draft_model", ON)),
-        # the preferred source stopped paying: the next one that is on
-        ({"draft_model": OFF, "prompt_lookup": ON}, ("prompt_lookup", ON)),
-        # ...unless the preferred one's probe is due: it is probed on its schedule
-        ({"draft_model": PROBE, "prompt_lookup": ON}, ("draft_model", PROBE)),
-        ({"draft_model": OFF, "prompt_lookup": PROBE}, ("prompt_lookup", PROBE)),
-        # off everywhere: the first, off (the request decodes plainly)
-        ({"draft_model": OFF, "prompt_lookup": OFF}, ("draft_model", OFF)),
-    ],
-)
-def test_choose_source_takes_the_first_that_pays(
-    states: dict[str, SpecAdvice], expected: tuple[str, SpecAdvice]
-) -> None:
-    asked: list[str] = []
-
-    def advise(source: str) -> SpecAdvice:
-        asked.append(source)
-        return states[source]
-
-    assert choose_source(("draft_model", "prompt_lookup"), advise) == expected
-    assert asked[0] == "draft_model"  # the preferred source is always asked first
-    assert len(asked) == (1 if states["draft_model"] is not OFF else 2)
-
-
 def test_every_family_and_setting_gives_a_known_source() -> None:
     for family in FAMILIES:
         for configured in ("auto", "draft_model", "prompt_lookup", "suffix", "none"):
             for has_draft in (True, False):
-                source = request_source(family, None, configured, has_draft)
+                source = request_sources(family, None, configured, has_draft)[0]
                 known = ("prediction", "auto", "draft_model", "prompt_lookup", "suffix", "none")
                 assert source in known
 
@@ -189,6 +160,20 @@ def lanes(has_draft: bool, setting: str = "auto") -> tuple[BackendView, ...]:
     )
 
 
+def routed(
+    request: RouteRequest,
+    views: tuple[BackendView, ...],
+    advice: SpecAdvice = ON,
+    batching: SpecAdvice | None = None,
+) -> Classification:
+    """``resolve`` then ``route`` with ``advice`` for the preferred source of each lane."""
+    resolved = resolve(RequestFacts(request), Policy(client="c"), DEFAULT_PRESETS, views)
+    batch = None
+    if batching is not None and resolved.batch_sources:
+        batch = (resolved.batch_sources[0], batching)
+    return route(resolved, Advised(resolved.spec_sources[0], advice, batch))
+
+
 @pytest.mark.parametrize(
     ("family", "asked", "has_draft", "source"),
     [
@@ -199,63 +184,42 @@ def lanes(has_draft: bool, setting: str = "auto") -> tuple[BackendView, ...]:
         ("prediction", None, False, "prediction"),
     ],
 )
-def test_classify_asks_the_oracle_and_marks_the_lane_candidate(
+def test_resolve_names_what_to_ask_and_route_marks_the_lane_candidate(
     family: str, asked: str | None, has_draft: bool, source: str
 ) -> None:
-    asked_oracle: list[tuple[str, str, str]] = []
-
-    def oracle(model: str, workload: str, src: str) -> Any:
-        asked_oracle.append((model, workload, src))
-        return SPECULATION_PAYS
-
     request = RouteRequest("chat", "m", family=family, draft_source=asked)
-    result = classify(
-        RequestFacts(request), Policy(client="c"), DEFAULT_PRESETS, lanes(has_draft), spec=oracle
-    )
-    assert asked_oracle == [("m", f"c:none:{family}", source)]
+    resolved = resolve(RequestFacts(request), Policy(client="c"), DEFAULT_PRESETS, lanes(has_draft))
+    assert (resolved.model, resolved.workload) == ("m", f"c:none:{family}")
+    assert resolved.spec_sources == (source,)
+    result = route(resolved, Advised(source))
     by_backend = {c.backend: c for c in result.decision.candidates}
     assert by_backend["speculative"].source == source
     assert by_backend["batching"].source is None and by_backend["ext"].source is None
     assert result.decision.labels["spec_source"] == source
 
 
-def test_without_a_lane_the_oracle_is_asked_about_the_external_draft_model() -> None:
-    seen: list[str] = []
+def test_without_a_lane_auto_disable_is_asked_about_the_external_draft_model() -> None:
     views = tuple(v for v in lanes(True) if v.lane is None)
-    classify(
-        RequestFacts(RouteRequest("chat", "m", family="code-block")),
-        Policy(client="c"),
-        DEFAULT_PRESETS,
-        views,
-        spec=lambda m, w, s: seen.append(s) or SPECULATION_PAYS,
-    )
-    assert seen == ["draft_model"]
+    request = RouteRequest("chat", "m", family="code-block")
+    resolved = resolve(RequestFacts(request), Policy(client="c"), DEFAULT_PRESETS, views)
+    assert resolved.spec_sources == ("draft_model",) and resolved.batch_sources is None
 
 
 def test_under_auto_a_workload_turned_off_goes_to_batching_and_is_probed() -> None:
     """Under ``auto`` there is one source to judge, the lane's choice: a family off there goes
     to batching (no other source to fall back on), another family stays (keyed apart), and a
     due probe brings the family back to the speculative lane."""
-    asked: list[tuple[str, str]] = []
 
-    def oracle(model: str, workload: str, src: str) -> SpecAdvice:
-        asked.append((workload, src))
-        return OFF if workload == "c:none:chat" else ON
+    def decision(family: str, advice: SpecAdvice) -> Any:
+        return routed(RouteRequest("chat", "m", family=family), lanes(True), advice).decision
 
-    def route(family: str, spec: Any) -> Any:
-        request = RouteRequest("chat", "m", family=family)
-        return classify(
-            RequestFacts(request), Policy(client="c"), DEFAULT_PRESETS, lanes(True), spec=spec
-        ).decision
-
-    chat = route("chat", oracle)
+    chat = decision("chat", OFF)
     assert chat.candidates[0].backend == "batching"
     assert (chat.labels["rule"], chat.labels["spec_source"]) == ("spec-not-paying", "auto")
-    edit = route("code-block", oracle)
+    edit = decision("code-block", ON)
     assert (edit.candidates[0].backend, edit.candidates[0].source) == ("speculative", "auto")
     assert edit.labels["rule"] == "spec-lane-free"
-    assert asked == [("c:none:chat", "auto"), ("c:none:code-block", "auto")]
-    probed = route("chat", lambda m, w, s: PROBE)
+    probed = decision("chat", PROBE)
     first = probed.candidates[0]
     assert (first.backend, first.source, first.speculative) == ("speculative", "auto", True)
     assert probed.labels["rule"] == "spec-probe"
@@ -282,43 +246,26 @@ def test_the_batching_lane_drafts_from_the_free_sources(
 
 
 def test_the_batching_lane_is_judged_apart_from_the_speculative_lane() -> None:
-    batch_asked: list[str] = []
-
-    def batch_oracle(model: str, workload: str, src: str) -> SpecAdvice:
-        batch_asked.append(src)
-        return OFF
-
-    result = classify(
-        RequestFacts(RouteRequest("chat", "m", family="code-block")),
-        Policy(client="c"),
-        DEFAULT_PRESETS,
-        lanes(True),
-        spec=lambda m, w, s: ON,
-        batch_spec=batch_oracle,
-    )
+    request = RouteRequest("chat", "m", family="code-block")
+    resolved = resolve(RequestFacts(request), Policy(client="c"), DEFAULT_PRESETS, lanes(True))
+    assert resolved.batch_sources == ("auto",)
+    result = routed(request, lanes(True), ON, batching=OFF)
     by_backend = {c.backend: c for c in result.decision.candidates}
     # on for the speculative lane; off for the same workload and source on the batching
     # lane, which decodes plainly there
     assert by_backend["speculative"] == Candidate("speculative", "speculative", True, "auto")
-    assert batch_asked == ["auto"]
     assert by_backend["batching"] == Candidate("batching", "batching", False, "auto")
     # and the other way round: off on the speculative lane, the batching lane still drafts
-    result = classify(
-        RequestFacts(RouteRequest("chat", "m", family="code-block")),
-        Policy(client="c"),
-        DEFAULT_PRESETS,
-        lanes(True),
-        spec=lambda m, w, s: OFF,
-        batch_spec=lambda m, w, s: ON,
-    )
+    result = routed(request, lanes(True), OFF, batching=ON)
     first = result.decision.candidates[0]
     assert first == Candidate("batching", "batching", True, "auto")
     assert result.decision.labels["rule"] == "spec-not-paying"
 
 
-def test_a_batching_candidate_that_drafts_speculates_and_settles_plain_when_off() -> None:
-    drafting = Candidate("batching", "batching", True, "prompt_lookup")
-    assert speculates("batching", False, drafting)
-    assert not speculates("batching", False, Candidate("batching", "batching"))
-    settled = settle((drafting,), "batching", use=False, probe=False, baseline_sample=True)
-    assert settled.candidates[0].speculative is False and settled.baseline
+def test_paused_backends_go_last_in_their_order_unless_all_are() -> None:
+    a, b, c = (Candidate(n, n) for n in ("a", "b", "c"))
+    assert paused_last((a, b, c), frozenset({"a"})) == (b, c, a)
+    assert paused_last((a, b, c), frozenset({"a", "b"})) == (c, a, b)
+    assert paused_last((a, b), frozenset({"a", "b"})) == (a, b)  # nothing else can serve
+    assert paused_last((a,), frozenset({"a"})) == (a,)
+    assert paused_last((a, b), frozenset()) == (a, b)

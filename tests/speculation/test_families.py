@@ -208,7 +208,7 @@ def test_a_lane_answer_without_drafting_is_a_plain_sample() -> None:
     speed is plain decoding's, so it must not be judged as speculation's."""
     from types import SimpleNamespace
 
-    from router.proxy.telemetry import _ran_plain
+    from router.proxy.speculation import _ran_plain
     from router.speculation.record import NotReported
 
     lane = SimpleNamespace(lane="speculative")
