@@ -58,7 +58,8 @@ READY_PREFIX = "SPECLANE_WORKER_READY "
 DRAFT_TOKENS_FIELD = "num_draft_tokens"  # request field: 0 decodes without the draft
 # Request field: the speculative lane's draft source for this request (without a
 # ``prediction``, which always wins); the batching lane ignores it. The router writes it per
-# request family (``router.routing.speculate.lane_source``).
+# request family (``router.routing.speculate.request_sources``, chosen by
+# ``router.proxy.speculation``).
 DRAFT_SOURCE_FIELD = "draft_source"
 # A stream whose client did not ask for usage (``stream_options.include_usage``) carries none,
 # as OpenAI's; its finish chunk has the usage object (the draft statistics the router reads,

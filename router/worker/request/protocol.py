@@ -348,7 +348,10 @@ def _tool_calls(raw: Any, index: int) -> tuple[ToolCall, ...]:
             raise bad_request(f"{where}[{j}] must have a function name", param="messages")
         arguments = function.get("arguments", "{}") if isinstance(function, Mapping) else "{}"
         if isinstance(arguments, Mapping):  # lenient: some clients send the object itself
-            arguments = orjson.dumps(arguments).decode()
+            try:
+                arguments = orjson.dumps(arguments).decode()
+            except TypeError:  # orjson's: an integer beyond 64 bits, a key that is no string
+                arguments = None  # refused below, as any other malformed arguments
         if not isinstance(arguments, str) or not _is_json_object(arguments or "{}"):
             raise bad_request(
                 f"{where}[{j}].function.arguments must be a JSON object as a string",

@@ -325,6 +325,17 @@ def test_hostile_tool_fields_are_parsed_or_a_400(
         assert tool.openai_dict()["function"]["name"] == tool.name
 
 
+@pytest.mark.parametrize("arguments", [{"n": 2**64}, {"n": -(2**63) - 1}, {1: "a"}])
+def test_call_arguments_orjson_cannot_write_are_a_400(arguments: Any) -> None:
+    """Found by the fuzz case above: an object the client sent as a call's arguments with an
+    integer beyond 64 bits (or a key that is no string) raised orjson's TypeError."""
+    calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]
+    body = chat(messages=[{"role": "assistant", "content": "x", "tool_calls": calls}])
+    with pytest.raises(RouterError) as caught:
+        parse_generation_request(body, "chat")
+    assert caught.value.status == 400 and caught.value.param == "messages"
+
+
 @pytest.mark.parametrize(
     ("prediction", "expected"),
     [
