@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.backends.cooldown import Cooldown
+from router.config.kinds import SPECLANE
 from router.config.names import LaneName
 from router.config.settings import BackendSpec, CooldownSettings
 from router.kernel.worker_contract import WORKER_SECRET_HEADER
 from router.routing.types import BackendView
 
-SPECLANE_KIND = "speclane"  # the parser/quirks kind of speclane's own lane workers
+SPECLANE_KIND = SPECLANE  # the parser/quirks kind of speclane's own lane workers
 
 
 @dataclass(slots=True)

@@ -21,13 +21,12 @@ import orjson
 
 from router.backends.base import Backend
 from router.backends.pool import BackendPool
+from router.config.kinds import KINDS
 from router.metrics import Metrics
 from router.periodic import Periodic
 
 log = logging.getLogger("speclane.health")
 
-# Kinds whose liveness is not their model list: the path under the server root.
-LIVENESS_PATHS: dict[str, str] = {"mlx_lm": "/health"}
 MAX_MODELS_BODY = 4 * 1024 * 1024  # a model list bigger than this is not one
 
 
@@ -71,7 +70,8 @@ def model_ids(body: bytes) -> frozenset[str]:
 
 async def probe(session: aiohttp.ClientSession, backend: Backend) -> frozenset[str]:
     """Raise unless the backend is up; the models it lists (maybe none)."""
-    liveness = LIVENESS_PATHS.get(backend.kind)
+    facts = KINDS.get(backend.kind)
+    liveness = facts.liveness_path if facts is not None else None  # None: the model list
     if liveness is None:
         return model_ids(await _get(session, backend, f"{backend.base_url}/models"))
     await _get(session, backend, f"{backend.root_url}{liveness}")

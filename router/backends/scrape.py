@@ -16,6 +16,7 @@ import orjson
 
 from router.backends.base import Backend
 from router.backends.pool import BackendPool
+from router.config.kinds import KINDS, ScrapeFormat
 from router.periodic import Periodic
 from router.speculation.cumulative import (
     CounterDelta,
@@ -42,10 +43,12 @@ def _status(body: bytes) -> Mapping[CounterKey, CounterSample]:
         return {}
 
 
+FORMATS: dict[ScrapeFormat, Parse] = {"prometheus": _prometheus, "vllm_mlx_status": _status}
+# The kinds scraped (router.config.kinds): path under the server root, and its parser.
 SOURCES: dict[str, tuple[str, Parse]] = {
-    "vllm": ("/metrics", _prometheus),
-    "llamacpp": ("/metrics", _prometheus),
-    "vllm_mlx": ("/v1/status", _status),
+    name: (facts.scrape[0], FORMATS[facts.scrape[1]])
+    for name, facts in KINDS.items()
+    if facts.scrape is not None
 }
 
 OnDeltas = Callable[[Backend, list[CounterDelta]], None]

@@ -32,6 +32,7 @@ from pydantic_settings import (
 from router.config.base import Frozen, format_validation_error
 from router.config.gating import GatingSettings
 from router.config.group import GroupSpec
+from router.config.kinds import KINDS
 from router.config.names import LANE_NAMES
 from router.config.policydir import default_policies_dir, relative_to_config
 from router.config.presets import DEFAULT_PRESETS, PresetSpec
@@ -73,15 +74,15 @@ class BackendSpec(Frozen):
     # fold: system and developer messages after the first become notes in place, as the
     # lanes do (router.kernel.system_messages), since the chat templates these servers render
     # (Qwen's among them) refuse a system message that is not first; as_is: forwarded as
-    # sent. Default: as_is for kind openai (a hosted API takes them), fold for the others.
+    # sent. Default: the kind's (router.config.kinds: as_is for openai, a hosted API).
     system_messages: Literal["fold", "as_is"] = "fold"
 
     @model_validator(mode="before")
     @classmethod
     def _system_messages_by_kind(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("system_messages") is None:
-            kind = data.get("kind", "openai")
-            return {**data, "system_messages": "as_is" if kind == "openai" else "fold"}
+            facts = KINDS.get(data.get("kind", "openai"))  # an unknown kind fails below
+            return {**data, "system_messages": facts.system_messages if facts else "fold"}
         return data
 
     @field_validator("base_url")

@@ -22,6 +22,7 @@ import aiohttp
 import orjson
 
 from router.backends.base import Backend
+from router.config.kinds import KINDS
 from router.config.policies import Policy
 from router.frontdoors.tokencount import post_for_count
 from router.kernel import errors
@@ -31,7 +32,6 @@ from router.proxy.services import Services
 
 COUNT_TIMEOUT = 30.0
 CHARS_PER_TOKEN = 4  # English text under a BPE vocabulary, roughly
-COUNTING_KINDS = ("vllm", "llamacpp")
 
 
 async def count_on_backend(
@@ -49,7 +49,8 @@ async def count_on_backend(
     backend = serving_backend(services.pool, model)
     outcome.model, outcome.tried, outcome.attempts = model, backend, 1
     async with services.limiter.slot(policy.client, policy.max_concurrency, policy.queue_timeout):
-        if backend.kind not in COUNTING_KINDS:
+        facts = KINDS.get(backend.kind)
+        if facts is None or facts.token_count is None:
             count, estimated = estimate(chat), True
         else:
             count, estimated = await _counted(services, backend, model, chat), False
@@ -95,7 +96,7 @@ def estimate(chat: dict[str, Any]) -> int:
 async def _counted(services: Services, backend: Backend, model: str, chat: dict[str, Any]) -> int:
     session = services.started.client_session()
     rendered = {k: chat[k] for k in ("messages", "tools") if chat.get(k)}
-    if backend.kind == "vllm":
+    if KINDS[backend.kind].token_count == "vllm_tokenize":
         body = {"model": model, **rendered, "add_generation_prompt": True}
         answer = await _post(session, backend, "/tokenize", body)
         return _count(backend, answer.get("count"))

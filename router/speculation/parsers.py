@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from router.config.kinds import KINDS
 from router.kernel.worker_contract import STREAM_USAGE_FIELD
 from router.speculation.fields import (
     MAPPING,
@@ -322,7 +323,7 @@ def _prediction_counts(source: str, kind: SpecKind, details: Payload) -> SpecRes
 
 
 # Backends that never put draft statistics on the wire, whatever they run inside.
-SILENT_KINDS = frozenset({"mlx_lm", "ollama"})
+SILENT_KINDS = frozenset(name for name, facts in KINDS.items() if facts.silent)
 
 PARSERS: dict[str, Parser] = {
     "openai": parse_openai,
@@ -337,23 +338,11 @@ PARSERS: dict[str, Parser] = {
 }
 
 
-# The top-level fields each kind's parser reads. An event that has none of them carries no
-# statistics: every parser answers "absent" for it, which never changes a stream's result.
-# Skipping such events (a stream's content chunks) without running the parsers is most of
-# what reading a stream's statistics costs per request (``speclane bench overhead``).
-_STAT_FIELDS: dict[str, frozenset[str]] = {
-    "lmstudio": frozenset({"stats", "usage"}),
-    "llamacpp": frozenset({"timings"}),
-    "vllm": frozenset({"metrics"}),
-    "vllm_mlx": frozenset({"generation_metadata"}),
-    "sglang": frozenset({"meta_info", "usage"}),
-    "speclane": frozenset({"usage", STREAM_USAGE_FIELD}),
-}
-# parse_openai: speclane's, llama.cpp's, vLLM's, LM Studio's and vllm-mlx's fields, and
-# usage.completion_tokens_details.
-_STAT_FIELDS["openai"] = frozenset(
-    {"usage", STREAM_USAGE_FIELD, "timings", "metrics", "stats", "generation_metadata"}
-)
+# The top-level fields each kind's parser reads (router.config.kinds). An event that has none
+# of them carries no statistics: every parser answers "absent" for it, which never changes a
+# stream's result. Skipping such events (a stream's content chunks) without running the
+# parsers is most of what reading a stream's statistics costs per request.
+_STAT_FIELDS: dict[str, frozenset[str]] = {name: facts.stat_fields for name, facts in KINDS.items()}
 
 
 # --- the two entry points ----------------------------------------------------------------
