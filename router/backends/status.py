@@ -54,13 +54,18 @@ def backend_status(backend: Backend, supervised: dict[str, str]) -> dict[str, An
         "last_error": backend.last_error,
         "last_failure": backend.last_failure,
         "worker": worker,
-        "speculation": speculation_status(
-            kind=backend.kind,
-            lane=backend.lane,
-            requested=backend.speculative_requested,
-            active=backend.speculative_active,
-            observed=backend.spec_observed,
-            reason=backend.spec_reason or backend.observed_reason,
-            mode=backend.spec_mode,
-        ),
+        "speculation": speculation_of(backend),
     }
+
+
+def speculation_of(backend: Backend) -> dict[str, Any]:
+    """What /admin/lanes and /admin/spec say of a backend's speculation."""
+    return speculation_status(
+        kind=backend.kind,
+        lane=backend.lane,
+        requested=backend.speculative_requested,
+        active=backend.speculative_active,
+        observed=backend.spec_observed,
+        reason=backend.spec_reason or backend.observed_reason,
+        mode=backend.spec_mode,
+    )

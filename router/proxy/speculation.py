@@ -29,6 +29,7 @@ from typing import Any
 
 from router.backends.base import Backend
 from router.backends.pool import BackendPool
+from router.backends.status import speculation_of
 from router.config.policies import PolicySet
 from router.config.settings import Settings
 from router.config.speculation import SpecSettings
@@ -40,7 +41,7 @@ from router.routing.speculate import SpecAdvice, candidate_source, paused_last
 from router.routing.types import Candidate, Decision
 from router.speculation.autodisable import AutoDisable, Transition
 from router.speculation.keystate import SpecKey
-from router.speculation.observed import observable, speculation_status
+from router.speculation.observed import observable
 from router.speculation.record import NotReported, SpecResult
 
 log = logging.getLogger("speclane.spec")
@@ -231,15 +232,7 @@ class Speculation:
                 "backend": b.name,
                 "lane": b.lane,
                 "kind": b.kind,
-                **speculation_status(
-                    kind=b.kind,
-                    lane=b.lane,
-                    requested=b.speculative_requested,
-                    active=b.speculative_active,
-                    observed=b.spec_observed,
-                    reason=b.spec_reason or b.observed_reason,
-                    mode=b.spec_mode,
-                ),
+                **speculation_of(b),
             }
             for b in self._pool
         ]
