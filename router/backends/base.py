@@ -54,6 +54,10 @@ class Backend:
     discovered_models: frozenset[str] = frozenset()
     inflight: int = 0
     started: int = 0  # requests begun, ever: tells whether another began during one
+    # inflight integrated over time (request-seconds) up to ``rows_since`` (monotonic): a
+    # request's average company while it ran, for the lanes' measured pace
+    rows_area: float = 0.0
+    rows_since: float = 0.0
     reported: dict[str, Any] = field(default_factory=dict)  # a lane worker's /health
     speculative_active: bool = False
     # The speculative lane: ``[lanes] draft_source`` as configured, and whether its worker
@@ -151,14 +155,24 @@ class Backend:
     def request_started(self) -> tuple[bool, int]:
         """(nothing else was running, the start's epoch) for one request sent to it."""
         solo = self.inflight == 0
+        self._account(time.monotonic())
         self.started += 1
         self.inflight += 1
         return solo, self.started
 
     def request_ended(self, epoch: int) -> bool:
         """True when no other request began while this one ran."""
+        self._account(time.monotonic())
         self.inflight -= 1
         return self.started == epoch
+
+    def rows_mark(self, now: float) -> float:
+        """The request-seconds served up to ``now``: the difference of two marks over the
+        time between them is the average number of requests in flight."""
+        return self.rows_area + self.inflight * (now - self.rows_since)
+
+    def _account(self, now: float) -> None:
+        self.rows_area, self.rows_since = self.rows_mark(now), now
 
     def request_failed(self, reason: str, now: float) -> bool:
         """Counts towards the cooldown; True when this failure starts one."""

@@ -18,6 +18,10 @@ class RoutingRules(Frozen):
     cache_affinity: bool = True  # a conversation goes back to the lane holding its prefix
     affinity_abs_threshold: int = Field(default=1, ge=0)  # load overrides affinity past both
     affinity_rel_threshold: float = Field(default=1.5, ge=1.0)
+    # A turn leaves the lane holding its prefix when the lanes' measured pace says it
+    # finishes sooner on the other by more than pace_margin (router.routing.pace).
+    pace_placement: bool = True
+    pace_margin: float = Field(default=0.15, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
     def _gate_order(self) -> RoutingRules:

@@ -40,6 +40,7 @@ from router.routing.classify import (
     resolve,
     route,
 )
+from router.routing.pace import PaceBook, Start
 from router.routing.prefixwatch import REASON as PREFIX_REASON
 from router.routing.types import Endpoint
 
@@ -129,7 +130,8 @@ def decide(
     )
     resolved = resolve(facts, policy, settings.presets, services.pool.snapshot())
     advised = spec.advise(resolved)
-    result = route(resolved, advised, gate=routing.gate, rules=settings.routing)
+    paces = routing.paces.snapshot() if facts.cache_holder is not None else None
+    result = route(resolved, advised, gate=routing.gate, rules=settings.routing, paces=paces)
     routing.gate = result.gate
     for key, value in result.body_changes.items():
         parsed.set_field(key, value)
@@ -210,24 +212,41 @@ def affinity_prints(
     return fingerprints(parsed.endpoint, parsed.data, key), len(parsed.data.get("messages") or ())
 
 
+def paced(book: PaceBook, outcome: Outcome, holder: str | None, prompt_chars: int) -> None:
+    """A lane's answer measures its pace (``router.routing.pace``): its first token, by
+    whether the lane held the prefix, and a whole stream's decode among its company."""
+    lane = outcome.backend.lane if outcome.backend else None
+    if lane is None or outcome.first_byte_at is None:
+        return
+    start: Start = "cold" if holder is None else "held" if holder == lane else "moved"
+    book.started(lane, start, outcome.first_byte_at - outcome.arrival, prompt_chars)
+    tokens = outcome.reported_tokens()
+    if outcome.stream and outcome.completed and tokens and outcome.last_byte_at is not None:
+        seconds = outcome.last_byte_at - outcome.first_byte_at
+        book.decoded(lane, outcome.rows or 1.0, tokens - 1, seconds)
+
+
 class Proxied(Booking):
     """A proxied request's bookkeeping, and what its end needs of its way through the
     pipeline: the claim of its speculation decision, its prefix fingerprints."""
 
-    __slots__ = ("claim", "messages", "prints")
+    __slots__ = ("claim", "holder", "messages", "prints", "prompt_chars")
 
     def __init__(self, services: Services, outcome: Outcome) -> None:
         super().__init__(services, outcome)
         self.claim: SpecClaim | None = None
         self.prints: tuple[bytes, ...] = ()
         self.messages = 0  # a chat request's, when it has prints
+        self.holder: str | None = None  # the lane that held its prefix when it was routed
+        self.prompt_chars = 0
 
     def ended(self) -> None:
         """The affinity map records which lane now holds the prefix (and whether the lane
-        found it); the answer's speculative statistics are counted and complete the
-        decision."""
+        found it), the lane's pace is measured; the answer's speculative statistics are
+        counted and complete the decision."""
         services, outcome, prints = self.services, self.outcome, self.prints
         if prints and outcome.status == 200 and outcome.backend and outcome.backend.lane:
+            paced(services.routing.paces, outcome, self.holder, self.prompt_chars)
             services.routing.affinity.record(prints, outcome.backend.lane)
             if outcome.endpoint == "chat" and outcome.completed:
                 watch_prefix(services, outcome, prints, self.messages, self.client)
@@ -285,6 +304,8 @@ async def proxy(
                 book.model = parsed.route.model
                 book.prints, book.messages = affinity_prints(services, parsed, partition)
                 result, book.claim = decide(services, request, parsed, policy, book.prints)
+                book.holder = result.decision.labels.get("cache_holder") or None
+                book.prompt_chars = parsed.route.prompt_chars
                 book.decision = result.decision.reason
                 headers = headers_for(services, parsed, result, outcome, waited)
                 return await services.relay.forward(

@@ -44,6 +44,9 @@ class Outcome:
     # (router.routing.prefixwatch): what, in words.
     prefix_break: str | None = None
     solo: bool = True  # no other request was in flight on the backend meanwhile
+    # requests in flight on the backend on average while this one ran (itself included)
+    rows: float | None = None
+    _rows_mark: tuple[float, float] = (0.0, 0.0)  # (backend.rows_mark, monotonic) at its start
     _epoch: int = 0
     # reported_tokens(), remembered with the answer it was read from
     _tokens: tuple[object, object, int | None] | None = None

@@ -787,6 +787,8 @@ class Relay:
 
     def _begin(self, backend: Backend, outcome: Outcome) -> None:
         outcome.solo, outcome._epoch = backend.request_started()
+        now = time.monotonic()
+        outcome._rows_mark = (backend.rows_mark(now), now)
         self._metrics.inflight.labels(backend.name).inc()
 
     def _unbegin(self, backend: Backend, outcome: Outcome) -> bool:
@@ -795,6 +797,10 @@ class Relay:
 
     def _end(self, backend: Backend, resp: Response, outcome: Outcome) -> None:
         # Solo: nothing was running when it began and nothing began after it.
+        now = time.monotonic()
+        area, since = outcome._rows_mark
+        if now > since:
+            outcome.rows = (backend.rows_mark(now) - area) / (now - since)
         alone = self._unbegin(backend, outcome)
         outcome.solo = outcome.solo and alone
         if resp.complete or (outcome.completed and not outcome.delivered):

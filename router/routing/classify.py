@@ -56,6 +56,9 @@ The steps, in order (the first failing step answers):
    ``affinity_rel_threshold``; only over a rule that chose by load alone
    (``AFFINITY_MAY_OVERRULE``), never over a request-shape or speculation rule. Not when the
    lanes share one prompt cache (the shared layout): the reason then ends ``,cache=shared``.
+   Then ``faster-lane`` (``router.routing.pace``): when affinity put the holder first, the
+   turn goes to the load rules' choice after all if the lanes' measured pace says it
+   finishes there sooner by more than ``pace_margin`` (``routing.pace_placement``).
 
    A lane that is down or cooling down is never a candidate: ``spec-lane-down`` /
    ``no-spec-lane`` send to batching, ``batching-down`` / ``no-batching-lane`` to the
@@ -92,6 +95,8 @@ from router.routing.affinity import RULE as AFFINITY_RULE
 from router.routing.affinity import one_cache, steer, thresholds_of
 from router.routing.load import LoadGate, available, candidate_for, gate_for, lane_load, lanes_load
 from router.routing.modelname import resolve_name
+from router.routing.pace import RULE as PACE_RULE
+from router.routing.pace import LaneLoad, Paces, Placed, Turn, compare
 from router.routing.speculate import (
     EXTERNAL_SOURCE,
     SPECULATION_PAYS,
@@ -142,6 +147,7 @@ RULES = (
     "batching-down",
     "no-batching-lane",
     AFFINITY_RULE,
+    PACE_RULE,
 )
 
 
@@ -229,6 +235,7 @@ def classify(
     rules: RoutingRules = DEFAULT_RULES,
     advice: SpecAdvice = SPECULATION_PAYS,
     batch_advice: SpecAdvice | None = None,
+    paces: Paces | None = None,
 ) -> Classification:
     """``resolve`` then ``route`` with one advice for every source (``batch_advice``: the
     batching lane's, None: not judged there): the pipeline's steps in one call."""
@@ -236,7 +243,8 @@ def classify(
     batch = None
     if batch_advice is not None and resolved.batch_sources:
         batch = (resolved.batch_sources[0], batch_advice)
-    return route(resolved, Advised(resolved.spec_sources[0], advice, batch), gate=gate, rules=rules)
+    advised = Advised(resolved.spec_sources[0], advice, batch)
+    return route(resolved, advised, gate=gate, rules=rules, paces=paces)
 
 
 def resolve(
@@ -296,9 +304,10 @@ def route(
     *,
     gate: LoadGate | None = None,
     rules: RoutingRules = DEFAULT_RULES,
+    paces: Paces | None = None,
 ) -> Classification:
     """Steps 6 and 7: the candidates in order and the rule that names the first, given what
-    auto-disable said (``advised``) and the load gate."""
+    auto-disable said (``advised``), the load gate and the lanes' measured pace."""
     facts, policy, serving, model = (
         resolved.facts,
         resolved.policy,
@@ -310,6 +319,7 @@ def route(
     gate = (gate or gate_for(rules)).observe(load)
     source, advice = advised.source, advised.advice
     override = _override_target(facts.lane_header, policy, resolved.backends, model)
+    pace_label = ""
     if override is not None:
         candidates, rule = _overridden(override, model, request), "override"
         reason = f"override->{candidates[0].lane}"
@@ -318,9 +328,16 @@ def route(
         candidates, rule = _route(serving, pref, shape, policy, gate, advice, load, rules)
         shared_cache = one_cache(serving)
         if rules.cache_affinity and rule in AFFINITY_MAY_OVERRULE and not shared_cache:
-            candidates, rule = steer(
+            chosen, rule = steer(
                 candidates, rule, facts.cache_holder, serving, thresholds_of(rules)
             )
+            if rule == AFFINITY_RULE and paces is not None and rules.pace_placement:
+                placed = _placed(candidates[0], chosen[0], serving, shape, paces, rules)
+                if placed is not None:
+                    pace_label = placed.label()
+                    if placed.moves:
+                        chosen, rule = candidates, PACE_RULE
+            candidates = chosen
         reason = f"preset={preset or 'none'},{rule}->{candidates[0].lane}"
         if shared_cache:
             reason += ",cache=shared"
@@ -353,6 +370,7 @@ def route(
         "spec_advice": advice_label(advice),
         "spec_source": source,
         "clamped": ",".join(resolved.clamped),
+        "pace": pace_label,
     }
     return Classification(
         Decision(candidates, reason, labels),
@@ -663,6 +681,28 @@ def _spec_blocker(
     if gate.busy and policy.priority <= 0:
         return "load-high"
     return None
+
+
+def _placed(
+    first: Candidate,
+    holder: Candidate,
+    serving: Sequence[BackendView],
+    shape: _Shape,
+    paces: Paces,
+    rules: RoutingRules,
+) -> Placed | None:
+    """Affinity put the holder of the prefix before the load rules' first choice: what the
+    turn is expected to cost on each (``router.routing.pace``)."""
+    views: dict[str, BackendView] = {v.lane: v for v in serving if v.lane is not None}
+    held, other = views.get(holder.lane), views.get(first.lane)
+    if held is None or other is None:
+        return None
+    turn = Turn(shape.prompt_chars, paces.expected_output(shape.max_tokens))
+    return compare(_lane_load(held), _lane_load(other), paces, turn, rules.pace_margin)
+
+
+def _lane_load(view: BackendView) -> LaneLoad:
+    return LaneLoad(view.lane or view.name, lane_load(view), view.capacity or 1)
 
 
 def _missing(serving: Sequence[BackendView], lane: LaneName) -> str:

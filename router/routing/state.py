@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from router.routing.affinity import AffinityMap
 from router.routing.load import LoadGate
+from router.routing.pace import PaceBook
 from router.routing.prefixwatch import PrefixWatch
 
 
@@ -19,3 +20,5 @@ class RoutingState:
     affinity: AffinityMap = field(default_factory=AffinityMap)
     # what each conversation's previous request left in its lane's cache (prefix breaks)
     prefixes: PrefixWatch = field(default_factory=PrefixWatch)
+    # each lane's measured decode and first-token pace (where a turn finishes first)
+    paces: PaceBook = field(default_factory=PaceBook)

@@ -868,7 +868,11 @@ def test_random_inputs_exercise_every_rule() -> None:
             seen.add(run(case).decision.labels["rule"])
         except RouterError:
             pass
-    assert seen >= set(RULES) - {"override", "cache-affinity"}  # see test_affinity.py
+    assert seen >= set(RULES) - {
+        "override",
+        "cache-affinity",
+        "faster-lane",
+    }  # test_affinity, test_pace
 
 
 def test_the_family_is_part_of_the_workload_and_a_prediction_always_drafts() -> None:

@@ -277,3 +277,30 @@ async def test_a_conversation_goes_back_to_the_lane_holding_its_prefix(tmp_path:
     assert second["x-speclane-decision"] == "preset=interactive,cache-affinity->batching"
     assert fresh["x-speclane-decision"] == "preset=interactive,spec-lane-free->speculative"
     assert len(batch.requests) == 2 and len(spec.requests) == 1
+
+
+async def test_the_lanes_pace_is_measured_from_their_streamed_answers(tmp_path: Path) -> None:
+    system = {"role": "system", "content": "You are a coding agent. " * 50}
+    turn1 = [system, {"role": "user", "content": "read main.py"}]
+    turn2 = [*turn1, {"role": "assistant", "content": "done"}, {"role": "user", "content": "fix"}]
+    async with policy_router(tmp_path) as (r, _spec, batch):
+        batch.behaviour = Behaviour(chunks=20, interval=0.005)
+        client = r.client(default_headers={"X-Speclane-Client": "openclaw"})
+        for messages, preset in ((turn1, "throughput"), (turn2, "interactive")):
+            stream = await client.chat.completions.create(
+                model=MODEL,
+                messages=messages,  # type: ignore[arg-type]
+                stream=True,
+                stream_options={"include_usage": True},  # a lane's worker always sends it
+                extra_headers={"X-Speclane-Preset": preset},
+            )
+            async for _ in stream:
+                pass
+        paces = r.services.routing.paces.snapshot()
+    measured = paces.lanes["batching"]
+    assert measured.cold_s_per_char is not None  # turn 1: nothing held it
+    assert measured.held_s is not None  # turn 2: back on the lane holding its prefix
+    assert measured.moved_s_per_char is None
+    assert set(measured.per_token) == {1} and measured.per_token[1] > 0  # alone on the lane
+    assert "speculative" not in paces.lanes
+    assert paces.output_tokens == pytest.approx(19)  # the tokens after the first

@@ -31,6 +31,8 @@ def fmt_turn(row: dict[str, Any]) -> str:
     if row.get("plain_steps"):
         tail += f" plain steps {row['plain_steps']}"
     error = f" ERROR {row['error']}" if row.get("error") else ""
+    if row.get("decision"):  # speclane's: the rule that placed the turn
+        tail += f" ({row['decision']})"
     return (
         f"{fmt(row['seconds'])} s, {row['completion_tokens']} tokens, "
         f"ttft {fmt(row['ttft_s'])} s{tail}{error}"

@@ -23,6 +23,7 @@ from router.bench.common import environment, procs
 from router.bench.common.stream import Reply, chat
 from router.bench.session.report import fmt_turn, summarise, summarise_agents
 from router.bench.session.script import SESSIONS, Session, for_agent
+from router.config.names import DECISION_HEADER, LANE_HEADER
 
 PLAIN = "mlx_lm.server"
 DRAFTED = "mlx_lm.server+draft"
@@ -88,7 +89,8 @@ def turn_row(turn: int, kind: str, reply: Reply, seconds: float) -> dict[str, An
         "completion_tokens": reply.completion_tokens,
         "prompt_tokens": reply.usage.get("prompt_tokens"),
         "cached_tokens": reply.cached_tokens,
-        "lane": reply.headers.get("X-Speclane-Lane"),
+        "lane": reply.headers.get(LANE_HEADER),
+        "decision": reply.headers.get(DECISION_HEADER),
         "drafted": spec.get("drafted"),
         "accepted": spec.get("accepted"),
         "sources": spec.get("sources"),
