@@ -19,6 +19,7 @@ from router.lanes.view import every_lane, layout, workers
 from router.proxy.admin_auth import require_admin
 from router.proxy.middleware import expect_handler
 from router.proxy.services import Services, bind
+from router.routing.pace import Paces
 
 
 def lanes_view(services: Services) -> dict[str, Any]:
@@ -31,10 +32,33 @@ def lanes_view(services: Services) -> dict[str, Any]:
         "backends": [backend_status(b, states) for b in services.pool],
         "layout": layout(started.layout),
         "workers": workers(supervisors),
+        "pace": pace_view(services.routing.paces.snapshot()),
     }
     if manager is not None:  # none without lanes of ours: no models section anywhere
         view["models"] = manager.models()
     return view
+
+
+def pace_view(paces: Paces) -> dict[str, Any]:
+    """The lanes' measured pace that places turns (``router.routing.pace``)."""
+    return {
+        "lanes": {
+            name: {
+                "seconds_per_token": {
+                    str(rows): round(v, 4) for rows, v in sorted(p.per_token.items())
+                },
+                "held_first_token_s": _round(p.held_s),
+                "moved_first_token_s_per_char": _round(p.moved_s_per_char, 7),
+                "cold_first_token_s_per_char": _round(p.cold_s_per_char, 7),
+            }
+            for name, p in sorted(paces.lanes.items())
+        },
+        "output_tokens": _round(paces.output_tokens, 1),
+    }
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 async def lanes(services: Services, request: web.Request) -> web.Response:

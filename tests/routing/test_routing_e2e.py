@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 
@@ -297,6 +298,8 @@ async def test_the_lanes_pace_is_measured_from_their_streamed_answers(tmp_path: 
             async for _ in stream:
                 pass
         paces = r.services.routing.paces.snapshot()
+        async with aiohttp.ClientSession() as http, http.get(f"{r.url}/admin/lanes") as resp:
+            shown = (await resp.json())["pace"]
     measured = paces.lanes["batching"]
     assert measured.cold_s_per_char is not None  # turn 1: nothing held it
     assert measured.held_s is not None  # turn 2: back on the lane holding its prefix
@@ -304,3 +307,7 @@ async def test_the_lanes_pace_is_measured_from_their_streamed_answers(tmp_path: 
     assert set(measured.per_token) == {1} and measured.per_token[1] > 0  # alone on the lane
     assert "speculative" not in paces.lanes
     assert paces.output_tokens == pytest.approx(19)  # the tokens after the first
+    assert set(shown["lanes"]) == {"batching"}
+    assert shown["lanes"]["batching"]["seconds_per_token"].keys() == {"1"}
+    assert shown["lanes"]["batching"]["moved_first_token_s_per_char"] is None
+    assert shown["output_tokens"] == pytest.approx(19)
