@@ -41,12 +41,21 @@ def log(message: str) -> None:
     print(f"fake worker[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
 
 
+def wait_for_file(path: str) -> None:
+    """Return once ``path`` exists (--start-when: the test creates it to let the load end)."""
+    while not os.path.exists(path):
+        time.sleep(0.02)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     add_worker_flags(p, required=False)  # the real worker's flags, defaulted for tests
     p.set_defaults(mode="speculative", model="fake-model")
     p.add_argument("--slow-start", type=float, default=0.0, help="seconds before listening")
     p.add_argument("--exit-early", type=int, help="exit with this code before becoming ready")
+    p.add_argument(
+        "--start-when", help="listen only once this file exists (a test's gate on the load)"
+    )
     p.add_argument("--noise-lines", type=int, default=0, help="stderr lines printed at start")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--hang-health-after", type=int, help="/health never answers after N answers")
@@ -207,6 +216,8 @@ async def serve(args: argparse.Namespace) -> None:
     log(f"loading model {args.model}")
     if args.slow_start:
         await asyncio.sleep(args.slow_start)
+    if args.start_when is not None:
+        await asyncio.to_thread(wait_for_file, args.start_when)
     if args.exit_early is not None:
         log(f"cannot load model {args.model}: fake failure (exit {args.exit_early})")
         sys.exit(args.exit_early)

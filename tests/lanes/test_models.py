@@ -392,14 +392,31 @@ async def test_embeddings_never_load_a_model(router: RunningRouter) -> None:
     assert entry(router, "beta")["state"] == "unloaded"
 
 
-async def test_past_the_load_queue_a_request_gets_503_at_once(tmp_path: Path) -> None:
+def gated_command(
+    lane: str, settings: Any, model_dir: Path, draft: Path | None, model_name: str, **kw: Any
+) -> WorkerCommand:
+    """beta's fake workers become ready only once its model folder holds ``go``."""
+    command = fake_command(lane, settings, model_dir, draft, model_name, **kw)
+    if model_dir.name != "beta":
+        return command
+    return dataclasses.replace(command, argv=(*command.argv, "--start-when", str(model_dir / "go")))
+
+
+async def test_past_the_load_queue_a_request_gets_503_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # beta's load is held open until the test lets it go: its request is sure to hold the
+    # one place while gamma's arrives (it could finish first on a loaded machine).
+    monkeypatch.setattr(group, "build_worker_command", gated_command)
     async with run_router(settings_for(tmp_path, load_queue=1)) as router:
         first = asyncio.create_task(chat(router, "beta"))
-        await wait_until(lambda: entry(router, "beta")["in_flight"] == 1)  # waiting for beta
+        await wait_until(lambda: entry(router, "beta")["state"] == "loading")  # in the queue
+        assert entry(router, "beta")["in_flight"] == 1
         with pytest.raises(openai.APIStatusError) as caught:
             await chat(router, "gamma")
         body: Any = caught.value.body
         assert (caught.value.status_code, body["code"]) == (503, "model_load_queue_full")
+        (tmp_path / "models" / "beta" / "go").write_text("")
         assert (await first).choices[0].message.content == "ok"
         assert entry(router, "gamma")["state"] == "unloaded"
 
