@@ -265,6 +265,15 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
     )
     p.add_argument("--parent-pid", type=int, help="exit when this process (the supervisor) is gone")
     p.add_argument(
+        "--core-share",
+        help="a file of one byte per lane process sharing this machine's cores: this lane "
+        "marks itself busy there and sets its OpenBLAS threads to its share of the cores "
+        "among the busy lanes (router.worker.cores)",
+    )
+    p.add_argument(
+        "--core-slot", type=int, default=0, help="this lane's byte in --core-share (default 0)"
+    )
+    p.add_argument(
         "--group-parallel",
         choices=GROUP_PARALLEL,
         help="run as one rank of a group started by mlx.launch (speculative or shared mode): "
@@ -388,12 +397,13 @@ def worker_argv(
     prompt_cache_disk_bytes: int = 0,
     prompt_cache_dir: Path | None = None,
     warm_prompts: int = 0,
+    core_share: tuple[Path, int] | None = None,
 ) -> list[str]:
     """The command line of a worker on a free loopback port; ``speculative``: the draft
     source flags of the speculative lane; ``max_body_bytes``: the router's own limit;
     ``shared_threads``: the shared mode's generation threads (``SHARED_THREADS``);
     ``prompt_cache_disk_bytes`` (0: none), ``prompt_cache_dir``, ``warm_prompts``: the prompt
-    cache's disk tier."""
+    cache's disk tier; ``core_share``: the shared cores' file and this lane's slot in it."""
     argv = [python, "-m", MODULE, "--mode", mode, "--model", str(model), "--model-name", model_name]
     if draft is not None and serves_speculative(mode):
         argv += ["--draft-model", str(draft)]
@@ -403,6 +413,8 @@ def worker_argv(
         argv += without_draft_source(speculative)
     if mode == SHARED_MODE:
         argv += ["--shared-threads", shared_threads]
+    if core_share is not None:
+        argv += ["--core-share", str(core_share[0]), "--core-slot", str(core_share[1])]
     if prompt_cache_dir is not None:
         argv += ["--prompt-cache-dir", str(prompt_cache_dir)]
     if serves_batching(mode):

@@ -9,15 +9,20 @@ Threads: OpenBLAS starts one thread per core in every process. Two lane processe
 at once (the separate layout) then run four BLAS threads on two cores, and each waits on the
 other's (measured in docs/lanes.md: three editing agents at once took 1.48x as long as with one
 BLAS thread per process; one agent alone 0.96x). ``thread_env`` gives each of the processes
-that compute at once its share of the cores, unless the user chose.
+that compute at once its share of the cores, unless the user chose; and with ``auto`` the
+lanes share the cores as they work (``router.worker.cores``): a lane working alone takes them
+all. ``core_share_file`` makes the file they share.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import os
 import platform
 import sys
+import tempfile
 from pathlib import Path
 
 _CANDIDATES = (
@@ -85,3 +90,28 @@ def load_in_this_process() -> bool:
         return False
     ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     return True
+
+
+def shares_cores(choice: str | int, processes: int, env: dict[str, str]) -> bool:
+    """The lane processes share the cores as they work (pure): ``auto`` threads, two or more
+    processes computing at once, OpenBLAS preloaded and no thread count chosen by the user."""
+    chosen = any(name in env for name in BLAS_THREAD_VARIABLES)
+    preloaded = any("openblas" in part for part in env.get("LD_PRELOAD", "").split())
+    return choice == "auto" and processes >= 2 and preloaded and not chosen
+
+
+def core_share_file(slots: int) -> Path:
+    """A new file of ``slots`` zero bytes (0600) for the lanes' core share, removed at exit."""
+    fd, name = tempfile.mkstemp(prefix="speclane-cores-")
+    try:
+        os.write(fd, bytes(slots))
+    finally:
+        os.close(fd)
+    path = Path(name)
+
+    def remove() -> None:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+    atexit.register(remove)
+    return path

@@ -25,6 +25,7 @@ from router.config.settings import LanesSettings, Settings
 from router.kernel.errors import LoadError
 from router.kernel.grouplaunch import check_split
 from router.kernel.worker_contract import SHARED_MODE, lane_prefix
+from router.lanes.blas import core_share_file
 from router.lanes.gating.decide import GateDecision, check_pair, decide
 from router.lanes.layout import LayoutChoice, Sizes, choose, refusal
 from router.lanes.memory import machine_memory, weights_bytes
@@ -295,7 +296,12 @@ async def _start_workers(
 
         return on_change
 
+    computing = 1 if shared else len(enabled_lanes(settings.lanes))
+    # The separate layout's lane processes share the cores as they work (router.worker.cores).
+    cores = core_share_file(len(LANE_NAMES)) if computing > 1 else None
+
     def command(lane: str, lane_draft: Path | None, lane_backends: list[Backend]) -> WorkerCommand:
+        slot = (cores, LANE_NAMES.index(lane)) if cores is not None and lane in LANE_NAMES else None
         try:
             made = build_worker_command(
                 lane,
@@ -305,7 +311,8 @@ async def _start_workers(
                 models.name,
                 max_body_bytes=settings.max_body_bytes,
                 group=models.group,
-                computing=1 if shared else len(enabled_lanes(settings.lanes)),
+                computing=computing,
+                core_share=slot,
             )
         except LauncherMissing as e:
             raise LaneStartupError(f"lanes.group: {e}") from e

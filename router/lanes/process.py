@@ -35,7 +35,7 @@ from router.kernel.worker_contract import (
     parse_ready_line,
     worker_argv,
 )
-from router.lanes.blas import preload_env, thread_env
+from router.lanes.blas import preload_env, shares_cores, thread_env
 from router.lanes.rankgroup import PORT_PLACEHOLDER, group_argv, private_launch
 
 log = logging.getLogger("router.lanes.supervisor")
@@ -86,17 +86,23 @@ def build_worker_command(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     group: GroupSpec | None = None,
     computing: int = 1,
+    core_share: tuple[Path, int] | None = None,
 ) -> WorkerCommand:
     """``computing``: the lane processes of this model computing at once on this machine (two
     in the separate layout), which share its cores' BLAS threads; ``max_body_bytes``: the
     router's own limit (the worker accepts what the router does);
     ``lane``: a lane, or SHARED_MODE for the one process serving both; ``group``: the
     speculative lane (or with SHARED_MODE both lanes) over a group of ranks, started by
-    ``mlx.launch``."""
+    ``mlx.launch``; ``core_share``: the file the lane processes share their cores through and
+    this lane's slot, used where ``blas.shares_cores`` says."""
     if group is not None and lane not in ("speculative", SHARED_MODE):
         raise ValueError("a group of ranks serves the speculative lane or both (shared)")
     if lane not in (*LANE_NAMES, SHARED_MODE):
         raise ValueError(f"unknown lane {lane!r}; expected one of {LANE_NAMES} or {SHARED_MODE!r}")
+    env = preload_env()
+    env.update(settings.env)
+    if group is not None or not shares_cores(settings.blas_threads, computing, env):
+        core_share = None
     argv = worker_argv(
         python,
         lane,
@@ -114,9 +120,8 @@ def build_worker_command(
         shared_threads=str(settings.shared_threads),
         content_special_tokens=settings.content_special_tokens,
         **disk_tier_args(settings, group),
+        core_share=core_share,
     )
-    env = preload_env()
-    env.update(settings.env)
     if group is None:  # a group's ranks take their environment from rank_env below
         env = thread_env(env, settings.blas_threads, computing, os.cpu_count())
     env["PYTHONUNBUFFERED"] = "1"  # stderr lines must reach the ring buffer as they happen

@@ -32,6 +32,7 @@ from router.kernel.worker_contract import (
     ready_line,
     serves_speculative,
 )
+from router.worker.cores import core_share
 from router.worker.drafting.drafts import LookupConfig, PredictionConfig
 from router.worker.drafting.suffix import SuffixConfig
 from router.worker.engines.batching import BatchingEngine
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "batching" and args.draft_model:
         log.warning("--draft-model is ignored in batching mode")
     engine = build_shared(args) if args.mode == SHARED_MODE else build_engine(args)
+    if isinstance(engine, Engine) and args.mode != SHARED_MODE:
+        engine.cores = core_share(args.core_share, args.core_slot)
     try:
         models = engine.start()
     except LoadError as e:

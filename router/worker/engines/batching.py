@@ -165,14 +165,18 @@ class BatchingEngine(Engine):
             "suffix_index": self.suffix.report(),
             **self.pass_cost.report(),
             **self.evidence.report(),
+            **self.core_report(),
         }
 
     def _serve(self, models: Models) -> None:
         self.open_batch(models)
         while True:
+            if not self._live and not len(self._queue):
+                self.working(False)  # the other lane may take the cores while this one waits
             self.admit(models, block=not self._live)  # idle: sleep until work or shutdown
             if not self._live and self._queue.closed:
                 break
+            self.working(True)
             self.step(models)
         self.close_batch()
 

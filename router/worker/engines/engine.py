@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.kernel.errors import LoadError, RouterError, internal_error
+from router.worker.cores import CoreShare
 from router.worker.decoding.sampling import GREEDY
 from router.worker.decoding.stops import StopScanner
 from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, TextDelta, aborted
@@ -177,6 +178,17 @@ class Engine(ABC):
         self._load_error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="generation", daemon=True)
         self.active = 0
+        # The machine's cores shared with the other lane process (``router.worker.cores``);
+        # None: this process's BLAS threads stay as they started.
+        self.cores: CoreShare | None = None
+
+    def working(self, busy: bool) -> None:
+        """Before a step (busy) or before waiting for work (idle): the core share's mark."""
+        if self.cores is not None:
+            self.cores.working(busy)
+
+    def core_report(self) -> dict[str, object]:
+        return self.cores.report() if self.cores is not None else {}
 
     @property
     def queued(self) -> int:

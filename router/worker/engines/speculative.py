@@ -509,6 +509,7 @@ class SpeculativeEngine(Engine):
             **self.pass_cost.report(),
             **self.draft_cost.report(),
             **self.evidence.report(),
+            **self.core_report(),
         }
 
     def calibrate(self, models: Models) -> None:
@@ -547,9 +548,14 @@ class SpeculativeEngine(Engine):
 
     def _serve(self, models: Models) -> None:
         self.calibrate_at_start(models)
-        while (job := self._queue.get(block=True)) is not None:
+        while True:
+            if not len(self._queue):
+                self.working(False)  # the other lane may take the cores while this one waits
+            if (job := self._queue.get(block=True)) is None:
+                break
             self._begin(models, job)
             while self.run is not None:
+                self.working(True)
                 self.round()
 
     # --- one round at a time (this lane's thread, or the shared worker's) ----------------
