@@ -268,7 +268,7 @@ def add_worker_flags(p: argparse.ArgumentParser, *, required: bool = True) -> No
         "--core-share",
         help="a file of one byte per lane process sharing this machine's cores: this lane "
         "marks itself busy there and sets its OpenBLAS threads to its share of the cores "
-        "among the busy lanes (router.worker.cores)",
+        "among the busy lanes (router.worker.engines.cores)",
     )
     p.add_argument(
         "--core-slot", type=int, default=0, help="this lane's byte in --core-share (default 0)"

@@ -10,8 +10,8 @@ at once (the separate layout) then run four BLAS threads on two cores, and each 
 other's (measured in docs/lanes.md: three editing agents at once took 1.48x as long as with one
 BLAS thread per process; one agent alone 0.96x). ``thread_env`` gives each of the processes
 that compute at once its share of the cores, unless the user chose; and with ``auto`` the
-lanes share the cores as they work (``router.worker.cores``): a lane working alone takes them
-all. ``core_share_file`` makes the file they share.
+lanes share the cores as they work (``router.worker.engines.cores``): a lane working alone
+takes them all. ``core_share_file`` makes the file they share.
 """
 
 from __future__ import annotations

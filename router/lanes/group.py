@@ -297,7 +297,8 @@ async def _start_workers(
         return on_change
 
     computing = 1 if shared else len(enabled_lanes(settings.lanes))
-    # The separate layout's lane processes share the cores as they work (router.worker.cores).
+    # The separate layout's lane processes share the cores as they work
+    # (router.worker.engines.cores).
     cores = core_share_file(len(LANE_NAMES)) if computing > 1 else None
 
     def command(lane: str, lane_draft: Path | None, lane_backends: list[Backend]) -> WorkerCommand:

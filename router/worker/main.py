@@ -32,10 +32,10 @@ from router.kernel.worker_contract import (
     ready_line,
     serves_speculative,
 )
-from router.worker.cores import core_share
 from router.worker.drafting.drafts import LookupConfig, PredictionConfig
 from router.worker.drafting.suffix import SuffixConfig
 from router.worker.engines.batching import BatchingEngine
+from router.worker.engines.cores import core_share
 from router.worker.engines.diskcache import DiskTier, identity_of
 from router.worker.engines.engine import Engine, Models
 from router.worker.engines.promptcache import PromptCache

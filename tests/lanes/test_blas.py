@@ -14,8 +14,10 @@ from router.config.settings import LanesSettings
 from router.lanes.blas import (
     BLAS_THREAD_VARIABLES,
     blas_threads_for,
+    core_share_file,
     load_in_this_process,
     openblas_path,
+    shares_cores,
     thread_env,
 )
 from router.lanes.process import build_worker_command
@@ -91,3 +93,36 @@ def test_the_separate_layouts_workers_get_their_share(
         ]
         == "2"
     )
+
+
+def test_two_computing_lanes_share_the_cores_only_with_auto_threads_and_openblas() -> None:
+    blas = {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"}
+    assert shares_cores("auto", 2, blas)
+    assert not shares_cores("auto", 1, blas)  # a process alone has the cores already
+    assert not shares_cores(1, 2, blas)  # a count the user set stays as set
+    assert not shares_cores("auto", 2, {**blas, "OPENBLAS_NUM_THREADS": "1"})
+    assert not shares_cores("auto", 2, {})  # another BLAS (macOS: Accelerate and Metal)
+
+
+def test_the_separate_layouts_workers_are_handed_the_share_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in BLAS_THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    share = core_share_file(2)
+    assert share.read_bytes() == b"\0\0"
+    assert share.stat().st_mode & 0o777 == 0o600
+    made = build_worker_command(
+        "batching", LanesSettings(), tmp_path, None, "m", computing=2, core_share=(share, 1)
+    )
+    argv = list(made.argv)
+    if openblas_path() is None:
+        assert "--core-share" not in argv
+        return
+    assert argv[argv.index("--core-share") + 1] == str(share)
+    assert argv[argv.index("--core-slot") + 1] == "1"
+    fixed = build_worker_command(
+        "batching", LanesSettings(blas_threads=1), tmp_path, None, "m", computing=2,
+        core_share=(share, 1),
+    )  # fmt: skip
+    assert "--core-share" not in fixed.argv

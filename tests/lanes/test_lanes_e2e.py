@@ -179,6 +179,29 @@ def test_auto_keeps_the_default_model_in_two_processes(router: Router) -> None:
     assert any("lanes layout separate (requested auto" in line for line in router.output)
 
 
+def test_a_lane_at_work_alone_takes_both_cores(router: Router) -> None:
+    """The separate layout's lanes share the cores as they work (router.worker.engines.cores): the
+    speculative lane, serving while the batching lane idles, raised its OpenBLAS threads
+    from its start's one to the machine's cores, and /admin/lanes shows it."""
+    import json
+    import os
+    import urllib.request
+
+    ask(router, "speculative", False)
+    cores = min(2, len(os.sched_getaffinity(0)))
+    deadline = time.monotonic() + 60
+    while True:  # the supervisor's /health poll brings the worker's figures
+        with urllib.request.urlopen(router.base_url.removesuffix("/v1") + "/admin/lanes") as r:
+            worker = {b["name"]: b["worker"] for b in json.loads(r.read())["backends"]}
+        spec = worker["speculative"] or {}
+        if spec.get("blas_thread_changes") or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert spec["blas_threads"] == cores
+    assert spec["blas_thread_changes"] >= (1 if cores > 1 else 0)
+    assert worker["batching"]["blas_threads"] >= 1
+
+
 def test_metrics_show_the_speculative_lanes_draft_counters(router: Router) -> None:
     ask(router, "speculative", False)
     text = router.metrics()

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.kernel.errors import LoadError, RouterError, internal_error
-from router.worker.cores import CoreShare
 from router.worker.decoding.sampling import GREEDY
 from router.worker.decoding.stops import StopScanner
+from router.worker.engines.cores import CoreShare
 from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, TextDelta, aborted
 from router.worker.engines.logprobs import Aligner, Picked
 from router.worker.engines.stats import SpecCounter, usage
@@ -178,7 +178,7 @@ class Engine(ABC):
         self._load_error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="generation", daemon=True)
         self.active = 0
-        # The machine's cores shared with the other lane process (``router.worker.cores``);
+        # The machine's cores shared with the other lane process (``router.worker.engines.cores``);
         # None: this process's BLAS threads stay as they started.
         self.cores: CoreShare | None = None
 
