@@ -30,9 +30,6 @@ WORKER_FACTS = (
     "draft_pass_jump",
     "draft_model_cost",
     "evidence_partitions",
-    # the lane's OpenBLAS threads now, as the core share sets them (router.worker.engines.cores)
-    "blas_threads",
-    "blas_thread_changes",
 )
 
 

@@ -27,10 +27,21 @@ def workers(supervisors: Iterable[LaneSupervisor]) -> list[dict[str, Any]]:
             "pid": s.status.pid,
             "restarts": s.status.restarts,
             **(s.memory or {}),
+            **_cores(s),
             **_group(s),
         }
         for s in supervisors
     ]
+
+
+# A lane process's OpenBLAS threads, as the core share last set them (router.worker.engines.
+# cores): a property of the process, read from its last /health (refreshed every poll).
+CORE_FIGURES = ("blas_threads", "blas_thread_changes")
+
+
+def _cores(supervisor: LaneSupervisor) -> dict[str, Any]:
+    health = supervisor.status.health or {}
+    return {k: health[k] for k in CORE_FIGURES if k in health}
 
 
 def _group(supervisor: LaneSupervisor) -> dict[str, Any]:

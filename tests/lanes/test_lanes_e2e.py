@@ -192,8 +192,8 @@ def test_a_lane_at_work_alone_takes_both_cores(router: Router) -> None:
     deadline = time.monotonic() + 60
     while True:  # the supervisor's /health poll brings the worker's figures
         with urllib.request.urlopen(router.base_url.removesuffix("/v1") + "/admin/lanes") as r:
-            worker = {b["name"]: b["worker"] for b in json.loads(r.read())["backends"]}
-        spec = worker["speculative"] or {}
+            worker = {w["lanes"][0]: w for w in json.loads(r.read())["workers"]}
+        spec = worker["speculative"]
         if spec.get("blas_thread_changes") or time.monotonic() > deadline:
             break
         time.sleep(0.5)
