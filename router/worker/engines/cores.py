@@ -94,14 +94,24 @@ class CoreShare:
         return {"blas_threads": self.threads, "blas_thread_changes": self.changes}
 
 
-def core_share(path: str | None, slot: int) -> CoreShare | None:
-    """The lane's ``CoreShare`` from its flags, or None (no file given, or not OpenBLAS)."""
+def core_share(
+    path: str | None,
+    slot: int,
+    threads: tuple[Callable[[int], None], Callable[[], int]] | None = None,
+) -> CoreShare | None:
+    """The lane's ``CoreShare`` from its flags, or None: no file given, not OpenBLAS, or the
+    file unusable (removed by a temp cleaner while the router ran, cut short). A lane without
+    it keeps the threads it started with (its half): never a reason not to serve."""
     if not path:
         return None
-    threads = openblas_threads()
+    threads = threads or openblas_threads()
     if threads is None:
         log.info("core share off: this process's BLAS is not OpenBLAS")
         return None
     import mlx.core as mx
 
-    return CoreShare(Path(path), slot, usable_cpus(), threads, mx.synchronize)
+    try:
+        return CoreShare(Path(path), slot, usable_cpus(), threads, mx.synchronize)
+    except (OSError, ValueError) as e:
+        log.warning("core share off: %s: %s", path, e)
+        return None

@@ -73,11 +73,18 @@ def test_a_slot_outside_the_file_is_refused(tmp_path: Path) -> None:
         lane(path, 2, [])
 
 
-def test_no_share_file_or_no_openblas_means_no_share(tmp_path: Path) -> None:
-    assert core_share(None, 0) is None
-    if openblas_path() is None:
-        path = core_share_file(2)
-        assert core_share(str(path), 0) is None
+def test_no_share_file_or_an_unusable_one_means_no_share_never_no_lane(tmp_path: Path) -> None:
+    blas = FakeBlas([], "lane")
+    threads = (blas.set, blas.get)
+    assert core_share(None, 0, threads) is None
+    assert core_share(str(tmp_path / "gone"), 0, threads) is None  # a temp cleaner took it
+    (tmp_path / "empty").write_bytes(b"")
+    assert core_share(str(tmp_path / "empty"), 0, threads) is None  # cut short
+    (tmp_path / "one").write_bytes(b"\0")
+    assert core_share(str(tmp_path / "one"), 1, threads) is None  # no byte for this slot
+    share = core_share(str(core_share_file(2)), 1, threads)
+    assert share is not None and share.slot == 1
+    assert blas.threads == 1  # nothing changed by opening it
 
 
 PROBE = """
