@@ -169,7 +169,7 @@ BENCHES = {
             ("--draft-model", None, "draft directory (default: the prepared default's)"),
             ("--sessions", tuple(SESSIONS), "comma-separated", {"type": csv(str, tuple(SESSIONS))}),
             ("--targets", session_run.TARGETS, "comma-separated",
-             {"type": csv(str, session_run.TARGETS)}),
+             {"type": csv(str, session_run.CHOICES)}),
             ("--max-tokens", 300, "per turn"),
             ("--num-draft-tokens", 3, "mlx_lm.server --draft-model's"),
             ("--agents", 1, "copies of each session at once, each its own file (makespan)"),

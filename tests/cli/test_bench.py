@@ -12,7 +12,9 @@ import pytest
 from router.bench.scorecard import plot, report
 from router.bench.scorecard.plan import DEFAULT_BUDGET, DEFAULT_SPEC, QUICK_BUDGET, QUICK_SPEC
 from router.bench.scorecard.run import normalize_url
+from router.bench.session import run as session_run
 from router.cli import bench as cli
+from router.config.names import LANE_NAMES
 from tests.bench.scorecard.test_report import result
 
 
@@ -137,3 +139,12 @@ def test_bench_cold_counts_below_their_minimum_are_usage_errors(
     with pytest.raises(SystemExit) as e:
         cli.main(["cold", *argv])
     assert e.value.code == 2 and "at least" in capsys.readouterr().err
+
+
+def test_session_targets_include_each_lane_held_by_the_header() -> None:
+    parse = cli.csv(str, session_run.CHOICES)
+    assert parse("mlx_lm.server,speclane@batching") == ("mlx_lm.server", "speclane@batching")
+    assert {f"speclane@{lane}" for lane in LANE_NAMES} <= set(session_run.CHOICES)
+    assert not set(session_run.TARGETS) & {f"speclane@{lane}" for lane in LANE_NAMES}
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse("speclane@nowhere")

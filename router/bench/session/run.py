@@ -23,13 +23,16 @@ from router.bench.common import environment, procs
 from router.bench.common.stream import Reply, chat
 from router.bench.session.report import fmt_turn, summarise, summarise_agents
 from router.bench.session.script import SESSIONS, Session, for_agent
-from router.config.names import DECISION_HEADER, LANE_HEADER
+from router.config.names import DECISION_HEADER, LANE_HEADER, LANE_NAMES
 
 PLAIN = "mlx_lm.server"
 DRAFTED = "mlx_lm.server+draft"
 AUTO = "speclane"
 FIXED_SOURCES = ("prompt_lookup", "suffix", "draft_model")
 TARGETS = (PLAIN, DRAFTED, AUTO, *(f"speclane:{s}" for s in FIXED_SOURCES))
+# Not run by default: every request held on one lane by the lane header (what the router's
+# own placement is compared with, e.g. several agents all in the batching lane's batch).
+CHOICES = (*TARGETS, *(f"speclane@{lane}" for lane in LANE_NAMES))
 
 
 # The warm-up's answer length: above the router's short-output rule (16 tokens), so that it
@@ -208,7 +211,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 procs.mlx_lm_server(model_dir, log, draft_flags)
             )
             every.append(Target(DRAFTED, drafted.url, "default_model"))
-        if wanted & {AUTO, *(f"speclane:{s}" for s in FIXED_SOURCES)}:
+        if wanted & {AUTO, *(name for name in CHOICES if name.startswith("speclane"))}:
             log = args.out.with_suffix(".router.log")
             url = await stack.enter_async_context(procs.own_router(lanes, log, session_policies()))
             async with aiohttp.ClientSession() as http:
@@ -223,6 +226,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     {"draft_source": s},
                 )
                 for s in FIXED_SOURCES
+            ]
+            every += [
+                Target(f"speclane@{lane}", url, model, {LANE_HEADER: lane}) for lane in LANE_NAMES
             ]
         # In --targets order: the first is the reference where mlx_lm.server is not run.
         order = {name: i for i, name in enumerate(args.targets)}

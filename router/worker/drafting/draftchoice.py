@@ -34,7 +34,7 @@ figure instead of a prior.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from router.worker.drafting.draftcontrol import (
@@ -375,6 +375,21 @@ class Chooser:
             name: {"drafted": t.drafted, "accepted": t.accepted, "steps": t.steps}
             for name, t in self.tallies.items()
         }
+
+
+def gap_filler(candidates: Sequence[DraftCandidate]) -> DraftCandidate | None:
+    """The one source that fills a constrained answer's gaps between its grammar's forced
+    runs (``ConstraintDraft.draft`` takes one proposer), on either lane: the cheapest that
+    copies, the client's earlier answers (``suffix``: tool calls and JSON repeat their own
+    structure across turns), then the first other free source (the context, a prediction);
+    the draft model only where it is the only one."""
+    free = [c for c in candidates if not c.is_model]
+    suffix = next((c for c in free if c.name == "suffix"), None)
+    if suffix is not None:
+        return suffix
+    if free:
+        return free[0]
+    return candidates[0] if candidates else None
 
 
 _Proposal = tuple[DraftCandidate, list[int], int | None]  # a free source's tokens and grade

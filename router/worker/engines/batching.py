@@ -45,7 +45,14 @@ from typing import Any
 from router.kernel.errors import RouterError
 from router.kernel.worker_contract import DEFAULT_CHUNK_SECONDS, DEFAULT_PREFILL_STEP_SIZE
 from router.worker.drafting.draftchoice import PLAIN as PLAIN_CHOICE
-from router.worker.drafting.draftchoice import Choice, Chooser, DraftCandidate, Evidence, Grade
+from router.worker.drafting.draftchoice import (
+    Choice,
+    Chooser,
+    DraftCandidate,
+    Evidence,
+    Grade,
+    gap_filler,
+)
 from router.worker.drafting.draftcontrol import PassCost
 from router.worker.drafting.draftlength import (
     AUTO_SOURCES,
@@ -333,7 +340,9 @@ class BatchingEngine(Engine):
         if not candidates:
             return
         if seq.constraint is not None:  # fills the gaps between its grammar's forced runs
-            seq.propose = candidates[0].propose
+            filler = gap_filler(candidates)
+            assert filler is not None  # candidates is not empty
+            seq.propose = filler.propose
         else:
             seq.propose = candidates[0].propose
             seq.chooser = Chooser(candidates, self.pass_cost)

@@ -61,6 +61,7 @@ from router.worker.drafting.draftchoice import (
     Evidence,
     Grade,
     best_rate,
+    gap_filler,
 )
 from router.worker.drafting.draftcontrol import PassCost
 from router.worker.drafting.drafts import (
@@ -646,10 +647,8 @@ class SpecRun:
         self.cache, self.cached = engine.fetch(TARGET, models.model, self.history, job.partition)
         candidates = self._candidates(models, chosen)
         # A constrained request fills the gaps between its grammar's forced runs from one
-        # source: the cheapest that copies (the client's earlier calls, then its context).
-        free = [c for c in candidates if c.name != DRAFT_MODEL]
-        filler = next((c for c in free if c.name == "suffix"), free[0] if free else None)
-        filler = filler or (candidates[0] if candidates else None)
+        # source (``gap_filler``).
+        filler = gap_filler(candidates)
         propose: Propose | None = None
         if filler is not None:
             take = filler.propose

@@ -14,6 +14,7 @@ from router.worker.drafting.draftchoice import (
     DraftCost,
     Evidence,
     best_rate,
+    gap_filler,
 )
 from router.worker.drafting.draftcontrol import Acceptance, PassCost
 
@@ -312,3 +313,21 @@ def test_widening_keeps_a_draft_that_is_already_as_wide() -> None:
     assert choice.tokens == [4, 5]
     assert chooser.widen(choice, 6) is choice  # nothing more was proposed
     assert chooser.widen(chooser.choose([1, 2, 3], 0), 6).source is None  # no room: none
+
+
+def test_a_constrained_answers_gaps_are_filled_by_the_cheapest_source_that_copies() -> None:
+    def c(name: str) -> DraftCandidate:
+        return DraftCandidate(name, Fixed([1]), 4)
+
+    lookup, suffix, model, prediction = (
+        c("prompt_lookup"),
+        c("suffix"),
+        c(DRAFT_MODEL),
+        c("prediction"),
+    )
+    # The client's earlier answers first, whatever the order the lane lists its sources in.
+    assert gap_filler([lookup, suffix]) is suffix
+    assert gap_filler([prediction, lookup, suffix, model]) is suffix
+    assert gap_filler([model, lookup]) is lookup  # a free source before a draft model
+    assert gap_filler([model]) is model
+    assert gap_filler([]) is None

@@ -1,11 +1,14 @@
-"""The batching engine's chunk sizing (no model: the decisions only)."""
+"""The batching engine's chunk sizing and draft plans (no model: the decisions only)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from router.worker.drafting.draftlength import BatchDraftSettings
+from router.worker.drafting.forced import ConstraintDraft
 from router.worker.engines.batching import (
     FIRST_CHUNK,
     IDLE_FACTOR,
@@ -14,6 +17,7 @@ from router.worker.engines.batching import (
     _Sequence,
 )
 from router.worker.engines.engine import Models
+from router.worker.request.protocol import GenerationRequest
 
 
 def engine(step: int = 2048, seconds: float = 0.5) -> BatchingEngine:
@@ -78,3 +82,36 @@ def test_bad_settings_are_refused() -> None:
         engine(step=0)
     with pytest.raises(ValueError):
         engine(seconds=0)
+
+
+@pytest.mark.parametrize(
+    ("source", "filler"),
+    [("auto", "suffix"), ("prompt_lookup", "prompt_lookup"), ("suffix", "suffix")],
+)
+def test_a_constrained_row_fills_its_grammars_gaps_as_the_speculative_lane_does(
+    monkeypatch: pytest.MonkeyPatch, source: str, filler: str
+) -> None:
+    """Under ``auto`` the gaps between forced runs are filled by the client's earlier
+    answers (``suffix``), not by the first source listed (prompt lookup): a tool call's
+    structure repeats across turns, not in its prompt (the constrained regression of
+    #45)."""
+    grammar = SimpleNamespace()
+    monkeypatch.setattr(ConstraintDraft, "for_constraint", classmethod(lambda *a: grammar))
+    lane = BatchingEngine(lambda: Models(None, None), 4, drafts=BatchDraftSettings())
+    request = GenerationRequest("chat", draft_source=source, constraint=object())
+    job: Any = SimpleNamespace(
+        request=request, prompt_ids=[1, 2, 3], partition="p", constraint_failed=None
+    )
+    seq = _Sequence(job, None, None)  # type: ignore[arg-type]
+    proposers: dict[str, Any] = {}
+    made = lane._candidate
+
+    def candidate(seq: _Sequence, name: str) -> Any:
+        c = made(seq, name)
+        proposers[name] = c.propose
+        return c
+
+    monkeypatch.setattr(lane, "_candidate", candidate)
+    lane._plan(seq)
+    assert seq.constraint is grammar and seq.chooser is None
+    assert seq.propose is proposers[filler]
