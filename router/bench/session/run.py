@@ -48,16 +48,32 @@ def fixed_key(source: str) -> str:
     return f"sk-{fixed_client(source)}"
 
 
+def lane_client(lane: str) -> str:
+    return f"bench-session-lane-{lane}"
+
+
+def lane_key(lane: str) -> str:
+    return f"sk-{lane_client(lane)}"
+
+
 def session_policies() -> dict[str, str]:
     """The bench's policies plus one client per fixed source (auto-disable off: the source
-    stays as named), each known by its key: a key is what gives a client a prompt cache,
-    suffix index and evidence of its own (a label alone shares the default partition)."""
+    stays as named) and one per lane held by the header (the default's settings), each known
+    by its key: a key is what gives a client a prompt cache, suffix index and evidence of its
+    own (a label alone shares the default partition, so a target run after ``speclane``
+    would copy its identical answers from the suffix index)."""
     out = dict(procs.POLICIES)
     for source in FIXED_SOURCES:
         client = fixed_client(source)
         out[f"{client}.toml"] = (
             f'client = "{client}"\n[match]\napi_keys = ["{fixed_key(source)}"]\n'
             "[spec]\nenabled = false\n"
+        )
+    for lane in LANE_NAMES:
+        client = lane_client(lane)
+        out[f"{client}.toml"] = (
+            f'client = "{client}"\nallow_lane_override = true\n'
+            f'[match]\napi_keys = ["{lane_key(lane)}"]\n'
         )
     return out
 
@@ -79,6 +95,33 @@ class Target:
             session, self.base_url, {**body, "temperature": 0, **self.body}, self.headers
         )
         return reply, time.perf_counter() - started
+
+
+def router_targets(url: str, model: str) -> list[Target]:
+    """speclane's targets on one router: its own choice, each source fixed, each lane held;
+    each but the first a client of its own (``session_policies``)."""
+    return [
+        Target(AUTO, url, model),
+        *(
+            Target(
+                f"speclane:{s}",
+                url,
+                model,
+                {"Authorization": f"Bearer {fixed_key(s)}"},
+                {"draft_source": s},
+            )
+            for s in FIXED_SOURCES
+        ),
+        *(
+            Target(
+                f"speclane@{lane}",
+                url,
+                model,
+                {"Authorization": f"Bearer {lane_key(lane)}", LANE_HEADER: lane},
+            )
+            for lane in LANE_NAMES
+        ),
+    ]
 
 
 def turn_row(turn: int, kind: str, reply: Reply, seconds: float) -> dict[str, Any]:
@@ -216,20 +259,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             url = await stack.enter_async_context(procs.own_router(lanes, log, session_policies()))
             async with aiohttp.ClientSession() as http:
                 model = (await environment.served_models(http, url) or [model_dir.name])[0]
-            every.append(Target(AUTO, url, model))
-            every += [
-                Target(
-                    f"speclane:{s}",
-                    url,
-                    model,
-                    {"Authorization": f"Bearer {fixed_key(s)}"},
-                    {"draft_source": s},
-                )
-                for s in FIXED_SOURCES
-            ]
-            every += [
-                Target(f"speclane@{lane}", url, model, {LANE_HEADER: lane}) for lane in LANE_NAMES
-            ]
+            every += router_targets(url, model)
         # In --targets order: the first is the reference where mlx_lm.server is not run.
         order = {name: i for i, name in enumerate(args.targets)}
         chosen = sorted((t for t in every if t.name in wanted), key=lambda t: order[t.name])

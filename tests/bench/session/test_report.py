@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from router.bench.session.report import fmt_turn, render, summarise
-from router.bench.session.run import FIXED_SOURCES, TARGETS, fixed_client, session_policies
+from router.bench.session.run import (
+    FIXED_SOURCES,
+    TARGETS,
+    fixed_client,
+    lane_client,
+    router_targets,
+    session_policies,
+)
 from router.bench.session.script import FILE, FILE_NAME, SESSIONS
 from router.config.policies.files import parse_policies
 
@@ -87,6 +94,25 @@ def test_each_fixed_source_is_a_client_of_its_own_without_auto_disable() -> None
     for source in FIXED_SOURCES:
         assert f"speclane:{source}" in TARGETS
         assert clients[fixed_client(source)].spec.enabled is False
+
+
+def test_each_target_held_on_a_lane_is_a_client_of_its_own_that_may_name_it() -> None:
+    """Its own key, so its prompt cache and suffix index are not ``speclane``'s (run before
+    it on the same router, with the same answers); a policy that lets it hold the lane."""
+    from router.config.names import LANE_HEADER, LANE_NAMES
+    from router.config.policies.identity import bearer_token
+
+    files = {name: text.encode() for name, text in session_policies().items()}
+    policies = parse_policies(Path("policies"), files)
+    clients = {p.client: p for p in policies.policies}
+    targets = {t.name: t for t in router_targets("http://x", "m")}
+    keys = [bearer_token(t.headers.get("Authorization")) for t in targets.values()]
+    assert keys[0] is None and None not in keys[1:] and len(set(keys)) == len(keys)
+    for lane in LANE_NAMES:
+        target = targets[f"speclane@{lane}"]
+        assert target.headers[LANE_HEADER] == lane
+        policy = clients[lane_client(lane)]
+        assert policy.allow_lane_override and policy.spec.enabled is not False
 
 
 def test_each_agent_edits_a_file_of_its_own() -> None:
