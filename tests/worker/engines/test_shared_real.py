@@ -297,7 +297,7 @@ def lane_answers(worker: WorkerProcess, lane: str) -> list[str]:
         reply = client.chat.completions.create(
             model=DEFAULT_MODEL_NAME,
             messages=[SYSTEM, {"role": "user", "content": question}],
-            max_tokens=24,
+            max_tokens=16,
             temperature=0,
             extra_body=extra,
         )
@@ -321,7 +321,7 @@ def test_both_lanes_decoding_at_once_answer_what_each_answers_alone(
     alone; nothing leaks or breaks between them."""
     alone = {lane: lane_answers(shared_worker, lane) for lane in LANES}
     assert all(alone[lane][:4] for lane in LANES)
-    rounds = 2
+    rounds = 1  # that the two runs overlapped is asserted below
     together: dict[str, list[str]] = {lane: [] for lane in LANES}
     spans: dict[str, tuple[float, float]] = {}
     errors: list[BaseException] = []
