@@ -329,6 +329,7 @@ async def _start_workers(
                 settings.lanes,
                 metrics=metrics,
                 on_change=follow(backends),
+                on_health=follow(backends),
                 label_suffix=suffix,
             )
         ]
@@ -339,6 +340,7 @@ async def _start_workers(
                 settings.lanes,
                 metrics=metrics,
                 on_change=follow([b]),
+                on_health=follow([b]),
                 label_suffix=suffix,
             )
             for b in backends

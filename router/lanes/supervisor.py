@@ -8,7 +8,9 @@ Lifecycle of one lane (the worker's side of the contract: ``router.kernel.worker
   the stderr tail; a missed deadline kills the process. Either raises WorkerStartError,
   but for a group whose ring could not set up its sockets: that start is tried again on
   fresh ports (``router.lanes.rankgroup``).
-- A monitor task then checks ``/health`` every ``health_interval``. A worker that exits,
+- A monitor task then checks ``/health`` every ``health_interval``; each answer goes to
+  ``on_health`` (the lane's backends mirror it: its queue, its figures), each change of state
+  to ``on_change``. A worker that exits,
   or fails ``unhealthy_after`` checks in a row (hung: killed), takes the lane DOWN and is
   restarted after a jittered exponential backoff. More than ``max_restarts`` restarts
   within ``restart_window`` gives the lane up (FAILED) with one ERROR log line.
@@ -122,6 +124,7 @@ class LaneSupervisor:
         stall_timeout: float = 0.0,
         metrics: Metrics | None = None,
         on_change: StatusCallback | None = None,
+        on_health: StatusCallback | None = None,
         label_suffix: str = "",
     ) -> None:
         if unhealthy_after < 1:
@@ -140,7 +143,10 @@ class LaneSupervisor:
         self.kill_grace = kill_grace  # for workers we abandon (start-up timeout, hung)
         self.stall_timeout = stall_timeout  # busy without progress this long: stuck (0: off)
         self._metrics = metrics
-        self._on_change = on_change
+        self._on_change = on_change  # each change of state
+        # Each fresh /health answer while READY: what the router shows and routes by (the
+        # worker's queue, its figures) follows the worker, not its state at the last change.
+        self._on_health = on_health
         self._status = LaneStatus(lane=self.lane)
         # The lanes' names in metrics: a model loaded on demand has "<lane>@<model>", so its
         # workers never write the start-up model's series (router.lanes.models).
@@ -165,6 +171,7 @@ class LaneSupervisor:
         *,
         metrics: Metrics | None = None,
         on_change: StatusCallback | None = None,
+        on_health: StatusCallback | None = None,
         label_suffix: str = "",
     ) -> LaneSupervisor:
         return cls(
@@ -176,6 +183,7 @@ class LaneSupervisor:
             stall_timeout=settings.stall_timeout,
             metrics=metrics,
             on_change=on_change,
+            on_health=on_health,
             label_suffix=label_suffix,
         )
 
@@ -369,6 +377,7 @@ class LaneSupervisor:
             if health is not None:
                 failures = 0
                 self._status = dataclasses.replace(self._status, health=health)
+                self._tell(self._on_health, self._status)
                 for lane, figures in self._figures.items():
                     figures.observe(lane_health(health, lane))
                 self._observe_memory(worker.pid)
@@ -468,11 +477,14 @@ class LaneSupervisor:
         if new.state is old.state:
             return
         self._set_gauge("worker_up", 1 if new.ready else 0)
-        if self._on_change is not None:
+        self._tell(self._on_change, new)
+
+    def _tell(self, callback: StatusCallback | None, status: LaneStatus) -> None:
+        if callback is not None:
             try:
-                self._on_change(new)
+                callback(status)
             except Exception:
-                log.exception("%s lane: on_change callback failed", self.lane)
+                log.exception("%s lane: status callback failed", self.lane)
 
     def _set_gauge(self, name: str, value: float) -> None:
         if self._metrics is not None:

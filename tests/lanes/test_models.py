@@ -188,6 +188,20 @@ async def test_a_request_for_an_unloaded_model_loads_it_and_is_answered(
     assert ps == ["alpha", "beta"]
 
 
+async def test_a_lanes_backend_follows_every_health_answer_of_its_worker(
+    router: RunningRouter,
+) -> None:
+    """``Backend.reported`` (``/admin/lanes``' worker block, the queue the router routes by)
+    is the worker's latest /health, not the one of its ready time."""
+    backend = next(b for b in router.services.pool if b.name == "speculative")
+    first = int(backend.reported["progress_tokens"])  # the fake counts its /health answers
+    await wait_until(lambda: int(backend.reported["progress_tokens"]) > first + 1, 20)
+    assert int(backend.reported["progress_tokens"]) > first + 1
+    admin = await get_json(router, "/admin/lanes")
+    row = next(b for b in admin["backends"] if b["name"] == "speculative")
+    assert row["state"] == "ready" and row["worker"]["pid"] == backend.reported["pid"]
+
+
 async def test_concurrent_first_requests_share_one_load(router: RunningRouter) -> None:
     answers = await asyncio.gather(*(chat(router, "gamma") for _ in range(4)))
     assert all(a.choices[0].message.content == "ok" for a in answers)

@@ -27,6 +27,7 @@ from router.lanes.blas import preload_env
 from router.lanes.rankgroup import PORT_PLACEHOLDER, RING_START_TRIES
 from router.lanes.supervisor import (
     LaneState,
+    LaneStatus,
     LaneSupervisor,
     WorkerCommand,
     WorkerStartError,
@@ -110,6 +111,27 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
 
 
 # --- start-up ----------------------------------------------------------------------------------
+
+
+async def test_each_fresh_health_answer_reaches_on_health_not_on_change(make) -> None:
+    """What the router shows and routes by (``Backend.reported``: the worker's queue, its
+    figures) must follow the worker: before, it was the /health of the last change of state
+    (the lane's ready time), for the lane's whole life."""
+    fresh: list[int] = []
+    seen_thrice = asyncio.Event()
+
+    def on_health(status: LaneStatus) -> None:
+        assert status.state is LaneState.READY and status.health is not None
+        fresh.append(int(status.health["progress_tokens"]))  # the fake's answers so far
+        if len(set(fresh)) >= 3:
+            seen_thrice.set()
+
+    sup, rec = make(on_health=on_health)
+    await sup.start()
+    async with asyncio.timeout(WAIT):
+        await seen_thrice.wait()
+    assert fresh == sorted(fresh) and len(set(fresh)) >= 3
+    assert rec.states == [LaneState.STARTING, LaneState.READY]  # no state changed meanwhile
 
 
 async def test_start_reports_ready_with_port_health_and_serves(make, caplog):
