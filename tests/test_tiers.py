@@ -119,3 +119,10 @@ def test_addopts_runs_the_fast_tier_on_xdist() -> None:
     ]
     assert addopts[addopts.index("-m") + 1] == FAST_TIER
     assert addopts[addopts.index("-n") + 1] == "auto"
+
+
+def test_the_fast_tier_runs_two_workers_a_core_within_a_bound() -> None:
+    from tests.tiers import MAX_FAST_WORKERS, fast_workers
+
+    assert [fast_workers(n) for n in (1, 2, 4)] == [2, 4, 8]
+    assert fast_workers(64) == MAX_FAST_WORKERS and fast_workers(0) == 1

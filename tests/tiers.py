@@ -12,7 +12,7 @@ raises in the call, and fails the test at its end even if the code under test sw
 that error.
 
 The fast tier runs in parallel (pytest-xdist: ``-n auto --dist loadfile`` in ``addopts``,
-one worker per core, each file whole on one worker); the slow tiers, and a run of one file,
+two workers per core, each file whole on one worker); the slow tiers, and a run of one file,
 run in this process (``pytest_xdist_auto_num_workers``): the slow tiers load MLX models,
 and two of those at once on two cores only thrash.
 """
@@ -102,10 +102,27 @@ def serial_run(markexpr: str, args: list[str]) -> bool:
     return len(files) == 1 and Path(next(iter(files))).is_file()
 
 
+# The fast tier waits on loopback servers, subprocesses and timeouts more than it computes,
+# so two workers per core finish it sooner than one (measured in docs/development.md).
+FAST_WORKERS_PER_CORE = 2
+MAX_FAST_WORKERS = 16  # past this, each worker's own collection costs more than it saves
+
+
+def fast_workers(cores: int) -> int:
+    return max(1, min(MAX_FAST_WORKERS, FAST_WORKERS_PER_CORE * cores))
+
+
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # pytest-xdist asks, for ``-n auto``
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """0 (no workers) for a serial run, else None: xdist counts the cores."""
-    return 0 if serial_run(config.option.markexpr, list(config.args)) else None
+    """0 (no workers) for a serial run; else ``PYTEST_XDIST_AUTO_NUM_WORKERS`` if set (None:
+    xdist reads it), or ``fast_workers`` of the cores this process may run on."""
+    if serial_run(config.option.markexpr, list(config.args)):
+        return 0
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return fast_workers(
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
 
 
 GUARD = _Guard()
