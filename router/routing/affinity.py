@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 
 from router.config.routing import RoutingRules
-from router.routing.load import lane_load
+from router.routing.load import lane_load, waiting
 from router.routing.types import BackendView, Candidate
 
 RULE = "cache-affinity"
@@ -153,7 +153,7 @@ def one_cache(lanes: Sequence[BackendView]) -> bool:
 
 def wait(view: BackendView) -> int:
     """Requests that must finish before a new one starts on this lane."""
-    return max(0, lane_load(view) - (view.capacity or 1) + 1)
+    return waiting(lane_load(view), view.capacity or 1)
 
 
 def imbalanced(holder_wait: int, other_wait: int, t: AffinityThresholds) -> bool:

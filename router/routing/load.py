@@ -28,6 +28,12 @@ def lane_load(view: BackendView) -> int:
     return max(view.inflight, view.queued)
 
 
+def waiting(load: int, capacity: int) -> int:
+    """Requests that must finish before a new one starts on a lane with ``load`` requests
+    that decodes ``capacity`` at once (affinity's balance and pace placement alike)."""
+    return max(0, load + 1 - capacity)
+
+
 def lanes_load(views: Iterable[BackendView]) -> int:
     """The load on speclane's own two lanes, which share one machine's compute."""
     return sum(lane_load(v) for v in views if v.lane is not None)

@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from router.routing.load import waiting
+
 Start = Literal["held", "moved", "cold"]
 
 RULE = "faster-lane"  # the decision's rule when a turn leaves the lane holding its prefix
@@ -179,7 +181,7 @@ class LaneLoad:
 
     @property
     def wait(self) -> int:
-        return max(0, self.load + 1 - self.capacity)
+        return waiting(self.load, self.capacity)
 
 
 @dataclass(frozen=True, slots=True)
