@@ -1,5 +1,3 @@
-
-
 def test_a_new_request_waits_for_what_the_lane_cannot_decode_beside_it() -> None:
     from router.routing.load import waiting
 
