@@ -141,8 +141,10 @@ def test_a_killed_rank_ends_the_whole_group(tiny_model: Path) -> None:
         group.stop()
 
 
-def test_sigterm_leaves_no_rank(tiny_model: Path) -> None:
-    group = start_group(2, "--model", str(tiny_model), "--draft-source", "prompt_lookup")
+def test_sigterm_leaves_no_rank(pair: tuple[Group, WorkerProcess]) -> None:
+    """The last test on the module's group: it stops it (the fixture's stop is then a no-op),
+    which saves starting a group of its own."""
+    group, _ = pair
     members = [psutil.Process(group.proc.pid), *group.ranks()]
     assert len(members) == 3
     group.stop()
