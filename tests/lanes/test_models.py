@@ -196,7 +196,6 @@ async def test_a_lanes_backend_follows_every_health_answer_of_its_worker(
     backend = next(b for b in router.services.pool if b.name == "speculative")
     first = int(backend.reported["progress_tokens"])  # the fake counts its /health answers
     await wait_until(lambda: int(backend.reported["progress_tokens"]) > first + 1, 20)
-    assert int(backend.reported["progress_tokens"]) > first + 1
     admin = await get_json(router, "/admin/lanes")
     row = next(b for b in admin["backends"] if b["name"] == "speculative")
     assert row["state"] == "ready" and row["worker"]["pid"] == backend.reported["pid"]
