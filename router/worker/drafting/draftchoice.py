@@ -20,8 +20,13 @@ in by ``router.worker.drafting.forced`` on top of what this module picks). Each 
   one drafts while its acceptance pays (SmartSpec, arXiv 2406.14066, per step; chosen here
   between sources as well as lengths);
 - the source with the highest yield drafts, as far as the length that yields most; if none
-  beats a plain step, the step is plain. In a batched pass a row may then draft up to the
-  pass's width for free (``Chooser.widen``). A free source's run that ends short of
+  beats a plain step, the step is plain. In a batched pass the width is the batch's
+  decision, not a row's (``batch_width``): a wider pass costs every row, so the width is the
+  one that yields most tokens per unit of the pass's cost summed over the rows, each row
+  drafting its proposal up to it (``Chooser.curve``, ``Chooser.resize``): a row's medium
+  acceptance that pays alone does not pay for a pass its neighbours wait on, and a long
+  copy widens the pass for the rows beside it at no cost to them. A free source's run that
+  ends short of
   the step's room is continued by the draft model where that pays on its own (copy while
   the context matches, then predict). A draft model that could pay but has not been tried
   for ``PROBE_EVERY`` steps drafts once (its acceptance is only learnt by drafting).
@@ -111,6 +116,33 @@ def paying(
 def best_rate(acceptance: Acceptance, cost: Cost, most: int, extra_per_token: float = 0.0) -> float:
     """The best ``yield_rate`` over draft lengths ``1..most`` (1.0: plain decoding)."""
     return paying(acceptance, cost, most, extra_per_token)[1]
+
+
+def batch_width(
+    curves: Sequence[Sequence[float]], cost: Cost, settled: float = 0.0, floor: int = 0
+) -> int:
+    """The draft positions of a batched pass that yield the most tokens per unit of the
+    pass's cost, summed over its rows: the pass is as wide as its widest row and every row
+    waits for it, so a width pays only if what all rows emit grows faster than the pass's
+    cost. ``curves``: each sizable row's ``Chooser.curve`` (it drafts ``min(width, n)``);
+    ``settled``: the tokens the other rows emit whatever the width (1 a plain row, a fixed
+    draft's own), ``floor``: the width their drafts need."""
+    profile = _profile(cost)
+    widest = max((len(c) - 1 for c in curves), default=0)
+    if widest <= floor:
+        return floor
+    if profile.free:
+        return widest
+
+    def emitted(width: int) -> float:
+        return settled + sum(c[min(width, len(c) - 1)] for c in curves)
+
+    width, best = floor, emitted(floor) / profile.of(floor)
+    for w in range(floor + 1, widest + 1):
+        rate = emitted(w) / profile.of(w)
+        if rate > best * RATE_MARGIN:
+            width, best = w, rate
+    return width
 
 
 class DraftCost:
@@ -245,6 +277,7 @@ class Chooser:
         # This step's free proposals, what drafts, and the cost it was judged by: what
         # ``widen`` may draft on (kept, not judged again, unless a batched pass asks).
         self._step: tuple[list[_Proposal], DraftCandidate | None, CostProfile] | None = None
+        self._at = 0  # the history length this step's proposals follow
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -266,6 +299,7 @@ class Chooser:
         if room <= 0 or not self.candidates:
             return PLAIN
         self._settle_shadows(history)
+        self._at = len(history)
         if not self.paced:
             return self._first(history, room)
         beta = self.cost.profile(self.rows)
@@ -320,22 +354,46 @@ class Chooser:
                 return Choice(best.name, best_tokens + more, len(best_tokens), best_grade)
         return Choice(best.name, best_tokens, grade=best_grade) if best_tokens else PLAIN
 
-    def widen(self, choice: Choice, most: int) -> Choice:
-        """``choice`` drafting up to ``most`` tokens where its source proposed more: a
-        batched pass is as wide as its longest row, so positions up to that width cost a
-        shorter row nothing, and the evidence they bring is free too."""
-        if self._step is None or choice.chained is not None or len(choice.tokens) >= most:
+    def curve(self, choice: Choice, most: int) -> list[float] | None:
+        """This step's part in a batched pass's width (``batch_width``): the tokens the row
+        emits on average by draft length ``0..n``, ``n`` what its source proposed (at most
+        ``most``), the proposal the row drafts at any width (``_offer``); ``[1.0]`` when no
+        source proposed. None: a draft this step that is not the batch's to size (a chain
+        into a draft model, a source the client named, no step chosen)."""
+        if self._step is None or choice.chained is not None or not self.paced:
+            return None
+        offer = _offer(*self._step)
+        if offer is None:
+            return [1.0]
+        c, tokens, grade = offer
+        if choice.source not in (None, c.name):
+            return None
+        return c.acceptance_for(grade).expected_upto(min(len(tokens), most))
+
+    def resize(self, choice: Choice, n: int) -> Choice:
+        """``choice`` as ``n`` tokens of the proposal ``curve`` priced: longer where the
+        batch's pass is wider than the row's own rule drafts (the positions cost the row
+        nothing), shorter or none where the row's rule drafts further than pays the batch.
+        What is not drafted stays a shadow, so the source's acceptance keeps learning."""
+        if self._step is None or choice.chained is not None or n == len(choice.tokens):
             return choice
         offer = _offer(*self._step)
         if offer is None:
             return choice
         c, tokens, grade = offer
-        if choice.source not in (None, c.name) or len(tokens) <= len(choice.tokens):
+        if choice.source not in (None, c.name):
             return choice
+        if n <= 0:
+            if c.shadow is None:
+                c.shadow = _Shadow(self._at, tokens, grade)
+            self.plain_steps += 1
+            return PLAIN
+        if choice.source is None:
+            self.plain_steps -= 1  # counted plain by ``choose``: it drafts after all
         if c.shadow is not None and c.shadow.tokens is tokens:
             c.shadow = None  # drafted after all: verified, not shadowed
         c.idle = 0
-        return Choice(c.name, tokens[:most], grade=grade)
+        return Choice(c.name, tokens[:n], grade=grade)
 
     def _first(self, history: list[int], room: int) -> Choice:
         for c in self.candidates:

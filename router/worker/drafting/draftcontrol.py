@@ -8,10 +8,10 @@ Inference from Transformers via Speculative Decoding", section 3.3) from:
 
 - ``alpha``, the chance that the target keeps the next draft token, per sequence and source:
   a moving count of kept and rejected draft tokens (``Acceptance``);
-- the cost of a pass by its width relative to a one-position pass, per lane and batch size
-  (``CostProfile``: a step paid once wider, then ``beta`` per position): measured from the
-  lane's own passes (``PassCost``), or fixed by the setting ``[lanes] draft_position_cost``
-  (``beta`` alone).
+- the cost of a pass by its width relative to a one-position pass, per lane, batch size and
+  BLAS thread count (``CostProfile``: a step paid once wider, then ``beta`` per position):
+  measured from the lane's own passes (``PassCost``), or fixed by the setting
+  ``[lanes] draft_position_cost`` (``beta`` alone).
 """
 
 from __future__ import annotations
@@ -178,19 +178,29 @@ class _Widths:
 
 class PassCost:
     """What one more position of a pass costs, relative to a one-position pass, per batch
-    size: measured (``fixed`` None) or the setting's figure."""
+    size: measured (``fixed`` None) or the setting's figure.
+
+    Measured per BLAS thread count too (``threads``, set by the lane before each step where
+    it shares the cores with the other lane, ``router.worker.engines.cores``): a pass on one
+    thread is dearer per position than on two, relative to a one-position pass of its own
+    count, so a figure that mixed the two would misprice both. A count not measured yet
+    borrows another count's figure for the same batch size until its own passes are timed."""
 
     def __init__(self, fixed: float | None = None) -> None:
         if fixed is not None and fixed < 0:
             raise ValueError("draft_position_cost must be >= 0")
         self.fixed = fixed
-        self._by_rows: dict[int, _Widths] = {}
+        self.threads = 0  # the lane's BLAS threads now; 0: not shared, one figure
+        self._by_rows: dict[tuple[int, int], _Widths] = {}
+
+    def _others(self, rows: int) -> list[_Widths]:
+        return [w for (r, t), w in self._by_rows.items() if r == rows and t != self.threads]
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """One pass of ``rows`` sequences, ``width`` positions each, took ``seconds``."""
         if seconds <= 0 or width < 1 or rows < 1:
             return
-        w = self._by_rows.setdefault(rows, _Widths())
+        w = self._by_rows.setdefault((rows, self.threads), _Widths())
         if width == 1:  # kept with a fixed beta too: a draft model's cost is relative to it
             w.plains.append(seconds)
             return
@@ -200,45 +210,53 @@ class PassCost:
         w.add(width - 1, max(0.0, seconds / plain - 1.0))
 
     def plain(self, rows: int = 1) -> float | None:
-        """Seconds of a one-position pass of ``rows`` sequences, once measured."""
-        w = self._by_rows.get(rows)
-        return None if w is None else w.plain
+        """Seconds of a one-position pass of ``rows`` sequences, once measured (at this
+        thread count, else at another)."""
+        w = self._by_rows.get((rows, self.threads))
+        if w is not None and w.plain is not None:
+            return w.plain
+        return next((o.plain for o in self._others(rows) if o.plain is not None), None)
 
     def seed_plain(self, rows: int, seconds: float) -> None:
         """A one-position pass timed outside decoding (a calibration), kept until decoding
         measures its own; counted even with a fixed ``beta`` (the draft model's cost is
         relative to it)."""
-        w = self._by_rows.setdefault(rows, _Widths())
+        w = self._by_rows.setdefault((rows, self.threads), _Widths())
         if not w.plains and seconds > 0:
             w.plains.append(seconds)
 
     def needs_plain(self, rows: int) -> bool:
-        """Measured, and no one-position pass of ``rows`` sequences timed yet."""
+        """Measured, and no one-position pass of ``rows`` sequences timed yet at this
+        thread count."""
         if self.fixed is not None:
             return False
-        w = self._by_rows.get(rows)
+        w = self._by_rows.get((rows, self.threads))
         return w is None or w.plain is None
 
     def profile(self, rows: int = 1) -> CostProfile:
-        """The cost of a pass of ``rows`` sequences by its draft positions: measured, the
-        setting's (a cost per position alone), or the prior until measured."""
+        """The cost of a pass of ``rows`` sequences by its draft positions: measured (at
+        this thread count, else at another), the setting's (a cost per position alone), or
+        the prior until measured."""
         if self.fixed is not None:
             return CostProfile(self.fixed)
-        w = self._by_rows.get(rows)
+        w = self._by_rows.get((rows, self.threads))
         measured = None if w is None else w.profile
+        if measured is None:
+            measured = next((p for o in self._others(rows) if (p := o.profile)), None)
         return CostProfile(PRIOR_BETA) if measured is None else measured
 
     def beta(self, rows: int = 1) -> float:
         return self.profile(rows).beta
 
     def report(self) -> Mapping[str, object]:
-        """For ``/health``: the figure used per batch size measured."""
+        """For ``/health``: the figure used now per batch size measured (at the lane's
+        thread count now, or the one it borrows)."""
         if self.fixed is not None:
             return {"draft_position_cost": self.fixed}
         measured = {
-            rows: profile
-            for rows, w in sorted(self._by_rows.items())
-            if (profile := w.profile) is not None
+            rows: self.profile(rows)
+            for rows in sorted({r for r, _ in self._by_rows})
+            if any(w.profile is not None for (r, _), w in self._by_rows.items() if r == rows)
         }
         return {
             "draft_position_cost": {str(r): round(p.beta, 4) for r, p in measured.items()},

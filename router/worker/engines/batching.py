@@ -51,6 +51,7 @@ from router.worker.drafting.draftchoice import (
     DraftCandidate,
     Evidence,
     Grade,
+    batch_width,
     gap_filler,
 )
 from router.worker.drafting.draftcontrol import PassCost
@@ -380,32 +381,44 @@ class BatchingEngine(Engine):
         self, uids: list[int], histories: list[list[int]], room: list[int]
     ) -> list[RowDraft]:
         """Each decoding sequence's draft for this step (``batchverify.Drafter``): its length
-        from the table for ``len(uids)`` sequences; a constrained one's forced runs chained
-        with its source's proposal, with the grammar's masks."""
+        at most the table's for ``len(uids)`` sequences; a constrained one's forced runs
+        chained with its source's proposal, with the grammar's masks. The pass's width is
+        the batch's choice (``draftchoice.batch_width``): every free row then drafts its
+        proposal up to it."""
         size = len(uids)
         drafts: list[RowDraft] = []
-        widenable: list[tuple[int, _Sequence, int]] = []
+        sizable: list[tuple[int, _Sequence, list[float]]] = []
+        settled, floor = 0.0, 0  # what the rows the width does not size emit, and need
         for uid, history, left in zip(uids, histories, room, strict=True):
             seq = self._live.get(uid)
             if seq is None or not seq.plan.drafts or seq.job.cancelled.is_set():
                 drafts.append([])
+                settled += 1.0
                 continue
             k = sequence_draft_length(size, seq.plan.k, left) if seq.propose else 0
             if seq.constraint is None:
                 drafts.append(self._free_draft(seq, history, k, size))
-                widenable.append((len(drafts) - 1, seq, k))
-                continue
-            budget = max(k, forced_draft_length(size, seq.plan.forced, left))
-            seq.draft = None
-            if budget:
-                seq.draft = seq.constraint.draft(history, budget, seq.propose, k)
-            drafts.append(seq.draft or [])
-        # The pass is as wide as its longest row: a shorter row drafts up to that width
-        # from what its source proposed, at no cost.
-        width = max((len(tokens_of(d)) for d in drafts), default=0)
-        for i, seq, k in widenable:
-            if seq.chooser is not None and len(tokens_of(drafts[i])) < min(width, k):
-                seq.choice = seq.chooser.widen(seq.choice, min(width, k))
+                curve = seq.chooser.curve(seq.choice, k) if k and seq.chooser else None
+                if curve is not None:
+                    sizable.append((len(drafts) - 1, seq, curve))
+                    continue
+            else:
+                budget = max(k, forced_draft_length(size, seq.plan.forced, left))
+                seq.draft = None
+                if budget:
+                    seq.draft = seq.constraint.draft(history, budget, seq.propose, k)
+                drafts.append(seq.draft or [])
+            drafted = len(tokens_of(drafts[-1]))
+            settled += 1.0 + drafted  # a forced run is nearly always kept
+            floor = max(floor, drafted)
+        if not sizable:
+            return drafts
+        profile = self.pass_cost.profile(size)
+        width = batch_width([curve for _, _, curve in sizable], profile, settled, floor)
+        for i, seq, curve in sizable:
+            n = min(width, len(curve) - 1)
+            if seq.chooser is not None and n != len(tokens_of(drafts[i])):
+                seq.choice = seq.chooser.resize(seq.choice, n)
                 drafts[i] = seq.choice.tokens
         return drafts
 

@@ -26,6 +26,7 @@ from typing import Any
 from router.kernel.errors import LoadError, RouterError, internal_error
 from router.worker.decoding.sampling import GREEDY
 from router.worker.decoding.stops import StopScanner
+from router.worker.drafting.draftcontrol import PassCost
 from router.worker.engines.cores import CoreShare
 from router.worker.engines.jobs import Event, Failed, Finished, Job, JobQueue, TextDelta, aborted
 from router.worker.engines.logprobs import Aligner, Picked
@@ -181,11 +182,15 @@ class Engine(ABC):
         # The machine's cores shared with the other lane process (``router.worker.engines.cores``);
         # None: this process's BLAS threads stay as they started.
         self.cores: CoreShare | None = None
+        self.pass_cost = PassCost()  # each lane's own, with its setting
 
     def working(self, busy: bool) -> None:
-        """Before a step (busy) or before waiting for work (idle): the core share's mark."""
+        """Before a step (busy) or before waiting for work (idle): the core share's mark,
+        and the thread count the step's passes are priced and timed at."""
         if self.cores is not None:
             self.cores.working(busy)
+            if busy:
+                self.pass_cost.threads = self.cores.threads
 
     def core_report(self) -> dict[str, object]:
         return self.cores.report() if self.cores is not None else {}

@@ -13,6 +13,7 @@ from router.worker.drafting.draftchoice import (
     DraftCandidate,
     DraftCost,
     Evidence,
+    batch_width,
     best_rate,
     gap_filler,
 )
@@ -297,22 +298,79 @@ def test_a_row_drafts_up_to_the_width_of_the_batched_pass_for_free() -> None:
     chooser = Chooser([lookup], PassCost(0.5))
     choice = chooser.choose([1, 2, 3], 8)
     assert choice.source is None  # on its own: refused too often to pay
-    widened = chooser.widen(choice, 4)
+    assert chooser.plain_steps == 1
+    curve = chooser.curve(choice, 8)
+    assert curve is not None and len(curve) == 7  # priced as far as it proposed
+    widened = chooser.resize(choice, 4)
     assert (widened.source, widened.tokens) == ("prompt_lookup", [4, 5, 6, 7])
     assert lookup.shadow is None  # drafted now: verified, not shadowed as well
+    assert chooser.plain_steps == 0  # it drafted after all
     before = lookup.acceptance.kept
     chooser.verified(widened, 4)
     assert lookup.acceptance.kept > before
     assert chooser.tallies["prompt_lookup"].drafted == 4
 
 
-def test_widening_keeps_a_draft_that_is_already_as_wide() -> None:
+def test_resizing_keeps_a_draft_that_is_already_as_wide() -> None:
     lookup = DraftCandidate("prompt_lookup", Fixed([4, 5]), 8, Acceptance((9.0, 1.0)))
     chooser = Chooser([lookup], PassCost(0.05))
     choice = chooser.choose([1, 2, 3], 8)
     assert choice.tokens == [4, 5]
-    assert chooser.widen(choice, 6) is choice  # nothing more was proposed
-    assert chooser.widen(chooser.choose([1, 2, 3], 0), 6).source is None  # no room: none
+    assert chooser.resize(choice, 2) is choice
+    none = chooser.choose([1, 2, 3], 0)  # no room: no step to size
+    assert chooser.curve(none, 6) is None and chooser.resize(none, 6) is none
+
+
+def test_a_draft_the_batch_does_not_pay_for_stays_a_shadow_and_keeps_learning() -> None:
+    """Cut to nothing by the batch's width, the proposal is scored against what the target
+    emits, as any proposal that did not draft."""
+    lookup = DraftCandidate("prompt_lookup", Fixed([4, 5, 6]), 8, Acceptance((6.0, 4.0)))
+    chooser = Chooser([lookup], PassCost(0.3))
+    choice = chooser.choose([1, 2, 3], 8)
+    assert choice.tokens  # alone it pays
+    plain = chooser.resize(choice, 0)
+    assert plain.source is None and plain.tokens == []
+    assert chooser.plain_steps == 1
+    assert lookup.shadow is not None and lookup.shadow.tokens == [4, 5, 6]
+    before = lookup.acceptance.kept
+    chooser.choose([1, 2, 3, 4, 5, 6], 8)  # the target emitted what it proposed
+    assert lookup.acceptance.kept > before
+    shorter = chooser.resize(chooser.choose([1, 2, 3, 4, 5, 6], 8), 1)
+    assert shorter.tokens == [4]
+
+
+def test_a_source_the_client_named_is_not_the_batchs_to_size() -> None:
+    lookup = DraftCandidate("prompt_lookup", Fixed([4, 5]), 8)
+    chooser = Chooser([lookup], PassCost(0.3), paced=False)
+    choice = chooser.choose([1, 2, 3], 8)
+    assert chooser.curve(choice, 8) is None
+
+
+# A row that copies a long run, one with a middling acceptance, one with nothing proposed.
+COPYING = Acceptance((9.5, 0.5)).expected_upto(8)
+MIDDLING = [1.0, 1.5, 1.75]
+NOTHING = [1.0]
+
+
+def test_a_middling_draft_that_pays_alone_does_not_pay_for_a_pass_its_neighbour_waits_on() -> None:
+    """Widening the pass slows every row: 1.5 tokens for a pass 1.3 times as long pays for
+    one sequence, not for two that both wait on it (2.5 tokens against 2)."""
+    assert batch_width([MIDDLING], 0.3) == 1
+    assert batch_width([MIDDLING, NOTHING], 0.3) == 0
+    assert batch_width([MIDDLING], 0.3, settled=1.0) == 0  # a plain row the width does not size
+    assert batch_width([MIDDLING, MIDDLING], 0.3) == 1  # two rows that both gain do pay
+
+
+def test_a_long_copy_widens_the_pass_for_the_rows_beside_it() -> None:
+    assert batch_width([COPYING, NOTHING, MIDDLING], 0.1) == 8
+    assert batch_width([COPYING] * 3, 0.1) == 8
+
+
+def test_the_batch_width_keeps_the_floor_and_drafts_the_longest_when_positions_are_free() -> None:
+    assert batch_width([MIDDLING, NOTHING], 0.3, settled=4.0, floor=3) == 3
+    assert batch_width([NOTHING], 0.3, floor=2) == 2
+    assert batch_width([MIDDLING, NOTHING], 0.0) == 2
+    assert batch_width([], 0.3) == 0
 
 
 def test_a_constrained_answers_gaps_are_filled_by_the_cheapest_source_that_copies() -> None:

@@ -120,3 +120,27 @@ def test_expected_tokens_per_position_follow_where_drafts_are_refused() -> None:
 
 def test_expected_tokens_without_positions_are_geometric() -> None:
     assert Acceptance((1.0, 1.0)).expected(3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def test_pass_cost_is_measured_per_thread_count_and_borrowed_until_measured() -> None:
+    """A lane sharing the cores times its passes on one thread or two (#45): each count's
+    relative cost is its own (one thread's positions are dearer), so a mix of the two would
+    misprice both; a count not timed yet uses the other's figure meanwhile."""
+    cost = PassCost()
+    cost.threads = 2
+    cost.observe(2, 1, 0.150)
+    cost.observe(2, 9, 0.300)  # two threads: 8 positions cost one plain pass more
+    assert cost.beta(2) == pytest.approx(0.125)
+    cost.threads = 1
+    assert cost.beta(2) == pytest.approx(0.125)  # borrowed
+    assert cost.plain(2) == pytest.approx(0.150)
+    assert cost.needs_plain(2)  # its own plain figure is wanted
+    cost.observe(2, 9, 0.465)  # nothing of its own to compare with: not mixed in
+    assert cost.beta(2) == pytest.approx(0.125)
+    cost.observe(2, 1, 0.170)
+    cost.observe(2, 9, 0.470)
+    assert cost.beta(2) == pytest.approx(0.3 / 0.17 / 8)
+    assert cost.report()["draft_position_cost"] == {"2": pytest.approx(0.2206, abs=1e-4)}
+    cost.threads = 2
+    assert cost.beta(2) == pytest.approx(0.125)  # the two counts' figures stay apart
+    assert cost.report()["draft_position_cost"] == {"2": 0.125}

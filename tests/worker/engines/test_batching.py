@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from router.worker.drafting.draftchoice import DraftCandidate
+from router.worker.drafting.draftcontrol import Acceptance
 from router.worker.drafting.draftlength import BatchDraftSettings
 from router.worker.drafting.forced import ConstraintDraft
 from router.worker.engines.batching import (
@@ -115,3 +118,53 @@ def test_a_constrained_row_fills_its_grammars_gaps_as_the_speculative_lane_does(
     lane._plan(seq)
     assert seq.constraint is grammar and seq.chooser is None
     assert seq.propose is proposers[filler]
+
+
+def _drafting_row(
+    lane: BatchingEngine, monkeypatch: pytest.MonkeyPatch, tokens: list[int], kept: float
+) -> _Sequence:
+    """A decoding sequence of ``lane`` whose one source proposes ``tokens`` and keeps about
+    ``kept`` of each draft token (its carried acceptance)."""
+
+    def candidate(seq: _Sequence, name: str) -> DraftCandidate:
+        return DraftCandidate(name, lambda history, k: tokens[:k], 8, Acceptance((kept, 1 - kept)))
+
+    monkeypatch.setattr(lane, "_candidate", candidate)
+    request = GenerationRequest("chat", draft_source="prompt_lookup")
+    job: Any = SimpleNamespace(
+        request=request, prompt_ids=[1, 2, 3], partition="p", cancelled=threading.Event()
+    )
+    seq = _Sequence(job, None, None)  # type: ignore[arg-type]
+    lane._plan(seq)
+    assert seq.chooser is not None
+    return seq
+
+
+def _plain_row() -> _Sequence:
+    job: Any = SimpleNamespace(request=GenerationRequest("chat"), cancelled=threading.Event())
+    return _Sequence(job, None, None)  # type: ignore[arg-type]
+
+
+def test_the_batchs_pass_is_as_wide_as_pays_every_row_not_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A middling draft that pays for its own sequence widens a pass the plain row beside it
+    waits on: the batch drafts none of it; beside a copy it drafts up to the copy's width,
+    for free (#45: draft lengths priced at the batch's real width)."""
+    lane = BatchingEngine(
+        lambda: Models(None, None),
+        4,
+        drafts=BatchDraftSettings(draft_source="prompt_lookup", draft_position_cost=0.3),
+    )
+    middling = _drafting_row(lane, monkeypatch, [7, 8, 9], 0.5)
+    lane._live = {0: middling}
+    history = [[1, 2, 3]]
+    assert lane._propose([0], history, [50]) == [[7]]  # alone: one token pays
+    lane._live = {0: middling, 1: _plain_row()}
+    assert lane._propose([0, 1], history * 2, [50, 50]) == [[], []]
+    assert middling.choice.source is None
+    copying = _drafting_row(lane, monkeypatch, [4, 5, 6, 7, 8, 9], 0.95)
+    lane._live = {0: middling, 1: copying}
+    # The copy's width pays the batch at three positions (not six, at this cost); the
+    # middling row drafts all three of its own at no cost.
+    assert lane._propose([0, 1], history * 2, [50, 50]) == [[7, 8, 9], [4, 5, 6]]

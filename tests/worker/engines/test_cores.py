@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from router.lanes.blas import core_share_file, openblas_path
+from router.worker.engines.batching import BatchingEngine
 from router.worker.engines.cores import CoreShare, core_share, share
+from router.worker.engines.engine import Models
 
 
 @pytest.mark.parametrize(
@@ -112,3 +114,21 @@ def test_the_real_openblas_thread_count_follows_the_share() -> None:
     expected = min(2, len(os.sched_getaffinity(0)))
     assert done.stdout.split() == [str(expected), str(expected)]
     assert path.read_bytes() == b"\1\0"
+
+
+def test_a_lane_prices_its_passes_at_the_thread_count_it_runs_on(tmp_path: Path) -> None:
+    """The engine hands its share's count to its pass cost before each step, so the passes
+    it times and the drafts it prices are at the count they run on (#45)."""
+    path = tmp_path / "cores"
+    path.write_bytes(b"\0\0")
+    log: list[str] = []
+    engine = BatchingEngine(lambda: Models(None, None), 4)
+    engine.cores, _ = lane(path, 0, log)
+    other, _ = lane(path, 1, log)
+    engine.working(True)
+    assert engine.pass_cost.threads == 2
+    other.working(True)
+    engine.working(True)
+    assert engine.pass_cost.threads == 1
+    engine.working(False)  # idle: the count it last ran on stays
+    assert engine.pass_cost.threads == 1
