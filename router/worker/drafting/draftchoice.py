@@ -26,10 +26,10 @@ in by ``router.worker.drafting.forced`` on top of what this module picks). Each 
   drafting its proposal up to it (``Chooser.curve``, ``Chooser.resize``): a row's medium
   acceptance that pays alone does not pay for a pass its neighbours wait on, and a long
   copy widens the pass for the rows beside it at no cost to them. A free source's run that
-  ends short of
-  the step's room is continued by the draft model where that pays on its own (copy while
-  the context matches, then predict). A draft model that could pay but has not been tried
-  for ``PROBE_EVERY`` steps drafts once (its acceptance is only learnt by drafting).
+  ends short of the step's room is continued by the draft model where that pays on its own
+  (copy while the context matches, then predict). A draft model that could pay but has not
+  been tried for ``PROBE_EVERY`` steps drafts once (its acceptance is only learnt by
+  drafting).
 
 What a client's earlier requests taught carries to its next one (``Evidence``): each
 source's acceptance per client partition, so a turn that copies starts from the last turn's
@@ -275,7 +275,7 @@ class Chooser:
         self.tallies: dict[str, Tally] = {}
         self.plain_steps = 0  # steps that drafted nothing although a source proposed
         # This step's free proposals, what drafts, and the cost it was judged by: what
-        # ``widen`` may draft on (kept, not judged again, unless a batched pass asks).
+        # ``curve`` prices and ``resize`` drafts on (a batched pass's width).
         self._step: tuple[list[_Proposal], DraftCandidate | None, CostProfile] | None = None
         self._at = 0  # the history length this step's proposals follow
 
